@@ -1,0 +1,202 @@
+"""Pure-torch reference quantizers of DeepSeek-V4.1 (the oracles every kernel is tested against).
+
+Semantics follow the official kernel.py as described in V41_MODEL.md section 3; all of them are bit-exact
+functions of their input, run on CPU or GPU, and are the CPU fallback of the package.
+
+Formats
+- UE8M0 scale: one byte e, value 2^(e-127); stored as torch.float8_e8m0fnu or uint8.
+- FP8 activations (`act_quant`): per row, per `block` columns, s = 2^ceil(log2(amax/448)), q = e4m3(x/s).
+- FP8 weights (`weight_quant_fp8`): per block x block tile, same power-of-two rule.
+- FP4 e2m1 (`fp4_quant`): code table [0, .5, 1, 1.5, 2, 3, 4, 6], bit 3 = sign; packed two per byte along the
+  last dim, low nibble = even column. Scale either UE8M0 (power of two) or e4m3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0
+FP4_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Thresholds of round-half-to-even onto the e2m1 grid (kernel.py's comparison chain); ">=" where the tie
+# rounds up to an even code, ">" where it rounds down.
+_E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def _blocked(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.shape[-1] % block:
+        raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quant block {block}")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+
+
+def pow2_ceil_exponent(v: torch.Tensor) -> torch.Tensor:
+    """Biased exponent e (int32) with 2^(e-127) = 2^ceil(log2(v)) for fp32 v > 0, by the bit trick
+    (exponent + (mantissa != 0)), clamped to [0, 254] like the reference."""
+    bits = v.float().contiguous().view(torch.int32)
+    exp = (bits >> 23) & 0xFF
+    exp = exp + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return exp.clamp(0, 254)
+
+
+def ue8m0_to_float(e: torch.Tensor) -> torch.Tensor:
+    """UE8M0 scale (float8_e8m0fnu or uint8 biased exponent) -> fp32 power of two."""
+    if e.dtype == torch.float8_e8m0fnu:
+        e = e.view(torch.uint8)
+    return torch.ldexp(torch.ones_like(e, dtype=torch.float32), e.to(torch.int32) - 127)
+
+
+def exponent_to_ue8m0(e: torch.Tensor) -> torch.Tensor:
+    return e.to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
+# --------------------------------------------------------------------------- FP8
+def act_quant(x: torch.Tensor, block: int = 32, scale_fmt: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row, per-`block`-column FP8 quantization of activations.
+
+    x: [..., K] (any float dtype). Returns (q e4m3 [..., K], scale [..., K/block]) where scale is
+    float8_e8m0fnu for scale_fmt="ue8m0" (power of two, V4.1) or fp32 amax/448 for scale_fmt="fp32" (V3 recipe).
+    """
+    xb = _blocked(x.float(), block)
+    amax = xb.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+    if scale_fmt == "ue8m0":
+        e = pow2_ceil_exponent(amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
+        s = ue8m0_to_float(e)
+        scale_out = exponent_to_ue8m0(e.squeeze(-1))
+    elif scale_fmt == "fp32":
+        s = amax / FP8_MAX
+        scale_out = s.squeeze(-1)
+    else:
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'fp32')")
+    q = (xb / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(x.shape), scale_out
+
+
+def scale_to_float(scale: torch.Tensor) -> torch.Tensor:
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return ue8m0_to_float(scale)
+    return scale.float()
+
+
+def act_dequant(q: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """Inverse of `act_quant`, fp32 [..., K]."""
+    s = scale_to_float(scale).unsqueeze(-1)
+    return (_blocked(q.float(), block) * s).reshape(q.shape)
+
+
+def fp8_fakequant(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """act_quant(inplace=True): quantize to FP8 with UE8M0 per `block` and dequantize back to x.dtype."""
+    q, s = act_quant(x, block, "ue8m0")
+    return act_dequant(q, s, block).to(x.dtype)
+
+
+def weight_quant_fp8(w: torch.Tensor, block: int = 32, scale_fmt: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
+    """Block x block FP8 weight quantization. w: [N, K] -> (e4m3 [N, K], scale [N/block, K/block])."""
+    N, K = w.shape
+    if N % block or K % block:
+        raise ValueError(f"weight shape {tuple(w.shape)} is not a multiple of the block {block}")
+    wb = w.float().reshape(N // block, block, K // block, block)
+    amax = wb.abs().amax(dim=(1, 3), keepdim=True).clamp_min(1e-4)
+    if scale_fmt == "ue8m0":
+        e = pow2_ceil_exponent(amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
+        s = ue8m0_to_float(e)
+        scale_out = exponent_to_ue8m0(e.reshape(N // block, K // block))
+    elif scale_fmt == "fp32":
+        s = amax / FP8_MAX
+        scale_out = s.reshape(N // block, K // block)
+    else:
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r}")
+    q = (wb / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(N, K)
+    return q, scale_out
+
+
+def weight_dequant_fp8(q: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """[N, K] e4m3 with [ceil(N/block), ceil(K/block)] scales -> fp32 [N, K]."""
+    s = scale_to_float(scale)
+    s = s.repeat_interleave(block, 0)[: q.shape[0]].repeat_interleave(block, 1)[:, : q.shape[1]]
+    return q.float() * s
+
+
+# --------------------------------------------------------------------------- FP4 (e2m1)
+def e2m1_code(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Magnitude code 0..7 of a = |x| on the grid s * e2m1 (round half to even, saturating at 6).
+    Compares a with t * s (exact in fp32 for both scale formats), as the reference does."""
+    code = torch.zeros_like(a, dtype=torch.uint8)
+    for t, inclusive in _E2M1_THRESHOLDS:
+        code += (a >= t * s if inclusive else a > t * s).to(torch.uint8)
+    return code
+
+
+def fp4_quant(x: torch.Tensor, block: int = 32, scale_fmt: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 e2m1 quantization (kernel.py's fp4_act_quant), packed two per byte along the last dim.
+
+    x: [..., K]. scale_fmt "ue8m0": s = 2^ceil(log2(amax/6)), amax >= 6*2^-126 (indexer q/k, expert weights);
+    "e4m3": s = e4m3(max(amax, 6*2^-9) / 6) (compressed main KV, block 16).
+    Returns (packed uint8 [..., K/2], scale [..., K/block] as float8_e8m0fnu or float8_e4m3fn).
+    """
+    xf = x.float()
+    xb = _blocked(xf, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    if scale_fmt == "ue8m0":
+        amax = amax.clamp_min(FP4_MAX * 2.0**-126)
+        e = pow2_ceil_exponent(amax * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
+        s = ue8m0_to_float(e)
+        scale_out = exponent_to_ue8m0(e.squeeze(-1))
+    elif scale_fmt == "e4m3":
+        s8 = (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).to(torch.float8_e4m3fn)
+        s = s8.float()
+        scale_out = s8.squeeze(-1)
+    else:
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'e4m3')")
+    code = e2m1_code(xb.abs(), s)
+    sign = (xb < 0).to(torch.uint8) << 3
+    nib = (code | sign).reshape(x.shape)
+    return pack_fp4(nib), scale_out
+
+
+def pack_fp4(nibbles: torch.Tensor) -> torch.Tensor:
+    """[..., K] uint8 nibbles -> [..., K/2] bytes, low nibble = even column."""
+    if nibbles.shape[-1] % 2:
+        raise ValueError("FP4 packing needs an even last dim")
+    n = nibbles.to(torch.uint8)
+    return n[..., 0::2] | (n[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes (uint8 or int8) -> fp32 e2m1 values [..., K] (without scale)."""
+    p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
+    nib = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=p.device)
+    mag = table[(nib & 7).long()]
+    return torch.where((nib & 8) != 0, -mag, mag)
+
+
+def fp4_dequant(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """Inverse of `fp4_quant`: fp32 [..., K]."""
+    v = unpack_fp4(packed)
+    s = scale_to_float(scale).unsqueeze(-1)
+    return (_blocked(v, block) * s).reshape(v.shape)
+
+
+def fp4_fakequant(x: torch.Tensor, block: int = 32, scale_fmt: str = "ue8m0") -> torch.Tensor:
+    """Quantize to FP4 and dequantize back to x.dtype (exact in bf16)."""
+    q, s = fp4_quant(x, block, scale_fmt)
+    return fp4_dequant(q, s, block).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- reference linears
+def fp8_linear_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """V4.1 FP8 linear: activation quantized per token per `block`, weight e4m3 with per-block x block scales,
+    fp32 accumulation, output in bf16. x: [..., K], w: [N, K]."""
+    q, s = act_quant(x, block, "ue8m0")
+    xa = act_dequant(q, s, block)
+    wd = weight_dequant_fp8(w, w_scale, block)
+    return (xa.reshape(-1, x.shape[-1]) @ wd.T).reshape(*x.shape[:-1], w.shape[0]).to(torch.bfloat16)
+
+
+def fp4_linear_ref(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """V4.1 FP4-weight linear (routed experts): FP8 activation quant per 32, e2m1 weight x UE8M0 per 32 along K,
+    fp32 accumulation, bf16 output. x: [..., K], w_packed: [N, K/2]."""
+    q, s = act_quant(x, block, "ue8m0")
+    xa = act_dequant(q, s, block)
+    wd = fp4_dequant(w_packed, w_scale, block)
+    return (xa.reshape(-1, x.shape[-1]) @ wd.T).reshape(*x.shape[:-1], w_packed.shape[0]).to(torch.bfloat16)

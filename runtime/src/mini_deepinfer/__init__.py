@@ -1,0 +1,1 @@
+"""mini-deepinfer: the runtime."""
