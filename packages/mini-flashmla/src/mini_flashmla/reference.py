@@ -1,0 +1,104 @@
+"""Pure-torch references of V4.1's attention-side ops (the oracles; also the CPU path).
+
+V41_MODEL.md 2.4 (indexer scoring, top-k, two-level candidate selection) and 3.4 (sparse attention with sink).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SPARSE_ATTN_BLOCK = 64  # the reference kernel's online-softmax step over indices
+NEG_INIT = -1e30  # its initial running max
+
+
+def sparse_attn_ref(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse attention over one shared K=V head, with an attention sink in the denominator.
+
+    q: bf16 [s_q, h, d]; kv: bf16 [n_kv, d] (K and V are the same rows); indices: int32 [s_q, topk] rows of kv,
+    -1 = empty; attn_sink: fp32 [h] or None. Scores are fp32 from bf16 operands times sm_scale; the softmax runs
+    online over blocks of 64 indices (running max starts at -1e30), P is rounded to bf16 before P.V, and
+    exp(sink - max) is added to the denominator at the end. A row whose indices are all -1 gives 0 output.
+    Returns (out bf16 [s_q, h, d], lse fp32 [s_q, h]) with lse = max + log(sum exp) over the valid indices
+    (without the sink; -inf for an all-empty row).
+    """
+    s_q, h, d = q.shape
+    topk = indices.shape[1]
+    valid = indices >= 0
+    rows = kv[indices.clamp_min(0).long()]  # [s_q, topk, d]
+    scores = torch.einsum("shd,skd->shk", q.float(), rows.float()) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    m = torch.full((s_q, h), NEG_INIT, dtype=torch.float32, device=q.device)
+    denom = torch.zeros((s_q, h), dtype=torch.float32, device=q.device)
+    acc = torch.zeros((s_q, h, d), dtype=torch.float32, device=q.device)
+    for b0 in range(0, topk, SPARSE_ATTN_BLOCK):
+        sc = scores[:, :, b0 : b0 + SPARSE_ATTN_BLOCK]
+        m_new = torch.maximum(m, sc.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(sc - m_new[..., None])
+        denom = denom * alpha + p.sum(-1)
+        pv = torch.einsum("shk,skd->shd", p.to(torch.bfloat16).float(), rows[:, b0 : b0 + SPARSE_ATTN_BLOCK].float())
+        acc = acc * alpha[..., None] + pv
+        m = m_new
+    lse = torch.where(denom > 0, m + torch.log(denom), torch.full_like(m, float("-inf")))
+    if attn_sink is not None:
+        denom = denom + torch.exp(attn_sink.float()[None, :] - m)
+    out = torch.where(denom[..., None] > 0, acc / denom[..., None], torch.zeros_like(acc))
+    return out.to(torch.bfloat16), lse
+
+
+def indexer_scores_ref(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Indexer scores with the reference's bf16 rounding points.
+
+    q: bf16 [s_q, h, d] (FP4 fake-quantized, RoPE applied); k: bf16 [n_k, d] (same); weights: bf16 [s_q, h]
+    (already scaled by d^-0.5 * h^-0.5); visible: int64 [s_q], query i sees keys t < visible[i].
+    score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ), -inf where t >= visible[i].
+    Returns fp32 [s_q, n_k] (values exactly bf16).
+    """
+    s = torch.einsum("shd,td->sht", q.float(), k.float()).to(torch.bfloat16)
+    prod = (torch.relu(s).float() * weights.float()[:, :, None]).to(torch.bfloat16)
+    score = prod.float().sum(1).to(torch.bfloat16).float()
+    t = torch.arange(k.shape[0], device=q.device)
+    return score.masked_fill(t[None, :] >= visible[:, None], float("-inf"))
+
+
+def indexer_topk_ref(score: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top-k of the indexer scores, sorted ascending by position, -1 for entries that are not selectable.
+
+    score: fp32 [s_q, n_k] with -inf for invisible / excluded keys. Returns int32 [s_q, min(topk, n_k)]; an entry
+    whose score is -inf is -1 (so a query never reads a key it may not see). Ties: as torch.topk.
+    """
+    k = min(topk, score.shape[1])
+    if k == 0:
+        return torch.empty((score.shape[0], 0), dtype=torch.int32, device=score.device)
+    vals, idx = score.topk(k, dim=-1)
+    idx = torch.where(torch.isneginf(vals), torch.full_like(idx, -1), idx)
+    big = score.shape[1]
+    idx = torch.where(idx < 0, torch.full_like(idx, big), idx).sort(-1).values
+    return torch.where(idx == big, torch.full_like(idx, -1), idx).to(torch.int32)
+
+
+def candidate_block_mask_ref(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int) -> torch.Tensor:
+    """Two-level selection, first level (candidate source layer): which compressed entries each query may choose.
+
+    score: fp32 [s_q, n_k] indexer scores (-inf where invisible). Entries are grouped in blocks of `block`
+    (padded with -inf); a block's value is its max; the block holding the newest entry (compress_len - 1) is forced
+    to +inf; the top `topk_blocks` blocks with value > -inf are kept. Returns bool [s_q, n_k].
+    """
+    s_q, n_k = score.shape
+    n_blocks = -(-n_k // block)
+    pad = n_blocks * block - n_k
+    padded = torch.nn.functional.pad(score, (0, pad), value=float("-inf"))
+    bval = padded.view(s_q, n_blocks, block).amax(-1)
+    if compress_len > 0:
+        bval[:, (compress_len - 1) // block] = float("inf")
+    kb = min(topk_blocks, n_blocks)
+    vals, bidx = bval.topk(kb, dim=-1)
+    keep = torch.zeros((s_q, n_blocks), dtype=torch.bool, device=score.device)
+    keep.scatter_(1, bidx, vals > float("-inf"))
+    return keep.repeat_interleave(block, dim=1)[:, :n_k]
