@@ -1,0 +1,247 @@
+"""The V4.1 building blocks as plain functions over a flat run of tokens (V41_MODEL.md section 2).
+
+Both the sequential reference (reference.py) and the batched, paged engine model (model.py) are compositions of
+these functions; they differ only in where attention state lives. Every function documents its dtypes, since the
+reference's rounding points (bf16 casts between fp32 steps) are part of the numerics we reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from mini_deepgemm.reference import fp4_fakequant, fp4_linear_ref, fp8_fakequant, fp8_linear_ref, ue8m0_to_float
+
+from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
+
+Weights = dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- basics
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+    return y.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
+    """Apply the linear `name` (`name.weight`, optional `name.scale`) in its stored format.
+
+    FP8 e4m3 weight: FP8 activation quant per token per 32, fp32 accumulate, bf16 out. Packed FP4 (int8/uint8)
+    weight: the same with e2m1 x UE8M0/32 weights. BF16 weight: F.linear in bf16. FP32 weight: fp32 in and out.
+    """
+    w = weights[f"{name}.weight"]
+    if w.dtype == torch.float8_e4m3fn:
+        return fp8_linear_ref(x, w, weights[f"{name}.scale"], block)
+    if w.dtype in (torch.int8, torch.uint8):
+        return fp4_linear_ref(x, w, weights[f"{name}.scale"], block)
+    if w.dtype == torch.float32:
+        return F.linear(x.float(), w)
+    return F.linear(x.to(w.dtype), w)
+
+
+# --------------------------------------------------------------------------- RoPE
+def rope_freqs(cfg: V41Config, role: LayerRole) -> torch.Tensor:
+    """fp32 [rope_dim/2] inverse frequencies of one layer: theta^(-2i/d), with YaRN for compressed layers."""
+    d = cfg.qk_rope_head_dim
+    freqs = 1.0 / (role.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    if role.use_yarn:
+        low, high = cfg.yarn_correction_range()
+        ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+        smooth = 1 - ramp
+        freqs = freqs / cfg.rope_factor * (1 - smooth) + freqs * smooth
+    return freqs
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Interleaved-pair RoPE on the last len(freqs)*2 dims of x, in fp32, cast back.
+
+    x: [T, ..., D]; positions: int64 [T]. Pairs (2i, 2i+1) rotate by positions * freqs[i]; inverse conjugates.
+    """
+    d_rot = freqs.shape[0] * 2
+    angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]  # [T, d_rot/2]
+    cis = torch.polar(torch.ones_like(angles), angles)
+    if inverse:
+        cis = cis.conj()
+    shape = [x.shape[0]] + [1] * (x.dim() - 2) + [d_rot // 2]
+    rot = x[..., -d_rot:].float().reshape(*x.shape[:-1], d_rot // 2, 2)
+    rot = torch.view_as_real(torch.view_as_complex(rot.contiguous()) * cis.view(shape)).flatten(-2)
+    return torch.cat([x[..., :-d_rot], rot.to(x.dtype)], dim=-1)
+
+
+# --------------------------------------------------------------------------- hyper-connections
+def hc_mixes(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, cfg: V41Config
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """H: bf16 [T, hc, D] -> (pre fp32 [T, hc], post fp32 [T, hc], comb fp32 [T, hc, hc]; comb rows = source
+    stream, columns = target stream) via an RMS-scaled projection and Sinkhorn normalisation of comb."""
+    hc, eps = cfg.hc_mult, cfg.hc_eps
+    x = H.float().flatten(1)
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+    m = (x @ fn.float().T) * r
+    pre = torch.sigmoid(m[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * torch.sigmoid(m[:, hc: 2 * hc] * scale[1] + base[hc: 2 * hc])
+    comb = (m[:, 2 * hc:] * scale[2] + base[2 * hc:]).view(-1, hc, hc)
+    comb = torch.softmax(comb, dim=-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(cfg.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
+def hc_collapse(H: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """sum_k pre[k] * H[k] in fp32, cast to bf16. H: [T, hc, D], pre: [T, hc]."""
+    return (pre[:, :, None] * H.float()).sum(1).to(H.dtype)
+
+
+def hc_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """H'[j] = post[j] * y + sum_i comb[i, j] * H[i] in fp32, cast to bf16."""
+    out = post[:, :, None] * y.float()[:, None, :] + torch.einsum("tij,tid->tjd", comb, H.float())
+    return out.to(H.dtype)
+
+
+# --------------------------------------------------------------------------- attention pieces
+def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config, freqs: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (qr bf16 [T, q_lora], q bf16 [T, heads, head_dim] with RoPE, kv bf16 [T, head_dim] with RoPE and the
+    FP8 round trip of the window cache)."""
+    eps = cfg.rms_norm_eps
+    qr = rmsnorm(linear(u, w, f"{p}.wq_a"), w[f"{p}.q_norm.weight"], eps)
+    q = linear(qr, w, f"{p}.wq_b").view(-1, cfg.num_attention_heads, cfg.head_dim)
+    q = apply_rope(q, positions, freqs)
+    kv = rmsnorm(linear(u, w, f"{p}.wkv"), w[f"{p}.kv_norm.weight"], eps)
+    kv = fp8_fakequant(apply_rope(kv, positions, freqs), 32)
+    return qr, q, kv
+
+
+def compressor_project(u: torch.Tensor, w: Weights, p: str, cfg: V41Config, ratio: int
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token compressor inputs. ratio 1: (normalised latent bf16 [T, D_kv], None), one latent per token.
+    ratio > 1: (kv fp32 [T, D_kv], score fp32 [T, D_kv]) to be pooled per group by `compressor_pool`."""
+    if ratio == 1:
+        return rmsnorm(linear(u, w, f"{p}.compressor.wkv"), w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps), None
+    uf = u.float()
+    return F.linear(uf, w[f"{p}.compressor.wkv.weight"].float()), F.linear(uf, w[f"{p}.compressor.wgate.weight"].float())
+
+
+def compressor_pool(kv: torch.Tensor, score: torch.Tensor, norm_w: torch.Tensor, eps: float) -> torch.Tensor:
+    """kv, score: fp32 [G, r, D] -> latent bf16 [G, D]: per-channel softmax over the r tokens, bf16, RMSNorm."""
+    latent = (kv * torch.softmax(score, dim=1)).sum(1).to(torch.bfloat16)
+    return rmsnorm(latent, norm_w, eps)
+
+
+def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Compressed main KV row: RoPE at the group's first position, then the FP4 (e4m3 per 16) round trip."""
+    return fp4_fakequant(apply_rope(latent, group_pos, freqs), 16, "e4m3")
+
+
+def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p: str, cfg: V41Config,
+                    freqs: torch.Tensor) -> torch.Tensor:
+    """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
+    k = rmsnorm(linear(latent, w, f"{p}.indexer.wk"), w[f"{p}.indexer.k_norm.weight"], cfg.rms_norm_eps)
+    return fp4_fakequant(apply_rope(k, group_pos, freqs), 32, "ue8m0")
+
+
+def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
+                    freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q bf16 [T, index_heads, index_dim] with RoPE and FP4 round trip, head weights bf16 [T, index_heads])."""
+    nh, hd = cfg.index_n_heads, cfg.index_head_dim
+    qi = linear(qr, w, f"{p}.indexer.wq_b").view(-1, nh, hd)
+    qi = fp4_fakequant(apply_rope(qi, positions, freqs), 32, "ue8m0")
+    wts = (linear(u, w, f"{p}.indexer.weights_proj") * (hd ** -0.5 * nh ** -0.5)).to(torch.bfloat16)
+    return qi, wts
+
+
+def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
+    """int64 [T, window]: positions p-window+1 .. p (ascending), -1 before the sequence start."""
+    offs = torch.arange(-window + 1, 1, device=positions.device)
+    wp = positions[:, None] + offs[None, :]
+    return torch.where(wp >= 0, wp, torch.full_like(wp, -1))
+
+
+def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
+                     freqs: torch.Tensor) -> torch.Tensor:
+    """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 einsum) then wo_b (FP8). [T, D] bf16."""
+    o = apply_rope(o, positions, freqs, inverse=True)
+    G = cfg.o_groups
+    og = o.reshape(o.shape[0], G, -1)
+    wo_a = w[f"{p}.wo_a.weight_bf16"].view(G, cfg.o_lora_rank, -1)
+    z = torch.einsum("tgd,grd->tgr", og, wo_a)
+    return linear(z.flatten(1), w, f"{p}.wo_b")
+
+
+# --------------------------------------------------------------------------- MoE
+def moe_route(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """sqrt(softplus) scores, biased top-k, unbiased normalised weights x route scale.
+    Returns (expert ids int64 [T, k], weights fp32 [T, k])."""
+    s = F.softplus(x.float() @ w[f"{p}.gate.weight"].float().T / cfg.gate_temp).sqrt()
+    idx = (s + w[f"{p}.gate.bias"].float()).topk(cfg.num_experts_per_tok, dim=-1).indices
+    wt = s.gather(1, idx)
+    wt = wt / (wt.sum(-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
+    return idx, wt
+
+
+def swiglu_expert(x: torch.Tensor, w: Weights, p: str, cfg: V41Config, row_weight: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Clamped SwiGLU expert; a routed expert's weight multiplies h before w2's activation quant. bf16 [T, D]."""
+    lim = cfg.swiglu_limit
+    g = linear(x, w, f"{p}.w1").float().clamp(max=lim)
+    u = linear(x, w, f"{p}.w3").float().clamp(-lim, lim)
+    h = F.silu(g) * u
+    if row_weight is not None:
+        h = row_weight[:, None] * h
+    return linear(h.to(torch.bfloat16), w, f"{p}.w2")
+
+
+def moe(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+    """Routed experts summed in fp32 in expert-id order, plus the shared expert, cast to bf16."""
+    idx, wt = moe_route(x, w, p, cfg)
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(idx).tolist():
+        rows, slot = (idx == e).nonzero(as_tuple=True)
+        y.index_add_(0, rows, swiglu_expert(x[rows], w, f"{p}.experts.{e}", cfg, wt[rows, slot]).float())
+    y += swiglu_expert(x, w, f"{p}.shared_experts", cfg).float()
+    return y.to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- Engram
+def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+    """H bf16 [T, hc, D]; row_ids int64 [T, orders*heads] (engram.engram_row_ids). Adds the gated table value to
+    every stream (same value, per-stream gate)."""
+    T, hc, D = H.shape
+    table, tscale = w[f"{p}.embed.weight"], w[f"{p}.embed.scale"]
+    rows = table[row_ids.flatten()].float()  # [T*n, head_dim]
+    s = ue8m0_to_float(tscale[row_ids.flatten()])
+    e = (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(T, -1).to(torch.bfloat16)
+    kv = linear(e, w, f"{p}.wkv")
+    key = kv[:, : hc * D].view(T, hc, D).float()
+    val = kv[:, hc * D:].float()
+    Hf = H.float()
+    eps = cfg.rms_norm_eps
+    rstd = torch.rsqrt(Hf.pow(2).mean(-1) + eps) * torch.rsqrt(key.pow(2).mean(-1) + eps)
+    qk = w[f"{p}.q_weight"].float() * w[f"{p}.k_weight"].float()
+    dot = (Hf * qk[None] * key).sum(-1) * rstd / math.sqrt(D)
+    gate = torch.sigmoid(torch.sign(dot) * torch.sqrt(dot.abs().clamp_min(1e-6)))
+    return (Hf + gate[..., None] * val[:, None, :]).to(H.dtype)
+
+
+# --------------------------------------------------------------------------- head
+def final_logits(H: torch.Tensor, pre: torch.Tensor, w: Weights, cfg: V41Config) -> torch.Tensor:
+    y = rmsnorm(hc_collapse(H, pre), w["norm.weight"], cfg.rms_norm_eps)
+    return y.float() @ w["head.weight"].float().T
+
+
+def prepare_weights(w: Weights) -> Weights:
+    """Load-time derived tensors: wo_a dequantized to bf16 (the reference keeps it in bf16, spec U3)."""
+    from mini_deepgemm.reference import weight_dequant_fp8
+
+    out = dict(w)
+    for name, t in w.items():
+        if name.endswith("wo_a.weight"):
+            base = name[: -len(".weight")]
+            if t.dtype == torch.float8_e4m3fn:
+                out[f"{base}.weight_bf16"] = weight_dequant_fp8(t, w[f"{base}.scale"]).to(torch.bfloat16)
+            else:
+                out[f"{base}.weight_bf16"] = t.to(torch.bfloat16)
+    return out
