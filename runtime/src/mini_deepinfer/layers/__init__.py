@@ -1,0 +1,1 @@
+"""Runtime layers that are not part of one model: sampling."""

@@ -1,0 +1,202 @@
+"""Deterministic, batch-invariant sampling: Gumbel-max with noise keyed only on (sequence seed, output position).
+
+    key   = mix64(seq_seed + (position + 1) * GOLDEN)          # one key per sampled row
+    bits  = mix64(key + (token_id + 1) * GOLDEN)               # one 64-bit draw per (row, vocabulary entry)
+    u     = ((bits >>> 11) | 1) * 2**-53                       # odd multiple of 2**-53: exactly in (0, 1)
+    token = argmax(logits / temperature - log(-log(u)))       # temperature 0: argmax(logits)
+
+`mix64` is the SplitMix64 finalizer. A row's token depends only on its own logits, seed and position, never on
+the batch row or a global RNG, so one-row and many-row batches, any row order, and a recomputation after
+preemption all draw the same token. Everything up to `u` is integer arithmetic on int64 tensors (two's-complement
+wrap-around, a logical shift emulated by masking), identical on CPU and CUDA; the noise and the scores are float64.
+
+Two implementations of the same formula: `gumbel_argmax_torch` (any device; the reference) and
+`gumbel_argmax_triton` (CUDA, one program per row streaming the vocabulary, no [rows, vocab] temporaries).
+On one GPU they agree bit for bit (both use the CUDA float64 `log`); across CPU and GPU only a 1-ulp difference of
+float64 `log` could flip an exact near-tie.
+top-k / top-p run before either, in plain torch (`apply_top_k_top_p`), only when some row asks for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+def _as_int64(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+GOLDEN = _as_int64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, SplitMix64's increment
+MIX_MUL_1 = _as_int64(0xBF58476D1CE4E5B9)
+MIX_MUL_2 = _as_int64(0x94D049BB133111EB)
+TWO_POW_MINUS_53 = 2.0**-53
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> on int64 is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finalizer on int64 tensors (bijective; wraps like uint64)."""
+    z = (z ^ _shr(z, 30)) * MIX_MUL_1
+    z = (z ^ _shr(z, 27)) * MIX_MUL_2
+    return z ^ _shr(z, 31)
+
+
+def sample_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 [R] keys from int64 [R] sequence seeds and int64 [R] output positions."""
+    return mix64(seeds + (positions + 1) * GOLDEN)
+
+
+def gumbel_argmax_torch(logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Reference Gumbel-max. logits fp32 [R, V]; temperatures float64 [R] (0 = greedy); keys int64 [R].
+
+    Returns int64 [R] token ids; ties go to the lowest id.
+    """
+    vocab = logits.shape[1]
+    cols = torch.arange(1, vocab + 1, device=logits.device, dtype=torch.int64)
+    bits = mix64(keys[:, None] + cols * GOLDEN)
+    u = (_shr(bits, 11) | 1).to(torch.float64) * TWO_POW_MINUS_53
+    noise = -torch.log(-torch.log(u))
+    x = logits.to(torch.float64)
+    t = temperatures[:, None]
+    scores = torch.where(t == 0, x, x / t + noise)
+    return scores.argmax(dim=-1)
+
+
+@lru_cache(maxsize=None)
+def _gumbel_argmax_kernel():
+    """Compile on first use, so that importing this module never needs Triton.
+
+    Triton kernels may only read constexpr globals, so the SplitMix64 constants appear as literals here (the same
+    int64 values as GOLDEN, MIX_MUL_1, MIX_MUL_2; the bit-identity test holds them together).
+    """
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def shr(z, k: tl.constexpr):
+        return (z >> k) & ((1 << (64 - k)) - 1)
+
+    @triton.jit
+    def mix(z):
+        z = (z ^ shr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+        z = (z ^ shr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
+        return z ^ shr(z, 31)
+
+    @triton.jit
+    def kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        temp = tl.load(temps_ptr + row)
+        key = tl.load(keys_ptr + row)
+        best_val = tl.full([], float("-inf"), tl.float64)
+        best_idx = tl.full([], 0, tl.int64)
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            in_vocab = cols < vocab
+            x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + cols, mask=in_vocab, other=float("-inf"))
+            x = x.to(tl.float64)
+            bits = mix(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
+            u = (shr(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
+            noise = -libdevice.log(-libdevice.log(u))
+            scores = tl.where(temp == 0, x, x / temp + noise)
+            scores = tl.where(in_vocab, scores, float("-inf"))
+            block_best = tl.max(scores, axis=0)
+            block_idx = tl.argmax(scores, axis=0, tie_break_left=True).to(tl.int64) + start
+            better = block_best > best_val  # strict: an equal score in a later block keeps the lower id
+            best_idx = tl.where(better, block_idx, best_idx)
+            best_val = tl.where(better, block_best, best_val)
+        tl.store(out_ptr + row, best_idx)
+
+    return kernel
+
+
+def gumbel_argmax_triton(
+    logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor, out: torch.Tensor, block: int = 2048
+) -> torch.Tensor:
+    """Same contract as `gumbel_argmax_torch`, written into the caller's `out` (int64 [R], CUDA)."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("gumbel_argmax_triton: logits rows must be contiguous")
+    if rows:
+        _gumbel_argmax_kernel()[(rows,)](logits, logits.stride(0), temperatures, keys, out, vocab, BLOCK=block)
+    return out
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Set to -inf every logit outside the row's top-k and then top-p set (temperature-scaled probabilities).
+
+    logits fp32 [R, V]; temperatures float64 [R]; top_k int64 [R] (-1 = all); top_p float32 [R] (1 = all).
+    The kept set is a prefix of the row sorted by logit; values tied with the last kept one are kept too.
+    """
+    vocab = logits.shape[1]
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    ranks = torch.arange(vocab, device=logits.device)
+    in_top_k = ranks[None, :] < k[:, None]
+    t = torch.where(temperatures == 0, 1.0, temperatures).to(torch.float32)
+    scaled = (sorted_logits / t[:, None]).masked_fill(~in_top_k, float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep = in_top_k & (mass_before < top_p[:, None])  # the first entry always stays
+    cutoff = sorted_logits.gather(1, (keep.sum(dim=-1, keepdim=True) - 1))
+    return logits.masked_fill(logits < cutoff, float("-inf"))
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of one step, on the logits' device."""
+
+    temperatures: torch.Tensor  # float64 [R], 0 = greedy
+    top_k: torch.Tensor  # int64 [R], -1 = off
+    top_p: torch.Tensor  # float32 [R], 1 = off
+    seeds: torch.Tensor  # int64 [R]
+    positions: torch.Tensor  # int64 [R]: index of the output token being sampled
+    needs_filter: bool  # some row uses top-k or top-p (known on the host, so no device read decides it)
+
+    @classmethod
+    def build(
+        cls,
+        temperatures: list[float],
+        top_k: list[int],
+        top_p: list[float],
+        seeds: list[int],
+        positions: list[int],
+        device: torch.device | str,
+    ) -> "SamplingBatch":
+        pin = torch.device(device).type == "cuda"
+
+        def put(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
+
+        return cls(
+            temperatures=put(temperatures, torch.float64),
+            top_k=put(top_k, torch.int64),
+            top_p=put(top_p, torch.float32),
+            seeds=put(seeds, torch.int64),
+            positions=put(positions, torch.int64),
+            needs_filter=any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p),
+        )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, use_triton: bool | None = None) -> torch.Tensor:
+    """Draw one token per row. logits fp32 [R, V] -> int64 [R] on the same device, without a host sync.
+
+    use_triton: None picks the Triton kernel on CUDA and the torch reference elsewhere.
+    """
+    if batch.needs_filter:
+        logits = apply_top_k_top_p(logits, batch.temperatures, batch.top_k, batch.top_p)
+    keys = sample_keys(batch.seeds, batch.positions)
+    if use_triton is None:
+        use_triton = logits.is_cuda
+    if use_triton:
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        return gumbel_argmax_triton(logits.contiguous(), batch.temperatures, keys, out)
+    return gumbel_argmax_torch(logits, batch.temperatures, keys)
