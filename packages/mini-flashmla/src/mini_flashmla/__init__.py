@@ -1,1 +1,20 @@
-"""mini-flashmla."""
+"""mini-flashmla: sparse MLA attention with sink over V4.1's paged quantized cache, and the indexer (SM90, Triton;
+pure-torch references on CPU). See `mini_flashmla.api` for the contracts."""
+
+from mini_flashmla.api import (
+    candidate_block_mask,
+    indexer_scores,
+    indexer_topk,
+    key_range_rows,
+    sparse_mla_fwd,
+    sparse_mla_fwd_paged,
+)
+
+__all__ = [
+    "candidate_block_mask",
+    "indexer_scores",
+    "indexer_topk",
+    "key_range_rows",
+    "sparse_mla_fwd",
+    "sparse_mla_fwd_paged",
+]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from mini_flashmla.cache_layout import unpack_compressed_kv_fp4, unpack_index_k_fp4, unpack_window_fp8
+
 SPARSE_ATTN_BLOCK = 64  # the reference kernel's online-softmax step over indices
 NEG_INIT = -1e30  # its initial running max
 
@@ -102,3 +104,50 @@ def candidate_block_mask_ref(score: torch.Tensor, compress_len: int, block: int,
     keep = torch.zeros((s_q, n_blocks), dtype=torch.bool, device=score.device)
     keep.scatter_(1, bidx, vals > float("-inf"))
     return keep.repeat_interleave(block, dim=1)[:, :n_k]
+
+
+# --------------------------------------------------------------------------- over the packed cache
+def _unpack_referenced_rows(cache: torch.Tensor, ids: torch.Tensor, unpack) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantize only the rows `ids` (int [..., n], -1 = none) refer to. Returns (rows [u, d], ids remapped into
+    them, -1 kept)."""
+    valid = (ids >= 0) & (ids < cache.shape[0])
+    uniq, inverse = torch.unique(torch.where(valid, ids, 0).long(), return_inverse=True)
+    return unpack(cache[uniq]), torch.where(valid, inverse, -1)
+
+
+def sparse_attn_paged_ref(
+    q: torch.Tensor,
+    window_cache: torch.Tensor,
+    compressed_cache: torch.Tensor | None,
+    window_ids: torch.Tensor,
+    compressed_ids: torch.Tensor | None,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sparse_attn_ref over the quantized paged cache: unpack the referenced rows (cache_layout's unpack), then
+    attend over concat(window rows, compressed rows) with the window slots first. window_cache uint8 [*, 528],
+    compressed_cache uint8 [*, 288] or None; ids int32 flat rows, -1 = empty (ids outside the cache count as empty)."""
+    kv_w, idx_w = _unpack_referenced_rows(window_cache, window_ids, unpack_window_fp8)
+    kv, idx = kv_w, idx_w
+    if compressed_cache is not None:
+        kv_c, idx_c = _unpack_referenced_rows(compressed_cache, compressed_ids, unpack_compressed_kv_fp4)
+        kv = torch.cat([kv_w, kv_c])
+        idx = torch.cat([idx_w, torch.where(idx_c >= 0, idx_c + kv_w.shape[0], -1)], dim=1)
+    return sparse_attn_ref(q, kv, idx.to(torch.int32), sm_scale, attn_sink)
+
+
+def indexer_scores_paged_ref(
+    q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, visible: torch.Tensor, key_rows: torch.Tensor
+) -> torch.Tensor:
+    """indexer_scores_ref with keys read from the packed index-key cache (uint8 [*, 68]) through flat row ids:
+    key_rows int [n_keys] shared by all queries, or [s_q, n_keys] per query. Keys whose row is -1 (or outside the
+    cache) score -inf. Returns fp32 [s_q, n_keys]."""
+    valid = (key_rows >= 0) & (key_rows < index_k_cache.shape[0])
+    keys = unpack_index_k_fp4(index_k_cache[torch.where(valid, key_rows, 0).long()])
+    if key_rows.dim() == 1:
+        score = indexer_scores_ref(q, keys, weights, visible)
+    else:  # one key list per query
+        score = torch.full(key_rows.shape, float("-inf"), dtype=torch.float32, device=q.device)
+        for i in range(q.shape[0]):
+            score[i] = indexer_scores_ref(q[i : i + 1], keys[i], weights[i : i + 1], visible[i : i + 1])[0]
+    return score.masked_fill(~valid.expand_as(score), float("-inf"))

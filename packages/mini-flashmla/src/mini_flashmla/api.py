@@ -1,0 +1,332 @@
+"""mini_flashmla's public API: sparse MLA attention with sink (bf16 or the paged quantized V4.1 cache) and the
+indexer (scores, top-k, candidate blocks).
+
+Every function runs a Triton kernel when its tensors are on CUDA and Triton is importable, and otherwise the
+pure-torch reference in `mini_flashmla.reference` (same arguments, same results within the stated tolerances), so
+the CPU path is also the oracle. Shapes use FlashMLA's names: s_q query tokens (all sequences of a batch
+flattened, no batch dimension), h heads, d = 512 (RoPE on the last 64 dims), topk index slots per query.
+
+Cache layouts (cache_layout.py, V41_MODEL.md section 5): rows of uint8 addressed by flat row ids.
+- window ring: [num_rows_w, 528], FP8 e4m3 x 512 then UE8M0 per 32; the runtime's row of (slot, pos) is
+  slot * 128 + pos % 128.
+- compressed KV: [num_rows_c, 288], FP4 e2m1 x 512 (low nibble = even dim) then e4m3 per 16; entry g of a sequence
+  is row block_table[g // epb] * epb + g % epb with epb = 128 // ratio entries per block.
+- index keys: [num_rows_k, 68], FP4 e2m1 x 128 then UE8M0 per 32, addressed like the compressed KV.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from mini_flashmla import reference
+from mini_flashmla.cache_layout import COMPRESSED_KV_ROW_BYTES, INDEX_K_ROW_BYTES, WINDOW_ROW_BYTES
+
+HEAD_DIM = 512
+INDEX_HEAD_DIM = 128
+ATTN_BLOCK_N = reference.SPARSE_ATTN_BLOCK  # the kernel walks indices in the reference's blocks of 64
+MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 uses several programs
+# Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
+INDEXER_CHUNK_BYTES = 256 << 20
+
+
+@functools.cache
+def _triton_ok() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    """TRITON_INTERPRET=1 runs the kernels on CPU tensors (slowly): how the kernels are checked without a GPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _use_kernel(*tensors: torch.Tensor) -> bool:
+    return _triton_ok() and (all(t.is_cuda for t in tensors) or _interpreting())
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
+# --------------------------------------------------------------------------- sparse attention
+def sparse_mla_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse attention over one shared K=V head of bf16 rows (prefill; same semantics as
+    reference.sparse_attn_ref).
+
+    Args:
+        q: bf16 [s_q, h, 512], last dim contiguous; any h (h > 64 runs in blocks of 64 heads).
+        kv: bf16 [n_kv, 512], contiguous; K and V are the same rows.
+        indices: int32 [s_q, topk], rows of kv; -1 (or any id outside [0, n_kv)) = empty slot.
+        sm_scale: softmax scale (V4.1: 512 ** -0.5).
+        attn_sink: fp32 [h] or None; exp(sink) is added to the softmax denominator only.
+    Returns:
+        out: bf16 [s_q, h, 512]; a row whose indices are all empty is 0.
+        lse: fp32 [s_q, h], natural log-sum-exp of the scaled scores over the valid slots, without the sink;
+            -inf for an all-empty row.
+    Numerics: fp32 scores from bf16 operands, online softmax over blocks of 64 slots, P rounded to bf16 before
+    P.V, fp32 accumulation. Matches the reference within bf16 rounding (see tests for the metric).
+    """
+    if not _use_kernel(q, kv, indices):
+        return reference.sparse_attn_ref(q, kv, indices, sm_scale, attn_sink)
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    _check_attn_inputs(q, attn_sink)
+    if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.dtype != torch.bfloat16:
+        raise ValueError(f"kv must be bf16 [n_kv, {HEAD_DIM}], got {kv.dtype} {tuple(kv.shape)}")
+    return _launch_sparse_attn(q, (kv.contiguous(), indices, FORMAT_BF16.value), None, sm_scale, attn_sink, 1)
+
+
+def sparse_mla_fwd_paged(
+    q: torch.Tensor,
+    window_cache: torch.Tensor,
+    compressed_cache: torch.Tensor | None,
+    window_ids: torch.Tensor,
+    compressed_ids: torch.Tensor | None,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse attention reading the quantized paged cache directly (prefill and decode).
+
+    Args:
+        q: bf16 [s_q, h, 512]: every query token of the batch, flattened.
+        window_cache: uint8 [num_rows_w, 528] (cache_layout.pack_window_fp8 rows).
+        compressed_cache: uint8 [num_rows_c, 288] (cache_layout.pack_compressed_kv_fp4 rows), or None for
+            window-only layers.
+        window_ids: int32 [s_q, W] flat rows of window_cache; -1 = empty.
+        compressed_ids: int32 [s_q, topk] flat rows of compressed_cache; -1 = empty; None with compressed_cache.
+        sm_scale: softmax scale (512 ** -0.5).
+        attn_sink: fp32 [h] or None.
+        num_splits: how many parts the index list of each query is cut into (decode: few queries, long lists);
+            None picks enough to fill the GPU. Parts are merged by their lse.
+    Returns:
+        (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) equal to
+        reference.sparse_attn_paged_ref(...): sparse_attn_ref over the dequantized rows, window slots first, then
+        compressed slots. Rows are dequantized in the kernel exactly as cache_layout's unpack functions.
+    """
+    if not _use_kernel(q, window_cache, window_ids):
+        return reference.sparse_attn_paged_ref(q, window_cache, compressed_cache, window_ids, compressed_ids,
+                                               sm_scale, attn_sink)
+    from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
+
+    _check_attn_inputs(q, attn_sink)
+    _check_rows(window_cache, WINDOW_ROW_BYTES, "window_cache")
+    source_b = None
+    if compressed_cache is not None:
+        _check_rows(compressed_cache, COMPRESSED_KV_ROW_BYTES, "compressed_cache")
+        source_b = (compressed_cache, compressed_ids, FORMAT_FP4_COMPRESSED.value)
+    total_slots = window_ids.shape[1] + (compressed_ids.shape[1] if compressed_ids is not None else 0)
+    if num_splits is None:
+        num_splits = _default_num_splits(q, total_slots)
+    return _launch_sparse_attn(q, (window_cache, window_ids, FORMAT_FP8_WINDOW.value), source_b, sm_scale,
+                               attn_sink, num_splits)
+
+
+def _check_attn_inputs(q: torch.Tensor, attn_sink: torch.Tensor | None) -> None:
+    if q.dim() != 3 or q.shape[2] != HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
+        raise ValueError(f"q must be bf16 [s_q, h, {HEAD_DIM}] with a contiguous last dim, got {q.dtype} "
+                         f"{tuple(q.shape)}")
+    if attn_sink is not None and attn_sink.shape != (q.shape[1],):
+        raise ValueError(f"attn_sink must be [h={q.shape[1]}], got {tuple(attn_sink.shape)}")
+
+
+def _check_rows(cache: torch.Tensor, row_bytes: int, name: str) -> None:
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != row_bytes or not cache.is_contiguous():
+        raise ValueError(f"{name} must be contiguous uint8 [rows, {row_bytes}], got {cache.dtype} "
+                         f"{tuple(cache.shape)}")
+
+
+def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
+    """Split only when the grid would leave SMs idle (decode): aim for ~2 programs per SM, at least 2 blocks of 64
+    slots per split. Prefill-sized grids get 1 split (partials would cost more traffic than they save)."""
+    programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
+    wanted = math.ceil(2 * _num_sms(q.device) / max(programs, 1))
+    most = max(1, math.ceil(total_slots / ATTN_BLOCK_N) // 2)
+    return max(1, min(wanted, most))
+
+
+def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
+    """source_*: (rows tensor, ids int32 [s_q, n], FORMAT). Allocates the outputs and launches the kernel(s)."""
+    from mini_flashmla.sparse_attn_kernel import LOG2E, combine_splits_kernel, sparse_mla_fwd_kernel
+
+    s_q, h, d = q.shape
+    out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
+    if s_q == 0 or h == 0:
+        return out, lse
+    a_rows, a_ids, a_format = source_a
+    a_ids = a_ids.to(torch.int32).contiguous()
+    if source_b is None:
+        b_rows, b_ids, b_format = a_rows, a_ids, a_format  # placeholders, not read (HAS_B = False)
+    else:
+        b_rows, b_ids, b_format = source_b
+        b_ids = b_ids.to(torch.int32).contiguous()
+    n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + (math.ceil(b_ids.shape[1] / ATTN_BLOCK_N)
+                                                           if source_b is not None else 0)
+    num_splits = max(1, min(num_splits, n_blocks))
+    blocks_per_split = math.ceil(n_blocks / num_splits) if n_blocks else 0
+    num_splits = math.ceil(n_blocks / blocks_per_split) if n_blocks else 1
+    block_h = min(MAX_ATTN_BLOCK_H, max(16, _next_pow2(h)))  # tensor-core M must be >= 16
+    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty((s_q, num_splits, h, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((s_q, num_splits, h), dtype=torch.float32, device=q.device)
+    else:
+        part_out, part_lse = out, lse  # placeholders, not written
+    grid = (s_q, math.ceil(h / block_h), num_splits)
+    sparse_mla_fwd_kernel[grid](
+        q, q.stride(0), q.stride(1),
+        a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
+        b_rows, b_ids, b_ids.stride(0), b_ids.shape[1], b_rows.shape[0],
+        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse,
+        h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
+        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
+        SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d,
+        num_warps=8 if block_h == 64 else 4, num_stages=1,
+    )
+    if split:
+        combine_splits_kernel[(s_q, math.ceil(h / 16))](
+            part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
+            HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, num_warps=4,
+        )
+    return out, lse
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# --------------------------------------------------------------------------- indexer
+def indexer_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    visible: torch.Tensor,
+    key_rows: torch.Tensor,
+) -> torch.Tensor:
+    """Indexer scores against keys read from the packed index-key cache (reference.indexer_scores_ref semantics).
+
+    Args:
+        q: bf16 [s_q, H, 128], FP4 fake-quantized with RoPE applied (V4.1: H = 32).
+        weights: bf16 [s_q, H], already scaled by 128^-0.5 * H^-0.5.
+        index_k_cache: uint8 [num_rows_k, 68] (cache_layout.pack_index_k_fp4 rows).
+        visible: int64 [s_q]; query i sees logical keys t < visible[i].
+        key_rows: int32 flat rows of index_k_cache in logical key order, either [n_keys] shared by all queries
+            (one sequence; see `key_range_rows` for a contiguous range) or [s_q, n_keys] per query (a ragged batch,
+            -1 padded). -1 (or outside the cache) = no key: scored -inf.
+    Returns:
+        fp32 [s_q, n_keys] (values exactly bf16; -inf where not visible). Kernel results equal the reference
+        bit for bit except, rarely, one bf16 ulp from the order of the 32-head fp32 sum.
+    """
+    if not _use_kernel(q, weights, index_k_cache, key_rows):
+        return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, key_rows)
+    from mini_flashmla.indexer_kernel import indexer_scores_kernel
+
+    s_q, n_heads, d = q.shape
+    if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
+        raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
+    _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
+    if n_heads & (n_heads - 1):  # pad heads to a power of two with zero weights: adds exact zeros to the sum
+        pad = _next_pow2(n_heads) - n_heads
+        q = torch.nn.functional.pad(q, (0, 0, 0, pad))
+        weights = torch.nn.functional.pad(weights, (0, pad))
+        n_heads += pad
+    per_query = key_rows.dim() == 2
+    key_rows = key_rows.to(torch.int32).contiguous()
+    n_keys = key_rows.shape[-1]
+    out = torch.empty((s_q, n_keys), dtype=torch.float32, device=q.device)
+    if s_q == 0 or n_keys == 0:
+        return out
+    block_q = 1 if per_query else max(1, 128 // n_heads)  # N side = block_q * H = 128 columns when shared
+    block_k = 128
+    grid = (math.ceil(n_keys / block_k), math.ceil(s_q / block_q))
+    indexer_scores_kernel[grid](
+        q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
+        key_rows, key_rows.stride(0) if per_query else 0, visible.to(torch.int64).contiguous(), out, out.stride(0),
+        s_q, n_keys, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8,
+    )
+    return out
+
+
+def key_range_rows(start_row: int, n_keys: int, device: torch.device | str) -> torch.Tensor:
+    """key_rows for keys stored in contiguous rows start_row .. start_row + n_keys - 1 (int32 [n_keys])."""
+    return torch.arange(start_row, start_row + n_keys, dtype=torch.int32, device=device)
+
+
+def _query_chunk(s_q: int, n_keys: int) -> int:
+    return max(1, min(s_q, INDEXER_CHUNK_BYTES // max(1, 4 * n_keys)))
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    visible: torch.Tensor,
+    key_rows: torch.Tensor,
+    topk: int,
+    candidate_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scores (see `indexer_scores`) then the top-k logical key positions per query, scored chunk by chunk of
+    queries so at most INDEXER_CHUNK_BYTES of fp32 scores exist at once.
+
+    Args: as `indexer_scores`, plus
+        topk: V4.1 512.
+        candidate_mask: bool [s_q, n_keys] or None; REINDEX layers pass the candidate source's
+            `candidate_block_mask` and keys outside it score -inf.
+    Returns:
+        int32 [s_q, min(topk, n_keys)]: reference.indexer_topk_ref semantics (ascending positions, -1 fill for keys
+        that score -inf; ties as torch.topk). Positions are logical key indices (0 .. n_keys-1), not cache rows.
+    """
+    s_q, n_keys = q.shape[0], key_rows.shape[-1]
+    out = torch.empty((s_q, min(topk, n_keys)), dtype=torch.int32, device=q.device)
+    chunk = _query_chunk(s_q, n_keys)
+    for c0 in range(0, s_q, chunk):
+        c1 = min(s_q, c0 + chunk)
+        rows = key_rows[c0:c1] if key_rows.dim() == 2 else key_rows
+        score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
+        if candidate_mask is not None:
+            score = score.masked_fill_(~candidate_mask[c0:c1], float("-inf"))
+        out[c0:c1] = reference.indexer_topk_ref(score, topk)
+    return out
+
+
+def candidate_block_mask(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    visible: torch.Tensor,
+    key_rows: torch.Tensor,
+    compress_len: int,
+    block: int = 8,
+    topk_blocks: int = 2048,
+) -> torch.Tensor:
+    """First level of the two-level selection (candidate source layer), chunked by query like `indexer_topk`.
+
+    Args: as `indexer_scores`, plus compress_len (number of compressed entries of the sequence; the block of entry
+        compress_len - 1 is always kept), block (V4.1 8) and topk_blocks (V4.1 2048).
+    Returns:
+        bool [s_q, n_keys], reference.candidate_block_mask_ref of the scores.
+    """
+    s_q, n_keys = q.shape[0], key_rows.shape[-1]
+    out = torch.empty((s_q, n_keys), dtype=torch.bool, device=q.device)
+    chunk = _query_chunk(s_q, n_keys)
+    for c0 in range(0, s_q, chunk):
+        c1 = min(s_q, c0 + chunk)
+        rows = key_rows[c0:c1] if key_rows.dim() == 2 else key_rows
+        score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
+        out[c0:c1] = reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks)
+    return out

@@ -1,0 +1,70 @@
+"""Triton kernel of the indexer score: score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ).
+
+Keys come straight from the packed index-key cache (68 B rows: 64 B of e2m1 pairs, 4 B of UE8M0 exponents per 32
+dims) and are dequantized to bf16 in registers. One program scores BLOCK_K keys against BLOCK_Q queries x H heads
+with one MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Putting the heads on the N side keeps the
+per-query head sum inside a few neighbouring lanes instead of across warps.
+
+Bit-exactness: q and k are FP4 values times powers of two, so every product has at most 4 significant bits and a
+128-term dot product is exact in fp32 whatever the summation order (as long as the four 32-dim groups' scales lie
+within ~20 binades of each other, always true for real activations). The bf16 roundings then happen at the same
+points as the reference. Only the final 32-term head sum (fp32, then bf16) can round differently from torch's
+summation order, by at most one bf16 ulp and rarely.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mini_flashmla.dequant_triton import e2m1_to_fp32, ue8m0_to_fp32
+
+INDEX_K_ROW_BYTES = tl.constexpr(68)
+
+
+@triton.jit
+def indexer_scores_kernel(
+    q_ptr, stride_q_s, stride_q_h,
+    w_ptr, stride_w_s,
+    cache_ptr, num_rows,
+    key_rows_ptr, stride_key_rows_s,
+    visible_ptr,
+    out_ptr, stride_out_s,
+    s_q, n_keys,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, BLOCK_Q)). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all
+    queries share one key list (then BLOCK_Q may be > 1) and the row stride when each query has its own list
+    (BLOCK_Q must be 1). A key is scored -inf when its row id is -1 / outside the cache or t >= visible[i]."""
+    t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    q0 = tl.program_id(1) * BLOCK_Q
+    t_ok = t < n_keys
+
+    rows = tl.load(key_rows_ptr + q0 * stride_key_rows_s + t, mask=t_ok, other=-1)
+    row_ok = (rows >= 0) & (rows < num_rows)
+    row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
+    d = tl.arange(0, D)
+    byte = tl.load(row + d[None, :] // 2, mask=row_ok[:, None], other=0).to(tl.int32)
+    nibble = (byte >> ((d[None, :] & 1) * 4)) & 0xF  # low nibble = even dim
+    e = tl.load(row + D // 2 + d[None, :] // 32, mask=row_ok[:, None], other=0)
+    k = (e2m1_to_fp32(nibble) * ue8m0_to_fp32(e)).to(tl.bfloat16)  # [BLOCK_K, D]
+
+    # Columns of the N side: (query, head) pairs.
+    col = tl.arange(0, BLOCK_Q * H)
+    col_q = q0 + col // H
+    col_h = col % H
+    col_ok = col_q < s_q
+    q = tl.load(q_ptr + col_q[:, None] * stride_q_s + col_h[:, None] * stride_q_h + d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    w = tl.load(w_ptr + col_q * stride_w_s + col_h, mask=col_ok, other=0.0).to(tl.float32)
+
+    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
+    prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
+    score = tl.sum(tl.reshape(prod, [BLOCK_K, BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q]
+
+    qi = q0 + tl.arange(0, BLOCK_Q)
+    qi_ok = qi < s_q
+    visible = tl.load(visible_ptr + qi, mask=qi_ok, other=0)
+    seen = row_ok[:, None] & (t[:, None] < visible[None, :])
+    score = tl.where(seen, score, float("-inf"))
+    tl.store(out_ptr + qi[None, :].to(tl.int64) * stride_out_s + t[:, None], score, mask=t_ok[:, None] & qi_ok[None, :])

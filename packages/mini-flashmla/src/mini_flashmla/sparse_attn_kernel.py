@@ -1,0 +1,171 @@
+"""Triton kernels of sparse MLA forward: one shared K=V head of 512, gathered rows, attention sink.
+
+One program owns one query token and a block of up to 64 heads, and walks its index list in blocks of
+BLOCK_N = 64 (the reference's online-softmax step). The index list has two sources, A then B, each with its own
+row format, so the same kernel serves:
+
+| call | source A | source B |
+|---|---|---|
+| bf16 prefill (`sparse_mla_fwd`) | bf16 rows [n_kv, 512] | none |
+| paged quantized (`sparse_mla_fwd_paged`) | window ring, FP8 e4m3 + UE8M0/32 (528 B rows) | compressed KV, FP4 e2m1 + e4m3/16 (288 B rows) |
+
+Quantized rows are dequantized in registers right after the gather (never written back as bf16), with the same
+arithmetic as cache_layout's unpack functions: value * scale in fp32, then rounded to bf16 (exact, the products
+have at most 5 significant bits).
+
+Decode splits the index list over a third grid axis; each split writes a normalised partial output and its lse,
+and `combine_splits_kernel` merges them (and applies the sink).
+
+Everything runs in the log2 domain (exp2 is one instruction): scores are scaled by sm_scale * log2(e) and the
+returned lse is converted back to natural log.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mini_flashmla.dequant_triton import e2m1_to_fp32, ue8m0_to_fp32
+
+# Row formats of a source (the kernel's FORMAT constexprs).
+FORMAT_BF16 = tl.constexpr(0)  # bf16 [n, 512]
+FORMAT_FP8_WINDOW = tl.constexpr(1)  # cache_layout.pack_window_fp8, 528 B rows
+FORMAT_FP4_COMPRESSED = tl.constexpr(2)  # cache_layout.pack_compressed_kv_fp4, 288 B rows
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-empty block then adds exp(-inf) = 0
+
+
+@triton.jit
+def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr):
+    """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0."""
+    d = tl.arange(0, D)
+    if FORMAT == FORMAT_BF16:
+        x = tl.load(base_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
+    elif FORMAT == FORMAT_FP8_WINDOW:
+        row = base_ptr + rows[:, None] * 528
+        q = tl.load(row + d[None, :], mask=valid[:, None], other=0)
+        e = tl.load(row + 512 + d[None, :] // 32, mask=valid[:, None], other=0)
+        x = (q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * ue8m0_to_fp32(e)).to(tl.bfloat16)
+    else:  # FORMAT_FP4_COMPRESSED
+        row = base_ptr + rows[:, None] * 288
+        byte = tl.load(row + d[None, :] // 2, mask=valid[:, None], other=0).to(tl.int32)
+        nibble = (byte >> ((d[None, :] & 1) * 4)) & 0xF  # low nibble = even dim
+        s = tl.load(row + 256 + d[None, :] // 16, mask=valid[:, None], other=0)
+        x = (e2m1_to_fp32(nibble) * s.to(tl.float8e4nv, bitcast=True).to(tl.float32)).to(tl.bfloat16)
+    return x
+
+
+@triton.jit
+def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
+                   FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
+    for blk in range(blk_lo, blk_hi):
+        pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
+        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D)
+        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)  # P rounded to bf16 before P.V, as the reference
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def sparse_mla_fwd_kernel(
+    q_ptr, stride_q_s, stride_q_h,
+    a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_num_rows,
+    b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_num_rows,
+    sink_ptr,
+    out_ptr, stride_out_s, stride_out_h,
+    lse_ptr, stride_lse_s,
+    part_out_ptr, part_lse_ptr,
+    num_heads, num_splits, blocks_per_split, qk_scale_log2,
+    A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, HAS_B: tl.constexpr, HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+):
+    """Grid (s_q, cdiv(h, BLOCK_H), num_splits). Without SPLIT writes out/lse (sink applied); with SPLIT writes
+    partial (normalised out fp32, lse) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
+    sq = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    head_ok = heads < num_heads
+    d = tl.arange(0, D)
+
+    q = tl.load(q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + d[None, :], mask=head_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_H], NEG_INIT, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+
+    # Logical blocks: A's blocks first, then B's; this split owns [lo, hi).
+    a_blocks = tl.cdiv(a_len, BLOCK_N)
+    lo = split * blocks_per_split
+    hi = lo + blocks_per_split
+    m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows,
+                                   a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D)
+    if HAS_B:
+        b_blocks = tl.cdiv(b_len, BLOCK_N)
+        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, b_ids_ptr + sq * stride_b_ids, b_len,
+                                       b_num_rows, b_kv_ptr, tl.maximum(lo - a_blocks, 0),
+                                       tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D)
+
+    has_mass = l_i > 0
+    lse = tl.where(has_mass, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
+    if SPLIT:
+        o = tl.where(has_mass[:, None], acc / l_i[:, None], 0.0)
+        row = (sq * num_splits + split) * num_heads + heads
+        tl.store(part_out_ptr + row[:, None] * D + d[None, :], o, mask=head_ok[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=head_ok)
+    else:
+        denom = l_i
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
+            denom = denom + tl.exp2(sink * LOG2E - m_i)  # sink in the denominator only
+        o = tl.where(denom[:, None] > 0, acc / denom[:, None], 0.0)
+        tl.store(out_ptr + sq * stride_out_s + heads[:, None] * stride_out_h + d[None, :], o.to(tl.bfloat16),
+                 mask=head_ok[:, None])
+        tl.store(lse_ptr + sq * stride_lse_s + heads, lse, mask=head_ok)
+
+
+@triton.jit
+def combine_splits_kernel(
+    part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
+    num_heads, num_splits,
+    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+):
+    """Grid (s_q, cdiv(h, BLOCK_H)): out = sum_i exp(lse_i - lse) o_i with lse = logsumexp_i lse_i, then the sink
+    rescales by exp(lse) / (exp(lse) + exp(sink)). Empty splits (lse_i = -inf) weigh 0; all empty gives 0, -inf."""
+    sq = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    d = tl.arange(0, D)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for sp in range(num_splits):
+        lse_i = tl.load(part_lse_ptr + (sq * num_splits + sp) * num_heads + heads, mask=head_ok, other=float("-inf"))
+        m = tl.maximum(m, lse_i)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    w_sum = tl.zeros([BLOCK_H], tl.float32)
+    for sp in range(num_splits):
+        row = (sq * num_splits + sp) * num_heads + heads
+        lse_i = tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"))
+        w = tl.exp2((lse_i - m_safe) * LOG2E)
+        o_i = tl.load(part_out_ptr + row[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
+        acc += w[:, None] * o_i
+        w_sum += w
+    has_mass = w_sum > 0
+    lse = tl.where(has_mass, m_safe + tl.log(w_sum), float("-inf"))
+    o = tl.where(has_mass[:, None], acc / w_sum[:, None], 0.0)
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
+        o = o / (1.0 + tl.exp2((sink - lse) * LOG2E))[:, None]
+    tl.store(out_ptr + sq * stride_out_s + heads[:, None] * stride_out_h + d[None, :], o.to(tl.bfloat16),
+             mask=head_ok[:, None])
+    tl.store(lse_ptr + sq * stride_lse_s + heads, lse, mask=head_ok)
