@@ -1,0 +1,169 @@
+"""The device half of the step contract: turn a ScheduledStep into a ForwardBatch, run it, sample, copy back.
+
+`execute` only enqueues work: inputs go to the device with non-blocking copies, an in-flight input token (ZOS)
+is gathered on the device from the previous step's sampled-token buffer (the remap), and the sampled tokens are
+copied back into pinned host memory behind a CUDA event. `StepHandle.wait()` is the only place that reads a
+device result. Every step runs on the current stream, so a block or slot that the CPU frees and hands to another
+sequence is not written before the step that still reads it has finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from mini_deepinfer.engine.block_manager import blocks_for
+from mini_deepinfer.engine.scheduler import ScheduledSequence, ScheduledStep
+from mini_deepinfer.layers.sampler import SamplingBatch, sample
+from mini_deepinfer.worker.forward_batch import ForwardBatch
+
+
+class CacheType(Protocol):
+    """What the runner needs of a cache class (V41Cache, or a test double)."""
+
+    def __init__(self, config, num_blocks: int, num_slots: int, device: torch.device) -> None: ...
+
+    @staticmethod
+    def bytes_per_block(config) -> int: ...
+
+    @staticmethod
+    def bytes_per_slot(config) -> int: ...
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    num_blocks: int  # including the sentinel block 0
+    num_slots: int  # including the sentinel slot 0
+    bytes: int
+
+
+def plan_cache(
+    config,
+    cache_cls: type[CacheType],
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    device: torch.device,
+    kv_cache_memory_gb: float | None,
+    gpu_memory_utilization: float | None,
+) -> CachePlan:
+    """Size the cache from a budget: absolute GiB, or a fraction of the device's free memory (CUDA only).
+
+    One state slot per sequence that can hold resources (max_num_seqs) plus the sentinel; the rest of the budget
+    goes to blocks, capped at what max_num_seqs sequences of max_model_len tokens could ever use.
+    """
+    if kv_cache_memory_gb is not None and gpu_memory_utilization is not None:
+        raise ValueError("give kv_cache_memory_gb or gpu_memory_utilization, not both")
+    if kv_cache_memory_gb is not None:
+        if kv_cache_memory_gb <= 0:
+            raise ValueError(f"kv_cache_memory_gb must be > 0, got {kv_cache_memory_gb}")
+        budget = int(kv_cache_memory_gb * 2**30)
+    else:
+        if device.type != "cuda":
+            raise ValueError("gpu_memory_utilization needs a CUDA device; on CPU give kv_cache_memory_gb")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * gpu_memory_utilization)
+    num_slots = max_num_seqs + 1
+    block_bytes = cache_cls.bytes_per_block(config)
+    slot_bytes = cache_cls.bytes_per_slot(config) * num_slots
+    blocks_per_seq = blocks_for(max_model_len)
+    fit = (budget - slot_bytes) // block_bytes if budget > slot_bytes else 0
+    num_blocks = int(min(fit, max_num_seqs * blocks_per_seq + 1))
+    if num_blocks < blocks_per_seq + 1:
+        need = slot_bytes + (blocks_per_seq + 1) * block_bytes
+        raise ValueError(
+            f"KV cache budget of {budget / 2**30:.4f} GiB is too small: one sequence of max_model_len="
+            f"{max_model_len} tokens needs {blocks_per_seq} blocks of {block_bytes} B (+ the sentinel block) and "
+            f"{num_slots} state slots of {cache_cls.bytes_per_slot(config)} B, {need / 2**30:.4f} GiB in all"
+        )
+    return CachePlan(num_blocks, num_slots, slot_bytes + num_blocks * block_bytes)
+
+
+class StepHandle:
+    """A step in flight: its sampled tokens on the device, and their host copy once `wait()` returns."""
+
+    def __init__(
+        self,
+        sampled: list[ScheduledSequence],
+        tokens: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> None:
+        self.sampled = sampled
+        self.tokens = tokens  # int64 [R] on the device: the next step's remap reads it there
+        self.row_of = {s.seq.request_id: row for row, s in enumerate(sampled)}
+        pin = tokens.is_cuda
+        self._tokens_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=pin)
+        self._tokens_host.copy_(tokens, non_blocking=True)
+        self._logits_host = None
+        if logits is not None:
+            self._logits_host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=pin)
+            self._logits_host.copy_(logits, non_blocking=True)
+        self._done = None
+        if pin:
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def wait(self) -> tuple[list[int], torch.Tensor | None]:
+        """Block until the step is done; return its sampled tokens (and logits when recorded) on the host."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._tokens_host.tolist(), self._logits_host
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cache, device: torch.device, record_logits: bool = False) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = device
+        self.record_logits = record_logits
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        host = torch.tensor(values, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        return host.to(self.device, non_blocking=True)
+
+    def execute(self, step: ScheduledStep, prev: StepHandle | None) -> StepHandle:
+        """Enqueue the step's forward and sampling; returns at once (no device read)."""
+        host_ids: list[int] = []
+        remap_dst: list[int] = []
+        remap_src: list[int] = []
+        sample_rows: list[int] = []
+        for s in step.sequences:
+            if s.input_in_flight:
+                if prev is None or s.seq.request_id not in prev.row_of:
+                    raise RuntimeError(f"{s.seq.request_id}: input token in flight but not in the previous step")
+                remap_dst.append(len(host_ids))
+                remap_src.append(prev.row_of[s.seq.request_id])
+                host_ids.append(0)  # placeholder, overwritten on the device below
+            else:
+                host_ids.extend(s.input_token_ids)
+            if s.sample_position is not None:
+                sample_rows.append(len(host_ids) - 1)
+        input_ids = self._to_device(host_ids)
+        if remap_dst:  # ZOS: the previous step's samples never visit the host on their way back in
+            input_ids.index_copy_(0, self._to_device(remap_dst), prev.tokens.index_select(0, self._to_device(remap_src)))
+        batch = ForwardBatch(
+            input_ids=input_ids,
+            query_lens=[s.query_len for s in step.sequences],
+            context_lens=[s.context_len for s in step.sequences],
+            block_tables=[s.block_table for s in step.sequences],
+            slots=[s.state_slot for s in step.sequences],
+            sample_rows=sample_rows,
+        )
+        sampled = step.sampled
+        with torch.inference_mode():
+            logits = self.model(batch, self.cache)
+            params = [s.seq.params for s in sampled]
+            sampling = SamplingBatch.build(
+                temperatures=[p.temperature for p in params],
+                top_k=[p.top_k for p in params],
+                top_p=[p.top_p for p in params],
+                seeds=[s.seq.seed for s in sampled],
+                positions=[s.sample_position for s in sampled],
+                device=self.device,
+            )
+            tokens = sample(logits, sampling)
+        return StepHandle(sampled, tokens, logits if self.record_logits else None)
