@@ -1,0 +1,125 @@
+"""The user API: LLM.generate on the fake model, bad input refused before any state changes, budget errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mini_deepinfer import LLM, SamplingParams
+from mini_deepinfer.engine.testing import FakeConfig, FakePagedCache, FakePagedModel, fake_generate
+
+CFG = FakeConfig(vocab_size=512, eos_token_id=1)
+
+
+def make_llm(**kw) -> LLM:
+    base = dict(max_model_len=256, kv_cache_memory_gb=0.001, max_num_seqs=4, device="cpu", cache_cls=FakePagedCache)
+    base.update(kw)
+    return LLM(FakePagedModel(CFG), **base)
+
+
+def test_generate_returns_outputs_in_prompt_order():
+    llm = make_llm()
+    prompts = [[5] * 37, [6] * 100, [7] * 3]
+    sp = SamplingParams(temperature=0.9, max_tokens=5, seq_seed=3, ignore_eos=True)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == fake_generate(prompt, sp, 3, CFG, 256)[0]
+        assert out.finish_reason == "length"
+    per_prompt = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 2, 3)]
+    outs = llm.generate(prompts, per_prompt, use_tqdm=True)
+    assert [len(o.token_ids) for o in outs] == [1, 2, 3]
+    assert llm.engine.scheduler.kv.all_free()
+
+
+@pytest.mark.parametrize(
+    "prompt,params,message",
+    [
+        ([], SamplingParams(), "empty prompt"),
+        ([1, 512], SamplingParams(), "out of range"),
+        ([1, -1], SamplingParams(), "out of range"),
+        ([1.5], SamplingParams(), "integers"),
+        ([3] * 257, SamplingParams(), "longer than max_model_len"),
+    ],
+)
+def test_bad_prompts_raise_before_any_state_changes(prompt, params, message):
+    llm = make_llm()
+    engine = llm.engine
+    other = engine.add_request([9] * 50, SamplingParams(temperature=0.0, max_tokens=4, seq_seed=0, ignore_eos=True))
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[4] * 10, prompt], params, use_tqdm=False)  # the good first prompt is not queued either
+    assert list(engine._requests) == [other] and len(engine.scheduler.waiting) == 1
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    (out,) = outs
+    assert out.token_ids == fake_generate([9] * 50, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                                          0, CFG, 256)[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-3), "top_k"),
+    ],
+)
+def test_bad_sampling_params_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_params_list_must_match_prompts():
+    with pytest.raises(ValueError, match="2 sampling params for 1 prompts"):
+        make_llm().generate([[3, 4]], [SamplingParams(), SamplingParams()], use_tqdm=False)
+
+
+def test_kv_budget_too_small_for_one_sequence():
+    with pytest.raises(ValueError, match="too small"):
+        make_llm(max_model_len=4096, kv_cache_memory_gb=1e-5)
+    with pytest.raises(ValueError, match="gpu_memory_utilization needs a CUDA device"):
+        make_llm(kv_cache_memory_gb=None, gpu_memory_utilization=0.5)
+
+
+def test_bad_engine_limits():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        make_llm(max_num_seqs=8, max_num_batched_tokens=4)
+
+
+def test_abort_is_harmless_for_unknown_and_finished_requests():
+    llm = make_llm()
+    llm.engine.abort_request("never-existed")
+    (out,) = llm.generate([[3] * 5], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.engine.abort_request(out.request_id)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_same_seed_same_output_whatever_the_batch():
+    llm = make_llm()
+    sp = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=6, seq_seed=123)
+    alone = llm.generate([[8] * 40], sp, use_tqdm=False)[0].token_ids
+    batched = llm.generate([[2] * 90, [8] * 40, [9] * 10], sp, use_tqdm=False)[1].token_ids
+    assert alone == batched
+
+
+def test_a_model_module_needs_its_cache_class():
+    with pytest.raises(ValueError, match="cache class"):
+        LLM(FakePagedModel(CFG), kv_cache_memory_gb=0.001, device="cpu")
+
+
+def test_unknown_checkpoint_path_is_a_clear_error(tmp_path):
+    import mini_deepinfer.models.deepseek_v41 as v41
+
+    if not hasattr(v41, "load_model"):
+        pytest.skip("models.deepseek_v41.load_model has not landed yet")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        LLM(str(tmp_path / "missing"), device="cpu")
+
+
+def test_default_device_and_cpu_budget():
+    llm = LLM(FakePagedModel(CFG), cache_cls=FakePagedCache, max_model_len=256, max_num_seqs=2,
+              device=None if not torch.cuda.is_available() else "cpu")
+    assert llm.engine.device.type == "cpu" and llm.engine.cache_plan.num_blocks == 2 * 2 + 1
