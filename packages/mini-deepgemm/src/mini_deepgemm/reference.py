@@ -200,3 +200,54 @@ def fp4_linear_ref(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tenso
     xa = act_dequant(q, s, block)
     wd = fp4_dequant(w_packed, w_scale, block)
     return (xa.reshape(-1, x.shape[-1]) @ wd.T).reshape(*x.shape[:-1], w_packed.shape[0]).to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- GEMM references (NT: B is [N, K])
+def dequant_operand(q: torch.Tensor, scale: torch.Tensor, gran_rows: int, gran_k: int) -> torch.Tensor:
+    """Dequantize one GEMM operand to fp32 [R, K].
+
+    q: e4m3 [R, K], or packed e2m1 [R, K/2] (uint8/int8, low nibble = even k).
+    scale: [ceil(R/gran_rows), K/gran_k], UE8M0 (float8_e8m0fnu/uint8) or fp32; one scale per
+    gran_rows x gran_k block (activations: gran_rows=1; V4.1 FP8 weights: 32; V3: 128; FP4 weights: 1).
+    """
+    v = unpack_fp4(q) if q.dtype in (torch.uint8, torch.int8) else q.float()
+    s = scale_to_float(scale)
+    s = s.repeat_interleave(gran_rows, 0)[: v.shape[0]].repeat_interleave(gran_k, 1)[:, : v.shape[1]]
+    return v * s
+
+
+def gemm_nt_ref(
+    a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, b_gran_n: int, gran_k: int
+) -> torch.Tensor:
+    """D = dequant(A) @ dequant(B)^T in fp32 [M, N]: A [M, K] e4m3 with per-row, per-gran_k scales; B [N, K]
+    e4m3 (or packed e2m1 [N, K/2]) with per b_gran_n x gran_k scales. Every product is exact in fp32, so
+    a kernel differs from this only by the order of the fp32 additions."""
+    return dequant_operand(a, sa, 1, gran_k) @ dequant_operand(b, sb, b_gran_n, gran_k).T
+
+
+def m_grouped_gemm_nt_contiguous_ref(
+    a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, grouped_layout: torch.Tensor,
+    b_gran_n: int, gran_k: int,
+) -> torch.Tensor:
+    """Contiguous grouped GEMM: row m of A is multiplied by B[grouped_layout[m]]; fp32 [M, N], rows whose
+    group id is -1 (padding) are 0."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    for g in torch.unique(grouped_layout).tolist():
+        if g < 0:
+            continue
+        rows = (grouped_layout == g).nonzero().squeeze(1)
+        out[rows] = gemm_nt_ref(a[rows], sa[rows], b[g], sb[g], b_gran_n, gran_k)
+    return out
+
+
+def m_grouped_gemm_nt_masked_ref(
+    a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, masked_m: torch.Tensor,
+    b_gran_n: int, gran_k: int,
+) -> torch.Tensor:
+    """Masked grouped GEMM: A [G, max_m, K]; group g uses its first masked_m[g] rows. fp32 [G, max_m, N],
+    rows past masked_m[g] are 0."""
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float32, device=a.device)
+    for g, m in enumerate(masked_m.tolist()):
+        if m > 0:
+            out[g, :m] = gemm_nt_ref(a[g, :m], sa[g, :m], b[g], sb[g], b_gran_n, gran_k)
+    return out

@@ -1,0 +1,238 @@
+"""Public FP8 / FP8 x FP4 NT GEMMs (DeepGEMM-style API): D = C + A @ B^T, outputs preallocated by the caller.
+
+Operands (NT: both K-major, last dim contiguous)
+- a = (q, sa): q float8_e4m3fn [M, K] (masked: [G, max_m, K]); sa row-major [M, K/gran_k] (masked with a
+  leading G), as `per_token_group_quant_fp8` returns it.
+- b = (q, sb): FP8 weights q float8_e4m3fn [N, K], sb [ceil(N/gran_n), K/gran_k]; or FP4 weights (the
+  `fp8_fp4_*` functions) q uint8/int8 [N, K/2] packed e2m1 (low nibble = even k), sb float8_e8m0fnu [N, K/32].
+  Grouped GEMMs take a leading G on both.
+- d: bf16 (or fp32) [M, N] (masked: [G, max_m, N]); c: optional fp32 tensor of d's shape and strides (may be
+  d itself) added to the product; needs an fp32 d.
+
+Recipes (rows of A per scale, rows of B per scale, K per scale)
+- V4.1 (default for UE8M0 scales): (1, 32, 32), sa and sb float8_e8m0fnu.
+- DeepSeek-V3 (default for fp32 scales): (1, 128, 128), sa and sb float32.
+- FP4 weights: (1, 1, 32) with UE8M0 scales, fixed.
+
+Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in between)
+- Contiguous (prefill): rows sorted by local expert, each expert's segment starting at a multiple of
+  `get_m_alignment_for_contiguous_layout()` (128); grouped_layout int32 [M] = expert id per row, -1 for
+  padding rows. Padding rows of d are left untouched (not written).
+- Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
+  expected_m is a host-side hint of the typical rows per group (it picks the tile height).
+
+On CUDA with triton the Triton kernel in gemm_kernel.py runs; otherwise the pure-torch references in
+reference.py compute the same result (up to the order of fp32 additions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from ._backend import cdiv, use_triton
+
+__all__ = [
+    "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
+    "fp8_gemm_nt", "fp8_fp4_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
+]
+
+V41_RECIPE = (1, 32, 32)
+V3_RECIPE = (1, 128, 128)
+FP4_RECIPE = (1, 1, 32)
+_M_ALIGNMENT = 128
+_DENSE, _CONTIGUOUS, _MASKED = 0, 1, 2
+_UE8M0_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+Recipe = tuple[int, int, int]
+FP8Operand = tuple[torch.Tensor, torch.Tensor]
+
+
+def get_m_alignment_for_contiguous_layout() -> int:
+    """Row alignment of each expert segment in the contiguous grouped layout (a multiple of every tile height
+    the kernel uses, so no tile straddles two experts)."""
+    return _M_ALIGNMENT
+
+
+def fp8_gemm_nt(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Recipe | None = None
+) -> None:
+    """d[M, N] = c + (a.q * sa) @ (b.q * sb)^T with FP8 weights; recipe V41_RECIPE or V3_RECIPE (see module)."""
+    _gemm(_DENSE, a, b, d, c, None, recipe, allow_fp4=False)
+
+
+def fp8_fp4_gemm_nt(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Recipe | None = None
+) -> None:
+    """As `fp8_gemm_nt`, and B may also be packed FP4 e2m1 [N, K/2] with UE8M0 scales [N, K/32]."""
+    _gemm(_DENSE, a, b, d, c, None, recipe, allow_fp4=True)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None
+) -> None:
+    """d[M, N]: row m = a[m] @ b[grouped_layout[m]]^T; b.q [G, N, K] FP8. Padding rows (-1) untouched."""
+    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=False)
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None
+) -> None:
+    """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32]."""
+    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True)
+
+
+def m_grouped_fp8_gemm_nt_masked(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+    recipe: Recipe | None = None,
+) -> None:
+    """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T; a.q [G, max_m, K], b.q [G, N, K] FP8, d [G, max_m, N]."""
+    _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=False, expected_m=expected_m)
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+    recipe: Recipe | None = None,
+) -> None:
+    """As `m_grouped_fp8_gemm_nt_masked`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32]."""
+    _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=True, expected_m=expected_m)
+
+
+# --------------------------------------------------------------------------- validation
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _resolve_recipe(sa: torch.Tensor, sb: torch.Tensor, b_fp4: bool, recipe: Recipe | None) -> Recipe:
+    ue8m0 = sa.dtype in _UE8M0_DTYPES
+    _require(ue8m0 or sa.dtype == torch.float32, f"sa must be float8_e8m0fnu/uint8 (UE8M0) or float32, got {sa.dtype}")
+    _require((sb.dtype in _UE8M0_DTYPES) == ue8m0 and (ue8m0 or sb.dtype == torch.float32),
+             f"sa ({sa.dtype}) and sb ({sb.dtype}) must both be UE8M0 or both float32")
+    if b_fp4:
+        _require(ue8m0, "FP4 weights need UE8M0 scales")
+        _require(recipe in (None, FP4_RECIPE), f"FP4 weights use recipe {FP4_RECIPE}, got {recipe}")
+        return FP4_RECIPE
+    if recipe is None:
+        return V41_RECIPE if ue8m0 else V3_RECIPE
+    _require(len(recipe) == 3 and recipe[0] == 1, f"recipe must be (1, gran_n, gran_k), got {recipe}")
+    _require(recipe[2] in (32, 64, 128), f"gran_k must be 32, 64 or 128, got {recipe[2]}")
+    _require(recipe[1] >= 1, f"gran_n must be >= 1, got {recipe[1]}")
+    return tuple(recipe)
+
+
+def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+              group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool) -> tuple[Recipe, bool]:
+    (aq, sa), (bq, sb) = a, b
+    _require(aq.dtype == torch.float8_e4m3fn, f"a must be float8_e4m3fn, got {aq.dtype}")
+    b_fp4 = bq.dtype in (torch.uint8, torch.int8)
+    if b_fp4:
+        _require(allow_fp4, "packed FP4 weights need the fp8_fp4_* functions")
+    else:
+        _require(bq.dtype == torch.float8_e4m3fn, f"b must be float8_e4m3fn or packed FP4 uint8/int8, got {bq.dtype}")
+    a_dims, b_dims = (3, 3) if layout == _MASKED else (2, 3) if layout == _CONTIGUOUS else (2, 2)
+    _require(aq.dim() == a_dims, f"a must be {a_dims}-D, got shape {tuple(aq.shape)}")
+    _require(bq.dim() == b_dims, f"b must be {b_dims}-D, got shape {tuple(bq.shape)}")
+    K, N = aq.shape[-1], bq.shape[-2]
+    _require(bq.shape[-1] == (K // 2 if b_fp4 else K),
+             f"b's last dim {bq.shape[-1]} does not match K={K}" + (" (packed FP4: K/2)" if b_fp4 else ""))
+    gran_rows, gran_n, gran_k = recipe = _resolve_recipe(sa, sb, b_fp4, recipe)
+    _require(K % gran_k == 0, f"K={K} is not a multiple of the scale granularity {gran_k}")
+    _require(tuple(sa.shape) == (*aq.shape[:-1], K // gran_k),
+             f"sa must be {(*aq.shape[:-1], K // gran_k)}, got {tuple(sa.shape)}")
+    _require(tuple(sb.shape) == (*bq.shape[:-2], cdiv(N, gran_n), K // gran_k),
+             f"sb must be {(*bq.shape[:-2], cdiv(N, gran_n), K // gran_k)}, got {tuple(sb.shape)}")
+    out_shape = (*aq.shape[:-1], N)
+    _require(tuple(d.shape) == out_shape, f"d must be {out_shape}, got {tuple(d.shape)}")
+    _require(d.dtype in (torch.bfloat16, torch.float32), f"d must be bfloat16 or float32, got {d.dtype}")
+    for name, t in (("a", aq), ("b", bq), ("d", d)):
+        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+    if c is not None:
+        _require(d.dtype == torch.float32 and c.dtype == torch.float32, "accumulating into c needs fp32 c and d")
+        _require(c.shape == d.shape and c.stride() == d.stride(), "c must have d's shape and strides")
+    if layout == _CONTIGUOUS:
+        _require(group_arg.dtype == torch.int32 and tuple(group_arg.shape) == (aq.shape[0],),
+                 f"grouped_layout must be int32 [{aq.shape[0]}], got {group_arg.dtype} {tuple(group_arg.shape)}")
+        _require(bq.shape[0] == sb.shape[0], "b and sb must have the same number of groups")
+    if layout == _MASKED:
+        G = aq.shape[0]
+        _require(bq.shape[0] == G and sb.shape[0] == G, f"a, b and sb must all have G={G} groups")
+        _require(group_arg.dtype == torch.int32 and tuple(group_arg.shape) == (G,),
+                 f"masked_m must be int32 [{G}], got {group_arg.dtype} {tuple(group_arg.shape)}")
+    devices = {t.device for t in (aq, sa, bq, sb, d) + ((group_arg,) if group_arg is not None else ())}
+    _require(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    return recipe, b_fp4
+
+
+# --------------------------------------------------------------------------- dispatch
+def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+          group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool, expected_m: int | None = None,
+          config: dict | None = None) -> None:
+    recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
+    if d.numel() == 0:
+        return
+    if use_triton(d):
+        _launch(layout, a, b, d, c, group_arg, recipe, b_fp4, expected_m, config)
+    else:
+        _reference(layout, a, b, d, c, group_arg, recipe)
+
+
+def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+               group_arg: torch.Tensor | None, recipe: Recipe) -> None:
+    (aq, sa), (bq, sb) = a, b
+    _, gran_n, gran_k = recipe
+    if layout == _DENSE:
+        out = reference.gemm_nt_ref(aq, sa, bq, sb, gran_n, gran_k)
+        d.copy_(out if c is None else c + out)
+    elif layout == _CONTIGUOUS:
+        out = reference.m_grouped_gemm_nt_contiguous_ref(aq, sa, bq, sb, group_arg, gran_n, gran_k)
+        rows = group_arg >= 0
+        d[rows] = out[rows].to(d.dtype)
+    else:
+        out = reference.m_grouped_gemm_nt_masked_ref(aq, sa, bq, sb, group_arg, gran_n, gran_k)
+        for g, m in enumerate(group_arg.tolist()):
+            d[g, :m] = out[g, :m].to(d.dtype)
+
+
+def default_config(layout: int, rows_hint: int, gran_k: int) -> dict:
+    """Tile shape and pipeline depth. BLOCK_M 128 needs two warpgroups (each MMA is 64 rows); 64-row tiles
+    serve decode-sized M. BLOCK_N stays 128: a 128x256 tile needs 2 x 128 fp32 registers per thread (the
+    accumulator plus the per-step partial product) and spills. Small K steps (GRAN_K 32) take more stages."""
+    block_m = 64 if (layout != _CONTIGUOUS and rows_hint <= 64) else 128
+    stages = {32: 6, 64: 5, 128: 4}[gran_k]
+    return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4 if block_m == 64 else 8, num_stages=stages)
+
+
+def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+            group_arg: torch.Tensor | None, recipe: Recipe, b_fp4: bool, expected_m: int | None,
+            config: dict | None) -> None:
+    from .gemm_kernel import scaled_gemm_nt_kernel
+
+    (aq, sa), (bq, sb) = a, b
+    _, gran_n, gran_k = recipe
+    sa, sb = sa.contiguous(), sb.contiguous()  # the kernel steps scales by 1 along K
+    ue8m0 = sa.dtype in _UE8M0_DTYPES
+    if ue8m0:
+        sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
+    if b_fp4:
+        bq = bq.view(torch.uint8)
+    rows = aq.shape[-2]
+    N, K = bq.shape[-2], aq.shape[-1]
+    rows_hint = expected_m if layout == _MASKED else rows
+    cfg = config or default_config(layout, rows_hint, gran_k)
+    _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
+    tiles = cdiv(rows, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    grid = (tiles, aq.shape[0]) if layout == _MASKED else (tiles,)
+    grouped = layout != _DENSE
+    scaled_gemm_nt_kernel[grid](
+        aq, sa, bq, sb, d, c if c is not None else d, group_arg if group_arg is not None else d,
+        rows, N, K,
+        aq.stride(0) if layout == _MASKED else 0, aq.stride(-2),
+        sa.stride(0) if layout == _MASKED else 0, sa.stride(-2),
+        bq.stride(0) if grouped else 0, bq.stride(-2),
+        sb.stride(0) if grouped else 0, sb.stride(-2),
+        d.stride(0) if layout == _MASKED else 0, d.stride(-2),
+        GRAN_K=gran_k, SB_GRAN_N=gran_n, B_IS_FP4=b_fp4, UE8M0_SCALES=ue8m0,
+        LAYOUT=layout, HAS_C=c is not None, **cfg,
+    )

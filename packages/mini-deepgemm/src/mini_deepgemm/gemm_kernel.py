@@ -1,0 +1,147 @@
+"""Triton kernel of the scaled NT GEMMs: D[M, N] = (A * sa) @ (B * sb)^T (+ C), fp32 accumulation.
+
+One kernel serves every public GEMM (dense, M-grouped contiguous, M-grouped masked; B FP8 or packed FP4); the
+variants are compile-time switches, so each compiles to a specialised kernel.
+
+How the fine-grained scales are applied (the cost centre of this family): scales live on GRAN_K-wide slices of
+K (32 for V4.1, 128 for the V3 recipe), and A's scale changes per row and per slice, so it cannot be folded
+into a tensor-core operand. The K loop therefore steps by exactly GRAN_K: each step does one FP8 MMA into a
+fresh fp32 tile, then promotes it into the running fp32 accumulator multiplied by sa[m] * sb[n]. Since all
+scales are powers of two (UE8M0) or fp32, and every FP8 x FP8 product is exact, the result differs from the
+fp32 reference only in the order of the fp32 additions.
+
+FP4 weights (Hopper has no FP4 MMA): each e2m1 nibble is rewritten as the e4m3 byte of the same value with
+integer ops (every e2m1 value is exactly representable in e4m3); the weight's UE8M0 scale is applied in the
+fp32 promotion like any other B scale.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LAYOUT_DENSE: tl.constexpr = tl.constexpr(0)
+LAYOUT_CONTIGUOUS: tl.constexpr = tl.constexpr(1)
+LAYOUT_MASKED: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def ue8m0_to_fp32(e):
+    """UE8M0 byte -> 2^(e-127) as fp32 by placing e in the exponent field. e = 0 (2^-127, an fp32 subnormal)
+    would read as 0; the V4.1 quantizers never produce it (their amax clamps keep e >= 1)."""
+    return (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1x2_to_e4m3(packed):
+    """[R, C] bytes holding two e2m1 codes each (low nibble = even column) -> [R, 2C] float8e4nv, exactly.
+
+    Magnitude code c (value table 0, .5, 1, 1.5, 2, 3, 4, 6): c >= 2 are normal e2m1 numbers whose e4m3 byte
+    is (c << 2) + 0x30 (exponent re-biased from 1 to 7, the mantissa bit moved to the top of e4m3's three);
+    c = 1 is e2m1's subnormal 0.5 = e4m3 0x30; c = 0 is 0. The sign bit moves from bit 3 to bit 7."""
+    p = packed.to(tl.int32)
+    lo = p & 7
+    hi = (p >> 4) & 7
+    lo8 = tl.where(lo >= 2, (lo << 2) + 0x30, lo * 0x30) | ((p & 0x08) << 4)
+    hi8 = tl.where(hi >= 2, (hi << 2) + 0x30, hi * 0x30) | (p & 0x80)
+    pairs = tl.join(lo8, hi8)  # [R, C, 2]: even column first
+    out = tl.reshape(pairs, (packed.shape[0], 2 * packed.shape[1]))
+    return out.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def scaled_gemm_nt_kernel(
+    a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, c_ptr, group_ptr,
+    M, N, K,
+    stride_a_g, stride_a_m, stride_sa_g, stride_sa_m,
+    stride_b_g, stride_b_n, stride_sb_g, stride_sb_n,
+    stride_d_g, stride_d_m,
+    GRAN_K: tl.constexpr,  # K elements per scale (and per loop step)
+    SB_GRAN_N: tl.constexpr,  # B rows per scale: 32 (V4.1 FP8), 128 (V3), 1 (FP4)
+    B_IS_FP4: tl.constexpr,
+    UE8M0_SCALES: tl.constexpr,  # scales are UE8M0 bytes (else fp32)
+    LAYOUT: tl.constexpr,
+    HAS_C: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Tile order: GROUP_M row-tiles share each column-tile sweep, so B tiles are re-read from L2.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_sweep = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_sweep) * GROUP_M
+    sweep_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
+    pid_n = (pid % tiles_per_sweep) // sweep_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+    a_base = a_ptr
+    sa_base = sa_ptr
+    b_base = b_ptr
+    sb_base = sb_ptr
+    d_base = d_ptr
+    c_base = c_ptr
+    if LAYOUT == LAYOUT_CONTIGUOUS:
+        # Segments start on multiples of BLOCK_M, so one tile holds one group plus, at its end, padding (-1).
+        ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
+        group = tl.max(ids, axis=0)
+        if group < 0:
+            return
+        row_ok = ids == group
+        b_base = b_ptr + group.to(tl.int64) * stride_b_g
+        sb_base = sb_ptr + group.to(tl.int64) * stride_sb_g
+    elif LAYOUT == LAYOUT_MASKED:
+        group = tl.program_id(1)
+        rows_in_group = tl.load(group_ptr + group)
+        if pid_m * BLOCK_M >= rows_in_group:
+            return
+        row_ok = offs_m < rows_in_group
+        g64 = group.to(tl.int64)
+        a_base = a_ptr + g64 * stride_a_g
+        sa_base = sa_ptr + g64 * stride_sa_g
+        b_base = b_ptr + g64 * stride_b_g
+        sb_base = sb_ptr + g64 * stride_sb_g
+        d_base = d_ptr + g64 * stride_d_g
+        c_base = c_ptr + g64 * stride_d_g
+    else:
+        row_ok = offs_m < M
+
+    # Out-of-range rows/columns read a valid row instead (wrap), so the K loop needs no load masks;
+    # their results are dropped by the store mask.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, GRAN_K)
+    a_ptrs = a_base + rows[:, None] * stride_a_m + offs_k[None, :]
+    sa_ptrs = sa_base + rows * stride_sa_m
+    B_STEP: tl.constexpr = GRAN_K // 2 if B_IS_FP4 else GRAN_K  # bytes of one B row per K step
+    b_ptrs = b_base + cols[:, None] * stride_b_n + tl.arange(0, B_STEP)[None, :]
+    sb_ptrs = sb_base + (cols // SB_GRAN_N) * stride_sb_n
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K // GRAN_K):
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+        if B_IS_FP4:
+            b = e2m1x2_to_e4m3(b)
+        if UE8M0_SCALES:
+            sa = ue8m0_to_fp32(tl.load(sa_ptrs))
+            sb = ue8m0_to_fp32(tl.load(sb_ptrs))
+        else:
+            sa = tl.load(sa_ptrs)
+            sb = tl.load(sb_ptrs)
+        partial = tl.dot(a, tl.trans(b))
+        acc += partial * (sa[:, None] * sb[None, :])
+        a_ptrs += GRAN_K
+        b_ptrs += B_STEP
+        sa_ptrs += 1
+        sb_ptrs += 1
+
+    out_offs = offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
+    out_mask = row_ok[:, None] & (offs_n < N)[None, :]
+    if HAS_C:
+        acc += tl.load(c_base + out_offs, mask=out_mask, other=0.0)
+    tl.store(d_base + out_offs, acc.to(d_ptr.dtype.element_ty), mask=out_mask)

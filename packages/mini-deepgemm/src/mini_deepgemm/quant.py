@@ -1,0 +1,68 @@
+"""Activation and weight quantizers of the public API (bit-exact with reference.py).
+
+FP8: `per_token_group_quant_fp8` runs a Triton kernel on GPU and reference.act_quant elsewhere.
+FP4 (e2m1): `per_token_group_quant_fp4`, `pack_fp4`, `unpack_fp4` are the reference functions themselves
+(plain torch ops, which also run on GPU tensors); FP4 quantization is only needed offline for expert weights
+and for the indexer, so it has no dedicated kernel yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from ._backend import cdiv, use_triton
+from .reference import pack_fp4, unpack_fp4
+
+__all__ = ["per_token_group_quant_fp8", "per_token_group_quant_fp4", "pack_fp4", "unpack_fp4"]
+
+_GROUPS_PER_PROGRAM = 16
+
+
+def per_token_group_quant_fp8(
+    x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize activations to FP8 e4m3 per row and per `group_size` columns.
+
+    x: [..., K] bf16/fp16/fp32, K % group_size == 0, last dim contiguous.
+    scale_fmt "ue8m0" (V4.1, group 32): scale 2^ceil(log2(amax/448)) as float8_e8m0fnu;
+    "fp32" (V3 recipe, group 128): scale amax/448 as fp32.
+    Returns (q float8_e4m3fn [..., K], scale [..., K/group_size]) with row-major scales, the layout
+    `fp8_gemm_nt` and the grouped GEMMs read. Bit-exact with reference.act_quant.
+    """
+    if scale_fmt not in ("ue8m0", "fp32"):
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'fp32')")
+    K = x.shape[-1]
+    if K % group_size:
+        raise ValueError(f"last dim {K} is not a multiple of group_size {group_size}")
+    if group_size & (group_size - 1) or group_size < 16:
+        raise ValueError(f"group_size must be a power of two >= 16, got {group_size}")
+    if not use_triton(x) or x.numel() == 0:
+        return reference.act_quant(x, group_size, scale_fmt)
+
+    from .quant_kernel import act_quant_fp8_kernel
+
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M, num_groups = x2.shape[0], K // group_size
+    q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
+    ue8m0 = scale_fmt == "ue8m0"
+    s = torch.empty(M, num_groups, dtype=torch.uint8 if ue8m0 else torch.float32, device=x.device)
+    grid = (M, cdiv(num_groups, _GROUPS_PER_PROGRAM))
+    act_quant_fp8_kernel[grid](
+        x2, q, s, num_groups, x2.stride(0), q.stride(0), s.stride(0),
+        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=ue8m0,
+    )
+    if ue8m0:
+        s = s.view(torch.float8_e8m0fnu)
+    return q.reshape(x.shape), s.reshape(*x.shape[:-1], num_groups)
+
+
+def per_token_group_quant_fp4(
+    x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 e2m1 quantization of V4.1 (reference.fp4_quant): x [..., K] -> (packed uint8 [..., K/2] with the
+    low nibble = even column, scale [..., K/group_size] float8_e8m0fnu ("ue8m0") or float8_e4m3fn ("e4m3"))."""
+    return reference.fp4_quant(x, group_size, scale_fmt)
+

@@ -1,0 +1,41 @@
+"""Triton kernel of the per-token, per-group FP8 activation quantizer (reference: reference.act_quant).
+
+Bit-exact with the reference: the same fp32 operations in the same order (amax clamp, amax * fp32(1/448), the
+exponent bit trick for UE8M0, IEEE round-to-nearest division for the fp32 format, clamp, RNE cast to e4m3).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def act_quant_fp8_kernel(
+    x_ptr, q_ptr, s_ptr,
+    num_groups,  # groups per row (K / GROUP)
+    stride_x_m, stride_q_m, stride_s_m,
+    GROUP: tl.constexpr,
+    GROUPS_PER_PROGRAM: tl.constexpr,
+    UE8M0: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    groups = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = groups[:, None] < num_groups
+    x = tl.load(x_ptr + row * stride_x_m + cols, mask=mask, other=0.0).to(tl.float32)
+
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    if UE8M0:
+        # s = 2^ceil(log2(amax / 448)): biased exponent, +1 when any mantissa bit is set.
+        bits = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        e = tl.minimum(tl.maximum(e, 0), 254)
+        scale = (e << 23).to(tl.float32, bitcast=True)  # e >= 1 here: amax >= 1e-4
+        tl.store(s_ptr + row * stride_s_m + groups, e.to(tl.uint8), mask=groups < num_groups)
+    else:
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+        tl.store(s_ptr + row * stride_s_m + groups, scale, mask=groups < num_groups)
+    q = tl.math.div_rn(x, scale[:, None])
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    tl.store(q_ptr + row * stride_q_m + cols, q.to(tl.float8e4nv), mask=mask)

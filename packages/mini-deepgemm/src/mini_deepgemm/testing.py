@@ -1,0 +1,61 @@
+"""Helpers shared by the tests and the benchmarks: the diff metric and random quantized operands."""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepGEMM's similarity metric 1 - 2*sum(x*y) / sum(x*x + y*y), in fp64: 0 for identical tensors,
+    scale-free, so one threshold fits every shape (FP8 x FP8 GEMMs: < 1e-3)."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    if denom == 0:
+        return 0.0
+    return float(1 - 2 * (x * y).sum() / denom)
+
+
+def random_bf16(
+    *shape: int, row_block: int = 1, device: str | torch.device = "cpu", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Gaussian values whose magnitude varies per row_block x 32 block over 2^-4..2^4, so neighbouring scale
+    groups get different scales (a kernel that mixes them up fails). row_block: the rows sharing one scale
+    (1 for activations and FP4 weights, the block size for FP8 block-scaled weights)."""
+    *lead, rows, cols = shape
+    x = torch.randn(*shape, generator=generator)
+    exps = torch.randint(-4, 5, (*lead, -(-rows // row_block), cols // 32), generator=generator).float()
+    spread = torch.exp2(exps).repeat_interleave(row_block, -2)[..., :rows, :].repeat_interleave(32, -1)
+    return (x * spread).to(torch.bfloat16).to(device)
+
+
+def random_fp8_weights(
+    *lead: int, N: int, K: int, block: int, scale_fmt: str, device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w bf16 [*lead, N, K], q e4m3, scale [*lead, N/block, K/block]) via reference.weight_quant_fp8."""
+    w = random_bf16(*lead, N, K, row_block=block, generator=generator)
+    flat = w.reshape(-1, N, K)
+    qs = [reference.weight_quant_fp8(t, block, scale_fmt) for t in flat]
+    q = torch.stack([p[0] for p in qs]).reshape(*lead, N, K)
+    s = torch.stack([p[1] for p in qs]).reshape(*lead, *qs[0][1].shape)
+    return w.to(device), q.to(device), s.to(device)
+
+
+def random_fp4_weights(
+    *lead: int, N: int, K: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w bf16 [*lead, N, K], packed e2m1 uint8 [*lead, N, K/2], UE8M0 scale [*lead, N, K/32])."""
+    w = random_bf16(*lead, N, K, generator=generator)
+    q, s = reference.fp4_quant(w, 32, "ue8m0")
+    return w.to(device), q.to(device), s.to(device)
+
+
+def contiguous_layout(rows_per_group: list[int], alignment: int) -> torch.Tensor:
+    """int32 grouped_layout for the contiguous grouped GEMM: group g's rows, then -1 up to the alignment."""
+    ids = []
+    for g, m in enumerate(rows_per_group):
+        padded = -(-m // alignment) * alignment
+        ids += [g] * m + [-1] * (padded - m)
+    return torch.tensor(ids, dtype=torch.int32)

@@ -1,0 +1,194 @@
+"""GEMMs against the pure-torch references.
+
+Metric: DeepGEMM's calc_diff. Against the reference fed the same quantized operands the only difference is the
+order of fp32 additions plus the bf16 output rounding, so the bound is tight (1e-5); against the unquantized
+bf16 product the bound is DeepGEMM's (FP8 x FP8: 1e-3, one FP4 operand: 1e-2).
+"""
+
+import pytest
+import torch
+
+import mini_deepgemm as dg
+from mini_deepgemm import reference
+from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16, random_fp4_weights, random_fp8_weights
+
+SAME_INPUTS_TOL = 1e-5
+
+
+def quant_a(x, gran_k):
+    return reference.act_quant(x, gran_k, "ue8m0" if gran_k == 32 else "fp32")  # test_quant covers the kernel
+
+
+def weights(kind, *lead, N, K, device, gen):
+    """(w bf16, q, s, gran_n, gran_k, unquantized tolerance) for kind 'v41' | 'v3' | 'fp4'."""
+    if kind == "fp4":
+        return (*random_fp4_weights(*lead, N=N, K=K, device=device, generator=gen), 1, 32, 1e-2)
+    block, fmt = (32, "ue8m0") if kind == "v41" else (128, "fp32")
+    return (*random_fp8_weights(*lead, N=N, K=K, block=block, scale_fmt=fmt, device=device, generator=gen), block, block, 1e-3)
+
+
+def gemm_fn(kind, name):
+    return getattr(dg, name.replace("fp8_", "fp8_fp4_") if kind == "fp4" else name)
+
+
+CPU_SHAPES = [(1, 64, 128), (33, 96, 256), (130, 256, 512)]
+GPU_SHAPES = [  # V4.1 shapes (N, K from the model) at a decode, a ragged and a prefill M
+    (1, 1280, 5120), (77, 32768, 1280), (300, 512, 5120), (513, 5120, 8192), (4096, 4096, 1280),
+    (4096, 4608, 5120), (129, 5120, 2304), (1000, 25600, 6144),
+]
+
+
+def shapes_for(device):
+    return CPU_SHAPES if device == "cpu" else GPU_SHAPES
+
+
+@pytest.mark.parametrize("kind", ["v41", "v3", "fp4"])
+def test_dense_gemm(device, gen, kind):
+    for M, N, K in shapes_for(device):
+        if kind == "v3" and (K % 128 or N % 128):
+            continue
+        w, bq, bs, gran_n, gran_k, tol = weights(kind, N=N, K=K, device=device, gen=gen)
+        x = random_bf16(M, K, generator=gen).to(device)
+        aq, as_ = quant_a(x, gran_k)
+        d = torch.empty(M, N, dtype=torch.bfloat16, device=device)
+        gemm_fn(kind, "fp8_gemm_nt")((aq, as_), (bq, bs), d)
+        ref = reference.gemm_nt_ref(aq, as_, bq, bs, gran_n, gran_k)
+        assert calc_diff(d, ref) < SAME_INPUTS_TOL, (M, N, K)
+        assert calc_diff(d, x.float() @ w.float().T) < tol, (M, N, K)
+        d2 = torch.empty_like(d)
+        gemm_fn(kind, "fp8_gemm_nt")((aq, as_), (bq, bs), d2)
+        assert torch.equal(d.view(torch.int16), d2.view(torch.int16)), "repeated runs must be bitwise identical"
+
+
+def test_reference_matches_linear_refs(gen):
+    x = random_bf16(9, 256, generator=gen)
+    _, wq, ws = random_fp8_weights(N=64, K=256, block=32, scale_fmt="ue8m0", generator=gen)
+    aq, as_ = reference.act_quant(x)
+    assert torch.equal(reference.gemm_nt_ref(aq, as_, wq, ws, 32, 32).bfloat16(), reference.fp8_linear_ref(x, wq, ws))
+    _, pq, ps = random_fp4_weights(N=64, K=256, generator=gen)
+    assert torch.equal(reference.gemm_nt_ref(aq, as_, pq, ps, 1, 32).bfloat16(), reference.fp4_linear_ref(x, pq, ps))
+
+
+def test_fp32_accumulate(device, gen):
+    M, N, K = (130, 256, 512) if device == "cpu" else (1000, 4608, 5120)
+    _, bq, bs, *_ = weights("v41", N=N, K=K, device=device, gen=gen)
+    aq, as_ = quant_a(random_bf16(M, K, generator=gen).to(device), 32)
+    c = torch.randn(M, N, device=device)
+    d = c.clone()
+    dg.fp8_gemm_nt((aq, as_), (bq, bs), d, c=d)  # accumulate in place
+    ref = c + reference.gemm_nt_ref(aq, as_, bq, bs, 32, 32)
+    assert calc_diff(d, ref) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["fp4", "v41"])
+def test_contiguous_grouped(device, gen, kind):
+    align = dg.get_m_alignment_for_contiguous_layout()
+    if device == "cpu":
+        rows, N, K = [3, 0, 1, 130], 96, 256
+    else:
+        rows, N, K = [300, 0, 1, 128, 1024, 77, 513, 0, 129], 4608, 5120
+    layout = contiguous_layout(rows, align).to(device)
+    G, M = len(rows), layout.numel()
+    w, bq, bs, gran_n, gran_k, tol = weights(kind, G, N=N, K=K, device=device, gen=gen)
+    x = random_bf16(M, K, generator=gen).to(device)
+    aq, as_ = quant_a(x, gran_k)
+    d = torch.full((M, N), 7.0, dtype=torch.bfloat16, device=device)
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_contiguous")((aq, as_), (bq, bs), d, layout)
+    ref = reference.m_grouped_gemm_nt_contiguous_ref(aq, as_, bq, bs, layout, gran_n, gran_k)
+    valid = layout >= 0
+    assert calc_diff(d[valid], ref[valid]) < SAME_INPUTS_TOL
+    assert bool((d[~valid] == 7.0).all()), "padding rows must be left untouched"
+    ids = layout[valid].long()
+    unquant = torch.einsum("mk,mnk->mn", x[valid].float(), w.float()[ids]) if device == "cpu" else None
+    if unquant is not None:
+        assert calc_diff(d[valid], unquant) < tol
+    d2 = torch.full_like(d, 7.0)
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_contiguous")((aq, as_), (bq, bs), d2, layout)
+    assert torch.equal(d.view(torch.int16), d2.view(torch.int16))
+
+
+@pytest.mark.parametrize("kind", ["fp4", "v41"])
+def test_masked_grouped(device, gen, kind):
+    if device == "cpu":
+        masked, max_m, N, K = [0, 1, 5, 70], 70, 96, 256
+    else:
+        masked, max_m, N, K = [0, 1, 17, 64, 200, 3], 256, 4608, 5120
+    G = len(masked)
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=device)
+    w, bq, bs, gran_n, gran_k, tol = weights(kind, G, N=N, K=K, device=device, gen=gen)
+    x = random_bf16(G, max_m, K, generator=gen).to(device)
+    aq, as_ = quant_a(x, gran_k)
+    d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device=device)
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_masked")((aq, as_), (bq, bs), d, masked_m, expected_m=16)
+    ref = reference.m_grouped_gemm_nt_masked_ref(aq, as_, bq, bs, masked_m, gran_n, gran_k)
+    for g, m in enumerate(masked):
+        assert calc_diff(d[g, :m], ref[g, :m]) < SAME_INPUTS_TOL, g
+        assert bool((d[g, m:] == 7.0).all()), "rows past masked_m must be left untouched"
+        if m:
+            assert calc_diff(d[g, :m], x[g, :m].float() @ w[g].float().T) < tol
+    d2 = torch.full_like(d, 7.0)
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_masked")((aq, as_), (bq, bs), d2, masked_m, expected_m=16)
+    assert torch.equal(d.view(torch.int16), d2.view(torch.int16))
+
+
+def test_empty_outputs(device):
+    aq = torch.empty(0, 64, device=device).to(torch.float8_e4m3fn)
+    as_ = torch.empty(0, 2, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+    bq = torch.randn(32, 64, device=device).to(torch.float8_e4m3fn)
+    bs = torch.full((1, 2), 127, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+    dg.fp8_gemm_nt((aq, as_), (bq, bs), torch.empty(0, 32, dtype=torch.bfloat16, device=device))
+
+
+class TestValidation:
+    def operands(self, M=4, N=64, K=128):
+        aq, as_ = reference.act_quant(torch.randn(M, K))
+        bq, bs = reference.weight_quant_fp8(torch.randn(N, K))
+        return (aq, as_), (bq, bs), torch.empty(M, N, dtype=torch.bfloat16)
+
+    def test_wrong_a_dtype(self):
+        (aq, as_), b, d = self.operands()
+        with pytest.raises(ValueError, match="a must be float8_e4m3fn"):
+            dg.fp8_gemm_nt((aq.float(), as_), b, d)
+
+    def test_wrong_scale_shape(self):
+        (aq, as_), b, d = self.operands()
+        with pytest.raises(ValueError, match="sa must be"):
+            dg.fp8_gemm_nt((aq, as_[:, :2]), b, d)
+
+    def test_mixed_scale_formats(self):
+        (aq, as_), (bq, bs), d = self.operands()
+        with pytest.raises(ValueError, match="both be UE8M0 or both float32"):
+            dg.fp8_gemm_nt((aq, as_), (bq, reference.ue8m0_to_float(bs)), d)
+
+    def test_wrong_output_shape(self):
+        a, b, _ = self.operands()
+        with pytest.raises(ValueError, match="d must be"):
+            dg.fp8_gemm_nt(a, b, torch.empty(4, 65, dtype=torch.bfloat16))
+
+    def test_accumulate_needs_fp32(self):
+        a, b, d = self.operands()
+        with pytest.raises(ValueError, match="fp32"):
+            dg.fp8_gemm_nt(a, b, d, c=d)
+
+    def test_fp4_needs_fp8_fp4_function(self):
+        a, _, d = self.operands()
+        pq, ps = reference.fp4_quant(torch.randn(64, 128))
+        with pytest.raises(ValueError, match="fp8_fp4"):
+            dg.fp8_gemm_nt(a, (pq, ps), d)
+
+    def test_k_not_multiple_of_granularity(self):
+        aq, as_ = reference.act_quant(torch.randn(4, 96), 32, "fp32")
+        bq = torch.randn(64, 96).to(torch.float8_e4m3fn)
+        with pytest.raises(ValueError, match="multiple of the scale granularity"):
+            dg.fp8_gemm_nt((aq, as_), (bq, torch.ones(1, 1)), torch.empty(4, 64, dtype=torch.bfloat16))
+
+    def test_grouped_layout_dtype(self):
+        a, (bq, bs), d = self.operands()
+        with pytest.raises(ValueError, match="grouped_layout must be int32"):
+            dg.m_grouped_fp8_gemm_nt_contiguous(a, (bq[None], bs[None]), d, torch.zeros(4, dtype=torch.int64))
+
+    def test_masked_m_shape(self):
+        (aq, as_), (bq, bs), _ = self.operands()
+        d = torch.empty(1, 4, 64, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="masked_m must be int32"):
+            dg.m_grouped_fp8_gemm_nt_masked((aq[None], as_[None]), (bq[None], bs[None]), d, torch.zeros(2, dtype=torch.int32), 4)
