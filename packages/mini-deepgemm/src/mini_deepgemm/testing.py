@@ -35,21 +35,21 @@ def random_fp8_weights(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(w bf16 [*lead, N, K], q e4m3, scale [*lead, N/block, K/block]) via reference.weight_quant_fp8."""
-    w = random_bf16(*lead, N, K, row_block=block, generator=generator)
+    w = random_bf16(*lead, N, K, row_block=block, generator=generator).to(device)
     flat = w.reshape(-1, N, K)
     qs = [reference.weight_quant_fp8(t, block, scale_fmt) for t in flat]
     q = torch.stack([p[0] for p in qs]).reshape(*lead, N, K)
     s = torch.stack([p[1] for p in qs]).reshape(*lead, *qs[0][1].shape)
-    return w.to(device), q.to(device), s.to(device)
+    return w, q, s
 
 
 def random_fp4_weights(
     *lead: int, N: int, K: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(w bf16 [*lead, N, K], packed e2m1 uint8 [*lead, N, K/2], UE8M0 scale [*lead, N, K/32])."""
-    w = random_bf16(*lead, N, K, generator=generator)
+    w = random_bf16(*lead, N, K, generator=generator).to(device)
     q, s = reference.fp4_quant(w, 32, "ue8m0")
-    return w.to(device), q.to(device), s.to(device)
+    return w, q, s
 
 
 def contiguous_layout(rows_per_group: list[int], alignment: int) -> torch.Tensor:

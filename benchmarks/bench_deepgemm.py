@@ -1,0 +1,275 @@
+"""mini-deepgemm benchmark on one GPU: our Triton GEMMs against cuBLAS (through torch) in the same run.
+
+Usage (GPU machine): python3 benchmarks/bench_deepgemm.py [--out DIR] [--sweep]
+Prints a markdown table last; writes results.json (every measurement, hardware, versions, date) to --out.
+
+Peers, measured on the same operands' shapes in the same process:
+- cublas_fp8_tensor: torch._scaled_mm, per-tensor FP8 scales (no fine-grained scaling: the ceiling proxy);
+- cublas_fp8_block:  torch._scaled_mm with 1x128 activation / 128x128 weight fp32 scales;
+- cublas_bf16:       torch.matmul in bf16;
+- grouped: torch._scaled_grouped_mm (FP8, rowwise scales) and torch._grouped_mm (bf16).
+Timing: triton.testing.do_bench (median, L2 flushed before every call), after its warm-up.
+Operands are random bytes/values (never zeros); timings do not depend on the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+
+import torch
+import triton
+import triton.testing
+
+from mini_deepgemm import gemm as G
+
+DENSE_SHAPES = {  # name: (N, K)
+    "wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192),
+    "idx_wq_b": (4096, 1280), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "engram_wkv": (25600, 6144),
+}
+MOE_SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
+SWEEP = {
+    "v41": [(128, 128, 8, 6), (128, 128, 8, 4), (128, 64, 4, 6), (64, 128, 4, 6), (128, 64, 8, 6)],
+    "v3": [(128, 128, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 4)],
+    "fp4_contiguous": [(128, 128, 8, 6), (128, 128, 8, 4), (128, 64, 4, 6), (64, 128, 4, 6)],
+    "fp4_masked": [(64, 128, 4, 6), (64, 64, 4, 6), (64, 128, 4, 4), (64, 256, 4, 4)],
+}
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def cfg_dict(c):
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], GROUP_M=8, num_warps=c[2], num_stages=c[3])
+
+
+def rand_fp8(*shape):
+    return (torch.randn(*shape, device="cuda") * 4).to(torch.float8_e4m3fn)
+
+
+def rand_ue8m0(*shape):
+    return torch.randint(120, 134, shape, dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+
+
+def rand_fp32_scale(*shape):
+    return torch.rand(*shape, device="cuda") + 0.5
+
+
+class Recorder:
+    def __init__(self, out_dir: str):
+        self.rows: list[dict] = []
+        self.path = os.path.join(out_dir, "results.json")
+        self.meta = {
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(),
+            "timing": "triton.testing.do_bench median, warmup 10 ms, rep 40 ms, L2 flushed per call",
+        }
+
+    def add(self, **row):
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(self.path, "w") as f:
+            json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
+
+
+# --------------------------------------------------------------------------- dense
+def dense_operands(M, N, K):
+    a, b = rand_fp8(M, K), rand_fp8(N, K)
+    return dict(
+        a=a, b=b,
+        v41=((a, rand_ue8m0(M, K // 32)), (b, rand_ue8m0(N // 32, K // 32))),
+        v3=((a, rand_fp32_scale(M, K // 128)), (b, rand_fp32_scale(N // 128, K // 128))),
+        d=torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
+    )
+
+
+def blockwise_scaled_mm(a, b, M, N, K):
+    """cuBLAS 1x128 x 128x128 through torch._scaled_mm; returns a callable or None if this torch refuses."""
+    sa = torch.rand(K // 128, M, device="cuda").t()  # [M, K/128], M-major as cuBLAS wants
+    l4 = -(-(K // 128) // 4) * 4
+    candidates = [torch.rand(N // 128, l4, device="cuda").t()[: K // 128], torch.rand(K // 128, N // 128, device="cuda"),
+                  torch.rand(N // 128, K // 128, device="cuda").t()]
+    for sb in candidates:
+        try:
+            torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
+            return lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
+        except (RuntimeError, ValueError):
+            continue
+    return None
+
+
+def bench_dense(rec, M, name, N, K, configs):
+    op = dense_operands(M, N, K)
+    flops = 2 * M * N * K
+    one = torch.ones((), device="cuda")
+    bf_a, bf_b = op["a"].to(torch.bfloat16), op["b"].to(torch.bfloat16)
+    t = {
+        "ours_v41": ms(lambda: G._gemm(G._DENSE, *op["v41"], op["d"], None, None, None, False, config=configs["v41"])),
+        "ours_v3": ms(lambda: G._gemm(G._DENSE, *op["v3"], op["d"], None, None, None, False, config=configs["v3"])),
+        "cublas_fp8_tensor": ms(lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)),
+        "cublas_bf16": ms(lambda: torch.matmul(bf_a, bf_b.t())),
+    }
+    blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
+    t["cublas_fp8_block"] = ms(blockwise) if blockwise else float("nan")
+    rec.add(kind="dense", name=name, M=M, N=N, K=K, **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+
+
+# --------------------------------------------------------------------------- grouped
+def moe_layout(G_, gen):
+    rows = torch.randint(128, 1025, (G_,), generator=gen).tolist()
+    padded = [-(-m // 128) * 128 for m in rows]
+    ids = torch.cat([torch.tensor([g] * m + [-1] * (p - m), dtype=torch.int32) for g, (m, p) in enumerate(zip(rows, padded))])
+    ends = torch.tensor(padded, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return rows, ids.cuda(), ends.cuda()
+
+
+def bench_contiguous(rec, G_, name, N, K, cfg, gen):
+    rows, layout, ends = moe_layout(G_, gen)
+    M = layout.numel()
+    a, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
+    bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
+    bs = rand_ue8m0(G_, N, K // 32)
+    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    flops = 2 * sum(rows) * N * K
+    t = {"ours_fp8_fp4": ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg))}
+    del bq
+    w8 = rand_fp8(G_, N, K)
+    s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(G_, N, device="cuda") + 0.5
+    try:
+        t["scaled_grouped_mm_fp8"] = ms(lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
+    except (RuntimeError, ValueError, TypeError) as e:
+        print("scaled_grouped_mm failed:", repr(e)[:300])
+        t["scaled_grouped_mm_fp8"] = float("nan")
+    del w8
+    a16, w16 = a.to(torch.bfloat16), torch.randn(G_, N, K, device="cuda", dtype=torch.bfloat16)
+    try:
+        t["grouped_mm_bf16"] = ms(lambda: torch._grouped_mm(a16, w16.transpose(-2, -1), offs=ends))
+    except (RuntimeError, ValueError, TypeError) as e:
+        print("grouped_mm failed:", repr(e)[:300])
+        t["grouped_mm_bf16"] = float("nan")
+    rec.add(kind="contiguous", name=name, G=G_, rows=sum(rows), padded_rows=M, N=N, K=K,
+            **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+
+
+def copy_bandwidth_gbs() -> float:
+    x = torch.randint(0, 256, (4 << 30,), dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = ms(lambda: y.copy_(x))
+    return 2 * x.numel() / t / 1e6  # read + write
+
+
+def bench_masked(rec, G_, expected_m, name, N, K, cfg, copy_gbs, gen):
+    max_m = 128
+    masked = torch.clamp(torch.poisson(torch.full((G_,), float(expected_m)), generator=gen), 1, max_m).int()
+    a, sa = rand_fp8(G_, max_m, K), rand_ue8m0(G_, max_m, K // 32)
+    bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
+    bs = rand_ue8m0(G_, N, K // 32)
+    d = torch.empty(G_, max_m, N, dtype=torch.bfloat16, device="cuda")
+    masked_m = masked.cuda()
+    t = ms(lambda: G._gemm(G._MASKED, (a, sa), (bq, bs), d, None, masked_m, None, True, expected_m=expected_m, config=cfg))
+    weight_bytes = bq.numel() + bs.numel()
+    gbs = weight_bytes / t / 1e6
+    rec.add(kind="masked", name=name, G=G_, expected_m=expected_m, rows=int(masked.sum()), N=N, K=K, us=t * 1e3,
+            weight_gbs=gbs, copy_gbs=copy_gbs, frac_of_copy=gbs / copy_gbs,
+            tflops=2 * int(masked.sum()) * N * K / t / 1e9)
+
+
+# --------------------------------------------------------------------------- config sweep
+def sweep(rec) -> dict:
+    """Time each candidate tile config on one representative shape per family; return the fastest."""
+    gen = torch.Generator().manual_seed(0)
+    best = {}
+    M, N, K = 4096, 4608, 5120
+    op = dense_operands(M, N, K)
+    for fam in ("v41", "v3"):
+        res = {c: ms(lambda: G._gemm(G._DENSE, *op[fam], op["d"], None, None, None, False, config=cfg_dict(c))) for c in SWEEP[fam]}
+        for c, v in res.items():
+            rec.add(kind="sweep", family=fam, config=c, tflops=2 * M * N * K / v / 1e9)
+        best[fam] = cfg_dict(min(res, key=res.get))
+    rows, layout, _ = moe_layout(96, gen)
+    Mc = layout.numel()
+    a, sa = rand_fp8(Mc, K), rand_ue8m0(Mc, K // 32)
+    bq, bs = torch.randint(0, 256, (96, N, K // 2), dtype=torch.uint8, device="cuda"), rand_ue8m0(96, N, K // 32)
+    d = torch.empty(Mc, N, dtype=torch.bfloat16, device="cuda")
+    res = {c: ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg_dict(c))) for c in SWEEP["fp4_contiguous"]}
+    for c, v in res.items():
+        rec.add(kind="sweep", family="fp4_contiguous", config=c, tflops=2 * sum(rows) * N * K / v / 1e9)
+    best["fp4_contiguous"] = cfg_dict(min(res, key=res.get))
+    am, sam = rand_fp8(96, 128, K), rand_ue8m0(96, 128, K // 32)
+    dm = torch.empty(96, 128, N, dtype=torch.bfloat16, device="cuda")
+    masked_m = torch.full((96,), 8, dtype=torch.int32, device="cuda")
+    res = {c: ms(lambda: G._gemm(G._MASKED, (am, sam), (bq, bs), dm, None, masked_m, None, True, expected_m=8, config=cfg_dict(c))) for c in SWEEP["fp4_masked"]}
+    for c, v in res.items():
+        rec.add(kind="sweep", family="fp4_masked", config=c, weight_gbs=(bq.numel() + bs.numel()) / v / 1e6)
+    best["fp4_masked"] = cfg_dict(min(res, key=res.get))
+    return best
+
+
+def geomean(xs):
+    xs = [x for x in xs if x == x and x > 0]
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
+
+
+def summary(rec) -> str:
+    lines = ["| shape | M | ours V4.1 (1x32) | ours V3 (1x128) | cuBLAS FP8 tensor | cuBLAS FP8 block | cuBLAS bf16 | V4.1/tensor | V3/tensor | V3/block |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    r41, r3, r3b = [], [], []
+    for r in rec.rows:
+        if r["kind"] != "dense":
+            continue
+        a, b, c = r["tflops_ours_v41"] / r["tflops_cublas_fp8_tensor"], r["tflops_ours_v3"] / r["tflops_cublas_fp8_tensor"], r["tflops_ours_v3"] / r["tflops_cublas_fp8_block"]
+        r41.append(a); r3.append(b); r3b.append(c)
+        lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['tflops_ours_v41']:.0f} | {r['tflops_ours_v3']:.0f} | {r['tflops_cublas_fp8_tensor']:.0f} | "
+                     f"{r['tflops_cublas_fp8_block']:.0f} | {r['tflops_cublas_bf16']:.0f} | {a:.2f} | {b:.2f} | {c:.2f} |")
+    lines.append(f"| geomean | | | | | | | {geomean(r41):.2f} | {geomean(r3):.2f} | {geomean(r3b):.2f} |")
+    lines += ["", "| MoE contiguous | G | rows | ours FP8xFP4 | scaled_grouped_mm FP8 | grouped_mm bf16 | ours/scaled_grouped |", "|---|---|---|---|---|---|---|"]
+    for r in rec.rows:
+        if r["kind"] == "contiguous":
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['G']} | {r['rows']} | {r['tflops_ours_fp8_fp4']:.0f} | {r['tflops_scaled_grouped_mm_fp8']:.0f} | "
+                         f"{r['tflops_grouped_mm_bf16']:.0f} | {r['tflops_ours_fp8_fp4'] / r['tflops_scaled_grouped_mm_fp8']:.2f} |")
+    lines += ["", "| MoE masked | G | expected_m | us | weight GB/s | copy GB/s | fraction |", "|---|---|---|---|---|---|---|"]
+    for r in rec.rows:
+        if r["kind"] == "masked":
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['G']} | {r['expected_m']} | {r['us']:.0f} | {r['weight_gbs']:.0f} | {r['copy_gbs']:.0f} | {r['frac_of_copy']:.2f} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--sweep", action="store_true", help="pick tile configs by timing candidates first")
+    p.add_argument("--m", type=int, nargs="*", default=[4096, 16384])
+    args = p.parse_args()
+    rec = Recorder(args.out)
+    best = sweep(rec) if args.sweep else {}
+    configs = {"v41": best.get("v41") or G.default_config(G._DENSE, 4096, 32), "v3": best.get("v3") or G.default_config(G._DENSE, 4096, 128)}
+    rec.meta["configs"] = {**configs, **{k: v for k, v in best.items() if k not in configs}}
+    gen = torch.Generator().manual_seed(0)
+    for M in args.m:
+        for name, (N, K) in DENSE_SHAPES.items():
+            bench_dense(rec, M, name, N, K, configs)
+            torch.cuda.empty_cache()
+    for G_ in (96, 192):
+        for name, (N, K) in MOE_SHAPES.items():
+            bench_contiguous(rec, G_, name, N, K, best.get("fp4_contiguous"), gen)
+            torch.cuda.empty_cache()
+    copy_gbs = copy_bandwidth_gbs()
+    torch.cuda.empty_cache()
+    for expected_m in (8, 32):
+        for name, (N, K) in MOE_SHAPES.items():
+            bench_masked(rec, 96, expected_m, name, N, K, best.get("fp4_masked"), copy_gbs, gen)
+    table = summary(rec)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
