@@ -1,0 +1,1 @@
+"""Triton kernels of the NVSHMEM backend (imported lazily: triton is optional)."""
