@@ -257,7 +257,7 @@ def indexer_scores(
     indexer_scores_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
         key_rows, key_rows.stride(0) if per_query else 0, visible.to(torch.int64).contiguous(), out, out.stride(0),
-        s_q, n_keys, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8,
+        s_q, n_keys, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
     )
     return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import e2m1_to_fp32, ue8m0_to_fp32
+from mini_flashmla.dequant_triton import e2m1_to_bf16, ue8m0_to_bf16
 
 INDEX_K_ROW_BYTES = tl.constexpr(68)
 
@@ -47,7 +47,7 @@ def indexer_scores_kernel(
     byte = tl.load(row + d[None, :] // 2, mask=row_ok[:, None], other=0).to(tl.int32)
     nibble = (byte >> ((d[None, :] & 1) * 4)) & 0xF  # low nibble = even dim
     e = tl.load(row + D // 2 + d[None, :] // 32, mask=row_ok[:, None], other=0)
-    k = (e2m1_to_fp32(nibble) * ue8m0_to_fp32(e)).to(tl.bfloat16)  # [BLOCK_K, D]
+    k = e2m1_to_bf16(nibble) * ue8m0_to_bf16(e)  # [BLOCK_K, D]
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)

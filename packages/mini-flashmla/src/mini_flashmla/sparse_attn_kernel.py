@@ -9,9 +9,8 @@ row format, so the same kernel serves:
 | bf16 prefill (`sparse_mla_fwd`) | bf16 rows [n_kv, 512] | none |
 | paged quantized (`sparse_mla_fwd_paged`) | window ring, FP8 e4m3 + UE8M0/32 (528 B rows) | compressed KV, FP4 e2m1 + e4m3/16 (288 B rows) |
 
-Quantized rows are dequantized in registers right after the gather (never written back as bf16), with the same
-arithmetic as cache_layout's unpack functions: value * scale in fp32, then rounded to bf16 (exact, the products
-have at most 5 significant bits).
+Quantized rows are dequantized in registers right after the gather (never written back to memory as bf16) and
+equal cache_layout's unpack functions bit for bit (see dequant_triton).
 
 Decode splits the index list over a third grid axis; each split writes a normalised partial output and its lse,
 and `combine_splits_kernel` merges them (and applies the sink).
@@ -25,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import e2m1_to_fp32, ue8m0_to_fp32
+from mini_flashmla.dequant_triton import e2m1_to_bf16, ue8m0_to_bf16
 
 # Row formats of a source (the kernel's FORMAT constexprs).
 FORMAT_BF16 = tl.constexpr(0)  # bf16 [n, 512]
@@ -39,21 +38,29 @@ NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-em
 
 @triton.jit
 def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr):
-    """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0."""
-    d = tl.arange(0, D)
+    """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0.
+
+    Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes; the scales are
+    broadcast over their group with a reshape instead of a per-element gather, which would need a 64-bit address
+    per element and spill."""
+    BLOCK_N: tl.constexpr = rows.shape[0]
     if FORMAT == FORMAT_BF16:
+        d = tl.arange(0, D)
         x = tl.load(base_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
     elif FORMAT == FORMAT_FP8_WINDOW:
         row = base_ptr + rows[:, None] * 528
-        q = tl.load(row + d[None, :], mask=valid[:, None], other=0)
-        e = tl.load(row + 512 + d[None, :] // 32, mask=valid[:, None], other=0)
-        x = (q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * ue8m0_to_fp32(e)).to(tl.bfloat16)
+        q = tl.load(row + tl.arange(0, D)[None, :], mask=valid[:, None], other=0)
+        e = tl.load(row + D + tl.arange(0, D // 32)[None, :], mask=valid[:, None], other=0)
+        v = q.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        x = tl.reshape(tl.reshape(v, [BLOCK_N, D // 32, 32]) * ue8m0_to_bf16(e)[:, :, None], [BLOCK_N, D])
     else:  # FORMAT_FP4_COMPRESSED
         row = base_ptr + rows[:, None] * 288
-        byte = tl.load(row + d[None, :] // 2, mask=valid[:, None], other=0).to(tl.int32)
-        nibble = (byte >> ((d[None, :] & 1) * 4)) & 0xF  # low nibble = even dim
-        s = tl.load(row + 256 + d[None, :] // 16, mask=valid[:, None], other=0)
-        x = (e2m1_to_fp32(nibble) * s.to(tl.float8e4nv, bitcast=True).to(tl.float32)).to(tl.bfloat16)
+        byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
+        s = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
+        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
+        even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
+        odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
+        x = tl.interleave(even, odd)  # low nibble = even dim
     return x
 
 

@@ -1,0 +1,201 @@
+"""Kernels against the pure-torch references on random data (GPU; also runs on CPU under TRITON_INTERPRET=1).
+
+Metrics
+- attention out: relative L2 error ||o - r|| / ||r|| <= 5e-3 and max |o - r| <= 2^-6 * max|r| (bf16 output
+  rounding plus the MMA's summation order; split decode also rounds P against a different running max); rows whose
+  slots are all empty must be exactly 0 with lse exactly -inf.
+- attention lse: |lse - ref| <= 1e-4 (fp32 on both sides), -inf positions identical.
+- quantized reads: a query with a single valid slot returns that row's dequantized value bit for bit.
+- indexer scores: identical to the reference except at most 0.1% of the entries, each within one bf16 ulp (the
+  32-head fp32 sum may be ordered differently); -inf positions identical.
+- top-k: tie-aware, the multiset of reference scores of the chosen keys is identical.
+"""
+
+import os
+
+import pytest
+import torch
+from mini_deepgemm.reference import fp4_fakequant
+
+import mini_flashmla
+from mini_flashmla import reference
+from mini_flashmla.cache_layout import (
+    pack_compressed_kv_fp4,
+    pack_index_k_fp4,
+    pack_window_fp8,
+    unpack_compressed_kv_fp4,
+    unpack_window_fp8,
+)
+
+pytestmark = pytest.mark.gpu
+SCALE = 512**-0.5
+
+
+@pytest.fixture(scope="module")
+def device():
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.importorskip("triton")
+        return "cpu"
+    pytest.skip("needs CUDA (or TRITON_INTERPRET=1 with triton installed)")
+
+
+def assert_attn_close(out, lse, ref_out, ref_lse):
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "lse -inf positions differ"
+    assert (out[empty] == 0).all(), "all-empty rows must be exactly 0"
+    assert (lse[~empty] - ref_lse[~empty]).abs().max().item() <= 1e-4 if (~empty).any() else True
+    o, r = out.float(), ref_out.float()
+    rel_l2 = ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
+    max_abs = (o - r).abs().max().item()
+    assert rel_l2 <= 5e-3, f"relative L2 {rel_l2:.3e}"
+    assert max_abs <= 2**-6 * r.abs().max().item() + 1e-6, f"max abs {max_abs:.3e}"
+
+
+def _random_ids(g, s_q, n, n_rows, empty_frac=0.2, device="cpu"):
+    ids = torch.randint(0, n_rows, (s_q, n), generator=g, dtype=torch.int32)
+    ids[torch.rand(s_q, n, generator=g) < empty_frac] = -1
+    return ids.to(device)
+
+
+@pytest.mark.parametrize("s_q,h,n_kv,topk", [(4, 4, 300, 64), (3, 64, 1000, 640), (2, 128, 500, 100), (5, 16, 40, 128)])
+def test_sparse_mla_fwd_bf16(device, s_q, h, n_kv, topk):
+    g = torch.Generator().manual_seed(s_q * 1000 + h)
+    q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(device)
+    kv = torch.randn(n_kv, 512, generator=g).bfloat16().to(device)
+    idx = _random_ids(g, s_q, topk, n_kv, device=device)
+    idx[0, :] = -1  # all-empty row
+    idx[1, : topk // 2] = idx[1, topk // 2 : 2 * (topk // 2)]  # duplicates
+    sink = torch.randn(h, generator=g).to(device)
+    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)
+    assert_attn_close(out, lse, *reference.sparse_attn_ref(q, kv, idx, SCALE, sink))
+    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE)  # no sink
+    assert_attn_close(out, lse, *reference.sparse_attn_ref(q, kv, idx, SCALE))
+
+
+def test_sparse_mla_fwd_sink_extremes_and_out_of_range_ids(device):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 4, 512, generator=g).bfloat16().to(device)
+    kv = torch.randn(50, 512, generator=g).bfloat16().to(device)
+    idx = _random_ids(g, 3, 64, 50, device=device)
+    sink = torch.tensor([float("inf"), float("-inf"), 0.0, 3.0], device=device)
+    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)
+    ref_out, ref_lse = reference.sparse_attn_ref(q, kv, idx, SCALE, sink)
+    assert (out[:, 0] == 0).all()  # +inf sink takes all the mass
+    assert_attn_close(out, lse, ref_out, ref_lse)
+    bad = idx.clone()
+    bad[:, ::3] = torch.tensor([50, 10**6, -(2**31)], dtype=torch.int32, device=device).repeat(22)[: bad[:, ::3].shape[1]]
+    out_bad, lse_bad = mini_flashmla.sparse_mla_fwd(q, kv, bad, SCALE, sink)
+    clean = torch.where((bad >= 0) & (bad < 50), bad, -1)
+    assert_attn_close(out_bad, lse_bad, *reference.sparse_attn_ref(q, kv, clean, SCALE, sink))
+
+
+def _paged_case(g, s_q, h, n_w_rows, n_c_rows, w, topk, device):
+    q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(device)
+    window_cache = pack_window_fp8(torch.randn(n_w_rows, 512, generator=g) * 3).to(device)
+    compressed_cache = pack_compressed_kv_fp4(torch.randn(n_c_rows, 512, generator=g)).to(device)
+    window_ids = _random_ids(g, s_q, w, n_w_rows, device=device)
+    compressed_ids = _random_ids(g, s_q, topk, n_c_rows, device=device)
+    sink = torch.randn(h, generator=g).to(device)
+    return q, window_cache, compressed_cache, window_ids, compressed_ids, sink
+
+
+@pytest.mark.parametrize("s_q,h,w,topk,num_splits", [
+    (6, 64, 128, 512, 1),  # V4.1 prefill shape (smaller s_q)
+    (6, 64, 128, 512, None),  # decode: automatic split
+    (5, 4, 128, 100, 3),  # tiny model heads, ragged topk, explicit split
+    (4, 8, 100, 30, 2),  # window not a multiple of 64, s_kv < topk style short lists
+])
+def test_sparse_mla_fwd_paged(device, s_q, h, w, topk, num_splits):
+    g = torch.Generator().manual_seed(s_q * 7 + h + topk)
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, h, 400, 300, w, topk, device)
+    wid[0], cid[0] = -1, -1  # all-empty row
+    cid[1] = -1  # window only for this query
+    wid[2] = -1  # compressed only for this query
+    out, lse = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=num_splits)
+    assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, cc, wid, cid, SCALE, sink))
+
+
+def test_sparse_mla_fwd_paged_window_only(device):
+    g = torch.Generator().manual_seed(11)
+    q, wc, _, wid, _, sink = _paged_case(g, 4, 4, 256, 1, 128, 1, device)
+    out, lse = mini_flashmla.sparse_mla_fwd_paged(q, wc, None, wid, None, SCALE, sink)
+    assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink))
+
+
+def test_quantized_reads_are_bit_exact(device):
+    """One valid slot per query: the output is exactly that row's dequantized value (P = 1, no sink)."""
+    g = torch.Generator().manual_seed(12)
+    s_q = 64
+    q, wc, cc, _, _, _ = _paged_case(g, s_q, 4, 64, 64, 1, 1, device)
+    empty_w = torch.full((s_q, 128), -1, dtype=torch.int32, device=device)
+    empty_c = torch.full((s_q, 64), -1, dtype=torch.int32, device=device)
+    rows = torch.arange(s_q, dtype=torch.int32, device=device)
+    wid = empty_w.clone()
+    wid[:, 77] = rows
+    out, _ = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, wid, empty_c, SCALE, None, num_splits=1)
+    assert torch.equal(out, unpack_window_fp8(wc)[:, None, :].expand_as(out))
+    cid = empty_c.clone()
+    cid[:, 5] = rows
+    out, _ = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, empty_w, cid, SCALE, None, num_splits=1)
+    assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
+def _indexer_case(g, s_q, n_rows, device, n_heads=32):
+    q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16().to(device)
+    weights = (torch.randn(s_q, n_heads, generator=g) * 0.05).bfloat16().to(device)
+    cache = pack_index_k_fp4(torch.randn(n_rows, 128, generator=g)).to(device)
+    return q, weights, cache
+
+
+def assert_scores_match(score, ref):
+    assert torch.equal(torch.isneginf(score), torch.isneginf(ref))
+    finite = torch.isfinite(ref)
+    diff = score[finite] != ref[finite]
+    assert diff.float().mean().item() <= 1e-3
+    if diff.any():
+        ulp = ref[finite][diff].abs() * 2**-7
+        assert ((score[finite][diff] - ref[finite][diff]).abs() <= ulp).all()
+
+
+def assert_topk_tie_aware(idx, ref_idx, score):
+    assert torch.equal(idx == -1, ref_idx == -1) or torch.equal((idx == -1).sum(1), (ref_idx == -1).sum(1))
+    pick = lambda i: torch.where(i >= 0, score.gather(1, i.clamp_min(0).long()), float("-inf")).sort(1).values
+    assert torch.equal(pick(idx), pick(ref_idx))
+    assert (idx[:, 1:] >= idx[:, :-1]).logical_or(idx[:, 1:] == -1).all()  # ascending, -1 at the end
+
+
+@pytest.mark.parametrize("s_q,n_keys,n_heads,per_query", [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False),
+                                                            (4, 257, 24, False)])
+def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
+    g = torch.Generator().manual_seed(s_q + n_keys)
+    q, w, cache = _indexer_case(g, s_q, 1000, device, n_heads)
+    if per_query:  # a ragged batch: every query its own rows, -1 padded
+        rows = torch.randint(0, 1000, (s_q, n_keys), generator=g, dtype=torch.int32)
+        rows[1, 100:] = -1
+        rows = rows.to(device)
+    else:
+        rows = torch.randperm(1000, generator=g)[:n_keys].to(torch.int32).to(device)
+    visible = torch.randint(0, n_keys + 1, (s_q,), generator=g).to(device)
+    visible[0] = 0
+    visible[-1] = n_keys
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
+    ref = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
+    assert_scores_match(score, ref)
+    idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 64)
+    assert_topk_tie_aware(idx, reference.indexer_topk_ref(ref, 64), ref)
+
+
+def test_candidate_block_mask_and_reindex(device):
+    g = torch.Generator().manual_seed(21)
+    q, w, cache = _indexer_case(g, 6, 600, device)
+    rows = mini_flashmla.key_range_rows(40, 512, device)
+    visible = torch.tensor([1, 64, 200, 400, 511, 512], device=device)
+    ref = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
+    mask = mini_flashmla.candidate_block_mask(q, w, cache, visible, rows, compress_len=512, block=8, topk_blocks=10)
+    ref_mask = reference.candidate_block_mask_ref(ref, 512, 8, 10)
+    assert (mask != ref_mask).float().mean().item() <= 0.02  # block ties may pick a different equal block
+    idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 32, candidate_mask=ref_mask)
+    masked = ref.masked_fill(~ref_mask, float("-inf"))
+    assert_topk_tie_aware(idx, reference.indexer_topk_ref(masked, 32), masked)

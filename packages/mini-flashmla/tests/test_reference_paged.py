@@ -1,0 +1,102 @@
+"""CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API)."""
+
+import pytest
+import torch
+from mini_deepgemm.reference import fp4_fakequant
+
+import mini_flashmla
+from mini_flashmla import api, reference
+from mini_flashmla.cache_layout import (
+    pack_compressed_kv_fp4,
+    pack_index_k_fp4,
+    pack_window_fp8,
+    unpack_compressed_kv_fp4,
+    unpack_index_k_fp4,
+    unpack_window_fp8,
+)
+
+SCALE = 512**-0.5
+
+
+def _attn_case(seed: int, s_q: int = 5, h: int = 4, n_w: int = 300, n_c: int = 200, w: int = 128, topk: int = 70):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(s_q, h, 512, generator=g).bfloat16()
+    window_cache = pack_window_fp8(torch.randn(n_w, 512, generator=g))
+    compressed_cache = pack_compressed_kv_fp4(torch.randn(n_c, 512, generator=g))
+    window_ids = torch.randint(-1, n_w, (s_q, w), generator=g, dtype=torch.int32)
+    compressed_ids = torch.randint(-1, n_c, (s_q, topk), generator=g, dtype=torch.int32)
+    sink = torch.randn(h, generator=g)
+    return q, window_cache, compressed_cache, window_ids, compressed_ids, sink
+
+
+def test_paged_ref_equals_ref_over_unpacked_cache():
+    q, wc, cc, wid, cid, sink = _attn_case(0)
+    wid[1] = -1
+    cid[1] = -1  # an all-empty row
+    kv = torch.cat([unpack_window_fp8(wc), unpack_compressed_kv_fp4(cc)])
+    idx = torch.cat([wid, torch.where(cid >= 0, cid + wc.shape[0], -1)], dim=1).to(torch.int32)
+    out, lse = reference.sparse_attn_paged_ref(q, wc, cc, wid, cid, SCALE, sink)
+    ref_out, ref_lse = reference.sparse_attn_ref(q, kv, idx, SCALE, sink)
+    assert torch.equal(out, ref_out)
+    assert torch.equal(lse, ref_lse)
+    assert torch.isneginf(lse[1]).all() and (out[1] == 0).all()
+
+
+def test_paged_ref_window_only():
+    q, wc, _, wid, _, sink = _attn_case(1)
+    out, lse = reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink)
+    ref_out, ref_lse = reference.sparse_attn_ref(q, unpack_window_fp8(wc), wid, SCALE, sink)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def _indexer_case(seed: int, s_q: int = 6, n_rows: int = 400, n_heads: int = 32):
+    g = torch.Generator().manual_seed(seed)
+    q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16()
+    weights = (torch.randn(s_q, n_heads, generator=g) * 0.05).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(n_rows, 128, generator=g))
+    return q, weights, cache
+
+
+def test_indexer_paged_ref_shared_and_per_query_rows():
+    q, w, cache = _indexer_case(2)
+    rows = torch.randperm(cache.shape[0])[:250].to(torch.int32)
+    visible = torch.tensor([0, 1, 17, 200, 250, 250])
+    shared = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
+    ref = reference.indexer_scores_ref(q, unpack_index_k_fp4(cache[rows.long()]), w, visible)
+    assert torch.equal(shared, ref)
+    per_query = reference.indexer_scores_paged_ref(q, w, cache, visible, rows.expand(q.shape[0], -1).clone())
+    assert torch.equal(per_query, ref)
+    rows[10] = -1
+    assert torch.isneginf(reference.indexer_scores_paged_ref(q, w, cache, visible, rows)[:, 10]).all()
+
+
+@pytest.mark.skipif(api._interpreting(), reason="checks the CPU fallback, which TRITON_INTERPRET replaces")
+def test_api_falls_back_to_references_on_cpu():
+    q, wc, cc, wid, cid, sink = _attn_case(3)
+    assert all(torch.equal(a, b) for a, b in zip(
+        mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink),
+        reference.sparse_attn_paged_ref(q, wc, cc, wid, cid, SCALE, sink)))
+    kv = unpack_window_fp8(wc)
+    assert all(torch.equal(a, b) for a, b in zip(
+        mini_flashmla.sparse_mla_fwd(q, kv, wid, SCALE, sink), reference.sparse_attn_ref(q, kv, wid, SCALE, sink)))
+    qi, w, cache = _indexer_case(4)
+    rows = mini_flashmla.key_range_rows(50, 300, "cpu")
+    visible = torch.tensor([3, 40, 100, 150, 299, 300])
+    score = reference.indexer_scores_paged_ref(qi, w, cache, visible, rows)
+    assert torch.equal(mini_flashmla.indexer_scores(qi, w, cache, visible, rows), score)
+    assert torch.equal(mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 64), reference.indexer_topk_ref(score, 64))
+    mask = mini_flashmla.candidate_block_mask(qi, w, cache, visible, rows, compress_len=300, block=8, topk_blocks=5)
+    assert torch.equal(mask, reference.candidate_block_mask_ref(score, 300, 8, 5))
+    restricted = mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 16, candidate_mask=mask)
+    assert torch.equal(restricted, reference.indexer_topk_ref(score.masked_fill(~mask, float("-inf")), 16))
+
+
+def test_indexer_topk_is_chunked_by_query(monkeypatch):
+    """A tiny chunk budget forces one query per chunk; the result must not change."""
+    qi, w, cache = _indexer_case(5)
+    rows = mini_flashmla.key_range_rows(0, 400, "cpu")
+    visible = torch.tensor([5, 60, 120, 399, 400, 400])
+    whole = mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 32)
+    monkeypatch.setattr(api, "INDEXER_CHUNK_BYTES", 4 * 400)
+    assert api._query_chunk(6, 400) == 1
+    assert torch.equal(mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 32), whole)
