@@ -131,6 +131,10 @@ class Buffer:
         weights = handle.recv_topk_weights if topk_weights is None else topk_weights.float()
         return self._backend.combine(y.contiguous(), handle, weights.contiguous())
 
+    def timed_out(self) -> bool:
+        """True if an NVSHMEM wait gave up on a peer (a would-be hang); always False for torch. Host sync."""
+        return bool(getattr(self._backend, "timed_out", lambda: False)())
+
     def destroy(self) -> None:
         """Free the symmetric memory and finalise NVSHMEM (a no-op for the torch backend). Collective."""
         destroy = getattr(self._backend, "destroy", None)

@@ -143,6 +143,7 @@ def run_scenario(buffer: Buffer, s: Scenario, device: torch.device, exact_combin
     assert bool((err <= bound * (1.01 * 2**-7)).all()), (s.name, float((err - bound * (1.01 * 2**-7)).max()))
     if exact_combine:
         assert torch.equal(out, emulated), s.name
+    assert not buffer.timed_out(), s.name
 
 
 def run_all(buffer: Buffer, scenarios: list[Scenario], device: torch.device, exact_combine: bool, repeats: int = 2) -> int:

@@ -13,7 +13,7 @@ from mini_deepep.kernels.signals import peer_offset, release_add, wait_at_least
 CHUNK_ELEMS = 1024  # bf16 elements of a row per step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # changes every call: compile once
 def combine_send_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
     y, row_weights, positions,  # bf16 [M, HIDDEN], fp32 [M], int32 [NUM_RANKS * slots, TOPK]
@@ -48,7 +48,7 @@ def combine_send_kernel(
         release_add(buf64 + (peer_offset(peer_offsets, d) >> 1) + arrived_offset + rank)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "epoch"])  # changes every call: compile once
 def combine_reduce_kernel(
     buf16, buf64, peer_offsets,
     send_slot, out,  # int32 [T, NUM_RANKS] (slot of each token on each rank, -1 = not sent), bf16 [T, HIDDEN]

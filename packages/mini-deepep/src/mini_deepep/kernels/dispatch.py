@@ -13,7 +13,7 @@ from mini_deepep.kernels.signals import peer_offset, release_add, wait_at_least
 CHUNK_WORDS = 1024  # 4 KiB of a row per step: 8 words (two 16-byte vectors) per thread at 4 warps
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "epoch"])  # changes every call: compile once
 def dispatch_send_kernel(
     buf32, buf64, peer_offsets,  # own symmetric buffer as int32 / int64, peer offsets in int32 words
     x_a, x_b,  # payload words: int32 [T, A_WORDS] and [T, B_WORDS] (B_WORDS = 0: unused)

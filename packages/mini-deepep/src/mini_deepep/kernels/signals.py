@@ -23,6 +23,8 @@ def wait_at_least(flag_ptr, target, error_ptr):
         spins += 1
     if seen < target:
         tl.atomic_max(error_ptr, 1, sem="relaxed", scope="gpu")
+    # Every thread of the program goes on only after the acquire (the data it guards is now visible).
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -39,7 +41,7 @@ def peer_offset(peer_offsets_ptr, peer):
     return tl.multiple_of(tl.load(peer_offsets_ptr + peer), 16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["target"])  # changes every call: compile once
 def wait_all_kernel(buf64, flags_offset, target, error_offset, NUM_RANKS: tl.constexpr):
     """One program: wait until every peer's counter at buf64[flags_offset + p] reaches `target`."""
     for p in tl.static_range(NUM_RANKS):

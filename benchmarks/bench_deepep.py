@@ -1,0 +1,213 @@
+"""mini-deepep dispatch/combine on 2 GPUs against NCCL baselines, in one run.
+
+    torchrun --nproc-per-node 2 benchmarks/bench_deepep.py [--tokens 4096 --hidden 5120 --topk 6 --experts 384]
+
+Rows (per rank; times are the max over ranks of the per-rank median, CUDA events, after warm-up,
+each iteration starting from a barrier):
+  nvshmem  dispatch bf16 / fp8 (exact row count: one host read), dispatch bf16 with fixed rows
+           (no host sync), combine bf16; plus the dispatch halves (send; wait + plan + expand)
+  (a) torch+NCCL: the same API on all_to_all_single (layout, permute, all_to_all, un-permute)
+  (b) bare NCCL all_to_all_single of exactly the dispatched bytes
+  (c) store-to-peer Triton copy of the bytes that cross NVLink (both GPUs writing): the ceiling
+  (d) the seed's EP scheme: all_gather x, then reduce_scatter the [R*T, hidden] outputs
+Bandwidth: "recv GB/s" is DeepEP's metric (received tokens x hidden x 2 bytes / time, FP8 scaled by
+(1 + 4/128) / 2 is not applied: we count the real FP8 bytes); "NVLink GB/s" counts only the bytes
+that crossed NVLink (rows from/to the other rank). Results: a table on stdout and JSON under $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+import triton
+
+from mini_deepep import Buffer
+from mini_deepep.kernels.peer_copy import peer_copy_kernel
+
+
+def timed(fn, warmup: int, iters: int) -> float:
+    """Median seconds of fn() on this rank, max over ranks; every iteration starts from a barrier."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    med = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med)
+
+
+def timed_halves(first, second, warmup: int, iters: int) -> tuple[float, float]:
+    """Like `timed` for second(first()), reporting the two halves separately."""
+    for _ in range(warmup):
+        second(first())
+    halves = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        state = first()
+        ev[1].record()
+        second(state)
+        ev[2].record()
+        torch.cuda.synchronize()
+        halves.append((ev[0].elapsed_time(ev[1]) / 1e3, ev[1].elapsed_time(ev[2]) / 1e3))
+    med = torch.tensor([statistics.median(h[i] for h in halves) for i in range(2)], device="cuda")
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med[0]), float(med[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--topk", type=int, default=6)
+    ap.add_argument("--experts", type=int, default=384)
+    ap.add_argument("--num-sms", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    T, H, K, E = args.tokens, args.hidden, args.topk, args.experts
+
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+    topk_idx = torch.rand(T, E, device="cuda", generator=gen).argsort(1)[:, :K].contiguous()
+    topk_w = torch.rand(T, K, device="cuda", generator=gen)
+    from mini_deepgemm.reference import act_quant
+
+    x_fp8 = act_quant(x, 32)
+
+    nv = Buffer(None, Buffer.get_nvl_buffer_size_hint(T, H, K, world), backend="nvshmem", num_sms=args.num_sms)
+    tb = Buffer(None, backend="torch")
+    layout = nv.get_dispatch_layout(topk_idx, E)
+
+    # Correctness on this exact shape: NVSHMEM against the torch backend.
+    res_nv = nv.dispatch(x, topk_idx, topk_w, E, layout=layout)
+    res_tb = tb.dispatch(x, topk_idx, topk_w, E, layout=layout)
+    valid = res_tb.grouped_layout >= 0
+    same_layout = torch.equal(res_nv.grouped_layout, res_tb.grouped_layout)
+    same_rows = same_layout and torch.equal(res_nv.recv_x[valid], res_tb.recv_x[valid])
+    y = (res_tb.recv_x.float() * 1.5).to(torch.bfloat16)
+    out_nv, out_tb = nv.combine(y, res_nv.handle), tb.combine(y, res_tb.handle)
+    combine_max_diff = float((out_nv.float() - out_tb.float()).abs().max())
+    combine_mismatch = float((out_nv != out_tb).float().mean())
+    fp8_nv = nv.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout)
+    fp8_tb = tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout)
+    same_fp8 = all(
+        torch.equal(a.view(torch.uint8)[valid], b.view(torch.uint8)[valid]) for a, b in zip(fp8_nv.recv_x, fp8_tb.recv_x)
+    )
+    assert not nv.timed_out()
+
+    # Bytes: tokens received (each once per destination rank), and the part that crossed NVLink.
+    send_counts = layout.num_tokens_per_rank.tolist()
+    recv_counts = torch.bincount(res_tb.handle.recv_src_rank.long(), minlength=world).tolist()
+    recv_tokens = sum(recv_counts)
+    remote_tokens = recv_tokens - recv_counts[rank]
+    bf16_row, fp8_row = 2 * H, H + H // 32
+    rows = int(res_nv.handle.num_recv_rows)
+    fixed_rows = rows + 4096  # a fixed, generous output size (the CUDA-graph path)
+
+    results: dict[str, float] = {}
+    W, I = args.warmup, args.iters
+    results["nvshmem dispatch bf16"] = timed(lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
+    results["nvshmem dispatch bf16, fixed rows"] = timed(
+        lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+    )
+    results["nvshmem dispatch fp8"] = timed(lambda: nv.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
+    results["nvshmem combine bf16"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
+    backend = nv._backend
+    send_s, recv_s = timed_halves(
+        lambda: backend.dispatch_send([x], topk_idx, topk_w, layout, E),
+        lambda sent: backend.dispatch_receive(sent, 128, None), W, I,
+    )
+    results["nvshmem dispatch bf16: send kernel"] = send_s
+    results["nvshmem dispatch bf16: wait+plan+expand"] = recv_s
+    results["layout (get_dispatch_layout)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
+    results["(a) torch+NCCL dispatch bf16"] = timed(lambda: tb.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
+    results["(a) torch+NCCL dispatch fp8"] = timed(lambda: tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
+    results["(a) torch+NCCL combine bf16"] = timed(lambda: tb.combine(y, res_tb.handle), W, I)
+
+    send_bytes = torch.empty(sum(send_counts) * bf16_row, dtype=torch.uint8, device="cuda")
+    recv_bytes = torch.empty(recv_tokens * bf16_row, dtype=torch.uint8, device="cuda")
+    in_split, out_split = [c * bf16_row for c in send_counts], [c * bf16_row for c in recv_counts]
+    results["(b) NCCL all_to_all_single, dispatched bf16 bytes"] = timed(
+        lambda: dist.all_to_all_single(recv_bytes, send_bytes, out_split, in_split), W, I
+    )
+
+    peer = (rank + 1) % world
+    remote_words = send_counts[peer] * bf16_row // 4
+    src_words = torch.randint(0, 1 << 30, (remote_words,), dtype=torch.int32, device="cuda")
+    results["(c) store-to-peer copy of the NVLink bf16 bytes"] = timed(
+        lambda: peer_copy_kernel[(132,)](
+            src_words, backend.buf32, backend.peer_offsets, peer, backend.layout.dispatch_offset, remote_words,
+            BLOCK=4096, num_warps=8,
+        ), W, I
+    )
+    gathered = torch.empty(world * T, H, dtype=torch.bfloat16, device="cuda")
+    scattered = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
+    results["(d) all_gather x (EP baseline dispatch)"] = timed(lambda: dist.all_gather_into_tensor(gathered, x), W, I)
+    results["(d) reduce_scatter y (EP baseline combine)"] = timed(
+        lambda: dist.reduce_scatter_tensor(scattered, gathered), W, I
+    )
+
+    bytes_of = {
+        "nvshmem dispatch bf16": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "nvshmem dispatch bf16, fixed rows": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "nvshmem dispatch fp8": (recv_tokens * fp8_row, remote_tokens * fp8_row),
+        "nvshmem combine bf16": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "(a) torch+NCCL dispatch bf16": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "(a) torch+NCCL dispatch fp8": (recv_tokens * fp8_row, remote_tokens * fp8_row),
+        "(a) torch+NCCL combine bf16": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "(b) NCCL all_to_all_single, dispatched bf16 bytes": (recv_tokens * bf16_row, remote_tokens * bf16_row),
+        "(c) store-to-peer copy of the NVLink bf16 bytes": (remote_words * 4, remote_words * 4),
+        "(d) all_gather x (EP baseline dispatch)": (world * T * bf16_row, (world - 1) * T * bf16_row),
+        "(d) reduce_scatter y (EP baseline combine)": (world * T * bf16_row, (world - 1) * T * bf16_row),
+    }
+    if rank == 0:
+        table = []
+        for name, sec in results.items():
+            total, nvlink = bytes_of.get(name, (0, 0))
+            table.append({"case": name, "us": sec * 1e6, "recv_GBps": total / sec / 1e9, "nvlink_GBps": nvlink / sec / 1e9})
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "world": world, "torch": torch.__version__,
+            "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms": args.num_sms,
+            "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
+            "recv_rows_rank0": rows,
+            "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,
+                      "combine_max_abs_diff_vs_torch": combine_max_diff, "combine_mismatch_fraction": combine_mismatch},
+        }
+        print(json.dumps(meta, indent=1))
+        print(f"{'case':52s} {'us':>9s} {'recv GB/s':>10s} {'NVLink GB/s':>12s}")
+        for row in table:
+            print(f"{row['case']:52s} {row['us']:9.1f} {row['recv_GBps']:10.1f} {row['nvlink_GBps']:12.1f}")
+        out_dir = os.environ.get("OUT")
+        if out_dir:
+            with open(os.path.join(out_dir, "bench_deepep.json"), "w") as f:
+                json.dump({"meta": meta, "results": table}, f, indent=1)
+    nv.destroy()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
