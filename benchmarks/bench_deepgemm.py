@@ -33,11 +33,14 @@ DENSE_SHAPES = {  # name: (N, K)
     "idx_wq_b": (4096, 1280), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "engram_wkv": (25600, 6144),
 }
 MOE_SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
-SWEEP = {
-    "v41": [(128, 128, 8, 6), (128, 128, 8, 4), (128, 64, 4, 6), (64, 128, 4, 6), (128, 64, 8, 6)],
-    "v3": [(128, 128, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 4)],
-    "fp4_contiguous": [(128, 128, 8, 6), (128, 128, 8, 4), (128, 64, 4, 6), (64, 128, 4, 6)],
-    "fp4_masked": [(64, 128, 4, 6), (64, 64, 4, 6), (64, 128, 4, 4), (64, 256, 4, 4)],
+SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, BF16_MMA)
+    "v41": [(64, 128, 4, 6, False), (128, 128, 8, 6, True), (128, 128, 8, 4, True), (64, 128, 4, 6, True),
+            (128, 256, 8, 4, True), (64, 256, 4, 4, True)],
+    "v3": [(64, 128, 4, 4, False), (64, 128, 4, 3, False), (128, 128, 8, 4, False)],
+    "fp4_contiguous": [(128, 64, 4, 6, False), (128, 128, 8, 6, True), (64, 128, 4, 6, True), (128, 64, 4, 6, True),
+                       (128, 256, 8, 4, True)],
+    "fp4_masked": [(64, 128, 4, 4, False), (64, 128, 4, 6, True), (64, 64, 4, 6, True), (64, 128, 4, 4, True),
+                   (64, 256, 4, 4, True)],
 }
 
 
@@ -46,7 +49,7 @@ def ms(fn) -> float:
 
 
 def cfg_dict(c):
-    return dict(BLOCK_M=c[0], BLOCK_N=c[1], GROUP_M=8, num_warps=c[2], num_stages=c[3])
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], GROUP_M=8, num_warps=c[2], num_stages=c[3], BF16_MMA=c[4])
 
 
 def rand_fp8(*shape):
@@ -249,7 +252,8 @@ def main():
     args = p.parse_args()
     rec = Recorder(args.out)
     best = sweep(rec) if args.sweep else {}
-    configs = {"v41": best.get("v41") or G.default_config(G._DENSE, 4096, 32), "v3": best.get("v3") or G.default_config(G._DENSE, 4096, 128)}
+    configs = {"v41": best.get("v41") or G.default_config(G._DENSE, 4096, 32, True),
+               "v3": best.get("v3") or G.default_config(G._DENSE, 4096, 128, False)}
     rec.meta["configs"] = {**configs, **{k: v for k, v in best.items() if k not in configs}}
     gen = torch.Generator().manual_seed(0)
     for M in args.m:

@@ -43,7 +43,7 @@ def shapes_for(device):
 
 
 @pytest.mark.parametrize("kind", ["v41", "v3", "fp4"])
-def test_dense_gemm(device, gen, kind):
+def test_dense_gemm(device, gen, kind, mma_path):
     for M, N, K in shapes_for(device):
         if kind == "v3" and (K % 128 or N % 128):
             continue
@@ -69,19 +69,19 @@ def test_reference_matches_linear_refs(gen):
     assert torch.equal(reference.gemm_nt_ref(aq, as_, pq, ps, 1, 32).bfloat16(), reference.fp4_linear_ref(x, pq, ps))
 
 
-def test_fp32_accumulate(device, gen):
+def test_fp32_accumulate(device, gen, mma_path):
     M, N, K = (130, 256, 512) if device == "cpu" else (1000, 4608, 5120)
     _, bq, bs, *_ = weights("v41", N=N, K=K, device=device, gen=gen)
     aq, as_ = quant_a(random_bf16(M, K, generator=gen).to(device), 32)
-    c = torch.randn(M, N, device=device)
+    product = reference.gemm_nt_ref(aq, as_, bq, bs, 32, 32)
+    c = torch.randn(M, N, device=device) * product.std()  # as large as the product, so a lost c shows
     d = c.clone()
     dg.fp8_gemm_nt((aq, as_), (bq, bs), d, c=d)  # accumulate in place
-    ref = c + reference.gemm_nt_ref(aq, as_, bq, bs, 32, 32)
-    assert calc_diff(d, ref) < 1e-9
+    assert calc_diff(d, c + product) < 1e-7
 
 
 @pytest.mark.parametrize("kind", ["fp4", "v41"])
-def test_contiguous_grouped(device, gen, kind):
+def test_contiguous_grouped(device, gen, kind, mma_path):
     align = dg.get_m_alignment_for_contiguous_layout()
     if device == "cpu":
         rows, N, K = [3, 0, 1, 130], 96, 256
@@ -108,7 +108,7 @@ def test_contiguous_grouped(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", ["fp4", "v41"])
-def test_masked_grouped(device, gen, kind):
+def test_masked_grouped(device, gen, kind, mma_path):
     if device == "cpu":
         masked, max_m, N, K = [0, 1, 5, 70], 70, 96, 256
     else:

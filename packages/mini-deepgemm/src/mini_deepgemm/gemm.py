@@ -195,13 +195,14 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
             d[g, :m] = out[g, :m].to(d.dtype)
 
 
-def default_config(layout: int, rows_hint: int, gran_k: int) -> dict:
+def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dict:
     """Tile shape and pipeline depth. BLOCK_M 128 needs two warpgroups (each MMA is 64 rows); 64-row tiles
     serve decode-sized M. BLOCK_N stays 128: a 128x256 tile needs 2 x 128 fp32 registers per thread (the
     accumulator plus the per-step partial product) and spills. Small K steps (GRAN_K 32) take more stages."""
     block_m = 64 if (layout != _CONTIGUOUS and rows_hint <= 64) else 128
     stages = {32: 6, 64: 5, 128: 4}[gran_k]
-    return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4 if block_m == 64 else 8, num_stages=stages)
+    return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4 if block_m == 64 else 8, num_stages=stages,
+                BF16_MMA=False)
 
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
@@ -220,7 +221,8 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k)
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0)
+    _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     tiles = cdiv(rows, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     grid = (tiles, aq.shape[0]) if layout == _MASKED else (tiles,)

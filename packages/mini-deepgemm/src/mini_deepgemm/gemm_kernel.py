@@ -4,11 +4,16 @@ One kernel serves every public GEMM (dense, M-grouped contiguous, M-grouped mask
 variants are compile-time switches, so each compiles to a specialised kernel.
 
 How the fine-grained scales are applied (the cost centre of this family): scales live on GRAN_K-wide slices of
-K (32 for V4.1, 128 for the V3 recipe), and A's scale changes per row and per slice, so it cannot be folded
-into a tensor-core operand. The K loop therefore steps by exactly GRAN_K: each step does one FP8 MMA into a
-fresh fp32 tile, then promotes it into the running fp32 accumulator multiplied by sa[m] * sb[n]. Since all
-scales are powers of two (UE8M0) or fp32, and every FP8 x FP8 product is exact, the result differs from the
-fp32 reference only in the order of the fp32 additions.
+K (32 for V4.1, 128 for the V3 recipe), and A's scale changes per row and per slice. The K loop steps by
+exactly GRAN_K, and one of two strategies (compile-time switch BF16_MMA) applies the scales:
+- FP8 MMA + promotion (any scale format): one FP8 MMA per step into a fresh fp32 tile, promoted into the
+  running fp32 accumulator times sa[m] * sb[n]. The promotion is an FMA per accumulator element per step on
+  the CUDA cores, and the MMA must finish before it, so it dominates at GRAN_K = 32.
+- Dequantize to bf16 + bf16 MMA (UE8M0 scales only): q * 2^e of an e4m3 (or e2m1) value has at most 4
+  significant bits, so it is exact in bf16; both tiles are dequantized in registers and fed to a bf16 MMA that
+  accumulates in place, with no promotion and asynchronous MMAs across steps, at half the FP8 MMA rate.
+Both compute exact products of the dequantized operands, so the result differs from the fp32 reference only
+in the order of the fp32 additions.
 
 FP4 weights (Hopper has no FP4 MMA): each e2m1 nibble is rewritten as the e4m3 byte of the same value with
 integer ops (every e2m1 value is exactly representable in e4m3); the weight's UE8M0 scale is applied in the
@@ -62,6 +67,7 @@ def scaled_gemm_nt_kernel(
     UE8M0_SCALES: tl.constexpr,  # scales are UE8M0 bytes (else fp32)
     LAYOUT: tl.constexpr,
     HAS_C: tl.constexpr,
+    BF16_MMA: tl.constexpr,  # dequantize to bf16 and use bf16 MMAs (needs UE8M0 scales)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -133,8 +139,13 @@ def scaled_gemm_nt_kernel(
         else:
             sa = tl.load(sa_ptrs)
             sb = tl.load(sb_ptrs)
-        partial = tl.dot(a, tl.trans(b))
-        acc += partial * (sa[:, None] * sb[None, :])
+        if BF16_MMA:
+            a16 = (a.to(tl.float32) * sa[:, None]).to(tl.bfloat16)
+            b16 = (b.to(tl.float32) * sb[:, None]).to(tl.bfloat16)
+            acc = tl.dot(a16, tl.trans(b16), acc)
+        else:
+            partial = tl.dot(a, tl.trans(b))
+            acc += partial * (sa[:, None] * sb[None, :])
         a_ptrs += GRAN_K
         b_ptrs += B_STEP
         sa_ptrs += 1

@@ -1,7 +1,10 @@
 """Triton kernel of the per-token, per-group FP8 activation quantizer (reference: reference.act_quant).
 
-Bit-exact with the reference: the same fp32 operations in the same order (amax clamp, amax * fp32(1/448), the
-exponent bit trick for UE8M0, IEEE round-to-nearest division for the fp32 format, clamp, RNE cast to e4m3).
+Bit-exact with the reference run on CUDA: the same fp32 operations in the same order (amax clamp,
+amax * fp32(1/448), the exponent bit trick for UE8M0, IEEE round-to-nearest x / scale, clamp, RNE cast to
+e4m3). For the fp32 scale format the reference's `amax / 448` is, on CUDA, torch's multiply-by-reciprocal
+shortcut for a scalar divisor (CPU torch divides exactly; the two differ in the last bit for about half of the
+inputs), so the kernel multiplies by fp32(1/448) too.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def act_quant_fp8_kernel(
         scale = (e << 23).to(tl.float32, bitcast=True)  # e >= 1 here: amax >= 1e-4
         tl.store(s_ptr + row * stride_s_m + groups, e.to(tl.uint8), mask=groups < num_groups)
     else:
-        scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+        scale = amax * (1.0 / 448.0)
         tl.store(s_ptr + row * stride_s_m + groups, scale, mask=groups < num_groups)
     q = tl.math.div_rn(x, scale[:, None])
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
