@@ -225,7 +225,7 @@ def _random_param(prm: _Param, seed: int, device: torch.device, block: int) -> d
     gen = torch.Generator(device=device)
     gen.manual_seed(_name_seed(seed, prm.name))
     rows = prm.shape[0]
-    row_elements = max(1, prm.shape[-1] if len(prm.shape) > 1 else 1)
+    row_elements = prm.shape[-1] if len(prm.shape) > 1 else 1
     chunk = max(block, _CHUNK_ELEMENTS // row_elements // block * block)
     for r0 in range(0, rows, chunk):
         r1 = min(rows, r0 + chunk)
@@ -398,12 +398,15 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     if ignored:
         logger.warning("load_checkpoint: skipping %d MTP/vision tensors (mtp.*, vision.*, aligner.*, image_*): "
                        "the backbone reference does not use them", len(ignored))
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # safetensors reads a bare "cuda" as cuda:0
+        device = torch.device("cuda", torch.cuda.current_device())
     tensors: dict[str, torch.Tensor] = {}
     by_file: dict[str, list[str]] = {}
     for name in expected:
         by_file.setdefault(weight_map[name], []).append(name)
     for file, names in by_file.items():
-        with safe_open(str(root / file), framework="pt", device=str(torch.device(device))) as f:
+        with safe_open(str(root / file), framework="pt", device=str(device)) as f:
             for name in names:
                 tensors[name] = f.get_tensor(name)
     return config, {name: tensors[name] for name in expected}
