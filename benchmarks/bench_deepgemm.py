@@ -36,11 +36,11 @@ MOE_SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, BF16_MMA)
     "v41": [(64, 128, 4, 6, False), (128, 128, 8, 6, True), (128, 128, 8, 4, True), (64, 128, 4, 6, True),
             (128, 256, 8, 4, True), (64, 256, 4, 4, True)],
-    "v3": [(64, 128, 4, 4, False), (64, 128, 4, 3, False), (128, 128, 8, 4, False)],
+    "v3": [(64, 128, 4, 4, False), (64, 128, 4, 3, False), (64, 128, 4, 5, False), (128, 128, 8, 4, False)],
     "fp4_contiguous": [(128, 64, 4, 6, False), (128, 128, 8, 6, True), (64, 128, 4, 6, True), (128, 64, 4, 6, True),
                        (128, 256, 8, 4, True)],
     "fp4_masked": [(64, 128, 4, 4, False), (64, 128, 4, 6, True), (64, 64, 4, 6, True), (64, 128, 4, 4, True),
-                   (64, 256, 4, 4, True)],
+                   (64, 256, 4, 4, True), (16, 128, 4, 6, True), (32, 128, 4, 6, True), (16, 128, 4, 6, False)],
 }
 
 
@@ -185,6 +185,19 @@ def bench_masked(rec, G_, expected_m, name, N, K, cfg, copy_gbs, gen):
 
 
 # --------------------------------------------------------------------------- config sweep
+def time_configs(rec, family, run, work, unit) -> dict:
+    """Time run(cfg) for each candidate of the family (a config that fails to compile is recorded and skipped);
+    return the fastest as a config dict. work / ms -> the reported figure (TFLOP/s or GB/s)."""
+    res = {}
+    for c in SWEEP[family]:
+        try:
+            res[c] = ms(lambda: run(cfg_dict(c)))
+            rec.add(kind="sweep", family=family, config=c, **{unit: work / res[c] / 1e9})
+        except Exception as e:  # noqa: BLE001 - a candidate may not compile; the sweep goes on
+            rec.add(kind="sweep", family=family, config=c, error=repr(e)[:200])
+    return cfg_dict(min(res, key=res.get))
+
+
 def sweep(rec) -> dict:
     """Time each candidate tile config on one representative shape per family; return the fastest."""
     gen = torch.Generator().manual_seed(0)
@@ -192,26 +205,22 @@ def sweep(rec) -> dict:
     M, N, K = 4096, 4608, 5120
     op = dense_operands(M, N, K)
     for fam in ("v41", "v3"):
-        res = {c: ms(lambda: G._gemm(G._DENSE, *op[fam], op["d"], None, None, None, False, config=cfg_dict(c))) for c in SWEEP[fam]}
-        for c, v in res.items():
-            rec.add(kind="sweep", family=fam, config=c, tflops=2 * M * N * K / v / 1e9)
-        best[fam] = cfg_dict(min(res, key=res.get))
+        best[fam] = time_configs(rec, fam, lambda cfg: G._gemm(G._DENSE, *op[fam], op["d"], None, None, None, False, config=cfg),
+                                 2 * M * N * K, "tflops")
     rows, layout, _ = moe_layout(96, gen)
     Mc = layout.numel()
     a, sa = rand_fp8(Mc, K), rand_ue8m0(Mc, K // 32)
     bq, bs = torch.randint(0, 256, (96, N, K // 2), dtype=torch.uint8, device="cuda"), rand_ue8m0(96, N, K // 32)
     d = torch.empty(Mc, N, dtype=torch.bfloat16, device="cuda")
-    res = {c: ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg_dict(c))) for c in SWEEP["fp4_contiguous"]}
-    for c, v in res.items():
-        rec.add(kind="sweep", family="fp4_contiguous", config=c, tflops=2 * sum(rows) * N * K / v / 1e9)
-    best["fp4_contiguous"] = cfg_dict(min(res, key=res.get))
+    best["fp4_contiguous"] = time_configs(
+        rec, "fp4_contiguous", lambda cfg: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg),
+        2 * sum(rows) * N * K, "tflops")
     am, sam = rand_fp8(96, 128, K), rand_ue8m0(96, 128, K // 32)
     dm = torch.empty(96, 128, N, dtype=torch.bfloat16, device="cuda")
     masked_m = torch.full((96,), 8, dtype=torch.int32, device="cuda")
-    res = {c: ms(lambda: G._gemm(G._MASKED, (am, sam), (bq, bs), dm, None, masked_m, None, True, expected_m=8, config=cfg_dict(c))) for c in SWEEP["fp4_masked"]}
-    for c, v in res.items():
-        rec.add(kind="sweep", family="fp4_masked", config=c, weight_gbs=(bq.numel() + bs.numel()) / v / 1e6)
-    best["fp4_masked"] = cfg_dict(min(res, key=res.get))
+    best["fp4_masked"] = time_configs(
+        rec, "fp4_masked", lambda cfg: G._gemm(G._MASKED, (am, sam), (bq, bs), dm, None, masked_m, None, True, expected_m=8, config=cfg),
+        bq.numel() + bs.numel(), "weight_gbs")
     return best
 
 
