@@ -253,11 +253,18 @@ def indexer_scores(
         return out
     block_q = 1 if per_query else max(1, 128 // n_heads)  # N side = block_q * H = 128 columns when shared
     block_k = 128
-    grid = (math.ceil(n_keys / block_k), math.ceil(s_q / block_q))
+    key_tiles = math.ceil(n_keys / block_k)
+    if per_query:
+        queries_per_program = 1
+    else:  # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
+        query_tiles = math.ceil(s_q / block_q)
+        queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * _num_sms(q.device))))
+    grid = (key_tiles, math.ceil(s_q / queries_per_program))
     indexer_scores_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
         key_rows, key_rows.stride(0) if per_query else 0, visible.to(torch.int64).contiguous(), out, out.stride(0),
-        s_q, n_keys, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
+        s_q, n_keys, queries_per_program, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
+        num_warps=8 if block_q > 1 else 4,
     )
     return out
 

@@ -1,8 +1,8 @@
 """Triton kernel of the indexer score: score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ).
 
 Keys come straight from the packed index-key cache (68 B rows: 64 B of e2m1 pairs, 4 B of UE8M0 exponents per 32
-dims) and are dequantized to bf16 in registers. One program scores BLOCK_K keys against BLOCK_Q queries x H heads
-with one MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Putting the heads on the N side keeps the
+dims) and are dequantized to bf16 in registers once per program, then reused for a run of queries, BLOCK_Q queries x H heads
+per MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Putting the heads on the N side keeps the
 per-query head sum inside a few neighbouring lanes instead of across warps.
 
 Bit-exactness: q and k are FP4 values times powers of two, so every product has at most 4 significant bits and a
@@ -30,41 +30,47 @@ def indexer_scores_kernel(
     key_rows_ptr, stride_key_rows_s,
     visible_ptr,
     out_ptr, stride_out_s,
-    s_q, n_keys,
+    s_q, n_keys, queries_per_program,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, BLOCK_Q)). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all
-    queries share one key list (then BLOCK_Q may be > 1) and the row stride when each query has its own list
-    (BLOCK_Q must be 1). A key is scored -inf when its row id is -1 / outside the cache or t >= visible[i]."""
+    """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program)). Each program dequantizes its BLOCK_K keys once
+    and scores them against queries_per_program queries, BLOCK_Q per MMA (dequantizing is the expensive part, the
+    queries are cheap bf16 loads). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all queries share one
+    key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1). A key scores
+    -inf when its row id is -1 / outside the cache or t >= visible[i]."""
     t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
-    q0 = tl.program_id(1) * BLOCK_Q
+    q_begin = tl.program_id(1) * queries_per_program
     t_ok = t < n_keys
 
-    rows = tl.load(key_rows_ptr + q0 * stride_key_rows_s + t, mask=t_ok, other=-1)
+    rows = tl.load(key_rows_ptr + q_begin * stride_key_rows_s + t, mask=t_ok, other=-1)
     row_ok = (rows >= 0) & (rows < num_rows)
     row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
-    d = tl.arange(0, D)
-    byte = tl.load(row + d[None, :] // 2, mask=row_ok[:, None], other=0).to(tl.int32)
-    nibble = (byte >> ((d[None, :] & 1) * 4)) & 0xF  # low nibble = even dim
-    e = tl.load(row + D // 2 + d[None, :] // 32, mask=row_ok[:, None], other=0)
-    k = e2m1_to_bf16(nibble) * ue8m0_to_bf16(e)  # [BLOCK_K, D]
+    byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
+    e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
+    scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
+    even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_K, D // 32, 16]) * scale, [BLOCK_K, D // 2])
+    odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_K, D // 32, 16]) * scale, [BLOCK_K, D // 2])
+    k = tl.interleave(even, odd)  # [BLOCK_K, D] bf16, low nibble = even dim
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)
-    col_q = q0 + col // H
-    col_h = col % H
-    col_ok = col_q < s_q
-    q = tl.load(q_ptr + col_q[:, None] * stride_q_s + col_h[:, None] * stride_q_h + d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    w = tl.load(w_ptr + col_q * stride_w_s + col_h, mask=col_ok, other=0.0).to(tl.float32)
+    d = tl.arange(0, D)
+    q_end = tl.minimum(q_begin + queries_per_program, s_q)
+    for q0 in range(q_begin, q_end, BLOCK_Q):
+        col_q = q0 + col // H
+        col_ok = col_q < q_end
+        q = tl.load(q_ptr + col_q[:, None] * stride_q_s + (col % H)[:, None] * stride_q_h + d[None, :],
+                    mask=col_ok[:, None], other=0.0)
+        w = tl.load(w_ptr + col_q * stride_w_s + col % H, mask=col_ok, other=0.0).to(tl.float32)
 
-    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
-    prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
-    score = tl.sum(tl.reshape(prod, [BLOCK_K, BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q]
+        s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
+        prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
+        score = tl.sum(tl.reshape(prod, [BLOCK_K, BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)
 
-    qi = q0 + tl.arange(0, BLOCK_Q)
-    qi_ok = qi < s_q
-    visible = tl.load(visible_ptr + qi, mask=qi_ok, other=0)
-    seen = row_ok[:, None] & (t[:, None] < visible[None, :])
-    score = tl.where(seen, score, float("-inf"))
-    tl.store(out_ptr + qi[None, :].to(tl.int64) * stride_out_s + t[:, None], score, mask=t_ok[:, None] & qi_ok[None, :])
+        qi = q0 + tl.arange(0, BLOCK_Q)
+        qi_ok = qi < q_end
+        visible = tl.load(visible_ptr + qi, mask=qi_ok, other=0)
+        seen = row_ok[:, None] & (t[:, None] < visible[None, :])
+        score = tl.where(seen, score, float("-inf"))
+        tl.store(out_ptr + qi[None, :].to(tl.int64) * stride_out_s + t[:, None], score,
+                 mask=t_ok[:, None] & qi_ok[None, :])

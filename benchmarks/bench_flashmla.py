@@ -1,0 +1,178 @@
+"""mini-flashmla microbenchmarks (issue 5) with their peers measured in the same run.
+
+- sparse prefill, h = 64, d = 512, topk = 640 (128 window + 512 compressed), s_q = 4096, 131k-token context:
+  bf16 rows (sparse_mla_fwd) and the paged FP8/FP4 cache (sparse_mla_fwd_paged);
+  TFLOP/s = 2 * s_q * h * topk * (512 + 512) / t, also as a ratio to bf16 cuBLAS matmul (8192^3) in this run.
+- sparse decode, batch 64 / 128 / 256, one query token each, same index shape, paged quantized cache:
+  GB/s = (q + retrieved rows x row bytes + out) / t, as a ratio to a device-to-device copy in this run.
+- indexer scores, 4096 queries x 65,536 ratio-2 keys (131k context), 32 heads x 128: ratio to cuBLAS FP8
+  per-tensor scaled_mm of the same GEMM [4096*32, 128] x [128, 65536]; top-k (512) timed separately.
+
+Times are medians of triton.testing.do_bench (warm-up 25 ms, 100 ms of repetitions, L2 not flushed). Prints a
+table last and writes JSON to $OUT/bench_flashmla.json (or ./bench_flashmla.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+import triton
+import triton.testing
+from mini_deepgemm.reference import fp4_fakequant
+
+import mini_flashmla
+from mini_flashmla import reference
+from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+
+H, D, W, TOPK_C, S_Q = 64, 512, 128, 512, 4096
+CONTEXT, RATIO = 131072, 2
+N_COMPRESSED = CONTEXT // RATIO
+SCALE = D**-0.5
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def peers(dev) -> dict:
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    t = bench(lambda: a @ a)
+    bf16_tflops = 2 * 8192**3 / t / 1e9
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src))
+    copy_gbs = 2 * src.numel() / t / 1e6  # read + write
+    del a, src, dst
+    return {"bf16_matmul_tflops": bf16_tflops, "device_copy_gbs": copy_gbs}
+
+
+def window_ids_for(positions: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """Ring rows slot*128 + p % 128 of the last 128 positions <= pos (-1 before the sequence start)."""
+    p = positions[:, None] - torch.arange(W - 1, -1, -1, device=positions.device)[None, :]
+    return torch.where(p >= 0, slot[:, None] * W + p % W, -1).to(torch.int32)
+
+
+def bench_prefill(dev, result: dict) -> None:
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(S_Q, H, D, device=dev, generator=g).bfloat16()
+    sink = torch.randn(H, device=dev, generator=g)
+    positions = torch.arange(CONTEXT - S_Q, CONTEXT, device=dev)
+    flops = 2 * S_Q * H * (W + TOPK_C) * (D + D)
+
+    # bf16: one kv array of the context (window rows are the last tokens), 128 window + 512 random earlier rows.
+    kv = torch.randn(CONTEXT, D, device=dev, generator=g).bfloat16()
+    win = positions[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None, :]
+    comp = torch.randint(0, CONTEXT - S_Q, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
+    idx = torch.cat([win, comp], 1).to(torch.int32)
+    t = bench(lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink))
+    result["prefill_bf16_ms"] = t
+    result["prefill_bf16_tflops"] = flops / t / 1e9
+    del kv
+
+    # paged quantized: one sequence in slot 0; compressed entries in contiguous blocks.
+    window_cache = pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
+    compressed_cache = pack_compressed_kv_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
+    wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
+    cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
+    cid = cid.to(torch.int32)
+    fn = lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
+    t = bench(fn)
+    result["prefill_paged_ms"] = t
+    result["prefill_paged_tflops"] = flops / t / 1e9
+    # correctness at this scale on the first 256 queries (relative L2 against the reference)
+    out, _ = fn()
+    ref, _ = reference.sparse_attn_paged_ref(q[:256], window_cache, compressed_cache, wid[:256], cid[:256], SCALE, sink)
+    result["prefill_paged_rel_l2_first256"] = ((out[:256].float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def bench_decode(dev, result: dict) -> None:
+    g = torch.Generator(device=dev).manual_seed(1)
+    for batch in (64, 128, 256):
+        q = torch.randn(batch, H, D, device=dev, generator=g).bfloat16()
+        sink = torch.randn(H, device=dev, generator=g)
+        # every sequence owns its window ring slot and N_COMPRESSED compressed rows of its own
+        window_cache = pack_window_fp8(torch.randn(batch * W, D, device=dev, generator=g))
+        compressed_cache = pack_compressed_kv_fp4(torch.randn(batch * N_COMPRESSED // 8, D, device=dev, generator=g))
+        compressed_cache = compressed_cache.repeat(8, 1)  # 8x fewer random numbers to pack; the bytes are the same
+        seq = torch.arange(batch, device=dev)
+        wid = window_ids_for(torch.full((batch,), CONTEXT - 1, device=dev), seq)
+        cid = torch.stack([torch.randperm(N_COMPRESSED, device=dev, generator=g)[:TOPK_C].sort().values
+                           for _ in range(batch)]) + seq[:, None] * N_COMPRESSED
+        cid = cid.to(torch.int32)
+        fn = lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
+        t = bench(fn)
+        nbytes = q.numel() * 2 + batch * (W * 528 + TOPK_C * 288) + batch * H * D * 2
+        result[f"decode_b{batch}_us"] = t * 1e3
+        result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
+        del window_cache, compressed_cache
+
+
+def bench_indexer(dev, result: dict) -> None:
+    g = torch.Generator(device=dev).manual_seed(2)
+    n_heads, d = 32, 128
+    q = fp4_fakequant(torch.randn(S_Q, n_heads, d, device=dev, generator=g), 32, "ue8m0").bfloat16()
+    w = (torch.randn(S_Q, n_heads, device=dev, generator=g) * 0.02).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, d, device=dev, generator=g))
+    rows = mini_flashmla.key_range_rows(0, N_COMPRESSED, dev)
+    visible = (torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO
+    t = bench(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
+    result["indexer_scores_ms"] = t
+    result["indexer_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
+    result["topk_ms"] = bench(lambda: reference.indexer_topk_ref(score, 512))
+    del score
+    result["indexer_plus_topk_chunked_ms"] = bench(lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, 512))
+
+    a = torch.randn(S_Q * n_heads, d, device=dev).to(torch.float8_e4m3fn)
+    b = torch.randn(N_COMPRESSED, d, device=dev).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=dev)
+    t = bench(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    result["fp8_scaled_mm_same_gemm_ms"] = t
+    result["fp8_scaled_mm_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    result = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+    result.update(peers(dev))
+    for part in (bench_prefill, bench_decode, bench_indexer):
+        try:
+            part(dev, result)
+        except Exception as exc:  # keep the other parts' numbers if one fails
+            result[f"{part.__name__}_error"] = repr(exc)[:500]
+        torch.cuda.empty_cache()
+    out_dir = os.environ.get("OUT", ".")
+    with open(os.path.join(out_dir, "bench_flashmla.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+    print("\n| metric | value | ratio to peer |\n|---|---|---|")
+    pb, pc = result["bf16_matmul_tflops"], result["device_copy_gbs"]
+    print(f"| bf16 cuBLAS 8192^3 | {pb:.0f} TFLOP/s | |\n| device copy | {pc:.0f} GB/s | |")
+    for k in ("prefill_bf16_tflops", "prefill_paged_tflops"):
+        if k in result:
+            print(f"| {k} | {result[k]:.1f} TFLOP/s | {result[k] / pb:.2f} of bf16 cuBLAS |")
+    for b in (64, 128, 256):
+        if f"decode_b{b}_gbs" in result:
+            print(f"| decode batch {b} | {result[f'decode_b{b}_us']:.1f} us, {result[f'decode_b{b}_gbs']:.0f} GB/s "
+                  f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
+    if "indexer_scores_ms" in result:
+        print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "
+              f"| {result['fp8_scaled_mm_same_gemm_ms'] / result['indexer_scores_ms']:.2f}x of FP8 scaled_mm "
+              f"({result['fp8_scaled_mm_same_gemm_ms']:.3f} ms) |")
+        print(f"| top-k 512 of 65536 x 4096 (torch.topk) | {result['topk_ms']:.3f} ms | |")
+        print(f"| scores + top-k, chunked | {result['indexer_plus_topk_chunked_ms']:.3f} ms | |")
+
+
+if __name__ == "__main__":
+    main()
