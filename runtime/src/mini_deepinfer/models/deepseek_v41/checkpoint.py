@@ -254,8 +254,8 @@ def build_random_weights(config: V41Config, seed: int = 0,
     Deterministic from `seed`: each tensor has its own torch.Generator on `device`, seeded from (seed, name).
     On CPU the result equals `load_checkpoint(generate_random_checkpoint(config, path, seed))`; on another
     device type the generator is that device's, so the values differ from the CPU ones (same distributions).
-    Initial scales (weights ~ N(0, 1/fan_in) before quantization, norms 1, small hc mixing) keep activations
-    finite and logits non-degenerate through all layers.
+    Initial scales (weights ~ N(0, 1/fan_in) before quantization, norms 1, small hc mixing) are chosen so that
+    activations stay finite and logits are not degenerate through all layers.
     """
     device = torch.device(device)
     out: dict[str, torch.Tensor] = {}
