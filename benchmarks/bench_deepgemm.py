@@ -7,7 +7,9 @@ Peers, measured on the same operands' shapes in the same process:
 - cublas_fp8_tensor: torch._scaled_mm, per-tensor FP8 scales (no fine-grained scaling: the ceiling proxy);
 - cublas_fp8_block:  torch._scaled_mm with 1x128 activation / 128x128 weight fp32 scales;
 - cublas_bf16:       torch.matmul in bf16;
-- grouped: torch._scaled_grouped_mm (FP8, rowwise scales) and torch._grouped_mm (bf16).
+- grouped: torch._scaled_grouped_mm (FP8, rowwise scales) and torch._grouped_mm (bf16);
+- triton_fp8_tensor: a plain Triton FP8 GEMM written like ours but without fine-grained scales (the fp32
+  accumulator stays in the MMA), to separate what the scaling costs from what Triton itself reaches.
 Timing: triton.testing.do_bench (median, L2 flushed before every call), after its warm-up.
 Operands are random bytes/values (never zeros); timings do not depend on the values.
 """
@@ -24,6 +26,7 @@ import statistics
 
 import torch
 import triton
+import triton.language as tl
 import triton.testing
 
 from mini_deepgemm import gemm as G
@@ -42,6 +45,44 @@ SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, BF16_MMA)
     "fp4_masked": [(64, 128, 4, 4, False), (64, 128, 4, 6, True), (64, 64, 4, 6, True), (64, 128, 4, 4, True),
                    (64, 256, 4, 4, True), (16, 128, 4, 6, True), (32, 128, 4, 6, True), (16, 128, 4, 6, False)],
 }
+
+
+@triton.jit
+def fp8_pertensor_gemm_kernel(a_ptr, b_ptr, d_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """D = A @ B^T for e4m3 A [M, K], B [N, K] (K-major), bf16 D; same tile order and loads as
+    gemm_kernel.scaled_gemm_nt_kernel, the accumulator stays in the MMA."""
+    pid = tl.program_id(0)
+    num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    tiles_per_sweep = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_sweep) * GROUP_M
+    sweep_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
+    pid_n = (pid % tiles_per_sweep) // sweep_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_m % M).to(tl.int64)[:, None] * K + offs_k[None, :]
+    b_ptrs = b_ptr + (offs_n % N).to(tl.int64)[:, None] * K + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K // BLOCK_K):
+        acc = tl.dot(tl.load(a_ptrs), tl.trans(tl.load(b_ptrs)), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(d_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16), mask=mask)
+
+
+def triton_fp8_pertensor(a, b, d):
+    """Best of two tile configs (timed once per shape by the caller)."""
+    M, K = a.shape
+    N = b.shape[0]
+    runs = []
+    for bm, bn, nw, ns in ((128, 128, 8, 4), (128, 256, 8, 3)):
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+        runs.append(lambda bm=bm, bn=bn, nw=nw, ns=ns, grid=grid: fp8_pertensor_gemm_kernel[grid](
+            a, b, d, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8, num_warps=nw, num_stages=ns))
+    return min(ms(r) for r in runs)
 
 
 def ms(fn) -> float:
@@ -119,6 +160,7 @@ def bench_dense(rec, M, name, N, K, configs):
         "cublas_fp8_tensor": ms(lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)),
         "cublas_bf16": ms(lambda: torch.matmul(bf_a, bf_b.t())),
     }
+    t["triton_fp8_tensor"] = triton_fp8_pertensor(op["a"], op["b"], op["d"])
     blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
     t["cublas_fp8_block"] = ms(blockwise) if blockwise else float("nan")
     rec.add(kind="dense", name=name, M=M, N=N, K=K, **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
@@ -185,14 +227,14 @@ def bench_masked(rec, G_, expected_m, name, N, K, cfg, copy_gbs, gen):
 
 
 # --------------------------------------------------------------------------- config sweep
-def time_configs(rec, family, run, work, unit) -> dict:
+def time_configs(rec, family, run, figure) -> dict:
     """Time run(cfg) for each candidate of the family (a config that fails to compile is recorded and skipped);
-    return the fastest as a config dict. work / ms -> the reported figure (TFLOP/s or GB/s)."""
+    return the fastest as a config dict. figure(ms) -> dict of the reported figures."""
     res = {}
     for c in SWEEP[family]:
         try:
             res[c] = ms(lambda: run(cfg_dict(c)))
-            rec.add(kind="sweep", family=family, config=c, **{unit: work / res[c] / 1e9})
+            rec.add(kind="sweep", family=family, config=c, **figure(res[c]))
         except Exception as e:  # noqa: BLE001 - a candidate may not compile; the sweep goes on
             rec.add(kind="sweep", family=family, config=c, error=repr(e)[:200])
     return cfg_dict(min(res, key=res.get))
@@ -206,7 +248,7 @@ def sweep(rec) -> dict:
     op = dense_operands(M, N, K)
     for fam in ("v41", "v3"):
         best[fam] = time_configs(rec, fam, lambda cfg: G._gemm(G._DENSE, *op[fam], op["d"], None, None, None, False, config=cfg),
-                                 2 * M * N * K, "tflops")
+                                 lambda t: {"tflops": 2 * M * N * K / t / 1e9})
     rows, layout, _ = moe_layout(96, gen)
     Mc = layout.numel()
     a, sa = rand_fp8(Mc, K), rand_ue8m0(Mc, K // 32)
@@ -214,13 +256,13 @@ def sweep(rec) -> dict:
     d = torch.empty(Mc, N, dtype=torch.bfloat16, device="cuda")
     best["fp4_contiguous"] = time_configs(
         rec, "fp4_contiguous", lambda cfg: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg),
-        2 * sum(rows) * N * K, "tflops")
+        lambda t: {"tflops": 2 * sum(rows) * N * K / t / 1e9})
     am, sam = rand_fp8(96, 128, K), rand_ue8m0(96, 128, K // 32)
     dm = torch.empty(96, 128, N, dtype=torch.bfloat16, device="cuda")
     masked_m = torch.full((96,), 8, dtype=torch.int32, device="cuda")
     best["fp4_masked"] = time_configs(
         rec, "fp4_masked", lambda cfg: G._gemm(G._MASKED, (am, sam), (bq, bs), dm, None, masked_m, None, True, expected_m=8, config=cfg),
-        bq.numel() + bs.numel(), "weight_gbs")
+        lambda t: {"weight_gbs": (bq.numel() + bs.numel()) / t / 1e6})
     return best
 
 
@@ -230,17 +272,17 @@ def geomean(xs):
 
 
 def summary(rec) -> str:
-    lines = ["| shape | M | ours V4.1 (1x32) | ours V3 (1x128) | cuBLAS FP8 tensor | cuBLAS FP8 block | cuBLAS bf16 | V4.1/tensor | V3/tensor | V3/block |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | M | ours V4.1 (1x32) | ours V3 (1x128) | Triton FP8 tensor | cuBLAS FP8 tensor | cuBLAS FP8 block | cuBLAS bf16 | V4.1/tensor | V3/tensor | V3/block |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     r41, r3, r3b = [], [], []
     for r in rec.rows:
         if r["kind"] != "dense":
             continue
         a, b, c = r["tflops_ours_v41"] / r["tflops_cublas_fp8_tensor"], r["tflops_ours_v3"] / r["tflops_cublas_fp8_tensor"], r["tflops_ours_v3"] / r["tflops_cublas_fp8_block"]
         r41.append(a); r3.append(b); r3b.append(c)
-        lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['tflops_ours_v41']:.0f} | {r['tflops_ours_v3']:.0f} | {r['tflops_cublas_fp8_tensor']:.0f} | "
+        lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | {r['tflops_ours_v41']:.0f} | {r['tflops_ours_v3']:.0f} | {r['tflops_triton_fp8_tensor']:.0f} | {r['tflops_cublas_fp8_tensor']:.0f} | "
                      f"{r['tflops_cublas_fp8_block']:.0f} | {r['tflops_cublas_bf16']:.0f} | {a:.2f} | {b:.2f} | {c:.2f} |")
-    lines.append(f"| geomean | | | | | | | {geomean(r41):.2f} | {geomean(r3):.2f} | {geomean(r3b):.2f} |")
+    lines.append(f"| geomean | | | | | | | | {geomean(r41):.2f} | {geomean(r3):.2f} | {geomean(r3b):.2f} |")
     lines += ["", "| MoE contiguous | G | rows | ours FP8xFP4 | scaled_grouped_mm FP8 | grouped_mm bf16 | ours/scaled_grouped |", "|---|---|---|---|---|---|---|"]
     for r in rec.rows:
         if r["kind"] == "contiguous":

@@ -196,13 +196,23 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
 
 
 def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dict:
-    """Tile shape and pipeline depth. BLOCK_M 128 needs two warpgroups (each MMA is 64 rows); 64-row tiles
-    serve decode-sized M. BLOCK_N stays 128: a 128x256 tile needs 2 x 128 fp32 registers per thread (the
-    accumulator plus the per-step partial product) and spills. Small K steps (GRAN_K 32) take more stages."""
-    block_m = 64 if (layout != _CONTIGUOUS and rows_hint <= 64) else 128
-    stages = {32: 6, 64: 5, 128: 4}[gran_k]
-    return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4 if block_m == 64 else 8, num_stages=stages,
-                BF16_MMA=False)
+    """Tile shape, pipeline depth and scale strategy, picked from the H200 sweep in
+    docs/reports/deepgemm-scaling.md (bench_deepgemm.py --sweep).
+
+    - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles with FP8 MMAs,
+      so a weight tile is read once and little of the MMA is wasted on empty rows.
+    - Contiguous grouped with UE8M0 scales: 128x256 tiles, bf16-dequant MMAs.
+    - Dense with UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs.
+    - fp32 scales (V3 recipe): 64x128 tiles, one warpgroup, FP8 MMAs promoted every 128 of K; smaller CTAs
+      let two or three of them share an SM and hide each other's promotion.
+    """
+    if layout != _CONTIGUOUS and rows_hint <= 64:
+        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
+        return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
+    if not ue8m0:
+        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
+    block_n = 256 if layout == _CONTIGUOUS else 128
+    return dict(BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, num_warps=8, num_stages=4, BF16_MMA=True)
 
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
