@@ -108,6 +108,8 @@ def bench_decode(dev, result: dict) -> None:
         t = bench(fn)
         nbytes = q.numel() * 2 + batch * (W * 528 + TOPK_C * 288) + batch * H * D * 2
         result[f"decode_b{batch}_us"] = t * 1e3
+        result[f"decode_b{batch}_one_split_us"] = 1e3 * bench(
+            lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, 1))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
         del window_cache, compressed_cache
 
@@ -146,16 +148,20 @@ def main() -> None:
         "python": platform.python_version(),
     }
     result.update(peers(dev))
-    for part in (bench_prefill, bench_decode, bench_indexer):
+    parts = os.environ.get("BENCH_PARTS", "prefill,decode,indexer").split(",")
+    for part in (globals()[f"bench_{name}"] for name in parts):
         try:
             part(dev, result)
         except Exception as exc:  # keep the other parts' numbers if one fails
             result[f"{part.__name__}_error"] = repr(exc)[:500]
         torch.cuda.empty_cache()
     out_dir = os.environ.get("OUT", ".")
-    with open(os.path.join(out_dir, "bench_flashmla.json"), "w") as f:
+    with open(os.path.join(out_dir, os.environ.get("BENCH_JSON", "bench_flashmla.json")), "w") as f:
         json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
+    print_table(result)
+
+
+def print_table(result: dict) -> None:
     print("\n| metric | value | ratio to peer |\n|---|---|---|")
     pb, pc = result["bf16_matmul_tflops"], result["device_copy_gbs"]
     print(f"| bf16 cuBLAS 8192^3 | {pb:.0f} TFLOP/s | |\n| device copy | {pc:.0f} GB/s | |")
