@@ -61,7 +61,7 @@ def main() -> None:
         _, t_load = _timed(lambda: load_checkpoint(path, device="cuda"))
         _, cuda_w = load_checkpoint(path, device="cuda")
         checks["load cuda == load cpu (bit-exact)"] = _equal(cpu_w, cuda_w)
-        checks["load on cuda puts tensors on cuda:0"] = all(t.device == torch.device("cuda", 0) for t in cuda_w.values())
+        checks["load on cuda puts tensors on cuda:0"] = all(t.device.index == 0 for t in cuda_w.values())
         if torch.cuda.device_count() > 1:
             _, w1 = load_checkpoint(path, device="cuda:1")
             checks["load on cuda:1"] = all(t.device == torch.device("cuda", 1) for t in w1.values())

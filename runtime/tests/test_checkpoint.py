@@ -24,7 +24,8 @@ from mini_deepinfer.models.deepseek_v41.checkpoint import (
 )
 from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 
-F8, E8, BF16, F32, I8 = torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.bfloat16, torch.float32, torch.int8
+F8, E8, BF16, F32 = torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.bfloat16, torch.float32
+I8, U8 = torch.int8, torch.uint8
 
 
 def _small_config() -> V41Config:
@@ -206,8 +207,11 @@ def test_initial_scales(tiny_weights):
     def std(x: torch.Tensor) -> float:
         return x.float().std().item()
 
-    assert std(weight_dequant_fp8(w["layers.2.attn.wq_b.weight"], w["layers.2.attn.wq_b.scale"])) * 128**0.5 == pytest.approx(1, rel=0.05)
-    assert std(weight_dequant_fp8(w["layers.0.attn.wo_a.weight"], w["layers.0.attn.wo_a.scale"])) * 1024**0.5 == pytest.approx(1, rel=0.05)
+    def fp8_std(name: str) -> float:
+        return std(weight_dequant_fp8(w[f"{name}.weight"], w[f"{name}.scale"]))
+
+    assert fp8_std("layers.2.attn.wq_b") * 128**0.5 == pytest.approx(1, rel=0.05)
+    assert fp8_std("layers.0.attn.wo_a") * 1024**0.5 == pytest.approx(1, rel=0.05)
     fp4 = fp4_dequant(w["layers.5.ffn.experts.3.w2.weight"], w["layers.5.ffn.experts.3.w2.scale"])
     assert fp4.shape == (128, 256) and std(fp4) * 256**0.5 == pytest.approx(1, rel=0.05)
     table = act_dequant(w["layers.1.engram.embed.weight"], w["layers.1.engram.embed.scale"])
@@ -250,7 +254,7 @@ def test_missing_extra_wrong_shape_and_dtype_are_all_listed(small_copy):
          "unexpected tensors (1):\n  layers.99.attn_norm.weight"),
         (lambda t: t.update({"norm.weight": torch.ones(64, dtype=BF16)}),
          "wrong shapes (1):\n  norm.weight: expected [128], found [64]"),
-        (lambda t: t.update({"layers.7.ffn.experts.0.w1.weight": t["layers.7.ffn.experts.0.w1.weight"].view(torch.uint8)}),
+        (lambda t: t.update({"layers.7.ffn.experts.0.w1.weight": t["layers.7.ffn.experts.0.w1.weight"].view(U8)}),
          "wrong dtypes (1):\n  layers.7.ffn.experts.0.w1.weight: expected I8, found U8"),
     ],
     ids=["missing", "extra", "shape", "dtype"],

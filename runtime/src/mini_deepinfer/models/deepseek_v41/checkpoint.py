@@ -193,9 +193,11 @@ def _stored(prm: _Param, block: int) -> list[tuple[str, tuple[int, ...], torch.d
         return [(prm.name, prm.shape, torch.float8_e4m3fn),
                 (prm.scale_name, (rows // block, cols // block), torch.float8_e8m0fnu)]
     if prm.fmt == "fp4":
-        return [(prm.name, (rows, cols // 2), torch.int8), (prm.scale_name, (rows, cols // block), torch.float8_e8m0fnu)]
+        return [(prm.name, (rows, cols // 2), torch.int8),
+                (prm.scale_name, (rows, cols // block), torch.float8_e8m0fnu)]
     if prm.fmt == "fp8_rows":
-        return [(prm.name, prm.shape, torch.float8_e4m3fn), (prm.scale_name, (rows, cols // block), torch.float8_e8m0fnu)]
+        return [(prm.name, prm.shape, torch.float8_e4m3fn),
+                (prm.scale_name, (rows, cols // block), torch.float8_e8m0fnu)]
     raise ValueError(f"unknown storage format {prm.fmt!r}")
 
 
