@@ -141,6 +141,13 @@ def main() -> None:
     )
     results["nvshmem dispatch bf16: send kernel"] = send_s
     results["nvshmem dispatch bf16: wait+plan+expand"] = recv_s
+    for num_sms in (16, 32, 132):
+        nv.set_num_sms(num_sms)
+        results[f"nvshmem dispatch bf16, fixed rows, {num_sms} SMs"] = timed(
+            lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+        )
+        results[f"nvshmem combine bf16, {num_sms} SMs"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
+    nv.set_num_sms(args.num_sms)
     results["layout (get_dispatch_layout)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
     results["(a) torch+NCCL dispatch bf16"] = timed(lambda: tb.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
     results["(a) torch+NCCL dispatch fp8"] = timed(lambda: tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
@@ -182,6 +189,9 @@ def main() -> None:
         "(d) all_gather x (EP baseline dispatch)": (world * T * bf16_row, (world - 1) * T * bf16_row),
         "(d) reduce_scatter y (EP baseline combine)": (world * T * bf16_row, (world - 1) * T * bf16_row),
     }
+    for name in list(results):
+        if ", fixed rows, " in name or "combine bf16, " in name:
+            bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []
         for name, sec in results.items():

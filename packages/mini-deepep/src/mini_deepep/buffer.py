@@ -131,6 +131,11 @@ class Buffer:
         weights = handle.recv_topk_weights if topk_weights is None else topk_weights.float()
         return self._backend.combine(y.contiguous(), handle, weights.contiguous())
 
+    def set_num_sms(self, num_sms: int) -> None:
+        """Programs of the NVSHMEM kernels that drive NVLink (their SM footprint). Collective: same value on all ranks."""
+        if hasattr(self._backend, "num_sms"):
+            self._backend.num_sms = num_sms
+
     def timed_out(self) -> bool:
         """True if an NVSHMEM wait gave up on a peer (a would-be hang); always False for torch. Host sync."""
         return bool(getattr(self._backend, "timed_out", lambda: False)())

@@ -19,11 +19,17 @@ class DispatchLayout(NamedTuple):
     num_tokens_per_expert: int32 [num_experts], tokens routed to each (global) expert.
     is_token_in_rank: bool [num_tokens, num_ranks], token t goes to rank r (once, however many of
         r's experts it picked).
+    send_slot: int32 [num_tokens, num_ranks], index of token t among the tokens sent to rank r
+        (token order), -1 if not sent: its row in r's receive area, and where its partial returns.
+    rank_in_expert: int32 [num_tokens, num_topk], how many earlier tokens of this rank picked the
+        same expert (-1 for no expert): with the counts, the pair's row inside the expert segment.
     """
 
     num_tokens_per_rank: torch.Tensor
     num_tokens_per_expert: torch.Tensor
     is_token_in_rank: torch.Tensor
+    send_slot: torch.Tensor
+    rank_in_expert: torch.Tensor
 
 
 class ExpertSegments(NamedTuple):
@@ -54,15 +60,20 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     experts_per_rank = num_experts // num_ranks
     num_tokens = topk_idx.shape[0]
     valid = topk_idx >= 0
-    # Invalid entries go to one extra bucket that is sliced away, which keeps every shape fixed.
+    # Invalid entries go to one extra column that is sliced away, which keeps every shape fixed.
     expert = torch.where(valid, topk_idx, num_experts).long()
-    per_expert = torch.zeros(num_experts + 1, dtype=torch.int32, device=topk_idx.device)
-    per_expert.scatter_add_(0, expert.flatten(), torch.ones_like(expert.flatten(), dtype=torch.int32))
+    picked = torch.zeros(num_tokens, num_experts + 1, dtype=torch.int32, device=topk_idx.device)
+    picked.scatter_(1, expert, 1)
+    earlier = torch.cumsum(picked, 0, dtype=torch.int32) - picked
+    rank_in_expert = torch.where(valid, earlier.gather(1, expert), -1)
     rank = torch.where(valid, topk_idx.long() // experts_per_rank, num_ranks)
     in_rank = torch.zeros(num_tokens, num_ranks + 1, dtype=torch.bool, device=topk_idx.device)
     in_rank.scatter_(1, rank, True)
     in_rank = in_rank[:, :num_ranks].contiguous()
-    return DispatchLayout(in_rank.sum(0, dtype=torch.int32), per_expert[:num_experts], in_rank)
+    return DispatchLayout(
+        in_rank.sum(0, dtype=torch.int32), picked.sum(0, dtype=torch.int32)[:num_experts], in_rank,
+        send_slots(in_rank), rank_in_expert,
+    )
 
 
 def send_slots(is_token_in_rank: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,16 @@ Stream semantics: everything is enqueued on the caller's current CUDA stream, in
 no host synchronisation in the data path (the only host read is the output row count, and only when
 `num_max_recv_rows` is None):
 
-    dispatch: layout (torch) -> dispatch_send (stores rows into every destination, release-bumps
-              DISPATCH_ARRIVED there) -> wait_all (acquire on own DISPATCH_ARRIVED) -> expert
-              layout planning (torch, reads the received meta) -> dispatch_expand (copies slots
-              into the grouped layout, release-bumps DISPATCH_CONSUMED on every source)
+    dispatch: dispatch_send (stores each token's row and meta into every destination, its
+              per-expert counts into their headers, release-bumps DISPATCH_ARRIVED there)
+              -> dispatch_plan (1 program: acquire-waits on DISPATCH_ARRIVED, turns the count
+              matrix into segment bases) -> [host reads the row count unless fixed]
+              -> dispatch_expand (slots into the grouped layout, release-bumps DISPATCH_CONSUMED
+              on every source)
     combine:  combine_send (per-slot weighted partials into the home rank, release-bumps
               COMBINE_ARRIVED) -> combine_reduce (acquire-waits, sums partials, release-bumps
               COMBINE_CONSUMED)
+The layout (get_dispatch_layout, torch ops) is computed before, once per routing.
 
 Each send kernel first waits for the previous call's CONSUMED counters, so the buffer is reused
 safely however far one rank runs ahead. Overlap with compute is up to the caller: run dispatch or
@@ -29,10 +32,9 @@ import triton
 
 from mini_deepep import nvshmem_layout as L
 from mini_deepep.handle import DispatchHandle, DispatchResult
-from mini_deepep.kernels.combine import CHUNK_ELEMS, combine_reduce_kernel, combine_send_kernel
-from mini_deepep.kernels.dispatch import CHUNK_WORDS, dispatch_expand_kernel, dispatch_send_kernel
-from mini_deepep.kernels.signals import wait_all_kernel
-from mini_deepep.layout import DispatchLayout, plan_expert_segments, scatter_rows_values, send_slots
+from mini_deepep.kernels.combine import combine_reduce_kernel, combine_send_kernel
+from mini_deepep.kernels.dispatch import dispatch_expand_kernel, dispatch_plan_kernel, dispatch_send_kernel
+from mini_deepep.layout import DispatchLayout
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -47,7 +49,6 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 class _SentDispatch:
     """What dispatch_send hands to dispatch_receive."""
 
-    epoch: int
     dtypes: list[torch.dtype]
     a_words: int
     b_words: int
@@ -56,11 +57,11 @@ class _SentDispatch:
     num_topk: int
     experts_per_rank: int
     layout: DispatchLayout
-    send_slot: torch.Tensor
 
-    @property
-    def b_block(self) -> int:
-        return max(16, triton.next_power_of_2(max(self.b_words, 1)))
+
+def _row_blocks(a_words: int, b_words: int) -> dict[str, int]:
+    """Power-of-two blocks holding a whole payload row (and the scales part)."""
+    return {"ROW_BLOCK": triton.next_power_of_2(a_words), "B_BLOCK": max(16, triton.next_power_of_2(max(b_words, 1)))}
 
 
 def _nonempty(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,7 @@ class NvshmemBackend:
         self.group = group
         self.rank = dist.get_rank(group)
         self.num_ranks = dist.get_world_size(group)
-        self.num_programs = num_sms
+        self.num_sms = num_sms
         num_nvl_bytes = num_nvl_bytes // L.ALIGN_BYTES * L.ALIGN_BYTES
         self.layout = L.SymmetricLayout(num_nvl_bytes, self.num_ranks)
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -113,8 +114,10 @@ class NvshmemBackend:
         self.buf32 = self.buffer.view(torch.int32)
         self.buf64 = self.buffer.view(torch.int64)
         self.buf16 = self.buffer.view(torch.bfloat16)
-        self._dispatch_calls = 0
-        self._combine_calls = 0
+        # Local kernels (expand, reduce) fill the GPU; only the NVLink senders are limited to num_sms.
+        self.local_programs = 4 * torch.cuda.get_device_properties(self.device).multi_processor_count
+        # Running targets of the header counters (each bumped once per program of the kernel that signals).
+        self._dispatch_arrived = self._dispatch_consumed = self._combine_arrived = self._combine_consumed = 0
 
     def _header(self, which: int) -> int:
         return self.layout.signal_offset(which)
@@ -145,8 +148,11 @@ class NvshmemBackend:
         num_experts: int,
     ) -> _SentDispatch:
         """First half of dispatch: store this rank's tokens into every destination's slots."""
-        R, P = self.num_ranks, self.num_programs
+        R = self.num_ranks
         num_tokens, num_topk = topk_idx.shape
+        experts_per_rank = num_experts // R
+        if experts_per_rank > L.MAX_LOCAL_EXPERTS:
+            raise ValueError(f"at most {L.MAX_LOCAL_EXPERTS} experts per rank")
         words = [_words(p) for p in parts]
         a_words = words[0].shape[1]
         b_words = words[1].shape[1] if len(words) == 2 else 0
@@ -154,57 +160,65 @@ class NvshmemBackend:
         slots = min(self.layout.dispatch_slots(a_words + b_words, num_topk), self.layout.combine_slots(parts[0].shape[1]))
         if num_tokens > slots:
             raise ValueError(f"{num_tokens} tokens exceed the buffer's {slots} slots per rank (see get_nvl_buffer_size_hint)")
-        self._dispatch_calls += 1
         sent = _SentDispatch(
-            epoch=self._dispatch_calls, dtypes=[p.dtype for p in parts], a_words=a_words, b_words=b_words,
-            slots=slots, meta_offset=self.layout.dispatch_meta_offset(a_words + b_words, slots),
-            num_topk=num_topk, experts_per_rank=num_experts // R, layout=layout,
-            send_slot=send_slots(layout.is_token_in_rank),
+            dtypes=[p.dtype for p in parts], a_words=a_words, b_words=b_words, slots=slots,
+            meta_offset=self.layout.dispatch_meta_offset(a_words + b_words, slots), num_topk=num_topk,
+            experts_per_rank=experts_per_rank, layout=layout,
         )
-        dispatch_send_kernel[(P,)](
+        dispatch_send_kernel[(self.num_sms,)](
             self.buf32, self.buf64, self.peer_offsets,
             _nonempty(words[0]), _nonempty(words[-1]),
-            _nonempty(topk_idx.long().contiguous()), _nonempty(topk_weights.contiguous()), _nonempty(sent.send_slot),
-            layout.num_tokens_per_rank,
-            num_tokens, self.rank, sent.epoch,
-            self.layout.dispatch_offset, sent.meta_offset, slots,
+            _nonempty(topk_idx.long().contiguous()), _nonempty(topk_weights.contiguous()),
+            _nonempty(layout.send_slot), _nonempty(layout.rank_in_expert),
+            layout.num_tokens_per_rank, layout.num_tokens_per_expert,
+            num_tokens, self.rank, self._dispatch_consumed,
+            self.layout.dispatch_offset, sent.meta_offset, slots, self.layout.expert_counts_offset,
             self._header(L.DISPATCH_ARRIVED), self._header(L.DISPATCH_CONSUMED),
             self._header(L.DISPATCH_COUNT), self._header(L.ERROR),
-            NUM_RANKS=R, TOPK=num_topk, EXPERTS_PER_RANK=sent.experts_per_rank,
-            A_WORDS=a_words, B_WORDS=b_words, META_WORDS=L.meta_words(num_topk), CHUNK=CHUNK_WORDS,
-            B_BLOCK=sent.b_block, num_warps=4,
+            NUM_RANKS=R, TOPK=num_topk, EXPERTS_PER_RANK=experts_per_rank,
+            EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank), MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
+            A_WORDS=a_words, B_WORDS=b_words, META_WORDS=L.meta_words(num_topk),
+            META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)), **_row_blocks(a_words, b_words),
+            num_warps=8,
         )
+        self._dispatch_arrived += self.num_sms
         return sent
 
     def dispatch_receive(self, sent: _SentDispatch, m_alignment: int, num_max_recv_rows: int | None) -> DispatchResult:
-        """Second half of dispatch: wait for every source, plan the grouped layout, expand into it."""
-        R, P, slots, num_topk = self.num_ranks, self.num_programs, sent.slots, sent.num_topk
-        meta_words = L.meta_words(num_topk)
-        wait_all_kernel[(1,)](
-            self.buf64, self._header(L.DISPATCH_ARRIVED), sent.epoch * P, self._header(L.ERROR), NUM_RANKS=R
+        """Second half of dispatch: wait for every source, plan the expert segments, expand into them."""
+        R, slots, num_topk, experts_per_rank = self.num_ranks, sent.slots, sent.num_topk, sent.experts_per_rank
+        segment_base = torch.empty(R, experts_per_rank, dtype=torch.int32, device=self.device)
+        tokens_per_expert = torch.empty(experts_per_rank, dtype=torch.int32, device=self.device)
+        total_rows = torch.empty(1, dtype=torch.int32, device=self.device)
+        dispatch_plan_kernel[(1,)](
+            self.buf32, self.buf64, segment_base, tokens_per_expert, total_rows,
+            self._dispatch_arrived, self.layout.expert_counts_offset, self._header(L.DISPATCH_ARRIVED),
+            self._header(L.ERROR), m_alignment,
+            NUM_RANKS=R, EXPERTS_PER_RANK=experts_per_rank, EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank),
+            MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
         )
-        # Plan from the received meta with fixed shapes: every slot, unused ones (past the count) masked.
-        counts = self.buf64[self._header(L.DISPATCH_COUNT) : self._header(L.DISPATCH_COUNT) + R]
-        meta = self.buf32[sent.meta_offset : sent.meta_offset + R * slots * meta_words].view(R, slots, meta_words)
-        used = torch.arange(slots, device=self.device)[None, :] < counts[:, None]
-        recv_ids = torch.where(used[..., None], meta[..., 1 : 1 + num_topk], -1).reshape(R * slots, num_topk)
-        recv_src_token = torch.where(used, meta[..., 0], -1).reshape(-1)
-        recv_src_rank = torch.where(used, torch.arange(R, dtype=torch.int32, device=self.device)[:, None], -1).reshape(-1)
-        recv_weights = meta[..., 1 + num_topk : 1 + 2 * num_topk].view(torch.float32).reshape(R * slots, num_topk)
-        seg = plan_expert_segments(recv_ids, sent.experts_per_rank, m_alignment, num_max_recv_rows)
-        num_rows = seg.grouped_layout.numel()
-        row_weights = scatter_rows_values(seg.positions, recv_weights, num_rows, 0.0)
+        # The one host read of the data path, skipped when the caller fixes the row count.
+        num_rows = int(total_rows.item()) if num_max_recv_rows is None else num_max_recv_rows
 
         out_a = torch.empty(num_rows, sent.a_words, dtype=torch.int32, device=self.device)
         out_b = torch.empty(num_rows, sent.b_words, dtype=torch.int32, device=self.device)
-        dispatch_expand_kernel[(P,)](
-            self.buf32, self.buf64, self.peer_offsets,
-            seg.positions, _nonempty(out_a), _nonempty(out_b if sent.b_words else out_a),
-            R * slots, self.rank, self.layout.dispatch_offset, self._header(L.DISPATCH_CONSUMED),
+        grouped_layout = torch.full((num_rows,), -1, dtype=torch.int32, device=self.device)
+        row_weights = torch.zeros(num_rows, dtype=torch.float32, device=self.device)
+        positions = torch.empty(R * slots, num_topk, dtype=torch.int32, device=self.device)
+        recv_src_rank = torch.empty(R * slots, dtype=torch.int32, device=self.device)
+        recv_src_token = torch.empty(R * slots, dtype=torch.int32, device=self.device)
+        dispatch_expand_kernel[(self.local_programs,)](
+            self.buf32, self.buf64, self.peer_offsets, segment_base,
+            _nonempty(out_a), _nonempty(out_b if sent.b_words else out_a), _nonempty(grouped_layout),
+            _nonempty(row_weights), positions, recv_src_rank, recv_src_token,
+            num_rows, slots, self.rank, self.layout.dispatch_offset, sent.meta_offset,
+            self._header(L.DISPATCH_COUNT), self._header(L.DISPATCH_CONSUMED),
             NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
-            A_WORDS=sent.a_words, B_WORDS=sent.b_words, CHUNK=CHUNK_WORDS, B_BLOCK=sent.b_block,
-            num_warps=4,
+            EXPERTS_PER_RANK=experts_per_rank, A_WORDS=sent.a_words, B_WORDS=sent.b_words,
+            META_WORDS=L.meta_words(num_topk), **_row_blocks(sent.a_words, sent.b_words),
+            num_warps=8,
         )
+        self._dispatch_consumed += self.local_programs
         outs = [out.view(torch.uint8).view(dtype) for out, dtype in zip((out_a, out_b), sent.dtypes)]
         handle = DispatchHandle(
             num_ranks=R,
@@ -212,53 +226,52 @@ class NvshmemBackend:
             num_topk=num_topk,
             hidden=outs[0].shape[1],
             is_token_in_rank=sent.layout.is_token_in_rank,
-            send_slot=sent.send_slot,
+            send_slot=sent.layout.send_slot,
             recv_src_rank=recv_src_rank,
             recv_src_token=recv_src_token,
-            positions=seg.positions,
+            positions=positions,
             recv_topk_weights=row_weights,
-            grouped_layout=seg.grouped_layout,
-            num_recv_rows=seg.num_rows,
+            grouped_layout=grouped_layout,
+            num_recv_rows=total_rows[0],
         )
         recv_x = outs[0] if len(outs) == 1 else (outs[0], outs[1])
-        return DispatchResult(recv_x, seg.grouped_layout, row_weights, seg.num_tokens_per_expert, handle)
+        return DispatchResult(recv_x, grouped_layout, row_weights, tokens_per_expert, handle)
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> torch.Tensor:
-        epoch = self.combine_send(y, handle, row_weights)
-        return self.combine_receive(handle, y.shape[1], epoch)
+        self.combine_send(y, handle, row_weights)
+        return self.combine_receive(handle, y.shape[1])
 
-    def combine_send(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> int:
+    def combine_send(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> None:
         """First half of combine: store each received token's weighted partial into its home rank."""
-        R, P = self.num_ranks, self.num_programs
-        hidden = y.shape[1]
+        R, hidden = self.num_ranks, y.shape[1]
         slots = handle.positions.shape[0] // R
         if slots > self.layout.combine_slots(hidden):
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
-        self._combine_calls += 1
-        combine_send_kernel[(P,)](
+        combine_send_kernel[(self.num_sms,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions,
-            R * slots, slots, self.rank, self._combine_calls,
+            R * slots, slots, self.rank, self._combine_consumed,
             self.layout.combine_offset, self._header(L.COMBINE_CONSUMED), self._header(L.COMBINE_ARRIVED),
             self._header(L.ERROR),
             NUM_RANKS=R, TOPK=handle.num_topk, TOPK_BLOCK=triton.next_power_of_2(handle.num_topk),
-            HIDDEN=hidden, CHUNK=CHUNK_ELEMS, num_warps=4,
+            HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
         )
-        return self._combine_calls
+        self._combine_arrived += self.num_sms
 
-    def combine_receive(self, handle: DispatchHandle, hidden: int, epoch: int) -> torch.Tensor:
+    def combine_receive(self, handle: DispatchHandle, hidden: int) -> torch.Tensor:
         """Second half of combine: wait for every expert rank and add the partials per token."""
-        R, P = self.num_ranks, self.num_programs
+        R = self.num_ranks
         slots = handle.positions.shape[0] // R
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
-        combine_reduce_kernel[(P,)](
+        combine_reduce_kernel[(self.local_programs,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(handle.send_slot), _nonempty(out),
-            handle.num_tokens, slots, self.rank, epoch,
+            handle.num_tokens, slots, self.rank, self._combine_arrived,
             self.layout.combine_offset, self._header(L.COMBINE_ARRIVED), self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR),
-            NUM_RANKS=R, HIDDEN=hidden, CHUNK=CHUNK_ELEMS, num_warps=4,
+            NUM_RANKS=R, HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
         )
+        self._combine_consumed += self.local_programs
         return out
 
     def destroy(self) -> None:

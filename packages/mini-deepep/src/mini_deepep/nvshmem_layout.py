@@ -3,20 +3,22 @@
 Every rank allocates the same `num_bytes`; a peer's copy is reached through its NVLink mapping at
 (peer base - own base), so one offset describes a region on every rank.
 
-    [ header: int64 signals, 4 KiB ][ dispatch area ][ combine area ]
+    [ header: int64 signals | int32 expert counts, 64 KiB ][ dispatch area ][ combine area ]
 
-Header: int64 arrays of num_ranks entries, entry p written (only) by peer p:
+Header signals: int64 arrays of num_ranks entries, entry p written (only) by peer p:
     DISPATCH_ARRIVED[p]  +1 by each program of p's dispatch-send kernel once its rows are stored here
     DISPATCH_CONSUMED[p] +1 by each program of p's expand kernel once it has read p's receive area
                          (so this rank may overwrite its slots on p again)
     COMBINE_ARRIVED[p], COMBINE_CONSUMED[p]: the same for combine
     DISPATCH_COUNT[p]    number of tokens p sent here in the current dispatch
     ERROR[0]             set to 1 by any wait that timed out (a hang turned into an error)
-Counters only grow: call n waits for n * programs, so nothing is ever reset.
+Counters only grow; the host keeps the running target of each, so nothing is ever reset.
+Header expert counts (at EXPERT_COUNTS_BYTE_OFFSET): int32 [R][MAX_LOCAL_EXPERTS], row p = how many
+    of p's tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).
 
-Dispatch area (int32 words): payload [R][slots][row_words], then meta [R][slots][meta_words]
-    (source token, K local expert ids, K weights as fp32 bits; see handle.pack_meta).
-    Slot i of source p holds p's i-th token for this rank (token order).
+Dispatch area (int32 words): payload [R][slots][row_words], then meta [R][slots][meta_words]:
+    (source token, K local expert ids or -1, K weights as fp32 bits, K ranks inside the expert
+    among p's tokens). Slot i of source p holds p's i-th token for this rank (token order).
 Combine area (bf16): partial sums [R][slots][hidden], slot i of expert rank p = this rank's token
     in its i-th slot on p (the dispatch send order).
 """
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEADER_BYTES = 4096
+HEADER_BYTES = 64 << 10
+EXPERT_COUNTS_BYTE_OFFSET = 4096
+MAX_LOCAL_EXPERTS = 1024
 ALIGN_BYTES = 256
 DISPATCH_ARRIVED, DISPATCH_CONSUMED, COMBINE_ARRIVED, COMBINE_CONSUMED, DISPATCH_COUNT, ERROR = range(6)
 
@@ -35,8 +39,8 @@ def _round_up(x: int, m: int) -> int:
 
 
 def meta_words(num_topk: int) -> int:
-    """int32 words of metadata per dispatched token (1 + 2 * num_topk, padded to 16 bytes)."""
-    return _round_up(1 + 2 * num_topk, 4)
+    """int32 words of metadata per dispatched token (1 + 3 * num_topk, padded to 16 bytes)."""
+    return _round_up(1 + 3 * num_topk, 4)
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,8 @@ class SymmetricLayout:
     num_ranks: int
 
     def __post_init__(self) -> None:
-        if 6 * self.num_ranks * 8 > HEADER_BYTES:
-            raise ValueError(f"{self.num_ranks} ranks do not fit the signal header")
+        if 6 * self.num_ranks * 8 > EXPERT_COUNTS_BYTE_OFFSET or self.expert_counts_offset + self.num_ranks * MAX_LOCAL_EXPERTS > HEADER_BYTES // 4:
+            raise ValueError(f"{self.num_ranks} ranks do not fit the header")
 
     @property
     def area_bytes(self) -> int:
@@ -55,6 +59,11 @@ class SymmetricLayout:
     def signal_offset(self, which: int) -> int:
         """Offset of a header array, in int64 words."""
         return which * self.num_ranks
+
+    @property
+    def expert_counts_offset(self) -> int:
+        """Offset of the expert-count matrix, in int32 words."""
+        return EXPERT_COUNTS_BYTE_OFFSET // 4
 
     @property
     def dispatch_offset(self) -> int:

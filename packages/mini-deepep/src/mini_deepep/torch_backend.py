@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mini_deepep.handle import DispatchHandle, DispatchResult, pack_meta, unpack_meta
-from mini_deepep.layout import DispatchLayout, local_expert_ids, plan_expert_segments, scatter_rows_values, send_slots
+from mini_deepep.layout import DispatchLayout, local_expert_ids, plan_expert_segments, scatter_rows_values
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -82,7 +82,7 @@ class TorchBackend:
             num_topk=num_topk,
             hidden=parts[0].shape[1],
             is_token_in_rank=layout.is_token_in_rank,
-            send_slot=send_slots(layout.is_token_in_rank),
+            send_slot=layout.send_slot,
             recv_src_rank=src_rank,
             recv_src_token=src_token.contiguous(),
             positions=seg.positions,

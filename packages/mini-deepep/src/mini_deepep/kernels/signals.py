@@ -39,10 +39,3 @@ def peer_offset(peer_offsets_ptr, peer):
     """Offset, in int32 words, from this rank's symmetric buffer to `peer`'s NVLink mapping of it."""
     # Heap mappings are at least 2 MiB aligned: telling the compiler keeps 16-byte vector stores.
     return tl.multiple_of(tl.load(peer_offsets_ptr + peer), 16)
-
-
-@triton.jit(do_not_specialize=["target"])  # changes every call: compile once
-def wait_all_kernel(buf64, flags_offset, target, error_offset, NUM_RANKS: tl.constexpr):
-    """One program: wait until every peer's counter at buf64[flags_offset + p] reaches `target`."""
-    for p in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + flags_offset + p, target, buf64 + error_offset)
