@@ -37,63 +37,51 @@ NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-em
 
 
 @triton.jit
-def _load_kv_half(base_ptr, rows, valid, HALF: tl.constexpr, FORMAT: tl.constexpr, D: tl.constexpr):
-    """Gather dims [HALF * D/2, (HALF + 1) * D/2) of `rows` (int64 [BLOCK_N]) of a cache as bf16 [BLOCK_N, D/2];
-    invalid rows read as 0.
+def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr):
+    """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0.
 
-    Every load is a contiguous run of a row (values, then the few scales) so it vectorizes; scales are broadcast
-    over their group with a reshape rather than gathered per element (a 64-bit address per element spills)."""
+    Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes; the scales are
+    broadcast over their group with a reshape instead of a per-element gather, which would need a 64-bit address
+    per element and spill."""
     BLOCK_N: tl.constexpr = rows.shape[0]
-    DP: tl.constexpr = D // 2
-    c0: tl.constexpr = HALF * DP
     if FORMAT == FORMAT_BF16:
-        x = tl.load(base_ptr + rows[:, None] * D + c0 + tl.arange(0, DP)[None, :], mask=valid[:, None], other=0.0)
-    elif FORMAT == FORMAT_FP8_WINDOW:  # 512 e4m3, then 16 UE8M0 (one per 32 dims)
+        d = tl.arange(0, D)
+        x = tl.load(base_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
+    elif FORMAT == FORMAT_FP8_WINDOW:
         row = base_ptr + rows[:, None] * 528
-        q = tl.load(row + c0 + tl.arange(0, DP)[None, :], mask=valid[:, None], other=0)
-        e = tl.load(row + D + c0 // 32 + tl.arange(0, DP // 32)[None, :], mask=valid[:, None], other=0)
+        q = tl.load(row + tl.arange(0, D)[None, :], mask=valid[:, None], other=0)
+        e = tl.load(row + D + tl.arange(0, D // 32)[None, :], mask=valid[:, None], other=0)
         v = q.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        x = tl.reshape(tl.reshape(v, [BLOCK_N, DP // 32, 32]) * ue8m0_to_bf16(e)[:, :, None], [BLOCK_N, DP])
-    else:  # FORMAT_FP4_COMPRESSED: 256 bytes of e2m1 pairs, then 32 e4m3 (one per 16 dims = 8 bytes)
+        x = tl.reshape(tl.reshape(v, [BLOCK_N, D // 32, 32]) * ue8m0_to_bf16(e)[:, :, None], [BLOCK_N, D])
+    else:  # FORMAT_FP4_COMPRESSED
         row = base_ptr + rows[:, None] * 288
-        byte = tl.load(row + c0 // 2 + tl.arange(0, DP // 2)[None, :], mask=valid[:, None], other=0)
-        s = tl.load(row + D // 2 + c0 // 16 + tl.arange(0, DP // 16)[None, :], mask=valid[:, None], other=0)
-        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]
-        even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_N, DP // 16, 8]) * scale, [BLOCK_N, DP // 2])
-        odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_N, DP // 16, 8]) * scale, [BLOCK_N, DP // 2])
+        byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
+        s = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
+        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
+        even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
+        odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
         x = tl.interleave(even, odd)  # low nibble = even dim
     return x
 
 
 @triton.jit
-def _attend_source(q_row, head_ok, m_i, l_i, acc_lo, acc_hi, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr,
-                   blk_lo, blk_hi, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc_lo, acc_hi).
-
-    The 512 dims are handled as two halves (q, kv tile and accumulator): each half's dequantized tile is parked in
-    shared memory by its first MMA, so only one half is ever live in registers next to the accumulator."""
+def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
+                   FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
     for blk in range(blk_lo, blk_hi):
         pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
         valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
-        rows = ids.to(tl.int64)
-        # q is re-read every block (an L1/L2 hit) rather than held: 64 x 512 bf16 would pin 64 registers per thread
-        q_lo = tl.load(q_row + tl.arange(0, D // 2)[None, :], mask=head_ok[:, None], other=0.0)
-        kv_lo = _load_kv_half(kv_ptr, rows, valid, 0, FORMAT, D)
-        s = tl.dot(q_lo, tl.trans(kv_lo))
-        q_hi = tl.load(q_row + D // 2 + tl.arange(0, D // 2)[None, :], mask=head_ok[:, None], other=0.0)
-        kv_hi = _load_kv_half(kv_ptr, rows, valid, 1, FORMAT, D)
-        s = tl.dot(q_hi, tl.trans(kv_hi), s)
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D)
+        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(tl.bfloat16)  # P rounded to bf16 before P.V, as the reference
-        acc_lo = tl.dot(p, kv_lo, acc_lo * alpha[:, None])
-        acc_hi = tl.dot(p, kv_hi, acc_hi * alpha[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)  # P rounded to bf16 before P.V, as the reference
         m_i = m_new
-    return m_i, l_i, acc_lo, acc_hi
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -115,46 +103,40 @@ def sparse_mla_fwd_kernel(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     head_ok = heads < num_heads
-    DP: tl.constexpr = D // 2
-    d = tl.arange(0, DP)
+    d = tl.arange(0, D)
 
-    q_row = q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h
+    q = tl.load(q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + d[None, :], mask=head_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_H], NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc_lo = tl.zeros([BLOCK_H, DP], tl.float32)
-    acc_hi = tl.zeros([BLOCK_H, DP], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
 
     # Logical blocks: A's blocks first, then B's; this split owns [lo, hi).
     a_blocks = tl.cdiv(a_len, BLOCK_N)
     lo = split * blocks_per_split
     hi = lo + blocks_per_split
-    m_i, l_i, acc_lo, acc_hi = _attend_source(
-        q_row, head_ok, m_i, l_i, acc_lo, acc_hi, qk_scale_log2, a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows,
-        a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D)
+    m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows,
+                                   a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D)
     if HAS_B:
         b_blocks = tl.cdiv(b_len, BLOCK_N)
-        m_i, l_i, acc_lo, acc_hi = _attend_source(
-            q_row, head_ok, m_i, l_i, acc_lo, acc_hi, qk_scale_log2, b_ids_ptr + sq * stride_b_ids, b_len, b_num_rows,
-            b_kv_ptr, tl.maximum(lo - a_blocks, 0), tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D)
+        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, b_ids_ptr + sq * stride_b_ids, b_len,
+                                       b_num_rows, b_kv_ptr, tl.maximum(lo - a_blocks, 0),
+                                       tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D)
 
     has_mass = l_i > 0
     lse = tl.where(has_mass, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
     if SPLIT:
-        inv = tl.where(has_mass, 1.0 / l_i, 0.0)[:, None]
+        o = tl.where(has_mass[:, None], acc / l_i[:, None], 0.0)
         row = (sq * num_splits + split) * num_heads + heads
-        part = part_out_ptr + row[:, None] * D + d[None, :]
-        tl.store(part, acc_lo * inv, mask=head_ok[:, None])
-        tl.store(part + DP, acc_hi * inv, mask=head_ok[:, None])
+        tl.store(part_out_ptr + row[:, None] * D + d[None, :], o, mask=head_ok[:, None])
         tl.store(part_lse_ptr + row, lse, mask=head_ok)
     else:
         denom = l_i
         if HAS_SINK:
             sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
             denom = denom + tl.exp2(sink * LOG2E - m_i)  # sink in the denominator only
-        has_denom = (denom > 0)[:, None]
-        out = out_ptr + sq * stride_out_s + heads[:, None] * stride_out_h + d[None, :]
-        tl.store(out, tl.where(has_denom, acc_lo / denom[:, None], 0.0).to(tl.bfloat16), mask=head_ok[:, None])
-        tl.store(out + DP, tl.where(has_denom, acc_hi / denom[:, None], 0.0).to(tl.bfloat16), mask=head_ok[:, None])
+        o = tl.where(denom[:, None] > 0, acc / denom[:, None], 0.0)
+        tl.store(out_ptr + sq * stride_out_s + heads[:, None] * stride_out_h + d[None, :], o.to(tl.bfloat16),
+                 mask=head_ok[:, None])
         tl.store(lse_ptr + sq * stride_lse_s + heads, lse, mask=head_ok)
 
 
