@@ -36,14 +36,14 @@ DENSE_SHAPES = {  # name: (N, K)
     "idx_wq_b": (4096, 1280), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "engram_wkv": (25600, 6144),
 }
 MOE_SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
-SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, BF16_MMA)
-    "v41": [(64, 128, 4, 6, False), (128, 128, 8, 6, True), (128, 128, 8, 4, True), (64, 128, 4, 6, True),
-            (128, 256, 8, 4, True), (64, 256, 4, 4, True)],
-    "v3": [(64, 128, 4, 4, False), (64, 128, 4, 3, False), (64, 128, 4, 5, False), (128, 128, 8, 4, False)],
-    "fp4_contiguous": [(128, 64, 4, 6, False), (128, 128, 8, 6, True), (64, 128, 4, 6, True), (128, 64, 4, 6, True),
-                       (128, 256, 8, 4, True)],
-    "fp4_masked": [(64, 128, 4, 4, False), (64, 128, 4, 6, True), (64, 64, 4, 6, True), (64, 128, 4, 4, True),
-                   (64, 256, 4, 4, True), (16, 128, 4, 6, True), (32, 128, 4, 6, True), (16, 128, 4, 6, False)],
+SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, BF16_MMA, BLOCK_K)
+    "v41": [(128, 128, 8, 4, True, 128), (128, 128, 8, 3, True, 128), (128, 128, 8, 4, True, 64),
+            (128, 128, 8, 4, True, 32), (64, 128, 4, 4, True, 128), (64, 128, 4, 6, False, 32)],
+    "v3": [(64, 128, 4, 4, False, 128), (64, 128, 4, 3, False, 128), (128, 128, 8, 4, False, 128)],
+    "fp4_contiguous": [(128, 128, 8, 4, True, 128), (128, 128, 8, 4, True, 64), (128, 256, 8, 4, True, 32),
+                       (128, 256, 8, 3, True, 64), (128, 64, 4, 6, False, 32)],
+    "fp4_masked": [(16, 128, 4, 6, False, 32), (64, 128, 4, 4, True, 128), (16, 128, 4, 4, True, 128),
+                   (32, 128, 4, 4, True, 128), (16, 64, 4, 6, False, 32)],
 }
 
 
@@ -90,7 +90,7 @@ def ms(fn) -> float:
 
 
 def cfg_dict(c):
-    return dict(BLOCK_M=c[0], BLOCK_N=c[1], GROUP_M=8, num_warps=c[2], num_stages=c[3], BF16_MMA=c[4])
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], GROUP_M=8, num_warps=c[2], num_stages=c[3], BF16_MMA=c[4], BLOCK_K=c[5])
 
 
 def rand_fp8(*shape):
@@ -160,7 +160,11 @@ def bench_dense(rec, M, name, N, K, configs):
         "cublas_fp8_tensor": ms(lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)),
         "cublas_bf16": ms(lambda: torch.matmul(bf_a, bf_b.t())),
     }
-    t["triton_fp8_tensor"] = triton_fp8_pertensor(op["a"], op["b"], op["d"])
+    try:
+        t["triton_fp8_tensor"] = triton_fp8_pertensor(op["a"], op["b"], op["d"])
+    except Exception as e:  # noqa: BLE001 - a reference column, not worth losing the row for
+        print("triton per-tensor reference failed:", repr(e)[:300])
+        t["triton_fp8_tensor"] = float("nan")
     blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
     t["cublas_fp8_block"] = ms(blockwise) if blockwise else float("nan")
     rec.add(kind="dense", name=name, M=M, N=N, K=K, **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
@@ -246,7 +250,7 @@ def sweep(rec) -> dict:
     best = {}
     M, N, K = 4096, 4608, 5120
     op = dense_operands(M, N, K)
-    for fam in ("v41", "v3"):
+    for fam in ("v41",):  # the V3 candidates were swept in an earlier run (see the report)
         best[fam] = time_configs(rec, fam, lambda cfg: G._gemm(G._DENSE, *op[fam], op["d"], None, None, None, False, config=cfg),
                                  lambda t: {"tflops": 2 * M * N * K / t / 1e9})
     rows, layout, _ = moe_layout(96, gen)
@@ -319,7 +323,7 @@ def main():
     torch.cuda.empty_cache()
     for expected_m in (8, 32):
         for name, (N, K) in MOE_SHAPES.items():
-            bench_masked(rec, 96, expected_m, name, N, K, best.get("fp4_masked"), copy_gbs, gen)
+            bench_masked(rec, 96, expected_m, name, N, K, None, copy_gbs, gen)  # tile height from expected_m
     table = summary(rec)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n")

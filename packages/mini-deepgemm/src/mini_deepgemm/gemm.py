@@ -201,18 +201,16 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dic
 
     - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles with FP8 MMAs,
       so a weight tile is read once and little of the MMA is wasted on empty rows.
-    - Contiguous grouped with UE8M0 scales: 128x256 tiles, bf16-dequant MMAs.
-    - Dense with UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs.
+    - UE8M0 scales (V4.1, dense and contiguous grouped): 128x128 tiles, bf16-dequant MMAs, 128 of K per step.
     - fp32 scales (V3 recipe): 64x128 tiles, one warpgroup, FP8 MMAs promoted every 128 of K; smaller CTAs
       let two or three of them share an SM and hide each other's promotion.
     """
     if layout != _CONTIGUOUS and rows_hint <= 64:
         block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
-        return dict(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
+        return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
-        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
-    block_n = 256 if layout == _CONTIGUOUS else 128
-    return dict(BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, num_warps=8, num_stages=4, BF16_MMA=True)
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4, BF16_MMA=True)
 
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
@@ -233,6 +231,10 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows_hint = expected_m if layout == _MASKED else rows
     cfg = config or default_config(layout, rows_hint, gran_k, ue8m0)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
+    if cfg["BF16_MMA"]:  # longest step (up to BLOCK_K) that divides K
+        cfg = {**cfg, "BLOCK_K": next(bk for bk in (cfg["BLOCK_K"], 64, 32) if K % bk == 0 and bk % gran_k == 0)}
+    else:
+        cfg = {**cfg, "BLOCK_K": gran_k}
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     tiles = cdiv(rows, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     grid = (tiles, aq.shape[0]) if layout == _MASKED else (tiles,)

@@ -4,14 +4,16 @@ One kernel serves every public GEMM (dense, M-grouped contiguous, M-grouped mask
 variants are compile-time switches, so each compiles to a specialised kernel.
 
 How the fine-grained scales are applied (the cost centre of this family): scales live on GRAN_K-wide slices of
-K (32 for V4.1, 128 for the V3 recipe), and A's scale changes per row and per slice. The K loop steps by
-exactly GRAN_K, and one of two strategies (compile-time switch BF16_MMA) applies the scales:
-- FP8 MMA + promotion (any scale format): one FP8 MMA per step into a fresh fp32 tile, promoted into the
-  running fp32 accumulator times sa[m] * sb[n]. The promotion is an FMA per accumulator element per step on
-  the CUDA cores, and the MMA must finish before it, so it dominates at GRAN_K = 32.
+K (32 for V4.1, 128 for the V3 recipe), and A's scale changes per row and per slice. One of two strategies
+(compile-time switch BF16_MMA) applies them:
+- FP8 MMA + promotion (any scale format): the K loop steps by exactly GRAN_K; each step does one FP8 MMA into
+  a fresh fp32 tile, promoted into the running fp32 accumulator times sa[m] * sb[n]. The promotion is an FMA
+  per accumulator element per step on the CUDA cores, and the MMA must finish before it, so at GRAN_K = 32 it
+  and the fixed cost of each short step dominate.
 - Dequantize to bf16 + bf16 MMA (UE8M0 scales only): q * 2^e of an e4m3 (or e2m1) value has at most 4
-  significant bits, so it is exact in bf16; both tiles are dequantized in registers and fed to a bf16 MMA that
-  accumulates in place, with no promotion and asynchronous MMAs across steps, at half the FP8 MMA rate.
+  significant bits, so it is exact in bf16. Each step loads BLOCK_K (a multiple of GRAN_K) of both operands,
+  multiplies each GRAN_K slice by its scale in registers and feeds a bf16 MMA that accumulates in place: no
+  promotion and long steps, at half the FP8 MMA rate.
 Both compute exact products of the dequantized operands, so the result differs from the fp32 reference only
 in the order of the fp32 additions.
 
@@ -55,19 +57,30 @@ def e2m1x2_to_e4m3(packed):
 
 
 @triton.jit
+def dequant_to_bf16(q, scale, GRAN_K: tl.constexpr):
+    """q [R, BK] (e4m3) times scale [R, BK / GRAN_K] (fp32, one per GRAN_K slice of each row) -> bf16 [R, BK],
+    exact for power-of-two scales."""
+    R: tl.constexpr = q.shape[0]
+    BK: tl.constexpr = q.shape[1]
+    x = tl.reshape(q.to(tl.float32), (R, BK // GRAN_K, GRAN_K)) * scale[:, :, None]
+    return tl.reshape(x, (R, BK)).to(tl.bfloat16)
+
+
+@triton.jit
 def scaled_gemm_nt_kernel(
     a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, c_ptr, group_ptr,
     M, N, K,
     stride_a_g, stride_a_m, stride_sa_g, stride_sa_m,
     stride_b_g, stride_b_n, stride_sb_g, stride_sb_n,
     stride_d_g, stride_d_m,
-    GRAN_K: tl.constexpr,  # K elements per scale (and per loop step)
+    GRAN_K: tl.constexpr,  # K elements per scale
     SB_GRAN_N: tl.constexpr,  # B rows per scale: 32 (V4.1 FP8), 128 (V3), 1 (FP4)
     B_IS_FP4: tl.constexpr,
     UE8M0_SCALES: tl.constexpr,  # scales are UE8M0 bytes (else fp32)
     LAYOUT: tl.constexpr,
     HAS_C: tl.constexpr,
     BF16_MMA: tl.constexpr,  # dequantize to bf16 and use bf16 MMAs (needs UE8M0 scales)
+    BLOCK_K: tl.constexpr,  # K per loop step: GRAN_K for FP8 MMAs, a multiple of it for bf16 MMAs
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -120,15 +133,17 @@ def scaled_gemm_nt_kernel(
     # their results are dropped by the store mask.
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
-    offs_k = tl.arange(0, GRAN_K)
-    a_ptrs = a_base + rows[:, None] * stride_a_m + offs_k[None, :]
-    sa_ptrs = sa_base + rows * stride_sa_m
-    B_STEP: tl.constexpr = GRAN_K // 2 if B_IS_FP4 else GRAN_K  # bytes of one B row per K step
+    SCALES_PER_STEP: tl.constexpr = BLOCK_K // GRAN_K
+    tl.static_assert(BF16_MMA or SCALES_PER_STEP == 1, "FP8 MMAs step one scale group at a time")
+    B_STEP: tl.constexpr = BLOCK_K // 2 if B_IS_FP4 else BLOCK_K  # bytes of one B row per K step
+    a_ptrs = a_base + rows[:, None] * stride_a_m + tl.arange(0, BLOCK_K)[None, :]
     b_ptrs = b_base + cols[:, None] * stride_b_n + tl.arange(0, B_STEP)[None, :]
-    sb_ptrs = sb_base + (cols // SB_GRAN_N) * stride_sb_n
+    offs_s = tl.arange(0, SCALES_PER_STEP)
+    sa_ptrs = sa_base + rows[:, None] * stride_sa_m + offs_s[None, :]
+    sb_ptrs = sb_base + (cols // SB_GRAN_N)[:, None] * stride_sb_n + offs_s[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K // GRAN_K):
+    for _ in range(0, K // BLOCK_K):
         a = tl.load(a_ptrs)
         b = tl.load(b_ptrs)
         if B_IS_FP4:
@@ -140,16 +155,14 @@ def scaled_gemm_nt_kernel(
             sa = tl.load(sa_ptrs)
             sb = tl.load(sb_ptrs)
         if BF16_MMA:
-            a16 = (a.to(tl.float32) * sa[:, None]).to(tl.bfloat16)
-            b16 = (b.to(tl.float32) * sb[:, None]).to(tl.bfloat16)
-            acc = tl.dot(a16, tl.trans(b16), acc)
+            acc = tl.dot(dequant_to_bf16(a, sa, GRAN_K), tl.trans(dequant_to_bf16(b, sb, GRAN_K)), acc)
         else:
             partial = tl.dot(a, tl.trans(b))
-            acc += partial * (sa[:, None] * sb[None, :])
-        a_ptrs += GRAN_K
+            acc += partial * (tl.reshape(sa, (BLOCK_M, 1)) * tl.reshape(sb, (1, BLOCK_N)))
+        a_ptrs += BLOCK_K
         b_ptrs += B_STEP
-        sa_ptrs += 1
-        sb_ptrs += 1
+        sa_ptrs += SCALES_PER_STEP
+        sb_ptrs += SCALES_PER_STEP
 
     out_offs = offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
     out_mask = row_ok[:, None] & (offs_n < N)[None, :]
