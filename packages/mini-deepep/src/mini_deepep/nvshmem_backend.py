@@ -70,7 +70,7 @@ def _nonempty(t: torch.Tensor) -> torch.Tensor:
 
 
 class NvshmemBackend:
-    def __init__(self, group: dist.ProcessGroup | None, num_nvl_bytes: int, num_sms: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, num_nvl_bytes: int, num_sms: int | None) -> None:
         import nvshmem.core as nvshmem
 
         try:
@@ -82,7 +82,6 @@ class NvshmemBackend:
         self.group = group
         self.rank = dist.get_rank(group)
         self.num_ranks = dist.get_world_size(group)
-        self.num_sms = num_sms
         num_nvl_bytes = num_nvl_bytes // L.ALIGN_BYTES * L.ALIGN_BYTES
         self.layout = L.SymmetricLayout(num_nvl_bytes, self.num_ranks)
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -115,7 +114,9 @@ class NvshmemBackend:
         self.buf64 = self.buffer.view(torch.int64)
         self.buf16 = self.buffer.view(torch.bfloat16)
         # Local kernels (expand, reduce) fill the GPU; only the NVLink senders are limited to num_sms.
-        self.local_programs = 4 * torch.cuda.get_device_properties(self.device).multi_processor_count
+        sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.num_sms = num_sms or sm_count
+        self.local_programs = 4 * sm_count
         # Running targets of the header counters (each bumped once per program of the kernel that signals).
         self._dispatch_arrived = self._dispatch_consumed = self._combine_arrived = self._combine_consumed = 0
 
