@@ -29,6 +29,9 @@ HEAD_DIM = 512
 INDEX_HEAD_DIM = 128
 ATTN_BLOCK_N = reference.SPARSE_ATTN_BLOCK  # the kernel walks indices in the reference's blocks of 64
 MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 uses several programs
+# Launch options of the attention kernel for 64-head programs (measured on H200, docs/reports/flashmla-*.md):
+# 8 warps hold the 64 x 512 fp32 accumulator in two warpgroups; smaller head blocks use 4 warps.
+ATTN_LAUNCH_64_HEADS = {"num_warps": 8, "num_stages": 1}
 # Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
 INDEXER_CHUNK_BYTES = 256 << 20
 
@@ -196,7 +199,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d,
-        num_warps=8 if block_h == 64 else 4, num_stages=1,
+        **(ATTN_LAUNCH_64_HEADS if block_h == 64 else {"num_warps": 4, "num_stages": 1}),
     )
     if split:
         combine_splits_kernel[(s_q, math.ceil(h / 16))](
