@@ -1,0 +1,254 @@
+"""DeepSeek-V4.1 for the engine: batched and paged.
+
+One forward runs any mix of prefill chunks (starting at any position) and decode tokens, reading and writing the
+paged, quantized cache (cache.py) of exactly the blocks and slots the ForwardBatch names. Token-wise work
+(projections, hyper-connections, MoE) runs on all T tokens at once; work that depends on a sequence's own history
+(compressor groups, indexer keys, Engram look-back) runs per sequence. It composes the same ops as the sequential
+reference (reference.py), so any difference between the two is in state handling, which is what the engine tests
+check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from mini_flashmla.cache_layout import (
+    pack_compressed_kv_fp4,
+    pack_index_k_fp4,
+    pack_window_fp8,
+    unpack_compressed_kv_fp4,
+    unpack_index_k_fp4,
+    unpack_window_fp8,
+)
+from mini_flashmla.reference import candidate_block_mask_ref, indexer_scores_ref, indexer_topk_ref, sparse_attn_ref
+
+from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
+from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
+from mini_deepinfer.models.deepseek_v41.engram import compressed_token_map, engram_row_ids
+from mini_deepinfer.worker.forward_batch import ForwardBatch
+
+
+@dataclass
+class SeqSpan:
+    """One sequence of the step: its query tokens are rows [start, start + qlen) of the flat batch."""
+
+    index: int
+    start: int
+    qlen: int
+    ctx: int  # tokens already cached before this step
+    slot: int
+    block_table: list[int]
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.start, self.start + self.qlen)
+
+    @property
+    def end(self) -> int:  # sequence length after this step
+        return self.ctx + self.qlen
+
+
+class V41Model(torch.nn.Module):
+    def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
+                 token_map: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.device = torch.device(device)
+        self.w = ops.prepare_weights({k: v.to(self.device) for k, v in weights.items()})
+        self.roles = config.layer_roles
+        self.freqs = [ops.rope_freqs(config, r).to(self.device) for r in self.roles]
+        self.token_map = (token_map if token_map is not None else compressed_token_map(config)).to(self.device)
+        self.engram_pad = int(self.token_map[config.engram_pad_token_id])
+        self.capture: list[torch.Tensor] | None = None  # set to [] to record each block's collapsed output
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, cache: V41Cache) -> torch.Tensor:
+        """Returns fp32 logits [len(batch.sample_rows), vocab]."""
+        cfg = self.config
+        batch.validate(BLOCK_SIZE)
+        spans, start = [], 0
+        for i, (q, c, bt, s) in enumerate(zip(batch.query_lens, batch.context_lens, batch.block_tables, batch.slots)):
+            spans.append(SeqSpan(i, start, q, c, s, bt))
+            start += q
+        for sp in spans:
+            if sp.ctx == 0:
+                cache.reset_slot(sp.slot, self.engram_pad)
+        ids = batch.input_ids.to(self.device)
+        positions = torch.cat([torch.arange(sp.ctx, sp.end, device=self.device) for sp in spans])
+        compressed = self.token_map[ids]
+        H = self.w["embed.weight"][ids][:, None, :].repeat(1, cfg.hc_mult, 1)
+        pre = torch.zeros(ids.shape[0], cfg.hc_mult, device=self.device)
+        pre[:, 0] = 1.0
+        shared: dict = {"topk": None, "candidates": {}}
+        for role in self.roles:
+            p = f"layers.{role.layer_id}"
+            if role.has_engram:
+                H = self._engram(H, compressed, spans, role, cache)
+            a_pre, a_post, a_comb = ops.hc_mixes(H, self.w[f"{p}.hc_attn_fn"], self.w[f"{p}.hc_attn_scale"],
+                                                 self.w[f"{p}.hc_attn_base"], cfg)
+            u = ops.rmsnorm(ops.hc_collapse(H, pre), self.w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
+            att = self._attention(u, positions, spans, role, cache, shared)
+            H = ops.hc_expand(att, H, a_post, a_comb)
+            f_pre, f_post, f_comb = ops.hc_mixes(H, self.w[f"{p}.hc_ffn_fn"], self.w[f"{p}.hc_ffn_scale"],
+                                                 self.w[f"{p}.hc_ffn_base"], cfg)
+            v = ops.rmsnorm(ops.hc_collapse(H, a_pre), self.w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
+            H = ops.hc_expand(ops.moe(v, self.w, f"{p}.ffn", cfg), H, f_post, f_comb)
+            pre = f_pre
+            if self.capture is not None:
+                self.capture.append(ops.hc_collapse(H, pre).float())
+        n_hist = cfg.engram_max_ngram_size - 1
+        for sp in spans:
+            cache.engram_history[sp.slot] = torch.cat([cache.engram_history[sp.slot], compressed[sp.rows]])[-n_hist:]
+        rows = torch.tensor(batch.sample_rows, dtype=torch.int64, device=self.device)
+        return ops.final_logits(H[rows], pre[rows], self.w, cfg)
+
+    # ------------------------------------------------------------------ Engram
+    def _engram(self, H, compressed, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> torch.Tensor:
+        cfg = self.config
+        li = cfg.engram_layer_ids.index(role.layer_id)
+        ids = torch.cat([engram_row_ids(cfg, li, compressed[sp.rows], self.engram_pad,
+                                        history=cache.engram_history[sp.slot]) for sp in spans])
+        return ops.engram_inject(H, ids, self.w, f"layers.{role.layer_id}.engram", self.config)
+
+    # ------------------------------------------------------------------ attention
+    def _attention(self, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
+        cfg, w, lid = self.config, self.w, role.layer_id
+        p = f"layers.{lid}.attn"
+        freqs = self.freqs[lid]
+        qr, q, kv = ops.attention_qkv(u, positions, w, p, cfg, freqs)
+        win_table, win_ids = self._window(kv, positions, spans, cache.window[lid])
+
+        comp_table = comp_ids = None
+        if role.ratio > 0:
+            r = role.ratio
+            if role.mode == LayerMode.FULL:
+                self._compress(u, spans, role, cache)
+            if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
+                shared["topk"] = self._indexer(qr, u, positions, spans, role, cache, shared)
+            topk = shared["topk"]
+            if topk is not None:
+                comp_table = cache.compressed_kv[role.kv_source]
+                comp_ids = torch.full_like(topk, -1)
+                for sp in spans:
+                    t = topk[sp.rows]
+                    rows = V41Cache.entry_rows(sp.block_table, t.clamp_min(0), r)
+                    comp_ids[sp.rows] = torch.where(t >= 0, rows, t)
+        o, _ = attend_quantized(q, win_table, win_ids, comp_table, comp_ids, cfg.head_dim ** -0.5,
+                                w[f"{p}.attn_sink"])
+        self._write_window(kv, positions, spans, cache.window[lid])
+        return ops.attention_output(o, positions, w, p, cfg, freqs)
+
+    def _window(self, kv, positions, spans: list[SeqSpan], ring: torch.Tensor):
+        """The rows the window part reads and their ids, window positions p-W+1..p in ascending order.
+
+        Decode-only steps write the new row into the ring first and read the ring directly. A prefill chunk
+        cannot (its later tokens would overwrite ring rows its earlier tokens still read), so its table is the
+        ring rows of this batch's slots followed by the step's own packed rows.
+        """
+        W = self.config.sliding_window
+        wpos = ops.window_positions(positions, W)
+        slot_of = torch.cat([torch.full((sp.qlen,), sp.slot, dtype=torch.int64, device=self.device) for sp in spans])
+        if all(sp.qlen == 1 for sp in spans):
+            self._write_window(kv, positions, spans, ring)
+            ids = torch.where(wpos >= 0, slot_of[:, None] * W + wpos % W, wpos)
+            return ring, ids
+        slots = torch.tensor([sp.slot for sp in spans], dtype=torch.int64, device=self.device)
+        table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), pack_window_fp8(kv)])
+        ids = torch.full_like(wpos, -1)
+        for b, sp in enumerate(spans):
+            wp = wpos[sp.rows]
+            in_step = wp >= sp.ctx
+            step_row = len(spans) * W + sp.start + (wp - sp.ctx)
+            ring_row = b * W + wp % W
+            ids[sp.rows] = torch.where(in_step, step_row, torch.where(wp >= 0, ring_row, wp))
+        return table, ids
+
+    def _write_window(self, kv, positions, spans: list[SeqSpan], ring: torch.Tensor) -> None:
+        """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W)."""
+        W = self.config.sliding_window
+        for sp in spans:
+            keep = slice(sp.start + max(0, sp.qlen - W), sp.start + sp.qlen)
+            ring[sp.slot * W + positions[keep] % W] = pack_window_fp8(kv[keep])
+
+    def _compress(self, u, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> None:
+        """Pool every group closed by this step's tokens (carrying a partial group in the slot), then write the
+        compressed KV and index-key rows of the new entries. Publishes the index keys (spec 2.4)."""
+        cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
+        p = f"layers.{lid}.attn"
+        freqs = self.freqs[lid]
+        a, b = ops.compressor_project(u, w, p, cfg, r)
+        for sp in spans:
+            first_g, end_g = sp.ctx // r, sp.end // r
+            if r == 1:
+                latent = a[sp.rows]
+            elif end_g > first_g:
+                kst, sst = cache.comp_kv_state[lid][sp.slot], cache.comp_score_state[lid][sp.slot]
+                pos = torch.arange(first_g * r, end_g * r, device=self.device)
+                from_step = pos >= sp.ctx
+                step_rows = (sp.start + pos - sp.ctx).clamp_min(0)
+                kv_g = torch.where(from_step[:, None], a[step_rows], kst[pos % r]).view(-1, r, a.shape[1])
+                sc_g = torch.where(from_step[:, None], b[step_rows], sst[pos % r]).view(-1, r, b.shape[1])
+                latent = ops.compressor_pool(kv_g, sc_g, w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps)
+            else:
+                latent = None
+            if r > 1:
+                tail = torch.arange(max(sp.ctx, end_g * r), sp.end, device=self.device)
+                cache.comp_kv_state[lid][sp.slot, tail % r] = a[sp.start + tail - sp.ctx]
+                cache.comp_score_state[lid][sp.slot, tail % r] = b[sp.start + tail - sp.ctx]
+            if not cfg.index_k_reference_quirk:
+                cache.index_k_publisher[sp.slot] = lid
+            if latent is None:
+                continue
+            groups = torch.arange(first_g, end_g, device=self.device)
+            rows = V41Cache.entry_rows(sp.block_table, groups, r)
+            gpos = groups * r
+            cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_entry(latent, gpos, freqs))
+            cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_entry(latent, gpos, w, p, cfg, freqs))
+            cache.index_k_publisher[sp.slot] = lid
+
+    def _indexer(self, qr, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
+        """Top-k compressed entries per query token: int64 [T, index_topk], -1 where none (or no entries yet)."""
+        cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
+        p = f"layers.{lid}.attn"
+        qi, wts = ops.indexer_queries(qr, u, positions, w, p, cfg, self.freqs[lid])
+        topk = torch.full((positions.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=self.device)
+        for sp in spans:
+            n_k = sp.end // r
+            if n_k == 0:
+                continue
+            pub = cache.index_k_publisher[sp.slot]
+            keys_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
+                                            self.roles[pub].ratio)
+            K = unpack_index_k_fp4(cache.index_k[pub][keys_rows])
+            score = indexer_scores_ref(qi[sp.rows], K, wts[sp.rows], (positions[sp.rows] + 1) // r)
+            if role.is_candidate_source:
+                shared["candidates"][sp.index] = candidate_block_mask_ref(
+                    score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            cand = shared["candidates"].get(sp.index)
+            if role.uses_candidates and cand is not None:
+                score = torch.where(cand, score, torch.full_like(score, float("-inf")))
+            sel = indexer_topk_ref(score, cfg.index_topk)
+            topk[sp.rows, : sel.shape[1]] = sel.to(torch.int64)
+        return topk
+
+
+def attend_quantized(q: torch.Tensor, win_table: torch.Tensor, win_ids: torch.Tensor, comp_table: torch.Tensor | None,
+                     comp_ids: torch.Tensor | None, sm_scale: float, sink: torch.Tensor):
+    """Sparse attention over packed cache rows: window rows (FP8, 528 B) then compressed rows (FP4, 288 B).
+
+    Pure-torch path: gather and unpack each referenced row once, then the reference sparse attention. The GPU
+    kernel (mini_flashmla.sparse_mla_fwd_paged) takes the same arguments.
+    """
+    parts, idx_parts, offset = [], [], 0
+    for table, ids, unpack in ((win_table, win_ids, unpack_window_fp8), (comp_table, comp_ids, unpack_compressed_kv_fp4)):
+        if table is None:
+            continue
+        uniq = torch.unique(ids[ids >= 0])
+        parts.append(unpack(table[uniq]))
+        remap = torch.searchsorted(uniq, ids.clamp_min(0)) + offset
+        idx_parts.append(torch.where(ids >= 0, remap, ids))
+        offset += uniq.shape[0]
+    kv = torch.cat(parts)
+    return sparse_attn_ref(q, kv, torch.cat(idx_parts, dim=1).to(torch.int32), sm_scale, sink)
