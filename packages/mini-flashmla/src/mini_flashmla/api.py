@@ -153,12 +153,15 @@ def _check_rows(cache: torch.Tensor, row_bytes: int, name: str) -> None:
 
 
 def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
-    """Split only when the grid would leave SMs idle (decode): aim for ~2 programs per SM, at least 2 blocks of 64
-    slots per split. Prefill-sized grids get 1 split (partials would cost more traffic than they save)."""
+    """Split only a grid that would leave most SMs idle (fewer than a quarter of them busy: a handful of decode
+    tokens), up to ~1 program per SM with at least 2 blocks of 64 slots per split. On H200 the fp32 partials cost
+    more than they save from batch 64 up (docs/reports/flashmla-sparse-attention.md), so those run unsplit."""
     programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
-    wanted = math.ceil(2 * _num_sms(q.device) / max(programs, 1))
+    num_sms = _num_sms(q.device)
+    if 4 * programs > num_sms:
+        return 1
     most = max(1, math.ceil(total_slots / ATTN_BLOCK_N) // 2)
-    return max(1, min(wanted, most))
+    return max(1, min(num_sms // max(programs, 1), most))
 
 
 def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
