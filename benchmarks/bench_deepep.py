@@ -141,13 +141,14 @@ def main() -> None:
     )
     results["nvshmem dispatch bf16: send kernel"] = send_s
     results["nvshmem dispatch bf16: wait+plan+expand"] = recv_s
+    default_sms = backend.num_sms
     for num_sms in (16, 32, 64):
         nv.set_num_sms(num_sms)
         results[f"nvshmem dispatch bf16, fixed rows, {num_sms} SMs"] = timed(
             lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
         )
         results[f"nvshmem combine bf16, {num_sms} SMs"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
-    nv.set_num_sms(backend.num_sms if args.num_sms is None else args.num_sms)
+    nv.set_num_sms(default_sms)
     results["layout (get_dispatch_layout)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
     results["(a) torch+NCCL dispatch bf16"] = timed(lambda: tb.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
     results["(a) torch+NCCL dispatch fp8"] = timed(lambda: tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
@@ -203,7 +204,7 @@ def main() -> None:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(), "world": world, "torch": torch.__version__,
             "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": backend.num_sms,
+            "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": default_sms,
             "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
             "recv_rows_rank0": rows,
             "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,
