@@ -131,6 +131,16 @@ def test_masked_grouped(device, gen, kind, mma_path):
     assert torch.equal(d.view(torch.int16), d2.view(torch.int16))
 
 
+def test_fp4_weights_as_int8(device, gen):
+    """The checkpoint stores packed FP4 as I8; int8 and uint8 views of the same bytes give the same result."""
+    _, pq, ps = random_fp4_weights(N=128, K=256, device=device, generator=gen)
+    aq, as_ = quant_a(random_bf16(40, 256, generator=gen).to(device), 32)
+    d_u8, d_i8 = (torch.empty(40, 128, dtype=torch.bfloat16, device=device) for _ in range(2))
+    dg.fp8_fp4_gemm_nt((aq, as_), (pq, ps), d_u8)
+    dg.fp8_fp4_gemm_nt((aq, as_), (pq.view(torch.int8), ps), d_i8)
+    assert torch.equal(d_u8.view(torch.int16), d_i8.view(torch.int16))
+
+
 def test_empty_outputs(device):
     aq = torch.empty(0, 64, device=device).to(torch.float8_e4m3fn)
     as_ = torch.empty(0, 2, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LAYOUT_DENSE: tl.constexpr = tl.constexpr(0)
+# Layout codes (gemm.py passes the same numbers; 0 is dense).
 LAYOUT_CONTIGUOUS: tl.constexpr = tl.constexpr(1)
 LAYOUT_MASKED: tl.constexpr = tl.constexpr(2)
 
@@ -77,7 +77,7 @@ def scaled_gemm_nt_kernel(
     SB_GRAN_N: tl.constexpr,  # B rows per scale: 32 (V4.1 FP8), 128 (V3), 1 (FP4)
     B_IS_FP4: tl.constexpr,
     UE8M0_SCALES: tl.constexpr,  # scales are UE8M0 bytes (else fp32)
-    LAYOUT: tl.constexpr,
+    LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS, LAYOUT_MASKED
     HAS_C: tl.constexpr,
     BF16_MMA: tl.constexpr,  # dequantize to bf16 and use bf16 MMAs (needs UE8M0 scales)
     BLOCK_K: tl.constexpr,  # K per loop step: GRAN_K for FP8 MMAs, a multiple of it for bf16 MMAs
