@@ -47,7 +47,6 @@ def peers(dev) -> dict:
     dst = torch.empty_like(src)
     t = bench(lambda: dst.copy_(src))
     copy_gbs = 2 * src.numel() / t / 1e6  # read + write
-    del a, src, dst
     return {"bf16_matmul_tflops": bf16_tflops, "device_copy_gbs": copy_gbs}
 
 
@@ -79,7 +78,9 @@ def bench_prefill(dev, result: dict) -> None:
     wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
     cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
     cid = cid.to(torch.int32)
-    fn = lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
+    def fn():
+        return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
+
     t = bench(fn)
     result["prefill_paged_ms"] = t
     result["prefill_paged_tflops"] = flops / t / 1e9
@@ -113,14 +114,12 @@ def bench_decode(dev, result: dict) -> None:
         cid = torch.stack([torch.randperm(N_COMPRESSED, device=dev, generator=g)[:TOPK_C].sort().values
                            for _ in range(batch)]) + seq[:, None] * N_COMPRESSED
         cid = cid.to(torch.int32)
-        fn = lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
-        t = bench(fn)
+        t = bench(lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink))
         nbytes = q.numel() * 2 + batch * (W * 528 + TOPK_C * 288) + batch * H * D * 2
         result[f"decode_b{batch}_us"] = t * 1e3
         result[f"decode_b{batch}_one_split_us"] = 1e3 * bench(
             lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, 1))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
-        del window_cache, compressed_cache
 
 
 def bench_indexer(dev, result: dict) -> None:
@@ -136,7 +135,6 @@ def bench_indexer(dev, result: dict) -> None:
     result["indexer_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
     result["topk_ms"] = bench(lambda: reference.indexer_topk_ref(score, 512))
-    del score
     result["indexer_plus_topk_chunked_ms"] = bench(lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, 512))
 
     a = torch.randn(S_Q * n_heads, d, device=dev).to(torch.float8_e4m3fn)
@@ -181,7 +179,8 @@ def print_table(result: dict) -> None:
     for b in (64, 128, 256):
         if f"decode_b{b}_gbs" in result:
             print(f"| decode batch {b} | {result[f'decode_b{b}_us']:.1f} us, {result[f'decode_b{b}_gbs']:.0f} GB/s "
-                  f"(one split: {result[f'decode_b{b}_one_split_us']:.1f} us) | {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
+                  f"(one split: {result[f'decode_b{b}_one_split_us']:.1f} us) "
+                  f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "
               f"| {result['fp8_scaled_mm_same_gemm_ms'] / result['indexer_scores_ms']:.2f}x of FP8 scaled_mm "

@@ -45,7 +45,8 @@ def assert_attn_close(out, lse, ref_out, ref_lse):
     empty = torch.isneginf(ref_lse)
     assert torch.equal(torch.isneginf(lse), empty), "lse -inf positions differ"
     assert (out[empty] == 0).all(), "all-empty rows must be exactly 0"
-    assert (lse[~empty] - ref_lse[~empty]).abs().max().item() <= 1e-4 if (~empty).any() else True
+    if (~empty).any():
+        assert (lse[~empty] - ref_lse[~empty]).abs().max().item() <= 1e-4
     o, r = out.float(), ref_out.float()
     rel_l2 = ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
     max_abs = (o - r).abs().max().item()
@@ -59,7 +60,8 @@ def _random_ids(g, s_q, n, n_rows, empty_frac=0.2, device="cpu"):
     return ids.to(device)
 
 
-@pytest.mark.parametrize("s_q,h,n_kv,topk", [(4, 4, 300, 64), (3, 64, 1000, 640), (2, 128, 500, 100), (5, 16, 40, 128)])
+@pytest.mark.parametrize("s_q,h,n_kv,topk",
+                         [(4, 4, 300, 64), (3, 64, 1000, 640), (2, 128, 500, 100), (5, 16, 40, 128)])
 def test_sparse_mla_fwd_bf16(device, s_q, h, n_kv, topk):
     g = torch.Generator().manual_seed(s_q * 1000 + h)
     q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(device)
@@ -85,7 +87,8 @@ def test_sparse_mla_fwd_sink_extremes_and_out_of_range_ids(device):
     assert (out[:, 0] == 0).all()  # +inf sink takes all the mass
     assert_attn_close(out, lse, ref_out, ref_lse)
     bad = idx.clone()
-    bad[:, ::3] = torch.tensor([50, 10**6, -(2**31)], dtype=torch.int32, device=device).repeat(22)[: bad[:, ::3].shape[1]]
+    outside = torch.tensor([50, 10**6, -(2**31)], dtype=torch.int32, device=device)  # n_kv, far, int32 min
+    bad[:, ::3] = outside.repeat(22)[: bad[:, ::3].shape[1]]
     out_bad, lse_bad = mini_flashmla.sparse_mla_fwd(q, kv, bad, SCALE, sink)
     clean = torch.where((bad >= 0) & (bad < 50), bad, -1)
     assert_attn_close(out_bad, lse_bad, *reference.sparse_attn_ref(q, kv, clean, SCALE, sink))
@@ -161,13 +164,15 @@ def assert_scores_match(score, ref):
 
 def assert_topk_tie_aware(idx, ref_idx, score):
     assert torch.equal(idx == -1, ref_idx == -1) or torch.equal((idx == -1).sum(1), (ref_idx == -1).sum(1))
-    pick = lambda i: torch.where(i >= 0, score.gather(1, i.clamp_min(0).long()), float("-inf")).sort(1).values
-    assert torch.equal(pick(idx), pick(ref_idx))
+    def picked_scores(i):
+        return torch.where(i >= 0, score.gather(1, i.clamp_min(0).long()), float("-inf")).sort(1).values
+
+    assert torch.equal(picked_scores(idx), picked_scores(ref_idx))
     assert (idx[:, 1:] >= idx[:, :-1]).logical_or(idx[:, 1:] == -1).all()  # ascending, -1 at the end
 
 
-@pytest.mark.parametrize("s_q,n_keys,n_heads,per_query", [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False),
-                                                            (4, 257, 24, False)])
+@pytest.mark.parametrize("s_q,n_keys,n_heads,per_query",
+                         [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False), (4, 257, 24, False)])
 def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     g = torch.Generator().manual_seed(s_q + n_keys)
     q, w, cache = _indexer_case(g, s_q, 1000, device, n_heads)

@@ -55,6 +55,7 @@ def _use_kernel(*tensors: torch.Tensor) -> bool:
 
 
 def _num_sms(device: torch.device) -> int:
+    """SM count of a CUDA device; 8 stands in for the CPU when the kernels run under the interpreter."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
@@ -173,6 +174,9 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
     if s_q == 0 or h == 0:
         return out, lse
+    for source in (source_a, source_b):
+        if source is not None and (source[1].dim() != 2 or source[1].shape[0] != s_q):
+            raise ValueError(f"index tensors must be [s_q={s_q}, n], got {tuple(source[1].shape)}")
     a_rows, a_ids, a_format = source_a
     a_ids = a_ids.to(torch.int32).contiguous()
     if source_b is None:

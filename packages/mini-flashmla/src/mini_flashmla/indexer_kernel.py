@@ -1,13 +1,14 @@
 """Triton kernel of the indexer score: score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ).
 
-Keys come straight from the packed index-key cache (68 B rows: 64 B of e2m1 pairs, 4 B of UE8M0 exponents per 32
-dims) and are dequantized to bf16 in registers once per program, then reused for a run of queries, BLOCK_Q queries x H heads
-per MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Putting the heads on the N side keeps the
-per-query head sum inside a few neighbouring lanes instead of across warps.
+Keys come straight from the packed index-key cache (68 B rows: 64 B of e2m1 pairs, 4 B of UE8M0 exponents,
+one per 32 dims). A program dequantizes its keys to bf16 once and reuses them for a run of queries, BLOCK_Q
+queries x H heads per MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Heads on the N side keep
+each query's head sum inside a few neighbouring lanes instead of across warps.
 
-Bit-exactness: q and k are FP4 values times powers of two, so every product has at most 4 significant bits and a
-128-term dot product is exact in fp32 whatever the summation order (as long as the four 32-dim groups' scales lie
-within ~20 binades of each other, always true for real activations). The bf16 roundings then happen at the same
+Bit-exactness: q and k are FP4 values times powers of two, so every product has at most 4 significant bits; a
+32-dim group's sum needs at most 13 bits, and the 128-term dot product is exact in fp32 whatever the summation
+order as long as the four groups' scale products lie within ~10 binades of each other (true for the random
+test data; a normed activation rarely spreads further). The bf16 roundings then happen at the same
 points as the reference. Only the final 32-term head sum (fp32, then bf16) can round differently from torch's
 summation order, by at most one bf16 ulp and rarely.
 """

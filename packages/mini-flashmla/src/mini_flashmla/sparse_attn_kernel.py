@@ -6,8 +6,8 @@ row format, so the same kernel serves:
 
 | call | source A | source B |
 |---|---|---|
-| bf16 prefill (`sparse_mla_fwd`) | bf16 rows [n_kv, 512] | none |
-| paged quantized (`sparse_mla_fwd_paged`) | window ring, FP8 e4m3 + UE8M0/32 (528 B rows) | compressed KV, FP4 e2m1 + e4m3/16 (288 B rows) |
+| `sparse_mla_fwd` | bf16 rows [n_kv, 512] | none |
+| `sparse_mla_fwd_paged` | window ring, FP8 e4m3 + UE8M0/32 (528 B) | compressed KV, FP4 e2m1 + e4m3/16 (288 B) |
 
 Quantized rows are dequantized in registers right after the gather (never written back to memory as bf16) and
 equal cache_layout's unpack functions bit for bit (see dequant_triton).
