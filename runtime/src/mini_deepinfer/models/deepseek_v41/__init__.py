@@ -1,1 +1,46 @@
-"""DeepSeek-V4.1: config, reference model, checkpoint format."""
+"""DeepSeek-V4.1: config, checkpoint format, the sequential reference and the engine's batched model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mini_deepinfer.models.deepseek_v41.checkpoint import load_checkpoint, resolve_checkpoint
+from mini_deepinfer.models.deepseek_v41.config import V41Config
+from mini_deepinfer.models.deepseek_v41.engram import compressed_token_map
+
+
+def load_token_map(folder: Path, config: V41Config) -> torch.Tensor:
+    """Engram's compressed token map from the checkpoint's tokenizer.json, else the documented fallback."""
+    tok = folder / "tokenizer.json"
+    return compressed_token_map(config, tok if tok.exists() else None)
+
+
+def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
+    """Resolve, validate and load a checkpoint into the engine's V41Model (weights kept in their stored formats).
+
+    config_overrides: dataclass fields to replace after loading (e.g. {"index_k_reference_quirk": False}).
+    """
+    import dataclasses
+
+    from mini_deepinfer.models.deepseek_v41.model import V41Model
+
+    folder = resolve_checkpoint(name_or_path)
+    config, weights = load_checkpoint(folder, device)
+    if config_overrides:
+        config = dataclasses.replace(config, **config_overrides)
+    return V41Model(config, weights, device, token_map=load_token_map(folder, config))
+
+
+def load_reference(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
+    """The same checkpoint in the sequential reference model (the oracle)."""
+    import dataclasses
+
+    from mini_deepinfer.models.deepseek_v41.reference import ReferenceV41
+
+    folder = resolve_checkpoint(name_or_path)
+    config, weights = load_checkpoint(folder, device)
+    if config_overrides:
+        config = dataclasses.replace(config, **config_overrides)
+    return ReferenceV41(config, weights, device, token_map=load_token_map(folder, config))
