@@ -20,7 +20,6 @@ top-k / top-p run before either, in plain torch (`apply_top_k_top_p`), only when
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -68,41 +67,41 @@ def gumbel_argmax_torch(logits: torch.Tensor, temperatures: torch.Tensor, keys: 
     return scores.argmax(dim=-1)
 
 
-@lru_cache(maxsize=None)
-def _gumbel_argmax_kernel():
-    """Compile on first use, so that importing this module never needs Triton.
-
-    Triton kernels may only read constexpr globals, so the SplitMix64 constants appear as literals here (the same
-    int64 values as GOLDEN, MIX_MUL_1, MIX_MUL_2; the bit-identity test holds them together).
-    """
+try:  # Triton is optional: CPU installs run the torch reference only
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+except ImportError:
+    triton = None
+
+if triton is not None:
+    # Triton kernels may only read constexpr globals, so the SplitMix64 constants appear as literals here (the same
+    # int64 values as GOLDEN, MIX_MUL_1, MIX_MUL_2; the bit-identity test holds them together).
 
     @triton.jit
-    def shr(z, k: tl.constexpr):
+    def _shr(z, k: tl.constexpr):
         return (z >> k) & ((1 << (64 - k)) - 1)
 
     @triton.jit
-    def mix(z):
-        z = (z ^ shr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
-        z = (z ^ shr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
-        return z ^ shr(z, 31)
+    def _mix64(z):
+        z = (z ^ _shr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+        z = (z ^ _shr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
+        return z ^ _shr(z, 31)
 
     @triton.jit
-    def kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    def _gumbel_argmax_kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         temp = tl.load(temps_ptr + row)
         key = tl.load(keys_ptr + row)
         best_val = tl.full([], float("-inf"), tl.float64)
         best_idx = tl.full([], 0, tl.int64)
-        for start in range(0, vocab, BLOCK):
+        for start in tl.range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             in_vocab = cols < vocab
             x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + cols, mask=in_vocab, other=float("-inf"))
             x = x.to(tl.float64)
-            bits = mix(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
-            u = (shr(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
+            bits = _mix64(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
+            u = (_shr(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
             noise = -libdevice.log(-libdevice.log(u))
             scores = tl.where(temp == 0, x, x / temp + noise)
             scores = tl.where(in_vocab, scores, float("-inf"))
@@ -113,8 +112,6 @@ def _gumbel_argmax_kernel():
             best_val = tl.where(better, block_best, best_val)
         tl.store(out_ptr + row, best_idx)
 
-    return kernel
-
 
 def gumbel_argmax_triton(
     logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor, out: torch.Tensor, block: int = 2048
@@ -123,8 +120,10 @@ def gumbel_argmax_triton(
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         raise ValueError("gumbel_argmax_triton: logits rows must be contiguous")
+    if triton is None:
+        raise RuntimeError("gumbel_argmax_triton needs Triton; use gumbel_argmax_torch")
     if rows:
-        _gumbel_argmax_kernel()[(rows,)](logits, logits.stride(0), temperatures, keys, out, vocab, BLOCK=block)
+        _gumbel_argmax_kernel[(rows,)](logits, logits.stride(0), temperatures, keys, out, vocab, BLOCK=block)
     return out
 
 
