@@ -79,14 +79,14 @@ if triton is not None:
     # int64 values as GOLDEN, MIX_MUL_1, MIX_MUL_2; the bit-identity test holds them together).
 
     @triton.jit
-    def _shr(z, k: tl.constexpr):
+    def _shr_tl(z, k: tl.constexpr):
         return (z >> k) & ((1 << (64 - k)) - 1)
 
     @triton.jit
-    def _mix64(z):
-        z = (z ^ _shr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
-        z = (z ^ _shr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
-        return z ^ _shr(z, 31)
+    def _mix64_tl(z):
+        z = (z ^ _shr_tl(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+        z = (z ^ _shr_tl(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
+        return z ^ _shr_tl(z, 31)
 
     @triton.jit
     def _gumbel_argmax_kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
@@ -100,8 +100,8 @@ if triton is not None:
             in_vocab = cols < vocab
             x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + cols, mask=in_vocab, other=float("-inf"))
             x = x.to(tl.float64)
-            bits = _mix64(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
-            u = (_shr(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
+            bits = _mix64_tl(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
+            u = (_shr_tl(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
             noise = -libdevice.log(-libdevice.log(u))
             scores = tl.where(temp == 0, x, x / temp + noise)
             scores = tl.where(in_vocab, scores, float("-inf"))
