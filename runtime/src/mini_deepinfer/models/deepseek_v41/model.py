@@ -13,15 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from mini_flashmla.cache_layout import (
-    pack_compressed_kv_fp4,
-    pack_index_k_fp4,
-    pack_window_fp8,
-    unpack_compressed_kv_fp4,
-    unpack_index_k_fp4,
-    unpack_window_fp8,
-)
-from mini_flashmla.reference import candidate_block_mask_ref, indexer_scores_ref, indexer_topk_ref, sparse_attn_ref
+from mini_flashmla import indexer_scores, sparse_mla_fwd_paged
+from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+from mini_flashmla.reference import candidate_block_mask_ref, indexer_topk_ref
 
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
@@ -52,11 +46,16 @@ class SeqSpan:
 
 class V41Model(torch.nn.Module):
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
-                 token_map: torch.Tensor | None = None):
+                 token_map: torch.Tensor | None = None, use_kernels: bool | None = None):
+        """use_kernels: run FP8/FP4 linears through mini-deepgemm (default: on CUDA). Attention and the indexer
+        always go through mini-flashmla's API, which picks its Triton kernels on CUDA and its references on CPU."""
         super().__init__()
         self.config = config
         self.device = torch.device(device)
-        self.w = ops.prepare_weights({k: v.to(self.device) for k, v in weights.items()})
+        w = ops.prepare_weights({k: v.to(self.device) for k, v in weights.items()})
+        if use_kernels is None:
+            use_kernels = self.device.type == "cuda"
+        self.w = ops.KernelWeights(w) if use_kernels else w
         self.roles = config.layer_roles
         self.freqs = [ops.rope_freqs(config, r).to(self.device) for r in self.roles]
         self.token_map = (token_map if token_map is not None else compressed_token_map(config)).to(self.device)
@@ -135,8 +134,9 @@ class V41Model(torch.nn.Module):
                     t = topk[sp.rows]
                     rows = V41Cache.entry_rows(sp.block_table, t.clamp_min(0), r)
                     comp_ids[sp.rows] = torch.where(t >= 0, rows, t)
-        o, _ = attend_quantized(q, win_table, win_ids, comp_table, comp_ids, cfg.head_dim ** -0.5,
-                                w[f"{p}.attn_sink"])
+        o, _ = sparse_mla_fwd_paged(q, win_table, comp_table, win_ids.to(torch.int32),
+                                    None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
+                                    w[f"{p}.attn_sink"])
         self._write_window(kv, positions, spans, cache.window[lid])
         return ops.attention_output(o, positions, w, p, cfg, freqs)
 
@@ -219,10 +219,10 @@ class V41Model(torch.nn.Module):
             if n_k == 0:
                 continue
             pub = cache.index_k_publisher[sp.slot]
-            keys_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
-                                            self.roles[pub].ratio)
-            K = unpack_index_k_fp4(cache.index_k[pub][keys_rows])
-            score = indexer_scores_ref(qi[sp.rows], K, wts[sp.rows], (positions[sp.rows] + 1) // r)
+            key_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
+                                           self.roles[pub].ratio)
+            score = indexer_scores(qi[sp.rows].contiguous(), wts[sp.rows].contiguous(), cache.index_k[pub],
+                                   (positions[sp.rows] + 1) // r, key_rows.to(torch.int32))
             if role.is_candidate_source:
                 shared["candidates"][sp.index] = candidate_block_mask_ref(
                     score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
@@ -233,22 +233,3 @@ class V41Model(torch.nn.Module):
             topk[sp.rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
 
-
-def attend_quantized(q: torch.Tensor, win_table: torch.Tensor, win_ids: torch.Tensor, comp_table: torch.Tensor | None,
-                     comp_ids: torch.Tensor | None, sm_scale: float, sink: torch.Tensor):
-    """Sparse attention over packed cache rows: window rows (FP8, 528 B) then compressed rows (FP4, 288 B).
-
-    Pure-torch path: gather and unpack each referenced row once, then the reference sparse attention. The GPU
-    kernel (mini_flashmla.sparse_mla_fwd_paged) takes the same arguments.
-    """
-    parts, idx_parts, offset = [], [], 0
-    for table, ids, unpack in ((win_table, win_ids, unpack_window_fp8), (comp_table, comp_ids, unpack_compressed_kv_fp4)):
-        if table is None:
-            continue
-        uniq = torch.unique(ids[ids >= 0])
-        parts.append(unpack(table[uniq]))
-        remap = torch.searchsorted(uniq, ids.clamp_min(0)) + offset
-        idx_parts.append(torch.where(ids >= 0, remap, ids))
-        offset += uniq.shape[0]
-    kv = torch.cat(parts)
-    return sparse_attn_ref(q, kv, torch.cat(idx_parts, dim=1).to(torch.int32), sm_scale, sink)

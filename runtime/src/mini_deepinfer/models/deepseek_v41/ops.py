@@ -18,6 +18,14 @@ from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 Weights = dict[str, torch.Tensor]
 
 
+class KernelWeights(dict):
+    """A weights dict whose FP8 / FP4 linears run through mini-deepgemm's GEMM kernels (Triton, on CUDA).
+
+    The engine model uses it; the reference keeps a plain dict, so the oracle never depends on a kernel. On CPU
+    mini-deepgemm falls back to its own references (same math, fp32 sums possibly in another order).
+    """
+
+
 # --------------------------------------------------------------------------- basics
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -32,6 +40,8 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
     weight: the same with e2m1 x UE8M0/32 weights. BF16 weight: F.linear in bf16. FP32 weight: fp32 in and out.
     """
     w = weights[f"{name}.weight"]
+    if isinstance(weights, KernelWeights) and w.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8):
+        return _deepgemm_linear(x, w, weights[f"{name}.scale"], block)
     if w.dtype == torch.float8_e4m3fn:
         return fp8_linear_ref(x, w, weights[f"{name}.scale"], block)
     if w.dtype in (torch.int8, torch.uint8):
@@ -39,6 +49,16 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
     if w.dtype == torch.float32:
         return F.linear(x.float(), w)
     return F.linear(x.to(w.dtype), w)
+
+
+def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int) -> torch.Tensor:
+    from mini_deepgemm import fp8_fp4_gemm_nt, per_token_group_quant_fp8
+
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
+    if x2.shape[0]:
+        fp8_fp4_gemm_nt(per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0"), (w, w_scale), out)
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 # --------------------------------------------------------------------------- RoPE
