@@ -77,24 +77,16 @@ class V41Model(torch.nn.Module):
         ids = batch.input_ids.to(self.device)
         positions = torch.cat([torch.arange(sp.ctx, sp.end, device=self.device) for sp in spans])
         compressed = self.token_map[ids]
-        H = self.w["embed.weight"][ids][:, None, :].repeat(1, cfg.hc_mult, 1)
-        pre = torch.zeros(ids.shape[0], cfg.hc_mult, device=self.device)
-        pre[:, 0] = 1.0
+        H, pre = ops.initial_streams(self.w["embed.weight"][ids], cfg)
         shared: dict = {"topk": None, "candidates": {}}
         for role in self.roles:
             p = f"layers.{role.layer_id}"
             if role.has_engram:
                 H = self._engram(H, compressed, spans, role, cache)
-            a_pre, a_post, a_comb = ops.hc_mixes(H, self.w[f"{p}.hc_attn_fn"], self.w[f"{p}.hc_attn_scale"],
-                                                 self.w[f"{p}.hc_attn_base"], cfg)
-            u = ops.rmsnorm(ops.hc_collapse(H, pre), self.w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
-            att = self._attention(u, positions, spans, role, cache, shared)
-            H = ops.hc_expand(att, H, a_post, a_comb)
-            f_pre, f_post, f_comb = ops.hc_mixes(H, self.w[f"{p}.hc_ffn_fn"], self.w[f"{p}.hc_ffn_scale"],
-                                                 self.w[f"{p}.hc_ffn_base"], cfg)
-            v = ops.rmsnorm(ops.hc_collapse(H, a_pre), self.w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
-            H = ops.hc_expand(ops.moe(v, self.w, f"{p}.ffn", cfg), H, f_post, f_comb)
-            pre = f_pre
+            H, pre = ops.decoder_block(
+                H, pre, self.w, role.layer_id, cfg,
+                attention=lambda u, role=role: self._attention(u, positions, spans, role, cache, shared),
+                ffn=lambda v, p=p: ops.moe(v, self.w, f"{p}.ffn", cfg))
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
         n_hist = cfg.engram_max_ngram_size - 1

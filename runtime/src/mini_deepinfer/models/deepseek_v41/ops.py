@@ -8,6 +8,7 @@ reference's rounding points (bf16 casts between fp32 steps) are part of the nume
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -244,6 +245,29 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
     dot = (Hf * qk[None] * key).sum(-1) * rstd / math.sqrt(D)
     gate = torch.sigmoid(torch.sign(dot) * torch.sqrt(dot.abs().clamp_min(1e-6)))
     return (Hf + gate[..., None] * val[:, None, :]).to(H.dtype)
+
+
+# --------------------------------------------------------------------------- one decoder block
+def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg: V41Config,
+                  attention: Callable[[torch.Tensor], torch.Tensor],
+                  ffn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block inside the hyper-connection streams (spec 2.1), with the one-sublayer delay of `pre`: the
+    attention input collapses H with the `pre` of the previous sublayer, the FFN input with the attention
+    boundary's. attention / ffn map bf16 [T, D] -> bf16 [T, D]. Returns (H, the pre for the next block)."""
+    p = f"layers.{lid}"
+    a_pre, a_post, a_comb = hc_mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
+    u = rmsnorm(hc_collapse(H, pre), w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
+    H = hc_expand(attention(u), H, a_post, a_comb)
+    f_pre, f_post, f_comb = hc_mixes(H, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"], w[f"{p}.hc_ffn_base"], cfg)
+    v = rmsnorm(hc_collapse(H, a_pre), w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
+    return hc_expand(ffn(v), H, f_post, f_comb), f_pre
+
+
+def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings bf16 [T, D] -> (H bf16 [T, hc, D] with every stream = h, pre = one-hot of stream 0)."""
+    pre = torch.zeros(h.shape[0], cfg.hc_mult, device=h.device)
+    pre[:, 0] = 1.0
+    return h[:, None, :].repeat(1, cfg.hc_mult, 1), pre
 
 
 # --------------------------------------------------------------------------- head
