@@ -86,7 +86,7 @@ class V41Model(torch.nn.Module):
             H, pre = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
                 attention=lambda u, role=role: self._attention(u, positions, spans, role, cache, shared),
-                ffn=lambda v, p=p: ops.moe(v, self.w, f"{p}.ffn", cfg))
+                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
         n_hist = cfg.engram_max_ngram_size - 1
@@ -101,7 +101,17 @@ class V41Model(torch.nn.Module):
         li = cfg.engram_layer_ids.index(role.layer_id)
         ids = torch.cat([engram_row_ids(cfg, li, compressed[sp.rows], self.engram_pad,
                                         history=cache.engram_history[sp.slot]) for sp in spans])
-        return ops.engram_inject(H, ids, self.w, f"layers.{role.layer_id}.engram", self.config)
+        return self._engram_inject(H, ids, f"layers.{role.layer_id}.engram")
+
+    # ------------------------------------------------------------------ the layers EP x DP shards (parallel.py)
+    def _moe(self, v: torch.Tensor, p: str) -> torch.Tensor:
+        """The MoE of one block. parallel.ExpertParallelV41Model overrides it to split the routed experts across
+        ranks; this single-process version is the oracle it is tested against."""
+        return ops.moe(v, self.w, p, self.config)
+
+    def _engram_inject(self, H: torch.Tensor, row_ids: torch.Tensor, p: str) -> torch.Tensor:
+        """Engram of one block. parallel.ExpertParallelV41Model overrides it to shard the table rows."""
+        return ops.engram_inject(H, row_ids, self.w, p, self.config)
 
     # ------------------------------------------------------------------ attention
     def _attention(self, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
