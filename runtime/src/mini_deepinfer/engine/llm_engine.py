@@ -174,6 +174,7 @@ class LLMEngine:
                 if s.seq.first_scheduled_time is None:
                     s.seq.first_scheduled_time = now
             handle = self.runner.execute(step, self._in_flight)
+        joined_peers = step.is_empty and self._join_peers_step()
         finished, self._aborted = self._aborted, []
         processed = self._in_flight is not None
         if self._in_flight is not None:
@@ -183,10 +184,16 @@ class LLMEngine:
             finished += self._process(handle)
             self._in_flight = None
             processed = True
-        if step.is_empty and not step.preempted and not processed and not finished and self._requests:
+        if step.is_empty and not joined_peers and not step.preempted and not processed and not finished \
+                and self._requests:
             raise RuntimeError("engine made no progress: nothing could be scheduled and nothing is in flight")
         self.num_steps += 1
         return finished
+
+    def _join_peers_step(self) -> bool:
+        """Called for an empty step. A data-parallel rank (distributed/data_parallel.py) runs a dummy forward here
+        when another rank has work, so that the ranks' collectives pair up; returns whether it did. Alone: never."""
+        return False
 
     def _process(self, handle: StepHandle) -> list[RequestOutput]:
         tokens, logits = handle.wait()
