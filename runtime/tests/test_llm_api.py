@@ -111,10 +111,6 @@ def test_a_model_module_needs_its_cache_class():
 
 
 def test_unknown_checkpoint_path_is_a_clear_error(tmp_path):
-    import mini_deepinfer.models.deepseek_v41 as v41
-
-    if not hasattr(v41, "load_model"):
-        pytest.skip("models.deepseek_v41.load_model has not landed yet")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         LLM(str(tmp_path / "missing"), device="cpu")
 

@@ -82,6 +82,15 @@ def test_chunk_inputs_are_the_prompt_slices():
     assert second.sequences[0].input_token_ids == list(range(201, 301))
 
 
+def test_a_partial_prompt_counts_against_max_num_seqs():
+    sch = make(max_num_seqs=2, max_num_batched_tokens=128)
+    for name, n in [("a", 10), ("long", 200), ("b", 10), ("c", 10)]:
+        sch.add(seq(name, n))
+    assert names(sch.schedule()) == ["a", "long"]  # long: first chunk of 118 tokens
+    process(sch.schedule())  # long's last chunk; "b" must not join: a and long already hold the 2 seats
+    assert [s.request_id for s in sch.running] == ["a", "long"] and sch.waiting[0].request_id == "b"
+
+
 def test_without_chunking_a_prompt_over_the_remaining_budget_waits():
     sch = make(max_num_batched_tokens=256, chunked_prefill=False, max_model_len=256)
     sch.add(seq("a", 200))

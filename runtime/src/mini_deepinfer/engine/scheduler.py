@@ -149,7 +149,7 @@ class Scheduler:
                 query_len = budget
             if not seq.holds_resources:
                 self.kv.allocate(seq, num_tokens)
-                num_seqs += 1
+            num_seqs += 1  # a continued partial prompt holds resources too
             is_last_chunk = seq.num_cached_tokens + query_len == num_tokens
             step.sequences.append(self._reserve(seq, query_len, sample=is_last_chunk))
             budget -= query_len
