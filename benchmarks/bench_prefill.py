@@ -1,0 +1,677 @@
+"""Prefill benchmark of real DeepSeek-V4.1-Flash layers (issue 8, first part): per-layer times, a 40-layer
+equivalent, a per-stage profile and the FP8 matmul rate of the same run.
+
+Workload (the seeds' official prefill setting, per rank): one sequence with a context of 131,072 tokens, of which
+context - tokens = 126,976 are already cached, and tokens = 4,096 uncached tokens computed per step. Metric:
+uncached input tokens/s per GPU and mean ms per step, over the measured steps after warm-up.
+
+- Model: V41Config() (real widths) trimmed to one layer of each layer mode, in this order: window-only,
+  window-only with Engram (engram_vocab_size reduced so the table fits; the real table is ~98 GB), ratio-2 FULL,
+  ratio-2 REUSE, ratio-1 FULL (candidate source), ratio-1 REINDEX (restricted to the candidate blocks), ratio-1
+  REUSE. Random weights in the checkpoint formats (FP8 blocks, packed FP4 experts, FP8 Engram table) come from
+  build_random_weights on the device; the engine's V41Model runs them (mini-deepgemm / mini-flashmla on CUDA).
+- Cached context: filled synthetically before the first step. Every KV-source layer gets packed random rows for all
+  cached compressed entries (compressed KV and index keys), every layer's window ring the last 128 cached
+  positions, the compressor tail and the Engram history the state a real prefix would leave. Random values are
+  drawn as floats and packed with mini_flashmla.cache_layout (random bytes would not all be valid FP4 / FP8).
+- Steps: each step is V41Model.forward on a ForwardBatch of the one sequence (context_len = context - tokens,
+  query_len = tokens). The per-slot state a step changes (window rings, compressor tails, Engram history, index-key
+  publisher) is restored from a snapshot before every step, so every step sees the same context.
+- Per-layer times: model.roles is replaced by a list whose iterator marks each layer boundary of the model's layer
+  loop (`for role in self.roles`) with a CUDA event (host clock on CPU, where execution is synchronous); the model
+  itself is unchanged. Embedding, final norm and head make up the "outside layers" time.
+- 40-layer equivalent: sum over layer modes of (number of such layers in V41Config()) x (this run's time of the
+  mode's sample layer), plus 2 x the Engram cost (window+engram layer minus window layer; the real model has
+  Engram on layers 1 and 14), plus the outside-layers time.
+- Per-stage breakdown: one extra step under torch.profiler with record_function ranges around the model's building
+  blocks (projections, compressor, indexer, top-k, window cache, sparse attention, hc, norms, MoE routing /
+  experts / dispatch-combine, Engram, head); each CUDA kernel is charged to the ranges enclosing its launch.
+- FP8 rate: torch._scaled_mm with per-tensor scales at fp8-size^3 (cuBLAS), in the same process; the achieved
+  fraction divides the benchmark's own FLOP count (layer_flops) by the time and by that rate.
+
+Usage:
+  python3 benchmarks/bench_prefill.py --out $OUT/prefill_h200.json                      # GPU, real widths
+  python3 benchmarks/bench_prefill.py --device cpu --preset tiny --out /tmp/prefill.json  # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import itertools
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from mini_deepinfer.models.deepseek_v41 import model as model_module
+from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
+from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
+from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config, tiny_config
+from mini_deepinfer.models.deepseek_v41.engram import engram_table_sizes
+from mini_deepinfer.models.deepseek_v41.model import V41Model
+from mini_deepinfer.worker.forward_batch import ForwardBatch
+from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+
+# One sample layer per layer mode, in model order; a name is mode_key(role) plus "+engram" for the Engram layer.
+SAMPLE_LAYERS = ("window", "window+engram", "r2-full", "r2-reuse", "r1-full", "r1-reindex", "r1-reuse")
+# A layer that reads another layer's compressed KV / top-k needs that layer in the same forward.
+REQUIRES = {"r2-reuse": "r2-full", "r1-reindex": "r1-full", "r1-reuse": "r1-full"}
+OUTSIDE = "outside layers"  # embedding, final norm, head, per-step bookkeeping
+
+PRESETS = {
+    "real": {"base": V41Config, "tokens": 4096, "context": 131072, "warmup": 1, "steps": 3,
+             "engram_vocab": 100_000, "fp8_size": 8192},
+    # the smoke run: tiny_config() widths with 8 routed experts (its 32 take most of a CPU step); the context
+    # still spans the window (128) and both selection levels (index_topk 16, 4 candidate blocks of 8)
+    "tiny": {"base": lambda: dataclasses.replace(tiny_config(), n_routed_experts=8), "tokens": 32, "context": 256,
+             "warmup": 1, "steps": 2, "engram_vocab": None, "fp8_size": 128},
+}
+FILL_CHUNK = 1 << 15  # cache rows drawn and packed at once while filling the cached context
+LAYER_RANGE, STAGE_RANGE = "layer::", "stage::"  # record_function name prefixes read back from the profile
+
+
+_START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - _START:7.1f} s] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- layer plan
+def mode_key(role: LayerRole) -> str:
+    """"window", or "r<ratio>-<full|reindex|reuse>": what decides a layer's cost apart from Engram."""
+    return "window" if role.mode == LayerMode.WINDOW else f"r{role.ratio}-{role.mode.value}"
+
+
+def sample_name(role: LayerRole) -> str:
+    return mode_key(role) + ("+engram" if role.has_engram else "")
+
+
+def real_layer_counts(config: V41Config | None = None) -> tuple[Counter, int]:
+    """(layers per mode_key, number of Engram layers) of the real model: window 2, r2-full 3, r2-reuse 15,
+    r1-full 1, r1-reindex 4, r1-reuse 15; Engram 2."""
+    config = config or V41Config()
+    return Counter(mode_key(r) for r in config.layer_roles), len(config.engram_layer_ids)
+
+
+def trimmed_config(base: V41Config, layers: Sequence[str], engram_vocab: int | None) -> V41Config:
+    """`base` with its widths, cut down to the sample layers named in `layers` (kept in SAMPLE_LAYERS order).
+
+    engram_vocab: engram_vocab_size of the trimmed model (None keeps base's); the table sizes follow from it.
+    """
+    unknown = set(layers) - set(SAMPLE_LAYERS)
+    if unknown:
+        raise ValueError(f"unknown layers {sorted(unknown)}; choose from {', '.join(SAMPLE_LAYERS)}")
+    for name, needed in REQUIRES.items():
+        if name in layers and needed not in layers:
+            raise ValueError(f"layer {name} needs {needed} in the same run")
+    names = [n for n in SAMPLE_LAYERS if n in layers]
+    lid = {n: i for i, n in enumerate(names)}
+    kv_sources = tuple(lid[n] for n in ("r2-full", "r1-full") if n in lid)
+    index_sources = tuple(sorted(kv_sources + ((lid["r1-reindex"],) if "r1-reindex" in lid else ())))
+    cfg = dataclasses.replace(
+        base,
+        num_hidden_layers=len(names),
+        compress_ratios=tuple(0 if n.startswith("window") else int(n[1]) for n in names),
+        kv_source_layer_ids=kv_sources,
+        index_source_layer_ids=index_sources,
+        candidate_source_layer_id=lid.get("r1-full", -1),
+        engram_layer_ids=(lid["window+engram"],) if "window+engram" in lid else (),
+        engram_vocab_size=engram_vocab or base.engram_vocab_size,
+        engram_num_embeddings=(),
+    )
+    if cfg.engram_layer_ids:
+        cfg = dataclasses.replace(cfg, engram_num_embeddings=tuple(engram_table_sizes(cfg)))
+    cfg.validate()
+    got = [sample_name(r) for r in cfg.layer_roles]
+    if got != names:
+        raise AssertionError(f"trimmed config has layers {got}, wanted {names}")
+    return cfg
+
+
+# --------------------------------------------------------------------------- the cached context
+def fill_cached_context(cache: V41Cache, model: V41Model, cached: int, block_table: list[int], slot: int,
+                        gen: torch.Generator) -> None:
+    """Write the state `cached` tokens of one sequence would leave in `cache`, with random values.
+
+    Values are N(0, 1), the scale of the normalised latents, keys and window rows the model writes: compressed KV
+    and index keys of entries 0 .. cached // ratio - 1 of every KV source; the window ring rows of positions
+    max(0, cached - W) .. cached - 1 of every layer; the compressor tail of positions cached // r * r .. cached - 1
+    (scores too); the Engram history (compressed ids of the last tokens); the index-key publisher a full forward
+    leaves (the last KV source, spec 2.4).
+    """
+    cfg, dev = model.config, cache.device
+
+    def write_random(dest: torch.Tensor, rows: torch.Tensor, pack, dim: int) -> None:
+        for c0 in range(0, rows.shape[0], FILL_CHUNK):
+            r = rows[c0:c0 + FILL_CHUNK]
+            dest[r] = pack(torch.randn(r.shape[0], dim, generator=gen, device=dev))
+
+    W = cfg.sliding_window
+    window_pos = torch.arange(max(0, cached - W), cached, device=dev)
+    for lid, ring in cache.window.items():
+        write_random(ring, slot * W + window_pos % W, pack_window_fp8, cfg.head_dim)
+    for lid in cache.compressed_kv:
+        r = cfg.compress_ratios[lid]
+        rows = V41Cache.entry_rows(block_table, torch.arange(cached // r, device=dev), r)
+        write_random(cache.compressed_kv[lid], rows, pack_compressed_kv_fp4, cfg.head_dim)
+        write_random(cache.index_k[lid], rows, pack_index_k_fp4, cfg.index_head_dim)
+    for lid, kv_state in cache.comp_kv_state.items():
+        r = cfg.compress_ratios[lid]
+        tail = torch.arange(cached // r * r, cached, device=dev) % r
+        kv_state[slot, tail] = torch.randn(tail.shape[0], cfg.head_dim, generator=gen, device=dev)
+        cache.comp_score_state[lid][slot, tail] = torch.randn(tail.shape[0], cfg.head_dim, generator=gen, device=dev)
+    n_hist = cfg.engram_max_ngram_size - 1
+    history = torch.randint(0, cfg.vocab_size, (n_hist,), generator=gen, device=dev)
+    cache.engram_history[slot] = model.token_map[history] if cached >= n_hist else model.engram_pad
+    cache.index_k_publisher[slot] = max(cache.compressed_kv, default=-1)
+
+
+class SlotSnapshot:
+    """A copy of the per-slot state one step changes, written back before each step (the cached compressed KV
+    and index-key rows are never overwritten: a step only appends entries, the same ones every step)."""
+
+    def __init__(self, cache: V41Cache):
+        self.cache = cache
+        self.tensors = [(t, t.clone()) for t in itertools.chain(
+            cache.window.values(), cache.comp_kv_state.values(), cache.comp_score_state.values(),
+            [cache.engram_history])]
+        self.publisher = list(cache.index_k_publisher)
+
+    def restore(self) -> None:
+        for live, saved in self.tensors:
+            live.copy_(saved)
+        self.cache.index_k_publisher[:] = self.publisher
+
+
+# --------------------------------------------------------------------------- timing
+class Clock:
+    """Time marks on the GPU timeline (CUDA events: no synchronisation while marking) or, on CPU, where every op
+    completes before the next starts, the host clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in itertools.pairwise(self.marks)]
+        return [(b - a) * 1e3 for a, b in itertools.pairwise(self.marks)]
+
+
+class TimedRoles(list):
+    """Stands in for model.roles: the model's layer loop iterates it, so each layer start and the loop's end are
+    marked on `clock`; with `ranges` on, each layer is also a record_function range for the profiler. Indexing
+    (model._indexer reads roles[publisher]) behaves as the plain list."""
+
+    def __init__(self, roles: list[LayerRole], clock: Clock):
+        super().__init__(roles)
+        self.clock = clock
+        self.ranges = False
+
+    def __iter__(self) -> Iterator[LayerRole]:
+        for role in super().__iter__():
+            self.clock.mark()
+            label = f"{LAYER_RANGE}{sample_name(role)}"
+            with torch.profiler.record_function(label) if self.ranges else contextlib.nullcontext():
+                yield role
+        self.clock.mark()
+
+
+def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot
+             ) -> tuple[list[float], torch.Tensor]:
+    """One forward from the cached context. Returns (ms of [outside before, layer 0, ..., layer L-1, outside
+    after], logits)."""
+    clock = model.roles.clock
+    snapshot.restore()
+    clock.marks = []
+    clock.mark()
+    logits = model(batch, cache)
+    clock.mark()
+    ms = clock.intervals_ms()
+    if len(ms) != len(model.roles) + 2:
+        raise RuntimeError(f"expected {len(model.roles) + 3} time marks per step, got {len(ms) + 1}: the model no "
+                           "longer iterates self.roles exactly once per forward; update TimedRoles")
+    return ms, logits
+
+
+# --------------------------------------------------------------------------- per-stage profile
+def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
+    """(owner, attribute, stage label): the functions the model calls through a module or instance attribute,
+    so that replacing the attribute wraps every call."""
+    return [
+        (ops, "attention_qkv", "projections"),
+        (ops, "attention_output", "projections"),
+        (ops, "indexer_queries", "queries"),
+        (ops, "hc_mixes", "hc"),
+        (ops, "hc_collapse", "hc"),
+        (ops, "hc_expand", "hc"),
+        (ops, "rmsnorm", "norm"),
+        (ops, "linear", "linear"),
+        (ops, "moe", "moe"),
+        (ops, "moe_route", "routing"),
+        (ops, "swiglu_expert", "experts"),
+        (ops, "final_logits", "head"),
+        (model_module, "sparse_mla_fwd_paged", "sparse attention"),
+        (model_module, "indexer_scores", "scores"),
+        (model_module, "indexer_topk_ref", "top-k"),
+        (model_module, "candidate_block_mask_ref", "top-k (candidate blocks)"),
+        (model, "_engram", "engram"),
+        (model, "_compress", "compressor"),
+        (model, "_indexer", "indexer"),
+        (model, "_window", "window cache"),
+        (model, "_write_window", "window cache"),
+    ]
+
+
+@contextlib.contextmanager
+def stage_ranges(model: V41Model) -> Iterator[None]:
+    """Wrap the model's building blocks in record_function ranges named STAGE_RANGE + label; undone on exit."""
+    patched = []
+
+    def ranged(fn, label):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with torch.profiler.record_function(STAGE_RANGE + label):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    try:
+        for owner, attr, label in _stage_targets(model):
+            patched.append((owner, attr, vars(owner).get(attr)))
+            setattr(owner, attr, ranged(getattr(owner, attr), label))
+        yield
+    finally:
+        for owner, attr, old in reversed(patched):
+            if old is None:  # was a method of the class: drop the instance attribute
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+
+def summary_group(path: str) -> str:
+    """The headline stage of a range path ("indexer/top-k" -> "top-k", "moe/experts/linear" -> "moe experts")."""
+    labels = path.split("/")
+    if any(lab.startswith("top-k") for lab in labels):
+        return "top-k"
+    if labels[0] == "moe":
+        return {"routing": "moe routing", "experts": "moe experts"}.get(
+            labels[1] if len(labels) > 1 else "", "moe dispatch/combine")
+    return labels[0]
+
+
+def attribute_profile(events, cuda: bool) -> tuple[dict[tuple[str, str], float], dict]:
+    """Charge device time to (layer sample name or OUTSIDE, stage path) from a torch.profiler event list.
+
+    Attribution is by time on the host thread: a CUDA kernel belongs to the ranges open when its launch API call
+    (cudaLaunchKernel, cuLaunchKernelEx, ...: the CPU event with the kernel's correlation id) started. The
+    profiler's own op links are not used: record_function ranges carry kineto's user correlation, so a Triton
+    kernel launched inside a range but outside any aten op would have no link. On CPU each op's self CPU time is
+    charged by its start time instead. Returns ({(layer, path): us}, a summary: total us, unlinked us (kernels
+    whose launch call was not recorded, charged to OUTSIDE / "unlinked"), the top kernels (CPU: ops) by time with
+    their main stage path).
+    """
+    from torch.autograd import DeviceType
+
+    ranges: list[tuple[float, float, str]] = []
+    items: list[tuple[float, float, str]] = []  # (host time, us, kernel or op name)
+    launch_start: dict[int, float] = {}
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            continue
+        if e.name.startswith((LAYER_RANGE, STAGE_RANGE)):
+            ranges.append((e.time_range.start, e.time_range.end, e.name))
+        if not cuda:
+            items.append((e.time_range.start, e.self_cpu_time_total, e.name))
+        elif e.name.startswith("cu"):  # CUDA runtime / driver API calls
+            launch_start[e.id] = e.time_range.start
+    unlinked: list[tuple[str, float]] = []
+    if cuda:
+        for e in events:
+            if e.device_type == DeviceType.CUDA and not e.name.startswith((LAYER_RANGE, STAGE_RANGE)):
+                if e.id in launch_start:
+                    items.append((launch_start[e.id], e.time_range.elapsed_us(), e.name))
+                else:
+                    unlinked.append((e.name, e.time_range.elapsed_us()))
+    charged: dict[tuple[str, str], float] = defaultdict(float)
+    kernel_paths: dict[str, Counter] = defaultdict(Counter)
+    for (layer, path), us, name in _ranges_at(ranges, items):
+        charged[(layer, path)] += us
+        kernel_paths[name][path] += us
+    for name, us in unlinked:
+        charged[(OUTSIDE, "unlinked")] += us
+        kernel_paths[name]["unlinked"] += us
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for _, us, name in items:
+        by_name[name][0] += us
+        by_name[name][1] += 1
+    for name, us in unlinked:
+        by_name[name][0] += us
+        by_name[name][1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+    summary = {
+        "total_us": sum(v[0] for v in by_name.values()),
+        "unlinked_kernel_us": sum(us for _, us in unlinked),
+        "top": [{"name": n[:120], "us": us, "calls": c, "stage": kernel_paths[n].most_common(1)[0][0]}
+                for n, (us, c) in top],
+    }
+    return dict(charged), summary
+
+
+def _ranges_at(ranges: list[tuple[float, float, str]], items: list[tuple[float, float, str]]
+               ) -> Iterator[tuple[tuple[str, str], float, str]]:
+    """For each item (time, us, name): ((layer, stage path) of the ranges open at `time`, us, name). Ranges of
+    one thread nest, so a sweep over the sorted start / item / end points keeps the open ones in a stack."""
+    points = [(start, 0, i) for i, (start, _, _) in enumerate(ranges)]
+    points += [(end, 2, i) for i, (_, end, _) in enumerate(ranges)]
+    points += [(t, 1, j) for j, (t, _, _) in enumerate(items)]
+    points.sort()  # at equal times: open, then item, then close
+    open_ranges: list[int] = []
+    for _, kind, i in points:
+        if kind == 0:
+            open_ranges.append(i)
+        elif kind == 2:
+            open_ranges.remove(i)
+        else:
+            names = [ranges[k][2] for k in open_ranges]
+            layers = [n[len(LAYER_RANGE):] for n in names if n.startswith(LAYER_RANGE)]
+            path = "/".join(n[len(STAGE_RANGE):] for n in names if n.startswith(STAGE_RANGE)) or "other"
+            _, us, name = items[i]
+            yield ((layers[0] if layers else OUTSIDE), path), us, name
+
+
+def profile_step(model, cache, batch, snapshot, cuda: bool) -> tuple[dict, dict]:
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    model.roles.ranges = True
+    try:
+        with stage_ranges(model), torch.profiler.profile(activities=activities) as prof:
+            run_step(model, cache, batch, snapshot)
+    finally:
+        model.roles.ranges = False
+    return attribute_profile(prof.events(), cuda)
+
+
+# --------------------------------------------------------------------------- FLOPs and the FP8 rate
+def layer_flops(cfg: V41Config, role: LayerRole, tokens: int, cached: int) -> dict[str, int]:
+    """Matmul FLOPs (2 per multiply-add) of one layer's forward over query positions cached .. cached+tokens-1.
+
+    Counted as the math needs them, not as the kernels happen to run: attention over the valid window and
+    top-k slots of each query (QK and PV), indexer scores over each query's visible compressed entries,
+    routed experts at k experts per token. Element-wise work, RoPE, quantization and softmax are left out.
+    """
+    T, D, H, hd = tokens, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    pos = torch.arange(cached, cached + tokens, dtype=torch.int64)
+    r = role.ratio
+    window_keys = int((pos + 1).clamp(max=cfg.sliding_window).sum())
+    visible = (pos + 1) // r if r else torch.zeros_like(pos)
+    topk_keys = int(visible.clamp(max=cfg.index_topk).sum())
+    hc_dim = cfg.hc_mult * D
+    f = {
+        "hc": 2 * 2 * T * hc_dim * cfg.hc_mix_dim,
+        "projections": 2 * T * (D * cfg.q_lora_rank + cfg.q_lora_rank * H * hd + D * hd + H * hd * cfg.o_lora_rank
+                                + cfg.o_groups * cfg.o_lora_rank * D),
+        "attention": 4 * H * hd * (window_keys + topk_keys),
+        "moe": 2 * T * D * cfg.n_routed_experts
+        + 6 * T * D * cfg.moe_intermediate_size * (cfg.num_experts_per_tok + cfg.n_shared_experts),
+    }
+    if role.mode == LayerMode.FULL:
+        new_entries = (cached + tokens) // r - cached // r
+        f["compressor"] = 2 * T * D * hd * (2 if r > 1 else 1) + 2 * new_entries * hd * cfg.index_head_dim
+    if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
+        nh, ihd = cfg.index_n_heads, cfg.index_head_dim
+        f["indexer"] = 2 * T * (cfg.q_lora_rank * nh * ihd + D * nh) + 2 * nh * ihd * int(visible.sum())
+    if role.has_engram:
+        f["engram"] = 2 * T * cfg.engram_dim * (hc_dim + D)
+    return f
+
+
+def fp8_matmul_rate(n: int, device: torch.device, iters: int) -> dict:
+    """TFLOP/s of torch._scaled_mm (e4m3 x e4m3 -> bf16, per-tensor scales) at n x n x n, median of `iters`."""
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLAS wants
+    one = torch.ones((), device=device)
+    times = []
+    for i in range(iters + 2):  # two warm-up calls
+        clock = Clock(device)
+        clock.mark()
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        clock.mark()
+        if i >= 2:
+            times.append(clock.intervals_ms()[0])
+    ms = sorted(times)[len(times) // 2]
+    return {"n": n, "iters": iters, "median_ms": ms, "tflops": 2 * n**3 / ms / 1e9}
+
+
+# --------------------------------------------------------------------------- environment and output
+def environment(device: torch.device) -> dict:
+    env = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                           check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        env["git_commit"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env["hardware"] = {"gpu": p.name, "gpus_used": 1, "gpus_visible": torch.cuda.device_count(),
+                           "sms": p.multi_processor_count, "memory_gb": p.total_memory / 1e9}
+    else:
+        env["hardware"] = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    return env
+
+
+def weighted_equivalent(per_layer: dict[str, float], outside: float, counts: Counter, n_engram: int
+                        ) -> float | None:
+    """The 40-layer combination (see the module docstring) of per-sample-layer values, None if a mode is
+    missing from this run."""
+    if any(k not in per_layer for k in counts) or (n_engram and "window+engram" not in per_layer):
+        return None
+    engram = per_layer["window+engram"] - per_layer["window"] if n_engram else 0.0
+    return sum(counts[k] * per_layer[k] for k in counts) + n_engram * engram + outside
+
+
+def stage_summary(charged: dict[tuple[str, str], float], counts: Counter, n_engram: int) -> dict:
+    """Headline stages in ms: for the profiled step as run, and weighted to the 40-layer model (each mode's
+    sample layer x its count; the Engram layer contributes only its Engram stage, x n_engram)."""
+    as_run: dict[str, float] = defaultdict(float)
+    forty: dict[str, float] = defaultdict(float)
+    for (layer, path), us in charged.items():
+        group, ms = summary_group(path), us / 1e3
+        as_run[group] += ms
+        if layer == OUTSIDE:
+            forty[group] += ms
+        elif layer == "window+engram":
+            forty[group] += n_engram * ms if group == "engram" else 0.0
+        else:
+            forty[group] += counts.get(layer, 0) * ms
+    order = sorted(as_run, key=lambda g: -forty.get(g, 0.0))
+    return {"profiled_step_ms": {g: as_run[g] for g in order}, "forty_layer_ms": {g: forty[g] for g in order}}
+
+
+def print_table(res: dict) -> None:
+    w, eq = res["workload"], res["forty_layer_equivalent"]
+    hw = res["environment"]["hardware"]
+    print(f"\nprefill  {hw.get('gpu', hw.get('cpu'))}  preset {w['preset']}  tokens {w['tokens']}  context "
+          f"{w['context']} ({w['cached']} cached)  {w['steps']} steps after {w['warmup']} warm-up")
+    print(f"{'layer':>5} {'mode':<14} {'ms mean':>9} {'ms min':>9} {'TFLOP':>8} {'TFLOP/s':>8} {'x40':>4}")
+    for lay in res["layers"]:
+        print(f"{lay['layer_id']:>5} {lay['name']:<14} {lay['ms_mean']:>9.2f} {lay['ms_min']:>9.2f} "
+              f"{lay['tflop']:>8.3f} {lay['tflops_per_s']:>8.1f} {lay['count_in_40']:>4}")
+    print(f"{'':>5} {OUTSIDE:<14} {res['outside_layers_ms']:>9.2f}")
+    run = res["step_as_run"]
+    print(f"step as run ({len(res['layers'])} layers): {run['ms_mean']:.1f} ms, {run['tokens_per_s']:,.0f} tok/s")
+    if eq["ms_per_step"] is None:
+        print("40-layer equivalent: not computed (a layer mode is missing from --layers)")
+    else:
+        fp8 = res["fp8_matmul"]
+        print(f"40-layer equivalent: {eq['ms_per_step']:.1f} ms/step, {eq['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
+              f"{eq['tflops_per_s']:.1f} TFLOP/s = {100 * eq['fraction_of_fp8_rate']:.1f}% of _scaled_mm "
+              f"{fp8['tflops']:.1f} TFLOP/s")
+    stages = res.get("stages")
+    if stages:
+        print(f"{'stage (profiled step)':<24} {'ms as run':>10} {'ms x40':>10}")
+        for g, ms in stages["summary"]["profiled_step_ms"].items():
+            print(f"{g:<24} {ms:>10.2f} {stages['summary']['forty_layer_ms'][g]:>10.2f}")
+
+
+def write_json(path: Path, res: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="result JSON (rewritten after each phase)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="real",
+                    help="real: V41Config() widths; tiny: tiny_config() widths (CPU smoke run)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", type=int, help="uncached tokens per step (real 4096)")
+    ap.add_argument("--context", type=int, help="context length including this step's tokens (real 131072)")
+    ap.add_argument("--warmup", type=int, help="steps run before timing (Triton compiles here)")
+    ap.add_argument("--steps", type=int, help="timed steps")
+    ap.add_argument("--layers", default=",".join(SAMPLE_LAYERS), help="comma list of: " + ", ".join(SAMPLE_LAYERS))
+    ap.add_argument("--engram-vocab", type=int, help="engram_vocab_size of the Engram layer (real 100000)")
+    ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (real 8192)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if key != "base" and getattr(args, key) is None:
+            setattr(args, key, value)
+    if not 0 < args.tokens <= args.context:
+        ap.error("need 0 < tokens <= context")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    cached = args.context - args.tokens
+    res: dict = {"environment": environment(device), "workload": {
+        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": cached,
+        "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
+        "layers": args.layers.split(","),
+    }}
+    log(f"FP8 matmul rate at {args.fp8_size}^3")
+    res["fp8_matmul"] = fp8_matmul_rate(args.fp8_size, device, iters=10 if cuda else 2)
+
+    cfg = trimmed_config(PRESETS[args.preset]["base"](), res["workload"]["layers"], args.engram_vocab)
+    res["config"] = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"}
+    log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
+    t0 = time.perf_counter()
+    weights = build_random_weights(cfg, seed=args.seed, device=device)
+    model = V41Model(cfg, weights, device)
+    del weights
+    if cuda:
+        torch.cuda.synchronize()
+    res["setup_s"] = {"weights_and_model": time.perf_counter() - t0}
+    clock = Clock(device)
+    model.roles = TimedRoles(model.roles, clock)
+
+    t0 = time.perf_counter()
+    n_blocks = -(-args.context // BLOCK_SIZE)
+    cache = V41Cache(cfg, num_blocks=n_blocks + 1, num_slots=1, device=device)  # block 0 stays unused
+    block_table = list(range(1, n_blocks + 1))
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    fill_cached_context(cache, model, cached, block_table, 0, gen)
+    snapshot = SlotSnapshot(cache)
+    ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen, device=device)
+    batch = ForwardBatch(ids, [args.tokens], [cached], [block_table], [0], [args.tokens - 1])
+    if cuda:
+        torch.cuda.synchronize()
+    res["setup_s"]["cache_fill"] = time.perf_counter() - t0
+    log(f"weights + model {res['setup_s']['weights_and_model']:.1f} s, cache fill {res['setup_s']['cache_fill']:.1f} s"
+        + (f", {torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated" if cuda else ""))
+
+    steps_ms, logits, warmup_ms = [], [], []
+    for i in range(args.warmup + args.steps):
+        ms, out = run_step(model, cache, batch, snapshot)
+        log(f"{'warm-up' if i < args.warmup else 'timed'} step {i}: {sum(ms):.1f} ms")
+        if i < args.warmup:
+            warmup_ms.append(sum(ms))
+        else:
+            steps_ms.append(ms)
+            logits.append(out)
+    res["warmup_step_ms"] = warmup_ms  # the first includes Triton compilation
+    roles = list(model.roles)
+    counts, n_engram = real_layer_counts()
+    names = [sample_name(r) for r in roles]
+    per_step = torch.tensor(steps_ms)  # [steps, layers + 2]
+    mean = per_step.mean(0).tolist()
+    outside = mean[0] + mean[-1]
+    layer_ms = dict(zip(names, mean[1:-1]))
+    flops = {n: layer_flops(cfg, r, args.tokens, cached) for n, r in zip(names, roles)}
+    head_flops = 2 * cfg.hidden_size * cfg.vocab_size  # one sampled row
+    res["layers"] = [{
+        "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
+        "ms_per_step": per_step[:, 1 + i].tolist(), "flops": flops[n], "tflop": sum(flops[n].values()) / 1e12,
+        "tflops_per_s": sum(flops[n].values()) / mean[1 + i] / 1e9,
+        "count_in_40": counts.get(n, 0),
+    } for i, (n, r) in enumerate(zip(names, roles))]
+    res["outside_layers_ms"] = outside
+    step_mean = per_step.sum(1).mean().item()
+    res["step_as_run"] = {"ms_mean": step_mean, "ms_per_step": per_step.sum(1).tolist(),
+                          "tokens_per_s": args.tokens / step_mean * 1e3}
+    eq_ms = weighted_equivalent(layer_ms, outside, counts, n_engram)
+    eq_flops = weighted_equivalent({n: sum(f.values()) for n, f in flops.items()}, head_flops, counts, n_engram)
+    res["forty_layer_equivalent"] = {
+        "method": "sum over modes of count x sample-layer ms + n_engram x (window+engram - window) + outside",
+        "counts": dict(counts), "engram_layers": n_engram,
+        "ms_per_step": eq_ms,
+        "tokens_per_s_per_gpu": None if eq_ms is None else args.tokens / eq_ms * 1e3,
+        "tflop_per_step": None if eq_flops is None else eq_flops / 1e12,
+        "tflops_per_s": None if eq_ms is None else eq_flops / eq_ms / 1e9,
+        "fraction_of_fp8_rate": None if eq_ms is None else eq_flops / eq_ms / 1e9 / res["fp8_matmul"]["tflops"],
+    }
+    res["checks"] = {"max_abs_logit_diff_first_vs_last_step": (logits[0] - logits[-1]).abs().max().item()}
+    if cuda:
+        res["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    write_json(args.out, res)
+
+    if not args.no_profile:
+        log("profiled step")
+        charged, kernels = profile_step(model, cache, batch, snapshot, cuda)
+        res["stages"] = {
+            "method": ("one extra step under torch.profiler; record_function ranges around the model's building "
+                       "blocks; CUDA kernel time (CPU self time on CPU) charged to the ranges enclosing the launch"),
+            "summary": stage_summary(charged, counts, n_engram),
+            "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3 for (layer, path), us in
+                                     sorted(charged.items(), key=lambda kv: -kv[1])},
+            "kernels": kernels,
+        }
+        write_json(args.out, res)
+        log("profile done")
+    print_table(res)
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
