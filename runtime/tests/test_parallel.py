@@ -18,9 +18,13 @@ from mini_deepinfer.models.deepseek_v41.parallel import expert_range, row_range,
 
 
 def test_ranges_partition_experts_and_rows() -> None:
-    for world in (1, 2, 3, 4):
-        rows = [row_range(6748, r, world) for r in range(world)]
-        assert [i for rr in rows for i in rr] == list(range(6748))
+    for num_rows in (6748, 7592, 5, 4):
+        for world in (1, 2, 3, 4):
+            rows = [row_range(num_rows, r, world) for r in range(world)]
+            assert [i for rr in rows for i in rr] == list(range(num_rows))
+            assert min(map(len, rows)) >= num_rows // world >= 1
+    with pytest.raises(ValueError, match="a row"):
+        row_range(3, 0, 4)
     assert [expert_range(32, r, 4) for r in range(4)] == [range(8), range(8, 16), range(16, 24), range(24, 32)]
     with pytest.raises(ValueError, match="evenly"):
         expert_range(32, 0, 3)

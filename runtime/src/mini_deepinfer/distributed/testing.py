@@ -68,8 +68,8 @@ def check_engram_rows(ep: ExpertParallelV41Model, oracle: V41Model, rank: int) -
             ids[: 3] = torch.tensor([0, n - 1, ep.engram_rows[p].stop % n])[: ids.numel()]  # ends and split edge
             ids = ids.to(ep.device)
             table, scale = ep.gather_table_rows(ids, p)
-            exact &= torch.equal(table.view(torch.uint8), oracle.w[f"{p}.embed.weight"][ids].view(torch.uint8))
-            exact &= torch.equal(scale.view(torch.uint8), oracle.w[f"{p}.embed.scale"][ids].view(torch.uint8))
+            exact &= torch.equal(table.view(torch.uint8), oracle.w[f"{p}.embed.weight"].view(torch.uint8)[ids])
+            exact &= torch.equal(scale.view(torch.uint8), oracle.w[f"{p}.embed.scale"].view(torch.uint8)[ids])
     return bool(exact)
 
 

@@ -6,7 +6,7 @@ its own tokens only. Two kinds of layer hold a shard of their weights and talk t
 - MoE: rank r owns routed experts [r * E / R, (r + 1) * E / R). Tokens are routed locally, sent to the ranks that
   own their experts with mini_deepep.Buffer.dispatch, computed there per local expert, and brought back by
   Buffer.combine; the shared expert runs locally on the rank's own tokens.
-- Engram: rank r owns table rows [r * ceil(N / R), (r + 1) * ceil(N / R)). Every rank's row ids are all-gathered,
+- Engram: rank r owns table rows [r * N // R, (r + 1) * N // R). Every rank's row ids are all-gathered,
   each rank fills the rows it owns (zeros elsewhere) as raw bytes (e4m3 row + UE8M0 scales), and a uint8
   reduce-scatter brings every rank the rows of its own ids. Each row has exactly one owner, so the sum is x + 0 +
   ... = x: the rows arrive bit-exact and the rest of the Engram layer runs locally, unchanged.
@@ -19,7 +19,8 @@ order, adds the shared expert in fp32 and rounds once to bf16): here each expert
 outputs in fp32 in top-k slot order and rounds that partial to bf16; the token's rank adds the partials in rank
 order in fp32 and rounds to bf16 (mini-deepep's combine); then the shared expert is added in fp32 and rounded. So
 the routed part carries two extra bf16 roundings (u = 2^-8 each, relative to the sum of |terms|) and another fp32
-summation order. Expert outputs themselves are the same per row (same activation quant, same weights).
+summation order. Expert outputs themselves are the same per row (same activation quant, same weights; on
+GPU, as far as the GEMM's per-row result does not depend on how many rows it is given).
 With `exact_moe=True` every (token, expert) output comes home on its own (one combine per top-k slot, with weight
 1 on that slot's rows and 0 elsewhere, so each partial and each sum has a single nonzero term and no rounding)
 and the token's rank adds them in expert-id order exactly like ops.moe: bit-identical to the single-process model
@@ -48,9 +49,10 @@ def expert_range(num_experts: int, rank: int, world_size: int) -> range:
 
 
 def row_range(num_rows: int, rank: int, world_size: int) -> range:
-    """The Engram table rows rank `rank` owns: blocks of ceil(N / R) rows, the last one shorter."""
-    per_rank = -(-num_rows // world_size)
-    return range(min(rank * per_rank, num_rows), min((rank + 1) * per_rank, num_rows))
+    """The Engram table rows rank `rank` owns: [r * N // R, (r + 1) * N // R), floor(N / R) or one more each."""
+    if num_rows < world_size:
+        raise ValueError(f"a table of {num_rows} rows cannot give each of {world_size} ranks a row")
+    return range(rank * num_rows // world_size, (rank + 1) * num_rows // world_size)
 
 
 def shard_weights(weights: dict[str, torch.Tensor], config: V41Config, rank: int, world_size: int
@@ -179,9 +181,10 @@ class ExpertParallelV41Model(V41Model):
         every = padded.new_empty(self.world_size * n_max)
         dist.all_gather_into_tensor(every, padded, group=group)
         owned = (every >= rows.start) & (every < rows.stop)
-        local = (every - rows.start).clamp(0, max(len(rows) - 1, 0))
-        row_bytes = torch.cat([table.view(torch.uint8), scale.view(torch.uint8)], 1)
-        filled = torch.where(owned[:, None], row_bytes[local], torch.zeros((), dtype=torch.uint8, device=self.device))
+        local = (every - rows.start).clamp(0, len(rows) - 1)
+        # rows move as bytes: e4m3 row then UE8M0 scales (indexing is not implemented for every FP8 dtype)
+        row_bytes = torch.cat([table.view(torch.uint8)[local], scale.view(torch.uint8)[local]], 1)
+        filled = torch.where(owned[:, None], row_bytes, torch.zeros((), dtype=torch.uint8, device=self.device))
         mine = filled.new_empty(n_max, row_bytes.shape[1])
         dist.reduce_scatter_tensor(mine, filled, group=group)  # one owner per row: the byte sum is that row
         mine = mine[: row_ids.numel()]
