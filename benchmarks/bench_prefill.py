@@ -47,6 +47,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -159,7 +160,7 @@ def fill_cached_context(cache: V41Cache, model: V41Model, cached: int, block_tab
 
     W = cfg.sliding_window
     window_pos = torch.arange(max(0, cached - W), cached, device=dev)
-    for lid, ring in cache.window.items():
+    for ring in cache.window.values():
         write_random(ring, slot * W + window_pos % W, pack_window_fp8, cfg.head_dim)
     for lid in cache.compressed_kv:
         r = cfg.compress_ratios[lid]
@@ -172,8 +173,9 @@ def fill_cached_context(cache: V41Cache, model: V41Model, cached: int, block_tab
         kv_state[slot, tail] = torch.randn(tail.shape[0], cfg.head_dim, generator=gen, device=dev)
         cache.comp_score_state[lid][slot, tail] = torch.randn(tail.shape[0], cfg.head_dim, generator=gen, device=dev)
     n_hist = cfg.engram_max_ngram_size - 1
-    history = torch.randint(0, cfg.vocab_size, (n_hist,), generator=gen, device=dev)
-    cache.engram_history[slot] = model.token_map[history] if cached >= n_hist else model.engram_pad
+    history = model.token_map[torch.randint(0, cfg.vocab_size, (n_hist,), generator=gen, device=dev)]
+    history[: max(0, n_hist - cached)] = model.engram_pad  # look-backs before the sequence start
+    cache.engram_history[slot] = history
     cache.index_k_publisher[slot] = max(cache.compressed_kv, default=-1)
 
 
@@ -566,109 +568,119 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if not 0 < args.tokens <= args.context:
         ap.error("need 0 < tokens <= context")
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("need steps >= 1 and warmup >= 0")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    cached = args.context - args.tokens
-    res: dict = {"environment": environment(device), "workload": {
-        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": cached,
-        "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
-        "layers": args.layers.split(","),
-    }}
-    log(f"FP8 matmul rate at {args.fp8_size}^3")
-    res["fp8_matmul"] = fp8_matmul_rate(args.fp8_size, device, iters=10 if cuda else 2)
-
+def build(args: argparse.Namespace, device: torch.device, res: dict):
+    """The trimmed model with random weights, its cache filled up to the cached context, the step's batch."""
     cfg = trimmed_config(PRESETS[args.preset]["base"](), res["workload"]["layers"], args.engram_vocab)
     res["config"] = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
-    weights = build_random_weights(cfg, seed=args.seed, device=device)
-    model = V41Model(cfg, weights, device)
-    del weights
-    if cuda:
-        torch.cuda.synchronize()
-    res["setup_s"] = {"weights_and_model": time.perf_counter() - t0}
-    clock = Clock(device)
-    model.roles = TimedRoles(model.roles, clock)
-
-    t0 = time.perf_counter()
+    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device)
+    model.roles = TimedRoles(model.roles, Clock(device))
+    t1 = time.perf_counter()
     n_blocks = -(-args.context // BLOCK_SIZE)
     cache = V41Cache(cfg, num_blocks=n_blocks + 1, num_slots=1, device=device)  # block 0 stays unused
     block_table = list(range(1, n_blocks + 1))
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
+    cached = args.context - args.tokens
     fill_cached_context(cache, model, cached, block_table, 0, gen)
     snapshot = SlotSnapshot(cache)
     ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen, device=device)
     batch = ForwardBatch(ids, [args.tokens], [cached], [block_table], [0], [args.tokens - 1])
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.synchronize()
-    res["setup_s"]["cache_fill"] = time.perf_counter() - t0
-    log(f"weights + model {res['setup_s']['weights_and_model']:.1f} s, cache fill {res['setup_s']['cache_fill']:.1f} s"
-        + (f", {torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated" if cuda else ""))
+    res["setup_s"] = {"weights_and_model": t1 - t0, "cache_fill": time.perf_counter() - t1}
+    log(f"weights + model {t1 - t0:.1f} s, cache fill {time.perf_counter() - t1:.1f} s"
+        + (f", {torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated" if device.type == "cuda" else ""))
+    return model, cache, batch, snapshot
 
-    steps_ms, logits, warmup_ms = [], [], []
+
+def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch: ForwardBatch,
+               snapshot: SlotSnapshot, res: dict) -> None:
+    """Warm-up and timed steps; per-layer times, the 40-layer equivalent and FLOP rates into `res`."""
+    steps_ms, logits = [], []
+    res["warmup_step_ms"] = []  # the first includes Triton compilation
     for i in range(args.warmup + args.steps):
         ms, out = run_step(model, cache, batch, snapshot)
         log(f"{'warm-up' if i < args.warmup else 'timed'} step {i}: {sum(ms):.1f} ms")
         if i < args.warmup:
-            warmup_ms.append(sum(ms))
+            res["warmup_step_ms"].append(sum(ms))
         else:
             steps_ms.append(ms)
             logits.append(out)
-    res["warmup_step_ms"] = warmup_ms  # the first includes Triton compilation
-    roles = list(model.roles)
+    cfg, roles, cached = model.config, list(model.roles), args.context - args.tokens
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]
-    per_step = torch.tensor(steps_ms)  # [steps, layers + 2]
+    per_step = torch.tensor(steps_ms)  # [steps, 1 + layers + 1]: outside before, layers, outside after
     mean = per_step.mean(0).tolist()
     outside = mean[0] + mean[-1]
-    layer_ms = dict(zip(names, mean[1:-1]))
-    flops = {n: layer_flops(cfg, r, args.tokens, cached) for n, r in zip(names, roles)}
-    head_flops = 2 * cfg.hidden_size * cfg.vocab_size  # one sampled row
+    flops = {n: sum(layer_flops(cfg, r, args.tokens, cached).values()) for n, r in zip(names, roles)}
     res["layers"] = [{
         "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
-        "ms_per_step": per_step[:, 1 + i].tolist(), "flops": flops[n], "tflop": sum(flops[n].values()) / 1e12,
-        "tflops_per_s": sum(flops[n].values()) / mean[1 + i] / 1e9,
-        "count_in_40": counts.get(n, 0),
+        "ms_per_step": per_step[:, 1 + i].tolist(), "flops": layer_flops(cfg, r, args.tokens, cached),
+        "tflop": flops[n] / 1e12, "tflops_per_s": flops[n] / mean[1 + i] / 1e9, "count_in_40": counts.get(n, 0),
     } for i, (n, r) in enumerate(zip(names, roles))]
     res["outside_layers_ms"] = outside
     step_mean = per_step.sum(1).mean().item()
     res["step_as_run"] = {"ms_mean": step_mean, "ms_per_step": per_step.sum(1).tolist(),
                           "tokens_per_s": args.tokens / step_mean * 1e3}
-    eq_ms = weighted_equivalent(layer_ms, outside, counts, n_engram)
-    eq_flops = weighted_equivalent({n: sum(f.values()) for n, f in flops.items()}, head_flops, counts, n_engram)
+    eq_ms = weighted_equivalent(dict(zip(names, mean[1:-1])), outside, counts, n_engram)
+    head_flops = 2 * cfg.hidden_size * cfg.vocab_size  # one sampled row
+    eq_flops = weighted_equivalent(flops, head_flops, counts, n_engram)
+    known = eq_ms is not None
     res["forty_layer_equivalent"] = {
         "method": "sum over modes of count x sample-layer ms + n_engram x (window+engram - window) + outside",
         "counts": dict(counts), "engram_layers": n_engram,
         "ms_per_step": eq_ms,
-        "tokens_per_s_per_gpu": None if eq_ms is None else args.tokens / eq_ms * 1e3,
-        "tflop_per_step": None if eq_flops is None else eq_flops / 1e12,
-        "tflops_per_s": None if eq_ms is None else eq_flops / eq_ms / 1e9,
-        "fraction_of_fp8_rate": None if eq_ms is None else eq_flops / eq_ms / 1e9 / res["fp8_matmul"]["tflops"],
+        "tokens_per_s_per_gpu": args.tokens / eq_ms * 1e3 if known else None,
+        "tflop_per_step": eq_flops / 1e12 if known else None,
+        "tflops_per_s": eq_flops / eq_ms / 1e9 if known else None,
+        "fraction_of_fp8_rate": eq_flops / eq_ms / 1e9 / res["fp8_matmul"]["tflops"] if known else None,
     }
     res["checks"] = {"max_abs_logit_diff_first_vs_last_step": (logits[0] - logits[-1]).abs().max().item()}
-    if cuda:
-        res["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    write_json(args.out, res)
+    if batch.input_ids.is_cuda:
+        res["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
 
-    if not args.no_profile:
-        log("profiled step")
-        charged, kernels = profile_step(model, cache, batch, snapshot, cuda)
-        res["stages"] = {
-            "method": ("one extra step under torch.profiler; record_function ranges around the model's building "
-                       "blocks; CUDA kernel time (CPU self time on CPU) charged to the ranges enclosing the launch"),
-            "summary": stage_summary(charged, counts, n_engram),
-            "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3 for (layer, path), us in
-                                     sorted(charged.items(), key=lambda kv: -kv[1])},
-            "kernels": kernels,
-        }
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    res: dict = {"environment": environment(device), "workload": {
+        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": args.context - args.tokens,
+        "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
+        "layers": args.layers.split(","),
+    }}
+    try:  # the JSON is rewritten after every phase, so a failure or a timeout keeps what was measured
+        log(f"FP8 matmul rate at {args.fp8_size}^3")
+        res["fp8_matmul"] = fp8_matmul_rate(args.fp8_size, device, iters=10 if device.type == "cuda" else 2)
         write_json(args.out, res)
-        log("profile done")
+        model, cache, batch, snapshot = build(args, device, res)
+        time_steps(args, model, cache, batch, snapshot, res)
+        write_json(args.out, res)
+        if not args.no_profile:
+            log("profiled step")
+            charged, kernels = profile_step(model, cache, batch, snapshot, device.type == "cuda")
+            counts, n_engram = real_layer_counts()
+            res["stages"] = {
+                "method": ("one extra step under torch.profiler; record_function ranges around the model's "
+                           "building blocks; CUDA kernel time (CPU: self CPU time) charged to the ranges open "
+                           "when the kernel was launched"),
+                "summary": stage_summary(charged, counts, n_engram),
+                "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3 for (layer, path), us in
+                                         sorted(charged.items(), key=lambda kv: -kv[1])},
+                "kernels": kernels,
+            }
+            write_json(args.out, res)
+            log("profile done")
+    except Exception:
+        res["error"] = traceback.format_exc()
+        write_json(args.out, res)
+        raise
     print_table(res)
     return res
 
