@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import functools
 import itertools
 import json
 import platform
@@ -48,13 +47,11 @@ import subprocess
 import sys
 import time
 import traceback
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from mini_deepinfer.models.deepseek_v41 import model as model_module
-from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config, tiny_config
@@ -62,12 +59,12 @@ from mini_deepinfer.models.deepseek_v41.engram import engram_table_sizes
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+from prefill_stages import LAYER_RANGE, OUTSIDE, attribute_profile, stage_ranges, stage_summary
 
 # One sample layer per layer mode, in model order; a name is mode_key(role) plus "+engram" for the Engram layer.
 SAMPLE_LAYERS = ("window", "window+engram", "r2-full", "r2-reuse", "r1-full", "r1-reindex", "r1-reuse")
 # A layer that reads another layer's compressed KV / top-k needs that layer in the same forward.
 REQUIRES = {"r2-reuse": "r2-full", "r1-reindex": "r1-full", "r1-reuse": "r1-full"}
-OUTSIDE = "outside layers"  # embedding, final norm, head, per-step bookkeeping
 
 PRESETS = {
     "real": {"base": V41Config, "tokens": 4096, "context": 131072, "warmup": 1, "steps": 3,
@@ -78,7 +75,6 @@ PRESETS = {
              "warmup": 1, "steps": 2, "engram_vocab": None, "fp8_size": 128},
 }
 FILL_CHUNK = 1 << 15  # cache rows drawn and packed at once while filling the cached context
-LAYER_RANGE, STAGE_RANGE = "layer::", "stage::"  # record_function name prefixes read back from the profile
 
 
 _START = time.perf_counter()
@@ -257,159 +253,26 @@ def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: Sl
 
 
 # --------------------------------------------------------------------------- per-stage profile
-def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
-    """(owner, attribute, stage label): the functions the model calls through a module or instance attribute,
-    so that replacing the attribute wraps every call."""
-    return [
-        (ops, "attention_qkv", "projections"),
-        (ops, "attention_output", "projections"),
-        (ops, "indexer_queries", "queries"),
-        (ops, "hc_mixes", "hc"),
-        (ops, "hc_collapse", "hc"),
-        (ops, "hc_expand", "hc"),
-        (ops, "rmsnorm", "norm"),
-        (ops, "linear", "linear"),
-        (ops, "moe", "moe"),
-        (ops, "moe_route", "routing"),
-        (ops, "swiglu_expert", "experts"),
-        (ops, "final_logits", "head"),
-        (model_module, "sparse_mla_fwd_paged", "sparse attention"),
-        (model_module, "indexer_scores", "scores"),
-        (model_module, "indexer_topk_ref", "top-k"),
-        (model_module, "candidate_block_mask_ref", "top-k (candidate blocks)"),
-        (model, "_engram", "engram"),
-        (model, "_compress", "compressor"),
-        (model, "_indexer", "indexer"),
-        (model, "_window", "window cache"),
-        (model, "_write_window", "window cache"),
-    ]
-
-
-@contextlib.contextmanager
-def stage_ranges(model: V41Model) -> Iterator[None]:
-    """Wrap the model's building blocks in record_function ranges named STAGE_RANGE + label; undone on exit."""
-    patched = []
-
-    def ranged(fn, label):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with torch.profiler.record_function(STAGE_RANGE + label):
-                return fn(*args, **kwargs)
-        return wrapper
-
-    try:
-        for owner, attr, label in _stage_targets(model):
-            patched.append((owner, attr, vars(owner).get(attr)))
-            setattr(owner, attr, ranged(getattr(owner, attr), label))
-        yield
-    finally:
-        for owner, attr, old in reversed(patched):
-            if old is None:  # was a method of the class: drop the instance attribute
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, old)
-
-
-def summary_group(path: str) -> str:
-    """The headline stage of a range path ("indexer/top-k" -> "top-k", "moe/experts/linear" -> "moe experts")."""
-    labels = path.split("/")
-    if any(lab.startswith("top-k") for lab in labels):
-        return "top-k"
-    if labels[0] == "moe":
-        return {"routing": "moe routing", "experts": "moe experts"}.get(
-            labels[1] if len(labels) > 1 else "", "moe dispatch/combine")
-    return labels[0]
-
-
-def attribute_profile(events, cuda: bool) -> tuple[dict[tuple[str, str], float], dict]:
-    """Charge device time to (layer sample name or OUTSIDE, stage path) from a torch.profiler event list.
-
-    Attribution is by time on the host thread: a CUDA kernel belongs to the ranges open when its launch API call
-    (cudaLaunchKernel, cuLaunchKernelEx, ...: the CPU event with the kernel's correlation id) started. The
-    profiler's own op links are not used: record_function ranges carry kineto's user correlation, so a Triton
-    kernel launched inside a range but outside any aten op would have no link. On CPU each op's self CPU time is
-    charged by its start time instead. Returns ({(layer, path): us}, a summary: total us, unlinked us (kernels
-    whose launch call was not recorded, charged to OUTSIDE / "unlinked"), the top kernels (CPU: ops) by time with
-    their main stage path).
-    """
-    from torch.autograd import DeviceType
-
-    ranges: list[tuple[float, float, str]] = []
-    items: list[tuple[float, float, str]] = []  # (host time, us, kernel or op name)
-    launch_start: dict[int, float] = {}
-    for e in events:
-        if e.device_type != DeviceType.CPU:
-            continue
-        if e.name.startswith((LAYER_RANGE, STAGE_RANGE)):
-            ranges.append((e.time_range.start, e.time_range.end, e.name))
-        if not cuda:
-            items.append((e.time_range.start, e.self_cpu_time_total, e.name))
-        elif e.name.startswith("cu"):  # CUDA runtime / driver API calls
-            launch_start[e.id] = e.time_range.start
-    unlinked: list[tuple[str, float]] = []
-    if cuda:
-        for e in events:
-            if e.device_type == DeviceType.CUDA and not e.name.startswith((LAYER_RANGE, STAGE_RANGE)):
-                if e.id in launch_start:
-                    items.append((launch_start[e.id], e.time_range.elapsed_us(), e.name))
-                else:
-                    unlinked.append((e.name, e.time_range.elapsed_us()))
-    charged: dict[tuple[str, str], float] = defaultdict(float)
-    kernel_paths: dict[str, Counter] = defaultdict(Counter)
-    for (layer, path), us, name in _ranges_at(ranges, items):
-        charged[(layer, path)] += us
-        kernel_paths[name][path] += us
-    for name, us in unlinked:
-        charged[(OUTSIDE, "unlinked")] += us
-        kernel_paths[name]["unlinked"] += us
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for _, us, name in items:
-        by_name[name][0] += us
-        by_name[name][1] += 1
-    for name, us in unlinked:
-        by_name[name][0] += us
-        by_name[name][1] += 1
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
-    summary = {
-        "total_us": sum(v[0] for v in by_name.values()),
-        "unlinked_kernel_us": sum(us for _, us in unlinked),
-        "top": [{"name": n[:120], "us": us, "calls": c, "stage": kernel_paths[n].most_common(1)[0][0]}
-                for n, (us, c) in top],
-    }
-    return dict(charged), summary
-
-
-def _ranges_at(ranges: list[tuple[float, float, str]], items: list[tuple[float, float, str]]
-               ) -> Iterator[tuple[tuple[str, str], float, str]]:
-    """For each item (time, us, name): ((layer, stage path) of the ranges open at `time`, us, name). Ranges of
-    one thread nest, so a sweep over the sorted start / item / end points keeps the open ones in a stack."""
-    points = [(start, 0, i) for i, (start, _, _) in enumerate(ranges)]
-    points += [(end, 2, i) for i, (_, end, _) in enumerate(ranges)]
-    points += [(t, 1, j) for j, (t, _, _) in enumerate(items)]
-    points.sort()  # at equal times: open, then item, then close
-    open_ranges: list[int] = []
-    for _, kind, i in points:
-        if kind == 0:
-            open_ranges.append(i)
-        elif kind == 2:
-            open_ranges.remove(i)
-        else:
-            names = [ranges[k][2] for k in open_ranges]
-            layers = [n[len(LAYER_RANGE):] for n in names if n.startswith(LAYER_RANGE)]
-            path = "/".join(n[len(STAGE_RANGE):] for n in names if n.startswith(STAGE_RANGE)) or "other"
-            _, us, name = items[i]
-            yield ((layers[0] if layers else OUTSIDE), path), us, name
-
-
-def profile_step(model, cache, batch, snapshot, cuda: bool) -> tuple[dict, dict]:
+def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
+    """One step under torch.profiler with the layer and stage ranges on; the stage breakdown for the JSON."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     model.roles.ranges = True
     try:
-        with stage_ranges(model), torch.profiler.profile(activities=activities) as prof:
+        with stage_ranges(model) as missing, torch.profiler.profile(activities=activities) as prof:
             run_step(model, cache, batch, snapshot)
     finally:
         model.roles.ranges = False
-    return attribute_profile(prof.events(), cuda)
+    charged, kernels = attribute_profile(prof.events(), cuda)
+    counts, n_engram = real_layer_counts()
+    return {
+        "method": ("one extra step under torch.profiler; record_function ranges around the model's building blocks; "
+                   "CUDA kernel time (CPU: self CPU time) charged to the ranges open when the kernel was launched"),
+        "ranges_not_found": missing,
+        "summary": stage_summary(charged, counts, n_engram),
+        "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3
+                                 for (layer, path), us in sorted(charged.items(), key=lambda kv: -kv[1])},
+        "kernels": kernels,
+    }
 
 
 # --------------------------------------------------------------------------- FLOPs and the FP8 rate
@@ -494,24 +357,6 @@ def weighted_equivalent(per_layer: dict[str, float], outside: float, counts: Cou
         return None
     engram = per_layer["window+engram"] - per_layer["window"] if n_engram else 0.0
     return sum(counts[k] * per_layer[k] for k in counts) + n_engram * engram + outside
-
-
-def stage_summary(charged: dict[tuple[str, str], float], counts: Counter, n_engram: int) -> dict:
-    """Headline stages in ms: for the profiled step as run, and weighted to the 40-layer model (each mode's
-    sample layer x its count; the Engram layer contributes only its Engram stage, x n_engram)."""
-    as_run: dict[str, float] = defaultdict(float)
-    forty: dict[str, float] = defaultdict(float)
-    for (layer, path), us in charged.items():
-        group, ms = summary_group(path), us / 1e3
-        as_run[group] += ms
-        if layer == OUTSIDE:
-            forty[group] += ms
-        elif layer == "window+engram":
-            forty[group] += n_engram * ms if group == "engram" else 0.0
-        else:
-            forty[group] += counts.get(layer, 0) * ms
-    order = sorted(as_run, key=lambda g: -forty.get(g, 0.0))
-    return {"profiled_step_ms": {g: as_run[g] for g in order}, "forty_layer_ms": {g: forty[g] for g in order}}
 
 
 def print_table(res: dict) -> None:
@@ -664,17 +509,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         write_json(args.out, res)
         if not args.no_profile:
             log("profiled step")
-            charged, kernels = profile_step(model, cache, batch, snapshot, device.type == "cuda")
-            counts, n_engram = real_layer_counts()
-            res["stages"] = {
-                "method": ("one extra step under torch.profiler; record_function ranges around the model's "
-                           "building blocks; CUDA kernel time (CPU: self CPU time) charged to the ranges open "
-                           "when the kernel was launched"),
-                "summary": stage_summary(charged, counts, n_engram),
-                "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3 for (layer, path), us in
-                                         sorted(charged.items(), key=lambda kv: -kv[1])},
-                "kernels": kernels,
-            }
+            res["stages"] = profile_step(model, cache, batch, snapshot, device.type == "cuda")
             write_json(args.out, res)
             log("profile done")
     except Exception:

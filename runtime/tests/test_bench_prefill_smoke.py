@@ -1,5 +1,5 @@
-"""benchmarks/bench_prefill.py on CPU: the layer plan, the synthetic cached context, the profile attribution (with
-made-up CUDA events, since CI has no GPU) and an end-to-end run of the tiny preset.
+"""benchmarks/bench_prefill.py (and its prefill_stages.py) on CPU: the layer plan, the synthetic cached context, the
+profile attribution (with made-up CUDA events, since CI has no GPU) and an end-to-end run of the tiny preset.
 
 Metrics: exact equality throughout (layer counts, cache rows, charged microseconds, logits of repeated steps).
 """
@@ -29,13 +29,19 @@ BENCH = ROOT / "benchmarks" / "bench_prefill.py"
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_prefill", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The script as a module; its sibling prefill_stages.py is imported from the script's folder, as when run."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_prefill", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
     return module
 
 
 bp = _load_bench()
+stages = sys.modules["prefill_stages"]
 
 
 def test_real_model_layer_counts():
@@ -124,13 +130,13 @@ def test_cuda_kernels_are_charged_to_the_ranges_open_at_their_launch():
         _event("lost_kernel", gpu, 400, 404, id=10),  # no launch recorded
         _event("stage::moe", gpu, 200, 208),  # a GPU-side annotation span, not a kernel
     ]
-    charged, summary = bp.attribute_profile(events, cuda=True)
-    assert charged == {("window", "moe/linear"): 5, ("window", "moe"): 3, (bp.OUTSIDE, "other"): 2,
-                       (bp.OUTSIDE, "unlinked"): 4}
+    charged, summary = stages.attribute_profile(events, cuda=True)
+    assert charged == {("window", "moe/linear"): 5, ("window", "moe"): 3, (stages.OUTSIDE, "other"): 2,
+                       (stages.OUTSIDE, "unlinked"): 4}
     assert summary["total_us"] == 14 and summary["unlinked_kernel_us"] == 4
     assert summary["top"][0] == {"name": "gemm_kernel", "us": 5, "calls": 1, "stage": "moe/linear"}
-    stages = bp.stage_summary(charged, {"window": 2}, n_engram=0)
-    assert stages["forty_layer_ms"]["moe dispatch/combine"] == pytest.approx(2 * 3e-3 + 2 * 5e-3)
+    weighted = stages.stage_summary(charged, {"window": 2}, n_engram=0)
+    assert weighted["forty_layer_ms"]["moe dispatch/combine"] == pytest.approx(2 * 3e-3 + 2 * 5e-3)
 
 
 def test_tiny_preset_end_to_end(tmp_path):
@@ -156,8 +162,9 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert res["workload"]["cached"] == res["workload"]["context"] - res["workload"]["tokens"]
     assert res["checks"]["max_abs_logit_diff_first_vs_last_step"] == 0.0
     assert res["fp8_matmul"]["tflops"] > 0
-    stages = res["stages"]
-    headline = set(stages["summary"]["profiled_step_ms"])
-    assert {"moe experts", "sparse attention", "projections", "indexer", "top-k"} <= headline
-    assert sum(stages["summary"]["profiled_step_ms"].values()) == pytest.approx(
-        sum(stages["by_layer_and_path_ms"].values()))
+    profile = res["stages"]
+    assert profile["ranges_not_found"] == []
+    headline = set(profile["summary"]["profiled_step_ms"])
+    assert {"moe experts", "sparse attention", "projections", "indexer", "top-k", "engram"} <= headline
+    assert sum(profile["summary"]["profiled_step_ms"].values()) == pytest.approx(
+        sum(profile["by_layer_and_path_ms"].values()))
