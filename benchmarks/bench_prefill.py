@@ -351,11 +351,11 @@ def environment(device: torch.device) -> dict:
 
 def weighted_equivalent(per_layer: dict[str, float], outside: float, counts: Counter, n_engram: int
                         ) -> float | None:
-    """The 40-layer combination (see the module docstring) of per-sample-layer values, None if a mode is
-    missing from this run."""
-    if any(k not in per_layer for k in counts) or (n_engram and "window+engram" not in per_layer):
+    """The 40-layer combination (see the module docstring) of per-sample-layer values; None if a layer mode is
+    missing from this run. Without the window+engram layer the Engram term is left out (see engram_included)."""
+    if any(k not in per_layer for k in counts):
         return None
-    engram = per_layer["window+engram"] - per_layer["window"] if n_engram else 0.0
+    engram = per_layer["window+engram"] - per_layer["window"] if "window+engram" in per_layer else 0.0
     return sum(counts[k] * per_layer[k] for k in counts) + n_engram * engram + outside
 
 
@@ -375,7 +375,8 @@ def print_table(res: dict) -> None:
         print("40-layer equivalent: not computed (a layer mode is missing from --layers)")
     else:
         fp8 = res["fp8_matmul"]
-        print(f"40-layer equivalent: {eq['ms_per_step']:.1f} ms/step, {eq['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
+        print(f"40-layer equivalent{'' if eq['engram_included'] else ' WITHOUT Engram'}: "
+              f"{eq['ms_per_step']:.1f} ms/step, {eq['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
               f"{eq['tflops_per_s']:.1f} TFLOP/s = {100 * eq['fraction_of_fp8_rate']:.1f}% of _scaled_mm "
               f"{fp8['tflops']:.1f} TFLOP/s")
     stages = res.get("stages")
@@ -480,7 +481,7 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
     known = eq_ms is not None
     res["forty_layer_equivalent"] = {
         "method": "sum over modes of count x sample-layer ms + n_engram x (window+engram - window) + outside",
-        "counts": dict(counts), "engram_layers": n_engram,
+        "counts": dict(counts), "engram_layers": n_engram, "engram_included": "window+engram" in flops,
         "ms_per_step": eq_ms,
         "tokens_per_s_per_gpu": args.tokens / eq_ms * 1e3 if known else None,
         "tflop_per_step": eq_flops / 1e12 if known else None,

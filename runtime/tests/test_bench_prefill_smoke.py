@@ -72,6 +72,15 @@ def test_trimmed_config_rejects_a_layer_without_its_source():
     assert [bp.sample_name(r) for r in cfg.layer_roles] == ["r2-full", "r2-reuse"]
 
 
+def test_forty_layer_combination():
+    counts = {"window": 2, "r1-reuse": 3}
+    per_layer = {"window": 1.0, "window+engram": 1.5, "r1-reuse": 2.0}
+    assert bp.weighted_equivalent(per_layer, 0.25, counts, n_engram=2) == 2 * 1.0 + 3 * 2.0 + 2 * 0.5 + 0.25
+    del per_layer["window+engram"]  # a run without the Engram layer leaves its term out
+    assert bp.weighted_equivalent(per_layer, 0.25, counts, n_engram=2) == 2 * 1.0 + 3 * 2.0 + 0.25
+    assert bp.weighted_equivalent({"window": 1.0}, 0.25, counts, n_engram=2) is None
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     cfg = bp.trimmed_config(bp.PRESETS["tiny"]["base"](), bp.SAMPLE_LAYERS, None)
@@ -154,6 +163,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert list(layers) == list(bp.SAMPLE_LAYERS)
     assert all(lay["ms_mean"] > 0 and lay["tflop"] > 0 for lay in layers.values())
     eq = res["forty_layer_equivalent"]
+    assert eq["engram_included"]
     counts = eq["counts"]
     want = (sum(n * layers[k]["ms_mean"] for k, n in counts.items())
             + 2 * (layers["window+engram"]["ms_mean"] - layers["window"]["ms_mean"]) + res["outside_layers_ms"])
