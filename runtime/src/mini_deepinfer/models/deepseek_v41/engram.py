@@ -147,20 +147,20 @@ def engram_row_ids(cfg: "V41Config", layer_index: int, compressed: torch.Tensor,
     n_max = cfg.engram_max_ngram_size
     S = compressed.shape[0]
     if history is None:
-        history = torch.full((n_max - 1,), pad, dtype=torch.int64)
+        history = torch.full((n_max - 1,), pad, dtype=torch.int64, device=compressed.device)
     seq = torch.cat([history.to(torch.int64), compressed.to(torch.int64)])
-    blk = torch.zeros(seq.shape[0], dtype=torch.bool)
+    blk = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
     if blocked is not None:
         blk[n_max - 1:] = blocked
     # shifted[k][p] = compressed id of token p-k, or pad once the look-back has crossed a block
     shifted = []
-    alive = torch.ones(S, dtype=torch.bool)
+    alive = torch.ones(S, dtype=torch.bool, device=seq.device)
     for k in range(n_max):
         tok = seq[n_max - 1 - k: n_max - 1 - k + S]
         if k > 0:
             alive = alive & ~blk[n_max - 1 - k: n_max - 1 - k + S]
         shifted.append(torch.where(alive, tok, torch.full_like(tok, pad)))
-    mult = torch.from_numpy(engram_multipliers(cfg, layer_id))
+    mult = torch.from_numpy(engram_multipliers(cfg, layer_id)).to(seq.device)
     primes = engram_primes(cfg)[layer_index]
     ids = []
     offset = 0
