@@ -231,9 +231,10 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
     """H bf16 [T, hc, D]; row_ids int64 [T, orders*heads] (engram.engram_row_ids). Adds the gated table value to
     every stream (same value, per-stream gate)."""
     T, hc, D = H.shape
-    table, tscale = w[f"{p}.embed.weight"], w[f"{p}.embed.scale"]
-    rows = table[row_ids.flatten()].float()  # [T*n, head_dim]
-    s = ue8m0_to_float(tscale[row_ids.flatten()])
+    flat = row_ids.flatten()
+    # gather the bytes (uint8 views): index kernels need not support the float8 dtypes on every backend
+    rows = w[f"{p}.embed.weight"].view(torch.uint8)[flat].view(torch.float8_e4m3fn).float()  # [T*n, head_dim]
+    s = ue8m0_to_float(w[f"{p}.embed.scale"].view(torch.uint8)[flat])
     e = (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(T, -1).to(torch.bfloat16)
     kv = linear(e, w, f"{p}.wkv")
     key = kv[:, : hc * D].view(T, hc, D).float()
