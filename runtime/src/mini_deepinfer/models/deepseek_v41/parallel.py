@@ -33,8 +33,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from mini_deepep import Buffer
+from mini_deepep.handle import DispatchHandle
 
 from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
@@ -104,7 +106,7 @@ class ExpertParallelV41Model(V41Model):
             self.engram_dense[p] = {k: v for k, v in self.w.items() if k.startswith(f"{p}.") and ".embed." not in k}
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, cache: V41Cache) -> torch.Tensor:
         """fp32 logits [len(batch.sample_rows), vocab]; an empty batch joins the collectives and returns [0, vocab]."""
         if batch.num_tokens == 0:
             return self.idle_forward()
@@ -144,7 +146,8 @@ class ExpertParallelV41Model(V41Model):
         shared = ops.swiglu_expert(v, self.w, f"{p}.shared_experts", cfg)
         return (routed + shared.float()).to(torch.bfloat16)
 
-    def _combine_in_expert_order(self, y: torch.Tensor, handle, topk_idx: torch.Tensor) -> torch.Tensor:
+    def _combine_in_expert_order(self, y: torch.Tensor, handle: DispatchHandle, topk_idx: torch.Tensor
+                                 ) -> torch.Tensor:
         """fp32 [T, hidden]: each token's routed outputs added in ascending expert id, as ops.moe adds them.
 
         Combine with weight 1 on the rows of one top-k slot and 0 elsewhere returns that slot's output unchanged
@@ -168,7 +171,8 @@ class ExpertParallelV41Model(V41Model):
 
     def gather_table_rows(self, row_ids: torch.Tensor, p: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The Engram table rows `row_ids` (int64 [n], global row numbers, n may differ per rank and be 0), exact:
-        (e4m3 [n, head_dim], UE8M0 scales [n, head_dim / 32]). Collective over the group."""
+        (e4m3 [n, head_dim], UE8M0 scales [n, head_dim / 32]). Collective over the group; one host read (the
+        largest count, which sizes the all-gather)."""
         table, scale = self.w[f"{p}.embed.weight"], self.w[f"{p}.embed.scale"]
         rows = self.engram_rows[p]
         group = self.buffer.group
