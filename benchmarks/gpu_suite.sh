@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One GPU session for the whole repository: every test on CUDA (the GPU-marked ones included), the 2-GPU
+# EP x DP check, the offline example and the prefill baseline. Each part has its own time limit; full logs and
+# JSON go to $OUT, a short summary is printed last.
+#   on the GPU machine, from the repo root:  source .devdeps/env.sh && bash benchmarks/gpu_suite.sh
+# (.whl/ may carry pure-Python test dependencies the machine lacks, e.g. hypothesis; see docs/GPU.md)
+set -u
+OUT=${OUT:-/tmp/gpu_suite}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+  date -u; git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
+run() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
+}
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider"
+run tests_1gpu 210 $PYTEST packages runtime/tests integration_tests -m "not multigpu" -n 8 --junitxml="$OUT/junit_1gpu.xml"
+run offline 40 python3 runtime/examples/offline_inference.py
+run tests_2gpu 130 $PYTEST -s integration_tests/test_ep_dp_gpu.py -k nvshmem --junitxml="$OUT/junit_2gpu.xml"
+run prefill 110 python3 benchmarks/bench_prefill.py --warmup 1 --steps 2 --out "$OUT/prefill_h200.json"
+cat "$OUT/env.txt" "$OUT/summary.txt"
+for f in tests_1gpu tests_2gpu; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$f.txt" | tail -25; done
+echo "--- offline"; tail -5 "$OUT/offline.txt"
+echo "--- prefill"; tail -25 "$OUT/prefill.txt"
