@@ -17,7 +17,8 @@ contain), and the FP8/FP4 requantization of the later layers amplifies it to 2.6
 A sequence recomputed after preemption samples its next output at the end of a prefill over prompt + outputs,
 and the reference itself does not give the same logits for a position by prefill and by decode (the shipped
 reference's index-key hand-off quirk, spec 2.4: 0.58 apart at position 39 of the 37-token prompt, 1e-6 with the
-quirk off). A recomputed output is therefore compared with the reference's prefill of the same tokens.
+quirk off). So the reference follows the engine's path: a prefill of prompt + outputs where the engine
+recomputed, decode steps elsewhere.
 
 CPU runs three short prompts (37, 126, 260 tokens, so that 128- and 200-token chunks split them and the 126-token
 prompt crosses a block boundary while decoding); CUDA adds one of 600 tokens.
@@ -59,28 +60,26 @@ def tiny():
 
 
 def reference_logits(tiny, prompt: list[int], tokens: list[int], recomputed: set[int]) -> list[torch.Tensor]:
-    """The reference's logits for each output position, teacher-forced with the engine's tokens.
+    """The reference's logits for each output position, on the engine's execution path and tokens.
 
-    An output in `recomputed` was sampled by the engine at the end of a prefill (a recomputation after
-    preemption), so its oracle is the reference's prefill of prompt + the outputs before it; the others come from
-    the reference's decode steps. (The two differ in the reference itself: see the module docstring.)
-    Memoized per prompt: a token path that is a prefix of the stored one reuses it.
+    Output k in `recomputed` was sampled by the engine at the end of a prefill of prompt + outputs[:k] (a
+    recomputation after preemption), and the outputs after it by decode steps from that state; the reference
+    follows the same path (its prefill and its decode of the same tokens differ: see the module docstring).
+    Memoized per (prompt, forced tokens, recomputed positions).
     """
-    ref = tiny["reference"]
-    path, logits = tiny["ref_cache"].get(tuple(prompt), ((), []))
-    forced = tuple(tokens[:-1])
-    if path[: len(forced)] != forced or len(logits) < len(tokens):
-        state = ref.new_state()
-        logits = [ref.forward(torch.tensor(prompt), 0, state)[-1].float().cpu()]
-        for j, t in enumerate(forced):
-            logits.append(ref.forward(torch.tensor([t]), len(prompt) + j, state)[-1].float().cpu())
-        tiny["ref_cache"][tuple(prompt)] = (forced, logits)
-    logits = list(logits[: len(tokens)])
-    for k in recomputed:
-        if k > 0:
-            full = torch.tensor(prompt + tokens[:k])
-            logits[k] = ref.forward(full, 0, ref.new_state())[-1].float().cpu()
-    return logits
+    key = (tuple(prompt), tuple(tokens[:-1]), tuple(sorted(recomputed)))
+    if key not in tiny["ref_cache"]:
+        ref = tiny["reference"]
+        logits = []
+        for k in range(len(tokens)):
+            if k == 0 or k in recomputed:
+                state = ref.new_state()
+                row = ref.forward(torch.tensor(prompt + tokens[:k]), 0, state)[-1]
+            else:
+                row = ref.forward(torch.tensor([tokens[k - 1]]), len(prompt) + k - 1, state)[-1]
+            logits.append(row.float().cpu())
+        tiny["ref_cache"][key] = logits
+    return tiny["ref_cache"][key]
 
 
 def run_engine(tiny, num_blocks: int | None = None, abort: tuple[str, int] | None = None,
