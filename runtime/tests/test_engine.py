@@ -78,8 +78,8 @@ def check_against_oracle(outputs, requests, skip=()):
             assert torch.equal(got.cpu(), want), rid
 
 
-def greedy_seeded(requests):
-    """Give every request a fixed seed (the oracle needs it)."""
+def with_fixed_seeds(requests):
+    """Give every request without a seed the seed 0 (the oracle needs to know it)."""
     fixed = []
     for prompt, sp in requests:
         if sp.seq_seed is None:
@@ -100,7 +100,7 @@ MODES = {
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_engine_matches_the_sequential_oracle(device, mode):
-    requests = greedy_seeded(workload())
+    requests = with_fixed_seeds(workload())
     engine = make_engine(device, **MODES[mode])
     check_against_oracle(run(engine, requests), requests)
 
@@ -110,7 +110,7 @@ def test_engine_matches_the_sequential_oracle(device, mode):
 @pytest.mark.parametrize("chunk", [128, 4096])
 def test_forced_preemption_recomputes_the_same_tokens(device, zos, chunk):
     # prompts just short of a block boundary: 5 blocks at admission, 9 once every output crosses it; 7 usable
-    requests = [(prompt[:n], sp) for (prompt, sp), n in zip(greedy_seeded(workload(n=4)), [120, 250, 125, 126])]
+    requests = [(prompt[:n], sp) for (prompt, sp), n in zip(with_fixed_seeds(workload(n=4)), [120, 250, 125, 126])]
     requests[1] = ([3] * 250, requests[1][1])
     engine = make_engine(device, num_blocks=8, enable_zos=zos, max_num_batched_tokens=chunk, prefill_attempt_interval=2)
     outputs = run(engine, requests)
@@ -120,7 +120,7 @@ def test_forced_preemption_recomputes_the_same_tokens(device, zos, chunk):
 
 @pytest.mark.parametrize("zos", [True, False])
 def test_order_of_requests_does_not_change_any_output(zos):
-    requests = greedy_seeded(workload())
+    requests = with_fixed_seeds(workload())
     forward = run(make_engine(enable_zos=zos), requests)
     engine = make_engine(enable_zos=zos)
     for i in reversed(range(len(requests))):
@@ -140,7 +140,7 @@ def test_order_of_requests_does_not_change_any_output(zos):
 
 @pytest.mark.parametrize("zos", [True, False])
 def test_abort_of_one_request_leaves_the_others_unchanged(zos):
-    requests = greedy_seeded(workload(n=4))
+    requests = with_fixed_seeds(workload(n=4))
     engine = make_engine(enable_zos=zos, max_num_batched_tokens=128)
     outputs = run(engine, requests, abort_after={"r1": 4, "r2": 7})
     check_against_oracle(outputs, requests, skip={"r1", "r2"})
@@ -166,7 +166,8 @@ def test_abort_while_waiting_and_mid_chunked_prefill():
     outs = {}
     while engine.has_unfinished_requests():
         outs.update({o.request_id: o for o in engine.step()})
-    assert {k: v.finish_reason for k, v in outs.items()} == {"long": "abort", "c": "abort", "a": "length", "b": "length"}
+    reasons = {k: v.finish_reason for k, v in outs.items()}
+    assert reasons == {"long": "abort", "c": "abort", "a": "length", "b": "length"}
     assert outs["long"].token_ids == [] and engine.scheduler.kv.all_free()
 
 
@@ -203,7 +204,7 @@ def test_max_model_len_finishes_with_length_and_timings_are_ordered():
 
 def test_slot_reuse_needs_a_reset():
     """One slot serves many sequences in turn; each must start from a fresh state (the model resets at ctx 0)."""
-    requests = greedy_seeded(workload(n=5))
+    requests = with_fixed_seeds(workload(n=5))
     engine = make_engine(max_num_seqs=1)
     check_against_oracle(run(engine, requests), requests)
     assert engine.cache_plan.num_slots == 2

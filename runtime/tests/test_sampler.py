@@ -62,9 +62,11 @@ def test_batch_invariance_one_row_many_rows_and_reversed(vocab):
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 2
     sb = batch(rows, temperature=0.7)
     many = sample(logits, sb)
-    one_by_one = torch.cat([sample(logits[r : r + 1], batch(1, 0.7, seeds=[1000 + r], positions=[r % 7])) for r in range(rows)])
-    rev = torch.arange(rows - 1, -1, -1)
-    reversed_ = sample(logits[rev], batch(rows, 0.7, seeds=[1000 + r for r in rev.tolist()], positions=[r % 7 for r in rev.tolist()]))
+    one_by_one = torch.cat(
+        [sample(logits[r : r + 1], batch(1, 0.7, seeds=[1000 + r], positions=[r % 7])) for r in range(rows)]
+    )
+    rev = torch.arange(rows - 1, -1, -1).tolist()
+    reversed_ = sample(logits[rev], batch(rows, 0.7, seeds=[1000 + r for r in rev], positions=[r % 7 for r in rev]))
     assert torch.equal(many, one_by_one) and torch.equal(many, reversed_[rev])
 
 

@@ -17,6 +17,7 @@ import itertools
 import operator
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -116,7 +117,7 @@ class LLMEngine:
         self.num_steps = 0
 
     # ------------------------------------------------------------------ requests
-    def check_request(self, prompt_token_ids, params: SamplingParams) -> list[int]:
+    def check_request(self, prompt_token_ids: Iterable[int], params: SamplingParams) -> list[int]:
         """Raise ValueError naming the problem if the request is bad; changes nothing. Returns the ids as ints."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
@@ -134,7 +135,8 @@ class LLMEngine:
             raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_model_len={self.config.max_model_len}")
         return tokens
 
-    def add_request(self, prompt_token_ids, params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(self, prompt_token_ids: Iterable[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
         """Queue a request (token ids: a list or 1-D tensor of ints); returns its id."""
         prompt_token_ids = self.check_request(prompt_token_ids, params)
         if request_id is None:

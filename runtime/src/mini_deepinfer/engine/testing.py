@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from mini_deepinfer.engine.block_manager import BLOCK_SIZE
+from mini_deepinfer.engine.sampling_params import SamplingParams
+from mini_deepinfer.engine.sequence import to_int64
+from mini_deepinfer.layers.sampler import SamplingBatch, sample
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 
 _MOD = (1 << 61) - 1
@@ -98,12 +101,9 @@ class FakePagedModel(torch.nn.Module):
 
 
 def fake_generate(
-    prompt: list[int], params, seed: int, config: FakeConfig, max_model_len: int
+    prompt: list[int], params: SamplingParams, seed: int, config: FakeConfig, max_model_len: int
 ) -> tuple[list[int], str, list[torch.Tensor]]:
     """The oracle run of one request, alone and sequentially: (output tokens, finish reason, logits per token)."""
-    from mini_deepinfer.engine.sequence import to_int64
-    from mini_deepinfer.layers.sampler import SamplingBatch, sample
-
     tokens, out, logits_seen = list(prompt), [], []
     while True:
         logits = fake_logits(tokens, config)

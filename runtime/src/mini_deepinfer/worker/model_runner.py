@@ -144,7 +144,8 @@ class ModelRunner:
                 sample_rows.append(len(host_ids) - 1)
         input_ids = self._to_device(host_ids)
         if remap_dst:  # ZOS: the previous step's samples never visit the host on their way back in
-            input_ids.index_copy_(0, self._to_device(remap_dst), prev.tokens.index_select(0, self._to_device(remap_src)))
+            gathered = prev.tokens.index_select(0, self._to_device(remap_src))
+            input_ids.index_copy_(0, self._to_device(remap_dst), gathered)
         batch = ForwardBatch(
             input_ids=input_ids,
             query_lens=[s.query_len for s in step.sequences],
