@@ -117,9 +117,5 @@ class KVCacheManager:
         seq.block_table = []
         seq.state_slot = 0
 
-    @property
-    def kv_usage(self) -> float:
-        return 1.0 - self.blocks.num_free / self.blocks.num_usable
-
     def all_free(self) -> bool:
         return self.blocks.all_free() and self.slots.all_free()

@@ -41,7 +41,3 @@ class SamplingParams:
         if self.seq_seed is not None and not -(2**63) <= self.seq_seed < 2**64:
             raise ValueError(f"SamplingParams: seq_seed must fit in 64 bits, got {self.seq_seed}")
         self.stop_token_ids = list(self.stop_token_ids)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0

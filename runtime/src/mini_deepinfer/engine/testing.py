@@ -70,11 +70,9 @@ class FakePagedModel(torch.nn.Module):
     def __init__(self, config: FakeConfig | None = None) -> None:
         super().__init__()
         self.config = config or FakeConfig()
-        self.num_forwards = 0
 
     def forward(self, batch: ForwardBatch, cache: FakePagedCache) -> torch.Tensor:
         batch.validate(BLOCK_SIZE)
-        self.num_forwards += 1
         ids = batch.input_ids.tolist()
         row_keys: dict[int, int] = {}
         row = 0
