@@ -12,8 +12,9 @@ wrap-around, a logical shift emulated by masking), identical on CPU and CUDA; th
 
 Two implementations of the same formula: `gumbel_argmax_torch` (any device; the reference) and
 `gumbel_argmax_triton` (CUDA, one program per row streaming the vocabulary, no [rows, vocab] temporaries).
-On one GPU they agree bit for bit (both use the CUDA float64 `log`); across CPU and GPU only a 1-ulp difference of
-float64 `log` could flip an exact near-tie.
+On one GPU they are meant to agree bit for bit (both use the CUDA float64 `log`; test_sampler.py checks it on
+CUDA, the Triton interpreter agreed on CPU); across CPU and GPU only a 1-ulp difference of float64 `log` could flip
+an exact near-tie.
 top-k / top-p run before either, in plain torch (`apply_top_k_top_p`), only when some row asks for them.
 """
 
