@@ -80,6 +80,27 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length" | "abort"
     metrics: RequestMetrics
     logits: list[torch.Tensor] = field(default_factory=list)  # fp32 [vocab] per token, when recorded
+    text: str | None = None  # the generated tokens decoded, filled in by LLM.generate when there is a tokenizer
+
+
+def check_request(prompt_token_ids: Iterable[int], params: SamplingParams, vocab_size: int,
+                  max_model_len: int) -> list[int]:
+    """Raise ValueError naming the problem if the request is bad (TypeError for params that are not
+    SamplingParams); returns the ids as ints. Shared by the engine and the data-parallel launcher's parent."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+    try:
+        tokens = [operator.index(t) for t in prompt_token_ids]
+    except TypeError:
+        raise ValueError("prompt token ids must be integers") from None
+    if not tokens:
+        raise ValueError("empty prompt: a request needs at least one token")
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is out of range [0, {vocab_size})")
+    if len(tokens) > max_model_len:
+        raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_model_len={max_model_len}")
+    return tokens
 
 
 class LLMEngine:
@@ -119,21 +140,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def check_request(self, prompt_token_ids: Iterable[int], params: SamplingParams) -> list[int]:
         """Raise ValueError naming the problem if the request is bad; changes nothing. Returns the ids as ints."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        try:
-            tokens = [operator.index(t) for t in prompt_token_ids]
-        except TypeError:
-            raise ValueError("prompt token ids must be integers") from None
-        if not tokens:
-            raise ValueError("empty prompt: a request needs at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is out of range [0, {vocab})")
-        if len(tokens) > self.config.max_model_len:
-            raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_model_len={self.config.max_model_len}")
-        return tokens
+        return check_request(prompt_token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
 
     def add_request(self, prompt_token_ids: Iterable[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
