@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from mini_deepep import Buffer
 
+from mini_deepinfer.distributed import init_torchrun_process_group
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, load_token_map, ops, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
@@ -50,15 +51,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=device)
-    else:
+    if args.device == "cpu":
         torch.set_num_threads(1)
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_torchrun_process_group(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     token_counts = [int(t) for t in args.tokens.split(",")]
     folder = resolve_checkpoint("tiny")

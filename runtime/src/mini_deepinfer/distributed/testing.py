@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from mini_deepep import Buffer
 
+from mini_deepinfer.distributed import init_torchrun_process_group
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, load_token_map, ops, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.model import V41Model
@@ -169,14 +169,7 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "nvshmem", "torch"])
     parser.add_argument("--out", required=True, help="folder for rank<r>.json")
     args = parser.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_torchrun_process_group(args.device)
     try:
         result = ep_check(device, args.backend)
         Path(args.out).mkdir(parents=True, exist_ok=True)
