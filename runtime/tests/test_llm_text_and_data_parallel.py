@@ -1,4 +1,5 @@
-"""Text in and out: a checkpoint folder with a tokenizer.json, on one process and on two data-parallel ranks.
+"""LLM's text in and out (a checkpoint folder with a tokenizer.json) and LLM(..., data_parallel_size=2), on CPU
+ranks (gloo) and on 2 GPUs.
 
 The test tokenizer is a word-level one covering the tiny model's whole vocabulary, so every generated id decodes
 to a word and `.text` can be checked exactly: id 0 is "<bos>" (prepended by the post-processor, like DeepSeek's),
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from mini_deepinfer import LLM, SamplingParams
 from mini_deepinfer.engine.testing import FakeConfig, FakePagedCache, FakePagedModel
@@ -89,8 +91,27 @@ def test_text_without_a_tokenizer_is_refused_and_outputs_have_no_text() -> None:
               max_model_len=256, kv_cache_memory_gb=0.001, max_num_seqs=4, device="cpu")
     with pytest.raises(ValueError, match="no tokenizer.json"):
         llm.generate(["hello"], use_tqdm=False)
+    with pytest.raises(TypeError, match="prompts is a list"):
+        llm.generate("hello", use_tqdm=False)
     with pytest.raises(ValueError, match="either prompts or prompt_token_ids"):
         llm.generate([[3, 4]], prompt_token_ids=[[3, 4]], use_tqdm=False)
     (out,) = llm.generate(prompt_token_ids=[[3, 4]], sampling_params=SamplingParams(max_tokens=2), use_tqdm=False)
     assert out.text is None and len(out.token_ids) >= 1
     assert llm.engine.scheduler.kv.all_free()
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_data_parallel_size_two_on_two_gpus_matches_one_gpu() -> None:
+    """One rank per GPU (NCCL) against the single-GPU LLM: the same greedy and seeded tokens. On CUDA the expert
+    GEMMs see other row counts than in one process, so logits are not claimed bit-identical (the engine-level
+    check with its logit bound is integration_tests/test_ep_dp_gpu.py)."""
+    engine = {**ENGINE, "device": "cuda", "kv_cache_memory_gb": 1.0}
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (150, 25, 40, 12)]
+    params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_k=50, max_tokens=4, seq_seed=5, ignore_eos=True)] * 2
+    two = LLM("tiny", data_parallel_size=2, exact_moe=True, **engine).generate(prompts, params)
+    one = LLM("tiny", **engine).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]

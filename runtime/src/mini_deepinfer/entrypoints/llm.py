@@ -132,6 +132,8 @@ class LLM:
         """
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass either prompts or prompt_token_ids")
+        if isinstance(prompts, str):
+            raise TypeError("prompts is a list: generate([text]), not generate(text)")
         token_ids = [self._encode(p) for p in prompts] if prompts is not None else list(prompt_token_ids)
         if sampling_params is None:
             sampling_params = SamplingParams()
