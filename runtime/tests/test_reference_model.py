@@ -1,7 +1,6 @@
 """The sequential V4.1 reference: primitives against the spec's formulas, decode-vs-prefill equivalence, the
 index-K quirk, golden logits of the tiny checkpoint, and CPU vs CUDA."""
 
-import dataclasses
 import json
 import math
 from pathlib import Path
