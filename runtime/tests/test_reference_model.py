@@ -121,7 +121,8 @@ def test_reference_quirk_changes_exactly_the_even_decode_steps(tiny_refs, monkey
     import mini_deepinfer.models.deepseek_v41.reference as refmod
 
     toks = _tokens(81)
-    odd = [_prefill_then_decode(tiny_refs[q], toks[:81])[0] for q in (True, False)]  # decode at position 80? no: 80 even
+    # decode at position 80 (even): the two modes must differ
+    even = [_prefill_then_decode(tiny_refs[q], toks)[0] for q in (True, False)]
     seen = []
     orig = refmod.indexer_scores_ref
 
@@ -137,7 +138,7 @@ def test_reference_quirk_changes_exactly_the_even_decode_steps(tiny_refs, monkey
     seen.clear()
     ref.forward(toks[80:81], 80, st)  # position 80: even, no ratio-2 group closes
     assert torch.equal(seen[0], layer4_keys[: 81 // 2])  # layer 2 read layer 4's previous-step keys
-    assert not torch.equal(odd[0], odd[1])
+    assert not torch.equal(even[0], even[1])
     monkeypatch.setattr(refmod, "indexer_scores_ref", orig)
     toks2 = _tokens(82)  # decode at position 81 (odd): the group closes, both modes bind layer 2's own keys
     a = _prefill_then_decode(tiny_refs[True], toks2)[0]
