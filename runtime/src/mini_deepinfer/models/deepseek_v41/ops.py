@@ -12,7 +12,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from mini_deepgemm.reference import fp4_fakequant, fp4_linear_ref, fp8_fakequant, fp8_linear_ref, ue8m0_to_float
+from mini_deepgemm.reference import (
+    fp4_fakequant,
+    fp4_linear_ref,
+    fp8_fakequant,
+    fp8_linear_ref,
+    ue8m0_to_float,
+    weight_dequant_fp8,
+)
 
 from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 
@@ -218,10 +225,19 @@ def swiglu_expert(x: torch.Tensor, w: Weights, p: str, cfg: V41Config, row_weigh
 def moe(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
     """Routed experts summed in fp32 in expert-id order, plus the shared expert, cast to bf16."""
     idx, wt = moe_route(x, w, p, cfg)
+    k = idx.shape[1]
+    # (token, slot) pairs grouped by expert, tokens ascending inside each group; one host read of the group sizes
+    order = idx.flatten().argsort(stable=True)
+    counts = torch.bincount(idx.flatten(), minlength=cfg.n_routed_experts).tolist()
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in torch.unique(idx).tolist():
-        rows, slot = (idx == e).nonzero(as_tuple=True)
-        y.index_add_(0, rows, swiglu_expert(x[rows], w, f"{p}.experts.{e}", cfg, wt[rows, slot]).float())
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            pairs = order[start:start + n]
+            rows = pairs // k
+            out = swiglu_expert(x[rows], w, f"{p}.experts.{e}", cfg, wt.flatten()[pairs])
+            y.index_add_(0, rows, out.float())
+            start += n
     y += swiglu_expert(x, w, f"{p}.shared_experts", cfg).float()
     return y.to(torch.bfloat16)
 
@@ -279,8 +295,6 @@ def final_logits(H: torch.Tensor, pre: torch.Tensor, w: Weights, cfg: V41Config)
 
 def prepare_weights(w: Weights) -> Weights:
     """Load-time derived tensors: wo_a dequantized to bf16 (the reference keeps it in bf16, spec U3)."""
-    from mini_deepgemm.reference import weight_dequant_fp8
-
     out = dict(w)
     for name, t in w.items():
         if name.endswith("wo_a.weight"):
