@@ -80,8 +80,9 @@ class V41Cache:
         self.index_k_publisher[slot] = -1
 
     @staticmethod
-    def entry_rows(block_table: list[int], entries: torch.Tensor, ratio: int) -> torch.Tensor:
-        """Flat cache rows of compressed entries (int64 tensor of entry numbers) of one sequence."""
+    def entry_rows(block_table: list[int] | torch.Tensor, entries: torch.Tensor, ratio: int) -> torch.Tensor:
+        """Flat cache rows of compressed entries (int64 tensor of entry numbers) of one sequence. The model passes
+        the block table as an int64 tensor on the cache's device (made once per step), so nothing is copied here."""
         epb = BLOCK_SIZE // ratio
-        bt = torch.tensor(block_table, dtype=torch.int64, device=entries.device)
+        bt = torch.as_tensor(block_table, dtype=torch.int64, device=entries.device)
         return bt[entries // epb] * epb + entries % epb

@@ -33,7 +33,7 @@ class SeqSpan:
     qlen: int
     ctx: int  # tokens already cached before this step
     slot: int
-    block_table: list[int]
+    block_table: torch.Tensor  # int64 on the model's device
 
     @property
     def rows(self) -> slice:
@@ -69,7 +69,7 @@ class V41Model(torch.nn.Module):
         batch.validate(BLOCK_SIZE)
         spans, start = [], 0
         for i, (q, c, bt, s) in enumerate(zip(batch.query_lens, batch.context_lens, batch.block_tables, batch.slots)):
-            spans.append(SeqSpan(i, start, q, c, s, bt))
+            spans.append(SeqSpan(i, start, q, c, s, torch.tensor(bt, dtype=torch.int64, device=self.device)))
             start += q
         for sp in spans:
             if sp.ctx == 0:
@@ -119,7 +119,8 @@ class V41Model(torch.nn.Module):
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
         qr, q, kv = ops.attention_qkv(u, positions, w, p, cfg, freqs)
-        win_table, win_ids = self._window(kv, positions, spans, cache.window[lid])
+        packed = pack_window_fp8(kv)
+        win_table, win_ids, ring_written = self._window(packed, positions, spans, cache.window[lid])
 
         comp_table = comp_ids = None
         if role.ratio > 0:
@@ -139,25 +140,27 @@ class V41Model(torch.nn.Module):
         o, _ = sparse_mla_fwd_paged(q, win_table, comp_table, win_ids.to(torch.int32),
                                     None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
-        self._write_window(kv, positions, spans, cache.window[lid])
+        if not ring_written:
+            self._write_window(packed, positions, spans, cache.window[lid])
         return ops.attention_output(o, positions, w, p, cfg, freqs)
 
-    def _window(self, kv, positions, spans: list[SeqSpan], ring: torch.Tensor):
+    def _window(self, packed, positions, spans: list[SeqSpan], ring: torch.Tensor):
         """The rows the window part reads and their ids, window positions p-W+1..p in ascending order.
+        packed: this step's window rows, uint8 [T, 528]. Returns (table, ids, whether the ring is already written).
 
         Decode-only steps write the new row into the ring first and read the ring directly. A prefill chunk
         cannot (its later tokens would overwrite ring rows its earlier tokens still read), so its table is the
-        ring rows of this batch's slots followed by the step's own packed rows.
+        ring rows of this batch's slots followed by the step's own packed rows; the ring is written after attention.
         """
         W = self.config.sliding_window
         wpos = ops.window_positions(positions, W)
-        slot_of = torch.cat([torch.full((sp.qlen,), sp.slot, dtype=torch.int64, device=self.device) for sp in spans])
         if all(sp.qlen == 1 for sp in spans):
-            self._write_window(kv, positions, spans, ring)
+            self._write_window(packed, positions, spans, ring)
+            slot_of = torch.tensor([sp.slot for sp in spans], dtype=torch.int64, device=self.device)
             ids = torch.where(wpos >= 0, slot_of[:, None] * W + wpos % W, wpos)
-            return ring, ids
+            return ring, ids, True
         slots = torch.tensor([sp.slot for sp in spans], dtype=torch.int64, device=self.device)
-        table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), pack_window_fp8(kv)])
+        table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
         ids = torch.full_like(wpos, -1)
         for b, sp in enumerate(spans):
             wp = wpos[sp.rows]
@@ -165,14 +168,14 @@ class V41Model(torch.nn.Module):
             step_row = len(spans) * W + sp.start + (wp - sp.ctx)
             ring_row = b * W + wp % W
             ids[sp.rows] = torch.where(in_step, step_row, torch.where(wp >= 0, ring_row, wp))
-        return table, ids
+        return table, ids, False
 
-    def _write_window(self, kv, positions, spans: list[SeqSpan], ring: torch.Tensor) -> None:
+    def _write_window(self, packed, positions, spans: list[SeqSpan], ring: torch.Tensor) -> None:
         """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W)."""
         W = self.config.sliding_window
         for sp in spans:
             keep = slice(sp.start + max(0, sp.qlen - W), sp.start + sp.qlen)
-            ring[sp.slot * W + positions[keep] % W] = pack_window_fp8(kv[keep])
+            ring[sp.slot * W + positions[keep] % W] = packed[keep]
 
     def _compress(self, u, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> None:
         """Pool every group closed by this step's tokens (carrying a partial group in the slot), then write the
