@@ -17,30 +17,28 @@ def load_token_map(folder: Path, config: V41Config) -> torch.Tensor:
     return compressed_token_map(config, tok if tok.exists() else None)
 
 
+def _load(model_cls, name_or_path, device, config_overrides: dict | None):
+    import dataclasses
+
+    folder = resolve_checkpoint(name_or_path)
+    config, weights = load_checkpoint(folder, device)
+    if config_overrides:
+        config = dataclasses.replace(config, **config_overrides)
+    return model_cls(config, weights, device, token_map=load_token_map(folder, config))
+
+
 def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
     """Resolve, validate and load a checkpoint into the engine's V41Model (weights kept in their stored formats).
 
     config_overrides: dataclass fields to replace after loading (e.g. {"index_k_reference_quirk": False}).
     """
-    import dataclasses
-
     from mini_deepinfer.models.deepseek_v41.model import V41Model
 
-    folder = resolve_checkpoint(name_or_path)
-    config, weights = load_checkpoint(folder, device)
-    if config_overrides:
-        config = dataclasses.replace(config, **config_overrides)
-    return V41Model(config, weights, device, token_map=load_token_map(folder, config))
+    return _load(V41Model, name_or_path, device, config_overrides)
 
 
 def load_reference(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
     """The same checkpoint in the sequential reference model (the oracle)."""
-    import dataclasses
-
     from mini_deepinfer.models.deepseek_v41.reference import ReferenceV41
 
-    folder = resolve_checkpoint(name_or_path)
-    config, weights = load_checkpoint(folder, device)
-    if config_overrides:
-        config = dataclasses.replace(config, **config_overrides)
-    return ReferenceV41(config, weights, device, token_map=load_token_map(folder, config))
+    return _load(ReferenceV41, name_or_path, device, config_overrides)
