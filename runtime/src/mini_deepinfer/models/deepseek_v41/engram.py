@@ -75,9 +75,14 @@ def engram_table_sizes(cfg: "V41Config") -> list[int]:
 
 def engram_multipliers(cfg: "V41Config", layer_id: int) -> np.ndarray:
     """Four odd int64 multipliers of one layer (numpy default_rng seeded with 10007 * layer_id)."""
+    return _multipliers_cached(layer_id, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size).copy()
+
+
+@lru_cache(maxsize=None)
+def _multipliers_cached(layer_id: int, compressed_vocab: int, n: int) -> np.ndarray:
     rng = np.random.default_rng(10007 * layer_id)
-    high = (INT64_MAX // cfg.engram_compressed_vocab_size) // 2
-    return rng.integers(0, high, cfg.engram_max_ngram_size).astype(np.int64) * 2 + 1
+    high = (INT64_MAX // compressed_vocab) // 2
+    return rng.integers(0, high, n).astype(np.int64) * 2 + 1
 
 
 def _normalize_token_text(text: str) -> str:
