@@ -76,21 +76,17 @@ def expert_fn(rows: torch.Tensor, local_expert: torch.Tensor) -> torch.Tensor:
     return (rows.float() * (1 + local_expert.float()[:, None] / 64)).to(torch.bfloat16)
 
 
-def _dequant(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return q.float() * s.float().repeat_interleave(32, dim=1)
-
-
 def run_scenario(buffer: Buffer, s: Scenario, device: torch.device, exact_combine: bool) -> None:
     rank, num_ranks = buffer.rank, buffer.num_ranks
     per_rank = s.num_experts // num_ranks
     inputs = [make_inputs(s, r, num_ranks) for r in range(num_ranks)]
     x, topk, weights = inputs[rank]
     if s.fp8:
-        from mini_deepgemm.reference import act_quant
+        from mini_deepgemm.reference import act_dequant, act_quant
 
         payloads = [act_quant(inp[0], 32) for inp in inputs]
         send = tuple(p.to(device) for p in payloads[rank])
-        source_rows = [_dequant(*p) for p in payloads]
+        source_rows = [act_dequant(*p) for p in payloads]
     else:
         send = x.to(device)
         source_rows = [inp[0] for inp in inputs]
@@ -129,7 +125,7 @@ def run_scenario(buffer: Buffer, s: Scenario, device: torch.device, exact_combin
     assert bool((result.recv_topk_weights.cpu()[layout < 0] == 0).all()), s.name
 
     # Combine: the stand-in experts run on the received rows; padding rows get garbage on purpose.
-    recv_rows = _dequant(parts[0].cpu(), parts[1].cpu()) if s.fp8 else parts[0].float()
+    recv_rows = act_dequant(parts[0].cpu(), parts[1].cpu()) if s.fp8 else parts[0].float()
     y = expert_fn(recv_rows.to(device), result.grouped_layout.clamp(min=0))
     y[result.grouped_layout < 0] = float("nan")
     out = buffer.combine(y, handle).cpu()
