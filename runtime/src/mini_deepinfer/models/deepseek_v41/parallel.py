@@ -128,15 +128,18 @@ class ExpertParallelV41Model(V41Model):
         cfg = self.config
         topk_idx, topk_weights = ops.moe_route(v, self.w, p, cfg)
         recv = self.buffer.dispatch(v, topk_idx, topk_weights, cfg.n_routed_experts, m_alignment=1)
-        x, local_expert = recv.recv_x, recv.grouped_layout
+        x = recv.recv_x
         y = torch.zeros_like(x)
-        # One host read of the per-expert counts (the torch backend has synchronised already).
+        # One host read of the per-expert counts (the torch backend has synchronised already). With m_alignment 1
+        # the received rows are one unpadded segment per local expert, in expert order.
+        start = 0
         for e, count in enumerate(recv.num_recv_tokens_per_expert.tolist()):
             if count:
-                rows = (local_expert == e).nonzero().squeeze(1)
+                rows = slice(start, start + count)
                 # the routing weight scales h before w2, as in ops.moe, so combine must not weight again
                 y[rows] = ops.swiglu_expert(x[rows], self.w, f"{p}.experts.{self.local_experts[e]}", cfg,
                                             recv.recv_topk_weights[rows])
+                start += count
         if self.exact_moe:
             routed = self._combine_in_expert_order(y, recv.handle, topk_idx)
         else:
