@@ -165,8 +165,11 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """[..., K/2] bytes (uint8 or int8) -> fp32 e2m1 values [..., K] (without scale)."""
     p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
     nib = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=p.device)
-    mag = table[(nib & 7).long()]
+    # E2M1_VALUES[c] = 0.5 * m for exponent field e = 0, else 2^(e-1) * (1 + m / 2) (e = c >> 1, m = c & 1):
+    # computed, not looked up in a table copied from the host, so a CUDA forward (or graph capture) never syncs
+    e = (nib >> 1) & 3
+    m = (nib & 1).float()
+    mag = torch.where(e == 0, 0.5 * m, torch.ldexp(1 + 0.5 * m, e.to(torch.int32) - 1))
     return torch.where((nib & 8) != 0, -mag, mag)
 
 
