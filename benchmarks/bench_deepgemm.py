@@ -1,7 +1,9 @@
 """mini-deepgemm benchmark on one GPU: our Triton GEMMs against cuBLAS (through torch) in the same run.
 
-Usage (GPU machine): python3 benchmarks/bench_deepgemm.py [--out DIR] [--sweep]
+Usage (GPU machine): python3 benchmarks/bench_deepgemm.py [--out DIR] [--sweep] [--tilelang]
 Prints a markdown table last; writes results.json (every measurement, hardware, versions, date) to --out.
+--tilelang: instead, our TileLang kernels (gemm_tilelang.py) against our Triton kernel and the cuBLAS peers
+at the shapes of docs/reports/deepgemm-tilelang.md, plus a small TileLang tile/stage sweep.
 
 Peers, measured on the same operands' shapes in the same process:
 - cublas_fp8_tensor: torch._scaled_mm, per-tensor FP8 scales (no fine-grained scaling: the ceiling proxy);
@@ -297,13 +299,136 @@ def summary(rec) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- TileLang against Triton
+TL_DENSE = ("wq_b", "wo_b", "shared_w13")
+TL_SWEEP = {  # recipe: (BLOCK_M, BLOCK_N, stages) candidates, timed at shared_w13 M=4096
+    "v3": [(128, 128, 4), (128, 128, 5), (128, 128, 6)],
+    "v41": [(128, 128, 8), (128, 128, 12), (128, 128, 16)],
+}
+
+
+def tilelang_run(layout, a, b, d, group_arg, b_fp4, tiles=None):
+    from mini_deepgemm import gemm_tilelang
+
+    recipe, _ = G._validate(layout, a, b, d, None, group_arg, None, b_fp4)
+    return lambda: gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4, tiles)
+
+
+def bench_tilelang_dense(rec, M, name, N, K):
+    op = dense_operands(M, N, K)
+    flops = 2 * M * N * K
+    one = torch.ones((), device="cuda")
+    bf_a, bf_b = op["a"].to(torch.bfloat16), op["b"].to(torch.bfloat16)
+    bq4 = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
+    fp4 = (op["v41"][0], (bq4, rand_ue8m0(N, K // 32)))
+    t = {
+        "triton_v3": ms(lambda: G._gemm(G._DENSE, *op["v3"], op["d"], None, None, None, False, backend="triton")),
+        "tilelang_v3": ms(tilelang_run(G._DENSE, *op["v3"], op["d"], None, False)),
+        "triton_v41": ms(lambda: G._gemm(G._DENSE, *op["v41"], op["d"], None, None, None, False, backend="triton")),
+        "tilelang_v41": ms(tilelang_run(G._DENSE, *op["v41"], op["d"], None, False)),
+        "triton_fp4": ms(lambda: G._gemm(G._DENSE, *fp4, op["d"], None, None, None, True, backend="triton")),
+        "tilelang_fp4": ms(tilelang_run(G._DENSE, *fp4, op["d"], None, True)),
+        "cublas_fp8_tensor": ms(lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)),
+        "cublas_bf16": ms(lambda: torch.matmul(bf_a, bf_b.t())),
+    }
+    blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
+    t["cublas_fp8_block"] = ms(blockwise) if blockwise else float("nan")
+    rec.add(kind="tl_dense", name=name, M=M, N=N, K=K, **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+
+
+def bench_tilelang_contiguous(rec, G_, name, N, K, gen):
+    rows, layout, ends = moe_layout(G_, gen)
+    M = layout.numel()
+    a, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
+    bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
+    bs = rand_ue8m0(G_, N, K // 32)
+    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    flops = 2 * sum(rows) * N * K
+    t = {"triton_fp8_fp4": ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, backend="triton")),
+         "tilelang_fp8_fp4": ms(tilelang_run(G._CONTIGUOUS, (a, sa), (bq, bs), d, layout, True))}
+    del bq
+    w8 = rand_fp8(G_, N, K)
+    s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(G_, N, device="cuda") + 0.5
+    t["scaled_grouped_mm_fp8"] = ms(lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
+    w8s = rand_ue8m0(G_, N // 32, K // 32)
+    t["triton_fp8_v41"] = ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (w8, w8s), d, None, layout, None, False, backend="triton"))
+    t["tilelang_fp8_v41"] = ms(tilelang_run(G._CONTIGUOUS, (a, sa), (w8, w8s), d, layout, False))
+    del w8
+    a16, w16 = a.to(torch.bfloat16), torch.randn(G_, N, K, device="cuda", dtype=torch.bfloat16)
+    t["grouped_mm_bf16"] = ms(lambda: torch._grouped_mm(a16, w16.transpose(-2, -1), offs=ends))
+    rec.add(kind="tl_contiguous", name=name, G=G_, rows=sum(rows), padded_rows=M, N=N, K=K,
+            **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+
+
+def tilelang_sweep(rec):
+    M, (N, K) = 4096, DENSE_SHAPES["shared_w13"]
+    op = dense_operands(M, N, K)
+    for recipe, candidates in TL_SWEEP.items():
+        for tiles in candidates:
+            try:
+                t = ms(tilelang_run(G._DENSE, *op[recipe], op["d"], None, False, tiles))
+                rec.add(kind="tl_sweep", recipe=recipe, tiles=tiles, M=M, N=N, K=K, tflops=2 * M * N * K / t / 1e9)
+            except Exception as e:  # noqa: BLE001 - a candidate may not compile; the sweep goes on
+                rec.add(kind="tl_sweep", recipe=recipe, tiles=tiles, error=repr(e)[:300])
+
+
+def tilelang_summary(rec) -> str:
+    cols = ["triton_v3", "tilelang_v3", "triton_v41", "tilelang_v41", "triton_fp4", "tilelang_fp4",
+            "cublas_fp8_tensor", "cublas_fp8_block", "cublas_bf16"]
+    lines = ["| shape | M | " + " | ".join(cols) + " | TL v3/tensor | TL v41/tensor | TL fp4/tensor |",
+             "|---|---|" + "---|" * (len(cols) + 3)]
+    for r in rec.rows:
+        if r["kind"] == "tl_dense":
+            ten = r["tflops_cublas_fp8_tensor"]
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | " + " | ".join(f"{r['tflops_' + c]:.0f}" for c in cols)
+                         + f" | {r['tflops_tilelang_v3'] / ten:.2f} | {r['tflops_tilelang_v41'] / ten:.2f} | {r['tflops_tilelang_fp4'] / ten:.2f} |")
+    gcols = ["triton_fp8_fp4", "tilelang_fp8_fp4", "triton_fp8_v41", "tilelang_fp8_v41", "scaled_grouped_mm_fp8", "grouped_mm_bf16"]
+    lines += ["", "| MoE contiguous | G | rows | " + " | ".join(gcols) + " | TL fp4/scaled_grouped |", "|---|---|---|" + "---|" * (len(gcols) + 1)]
+    for r in rec.rows:
+        if r["kind"] == "tl_contiguous":
+            lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['G']} | {r['rows']} | " + " | ".join(f"{r['tflops_' + c]:.0f}" for c in gcols)
+                         + f" | {r['tflops_tilelang_fp8_fp4'] / r['tflops_scaled_grouped_mm_fp8']:.2f} |")
+    lines += ["", "| sweep | tiles (BM, BN, stages) | TFLOP/s |", "|---|---|---|"]
+    for r in rec.rows:
+        if r["kind"] == "tl_sweep":
+            lines.append(f"| {r['recipe']} | {r['tiles']} | {r.get('tflops', float('nan')):.0f} |")
+    return "\n".join(lines)
+
+
+def tilelang_main(args, rec):
+    import tilelang
+
+    from mini_deepgemm import gemm_tilelang
+
+    rec.meta["tilelang"] = tilelang.__version__
+    rec.meta["tilelang_tiles"] = {"v3": gemm_tilelang.default_tiles(128), "ue8m0": gemm_tilelang.default_tiles(32)}
+    gen = torch.Generator().manual_seed(0)
+    for M in args.m:
+        for name in TL_DENSE:
+            bench_tilelang_dense(rec, M, name, *DENSE_SHAPES[name])
+            torch.cuda.empty_cache()
+    for name, (N, K) in MOE_SHAPES.items():
+        bench_tilelang_contiguous(rec, 96, name, N, K, gen)
+        torch.cuda.empty_cache()
+    if args.sweep:
+        tilelang_sweep(rec)
+    return tilelang_summary(rec)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--sweep", action="store_true", help="pick tile configs by timing candidates first")
     p.add_argument("--m", type=int, nargs="*", default=[4096, 16384])
+    p.add_argument("--tilelang", action="store_true", help="TileLang kernels against Triton and cuBLAS")
     args = p.parse_args()
     rec = Recorder(args.out)
+    if args.tilelang:
+        table = tilelang_main(args, rec)
+        with open(os.path.join(args.out, "table_tilelang.md"), "w") as f:
+            f.write(table + "\n")
+        print(table)
+        return
     best = sweep(rec) if args.sweep else {}
     configs = {"v41": best.get("v41") or G.default_config(G._DENSE, 4096, 32, True),
                "v3": best.get("v3") or G.default_config(G._DENSE, 4096, 128, False)}

@@ -21,7 +21,9 @@ Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in b
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 
-On CUDA with triton the Triton kernel in gemm_kernel.py runs; otherwise the pure-torch references in
+On CUDA, the shape families where the TileLang kernels of gemm_tilelang.py measured faster
+(`TILELANG_FAMILIES`, docs/reports/deepgemm-tilelang.md) run there when tilelang is importable; the other
+calls run the Triton kernel in gemm_kernel.py; without CUDA or triton the pure-torch references in
 reference.py compute the same result (up to the order of fp32 additions).
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._backend import cdiv, use_triton
+from ._backend import cdiv, tilelang_importable, use_triton
 
 __all__ = [
     "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
@@ -47,6 +49,9 @@ _DENSE, _CONTIGUOUS, _MASKED = 0, 1, 2
 _UE8M0_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 Recipe = tuple[int, int, int]
 FP8Operand = tuple[torch.Tensor, torch.Tensor]
+# (layout, FP4 weights, UE8M0 scales) families routed to TileLang by default: those where its kernel beat the
+# Triton kernel in bench_deepgemm.py on H200 (see docs/reports/deepgemm-tilelang.md).
+TILELANG_FAMILIES: frozenset[tuple[int, bool, bool]] = frozenset()
 
 
 def get_m_alignment_for_contiguous_layout() -> int:
@@ -168,14 +173,36 @@ def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: tor
 # --------------------------------------------------------------------------- dispatch
 def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
           group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool, expected_m: int | None = None,
-          config: dict | None = None) -> None:
+          config: dict | None = None, backend: str | None = None) -> None:
+    """backend: None picks (TileLang for TILELANG_FAMILIES, else Triton, else the reference); "tilelang" or
+    "triton" force one (tests and benchmarks; "tilelang" raises if the call is outside its coverage)."""
     recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
     if d.numel() == 0:
         return
-    if use_triton(d):
+    if backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
+        from . import gemm_tilelang
+
+        _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4), "this call is outside the TileLang kernels' coverage")
+        gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4)
+    elif use_triton(d):
         _launch(layout, a, b, d, c, group_arg, recipe, b_fp4, expected_m, config)
     else:
         _reference(layout, a, b, d, c, group_arg, recipe)
+
+
+def _tilelang_covers(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+                     recipe: Recipe, b_fp4: bool) -> bool:
+    from . import gemm_tilelang
+
+    contiguous = all(t.is_contiguous() for t in (a[0], b[0], d))
+    return d.is_cuda and contiguous and gemm_tilelang.supports(layout, b_fp4, recipe[1], recipe[2], a[0].shape[-1], d, c)
+
+
+def _use_tilelang(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
+                  recipe: Recipe, b_fp4: bool) -> bool:
+    ue8m0 = a[1].dtype in _UE8M0_DTYPES
+    return ((layout, b_fp4, ue8m0) in TILELANG_FAMILIES and d.is_cuda and tilelang_importable()
+            and _tilelang_covers(layout, a, b, d, c, recipe, b_fp4))
 
 
 def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
