@@ -20,6 +20,9 @@ run() {  # name, seconds, command... (SIGINT at the limit: pytest still prints i
   timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
 }
+# Each xdist worker gets 2 CPU threads: 16 workers with one thread per core each oversubscribed the 32 cores and
+# the CPU-side oracles (the reference model) became the long pole (2026-11-30, session 2).
+export OMP_NUM_THREADS=2
 PYTEST="python3 -m pytest -v -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 # 2026-11-30: the whole single-GPU run needed more than 245 s with -n 16 (the engine-vs-reference integration
 # test on CUDA is the long pole). On a 2-GPU machine the multi-GPU tests run at the same time, in their own

@@ -56,11 +56,13 @@ def test_ep2_dp2_two_gpus(tmp_path, backend: str) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_data_parallel_engines_two_gpus_match_single_gpu_engine() -> None:
     """Two ranks (one GPU each, NCCL, NVSHMEM when importable), each its own engine and prompts, against one
-    single-GPU engine on all prompts: the same tokens, logits within LOGITS_ATOL (max printed)."""
+    single-GPU engine on all prompts: logits within LOGITS_ATOL and the same greedy tokens except at near-ties
+    (engine.testing.compare_generations; max printed)."""
     import random
 
     from mini_deepinfer.distributed.data_parallel import generate_data_parallel
     from mini_deepinfer.engine.sampling_params import SamplingParams
+    from mini_deepinfer.engine.testing import compare_generations
     from mini_deepinfer.entrypoints.llm import LLM
 
     engine = {"max_model_len": 512, "max_num_seqs": 8, "kv_cache_memory_gb": 0.5, "record_logits": True,
@@ -71,7 +73,6 @@ def test_data_parallel_engines_two_gpus_match_single_gpu_engine() -> None:
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     dp = generate_data_parallel("tiny", prompts, params, 2, device="cuda", exact_moe=True, **engine)
     single = LLM("tiny", device="cuda", **engine).generate(prompts, params, use_tqdm=False)
-    worst = max(float((a - b).abs().max()) for got, want in zip(dp, single) for a, b in zip(got.logits, want.logits))
-    print(f"data-parallel (2 GPUs) vs single-GPU engine: logits max |diff| {worst:.4g}")
-    assert [o.token_ids for o in dp] == [o.token_ids for o in single]
-    assert worst <= LOGITS_ATOL
+    worst = compare_generations(dp, single, params, LOGITS_ATOL)
+    print(f"data-parallel (2 GPUs) vs single-GPU engine: logits max |diff| {worst:.4g}; tokens equal "
+          f"{[o.token_ids for o in dp] == [o.token_ids for o in single]}")

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from mini_deepinfer import LLM, SamplingParams
-from mini_deepinfer.engine.testing import FakeConfig, FakePagedCache, FakePagedModel
+from mini_deepinfer.distributed.testing import LOGITS_ATOL
+from mini_deepinfer.engine.testing import FakeConfig, FakePagedCache, FakePagedModel, compare_generations
 from mini_deepinfer.models.deepseek_v41 import resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.config import tiny_config
 
@@ -104,14 +105,16 @@ def test_text_without_a_tokenizer_is_refused_and_outputs_have_no_text() -> None:
 @pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_data_parallel_size_two_on_two_gpus_matches_one_gpu() -> None:
-    """One rank per GPU (NCCL) against the single-GPU LLM: the same greedy and seeded tokens. On CUDA the expert
-    GEMMs see other row counts than in one process, so logits are not claimed bit-identical (the engine-level
-    check with its logit bound is integration_tests/test_ep_dp_gpu.py)."""
-    engine = {**ENGINE, "device": "cuda", "kv_cache_memory_gb": 1.0}
+    """One rank per GPU (NCCL) against the single-GPU LLM, greedy and seeded requests. On CUDA the expert GEMMs
+    see other row counts than in one process, so logits are not bit-identical: they must agree within LOGITS_ATOL,
+    and the tokens wherever no near-tie allows a flip (engine.testing.compare_generations)."""
+    engine = {**ENGINE, "device": "cuda", "kv_cache_memory_gb": 1.0, "record_logits": True}
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (150, 25, 40, 12)]
     params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, top_k=50, max_tokens=4, seq_seed=5, ignore_eos=True)] * 2
     two = LLM("tiny", data_parallel_size=2, exact_moe=True, **engine).generate(prompts, params)
     one = LLM("tiny", **engine).generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+    worst = compare_generations(two, one, params, LOGITS_ATOL)
+    print(f"data_parallel_size=2 vs 1 GPU: logits max |diff| {worst:.4g}, tokens equal "
+          f"{[o.token_ids for o in two] == [o.token_ids for o in one]}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mini_deepinfer.models.deepseek_v41 import load_reference, ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
@@ -172,6 +173,15 @@ def test_golden_logits_of_the_tiny_checkpoint(tiny_refs):
                 assert g["top_ids"][: i + 1] == w["top_ids"][: i + 1]
 
 
+# The tiny random model amplifies rounding noise: every activation is fake-quantized to FP8 (a flipped rounding
+# moves a value by a whole FP8 step) and the indexer's top-k picks flip with it. Measured on CPU (2026-11-30): a
+# bf16 half-ulp change of 1% of the embedding entries moves the final logits to cosine 0.970-0.994 (3 seeds x the
+# two golden prompts) while the first block's output stays at >= 0.9997. So CUDA vs CPU (other bf16 accumulation
+# orders) is held to that noise floor at the end, and tightly at the first block, where noise has not grown yet.
+CUDA_VS_CPU_FIRST_BLOCK_COSINE = 0.9995
+CUDA_VS_CPU_LOGITS_COSINE = 0.96
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_reference_on_cuda_matches_cpu(tiny_refs):
@@ -179,11 +189,17 @@ def test_reference_on_cuda_matches_cpu(tiny_refs):
     gpu = load_reference("tiny", "cuda")
     for name, prompt in GOLDEN_PROMPTS.items():
         toks = torch.tensor(prompt)
+        cpu.capture, gpu.capture = [], []
         a = cpu.forward(toks, 0, cpu.new_state())[-1]
         b = gpu.forward(toks, 0, gpu.new_state())[-1].cpu()
-        cos = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
-        print(f"reference CUDA vs CPU [{name}]: max |diff| {(a - b).abs().max().item():.4f}, cosine {cos:.6f}")
-        assert cos > 0.99
+        per_block = [F.cosine_similarity(x.flatten(), y.cpu().flatten(), dim=0).item()
+                     for x, y in zip(cpu.capture, gpu.capture)]
+        cpu.capture = gpu.capture = None
+        cos = F.cosine_similarity(a, b, dim=0).item()
+        print(f"reference CUDA vs CPU [{name}]: logits max |diff| {(a - b).abs().max().item():.4f}, cosine {cos:.6f}; "
+              f"per-block cosine {[round(c, 5) for c in per_block]}")
+        assert per_block[0] > CUDA_VS_CPU_FIRST_BLOCK_COSINE, (name, per_block)
+        assert cos > CUDA_VS_CPU_LOGITS_COSINE, (name, cos)
 
 
 if __name__ == "__main__":
