@@ -116,3 +116,28 @@ def fake_generate(
             return out, "stop", logits_seen
         if len(out) >= params.max_tokens or len(tokens) >= max_model_len:
             return out, "length", logits_seen
+
+
+def compare_generations(got: list, want: list, params: list[SamplingParams], atol: float) -> float:
+    """Check two runs of the same requests whose logits may differ by rounding (other kernels, batch splits or
+    GPUs) and return the largest |logit difference| seen. `got` / `want`: outputs with `token_ids` and recorded
+    `logits` (one fp32 [vocab] tensor per generated token).
+
+    Each request is compared step by step while its tokens agree: the logits must be within `atol`. The tiny random
+    model's logits are flat, so a rounding-level difference can flip a near-tie; a greedy request may therefore
+    diverge only at a step where `want`'s two best logits are within 2 * atol, and the comparison of that request
+    stops there (later steps see different prefixes). A sampled request (temperature > 0) may diverge at any step
+    whose logits agreed: its Gumbel-perturbed scores can be as close as the logits allow; it stops there too."""
+    worst = 0.0
+    for i, (g, w, p) in enumerate(zip(got, want, params, strict=True)):
+        for step, (lg, lw) in enumerate(zip(g.logits, w.logits, strict=True)):
+            diff = float((lg.float().cpu() - lw.float().cpu()).abs().max())
+            worst = max(worst, diff)
+            assert diff <= atol, f"request {i} step {step}: logits differ by {diff:.4g} > {atol}"
+            if g.token_ids[step] != w.token_ids[step]:
+                if p.temperature == 0.0:
+                    top2 = lw.float().topk(2).values
+                    gap = float(top2[0] - top2[1])
+                    assert gap <= 2 * atol, f"request {i} step {step}: greedy tokens differ, top-2 gap {gap:.4g}"
+                break
+    return worst
