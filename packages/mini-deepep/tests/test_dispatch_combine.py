@@ -7,9 +7,17 @@ from mini_deepep import Buffer
 from mini_deepep.buffer import nvshmem_available
 from mini_deepep.testing import spawn_ranks
 
+# Symmetric bytes for the largest scenario: 1024 tokens of hidden 1024 per rank, top-6, 2 ranks.
+NVL_BYTES_1024 = Buffer.get_nvl_buffer_size_hint(1024, 1024, 6, 2)
+
 
 def test_torch_backend_two_ranks_gloo() -> None:
     spawn_ranks(2, ("torch",))
+
+
+def test_torch_backend_stress_two_ranks_gloo() -> None:
+    """The stress driver itself (calls back to back, seeded lags), once through its scenarios."""
+    spawn_ranks(2, ("torch",), stress_rounds=5)
 
 
 @pytest.mark.gpu
@@ -17,4 +25,16 @@ def test_torch_backend_two_ranks_gloo() -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton")
 def test_nvshmem_and_torch_backends_two_gpus() -> None:
-    spawn_ranks(2, ("nvshmem", "torch"), Buffer.get_nvl_buffer_size_hint(1024, 1024, 6, 2), on_gpu=True)
+    spawn_ranks(2, ("nvshmem", "torch"), NVL_BYTES_1024, on_gpu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton")
+def test_nvshmem_stress_two_gpus() -> None:
+    """20 NVSHMEM rounds on one buffer, back to back, ranks alternately held back (races, buffer reuse).
+
+    A 60 s wait limit instead of 100: a lost signal fails within a short run's time, while a rank
+    that is merely slow (a Triton compile on a loaded host) still gets a minute."""
+    spawn_ranks(2, ("nvshmem",), NVL_BYTES_1024, on_gpu=True, stress_rounds=20, wait_timeout_s=60.0)

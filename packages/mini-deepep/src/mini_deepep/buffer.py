@@ -34,6 +34,8 @@ class Buffer:
         available on CUDA, else torch).
     num_sms: programs of the NVSHMEM kernels that drive NVLink (their SM footprint); None = every
         SM (best when nothing runs alongside; lower it to overlap dispatch/combine with compute).
+    wait_timeout_s: wall-clock seconds an NVSHMEM kernel waits for a peer before giving up (see
+        `timed_out`). Generous on purpose: on a loaded host a healthy peer can lag by seconds.
 
     Every method is collective: all ranks call the same methods in the same order. Call `destroy()`
     (or use the Buffer as a context manager) before the process group goes away; NVSHMEM can be
@@ -47,6 +49,7 @@ class Buffer:
         *,
         backend: str = "auto",
         num_sms: int | None = None,
+        wait_timeout_s: float = 100.0,
     ) -> None:
         if backend == "auto":
             backend = "nvshmem" if nvshmem_available() and num_nvl_bytes > 0 else "torch"
@@ -59,7 +62,7 @@ class Buffer:
         elif backend == "nvshmem":
             from mini_deepep.nvshmem_backend import NvshmemBackend
 
-            self._backend = NvshmemBackend(group, num_nvl_bytes, num_sms)
+            self._backend = NvshmemBackend(group, num_nvl_bytes, num_sms, wait_timeout_s)
         else:
             raise ValueError(f"unknown backend {backend!r} (expected 'auto', 'nvshmem' or 'torch')")
 
@@ -138,7 +141,13 @@ class Buffer:
             self._backend.num_sms = num_sms
 
     def timed_out(self) -> bool:
-        """True if an NVSHMEM wait gave up on a peer (a would-be hang); always False for torch. Host sync."""
+        """True if an NVSHMEM wait gave up on a peer (a would-be hang); always False for torch. Host sync.
+
+        A wait that gives up lets its kernel go on with stale data: once this is True, the results
+        of the call that timed out and of every later call are wrong. It is sticky and set on every
+        rank (later waits give up at once, so a lost peer cannot hang each kernel in turn); the
+        Buffer is unusable, destroy it. Check it before trusting results where a peer may stall.
+        """
         return bool(getattr(self._backend, "timed_out", lambda: False)())
 
     def destroy(self) -> None:

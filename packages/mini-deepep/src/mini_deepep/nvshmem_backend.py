@@ -16,7 +16,8 @@ no host synchronisation in the data path (the only host read is the output row c
 The layout (get_dispatch_layout, torch ops) is computed before, once per routing.
 
 Each send kernel first waits for the previous call's CONSUMED counters, so the buffer is reused
-safely however far one rank runs ahead. Overlap with compute is up to the caller: run dispatch or
+safely however far one rank runs ahead. A wait gives up only after `wait_timeout_s` of wall-clock
+time, and then flags ERROR on every rank (`Buffer.timed_out`): the data it guarded is stale. Overlap with compute is up to the caller: run dispatch or
 combine on a side stream (the kernels take `num_sms` programs, the rest of the GPU stays free).
 """
 
@@ -70,7 +71,9 @@ def _nonempty(t: torch.Tensor) -> torch.Tensor:
 
 
 class NvshmemBackend:
-    def __init__(self, group: dist.ProcessGroup | None, num_nvl_bytes: int, num_sms: int | None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, num_nvl_bytes: int, num_sms: int | None, wait_timeout_s: float
+    ) -> None:
         import nvshmem.core as nvshmem
 
         try:
@@ -117,6 +120,8 @@ class NvshmemBackend:
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.num_sms = num_sms or sm_count
         self.local_programs = 4 * sm_count
+        # How long a wait spins on a peer's counter before it gives up and sets ERROR (kernels/signals.py).
+        self.timeout_ns = int(wait_timeout_s * 1e9)
         # Running targets of the header counters (each bumped once per program of the kernel that signals).
         self._dispatch_arrived = self._dispatch_consumed = self._combine_arrived = self._combine_consumed = 0
 
@@ -124,7 +129,7 @@ class NvshmemBackend:
         return self.layout.signal_offset(which)
 
     def timed_out(self) -> bool:
-        """True if any wait gave up (a peer never signalled). Reads the device (host sync)."""
+        """True if a wait here or on a peer gave up (sticky). Reads the device (host sync)."""
         return bool(self.buf64[self._header(L.ERROR)].item())
 
     def dispatch(
@@ -172,7 +177,7 @@ class NvshmemBackend:
             _nonempty(topk_idx.long().contiguous()), _nonempty(topk_weights.contiguous()),
             _nonempty(layout.send_slot), _nonempty(layout.rank_in_expert),
             layout.num_tokens_per_rank, layout.num_tokens_per_expert,
-            num_tokens, self.rank, self._dispatch_consumed,
+            num_tokens, self.rank, self._dispatch_consumed, self.timeout_ns,
             self.layout.dispatch_offset, sent.meta_offset, slots, self.layout.expert_counts_offset,
             self._header(L.DISPATCH_ARRIVED), self._header(L.DISPATCH_CONSUMED),
             self._header(L.DISPATCH_COUNT), self._header(L.ERROR),
@@ -192,8 +197,8 @@ class NvshmemBackend:
         tokens_per_expert = torch.empty(experts_per_rank, dtype=torch.int32, device=self.device)
         total_rows = torch.empty(1, dtype=torch.int32, device=self.device)
         dispatch_plan_kernel[(1,)](
-            self.buf32, self.buf64, segment_base, tokens_per_expert, total_rows,
-            self._dispatch_arrived, self.layout.expert_counts_offset, self._header(L.DISPATCH_ARRIVED),
+            self.buf32, self.buf64, self.peer_offsets, segment_base, tokens_per_expert, total_rows,
+            self._dispatch_arrived, self.timeout_ns, self.layout.expert_counts_offset, self._header(L.DISPATCH_ARRIVED),
             self._header(L.ERROR), m_alignment,
             NUM_RANKS=R, EXPERTS_PER_RANK=experts_per_rank, EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank),
             MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
@@ -250,12 +255,11 @@ class NvshmemBackend:
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
         combine_send_kernel[(self.num_sms,)](
             self.buf16, self.buf64, self.peer_offsets,
-            _nonempty(y), _nonempty(row_weights), handle.positions,
-            R * slots, slots, self.rank, self._combine_consumed,
+            _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_src_rank,
+            R * slots, slots, self.rank, self._combine_consumed, self.timeout_ns,
             self.layout.combine_offset, self._header(L.COMBINE_CONSUMED), self._header(L.COMBINE_ARRIVED),
             self._header(L.ERROR),
-            NUM_RANKS=R, TOPK=handle.num_topk, TOPK_BLOCK=triton.next_power_of_2(handle.num_topk),
-            HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
+            NUM_RANKS=R, TOPK=handle.num_topk, HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
         )
         self._combine_arrived += self.num_sms
 
@@ -267,7 +271,7 @@ class NvshmemBackend:
         combine_reduce_kernel[(self.local_programs,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(handle.send_slot), _nonempty(out),
-            handle.num_tokens, slots, self.rank, self._combine_arrived,
+            handle.num_tokens, slots, self.rank, self._combine_arrived, self.timeout_ns,
             self.layout.combine_offset, self._header(L.COMBINE_ARRIVED), self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR),
             NUM_RANKS=R, HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,

@@ -11,7 +11,8 @@ Header signals: int64 arrays of num_ranks entries, entry p written (only) by pee
                          (so this rank may overwrite its slots on p again)
     COMBINE_ARRIVED[p], COMBINE_CONSUMED[p]: the same for combine
     DISPATCH_COUNT[p]    number of tokens p sent here in the current dispatch
-    ERROR[0]             set to 1 by any wait that timed out (a hang turned into an error)
+    ERROR[0]             set to 1 on every rank by a wait that gave up (a hang turned into an error);
+                         sticky: later waits see it and give up at once
 Counters only grow; the host keeps the running target of each, so nothing is ever reset.
 Header expert counts (at EXPERT_COUNTS_BYTE_OFFSET): int32 [R][MAX_LOCAL_EXPERTS], row p = how many
     of p's tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).

@@ -15,24 +15,24 @@ from mini_deepep.kernels.signals import peer_offset, release_add, wait_at_least
 @triton.jit(do_not_specialize=["consumed_target"])  # changes every call: compile once
 def combine_send_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
-    y, row_weights, positions,  # bf16 [M, HIDDEN], fp32 [M], int32 [NUM_RANKS * slots, TOPK]
-    num_slots, slots, rank, consumed_target,
+    y, row_weights, positions, recv_src_rank,  # bf16 [M, HIDDEN], fp32 [M], int32 [NUM_RANKS * slots, TOPK], [NUM_RANKS * slots]
+    num_slots, slots, rank, consumed_target, timeout_ns,
     combine_offset, consumed_offset, arrived_offset, error_offset,
-    NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr,
-    ROW_BLOCK: tl.constexpr,
+    NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, HIDDEN: tl.constexpr, ROW_BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     # The home ranks must have finished reading the previous combine's partials.
     for d in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64 + error_offset)
-    ks = tl.arange(0, TOPK_BLOCK)
+        wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
     cols = tl.arange(0, ROW_BLOCK)
     in_row = cols < HIDDEN
     for s in range(pid, num_slots, num_programs):
         s64 = tl.cast(s, tl.int64)
-        pos = tl.load(positions + s64 * TOPK + ks, mask=ks < TOPK, other=-1)
-        if tl.max(pos, axis=0) >= 0:
+        # Every used slot sends a partial, even when a caller's fixed row count dropped all its pairs
+        # (then zeros): the home rank reads one partial per rank its token went to, and would
+        # otherwise add a stale one from an earlier combine.
+        if tl.load(recv_src_rank + s64) >= 0:
             home = s // slots  # the slot's source rank: where the partial goes back to
             dst = buf16 + 2 * peer_offset(peer_offsets, home) + combine_offset + (rank * slots + s % slots).to(tl.int64) * HIDDEN
             acc = tl.zeros([ROW_BLOCK], dtype=tl.float32)
@@ -51,14 +51,14 @@ def combine_send_kernel(
 def combine_reduce_kernel(
     buf16, buf64, peer_offsets,
     send_slot, out,  # int32 [T, NUM_RANKS] (slot of each token on each rank, -1 = not sent), bf16 [T, HIDDEN]
-    num_tokens, slots, rank, arrived_target,
+    num_tokens, slots, rank, arrived_target, timeout_ns,
     combine_offset, arrived_offset, consumed_offset, error_offset,
     NUM_RANKS: tl.constexpr, HIDDEN: tl.constexpr, ROW_BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     for d in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + arrived_offset + d, arrived_target, buf64 + error_offset)
+        wait_at_least(buf64 + arrived_offset + d, arrived_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
     cols = tl.arange(0, ROW_BLOCK)
     in_row = cols < HIDDEN
     for t in range(pid, num_tokens, num_programs):

@@ -29,7 +29,7 @@ def dispatch_send_kernel(
     x_a, x_b,  # payload words: int32 [T, A_WORDS] and [T, B_WORDS] (B_WORDS = 0: x_b unused)
     topk_idx, topk_weights, send_slot, rank_in_expert,  # int64 [T, K], fp32 [T, K], int32 [T, R], int32 [T, K]
     tokens_per_rank, tokens_per_expert,  # int32 [R], int32 [R * EXPERTS_PER_RANK]
-    num_tokens, rank, consumed_target,
+    num_tokens, rank, consumed_target, timeout_ns,
     data_offset, meta_offset, slots, expert_counts_offset,  # int32-word offsets, slots per source
     arrived_offset, consumed_offset, count_offset, error_offset,  # int64-word offsets of header arrays
     NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
@@ -41,7 +41,7 @@ def dispatch_send_kernel(
     row_words = A_WORDS + B_WORDS
     # The slots on every destination must be free: its expand kernel of the previous call is done.
     for d in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64 + error_offset)
+        wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
 
     cols = tl.arange(0, ROW_BLOCK)
     b_cols = tl.arange(0, B_BLOCK)
@@ -83,14 +83,14 @@ def dispatch_send_kernel(
 
 @triton.jit(do_not_specialize=["arrived_target"])
 def dispatch_plan_kernel(
-    buf32, buf64, segment_base, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [E_l], [1]
-    arrived_target, expert_counts_offset, arrived_offset, error_offset, m_alignment,
+    buf32, buf64, peer_offsets, segment_base, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [E_l], [1]
+    arrived_target, timeout_ns, expert_counts_offset, arrived_offset, error_offset, m_alignment,
     NUM_RANKS: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
     MAX_LOCAL_EXPERTS: tl.constexpr,
 ):
     """One program: wait for every source, then segment_base[s, e] = first row of source s in expert e."""
     for s in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + arrived_offset + s, arrived_target, buf64 + error_offset)
+        wait_at_least(buf64 + arrived_offset + s, arrived_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
     e = tl.arange(0, EXPERT_BLOCK)
     in_range = e < EXPERTS_PER_RANK
     total = tl.zeros([EXPERT_BLOCK], dtype=tl.int32)
