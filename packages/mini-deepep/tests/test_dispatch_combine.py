@@ -1,11 +1,26 @@
 """Dispatch + combine across 2 processes: torch backend on CPU (gloo); NVSHMEM and torch backends on 2 GPUs."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from mini_deepep import Buffer
 from mini_deepep.buffer import nvshmem_available
 from mini_deepep.testing import spawn_ranks
+
+
+def two_gpus_with_nvshmem(test: Callable[[], None]) -> Callable[[], None]:
+    """The marks and skips of every NVSHMEM test."""
+    for mark in (
+        pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton"),
+        pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+        pytest.mark.multigpu,
+        pytest.mark.gpu,
+    ):
+        test = mark(test)
+    return test
+
 
 # Symmetric bytes for the largest scenario: 1024 tokens of hidden 1024 per rank, top-6, 2 ranks.
 NVL_BYTES_1024 = Buffer.get_nvl_buffer_size_hint(1024, 1024, 6, 2)
@@ -17,24 +32,25 @@ def test_torch_backend_two_ranks_gloo() -> None:
 
 def test_torch_backend_stress_two_ranks_gloo() -> None:
     """The stress driver itself (calls back to back, seeded lags), once through its scenarios."""
-    spawn_ranks(2, ("torch",), stress_rounds=5)
+    spawn_ranks(2, ("torch",), driver="stress", rounds=5)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-@pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton")
+@two_gpus_with_nvshmem
 def test_nvshmem_and_torch_backends_two_gpus() -> None:
     spawn_ranks(2, ("nvshmem", "torch"), NVL_BYTES_1024, on_gpu=True)
 
 
-@pytest.mark.gpu
-@pytest.mark.multigpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-@pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton")
+@two_gpus_with_nvshmem
 def test_nvshmem_stress_two_gpus() -> None:
     """20 NVSHMEM rounds on one buffer, back to back, ranks alternately held back (races, buffer reuse).
 
     A 60 s wait limit instead of 100: a lost signal fails within a short run's time, while a rank
     that is merely slow (a Triton compile on a loaded host) still gets a minute."""
-    spawn_ranks(2, ("nvshmem",), NVL_BYTES_1024, on_gpu=True, stress_rounds=20, wait_timeout_s=60.0)
+    spawn_ranks(2, ("nvshmem",), NVL_BYTES_1024, on_gpu=True, driver="stress", rounds=20, wait_timeout_s=60.0)
+
+
+@two_gpus_with_nvshmem
+def test_nvshmem_lost_peer_times_out_two_gpus() -> None:
+    """A combine the peer never joins gives up after the 5 s wait limit, sets ERROR on both ranks, and later
+    calls give up at once (no hang, no silent wait per kernel)."""
+    spawn_ranks(2, ("nvshmem",), NVL_BYTES_1024, on_gpu=True, driver="lost_peer", wait_timeout_s=5.0)

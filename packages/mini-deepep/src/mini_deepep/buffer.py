@@ -57,6 +57,7 @@ class Buffer:
         self.rank = dist.get_rank(group)
         self.num_ranks = dist.get_world_size(group)
         self.backend_name = backend
+        self.wait_timeout_s = wait_timeout_s
         if backend == "torch":
             self._backend = TorchBackend(group)
         elif backend == "nvshmem":

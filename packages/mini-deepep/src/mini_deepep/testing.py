@@ -295,7 +295,8 @@ def run_stress(buffer: Buffer, scenarios: list[Scenario], device: torch.device, 
     and before the combine the next one, is held back 0-20 ms (seeded, the same on every rank) on the
     host or on its GPU, and the NVLink kernels' program count changes between calls (CUDA). So every
     wait meets both an early and a late peer, and a buffer reused before its reader finished, a
-    missing acquire/release or a wrong counter target shows up as a wrong row. Returns `rounds`.
+    missing acquire/release or a wrong counter target shows up as a wrong row. Leaves the last
+    program count set. Returns `rounds`.
     """
     rank, num_ranks = buffer.rank, buffer.num_ranks
     rng = random.Random(seed)
@@ -323,13 +324,47 @@ def run_stress(buffer: Buffer, scenarios: list[Scenario], device: torch.device, 
         out = buffer.combine(y, result.handle)
         lag = f"rank {late_rank} then {(late_rank + 1) % num_ranks} held {lag_ms:.1f} ms on the {'GPU' if lag_on_gpu else 'host'}"
         launched.append((f"{buffer.backend_name} rank {rank}: stress round {i}, {s.name}, {lag}, num_sms {num_sms}", s, result, out))
-    if sm_count:
-        buffer.set_num_sms(sm_count)
     check_not_timed_out(buffer, f"{buffer.backend_name} rank {rank}: stress, {rounds} rounds", "the rounds")
     for where, s, result, out in launched:
         check_dispatch(where, s, data[s], rank, result)
         check_combine(where, s, data[s], rank, result.handle, out.cpu(), exact_combine=False)
     return rounds
+
+
+def run_lost_peer(buffer: Buffer, device: torch.device) -> None:
+    """A peer that never signals (rank 1 skips a combine rank 0 makes) must not hang rank 0.
+
+    Rank 0's wait gives up after about the buffer's wait limit (wall-clock), ERROR is then set on
+    both ranks, and a later dispatch + combine on rank 0 alone gives up at once (sticky) instead of
+    waiting again. NVSHMEM only (the torch backend has no waits of its own).
+    """
+    import torch.distributed as dist
+
+    assert buffer.backend_name == "nvshmem", "the lost-peer check needs the NVSHMEM backend"
+    rank, num_ranks = buffer.rank, buffer.num_ranks
+    limit_s = buffer.wait_timeout_s
+    s = cpu_scenarios(num_ranks)[0]
+    data = scenario_data(s, num_ranks)
+    send, topk, weights = (t.to(device) for t in (data.payloads[rank][0], *data.inputs[rank][1:]))
+    result = _dispatch(buffer, s, send, topk, weights)
+    y = stand_in_expert_outputs(_payload_rows((result.recv_x,)), result.grouped_layout)
+    torch.cuda.synchronize(device)
+    assert not buffer.timed_out(), f"rank {rank}: the dispatch before the lost combine timed out"
+    dist.barrier()
+    if rank == 0:
+        start = time.monotonic()
+        buffer.combine(y, result.handle)
+        torch.cuda.synchronize(device)
+        first_s = time.monotonic() - start
+        start = time.monotonic()
+        again = _dispatch(buffer, s, send, topk, weights)
+        buffer.combine(stand_in_expert_outputs(_payload_rows((again.recv_x,)), again.grouped_layout), again.handle)
+        torch.cuda.synchronize(device)
+        second_s = time.monotonic() - start
+        assert 0.8 * limit_s <= first_s <= limit_s + 30, f"the lost combine took {first_s:.1f} s, limit {limit_s} s"
+        assert second_s < 0.5 * limit_s, f"after ERROR a call still waited {second_s:.1f} s (limit {limit_s} s)"
+    dist.barrier()
+    assert buffer.timed_out(), f"rank {rank}: ERROR not set after rank 0's wait gave up"
 
 
 def free_port() -> int:
@@ -342,7 +377,7 @@ def free_port() -> int:
 
 def _rank_main(
     rank: int, num_ranks: int, port: int, buffer_backends: tuple[str, ...], num_nvl_bytes: int, on_gpu: bool,
-    stress_rounds: int, wait_timeout_s: float,
+    driver: str, rounds: int, wait_timeout_s: float,
 ) -> None:
     import torch.distributed as dist
 
@@ -356,16 +391,20 @@ def _rank_main(
         "nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks,
         **({"device_id": device} if on_gpu else {}),
     )
-    scenarios = gpu_scenarios(num_ranks) if on_gpu else cpu_scenarios(num_ranks)
     try:
         for backend in buffer_backends:
             # The context manager frees the symmetric memory and finalises NVSHMEM when done.
             with Buffer(None, num_nvl_bytes, backend=backend, wait_timeout_s=wait_timeout_s) as buffer:
                 assert buffer.backend_name == backend
-                if stress_rounds:
-                    run_stress(buffer, stress_scenarios(num_ranks), device, stress_rounds)
+                if driver == "scenarios":
+                    scenarios = gpu_scenarios(num_ranks) if on_gpu else cpu_scenarios(num_ranks)
+                    run_all(buffer, scenarios, device, exact_combine=backend == "torch", repeats=rounds)
+                elif driver == "stress":
+                    run_stress(buffer, stress_scenarios(num_ranks), device, rounds)
+                elif driver == "lost_peer":
+                    run_lost_peer(buffer, device)
                 else:
-                    run_all(buffer, scenarios, device, exact_combine=backend == "torch")
+                    raise ValueError(f"unknown driver {driver!r}")
     finally:
         dist.destroy_process_group()
 
@@ -376,18 +415,21 @@ def spawn_ranks(
     num_nvl_bytes: int = 0,
     on_gpu: bool = False,
     *,
-    stress_rounds: int = 0,
+    driver: str = "scenarios",
+    rounds: int = 2,
     wait_timeout_s: float = 100.0,
 ) -> None:
-    """Run the scenarios on `num_ranks` spawned processes (gloo on CPU, NCCL + one GPU each on GPU); raises on failure.
+    """Run a driver on `num_ranks` spawned processes (gloo on CPU, NCCL + one GPU each on GPU); raises on failure.
 
-    stress_rounds: 0 = every scenario twice with checks after each call (`run_all`); N = `run_stress`
-    with N rounds. wait_timeout_s: the NVSHMEM Buffer's wait limit.
+    driver: "scenarios" (`run_all`, every scenario `rounds` times, checked after each call),
+    "stress" (`run_stress`, `rounds` back-to-back calls) or "lost_peer" (`run_lost_peer`, NVSHMEM).
+    wait_timeout_s: the NVSHMEM Buffer's wait limit.
     """
     import torch.multiprocessing as mp
 
     # fork saves re-importing torch on CPU; CUDA cannot be forked.
     mp.start_processes(
-        _rank_main, args=(num_ranks, free_port(), buffer_backends, num_nvl_bytes, on_gpu, stress_rounds, wait_timeout_s),
+        _rank_main,
+        args=(num_ranks, free_port(), buffer_backends, num_nvl_bytes, on_gpu, driver, rounds, wait_timeout_s),
         nprocs=num_ranks, start_method="spawn" if on_gpu else "fork",
     )
