@@ -55,7 +55,9 @@ def _kernel(layout: int, b_fp4: bool, ue8m0: bool, gran_n: int, gran_k: int,
     sb_shape = (G, groups, NBP) if grouped else (groups, NBP)
     gl_shape = (M,) if grouped else (1,)
     sb_tile = block_n // gran_n if gran_n < block_n else 1  # B scales one tile uses per group
-    sb_box = max(sb_tile, 16 // s_bytes)  # a TMA box row is at least 16 bytes
+    # Every stage's copy of a TMA box must start 128-byte aligned in shared memory (16-byte stages failed
+    # with "misaligned address"), so a box is at least 128 bytes; the part past the tile is not read.
+    sb_box = max(sb_tile, 128 // s_bytes)
 
     def to_f32(s):
         """UE8M0 exponent byte -> 2^(e-127) by placing it in the fp32 exponent field; fp32 scales as they are."""
