@@ -41,8 +41,10 @@ MAX_MODEL_LEN = 1024
 TOLERANCE = 0.05
 # Cosine bars, each calibrated on a measured run (2026-11-30) and set below it with margin:
 # - CPU, the reference's call pattern (batched / ZOS / preemption / abort): same ops, one-ulp row-count effects
-#   only; measured >= 0.99925.
-MIN_COSINE = 0.998
+#   only; measured >= 0.99925 with torch.topk's tie order, 0.99653 since top-k ties go to the lowest position
+#   (mini_flashmla.reference.topk_lowest_index; each request alone is still within 1e-6): the 3-row batch's
+#   one-ulp rounding now tips a different near-tied index score at the 260-token prompt's last decode step.
+MIN_COSINE = 0.995
 # - chunked prefill: the reference itself, prefilling 128 instead of 260 tokens, already differs from layer 2 on
 #   (cosine 0.965 at isolated positions of the last layer: bf16-tied indexer scores flip a top-k entry, FP4/FP8
 #   requantization amplifies last-bit differences; docs/MODEL.md). The engine's chunked prefill inherits exactly

@@ -69,16 +69,34 @@ def indexer_scores_ref(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, 
     return score.masked_fill(t[None, :] >= visible[:, None], float("-inf"))
 
 
+def topk_lowest_index(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values of each row of x (fp32 [..., n], -inf allowed, no NaN), equal values ranked
+    by ascending index; int64 [..., k] in that order.
+
+    torch.topk leaves the order of ties to the implementation, which picks differently for rows of different
+    lengths (and on CPU and CUDA): with a fixed rule a selection depends only on the scores, so a row padded with
+    -inf (the engine's fixed-shape decode) selects what the unpadded row does. Each value becomes an int64 key
+    (its fp32 bits in an order-preserving form, then the reversed index), all distinct.
+    """
+    n = x.shape[-1]
+    bits = (x.float() + 0.0).contiguous().view(torch.int32).to(torch.int64)  # + 0.0: -0.0 ranks as +0.0
+    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: flip the magnitude bits
+    key = order * (1 << 32) + (n - 1 - torch.arange(n, dtype=torch.int64, device=x.device))
+    return key.topk(k, dim=-1).indices
+
+
 def indexer_topk_ref(score: torch.Tensor, topk: int) -> torch.Tensor:
     """Top-k of the indexer scores, sorted ascending by position, -1 for entries that are not selectable.
 
     score: fp32 [s_q, n_k] with -inf for invisible / excluded keys. Returns int32 [s_q, min(topk, n_k)]; an entry
-    whose score is -inf is -1 (so a query never reads a key it may not see). Ties: as torch.topk.
+    whose score is -inf is -1 (so a query never reads a key it may not see). Ties: the lowest position wins
+    (topk_lowest_index).
     """
     k = min(topk, score.shape[1])
     if k == 0:
         return torch.empty((score.shape[0], 0), dtype=torch.int32, device=score.device)
-    vals, idx = score.topk(k, dim=-1)
+    idx = topk_lowest_index(score, k)
+    vals = score.gather(-1, idx)
     idx = torch.where(torch.isneginf(vals), torch.full_like(idx, -1), idx)
     big = score.shape[1]
     idx = torch.where(idx < 0, torch.full_like(idx, big), idx).sort(-1).values
@@ -90,7 +108,8 @@ def candidate_block_mask_ref(score: torch.Tensor, compress_len: int, block: int,
 
     score: fp32 [s_q, n_k] indexer scores (-inf where invisible). Entries are grouped in blocks of `block`
     (padded with -inf); a block's value is its max; the block holding the newest entry (compress_len - 1) is forced
-    to +inf; the top `topk_blocks` blocks with value > -inf are kept. Returns bool [s_q, n_k].
+    to +inf; the top `topk_blocks` blocks with value > -inf are kept (ties: the lowest block wins). Returns bool
+    [s_q, n_k].
     """
     s_q, n_k = score.shape
     n_blocks = -(-n_k // block)
@@ -100,7 +119,8 @@ def candidate_block_mask_ref(score: torch.Tensor, compress_len: int, block: int,
     if compress_len > 0:
         bval[:, (compress_len - 1) // block] = float("inf")
     kb = min(topk_blocks, n_blocks)
-    vals, bidx = bval.topk(kb, dim=-1)
+    bidx = topk_lowest_index(bval, kb)
+    vals = bval.gather(-1, bidx)
     keep = torch.zeros((s_q, n_blocks), dtype=torch.bool, device=score.device)
     keep.scatter_(1, bidx, vals > float("-inf"))
     return keep.repeat_interleave(block, dim=1)[:, :n_k]
