@@ -26,6 +26,7 @@ from mini_deepinfer.engine.block_manager import KVCacheManager
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.engine.scheduler import Scheduler, SchedulerConfig
 from mini_deepinfer.engine.sequence import FinishReason, Sequence
+from mini_deepinfer.worker.cuda_graphs import DEFAULT_BATCH_SIZES
 from mini_deepinfer.worker.model_runner import CachePlan, CacheType, ModelRunner, StepHandle, plan_cache
 
 
@@ -40,6 +41,8 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float | None = None  # used on CUDA when kv_cache_memory_gb is None (default 0.9)
     record_logits: bool = False  # keep each sampled row's logits on its request (tests, comparisons)
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
+    cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets replayed from CUDA graphs
 
     def scheduler_config(self) -> SchedulerConfig:
         batched = self.max_num_batched_tokens
@@ -130,7 +133,9 @@ class LLMEngine:
         )
         cache = cache_cls(model.config, self.cache_plan.num_blocks, self.cache_plan.num_slots, self.device)
         self.scheduler = Scheduler(sched_config, KVCacheManager(self.cache_plan.num_blocks, self.cache_plan.num_slots))
-        self.runner = ModelRunner(model, cache, self.device, record_logits=config.record_logits)
+        self.runner = ModelRunner(model, cache, self.device, record_logits=config.record_logits,
+                                  max_model_len=config.max_model_len, enforce_eager=config.enforce_eager,
+                                  cuda_graph_batch_sizes=config.cuda_graph_batch_sizes)
         self._requests: dict[str, Sequence] = {}  # unfinished requests
         self._in_flight: StepHandle | None = None
         self._aborted: list[RequestOutput] = []

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from mini_deepinfer.engine.block_manager import BLOCK_SIZE
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput, check_request
 from mini_deepinfer.engine.sampling_params import SamplingParams
-from mini_deepinfer.worker.model_runner import CacheType
+from mini_deepinfer.worker.model_runner import CacheType, check_weights_fit
 
 CPU_DEFAULT_KV_GB = 1.0  # there is no "free device memory" to take a fraction of on CPU
 TOKENIZER_FILE = "tokenizer.json"
@@ -45,6 +45,7 @@ class LLM:
     exact_moe: with N > 1, add the routed expert outputs in the single-process order (num_topk combines per MoE
         layer): the outputs are then those of data_parallel_size=1; without it, one weighted combine whose extra
         bf16 roundings can change tokens of the tiny random model.
+    enforce_eager: run decode steps eagerly instead of replaying CUDA graphs (CUDA only; worker/cuda_graphs.py).
     The remaining options are EngineConfig's.
     """
 
@@ -64,6 +65,7 @@ class LLM:
         record_logits: bool = False,
         data_parallel_size: int = 1,
         exact_moe: bool = False,
+        enforce_eager: bool = False,
     ) -> None:
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cpu" and kv_cache_memory_gb is None and gpu_memory_utilization is None:
@@ -78,6 +80,7 @@ class LLM:
             kv_cache_memory_gb=kv_cache_memory_gb,
             gpu_memory_utilization=gpu_memory_utilization,
             record_logits=record_logits,
+            enforce_eager=enforce_eager,
         )
         config.scheduler_config()  # bad limits fail here, before a checkpoint is loaded
         if data_parallel_size < 1:
@@ -110,6 +113,7 @@ class LLM:
                                  f"{torch.cuda.device_count()} visible")
             self.model_config = V41Config.from_json(self.folder / CONFIG_FILE)
             return
+        check_weights_fit(self.folder, device)
         model = load_model(self.folder, device)
         self.model_config = model.config
         self.engine = LLMEngine(model, V41Cache, config, device)

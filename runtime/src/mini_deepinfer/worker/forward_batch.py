@@ -3,6 +3,10 @@
 Sequences appear in step order; their query tokens are concatenated. Everything structural is plain host data
 known at scheduling time (no device read needed to build it); only `input_ids` lives on the device, so that with
 zero-overhead scheduling an in-flight token can be gathered there from the previous step's output buffer.
+
+The model also needs some of that host data as device tensors (positions, block tables, slots, sampled rows).
+`StepTensors.build` makes them from one pinned host buffer with one non-blocking copy; the runner calls it before
+the forward, so the forward itself never copies between host and device (tested under CUDA's sync debug mode).
 """
 
 from __future__ import annotations
@@ -10,6 +14,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """The device copies of a ForwardBatch's structure (all int64 on the model's device)."""
+
+    positions: torch.Tensor  # [T] position of every query token
+    block_tables: torch.Tensor  # [B, width], each table padded with block 0 (the sentinel no sequence owns)
+    slots: torch.Tensor  # [B]
+    sample_rows: torch.Tensor  # [R]
+
+    @staticmethod
+    def build(batch: "ForwardBatch", device: torch.device, width: int | None = None) -> "StepTensors":
+        """width: block-table columns (default: the longest table). A fixed width gives every step of a kind the
+        same shapes, which the decode path's CUDA graphs need."""
+        B, T, R = len(batch.query_lens), batch.num_tokens, len(batch.sample_rows)
+        longest = max((len(t) for t in batch.block_tables), default=0)
+        width = longest if width is None else width
+        if width < longest:
+            raise ValueError(f"StepTensors: block-table width {width} < the longest table ({longest})")
+        host = torch.zeros(T + B * width + B + R, dtype=torch.int64, pin_memory=device.type == "cuda")
+        positions = [p for c, q in zip(batch.context_lens, batch.query_lens) for p in range(c, c + q)]
+        host[:T] = torch.tensor(positions, dtype=torch.int64)
+        tables = host[T: T + B * width].view(B, width)
+        for b, t in enumerate(batch.block_tables):
+            tables[b, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        host[T + B * width: T + B * width + B] = torch.tensor(batch.slots, dtype=torch.int64)
+        host[T + B * width + B:] = torch.tensor(batch.sample_rows, dtype=torch.int64)
+        dev = host.to(device, non_blocking=True)
+        return StepTensors(dev[:T], dev[T: T + B * width].view(B, width), dev[T + B * width: T + B * width + B],
+                           dev[T + B * width + B:])
 
 
 @dataclass
@@ -20,6 +55,17 @@ class ForwardBatch:
     block_tables: list[list[int]]  # per sequence: KV block ids covering context_len + query_len tokens
     slots: list[int]  # per sequence: state slot id (window rings, compressor tail, Engram history)
     sample_rows: list[int]  # rows of the T query tokens whose logits are returned, in this order
+    tensors: StepTensors | None = None  # set by the runner before the forward; the model builds it when None
+
+    def device_tensors(self, device: torch.device) -> StepTensors:
+        if self.tensors is None:
+            self.tensors = StepTensors.build(self, device)
+        return self.tensors
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence adds one token to a cache that already holds some: the decode path's static shapes."""
+        return bool(self.query_lens) and all(q == 1 for q in self.query_lens) and all(c > 0 for c in self.context_lens)
 
     @property
     def num_tokens(self) -> int:

@@ -5,11 +5,17 @@ is gathered on the device from the previous step's sampled-token buffer (the rem
 copied back into pinned host memory behind a CUDA event. `StepHandle.wait()` is the only place that reads a
 device result. Every step runs on the current stream, so a block or slot that the CPU frees and hands to another
 sequence is not written before the step that still reads it has finished.
+
+The device copies of the step's structure (StepTensors: positions, block tables, slots, sampled rows) are made here,
+before the forward, so the forward itself has nothing to copy. Decode steps use one block-table width (blocks for
+max_model_len), so all decode steps of n sequences have the same shapes; on CUDA they replay a CUDA graph of the
+smallest bucket >= n (worker/cuda_graphs.py) unless `enforce_eager`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -17,7 +23,8 @@ import torch
 from mini_deepinfer.engine.block_manager import blocks_for
 from mini_deepinfer.engine.scheduler import ScheduledSequence, ScheduledStep
 from mini_deepinfer.layers.sampler import SamplingBatch, sample
-from mini_deepinfer.worker.forward_batch import ForwardBatch
+from mini_deepinfer.worker.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
+from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 
 
 class CacheType(Protocol):
@@ -60,13 +67,16 @@ def plan_cache(
         if kv_cache_memory_gb <= 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {kv_cache_memory_gb}")
         budget = int(kv_cache_memory_gb * 2**30)
+        source = "kv_cache_memory_gb"
     else:
         if device.type != "cuda":
             raise ValueError("gpu_memory_utilization needs a CUDA device; on CPU give kv_cache_memory_gb")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        free, _ = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         budget = int(free * gpu_memory_utilization)
+        source = (f"gpu_memory_utilization={gpu_memory_utilization} x {free / 2**30:.4f} GiB free of "
+                  f"{total / 2**30:.2f} GiB on {device} with the model loaded")
     num_slots = max_num_seqs + 1
     block_bytes = cache_cls.bytes_per_block(config)
     slot_bytes = cache_cls.bytes_per_slot(config) * num_slots
@@ -76,11 +86,25 @@ def plan_cache(
     if num_blocks < blocks_per_seq + 1:
         need = slot_bytes + (blocks_per_seq + 1) * block_bytes
         raise ValueError(
-            f"KV cache budget of {budget / 2**30:.4f} GiB is too small: one sequence of max_model_len="
+            f"KV cache budget of {budget / 2**30:.4f} GiB ({source}) is too small: one sequence of max_model_len="
             f"{max_model_len} tokens needs {blocks_per_seq} blocks of {block_bytes} B (+ the sentinel block) and "
             f"{num_slots} state slots of {cache_cls.bytes_per_slot(config)} B, {need / 2**30:.4f} GiB in all"
         )
     return CachePlan(num_blocks, num_slots, slot_bytes + num_blocks * block_bytes)
+
+
+def check_weights_fit(folder: str | Path, device: torch.device) -> int:
+    """Before loading a checkpoint on CUDA: raise ValueError naming the numbers when its weight files alone exceed
+    the device's free memory (a clear message instead of an out-of-memory error halfway through the load).
+    Returns the weight bytes (the *.safetensors files; the model adds a few derived tensors on top)."""
+    weight_bytes = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        if weight_bytes > free:
+            raise ValueError(
+                f"the model does not fit: its weights need {weight_bytes / 2**30:.2f} GiB, {device} has "
+                f"{free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB (and the KV cache comes on top)")
+    return weight_bytes
 
 
 class StepHandle:
@@ -115,11 +139,22 @@ class StepHandle:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache, device: torch.device, record_logits: bool = False) -> None:
+    """max_model_len: fixes the decode steps' block-table width (None: each step's longest table).
+    cuda_graph_batch_sizes: decode buckets replayed from CUDA graphs when the device is CUDA, the model offers a
+    capturable `decode_forward` (`cuda_graph_decode`) and max_model_len is given; () or enforce_eager: none."""
+
+    def __init__(self, model: torch.nn.Module, cache, device: torch.device, record_logits: bool = False,
+                 max_model_len: int | None = None, enforce_eager: bool = False,
+                 cuda_graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> None:
         self.model = model
         self.cache = cache
         self.device = device
         self.record_logits = record_logits
+        self.decode_width = blocks_for(max_model_len) if max_model_len is not None else None
+        self.graphs: DecodeGraphs | None = None
+        if (device.type == "cuda" and not enforce_eager and cuda_graph_batch_sizes and self.decode_width
+                and getattr(model, "cuda_graph_decode", False)):
+            self.graphs = DecodeGraphs(model, cache, device, self.decode_width, cuda_graph_batch_sizes)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         host = torch.tensor(values, dtype=torch.int64, pin_memory=self.device.type == "cuda")
@@ -154,9 +189,16 @@ class ModelRunner:
             slots=[s.state_slot for s in step.sequences],
             sample_rows=sample_rows,
         )
+        decode = batch.is_decode and self.decode_width is not None and all(
+            len(t) <= self.decode_width for t in batch.block_tables)
+        batch.tensors = StepTensors.build(batch, self.device, self.decode_width if decode else None)
         sampled = step.sampled
         with torch.inference_mode():
-            logits = self.model(batch, self.cache)
+            if decode and self._graph_runs(batch):
+                logits = self.graphs.run(batch)
+                self.model.after_decode(batch.slots, self.cache)
+            else:
+                logits = self.model(batch, self.cache)
             params = [s.seq.params for s in sampled]
             sampling = SamplingBatch.build(
                 temperatures=[p.temperature for p in params],
@@ -168,3 +210,10 @@ class ModelRunner:
             )
             tokens = sample(logits, sampling)
         return StepHandle(sampled, tokens, logits if self.record_logits else None)
+
+    def _graph_runs(self, batch: ForwardBatch) -> bool:
+        """Host-only checks that a decode batch can replay a graph: a bucket holds it, it samples every row in
+        order, and the model's decode path applies to its slots."""
+        n = len(batch.query_lens)
+        return (self.graphs is not None and self.graphs.bucket(n) is not None
+                and batch.sample_rows == list(range(n)) and self.model.decode_ready(batch.slots, self.cache))

@@ -140,12 +140,15 @@ def _decode_bytelevel(s: str) -> str:
 
 
 def engram_row_ids(cfg: "V41Config", layer_index: int, compressed: torch.Tensor, pad: int,
-                   history: torch.Tensor | None = None, blocked: torch.Tensor | None = None) -> torch.Tensor:
+                   history: torch.Tensor | None = None, blocked: torch.Tensor | None = None,
+                   multipliers: torch.Tensor | None = None) -> torch.Tensor:
     """Row ids into one Engram layer's table for every position.
 
     compressed: int64 [S] compressed ids of the new tokens. history: int64 [max_ngram-1] compressed ids of the
     tokens before them (oldest first, `pad` where the sequence had not started). blocked: bool [S], True where
     the token is an image token: a look-back that reaches one uses `pad` for it and every longer shift.
+    multipliers: the layer's engram_multipliers as an int64 tensor on compressed's device (the engine model keeps
+    them there, so a forward copies nothing from the host); None makes them here.
     Returns int64 [S, orders * heads].
     """
     layer_id = cfg.engram_layer_ids[layer_index]
@@ -165,13 +168,22 @@ def engram_row_ids(cfg: "V41Config", layer_index: int, compressed: torch.Tensor,
         if k > 0:
             alive = alive & ~blk[n_max - 1 - k: n_max - 1 - k + S]
         shifted.append(torch.where(alive, tok, torch.full_like(tok, pad)))
-    mult = torch.from_numpy(engram_multipliers(cfg, layer_id)).to(seq.device)
+    if multipliers is None:
+        multipliers = torch.from_numpy(engram_multipliers(cfg, layer_id)).to(seq.device)
+    return engram_hash(cfg, layer_index, shifted, multipliers)
+
+
+def engram_hash(cfg: "V41Config", layer_index: int, shifted: list[torch.Tensor], multipliers: torch.Tensor
+                ) -> torch.Tensor:
+    """Row ids from the look-backs: shifted[k] int64 [...] = compressed id of the token k positions back (pad
+    before the start), k = 0 .. max_ngram - 1; multipliers int64 [max_ngram] on their device.
+    Returns int64 [..., orders * heads]."""
     primes = engram_primes(cfg)[layer_index]
     ids = []
     offset = 0
-    roll = shifted[0] * mult[0]
-    for n in range(2, n_max + 1):
-        roll = roll ^ (shifted[n - 1] * mult[n - 1])
+    roll = shifted[0] * multipliers[0]
+    for n in range(2, cfg.engram_max_ngram_size + 1):
+        roll = roll ^ (shifted[n - 1] * multipliers[n - 1])
         for p in primes[n - 2]:
             ids.append(roll % p + offset)
             offset += p

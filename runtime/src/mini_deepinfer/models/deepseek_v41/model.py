@@ -6,12 +6,21 @@ paged, quantized cache (cache.py) of exactly the blocks and slots the ForwardBat
 (compressor groups, indexer keys, Engram look-back) runs per sequence. It composes the same ops as the sequential
 reference (reference.py), so any difference between the two is in state handling, which is what the engine tests
 check.
+
+No host synchronisation on CUDA: every index the forward needs comes from the step's StepTensors (made by the runner
+before the forward, one non-blocking copy), Python branches depend only on host-known lengths, and selections keep
+fixed shapes (-1 padding, masks). Decode steps (every sequence adds one token to a non-empty cache) take
+`decode_forward`, whose shapes depend only on the batch size and the block-table width, never on positions or
+lengths: a token's compressor group closing, the layer whose index keys it scores (the spec 2.4 publisher) and the
+keys it may see are masks over fixed-size tensors, and rows that write nothing useful write to block 0 / slot 0,
+the sentinels no sequence owns. That is what lets the runner capture it in a CUDA graph (worker/cuda_graphs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from mini_flashmla import indexer_scores, sparse_mla_fwd_paged
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
@@ -20,8 +29,28 @@ from mini_flashmla.reference import candidate_block_mask_ref, indexer_topk_ref
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
-from mini_deepinfer.models.deepseek_v41.engram import compressed_token_map, engram_row_ids
-from mini_deepinfer.worker.forward_batch import ForwardBatch
+from mini_deepinfer.models.deepseek_v41.engram import (
+    compressed_token_map,
+    engram_hash,
+    engram_multipliers,
+    engram_row_ids,
+)
+from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """Per-row device metadata of a decode step (one token per sequence), all int64 / bool [B, ...]."""
+
+    pos: torch.Tensor  # [B]
+    slots: torch.Tensor  # [B]
+    block_tables: torch.Tensor  # [B, width]
+    closes: dict[int, torch.Tensor]  # ratio > 1 -> bool [B]: this token closes its compressor group
+
+    def entry_rows(self, entries: torch.Tensor, ratio: int) -> torch.Tensor:
+        """Flat cache rows of compressed entries int64 [B, n] (entry g of row b: its table's block g // epb)."""
+        epb = BLOCK_SIZE // ratio
+        return self.block_tables.gather(1, entries // epb) * epb + entries % epb
 
 
 @dataclass
@@ -33,7 +62,7 @@ class SeqSpan:
     qlen: int
     ctx: int  # tokens already cached before this step
     slot: int
-    block_table: torch.Tensor  # int64 on the model's device
+    block_table: torch.Tensor  # int64 on the model's device (a row of StepTensors.block_tables, padded with 0)
 
     @property
     def rows(self) -> slice:
@@ -60,22 +89,38 @@ class V41Model(torch.nn.Module):
         self.freqs = [ops.rope_freqs(config, r).to(self.device) for r in self.roles]
         self.token_map = (token_map if token_map is not None else compressed_token_map(config)).to(self.device)
         self.engram_pad = int(self.token_map[config.engram_pad_token_id])
+        self.engram_mult = [torch.from_numpy(np.asarray(engram_multipliers(config, lid))).to(self.device)
+                            for lid in config.engram_layer_ids]
+        self.decode_publishers, self.decode_carry = _decode_publisher_plan(config)
         self.capture: list[torch.Tensor] | None = None  # set to [] to record each block's collapsed output
+
+    @property
+    def cuda_graph_decode(self) -> bool:
+        """Whether decode_forward may be captured in a CUDA graph: not when a subclass overrides the MoE or Engram
+        with collectives (EP x DP), whose captured form is not set up here."""
+        return (self.decode_carry is not None and type(self)._moe is V41Model._moe
+                and type(self)._engram_inject is V41Model._engram_inject)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: V41Cache) -> torch.Tensor:
-        """Returns fp32 logits [len(batch.sample_rows), vocab]."""
-        cfg = self.config
+        """Returns fp32 logits [len(batch.sample_rows), vocab]. Without batch.tensors set, they are made here (a
+        host-to-device copy inside the forward: the runner sets them first)."""
         batch.validate(BLOCK_SIZE)
+        t = batch.device_tensors(self.device)
+        if batch.is_decode and self.decode_ready(batch.slots, cache):
+            logits = self.decode_forward(batch.input_ids, t, cache)
+            self.after_decode(batch.slots, cache)
+            return logits
+        cfg = self.config
         spans, start = [], 0
-        for i, (q, c, bt, s) in enumerate(zip(batch.query_lens, batch.context_lens, batch.block_tables, batch.slots)):
-            spans.append(SeqSpan(i, start, q, c, s, torch.tensor(bt, dtype=torch.int64, device=self.device)))
+        for i, (q, c, s) in enumerate(zip(batch.query_lens, batch.context_lens, batch.slots)):
+            spans.append(SeqSpan(i, start, q, c, s, t.block_tables[i]))
             start += q
         for sp in spans:
             if sp.ctx == 0:
                 cache.reset_slot(sp.slot, self.engram_pad)
-        ids = batch.input_ids.to(self.device)
-        positions = torch.cat([torch.arange(sp.ctx, sp.end, device=self.device) for sp in spans])
+        ids = batch.input_ids
+        positions = t.positions
         compressed = self.token_map[ids]
         H, pre = ops.initial_streams(self.w["embed.weight"][ids], cfg)
         shared: dict = {"topk": None, "candidates": {}}
@@ -85,22 +130,144 @@ class V41Model(torch.nn.Module):
                 H = self._engram(H, compressed, spans, role, cache)
             H, pre = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
-                attention=lambda u, role=role: self._attention(u, positions, spans, role, cache, shared),
+                attention=lambda u, role=role: self._attention(u, positions, spans, t.slots, role, cache, shared),
                 ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
         n_hist = cfg.engram_max_ngram_size - 1
         for sp in spans:
             cache.engram_history[sp.slot] = torch.cat([cache.engram_history[sp.slot], compressed[sp.rows]])[-n_hist:]
-        rows = torch.tensor(batch.sample_rows, dtype=torch.int64, device=self.device)
-        return ops.final_logits(H[rows], pre[rows], self.w, cfg)
+        return ops.final_logits(H[t.sample_rows], pre[t.sample_rows], self.w, cfg)
+
+    # ------------------------------------------------------------------ decode: fixed shapes, capturable
+    def decode_ready(self, slots: list[int], cache: V41Cache) -> bool:
+        """Host check that decode_forward applies: every slot's index-key publisher is the one a step leaves
+        (always true after the sequence's first step when the model has a static plan)."""
+        return self.decode_carry is not None and all(cache.index_k_publisher[s] == self.decode_carry for s in slots)
+
+    def after_decode(self, slots: list[int], cache: V41Cache) -> None:
+        """The host half of a decode step: the publisher every slot is left with."""
+        for s in slots:
+            cache.index_k_publisher[s] = self.decode_carry
+
+    @torch.no_grad()
+    def decode_forward(self, input_ids: torch.Tensor, t: StepTensors, cache: V41Cache) -> torch.Tensor:
+        """One token per row at t.positions, on state the rows' slots and tables hold. Device work only: no host
+        read, no shape that depends on a value, so it can be captured in a CUDA graph and replayed with new
+        inputs. Returns fp32 logits [len(t.sample_rows), vocab]. Call after_decode (host) for the same slots."""
+        cfg = self.config
+        pos = t.positions
+        ratios = {r.ratio for r in self.roles if r.ratio > 1}
+        rows = DecodeRows(pos, t.slots, t.block_tables, {r: (pos + 1) % r == 0 for r in ratios})
+        compressed = self.token_map[input_ids]
+        history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
+        H, pre = ops.initial_streams(self.w["embed.weight"][input_ids], cfg)
+        shared: dict = {"topk": None, "candidates": None}
+        for role in self.roles:
+            p = f"layers.{role.layer_id}"
+            if role.has_engram:
+                li = cfg.engram_layer_ids.index(role.layer_id)
+                seq = torch.cat([history, compressed[:, None]], dim=1)
+                shifted = [seq[:, -1 - k] for k in range(cfg.engram_max_ngram_size)]
+                H = self._engram_inject(H, engram_hash(cfg, li, shifted, self.engram_mult[li]), f"{p}.engram")
+            H, pre = ops.decoder_block(
+                H, pre, self.w, role.layer_id, cfg,
+                attention=lambda u, role=role: self._attention_decode(u, rows, role, cache, shared),
+                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
+            if self.capture is not None:
+                self.capture.append(ops.hc_collapse(H, pre).float())
+        cache.engram_history[t.slots] = torch.cat([history[:, 1:], compressed[:, None]], dim=1)
+        return ops.final_logits(H[t.sample_rows], pre[t.sample_rows], self.w, cfg)
+
+    def _attention_decode(self, u, d: DecodeRows, role: LayerRole, cache: V41Cache, shared: dict):
+        cfg, w, lid = self.config, self.w, role.layer_id
+        p = f"layers.{lid}.attn"
+        freqs = self.freqs[lid]
+        W = cfg.sliding_window
+        qr, q, kv = ops.attention_qkv(u, d.pos, w, p, cfg, freqs)
+        ring = cache.window[lid]
+        ring[d.slots * W + d.pos % W] = pack_window_fp8(kv)  # written first: a decode token reads itself
+        wpos = ops.window_positions(d.pos, W)
+        win_ids = torch.where(wpos >= 0, d.slots[:, None] * W + wpos % W, wpos)
+        comp_table = comp_ids = None
+        if role.ratio > 0:
+            if role.mode == LayerMode.FULL:
+                self._compress_decode(u, d, role, cache)
+            if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
+                shared["topk"] = self._indexer_decode(qr, u, d, role, cache, shared)
+            topk = shared["topk"]
+            if topk is not None:
+                comp_table = cache.compressed_kv[role.kv_source]
+                comp_ids = torch.where(topk >= 0, d.entry_rows(topk.clamp_min(0), role.ratio), topk).to(torch.int32)
+        o, _ = sparse_mla_fwd_paged(q, ring, comp_table, win_ids.to(torch.int32), comp_ids, cfg.head_dim ** -0.5,
+                                    w[f"{p}.attn_sink"])
+        return ops.attention_output(o, d.pos, w, p, cfg, freqs)
+
+    def _compress_decode(self, u, d: DecodeRows, role: LayerRole, cache: V41Cache) -> None:
+        """Every row pools its group as if it closed; only rows that close write the entry (the others write row 0
+        of block 0), and only rows that do not close keep their token in the slot's tail (the others write slot 0)
+        : the same cache contents as _compress."""
+        cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
+        p = f"layers.{lid}.attn"
+        a, b = ops.compressor_project(u, w, p, cfg, r)
+        group = d.pos // r
+        rows = d.entry_rows(group[:, None], r)[:, 0]
+        if r == 1:
+            latent = a
+        else:
+            kst, sst = cache.comp_kv_state[lid], cache.comp_score_state[lid]  # [slots, r, D]
+            j = d.pos % r
+            mine = (torch.arange(r, device=self.device)[None, :] == j[:, None])[:, :, None]  # [B, r, 1]
+            kv_g = torch.where(mine, a[:, None, :], kst[d.slots])
+            sc_g = torch.where(mine, b[:, None, :], sst[d.slots])
+            latent = ops.compressor_pool(kv_g, sc_g, w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps)
+            closes = d.closes[r]
+            tail_slot = torch.where(closes, torch.zeros_like(d.slots), d.slots)
+            kst[tail_slot, j] = a
+            sst[tail_slot, j] = b
+            rows = torch.where(closes, rows, torch.zeros_like(rows))
+        gpos = group * r
+        cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_entry(latent, gpos, self.freqs[lid]))
+        cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_entry(latent, gpos, w, p, cfg, self.freqs[lid]))
+
+    def _indexer_decode(self, qr, u, d: DecodeRows, role: LayerRole, cache: V41Cache, shared: dict):
+        """_indexer for one token per row, over every entry the block-table width can hold (n_cap), -1 / -inf
+        past each row's own count. Returns int64 [B, index_topk]."""
+        cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
+        p = f"layers.{lid}.attn"
+        qi, wts = ops.indexer_queries(qr, u, d.pos, w, p, cfg, self.freqs[lid])
+        qi, wts = qi.contiguous(), wts.contiguous()
+        n_k = (d.pos + 1) // r  # entries each row may see
+        n_cap = d.block_tables.shape[1] * BLOCK_SIZE // r
+        entries = torch.arange(n_cap, device=self.device).expand(n_k.shape[0], n_cap)
+        visible = entries < n_k[:, None]
+        score = None
+        # the publisher chain (spec 2.4): the last entry is unconditional, earlier ones apply where their ratio's
+        # group closes this step
+        for pub, ratio_cond in reversed(self.decode_publishers[lid]):
+            key_rows = torch.where(visible, d.entry_rows(entries, self.roles[pub].ratio), -1).to(torch.int32)
+            s = indexer_scores(qi, wts, cache.index_k[pub], n_k, key_rows)
+            score = s if score is None else torch.where(d.closes[ratio_cond][:, None], s, score)
+        if role.is_candidate_source:
+            # candidate_block_mask_ref forces the block of the newest entry; +inf on that entry does the same
+            newest = (n_k - 1).clamp_min(0)[:, None]
+            forced = score.scatter(1, newest, torch.where(n_k[:, None] > 0, float("inf"), float("-inf")))
+            shared["candidates"] = candidate_block_mask_ref(forced, 0, cfg.candidate_block_size,
+                                                            cfg.candidate_topk_blocks)
+        if role.uses_candidates and shared["candidates"] is not None:
+            score = torch.where(shared["candidates"], score, torch.full_like(score, float("-inf")))
+        sel = indexer_topk_ref(score, cfg.index_topk)
+        topk = torch.full((n_k.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=self.device)
+        topk[:, : sel.shape[1]] = sel.to(torch.int64)
+        return topk
 
     # ------------------------------------------------------------------ Engram
     def _engram(self, H, compressed, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> torch.Tensor:
         cfg = self.config
         li = cfg.engram_layer_ids.index(role.layer_id)
         ids = torch.cat([engram_row_ids(cfg, li, compressed[sp.rows], self.engram_pad,
-                                        history=cache.engram_history[sp.slot]) for sp in spans])
+                                        history=cache.engram_history[sp.slot], multipliers=self.engram_mult[li])
+                         for sp in spans])
         return self._engram_inject(H, ids, f"layers.{role.layer_id}.engram")
 
     # ------------------------------------------------------------------ the layers EP x DP shards (parallel.py)
@@ -114,13 +281,14 @@ class V41Model(torch.nn.Module):
         return ops.engram_inject(H, row_ids, self.w, p, self.config)
 
     # ------------------------------------------------------------------ attention
-    def _attention(self, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
+    def _attention(self, u, positions, spans: list[SeqSpan], slots: torch.Tensor, role: LayerRole, cache: V41Cache,
+                   shared: dict):
         cfg, w, lid = self.config, self.w, role.layer_id
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
         qr, q, kv = ops.attention_qkv(u, positions, w, p, cfg, freqs)
         packed = pack_window_fp8(kv)
-        win_table, win_ids, ring_written = self._window(packed, positions, spans, cache.window[lid])
+        win_table, win_ids, ring_written = self._window(packed, positions, spans, slots, cache.window[lid])
 
         comp_table = comp_ids = None
         if role.ratio > 0:
@@ -144,9 +312,10 @@ class V41Model(torch.nn.Module):
             self._write_window(packed, positions, spans, cache.window[lid])
         return ops.attention_output(o, positions, w, p, cfg, freqs)
 
-    def _window(self, packed, positions, spans: list[SeqSpan], ring: torch.Tensor):
+    def _window(self, packed, positions, spans: list[SeqSpan], slots: torch.Tensor, ring: torch.Tensor):
         """The rows the window part reads and their ids, window positions p-W+1..p in ascending order.
-        packed: this step's window rows, uint8 [T, 528]. Returns (table, ids, whether the ring is already written).
+        packed: this step's window rows, uint8 [T, 528]; slots: int64 [B] (StepTensors.slots).
+        Returns (table, ids, whether the ring is already written).
 
         Decode-only steps write the new row into the ring first and read the ring directly. A prefill chunk
         cannot (its later tokens would overwrite ring rows its earlier tokens still read), so its table is the
@@ -156,10 +325,8 @@ class V41Model(torch.nn.Module):
         wpos = ops.window_positions(positions, W)
         if all(sp.qlen == 1 for sp in spans):
             self._write_window(packed, positions, spans, ring)
-            slot_of = torch.tensor([sp.slot for sp in spans], dtype=torch.int64, device=self.device)
-            ids = torch.where(wpos >= 0, slot_of[:, None] * W + wpos % W, wpos)
+            ids = torch.where(wpos >= 0, slots[:, None] * W + wpos % W, wpos)
             return ring, ids, True
-        slots = torch.tensor([sp.slot for sp in spans], dtype=torch.int64, device=self.device)
         table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
         ids = torch.full_like(wpos, -1)
         for b, sp in enumerate(spans):
@@ -238,3 +405,29 @@ class V41Model(torch.nn.Module):
             topk[sp.rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
 
+
+
+def _decode_publisher_plan(cfg: V41Config) -> tuple[dict[int, list[tuple[int, int | None]]], int | None]:
+    """Whose index keys each indexer layer scores in a decode step (spec 2.4: the last FULL layer that published).
+
+    A FULL layer publishes every step when its ratio is 1 or the quirk is off, else only when its token closes a
+    group, which depends on the position: so a layer's publisher is a chain [(layer, ratio or None)], read as
+    "the first layer whose ratio's group closes, else the last (unconditional) one". Returns ({indexer layer:
+    chain}, the publisher every step leaves), or ({}, None) when what a step leaves depends on the position
+    (then decode runs the general path).
+    """
+    carry = -1  # stands for the publisher the slot holds before the step
+    chain: list[tuple[int, int | None]] = [(carry, None)]
+    plan: dict[int, list[tuple[int, int | None]]] = {}
+    for role in cfg.layer_roles:
+        if role.mode == LayerMode.FULL:
+            if role.ratio == 1 or not cfg.index_k_reference_quirk:
+                chain = [(role.layer_id, None)]
+            else:
+                chain = [(role.layer_id, role.ratio)] + [c for c in chain if c[1] != role.ratio]
+        if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
+            plan[role.layer_id] = list(chain)
+    if len(chain) != 1 or chain[0][0] == carry:
+        return {}, None
+    left = chain[0][0]
+    return {lid: [(left if layer == carry else layer, c) for layer, c in ch] for lid, ch in plan.items()}, left
