@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 from mini_deepep import Buffer
 from mini_deepep.handle import DispatchHandle
+from mini_deepgemm import get_m_alignment_for_contiguous_layout, per_token_group_quant_fp8
 
-from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41 import moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
@@ -127,19 +128,14 @@ class ExpertParallelV41Model(V41Model):
     def _moe(self, v: torch.Tensor, p: str) -> torch.Tensor:
         cfg = self.config
         topk_idx, topk_weights = ops.moe_route(v, self.w, p, cfg)
-        recv = self.buffer.dispatch(v, topk_idx, topk_weights, cfg.n_routed_experts, m_alignment=1)
-        x = recv.recv_x
-        y = torch.zeros_like(x)
-        # One host read of the per-expert counts (the torch backend has synchronised already). With m_alignment 1
-        # the received rows are one unpadded segment per local expert, in expert order.
-        start = 0
-        for e, count in enumerate(recv.num_recv_tokens_per_expert.tolist()):
-            if count:
-                rows = slice(start, start + count)
-                # the routing weight scales h before w2, as in ops.moe, so combine must not weight again
-                y[rows] = ops.swiglu_expert(x[rows], self.w, f"{p}.experts.{self.local_experts[e]}", cfg,
-                                            recv.recv_topk_weights[rows])
-                start += count
+        # tokens travel quantized (half the bytes of bf16); per-row quantization commutes with the dispatch's row
+        # moves, so the experts see exactly the FP8 rows the single-process grouped MoE gathers
+        send = per_token_group_quant_fp8(v.contiguous(), moe.QUANT_BLOCK, "ue8m0")
+        recv = self.buffer.dispatch(send, topk_idx, topk_weights, cfg.n_routed_experts,
+                                    m_alignment=get_m_alignment_for_contiguous_layout())
+        # received rows are one 128-aligned segment per local expert (grouped_layout: local expert, -1 padding);
+        # the routing weight scales h before w2, as in ops.moe, so combine must not weight again
+        y = moe.grouped_expert_ffn(recv.recv_x, recv.grouped_layout, recv.recv_topk_weights, self.w, p, cfg)
         if self.exact_moe:
             routed = self._combine_in_expert_order(y, recv.handle, topk_idx)
         else:

@@ -1,0 +1,164 @@
+"""The engine's MoE: routed experts as two grouped GEMMs over a contiguous, expert-sorted row layout, with no host
+synchronisation (every size is known from the token count alone).
+
+`ops.moe` is the oracle: a loop over experts (one host read of the counts, three dense GEMMs per expert). This module
+computes the same function for the engine model:
+
+1. route (ops.moe_route) -> expert ids [T, k] and weights [T, k];
+2. `contiguous_plan`: sort the T*k (token, slot) pairs by expert (stable, so tokens ascend inside an expert as in
+   ops.moe), give each expert a segment starting at a multiple of 128 (mini-deepgemm's M alignment: no GEMM tile
+   straddles two experts), and size the row space for the worst case T*k + min(E, T*k) * 127, so nothing about
+   the routing has to reach the host;
+3. quantize the T token rows once (per-row quantization commutes with the row gather, so this is bit-identical
+   to quantizing each expert's gathered rows) and gather them into the layout;
+4. `grouped_expert_ffn`: w1 and w3 of every expert stacked into one [E, 2I, K] weight, so one grouped GEMM gives
+   both halves; clamped SwiGLU times the routing weight (before w2's activation quant, as ops.swiglu_expert);
+   a second grouped GEMM with w2;
+5. each token adds its k outputs in fp32 in ascending expert id, the order ops.moe's index_add_ uses, then the
+   shared expert (a dense GEMM), then one bf16 cast.
+
+Padding rows (-1 in the layout) are skipped by the GEMMs and never read back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from mini_deepgemm import (
+    get_m_alignment_for_contiguous_layout,
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    per_token_group_quant_fp8,
+)
+
+from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41.config import V41Config
+
+Weights = dict[str, torch.Tensor]
+QUANT_BLOCK = 32
+
+
+# --------------------------------------------------------------------------- weights
+def stack_experts(w: Weights) -> Weights:
+    """Stack each MoE layer's routed experts for the grouped GEMMs: `{p}.experts.w13.{weight,scale}` [E, 2I, ...]
+    (w1 rows, then w3 rows) and `{p}.experts.w2.{weight,scale}` [E, D, ...], the experts in ascending id (a rank of
+    EP x DP holds a contiguous range; group g is its g-th expert). Returns a new dict without the per-expert
+    entries, so the caller's per-expert tensors can be freed; `expert_views` puts them back as views."""
+    out, experts = {}, {}
+    for name, t in w.items():
+        parts = name.split(".")
+        if len(parts) == 7 and parts[3] == "experts" and parts[4].isdigit():
+            prefix = ".".join(parts[:4])  # layers.{i}.ffn.experts
+            experts.setdefault(prefix, {})[(int(parts[4]), parts[5], parts[6])] = t
+        else:
+            out[name] = t
+    for prefix, d in experts.items():
+        ids = sorted({e for e, _, _ in d})
+        for kind in ("weight", "scale"):
+            out[f"{prefix}.w13.{kind}"] = torch.stack([torch.cat([d[e, "w1", kind], d[e, "w3", kind]]) for e in ids])
+            out[f"{prefix}.w2.{kind}"] = torch.stack([d[e, "w2", kind] for e in ids])
+        out[f"{prefix}.ids"] = torch.tensor(ids, dtype=torch.int64)
+    return out
+
+
+def expert_views(w: Weights) -> None:
+    """In place: `{p}.experts.{e}.{w1,w2,w3}.{weight,scale}` as views of the stacks (ops.moe and the EP exact mode
+    read experts one by one; views cost no memory)."""
+    for name in [n for n in w if n.endswith(".experts.ids")]:
+        prefix = name[: -len(".ids")]
+        for g, e in enumerate(w[name].tolist()):
+            for kind in ("weight", "scale"):
+                w13 = w[f"{prefix}.w13.{kind}"][g]
+                half = w13.shape[0] // 2
+                w[f"{prefix}.{e}.w1.{kind}"], w[f"{prefix}.{e}.w3.{kind}"] = w13[:half], w13[half:]
+                w[f"{prefix}.{e}.w2.{kind}"] = w[f"{prefix}.w2.{kind}"][g]
+
+
+# --------------------------------------------------------------------------- layout
+@dataclass
+class ContiguousPlan:
+    """Where each (token, slot) pair of one MoE call lives in the expert-sorted row space (all on the device).
+
+    grouped_layout: int32 [M] expert (group) of each row, -1 for padding; row_token: int64 [M] token of each row
+    (0 for padding: gathered but never stored); row_weight: fp32 [M] routing weight (0 for padding);
+    pair_row: int64 [T, k] the row of each (token, slot), its slots sorted by ascending expert id."""
+
+    grouped_layout: torch.Tensor
+    row_token: torch.Tensor
+    row_weight: torch.Tensor
+    pair_row: torch.Tensor
+
+
+def max_rows(num_pairs: int, num_groups: int, align: int) -> int:
+    """Rows the contiguous layout needs at most: every pair, plus < align padding rows per non-empty expert."""
+    return -(-(num_pairs + min(num_groups, num_pairs) * (align - 1)) // align) * align
+
+
+def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int) -> ContiguousPlan:
+    """idx: int64 [T, k] group ids (distinct per token), wt: fp32 [T, k]. Device ops only, fixed output sizes."""
+    T, k = idx.shape
+    align = get_m_alignment_for_contiguous_layout()
+    dev = idx.device
+    flat = idx.flatten()
+    # scatter_add, not bincount: bincount sizes its output from the data (a host read on CUDA)
+    counts = torch.zeros(num_groups, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + align - 1) // align * align
+    seg_start = torch.cumsum(padded, 0) - padded
+    group_start = torch.cumsum(counts, 0) - counts
+    order = flat.argsort(stable=True)  # pairs by expert, tokens ascending inside an expert (as ops.moe)
+    sorted_group = flat[order]
+    rank_in_group = torch.arange(T * k, device=dev) - group_start[sorted_group]
+    row = seg_start[sorted_group] + rank_in_group
+    M = max_rows(T * k, num_groups, align)
+    grouped_layout = torch.full((M,), -1, dtype=torch.int32, device=dev)
+    grouped_layout[row] = sorted_group.to(torch.int32)
+    row_token = torch.zeros(M, dtype=torch.int64, device=dev)
+    row_token[row] = order // k
+    row_weight = torch.zeros(M, dtype=torch.float32, device=dev)
+    row_weight[row] = wt.flatten()[order]
+    pair_row = torch.empty(T * k, dtype=torch.int64, device=dev)
+    pair_row[order] = row
+    by_expert = idx.argsort(dim=1)
+    return ContiguousPlan(grouped_layout, row_token, row_weight, pair_row.view(T, k).gather(1, by_expert))
+
+
+# --------------------------------------------------------------------------- compute
+def gather_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t[rows] for any dtype (indexing is not implemented for every FP8 dtype, so 1-byte types move as bytes)."""
+    if t.element_size() == 1:
+        return t.view(torch.uint8)[rows].view(t.dtype)
+    return t[rows]
+
+
+def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], grouped_layout: torch.Tensor, row_weight: torch.Tensor,
+                       w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+    """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32]) quantized rows;
+    grouped_layout: int32 [M] (group = index into the layer's stacked experts, -1 padding); row_weight: fp32 [M].
+    Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
+    M = grouped_layout.shape[0]
+    w13, w2 = f"{p}.experts.w13", f"{p}.experts.w2"
+    inter = w[f"{w13}.weight"].shape[1] // 2
+    h13 = torch.empty(M, 2 * inter, dtype=torch.bfloat16, device=grouped_layout.device)
+    m_grouped_fp8_fp4_gemm_nt_contiguous(a, (w[f"{w13}.weight"], w[f"{w13}.scale"]), h13, grouped_layout)
+    lim = cfg.swiglu_limit
+    h = F.silu(h13[:, :inter].float().clamp(max=lim)) * h13[:, inter:].float().clamp(-lim, lim)
+    h = (row_weight[:, None] * h).to(torch.bfloat16)
+    out = torch.empty(M, w[f"{w2}.weight"].shape[1], dtype=torch.bfloat16, device=h.device)
+    m_grouped_fp8_fp4_gemm_nt_contiguous(per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0"),
+                                         (w[f"{w2}.weight"], w[f"{w2}.scale"]), out, grouped_layout)
+    return out
+
+
+def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+    """ops.moe on stacked experts (stack_experts), as two grouped GEMMs with no host sync. x bf16 [T, D]."""
+    idx, wt = ops.moe_route(x, w, p, cfg)
+    plan = contiguous_plan(idx, wt, w[f"{p}.experts.w13.weight"].shape[0])
+    xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
+    a = (gather_rows(xq, plan.row_token), gather_rows(xs, plan.row_token))
+    out = grouped_expert_ffn(a, plan.grouped_layout, plan.row_weight, w, p, cfg)
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for j in range(idx.shape[1]):  # ascending expert id per token, as ops.moe's index_add_ order
+        y += out[plan.pair_row[:, j]].float()
+    y += ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg).float()
+    return y.to(torch.bfloat16)
