@@ -1,0 +1,71 @@
+"""benchmarks/bench_decode.py on CPU at the smoke size: the engine decodes with the synthetic prefill, every
+variant is timed, and the JSON records what the GPU runs need (environment, config, workload, per-variant numbers).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "bench_decode.py"
+
+
+def _load_bench():
+    """The script as a module; its sibling bench_prefill.py is imported from the script's folder, as when run."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    return module
+
+
+def test_decode_benchmark_smoke_run(tmp_path):
+    bench = _load_bench()
+    out = tmp_path / "decode.json"
+    res = bench.main(["--preset", "smoke", "--device", "cpu", "--out", str(out), "--batches", "2", "--steps", "2"])
+    saved = json.loads(out.read_text())
+    assert saved["results"] == json.loads(json.dumps(res["results"]))
+    for key in ("date", "torch", "python", "hardware", "git_commit"):
+        assert key in saved["environment"]
+    assert saved["config"]["hidden_size"] == 128 and saved["workload"]["timed_steps"] == 2
+    (run,) = saved["results"]
+    assert (run["batch"], run["context"]) == (2, 150)
+    assert [(v["zos"], v["cuda_graphs"]) for v in run["variants"]] == [(True, False), (False, False)]  # CPU: eager
+    for v in run["variants"]:
+        assert v["ms_per_step"] > 0 and v["output_tok_s"] > 0 and v["gpu_ms_per_step"] is None
+        assert abs(v["output_tok_s"] - 2 * 1e3 / v["ms_per_step"]) < 1e-6 * v["output_tok_s"]
+        assert set(v["host_ms_per_step"]) == {"schedule", "execute", "process", "wait"}
+        assert v["host_busy_ms"] <= v["ms_per_step"] * 1.05
+    assert set(run["zos_hidden_ms_per_step"]) == {"eager"}
+
+
+def test_synthetic_prefill_leaves_what_decode_needs():
+    """After the synthetic prefill every slot's index-key publisher is the one decode steps expect, so decode runs
+    the fixed-shape path the GPU captures."""
+    import torch
+    from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
+    from mini_deepinfer.engine.sampling_params import SamplingParams
+    from mini_deepinfer.models.deepseek_v41.cache import V41Cache
+    from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
+    from mini_deepinfer.models.deepseek_v41.config import tiny_config
+    from mini_deepinfer.models.deepseek_v41.model import V41Model
+
+    bench = _load_bench()
+    cfg = tiny_config()
+    model = V41Model(cfg, build_random_weights(cfg, seed=0))
+    bench.synthetic_prefill(model, torch.Generator().manual_seed(0))
+    engine = LLMEngine(model, V41Cache, EngineConfig(max_model_len=300, max_num_seqs=2, kv_cache_memory_gb=0.1), "cpu")
+    for n in (140, 141):
+        engine.add_request(list(range(3, 3 + n)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    engine.step()
+    slots = [s.state_slot for s in engine.scheduler.running]
+    assert len(slots) == 2 and model.decode_ready(slots, engine.runner.cache)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv.all_free()
