@@ -123,7 +123,7 @@ def candidate_block_mask_ref(score: torch.Tensor, compress_len: int, block: int,
     vals = bval.gather(-1, bidx)
     keep = torch.zeros((s_q, n_blocks), dtype=torch.bool, device=score.device)
     keep.scatter_(1, bidx, vals > float("-inf"))
-    return keep.repeat_interleave(block, dim=1)[:, :n_k]
+    return keep[:, :, None].expand(s_q, n_blocks, block).reshape(s_q, n_blocks * block)[:, :n_k]
 
 
 # --------------------------------------------------------------------------- over the packed cache
