@@ -307,11 +307,11 @@ TL_SWEEP = {  # recipe: (BLOCK_M, BLOCK_N, stages) candidates, timed at shared_w
 }
 
 
-def tilelang_run(layout, a, b, d, group_arg, b_fp4, tiles=None, fp4_swapped=True):
+def tilelang_run(layout, a, b, d, group_arg, b_fp4, tiles=None):
     from mini_deepgemm import gemm_tilelang
 
     recipe, _ = G._validate(layout, a, b, d, None, group_arg, None, b_fp4)
-    return lambda: gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4, tiles, fp4_swapped)
+    return lambda: gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4, tiles)
 
 
 def bench_tilelang_dense(rec, M, name, N, K):
@@ -328,17 +328,12 @@ def bench_tilelang_dense(rec, M, name, N, K):
         "tilelang_v41": ms(tilelang_run(G._DENSE, *op["v41"], op["d"], None, False)),
         "triton_fp4": ms(lambda: G._gemm(G._DENSE, *fp4, op["d"], None, None, None, True, backend="triton")),
         "tilelang_fp4": ms(tilelang_run(G._DENSE, *fp4, op["d"], None, True)),
-        "tilelang_fp4_smem": ms(tilelang_run(G._DENSE, *fp4, op["d"], None, True, fp4_swapped=False)),
         "cublas_fp8_tensor": ms(lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)),
         "cublas_bf16": ms(lambda: torch.matmul(bf_a, bf_b.t())),
     }
     blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
     t["cublas_fp8_block"] = ms(blockwise) if blockwise else float("nan")
-    from mini_deepgemm import gemm_tilelang
-
-    sa_copy_us = 1e3 * ms(lambda: gemm_tilelang._mn_major(op["v41"][0][1], M))  # included in tilelang_v41
-    rec.add(kind="tl_dense", name=name, M=M, N=N, K=K, v41_sa_mn_major_us=sa_copy_us,
-            **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+    rec.add(kind="tl_dense", name=name, M=M, N=N, K=K, **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
 
 
 def bench_tilelang_contiguous(rec, G_, name, N, K, gen):
@@ -350,8 +345,7 @@ def bench_tilelang_contiguous(rec, G_, name, N, K, gen):
     d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     flops = 2 * sum(rows) * N * K
     t = {"triton_fp8_fp4": ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, backend="triton")),
-         "tilelang_fp8_fp4": ms(tilelang_run(G._CONTIGUOUS, (a, sa), (bq, bs), d, layout, True)),
-         "tilelang_fp8_fp4_smem": ms(tilelang_run(G._CONTIGUOUS, (a, sa), (bq, bs), d, layout, True, fp4_swapped=False))}
+         "tilelang_fp8_fp4": ms(tilelang_run(G._CONTIGUOUS, (a, sa), (bq, bs), d, layout, True))}
     del bq
     w8 = rand_fp8(G_, N, K)
     s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(G_, N, device="cuda") + 0.5
@@ -379,7 +373,7 @@ def tilelang_sweep(rec):
 
 
 def tilelang_summary(rec) -> str:
-    cols = ["triton_v3", "tilelang_v3", "triton_v41", "tilelang_v41", "triton_fp4", "tilelang_fp4", "tilelang_fp4_smem",
+    cols = ["triton_v3", "tilelang_v3", "triton_v41", "tilelang_v41", "triton_fp4", "tilelang_fp4",
             "cublas_fp8_tensor", "cublas_fp8_block", "cublas_bf16"]
     lines = ["| shape | M | " + " | ".join(cols) + " | TL v3/tensor | TL v41/tensor | TL fp4/tensor |",
              "|---|---|" + "---|" * (len(cols) + 3)]
@@ -388,7 +382,7 @@ def tilelang_summary(rec) -> str:
             ten = r["tflops_cublas_fp8_tensor"]
             lines.append(f"| {r['name']} {r['N']}x{r['K']} | {r['M']} | " + " | ".join(f"{r['tflops_' + c]:.0f}" for c in cols)
                          + f" | {r['tflops_tilelang_v3'] / ten:.2f} | {r['tflops_tilelang_v41'] / ten:.2f} | {r['tflops_tilelang_fp4'] / ten:.2f} |")
-    gcols = ["triton_fp8_fp4", "tilelang_fp8_fp4", "tilelang_fp8_fp4_smem", "triton_fp8_v41", "tilelang_fp8_v41", "scaled_grouped_mm_fp8", "grouped_mm_bf16"]
+    gcols = ["triton_fp8_fp4", "tilelang_fp8_fp4", "triton_fp8_v41", "tilelang_fp8_v41", "scaled_grouped_mm_fp8", "grouped_mm_bf16"]
     lines += ["", "| MoE contiguous | G | rows | " + " | ".join(gcols) + " | TL fp4/scaled_grouped |", "|---|---|---|" + "---|" * (len(gcols) + 1)]
     for r in rec.rows:
         if r["kind"] == "tl_contiguous":

@@ -37,16 +37,8 @@ def quant_a(x, gran_k):
     return reference.act_quant(x, gran_k, "ue8m0" if gran_k == 32 else "fp32")
 
 
-def run(layout, a, b, d, group_arg, b_fp4, fp4_swapped=None):
-    """Through the public dispatch (forced onto TileLang), or straight into the launcher to pick one of the
-    two FP4 kernels."""
-    if fp4_swapped is None:
-        gemm._gemm(layout, a, b, d, None, group_arg, None, allow_fp4=b_fp4, backend="tilelang")
-    else:
-        from mini_deepgemm import gemm_tilelang
-
-        recipe, _ = gemm._validate(layout, a, b, d, None, group_arg, None, b_fp4)
-        gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4, fp4_swapped=fp4_swapped)
+def run(layout, a, b, d, group_arg, b_fp4):
+    gemm._gemm(layout, a, b, d, None, group_arg, None, allow_fp4=b_fp4, backend="tilelang")
 
 
 @pytest.fixture
@@ -54,30 +46,25 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
-KINDS = ["v3", "v41", "fp4", "fp4_smem"]  # fp4_smem: FP4 weights through the plain (non-swapped) kernel
-
-
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["v3", "v41", "fp4"])
 def test_dense(gen, kind):
-    kind, fp4_swapped = ("fp4", False) if kind == "fp4_smem" else (kind, None)
     for M, N, K in DENSE_SHAPES:
         w, bq, bs, gran_n, gran_k, tol = weights(kind, N=N, K=K, gen=gen)
         x = random_bf16(M, K, generator=gen).cuda()
         aq, as_ = quant_a(x, gran_k)
         d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-        run(gemm._DENSE, (aq, as_), (bq, bs), d, None, kind == "fp4", fp4_swapped)
+        run(gemm._DENSE, (aq, as_), (bq, bs), d, None, kind == "fp4")
         ref = reference.gemm_nt_ref(aq, as_, bq, bs, gran_n, gran_k)
         assert calc_diff(d, ref) < SAME_INPUTS_TOL, (kind, M, N, K, calc_diff(d, ref))
         assert calc_diff(d, x.float() @ w.float().T) < tol, (kind, M, N, K)
         d2 = torch.empty_like(d)
-        run(gemm._DENSE, (aq, as_), (bq, bs), d2, None, kind == "fp4", fp4_swapped)
+        run(gemm._DENSE, (aq, as_), (bq, bs), d2, None, kind == "fp4")
         assert torch.equal(d.view(torch.int16), d2.view(torch.int16)), "repeated runs must be bitwise identical"
 
 
-@pytest.mark.parametrize("kind", ["fp4", "fp4_smem", "v41"])
+@pytest.mark.parametrize("kind", ["fp4", "v41"])
 def test_contiguous_grouped(gen, kind):
     """Ragged experts, two empty groups and a group of one row; padding rows (-1) stay untouched."""
-    kind, fp4_swapped = ("fp4", False) if kind == "fp4_smem" else (kind, None)
     rows, N, K = [300, 0, 1, 128, 1024, 77, 513, 0, 129], 4608, 5120
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout()).cuda()
     M = layout.numel()
@@ -85,7 +72,7 @@ def test_contiguous_grouped(gen, kind):
     x = random_bf16(M, K, generator=gen).cuda()
     aq, as_ = quant_a(x, gran_k)
     d = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
-    run(gemm._CONTIGUOUS, (aq, as_), (bq, bs), d, layout, kind == "fp4", fp4_swapped)
+    run(gemm._CONTIGUOUS, (aq, as_), (bq, bs), d, layout, kind == "fp4")
     ref = reference.m_grouped_gemm_nt_contiguous_ref(aq, as_, bq, bs, layout, gran_n, gran_k)
     valid = layout >= 0
     assert calc_diff(d[valid], ref[valid]) < SAME_INPUTS_TOL, calc_diff(d[valid], ref[valid])
@@ -95,7 +82,7 @@ def test_contiguous_grouped(gen, kind):
         if m:
             assert calc_diff(d[sel], x[sel].float() @ w[g].float().T) < tol, g
     d2 = torch.full_like(d, 7.0)
-    run(gemm._CONTIGUOUS, (aq, as_), (bq, bs), d2, layout, kind == "fp4", fp4_swapped)
+    run(gemm._CONTIGUOUS, (aq, as_), (bq, bs), d2, layout, kind == "fp4")
     assert torch.equal(d.view(torch.int16), d2.view(torch.int16))
 
 
