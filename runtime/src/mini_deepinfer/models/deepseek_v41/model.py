@@ -26,7 +26,7 @@ from mini_flashmla import indexer_scores, sparse_mla_fwd_paged
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 from mini_flashmla.reference import candidate_block_mask_ref, indexer_topk_ref
 
-from mini_deepinfer.models.deepseek_v41 import ops
+from mini_deepinfer.models.deepseek_v41 import moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
 from mini_deepinfer.models.deepseek_v41.engram import (
@@ -81,7 +81,10 @@ class V41Model(torch.nn.Module):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
-        w = ops.prepare_weights({k: v.to(self.device) for k, v in weights.items()})
+        # routed experts stacked per layer for the grouped GEMMs (on the source device, before the move, so the
+        # device holds one copy); per-expert views are put back for code that reads experts one by one
+        w = ops.prepare_weights({k: v.to(self.device) for k, v in moe.stack_experts(weights).items()})
+        moe.expert_views(w)
         if use_kernels is None:
             use_kernels = self.device.type == "cuda"
         self.w = ops.KernelWeights(w) if use_kernels else w
@@ -272,9 +275,10 @@ class V41Model(torch.nn.Module):
 
     # ------------------------------------------------------------------ the layers EP x DP shards (parallel.py)
     def _moe(self, v: torch.Tensor, p: str) -> torch.Tensor:
-        """The MoE of one block. parallel.ExpertParallelV41Model overrides it to split the routed experts across
-        ranks; this single-process version is the oracle it is tested against."""
-        return ops.moe(v, self.w, p, self.config)
+        """The MoE of one block: grouped GEMMs, no host sync (moe.py; ops.moe is its oracle).
+        parallel.ExpertParallelV41Model overrides it to split the routed experts across ranks; this single-process
+        version is the oracle it is tested against."""
+        return moe.moe_grouped(v, self.w, p, self.config)
 
     def _engram_inject(self, H: torch.Tensor, row_ids: torch.Tensor, p: str) -> torch.Tensor:
         """Engram of one block. parallel.ExpertParallelV41Model overrides it to shard the table rows."""
