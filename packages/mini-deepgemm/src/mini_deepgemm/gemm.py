@@ -49,8 +49,8 @@ _DENSE, _CONTIGUOUS, _MASKED = 0, 1, 2
 _UE8M0_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 Recipe = tuple[int, int, int]
 FP8Operand = tuple[torch.Tensor, torch.Tensor]
-# (layout, FP4 weights, UE8M0 scales) families routed to TileLang by default: those where its kernel beat the
-# Triton kernel in bench_deepgemm.py on H200 (see docs/reports/deepgemm-tilelang.md).
+# (layout, FP4 weights, UE8M0 scales) families routed to TileLang by default: those where its kernel beats the
+# Triton kernel in bench_deepgemm.py --tilelang on H200. None so far (docs/reports/deepgemm-tilelang.md).
 TILELANG_FAMILIES: frozenset[tuple[int, bool, bool]] = frozenset()
 
 
