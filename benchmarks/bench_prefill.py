@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -52,11 +53,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from mini_deepep import Buffer
+from mini_deepinfer.distributed import init_torchrun_process_group
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.engram import engram_table_sizes
 from mini_deepinfer.models.deepseek_v41.model import V41Model
+from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 from prefill_stages import LAYER_RANGE, OUTSIDE, attribute_profile, stage_ranges, stage_summary
@@ -342,7 +347,7 @@ def environment(device: torch.device) -> dict:
         env["git_commit"] = None
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        env["hardware"] = {"gpu": p.name, "gpus_used": 1, "gpus_visible": torch.cuda.device_count(),
+        env["hardware"] = {"gpu": p.name, "gpus_used": int(os.environ.get("WORLD_SIZE", "1")), "gpus_visible": torch.cuda.device_count(),
                            "sms": p.multi_processor_count, "memory_gb": p.total_memory / 1e9}
     else:
         env["hardware"] = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
@@ -408,7 +413,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (real 8192)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", type=lambda v: [int(t) for t in v.split(",")], default=[],
+                    help="comma list of uncached token counts for the Pareto sweep (after the main run)")
+    ap.add_argument("--no-main", action="store_true", help="skip the main run (with --sweep: the sweep only)")
+    ap.add_argument("--ep-backend", default="auto", choices=["auto", "nvshmem", "torch"],
+                    help="under torchrun (EP x DP, one GPU per rank): mini-deepep's buffer backend")
     args = ap.parse_args(argv)
+    args.buffer, args.rank = None, 0
     for key, value in PRESETS[args.preset].items():
         if key != "base" and getattr(args, key) is None:
             setattr(args, key, value)
@@ -425,14 +436,29 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     res["config"] = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
-    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device)
+    weights = build_random_weights(cfg, seed=args.seed, device=device)  # every rank the same (same seed)
+    if args.buffer is None:
+        model = V41Model(cfg, weights, device)
+    else:  # EP x DP: this rank keeps its routed experts; the MoE dispatches and combines over the group
+        model = ExpertParallelV41Model(cfg, weights, args.buffer, device)
+    del weights
     model.roles = TimedRoles(model.roles, Clock(device))
     t1 = time.perf_counter()
+    cache, batch, snapshot = build_context(args, model, device)
+    res["setup_s"] = {"weights_and_model": t1 - t0, "cache_fill": time.perf_counter() - t1}
+    log(f"weights + model {t1 - t0:.1f} s, cache fill {time.perf_counter() - t1:.1f} s"
+        + (f", {torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated" if device.type == "cuda" else ""))
+    return model, cache, batch, snapshot
+
+
+def build_context(args: argparse.Namespace, model: V41Model, device: torch.device):
+    """A cache holding args.context - args.tokens cached positions of one sequence, and the step's batch."""
+    cfg = model.config
     n_blocks = -(-args.context // BLOCK_SIZE)
     cache = V41Cache(cfg, num_blocks=n_blocks + 1, num_slots=1, device=device)  # block 0 stays unused
     block_table = list(range(1, n_blocks + 1))
     gen = torch.Generator(device=device)
-    gen.manual_seed(args.seed)
+    gen.manual_seed(args.seed + 1000 * args.rank)  # DP: each rank its own sequence
     cached = args.context - args.tokens
     fill_cached_context(cache, model, cached, block_table, 0, gen)
     snapshot = SlotSnapshot(cache)
@@ -440,10 +466,33 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     batch = ForwardBatch(ids, [args.tokens], [cached], [block_table], [0], [args.tokens - 1])
     if device.type == "cuda":
         torch.cuda.synchronize()
-    res["setup_s"] = {"weights_and_model": t1 - t0, "cache_fill": time.perf_counter() - t1}
-    log(f"weights + model {t1 - t0:.1f} s, cache fill {time.perf_counter() - t1:.1f} s"
-        + (f", {torch.cuda.memory_allocated(device) / 1e9:.1f} GB allocated" if device.type == "cuda" else ""))
-    return model, cache, batch, snapshot
+    return cache, batch, snapshot
+
+
+def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device, res: dict) -> None:
+    """The Pareto sweep: the same model and context length at each uncached-token count of --sweep (a fresh
+    cache per count, args.warmup + args.steps steps each); per count the 40-layer ms/step and tok/s/GPU."""
+    res["sweep"] = []
+    for tokens in args.sweep:
+        sub = argparse.Namespace(**{**vars(args), "tokens": tokens})
+        part = {"fp8_matmul": res["fp8_matmul"]}
+        try:
+            cache, batch, snapshot = build_context(sub, model, device)
+            time_steps(sub, model, cache, batch, snapshot, part)
+            eq = part["forty_layer_equivalent"]
+            row = {"tokens": tokens, "ms_per_step": eq["ms_per_step"], "tokens_per_s_per_gpu": eq["tokens_per_s_per_gpu"],
+                   "fraction_of_fp8_rate": eq["fraction_of_fp8_rate"], "layers_ms_mean": {
+                       lay["name"]: lay["ms_mean"] for lay in part["layers"]}, "peak_memory_gb": part.get("peak_memory_gb")}
+            log(f"sweep {tokens} tokens: {row['ms_per_step']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU")
+        except torch.OutOfMemoryError as e:  # recorded, not fatal: the sweep says where memory runs out
+            row = {"tokens": tokens, "error": f"out of memory: {str(e).splitlines()[0]}"}
+            log(f"sweep {tokens} tokens: out of memory")
+        res["sweep"].append(row)
+        del cache, batch, snapshot
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        write_json(args.out, res)
 
 
 def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch: ForwardBatch,
@@ -495,7 +544,37 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    ep_size = int(os.environ.get("WORLD_SIZE", "1"))  # launched by torchrun: EP x DP over the ranks
+    if ep_size > 1:
+        return main_ep(args, ep_size)
+    return run(args, torch.device(args.device))
+
+
+def main_ep(args: argparse.Namespace, ep_size: int) -> dict:
+    """EP x DP under torchrun: every rank runs its own sequence (DP) through the same layers, routed experts split
+    over the ranks (EP); steps run in lockstep (the MoE's dispatch/combine are collectives). Each rank writes its
+    own JSON (--out with .rank<r> before the suffix) and prints its table; tok/s/GPU is per rank."""
+    device = init_torchrun_process_group(args.device)
+    args.rank = dist.get_rank()
+    args.out = args.out.with_suffix(f".rank{args.rank}{args.out.suffix}")
+    cfg = trimmed_config(PRESETS[args.preset]["base"](), args.layers.split(","), args.engram_vocab)
+    nvl_bytes = Buffer.get_nvl_buffer_size_hint(max([args.tokens, *args.sweep]), cfg.hidden_size,
+                                                cfg.num_experts_per_tok, ep_size) if device.type == "cuda" else 0
+    try:
+        with Buffer(None, nvl_bytes, backend=args.ep_backend) as buffer:
+            args.buffer = buffer
+            res = run(args, device)
+            res["workload"]["ep_size"] = ep_size
+            res["workload"]["ep_backend"] = buffer.backend_name
+            res["workload"]["rank"] = args.rank
+            write_json(args.out, res)
+            return res
+    finally:
+        dist.destroy_process_group()
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict:
+    """One process's benchmark: the main run (per-layer times, 40-layer equivalent, profile), then the sweep."""
     res: dict = {"environment": environment(device), "workload": {
         "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": args.context - args.tokens,
         "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
@@ -506,18 +585,26 @@ def main(argv: Sequence[str] | None = None) -> dict:
         res["fp8_matmul"] = fp8_matmul_rate(args.fp8_size, device, iters=10 if device.type == "cuda" else 2)
         write_json(args.out, res)
         model, cache, batch, snapshot = build(args, device, res)
-        time_steps(args, model, cache, batch, snapshot, res)
-        write_json(args.out, res)
-        if not args.no_profile:
-            log("profiled step")
-            res["stages"] = profile_step(model, cache, batch, snapshot, device.type == "cuda")
+        if not args.no_main:
+            time_steps(args, model, cache, batch, snapshot, res)
             write_json(args.out, res)
-            log("profile done")
+            if not args.no_profile:
+                log("profiled step")
+                res["stages"] = profile_step(model, cache, batch, snapshot, device.type == "cuda")
+                write_json(args.out, res)
+                log("profile done")
+        del cache, batch, snapshot
+        if args.sweep:
+            sweep_tokens(args, model, device, res)
     except Exception:
         res["error"] = traceback.format_exc()
         write_json(args.out, res)
         raise
-    print_table(res)
+    if not args.no_main:
+        print_table(res)
+    for row in res.get("sweep", []):
+        print(f"sweep {row['tokens']:>6} tokens: " + (row["error"] if "error" in row else
+              f"{row['ms_per_step']:9.1f} ms/step {row['tokens_per_s_per_gpu']:9,.0f} tok/s/GPU"))
     return res
 
 

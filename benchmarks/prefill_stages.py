@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 from mini_deepinfer.models.deepseek_v41 import model as model_module
+from mini_deepinfer.models.deepseek_v41 import moe as moe_module
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 
@@ -34,8 +35,10 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (ops, "hc_expand", "hc"),
         (ops, "rmsnorm", "norm"),
         (ops, "linear", "linear"),
-        (ops, "moe", "moe"),
+        (model, "_moe", "moe"),
         (ops, "moe_route", "routing"),
+        (moe_module, "contiguous_plan", "layout"),
+        (moe_module, "grouped_expert_ffn", "experts"),
         (ops, "swiglu_expert", "experts"),
         (ops, "final_logits", "head"),
         (model_module, "sparse_mla_fwd_paged", "sparse attention"),

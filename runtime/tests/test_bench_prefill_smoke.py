@@ -178,3 +178,23 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert {"moe experts", "sparse attention", "projections", "indexer", "top-k", "engram"} <= headline
     assert sum(profile["summary"]["profiled_step_ms"].values()) == pytest.approx(
         sum(profile["by_layer_and_path_ms"].values()))
+
+
+def test_sweep_and_ep_two_ranks_on_cpu(tmp_path):
+    """--sweep alone (no main run) and EP2 x DP2 under torchrun on gloo: the per-count rows, one JSON per rank,
+    each rank's own sequence (different logits) through the same layers."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "sweep.json"
+    args = ["--device", "cpu", "--preset", "tiny", "--no-profile", "--steps", "1"]
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--out", str(out), "--no-main", "--sweep", "16,40"],
+                          check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["sweep"]
+    assert [r["tokens"] for r in rows] == [16, 40] and all(r["ms_per_step"] > 0 for r in rows)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    proc = subprocess.run([*torchrun, str(BENCH), *args, "--out", str(tmp_path / "ep.json")],
+                          check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"ep.rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["workload"]["ep_size"] == 2 and r["forty_layer_equivalent"]["ms_per_step"] > 0 for r in ranks)
+    assert [r["workload"]["rank"] for r in ranks] == [0, 1]
