@@ -82,3 +82,25 @@ def test_cuda_kernel_path_matches_reference(tiny):
             if top2[0] - top2[1] > 0.1:
                 assert a.argmax() == b.argmax(), (i, step)
     print(f"CUDA kernel path vs CPU reference: max |logit diff| {worst:.4f}")
+
+
+def test_indexer_query_slices_change_nothing(tiny, monkeypatch):
+    """The prefill indexer scores its queries in slices of INDEXER_QUERY_SLICE (memory for long chunks): with a
+    slice of 7 rows (every prompt spans several slices, the last one ragged) the logits and the cache are the
+    same bit for bit as with one slice per sequence."""
+    import mini_deepinfer.models.deepseek_v41.model as model_module
+
+    cfg, w = tiny
+    model = V41Model(cfg, w)
+    prompts = _prompts()
+    batch = ForwardBatch(torch.cat(prompts), list(PROMPT_LENS), [0, 0, 0], BLOCK_TABLES, [0, 1, 2],
+                         list(torch.tensor(PROMPT_LENS).cumsum(0) - 1))
+    outs = []
+    for rows in (4096, 7):
+        monkeypatch.setattr(model_module, "INDEXER_QUERY_SLICE", rows)
+        cache = V41Cache(cfg, num_blocks=10, num_slots=3)
+        outs.append((model(batch, cache), cache))
+    (a, ca), (b, cb) = outs
+    assert torch.equal(a, b)
+    for lid in ca.index_k:
+        assert torch.equal(ca.index_k[lid], cb.index_k[lid]) and torch.equal(ca.compressed_kv[lid], cb.compressed_kv[lid])

@@ -73,6 +73,10 @@ class SeqSpan:
         return self.ctx + self.qlen
 
 
+# Query rows scored at once by the prefill indexer (see _indexer).
+INDEXER_QUERY_SLICE = 4096
+
+
 class V41Model(torch.nn.Module):
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
                  token_map: torch.Tensor | None = None, use_kernels: bool | None = None):
@@ -396,17 +400,24 @@ class V41Model(torch.nn.Module):
                 continue
             pub = cache.index_k_publisher[sp.slot]
             key_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
-                                           self.roles[pub].ratio)
-            score = indexer_scores(qi[sp.rows].contiguous(), wts[sp.rows].contiguous(), cache.index_k[pub],
-                                   (positions[sp.rows] + 1) // r, key_rows.to(torch.int32))
+                                           self.roles[pub].ratio).to(torch.int32)
             if role.is_candidate_source:
-                shared["candidates"][sp.index] = candidate_block_mask_ref(
-                    score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-            cand = shared["candidates"].get(sp.index)
-            if role.uses_candidates and cand is not None:
-                score = torch.where(cand, score, torch.full_like(score, float("-inf")))
-            sel = indexer_topk_ref(score, cfg.index_topk)
-            topk[sp.rows, : sel.shape[1]] = sel.to(torch.int64)
+                shared["candidates"][sp.index] = torch.empty(sp.qlen, n_k, dtype=torch.bool, device=self.device)
+            cand = shared["candidates"].get(sp.index) if role.uses_candidates else None
+            # queries in slices: a [queries, entries] fp32 score (and top-k's keys) per slice, so a long chunk
+            # over a long context fits (32k x 131k scores would be 17 GB at once)
+            for q0 in range(0, sp.qlen, INDEXER_QUERY_SLICE):
+                rows = slice(sp.start + q0, sp.start + min(sp.qlen, q0 + INDEXER_QUERY_SLICE))
+                score = indexer_scores(qi[rows].contiguous(), wts[rows].contiguous(), cache.index_k[pub],
+                                       (positions[rows] + 1) // r, key_rows)
+                local = slice(q0, q0 + score.shape[0])
+                if role.is_candidate_source:
+                    shared["candidates"][sp.index][local] = candidate_block_mask_ref(
+                        score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+                if cand is not None:
+                    score = torch.where(cand[local], score, torch.full_like(score, float("-inf")))
+                sel = indexer_topk_ref(score, cfg.index_topk)
+                topk[rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
 
 

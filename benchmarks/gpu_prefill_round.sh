@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One GPU session for a prefill optimization round (issue 8): the GPU tests of the paths the round touched, then
+# the 1-GPU benchmark (main run + profile + the token sweep), then EP2 x DP2 on 2 GPUs when there are 2.
+#   on the GPU machine, from the repo root:  source .devdeps/env.sh && bash benchmarks/gpu_prefill_round.sh
+# Env: TESTS (pytest node ids / paths, -m gpu), SWEEP (token counts), EP_TESTS (multi-GPU pytest paths).
+set -u
+OUT=${OUT:-/tmp/gpu_prefill_round}
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=2
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+  date -u; } > "$OUT/env.txt" 2>&1
+run() {  # name, seconds, command... (SIGINT at the limit: pytest still prints its summary)
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
+}
+PYTEST="python3 -m pytest -v -s -rs -p no:cacheprovider"
+GPUS=$(nvidia-smi -L | wc -l)
+run tests 120 $PYTEST -m gpu ${TESTS:-runtime/tests/test_moe_grouped.py} --junitxml="$OUT/junit_tests.xml"
+run prefill 240 python3 benchmarks/bench_prefill.py --steps 3 --sweep "${SWEEP:-1024,2048,4096,8192,16384,32768}" \
+  --out "$OUT/prefill_h200.json"
+if [ "$GPUS" -ge 2 ] && [ -n "${EP_TESTS:-}" ]; then  # after the 1-GPU benchmark, so they do not perturb it
+  run ep_tests 150 $PYTEST -m multigpu $EP_TESTS --junitxml="$OUT/junit_ep_tests.xml"
+fi
+if [ "$GPUS" -ge 2 ]; then
+  run prefill_ep2 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_prefill.py --steps 3 \
+    --no-profile --out "$OUT/prefill_ep2_h200.json"
+fi
+cat "$OUT/env.txt" "$OUT/summary.txt"
+for f in tests ep_tests; do [ -f "$OUT/$f.txt" ] && { echo "--- $f"; grep -E "PASSED|FAILED|ERROR|passed|failed|vs |max" "$OUT/$f.txt" | tail -30; }; done
+echo "--- prefill"; grep -E "40-layer|sweep|^ +[0-9]|step as run|moe|stage|Error" "$OUT/prefill.txt" | tail -40
+[ -f "$OUT/prefill_ep2.txt" ] && { echo "--- prefill_ep2"; grep -E "40-layer|Error|error" "$OUT/prefill_ep2.txt" | tail -8; }
