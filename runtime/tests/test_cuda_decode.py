@@ -5,12 +5,12 @@
   does). Any .item() / .tolist() / nonzero / blocking copy between host and device inside raises. The logits must
   equal those of the same step run unguarded on an identical cache.
 - Graphs: DecodeGraphs (worker/cuda_graphs.py) against eager decode_forward on copies of one prefilled cache, over
-  several decode steps. A batch whose size is a bucket has the eager step's shapes, so its logits and every cache
-  row must be bit-identical. A padded batch (3 -> 4, 5 -> 8, 13 -> 16 rows) equals the eager step on the padded
-  rows bit for bit, and the unpadded eager step within the bound measured here (printed; kernels may pick other
-  tile sizes or cuBLAS algorithms for other row counts); in both, every slot and block the batch does not own is
-  left exactly as it was.
-- Through the engine: greedy outputs with graphs equal those with enforce_eager.
+  several decode steps. A padded batch (3 -> 4, 5 -> 8, 13 -> 16 rows) equals the eager step on the same padded
+  rows bit for bit (the capture is exact) and the unpadded eager step bit for bit too: measured on H200
+  (2026-11-30), the kernels compute a row the same way whatever the row count within a bucket (mini-deepgemm's
+  tile sizes change at 16 / 32 / 64 rows, the bucket edges). Every slot and block the batch does not own is left
+  exactly as it was; a batch whose size is a bucket leaves its own slots and blocks as the eager step does.
+- Through the engine: greedy outputs and logits with graphs equal those with enforce_eager (measured: identical).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 CUDA = torch.device("cuda")
 WIDTH = 4  # block-table columns of every decode step (512 tokens)
-MAX_SEQS = 13
+MAX_SEQS = 18  # slots 1..18: the largest batch (16) leaves two slots it must not touch
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +74,13 @@ def rows_of(name: str, model, slots: list[int], blocks: list[int]) -> torch.Tens
     """Row indices of cache tensor `name` that belong to the given slots / blocks."""
     W = model.config.sliding_window
     if name.startswith("window"):
-        return torch.tensor([s * W + i for s in slots for i in range(W)])
-    if name.startswith(("compressed_kv", "index_k")):
-        lid = int(name.split("[")[1][:-1])
-        epb = BLOCK_SIZE // model.roles[lid].ratio
-        return torch.tensor([b * epb + i for b in blocks for i in range(epb)])
-    return torch.tensor(slots)
+        rows = [s * W + i for s in slots for i in range(W)]
+    elif name.startswith(("compressed_kv", "index_k")):
+        epb = BLOCK_SIZE // model.roles[int(name.split("[")[1][:-1])].ratio
+        rows = [b * epb + i for b in blocks for i in range(epb)]
+    else:
+        rows = slots
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 # ---------------------------------------------------------------------------------------------- sync guard
@@ -143,11 +144,8 @@ def test_graph_decode_matches_eager(model, n):
             want_padded = model.decode_forward(padded.input_ids, padded.tensors, eager_padded)[:n]
             model.after_decode(batch.slots, eager_padded)
         assert torch.equal(got, want_padded), f"n={n} step {step}: graph != eager on the same padded rows"
-        if size == n:
-            assert torch.equal(got, want), f"n={n} step {step}"
         worst = max(worst, float((got - want).abs().max()))
-        cos = float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0))
-        assert cos > 0.99, f"n={n} step {step}: cosine {cos}"
+        assert torch.equal(got, want), f"n={n} step {step}: graph != unpadded eager, max diff {worst}"
         tokens = want.argmax(-1).tolist()
     print(f"\n[cuda graphs] n={n} (graph of {size}): max |graph - eager| = {worst:.3g}")
     graph_state, eager_state = cache_tensors(graphed), cache_tensors(eager)
