@@ -99,4 +99,5 @@ def test_the_detector_sees_host_reads(host_reads):
         torch.tensor([1, 2])
         torch.tensor(1.0)  # a 0-d host constant: allowed
     kinds = [f.split(" at ")[0] for f in host_reads.found]
-    assert kinds == ["Tensor.tolist", "aten.index.Tensor", "aten._local_scalar_dense.default", "aten.lift_fresh.default"]
+    assert kinds == ["Tensor.tolist", "aten.index.Tensor", "aten._local_scalar_dense.default",
+                     "aten.lift_fresh.default"]
