@@ -18,6 +18,8 @@ the sentinels no sequence owns. That is what lets the runner capture it in a CUD
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +28,7 @@ from mini_flashmla import indexer_scores, sparse_mla_fwd_paged
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 from mini_flashmla.reference import candidate_block_mask_ref, indexer_topk_ref
 
-from mini_deepinfer.models.deepseek_v41 import moe, ops
+from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
 from mini_deepinfer.models.deepseek_v41.engram import (
@@ -55,7 +57,9 @@ class DecodeRows:
 
 @dataclass
 class SeqSpan:
-    """One sequence of the step: its query tokens are rows [start, start + qlen) of the flat batch."""
+    """One sequence of the step: its query tokens are rows [start, start + qlen) of the flat batch, at positions
+    first_pos .. end-1. Past a bounded-replay boundary the rows are the sequence's last ones: the step's first
+    `dropped` positions (ctx .. first_pos-1) were computed up to the boundary but have no row here."""
 
     index: int
     start: int
@@ -63,14 +67,19 @@ class SeqSpan:
     ctx: int  # tokens already cached before this step
     slot: int
     block_table: torch.Tensor  # int64 on the model's device (a row of StepTensors.block_tables, padded with 0)
+    dropped: int = 0
 
     @property
     def rows(self) -> slice:
         return slice(self.start, self.start + self.qlen)
 
     @property
+    def first_pos(self) -> int:
+        return self.ctx + self.dropped
+
+    @property
     def end(self) -> int:  # sequence length after this step
-        return self.ctx + self.qlen
+        return self.ctx + self.dropped + self.qlen
 
 
 # Query rows scored at once by the prefill indexer (see _indexer).
@@ -79,9 +88,11 @@ INDEXER_QUERY_SLICE = 4096
 
 class V41Model(torch.nn.Module):
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
-                 token_map: torch.Tensor | None = None, use_kernels: bool | None = None):
+                 token_map: torch.Tensor | None = None, use_kernels: bool | None = None,
+                 prefill_keep_tokens: int | None = None):
         """use_kernels: run FP8/FP4 linears through mini-deepgemm (default: on CUDA). Attention and the indexer
-        always go through mini-flashmla's API, which picks its Triton kernels on CUDA and its references on CPU."""
+        always go through mini-flashmla's API, which picks its Triton kernels on CUDA and its references on CPU.
+        prefill_keep_tokens: bounded replay (None = full replay); see the property."""
         super().__init__()
         self.config = config
         self.device = torch.device(device)
@@ -100,6 +111,19 @@ class V41Model(torch.nn.Module):
                             for lid in config.engram_layer_ids]
         self.decode_publishers, self.decode_carry = _decode_publisher_plan(config)
         self.capture: list[torch.Tensor] | None = None  # set to [] to record each block's collapsed output
+        self.prefill_keep_tokens = prefill_keep_tokens
+
+    @property
+    def prefill_keep_tokens(self) -> int | None:
+        """Bounded replay: in the general (prefill) forward, only the last prefill_keep_tokens rows of each sequence
+        go on past the boundary layer (bounded_replay.prefill_boundary_layer; decode rows always do), in every
+        prefill chunk. Exact iff >= bounded_replay.exact_keep_tokens(config); None (the default) = full replay."""
+        return self._prefill_keep_tokens
+
+    @prefill_keep_tokens.setter
+    def prefill_keep_tokens(self, keep: int | None) -> None:
+        self._prefill_keep_tokens = bounded_replay.check_keep_tokens(self.config, keep)
+        self._replay_boundary = None if keep is None else bounded_replay.prefill_boundary_layer(self.config)
 
     @property
     def cuda_graph_decode(self) -> bool:
@@ -131,20 +155,58 @@ class V41Model(torch.nn.Module):
         compressed = self.token_map[ids]
         H, pre = ops.initial_streams(self.w["embed.weight"][ids], cfg)
         shared: dict = {"topk": None, "candidates": {}}
+        # the rows the layers compute (H's rows): all of the step's, or past a bounded-replay boundary the kept ones
+        live, live_pos, sample_rows = spans, positions, t.sample_rows
+        kept = None if self._prefill_keep_tokens is None else self._bounded_replay_rows(spans, batch.sample_rows)
         for role in self.roles:
             p = f"layers.{role.layer_id}"
             if role.has_engram:
-                H = self._engram(H, compressed, spans, role, cache)
+                H = self._engram(H, compressed, spans, role, cache)  # never past the boundary (check_keep_tokens)
             H, pre = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
-                attention=lambda u, role=role: self._attention(u, positions, spans, t.slots, role, cache, shared),
+                attention=lambda u, role=role: self._attention(u, live_pos, live, t.slots, role, cache, shared),
                 ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
+            if kept is not None and role.layer_id == self._replay_boundary:
+                live, rows = kept
+                H, pre, live_pos = H[rows], pre[rows], positions[rows]
+                new_row = torch.full_like(positions, -1)
+                new_row[rows] = torch.arange(rows.shape[0], device=self.device)
+                sample_rows = new_row[sample_rows]
+                # the step's per-row shared state the consumer layers read: the top-k a REUSE layer takes over
+                # and the candidate blocks a REINDEX layer restricts to
+                shared["topk"] = shared["topk"][rows]
+                shared["candidates"] = {i: c[live[i].dropped:] for i, c in shared["candidates"].items()}
         n_hist = cfg.engram_max_ngram_size - 1
         for sp in spans:
             cache.engram_history[sp.slot] = torch.cat([cache.engram_history[sp.slot], compressed[sp.rows]])[-n_hist:]
-        return ops.final_logits(H[t.sample_rows], pre[t.sample_rows], self.w, cfg)
+        return ops.final_logits(H[sample_rows], pre[sample_rows], self.w, cfg)
+
+    def _bounded_replay_rows(self, spans: list[SeqSpan], sample_rows: list[int]
+                             ) -> tuple[list[SeqSpan], torch.Tensor] | None:
+        """The rows that go on past the boundary: each sequence's last prefill_keep_tokens (decode rows and shorter
+        chunks whole). Returns (the spans over those rows, their int64 index into the step's rows), or None when
+        no row is dropped. Host-known lengths only; a sampled row that would be dropped is an error."""
+        keep = self._prefill_keep_tokens
+        drop = [max(0, sp.qlen - keep) for sp in spans]
+        if not any(drop):
+            return None
+        starts = [sp.start for sp in spans]
+        for row in sample_rows:
+            i = bisect.bisect_right(starts, row) - 1
+            if row < starts[i] + drop[i]:
+                raise ValueError(f"bounded replay: sampled row {row} is not among sequence {i}'s last {keep} rows")
+        kept, ranges, start = [], [], 0
+        for sp, d in zip(spans, drop):
+            kept.append(dataclasses.replace(sp, start=start, qlen=sp.qlen - d, dropped=d))
+            start += sp.qlen - d
+            lo, hi = sp.start + d, sp.start + sp.qlen
+            if ranges and ranges[-1][1] == lo:  # one arange per run of whole sequences (decode rows)
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
+        return kept, torch.cat([torch.arange(lo, hi, device=self.device) for lo, hi in ranges])
 
     # ------------------------------------------------------------------ decode: fixed shapes, capturable
     def decode_ready(self, slots: list[int], cache: V41Cache) -> bool:
@@ -339,10 +401,13 @@ class V41Model(torch.nn.Module):
         ids = torch.full_like(wpos, -1)
         for b, sp in enumerate(spans):
             wp = wpos[sp.rows]
-            in_step = wp >= sp.ctx
-            step_row = len(spans) * W + sp.start + (wp - sp.ctx)
+            in_step = wp >= sp.first_pos
+            step_row = len(spans) * W + sp.start + (wp - sp.first_pos)
             ring_row = b * W + wp % W
-            ids[sp.rows] = torch.where(in_step, step_row, torch.where(wp >= 0, ring_row, wp))
+            # positions a bounded replay dropped (ctx <= wp < first_pos) have no row and their ring rows hold
+            # older positions: masked, like positions before the sequence start
+            in_ring = (wp >= 0) & (wp < sp.ctx)
+            ids[sp.rows] = torch.where(in_step, step_row, torch.where(in_ring, ring_row, -1))
         return table, ids, False
 
     def _write_window(self, packed, positions, spans: list[SeqSpan], ring: torch.Tensor) -> None:
