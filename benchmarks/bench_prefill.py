@@ -416,6 +416,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sweep", type=lambda v: [int(t) for t in v.split(",")], default=[],
                     help="comma list of uncached token counts for the Pareto sweep (after the main run)")
     ap.add_argument("--no-main", action="store_true", help="skip the main run (with --sweep: the sweep only)")
+    ap.add_argument("--bounded-replay", type=lambda v: [int(t) for t in v.split(",")], default=[],
+                    help="comma list of prefill_keep_tokens values timed after the main run (decoder bounded replay; "
+                         "the headline stays full replay)")
     ap.add_argument("--ep-backend", default="auto", choices=["auto", "nvshmem", "torch"],
                     help="under torchrun (EP x DP, one GPU per rank): mini-deepep's buffer backend")
     args = ap.parse_args(argv)
@@ -467,6 +470,25 @@ def build_context(args: argparse.Namespace, model: V41Model, device: torch.devic
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cache, batch, snapshot
+
+
+def bounded_replay_run(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch: ForwardBatch,
+                       snapshot: SlotSnapshot, res: dict, keep: int) -> dict:
+    """The main workload with decoder bounded replay (model.prefill_keep_tokens = keep): per-layer times and the
+    40-layer equivalent, and how far the last token's logits move from full replay's (max |diff|)."""
+    full = run_step(model, cache, batch, snapshot)[1]
+    model.prefill_keep_tokens = keep
+    try:
+        part = {"fp8_matmul": res["fp8_matmul"]}
+        time_steps(args, model, cache, batch, snapshot, part)
+        bounded = run_step(model, cache, batch, snapshot)[1]
+    finally:
+        model.prefill_keep_tokens = None
+    eq = part["forty_layer_equivalent"]
+    log(f"bounded replay keep {keep}: {eq['ms_per_step']:.1f} ms/step, {eq['tokens_per_s_per_gpu']:,.0f} tok/s/GPU")
+    return {"keep_tokens": keep, "ms_per_step": eq["ms_per_step"], "tokens_per_s_per_gpu": eq["tokens_per_s_per_gpu"],
+            "layers_ms_mean": {lay["name"]: lay["ms_mean"] for lay in part["layers"]},
+            "last_token_logits_max_abs_diff_vs_full_replay": (bounded - full).abs().max().item()}
 
 
 def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device, res: dict) -> None:
@@ -593,6 +615,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
                 res["stages"] = profile_step(model, cache, batch, snapshot, device.type == "cuda")
                 write_json(args.out, res)
                 log("profile done")
+            for keep in args.bounded_replay:
+                res.setdefault("bounded_replay", {})[str(keep)] = bounded_replay_run(
+                    args, model, cache, batch, snapshot, res, keep)
+                write_json(args.out, res)
         del cache, batch, snapshot
         if args.sweep:
             sweep_tokens(args, model, device, res)
@@ -602,6 +628,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         raise
     if not args.no_main:
         print_table(res)
+    for keep, row in res.get("bounded_replay", {}).items():
+        print(f"bounded replay keep {keep}: {row['ms_per_step']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} "
+              f"tok/s/GPU, last-token logits max |diff| vs full replay {row['last_token_logits_max_abs_diff_vs_full_replay']:.4g}")
     for row in res.get("sweep", []):
         print(f"sweep {row['tokens']:>6} tokens: " + (row["error"] if "error" in row else
               f"{row['ms_per_step']:9.1f} ms/step {row['tokens_per_s_per_gpu']:9,.0f} tok/s/GPU"))
