@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import torch
+from mini_deepinfer.layers import hyper_connections as hc_fused
 from mini_deepinfer.models.deepseek_v41 import model as model_module
 from mini_deepinfer.models.deepseek_v41 import moe as moe_module
 from mini_deepinfer.models.deepseek_v41 import ops
@@ -33,6 +34,9 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (ops, "hc_mixes", "hc"),
         (ops, "hc_collapse", "hc"),
         (ops, "hc_expand", "hc"),
+        (hc_fused, "hc_mixes_fused", "hc"),
+        (hc_fused, "hc_collapse_fused", "hc"),
+        (hc_fused, "hc_expand_fused", "hc"),
         (ops, "rmsnorm", "norm"),
         (ops, "linear", "linear"),
         (model, "_moe", "moe"),

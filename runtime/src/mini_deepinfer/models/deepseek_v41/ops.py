@@ -272,12 +272,27 @@ def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg:
     attention input collapses H with the `pre` of the previous sublayer, the FFN input with the attention
     boundary's. attention / ffn map bf16 [T, D] -> bf16 [T, D]. Returns (H, the pre for the next block)."""
     p = f"layers.{lid}"
-    a_pre, a_post, a_comb = hc_mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
-    u = rmsnorm(hc_collapse(H, pre), w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
-    H = hc_expand(attention(u), H, a_post, a_comb)
-    f_pre, f_post, f_comb = hc_mixes(H, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"], w[f"{p}.hc_ffn_base"], cfg)
-    v = rmsnorm(hc_collapse(H, a_pre), w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
-    return hc_expand(ffn(v), H, f_post, f_comb), f_pre
+    mixes, collapse, expand = _hc_ops(H, w, cfg)
+    a_pre, a_post, a_comb = mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
+    u = rmsnorm(collapse(H, pre), w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
+    H = expand(attention(u), H, a_post, a_comb)
+    f_pre, f_post, f_comb = mixes(H, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"], w[f"{p}.hc_ffn_base"], cfg)
+    v = rmsnorm(collapse(H, a_pre), w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
+    return expand(ffn(v), H, f_post, f_comb), f_pre
+
+
+def _hc_ops(H: torch.Tensor, w: Weights, cfg: V41Config) -> tuple[Callable, Callable, Callable]:
+    """The hyper-connection ops a block uses: the fused Triton kernels (layers/hyper_connections.py) for the engine
+    model on CUDA (KernelWeights), the torch functions above otherwise (the reference stays kernel-free)."""
+    from mini_deepinfer.layers import hyper_connections as hcf
+
+    if not (isinstance(w, KernelWeights) and hcf.available(H)):
+        return hc_mixes, hc_collapse, hc_expand
+
+    def mixes(H, fn, scale, base, cfg=cfg):
+        return hcf.hc_mixes_fused(H, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+
+    return mixes, hcf.hc_collapse_fused, hcf.hc_expand_fused
 
 
 def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
