@@ -1,4 +1,5 @@
-"""The engine's grouped MoE (models/deepseek_v41/moe.py) against its oracle ops.moe, and its routing layout.
+"""The engine's grouped MoE (models/deepseek_v41/moe.py) against its oracle ops.moe, and its routing layouts
+(contiguous above MASKED_MAX_TOKENS tokens, masked up to it).
 
 Metrics: the layout is checked exactly (every (token, slot) pair in its expert's 128-aligned segment, padding -1,
 the row space within max_rows); moe_grouped vs ops.moe: on CPU both run the pure-torch GEMM references, so only
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, moe, ops, resolve_checkpoint
-from mini_deepinfer.models.deepseek_v41.moe import contiguous_plan, max_rows
+from mini_deepinfer.models.deepseek_v41.moe import contiguous_plan, masked_plan, max_rows
 
 
 def _routing(T: int, k: int, E: int, seed: int, skew: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +52,24 @@ def test_contiguous_plan_places_every_pair_in_its_experts_aligned_segment(T, k, 
         assert bool((plan.row_token[r].diff() > 0).all())
 
 
+@pytest.mark.parametrize("T,k,E,skew", [(0, 6, 32, False), (1, 6, 32, False), (7, 6, 32, True), (64, 6, 384, False)])
+def test_masked_plan_places_every_pair_in_its_experts_rows(T, k, E, skew) -> None:
+    idx, wt = _routing(T, k, E, seed=T + E + 1, skew=skew)
+    plan = masked_plan(idx, wt, E)
+    assert plan.grouped_layout is None and plan.row_token.shape == (E * T,)
+    counts = torch.bincount(idx.flatten(), minlength=E)
+    assert torch.equal(plan.masked_m, counts.to(torch.int32))
+    rows = plan.pair_row
+    # expert e owns rows [e*T, e*T + count_e), tokens ascending; each pair's row holds its token and weight
+    assert torch.equal(rows // max(T, 1), idx.sort(dim=1).values) if T else rows.numel() == 0
+    assert torch.equal(plan.row_token[rows], torch.arange(T)[:, None].expand(T, k))
+    assert torch.equal(plan.row_weight[rows], wt.gather(1, idx.argsort(dim=1)))
+    for e in idx.unique().tolist():
+        own = torch.arange(e * T, e * T + int(counts[e]))
+        assert bool((plan.row_token[own].diff() > 0).all()) and bool((plan.row_weight[own] > 0).all())
+    assert plan.row_weight.count_nonzero() == T * k
+
+
 @pytest.fixture(scope="module")
 def tiny_weights():
     cfg, w = load_checkpoint(resolve_checkpoint("tiny"))
@@ -67,7 +86,7 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("T", [0, 1, 37, 300])
+@pytest.mark.parametrize("T", [0, 1, 37, 64, 65, 300])
 def test_grouped_moe_equals_the_per_expert_oracle_on_cpu(tiny_weights, T) -> None:
     cfg, w = tiny_weights
     ws = _stacked(w, "cpu")
@@ -95,7 +114,7 @@ def test_expert_views_share_the_stacks(tiny_weights) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("T", [1, 37, 300, 2048])
+@pytest.mark.parametrize("T", [1, 37, 64, 65, 300, 2048])
 def test_grouped_moe_kernels_match_the_oracle_without_host_sync(tiny_weights, T) -> None:
     cfg, w = tiny_weights
     ws = ops.KernelWeights(_stacked(w, "cuda"))

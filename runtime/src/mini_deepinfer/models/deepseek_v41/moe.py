@@ -8,7 +8,8 @@ computes the same function for the engine model:
 2. `contiguous_plan`: sort the T*k (token, slot) pairs by expert (stable, so tokens ascend inside an expert as in
    ops.moe), give each expert a segment starting at a multiple of 128 (mini-deepgemm's M alignment: no GEMM tile
    straddles two experts), and size the row space for the worst case T*k + min(E, T*k) * 127, so nothing about
-   the routing has to reach the host;
+   the routing has to reach the host; up to MASKED_MAX_TOKENS tokens (decode) `masked_plan` instead reserves T
+   rows per expert ([E, T, K], the masked grouped GEMM with small tiles);
 3. quantize the T token rows once (per-row quantization commutes with the row gather, so this is bit-identical
    to quantizing each expert's gathered rows) and gather them into the layout;
 4. `grouped_expert_ffn`: w1 and w3 of every expert stacked into one [E, 2I, K] weight, so one grouped GEMM gives
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from mini_deepgemm import (
     get_m_alignment_for_contiguous_layout,
     m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
     per_token_group_quant_fp8,
 )
 
@@ -37,6 +39,10 @@ from mini_deepinfer.models.deepseek_v41.config import V41Config
 
 Weights = dict[str, torch.Tensor]
 QUANT_BLOCK = 32
+# Up to this many tokens (decode batches) the experts use the masked layout: [E, T, K] with T rows reserved per
+# expert and small GEMM tiles, instead of a 128-row contiguous segment per touched expert (at 64 decode tokens
+# that is ~300 experts x 128 rows computed for 384 real rows; docs/reports/runtime-decode.md).
+MASKED_MAX_TOKENS = 64
 
 
 # --------------------------------------------------------------------------- weights
@@ -77,17 +83,22 @@ def expert_views(w: Weights) -> None:
 
 # --------------------------------------------------------------------------- layout
 @dataclass
-class ContiguousPlan:
+class ExpertRows:
     """Where each (token, slot) pair of one MoE call lives in the expert-sorted row space (all on the device).
 
-    grouped_layout: int32 [M] expert (group) of each row, -1 for padding; row_token: int64 [M] token of each row
-    (0 for padding: gathered but never stored); row_weight: fp32 [M] routing weight (0 for padding);
-    pair_row: int64 [T, k] the row of each (token, slot), its slots sorted by ascending expert id."""
+    Contiguous form: grouped_layout int32 [M] expert (group) of each row, -1 for padding, masked_m None.
+    Masked form: M = E * max_m rows, expert e owning rows [e * max_m, e * max_m + masked_m[e]); grouped_layout
+    None, masked_m int32 [E], expected_m the typical rows per touched expert (a tile-height hint).
+    Both: row_token int64 [M] token of each row (0 for padding: gathered but never stored); row_weight fp32 [M]
+    routing weight (0 for padding); pair_row int64 [T, k] the row of each (token, slot), its slots sorted by
+    ascending expert id."""
 
-    grouped_layout: torch.Tensor
+    grouped_layout: torch.Tensor | None
     row_token: torch.Tensor
     row_weight: torch.Tensor
     pair_row: torch.Tensor
+    masked_m: torch.Tensor | None = None
+    expected_m: int = 0
 
 
 def max_rows(num_pairs: int, num_groups: int, align: int) -> int:
@@ -95,32 +106,48 @@ def max_rows(num_pairs: int, num_groups: int, align: int) -> int:
     return -(-(num_pairs + min(num_groups, num_pairs) * (align - 1)) // align) * align
 
 
-def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int) -> ContiguousPlan:
+def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int) -> ExpertRows:
     """idx: int64 [T, k] group ids (distinct per token), wt: fp32 [T, k]. Device ops only, fixed output sizes."""
+    return _plan(idx, wt, num_groups, masked=False)
+
+
+def masked_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int) -> ExpertRows:
+    """As contiguous_plan, in the masked form: T rows reserved per expert (a token meets an expert at most once)."""
+    return _plan(idx, wt, num_groups, masked=True)
+
+
+def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) -> ExpertRows:
     T, k = idx.shape
-    align = get_m_alignment_for_contiguous_layout()
     dev = idx.device
     flat = idx.flatten()
     # scatter_add, not bincount: bincount sizes its output from the data (a host read on CUDA)
     counts = torch.zeros(num_groups, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + align - 1) // align * align
-    seg_start = torch.cumsum(padded, 0) - padded
     group_start = torch.cumsum(counts, 0) - counts
     order = flat.argsort(stable=True)  # pairs by expert, tokens ascending inside an expert (as ops.moe)
     sorted_group = flat[order]
     rank_in_group = torch.arange(T * k, device=dev) - group_start[sorted_group]
-    row = seg_start[sorted_group] + rank_in_group
-    M = max_rows(T * k, num_groups, align)
-    grouped_layout = torch.full((M,), -1, dtype=torch.int32, device=dev)
-    grouped_layout[row] = sorted_group.to(torch.int32)
+    if masked:
+        M = num_groups * T
+        row = sorted_group * T + rank_in_group
+    else:
+        align = get_m_alignment_for_contiguous_layout()
+        padded = (counts + align - 1) // align * align
+        seg_start = torch.cumsum(padded, 0) - padded
+        row = seg_start[sorted_group] + rank_in_group
+        M = max_rows(T * k, num_groups, align)
     row_token = torch.zeros(M, dtype=torch.int64, device=dev)
     row_token[row] = order // k
     row_weight = torch.zeros(M, dtype=torch.float32, device=dev)
     row_weight[row] = wt.flatten()[order]
     pair_row = torch.empty(T * k, dtype=torch.int64, device=dev)
     pair_row[order] = row
-    by_expert = idx.argsort(dim=1)
-    return ContiguousPlan(grouped_layout, row_token, row_weight, pair_row.view(T, k).gather(1, by_expert))
+    pair_row = pair_row.view(T, k).gather(1, idx.argsort(dim=1))
+    if masked:
+        return ExpertRows(None, row_token, row_weight, pair_row, counts.to(torch.int32),
+                              expected_m=max(1, -(-T * k // min(num_groups, T * k))) if T else 1)
+    grouped_layout = torch.full((M,), -1, dtype=torch.int32, device=dev)
+    grouped_layout[row] = sorted_group.to(torch.int32)
+    return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
 
 
 # --------------------------------------------------------------------------- compute
@@ -131,32 +158,45 @@ def gather_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return t[rows]
 
 
-def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], grouped_layout: torch.Tensor, row_weight: torch.Tensor,
-                       w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.Tensor, w: Weights, p: str,
+                       cfg: V41Config, grouped_layout: torch.Tensor | None = None,
+                       masked_m: torch.Tensor | None = None, expected_m: int = 0) -> torch.Tensor:
     """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32]) quantized rows;
-    grouped_layout: int32 [M] (group = index into the layer's stacked experts, -1 padding); row_weight: fp32 [M].
+    row_weight: fp32 [M]; the rows' experts (groups = indices into the layer's stacked experts) as either
+    grouped_layout int32 [M] (contiguous, -1 padding) or masked_m int32 [E] with M = E * max_m (masked).
     Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
-    M = grouped_layout.shape[0]
+    M = row_weight.shape[0]
     w13, w2 = f"{p}.experts.w13", f"{p}.experts.w2"
     inter = w[f"{w13}.weight"].shape[1] // 2
-    h13 = torch.empty(M, 2 * inter, dtype=torch.bfloat16, device=grouped_layout.device)
-    m_grouped_fp8_fp4_gemm_nt_contiguous(a, (w[f"{w13}.weight"], w[f"{w13}.scale"]), h13, grouped_layout)
+    D = w[f"{w2}.weight"].shape[1]
+
+    def gemm(x: tuple[torch.Tensor, torch.Tensor], name: str, n: int) -> torch.Tensor:
+        out = torch.empty(M, n, dtype=torch.bfloat16, device=row_weight.device)
+        b = (w[f"{name}.weight"], w[f"{name}.scale"])
+        if masked_m is None:
+            m_grouped_fp8_fp4_gemm_nt_contiguous(x, b, out, grouped_layout)
+        else:
+            G = masked_m.shape[0]
+            shaped = tuple(t.view(G, M // G, t.shape[-1]) for t in x)
+            m_grouped_fp8_fp4_gemm_nt_masked(shaped, b, out.view(G, M // G, n), masked_m, expected_m)
+        return out
+
+    h13 = gemm(a, w13, 2 * inter)
     lim = cfg.swiglu_limit
     h = F.silu(h13[:, :inter].float().clamp(max=lim)) * h13[:, inter:].float().clamp(-lim, lim)
     h = (row_weight[:, None] * h).to(torch.bfloat16)
-    out = torch.empty(M, w[f"{w2}.weight"].shape[1], dtype=torch.bfloat16, device=h.device)
-    m_grouped_fp8_fp4_gemm_nt_contiguous(per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0"),
-                                         (w[f"{w2}.weight"], w[f"{w2}.scale"]), out, grouped_layout)
-    return out
+    return gemm(per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0"), w2, D)
 
 
 def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
-    """ops.moe on stacked experts (stack_experts), as two grouped GEMMs with no host sync. x bf16 [T, D]."""
+    """ops.moe on stacked experts (stack_experts), as two grouped GEMMs with no host sync. x bf16 [T, D].
+    Up to MASKED_MAX_TOKENS tokens (decode) in the masked layout, above in the contiguous one."""
     idx, wt = ops.moe_route(x, w, p, cfg)
-    plan = contiguous_plan(idx, wt, w[f"{p}.experts.w13.weight"].shape[0])
+    num_groups = w[f"{p}.experts.w13.weight"].shape[0]
+    plan = (masked_plan if x.shape[0] <= MASKED_MAX_TOKENS else contiguous_plan)(idx, wt, num_groups)
     xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
     a = (gather_rows(xq, plan.row_token), gather_rows(xs, plan.row_token))
-    out = grouped_expert_ffn(a, plan.grouped_layout, plan.row_weight, w, p, cfg)
+    out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m)
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for j in range(idx.shape[1]):  # ascending expert id per token, as ops.moe's index_add_ order
         y += out[plan.pair_row[:, j]].float()

@@ -135,7 +135,7 @@ class ExpertParallelV41Model(V41Model):
                                     m_alignment=get_m_alignment_for_contiguous_layout())
         # received rows are one 128-aligned segment per local expert (grouped_layout: local expert, -1 padding);
         # the routing weight scales h before w2, as in ops.moe, so combine must not weight again
-        y = moe.grouped_expert_ffn(recv.recv_x, recv.grouped_layout, recv.recv_topk_weights, self.w, p, cfg)
+        y = moe.grouped_expert_ffn(recv.recv_x, recv.recv_topk_weights, self.w, p, cfg, recv.grouped_layout)
         if self.exact_moe:
             routed = self._combine_in_expert_order(y, recv.handle, topk_idx)
         else:
