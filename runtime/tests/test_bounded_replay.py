@@ -69,12 +69,12 @@ def full_replay(model, prompt):
     return prefill_then_decode(model, None, prompt)
 
 
-def slot_state_equal(a: V41Cache, b: V41Cache, layers=None) -> dict[str, bool]:
+def slot_state_equal(a: V41Cache, b: V41Cache) -> dict[str, bool]:
     """Per state tensor: equal bit for bit on SLOT's rows and TABLE's blocks (what the sequence owns)."""
-    W = a.cfg.sliding_window
+    own_ring = slice(SLOT * a.cfg.sliding_window, (SLOT + 1) * a.cfg.sliding_window)
     res = {}
-    for lid in layers if layers is not None else a.window:
-        res[f"window[{lid}]"] = torch.equal(a.window[lid][SLOT * W:(SLOT + 1) * W], b.window[lid][SLOT * W:(SLOT + 1) * W])
+    for lid in a.window:
+        res[f"window[{lid}]"] = torch.equal(a.window[lid][own_ring], b.window[lid][own_ring])
     for name in ("compressed_kv", "index_k"):
         for lid, rows in getattr(a, name).items():
             epb = rows.shape[0] // a.num_blocks
