@@ -1,8 +1,9 @@
 """The fused hyper-connection kernels (layers/hyper_connections.py) against the torch references in ops.py.
 
 Runs on CUDA (marked gpu), and on CPU under the Triton interpreter when TRITON_INTERPRET=1 is set (slow; small
-shapes only). Metrics: pre / post / comb (fp32) within 2e-6 absolute of the reference (only the projection's
-K-sum order differs: fp32 rounding, then sigmoid / Sinkhorn, all O(1) values); collapse / expand (bf16 out) within
+shapes only). Metrics: pre / post / comb (fp32) within 1e-5 absolute of the reference (only the projection's
+K-sum order differs: 4*D = 20,480 fp32 terms summed in another order, ~sqrt(K) * 2^-24 relative to the terms,
+then sigmoid / Sinkhorn on O(1) values; measured on H200 up to 3.1e-6); collapse / expand (bf16 out) within
 one bf16 rounding of the reference: |fused - ref| <= 2^-7 |ref| + 1e-6 (one bf16 ulp), and equal for >= 95% of
 the elements on CUDA (the interpreter rounds its bf16 casts toward zero, so there only the 1-ulp bound holds).
 Inputs are random (streams of differing scales), never zeros.
@@ -59,7 +60,7 @@ def test_fused_hc_ops_match_the_references(device: str, T: int, D: int) -> None:
     for name, a, b in zip(("pre", "post", "comb"), (pre, post, comb), want):
         assert a.shape == b.shape and a.dtype == torch.float32, name
         err = (a - b).abs().max().item()
-        assert err <= 2e-6, (name, err)
+        assert err <= 1e-5, (name, err)
     _within_one_bf16_rounding(hcf.hc_collapse_fused(H, want[0]), ops.hc_collapse(H, want[0]))
     _within_one_bf16_rounding(hcf.hc_expand_fused(y, H, want[1], want[2]), ops.hc_expand(y, H, want[1], want[2]))
 
