@@ -3,26 +3,13 @@
 # benchmark (profile + bounded replay) and one decode point. At most 8 files come back from $OUT.
 #   source .devdeps/env.sh && TESTS="..." bash benchmarks/gpu_final_check.sh
 set -u
-OUT=${OUT:-/tmp/gpu_final_check}
-mkdir -p "$OUT"
-export OMP_NUM_THREADS=2
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-t0=$SECONDS
-timeout -s INT "${TEST_SECS:-130}" python3 -m pytest -q -rs -s -p no:cacheprovider -m "not multigpu" -n "${WORKERS:-8}" \
-  $TESTS > "$OUT/tests.txt" 2>&1
-echo "tests rc=$? $((SECONDS - t0))s" > "$OUT/summary.txt"
-t0=$SECONDS
-timeout -s INT "${PREFILL_SECS:-100}" python3 benchmarks/bench_prefill.py --steps 2 --bounded-replay "${KEEP:-140,2414}" \
-  --out "$OUT/prefill_h200.json" > "$OUT/prefill.txt" 2>&1
-echo "prefill rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
+source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_final_check
+run tests "${TEST_SECS:-130}" python3 -m pytest -q -rs -s -p no:cacheprovider -m "not multigpu" -n "${WORKERS:-8}" $TESTS
+run prefill "${PREFILL_SECS:-100}" python3 benchmarks/bench_prefill.py --steps 2 --bounded-replay "${KEEP:-140,2414}" \
+  --out "$OUT/prefill_h200.json"
 if [ -n "${DECODE_BATCHES:-}" ]; then
-  t0=$SECONDS
-  timeout -s INT "${DECODE_SECS:-70}" python3 benchmarks/bench_decode.py --preset medium --batches "$DECODE_BATCHES" \
-    --contexts 1024 --warmup 2 --steps 5 --out "$OUT/decode_medium_h200.json" > "$OUT/decode.txt" 2>&1
-  echo "decode rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
+  run decode "${DECODE_SECS:-70}" python3 benchmarks/bench_decode.py --preset medium --batches "$DECODE_BATCHES" \
+    --contexts 1024 --warmup 2 --steps 5 --out "$OUT/decode_medium_h200.json"
 fi
 cat "$OUT/summary.txt"
 grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.txt" | tail -15

@@ -4,22 +4,7 @@
 #   on the GPU machine, from the repo root:  source .devdeps/env.sh && bash benchmarks/gpu_prefill_round.sh
 # Env: TESTS (pytest node ids / paths, -m gpu), SWEEP (token counts), EP_TESTS (multi-GPU pytest paths).
 set -u
-OUT=${OUT:-/tmp/gpu_prefill_round}
-mkdir -p "$OUT"
-export OMP_NUM_THREADS=2
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
-  date -u; } > "$OUT/env.txt" 2>&1
-run() {  # name, seconds, command... (SIGINT at the limit: pytest still prints its summary)
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
-}
+source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_prefill_round
 PYTEST="python3 -m pytest -v -s -rs -p no:cacheprovider"
 GPUS=$(nvidia-smi -L | wc -l)
 run tests 120 $PYTEST -m gpu ${TESTS:-runtime/tests/test_moe_grouped.py} --junitxml="$OUT/junit_tests.xml"

@@ -5,24 +5,7 @@
 #   on the GPU machine, from the repo root:  source .devdeps/env.sh && bash benchmarks/gpu_suite.sh
 # (.whl/ may carry pure-Python test dependencies the machine lacks, e.g. hypothesis; see docs/GPU.md)
 set -u
-OUT=${OUT:-/tmp/gpu_suite}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
-  date -u; git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
-run() {  # name, seconds, command... (SIGINT at the limit: pytest still prints its summary and writes junit)
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
-}
-# Each xdist worker gets 2 CPU threads: 16 workers with one thread per core each oversubscribed the 32 cores and
-# the CPU-side oracles (the reference model) became the long pole (2026-11-30, session 2).
-export OMP_NUM_THREADS=2
+source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_suite
 PYTEST="python3 -m pytest -v -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 # 2026-11-30: the whole single-GPU run needed more than 245 s with -n 16 (the engine-vs-reference integration
 # test on CUDA is the long pole). On a 2-GPU machine the multi-GPU tests run at the same time, in their own
