@@ -45,8 +45,10 @@ def test_shard_weights_keeps_own_experts_and_rows() -> None:
     assert all(shards[1][k] is weights[k] for k in replicated)
 
 
-def test_two_ranks_gloo_match_single_process(tmp_path) -> None:
-    results = run_cpu_ranks(2, str(tmp_path))
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_gloo_match_single_process(tmp_path, world: int) -> None:
+    """EP x DP over `world` CPU ranks (4: the EP4 x DP4 layout of issue 9, 8 experts per rank of the tiny model)."""
+    results = run_cpu_ranks(world, str(tmp_path))
     for res in results:
         assert res["engram_rows_exact"], res["rank"]
         assert res["moe_exact_bit_identical"], res["rank"]

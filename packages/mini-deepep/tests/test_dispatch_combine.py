@@ -26,8 +26,9 @@ def two_gpus_with_nvshmem(test: Callable[[], None]) -> Callable[[], None]:
 NVL_BYTES_1024 = Buffer.get_nvl_buffer_size_hint(1024, 1024, 6, 2)
 
 
-def test_torch_backend_two_ranks_gloo() -> None:
-    spawn_ranks(2, ("torch",))
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torch_backend_ranks_gloo(ranks: int) -> None:
+    spawn_ranks(ranks, ("torch",))
 
 
 def test_torch_backend_stress_two_ranks_gloo() -> None:
