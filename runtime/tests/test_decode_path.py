@@ -64,6 +64,7 @@ def test_decode_path_equals_general_path(prefilled, width):
     for step in range(3):
         batch = decode_batch(seqs, tables, step)
         batch.tensors = StepTensors.build(batch, CPU, width)
+        assert model.decode_ready(batch.slots, fixed)  # else both sides would run the general path
         got = model(batch, fixed)
         want = general_path(model, decode_batch(seqs, tables, step), general)
         assert torch.equal(got, want), f"step {step}: max diff {float((got - want).abs().max())}"

@@ -84,9 +84,11 @@ def test_prefill_and_decode_forward_read_nothing_back(model, host_reads):
     ]
     for i, batch in enumerate(steps):
         batch.tensors = StepTensors.build(batch, CPU, 2 if batch.is_decode else None)
+        assert batch.is_decode == (i == 2)
+        if batch.is_decode:  # the decode step must take decode_forward (the path CUDA graphs capture)
+            assert model.decode_ready(batch.slots, cache)
         with host_reads:
             model(batch, cache)
-        assert batch.is_decode == (i == 2)
     assert not host_reads.found, "\n".join(host_reads.found)
 
 
