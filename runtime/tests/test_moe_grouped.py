@@ -10,6 +10,8 @@ and the forward runs under torch.cuda.set_sync_debug_mode("error"), i.e. without
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -86,6 +88,11 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def _bf16_ulp(x: float) -> float:
+    """The spacing of bf16 values (8 significant bits) at magnitude x > 0."""
+    return 2.0 ** (math.floor(math.log2(x)) - 7)
+
+
 @pytest.mark.parametrize("T", [0, 1, 37, 64, 65, 300])
 def test_grouped_moe_equals_the_per_expert_oracle_on_cpu(tiny_weights, T) -> None:
     cfg, w = tiny_weights
@@ -98,6 +105,8 @@ def test_grouped_moe_equals_the_per_expert_oracle_on_cpu(tiny_weights, T) -> Non
         assert got.shape == want.shape and got.dtype == torch.bfloat16
         if T:
             assert _rel_l2(got, want) < 1e-3, (lid, _rel_l2(got, want))
+            diff = float((got.float() - want.float()).abs().max())
+            assert diff <= _bf16_ulp(float(want.float().abs().max())), (lid, diff)  # measured: 0 (bit-identical)
 
 
 def test_expert_views_share_the_stacks(tiny_weights) -> None:
