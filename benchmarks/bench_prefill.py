@@ -498,6 +498,7 @@ def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device
     for tokens in args.sweep:
         sub = argparse.Namespace(**{**vars(args), "tokens": tokens})
         part = {"fp8_matmul": res["fp8_matmul"]}
+        cache = batch = snapshot = None  # bound even when build_context itself runs out of memory
         try:
             cache, batch, snapshot = build_context(sub, model, device)
             time_steps(sub, model, cache, batch, snapshot, part)
