@@ -4,8 +4,9 @@ Attention, hyper-connections, the shared expert and every dense layer are replic
 its own tokens only. Two kinds of layer hold a shard of their weights and talk to the other ranks:
 
 - MoE: rank r owns routed experts [r * E / R, (r + 1) * E / R). Tokens are routed locally, sent to the ranks that
-  own their experts with mini_deepep.Buffer.dispatch, computed there per local expert, and brought back by
-  Buffer.combine; the shared expert runs locally on the rank's own tokens.
+  own their experts with mini_deepep.Buffer.dispatch (as FP8 rows), computed there by the grouped expert GEMMs over
+  the local experts (moe.grouped_expert_ffn), and brought back by Buffer.combine; the shared expert runs locally on
+  the rank's own tokens.
 - Engram: rank r owns table rows [r * N // R, (r + 1) * N // R). Every rank's row ids are all-gathered,
   each rank fills the rows it owns (zeros elsewhere) as raw bytes (e4m3 row + UE8M0 scales), and a uint8
   reduce-scatter brings every rank the rows of its own ids. Each row has exactly one owner, so the sum is x + 0 +
