@@ -96,8 +96,10 @@ class V41Model(torch.nn.Module):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
-        # routed experts stacked per layer for the grouped GEMMs (on the source device, before the move, so the
-        # device holds one copy); per-expert views are put back for code that reads experts one by one
+        # routed experts stacked per layer for the grouped GEMMs, on the weights' own device before the move: from
+        # CPU the target device gets one copy, but weights that arrive on it (load_checkpoint(folder, device)) sit
+        # there twice, per expert and stacked, until the caller drops them; per-expert views are put back for code
+        # that reads experts one by one
         w = ops.prepare_weights({k: v.to(self.device) for k, v in moe.stack_experts(weights).items()})
         moe.expert_views(w)
         if use_kernels is None:
@@ -484,7 +486,6 @@ class V41Model(torch.nn.Module):
                 sel = indexer_topk_ref(score, cfg.index_topk)
                 topk[rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
-
 
 
 def _decode_publisher_plan(cfg: V41Config) -> tuple[dict[int, list[tuple[int, int | None]]], int | None]:
