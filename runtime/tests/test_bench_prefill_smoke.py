@@ -198,3 +198,15 @@ def test_sweep_and_ep_two_ranks_on_cpu(tmp_path):
     ranks = [json.loads((tmp_path / f"ep.rank{r}.json").read_text()) for r in range(2)]
     assert all(r["workload"]["ep_size"] == 2 and r["forty_layer_equivalent"]["ms_per_step"] > 0 for r in ranks)
     assert [r["workload"]["rank"] for r in ranks] == [0, 1]
+
+
+def test_sweep_records_out_of_memory_where_the_context_is_built(tmp_path, monkeypatch):
+    """A count whose context does not fit is a recorded row, and the sweep goes on to the next count."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(bp, "build_context", out_of_memory)
+    res = {"fp8_matmul": {}}
+    bp.sweep_tokens(SimpleNamespace(sweep=[16, 40], out=tmp_path / "sweep.json"), None, torch.device("cpu"), res)
+    assert [r["tokens"] for r in res["sweep"]] == [16, 40]
+    assert all(r["error"].startswith("out of memory: CUDA out of memory") for r in res["sweep"])
