@@ -172,10 +172,10 @@ def test_chunked_prefill_with_a_decode_row_keep_per_chunk_is_exact_and_reads_no_
     chunks = [420, 390]
     seq = torch.randint(3, cfg.vocab_size, (sum(chunks) + DECODE_STEPS,), generator=g)
     other = torch.randint(3, cfg.vocab_size, (38,), generator=g)  # 37-token prompt + one decode token
-    table, other_table, other_slot = [2, 5, 1, 7, 3, 6, 8], [4], 0
+    table, other_table, other_slot = [2, 5, 1, 7, 3, 6, 8], [4], 2  # slot 0 is the sentinel
 
     def run(keep_tokens: int | None, corrupt: bool):
-        cache = V41Cache(cfg, num_blocks=9, num_slots=2)
+        cache = V41Cache(cfg, num_blocks=9, num_slots=3)
         model.prefill_keep_tokens = None
         model(ForwardBatch(other[:37], [37], [0], [other_table], [other_slot], [36]), cache)
         model.prefill_keep_tokens = keep_tokens

@@ -118,8 +118,9 @@ if triton is not None:
 
 
 def available(H: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: Triton importable, a CUDA tensor, HC streams."""
-    return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC
+    """Whether the fused kernels apply: Triton importable, a CUDA tensor, HC streams, and fewer than 2^31
+    elements (the kernels index with int32 offsets: at D = 5120 that is up to 104,857 tokens in one step)."""
+    return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC and H.numel() < 2**31
 
 
 def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
