@@ -508,6 +508,8 @@ def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device
                        lay["name"]: lay["ms_mean"] for lay in part["layers"]}, "peak_memory_gb": part.get("peak_memory_gb")}
             log(f"sweep {tokens} tokens: {row['ms_per_step']:.1f} ms/step, {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU")
         except torch.OutOfMemoryError as e:  # recorded, not fatal: the sweep says where memory runs out
+            if dist.is_initialized():  # EP x DP: the other ranks would wait in a collective forever; end the job
+                raise
             row = {"tokens": tokens, "error": f"out of memory: {str(e).splitlines()[0]}"}
             log(f"sweep {tokens} tokens: out of memory")
         res["sweep"].append(row)
