@@ -73,3 +73,16 @@ def test_engine_blocks_use_the_fused_ops_and_the_reference_does_not() -> None:
     fused = ops._hc_ops(H, ops.KernelWeights(), cfg)
     assert fused[1] is hcf.hc_collapse_fused and fused[2] is hcf.hc_expand_fused
     assert ops._hc_ops(H, {}, cfg) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
+def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
+    """CI has no GPU: run this file's kernel comparison once under TRITON_INTERPRET=1 (the interpreter executes the
+    kernels' Triton code with numpy), so a logic error in the kernels fails on CPU too."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "references"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
