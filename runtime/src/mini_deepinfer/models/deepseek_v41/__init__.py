@@ -21,7 +21,9 @@ def _load(model_cls, name_or_path, device, config_overrides: dict | None):
     import dataclasses
 
     folder = resolve_checkpoint(name_or_path)
-    config, weights = load_checkpoint(folder, device)
+    # read into host memory; the model moves each tensor to `device` itself. The engine model stacks the routed
+    # experts first, so the device never holds them twice (per expert and stacked)
+    config, weights = load_checkpoint(folder, "cpu")
     if config_overrides:
         config = dataclasses.replace(config, **config_overrides)
     return model_cls(config, weights, device, token_map=load_token_map(folder, config))

@@ -97,9 +97,9 @@ class V41Model(torch.nn.Module):
         self.config = config
         self.device = torch.device(device)
         # routed experts stacked per layer for the grouped GEMMs, on the weights' own device before the move: from
-        # CPU the target device gets one copy, but weights that arrive on it (load_checkpoint(folder, device)) sit
-        # there twice, per expert and stacked, until the caller drops them; per-expert views are put back for code
-        # that reads experts one by one
+        # CPU (load_model reads checkpoints there) the target device gets one copy; weights that already sit on it
+        # (bench_prefill builds them there) coexist with their stacks until the caller drops them. Per-expert views
+        # are put back for code that reads experts one by one
         w = ops.prepare_weights({k: v.to(self.device) for k, v in moe.stack_experts(weights).items()})
         moe.expert_views(w)
         if use_kernels is None:
