@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_deepinfer.worker.forward_batch import host_to_device
+
 
 def _as_int64(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
@@ -171,17 +173,12 @@ class SamplingBatch:
         positions: list[int],
         device: torch.device | str,
     ) -> "SamplingBatch":
-        pin = torch.device(device).type == "cuda"
-
-        def put(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
-
         return cls(
-            temperatures=put(temperatures, torch.float64),
-            top_k=put(top_k, torch.int64),
-            top_p=put(top_p, torch.float32),
-            seeds=put(seeds, torch.int64),
-            positions=put(positions, torch.int64),
+            temperatures=host_to_device(temperatures, torch.float64, device),
+            top_k=host_to_device(top_k, torch.int64, device),
+            top_p=host_to_device(top_p, torch.float32, device),
+            seeds=host_to_device(seeds, torch.int64, device),
+            positions=host_to_device(positions, torch.int64, device),
             needs_filter=any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p),
         )
 

@@ -5,7 +5,7 @@ known at scheduling time (no device read needed to build it); only `input_ids` l
 zero-overhead scheduling an in-flight token can be gathered there from the previous step's output buffer.
 
 The model also needs some of that host data as device tensors (positions, block tables, slots, sampled rows).
-`StepTensors.build` makes them from one pinned host buffer with one non-blocking copy; the runner calls it before
+`StepTensors.build` makes them from one pinned host tensor with one non-blocking copy; the runner calls it before
 the forward, so the forward itself never copies between host and device (tested under CUDA's sync debug mode).
 """
 
@@ -14,6 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+def host_to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """One tensor from host values, copied to `device` without blocking the host (from pinned memory on CUDA)."""
+    pin = torch.device(device).type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -29,20 +35,15 @@ class StepTensors:
     def build(batch: "ForwardBatch", device: torch.device, width: int | None = None) -> "StepTensors":
         """width: block-table columns (default: the longest table). A fixed width gives every step of a kind the
         same shapes, which the decode path's CUDA graphs need."""
-        B, T, R = len(batch.query_lens), batch.num_tokens, len(batch.sample_rows)
+        B, T = len(batch.query_lens), batch.num_tokens
         longest = max((len(t) for t in batch.block_tables), default=0)
         width = longest if width is None else width
         if width < longest:
             raise ValueError(f"StepTensors: block-table width {width} < the longest table ({longest})")
-        host = torch.zeros(T + B * width + B + R, dtype=torch.int64, pin_memory=device.type == "cuda")
-        positions = [p for c, q in zip(batch.context_lens, batch.query_lens) for p in range(c, c + q)]
-        host[:T] = torch.tensor(positions, dtype=torch.int64)
-        tables = host[T: T + B * width].view(B, width)
-        for b, t in enumerate(batch.block_tables):
-            tables[b, : len(t)] = torch.tensor(t, dtype=torch.int64)
-        host[T + B * width: T + B * width + B] = torch.tensor(batch.slots, dtype=torch.int64)
-        host[T + B * width + B:] = torch.tensor(batch.sample_rows, dtype=torch.int64)
-        dev = host.to(device, non_blocking=True)
+        flat = [p for c, q in zip(batch.context_lens, batch.query_lens) for p in range(c, c + q)]
+        for t in batch.block_tables:
+            flat += list(t) + [0] * (width - len(t))
+        dev = host_to_device(flat + batch.slots + batch.sample_rows, torch.int64, device)
         return StepTensors(dev[:T], dev[T: T + B * width].view(B, width), dev[T + B * width: T + B * width + B],
                            dev[T + B * width + B:])
 

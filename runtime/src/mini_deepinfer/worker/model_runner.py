@@ -24,7 +24,7 @@ from mini_deepinfer.engine.block_manager import blocks_for
 from mini_deepinfer.engine.scheduler import ScheduledSequence, ScheduledStep
 from mini_deepinfer.layers.sampler import SamplingBatch, sample
 from mini_deepinfer.worker.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
-from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
+from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors, host_to_device
 
 
 class CacheType(Protocol):
@@ -156,10 +156,6 @@ class ModelRunner:
                 and getattr(model, "cuda_graph_decode", False)):
             self.graphs = DecodeGraphs(model, cache, device, self.decode_width, cuda_graph_batch_sizes)
 
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        host = torch.tensor(values, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        return host.to(self.device, non_blocking=True)
-
     def execute(self, step: ScheduledStep, prev: StepHandle | None) -> StepHandle:
         """Enqueue the step's forward and sampling; returns at once (no device read)."""
         host_ids: list[int] = []
@@ -177,10 +173,10 @@ class ModelRunner:
                 host_ids.extend(s.input_token_ids)
             if s.sample_position is not None:
                 sample_rows.append(len(host_ids) - 1)
-        input_ids = self._to_device(host_ids)
+        input_ids = host_to_device(host_ids, torch.int64, self.device)
         if remap_dst:  # ZOS: the previous step's samples never visit the host on their way back in
-            gathered = prev.tokens.index_select(0, self._to_device(remap_src))
-            input_ids.index_copy_(0, self._to_device(remap_dst), gathered)
+            gathered = prev.tokens.index_select(0, host_to_device(remap_src, torch.int64, self.device))
+            input_ids.index_copy_(0, host_to_device(remap_dst, torch.int64, self.device), gathered)
         batch = ForwardBatch(
             input_ids=input_ids,
             query_lens=[s.query_len for s in step.sequences],
