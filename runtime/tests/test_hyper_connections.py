@@ -55,7 +55,7 @@ def _within_one_bf16_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
 def test_fused_hc_ops_match_the_references(device: str, T: int, D: int) -> None:
     cfg = V41Config() if D == 5120 else tiny_config()
     H, fn, scale, base, y = _inputs(T, D, device, seed=T + D)
-    pre, post, comb = hcf.hc_mixes_fused(H, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+    pre, post, comb = hcf.hc_mixes_fused(H, fn, scale, base, cfg)
     want = ops.hc_mixes(H, fn, scale, base, cfg)
     for name, a, b in zip(("pre", "post", "comb"), (pre, post, comb), want):
         assert a.shape == b.shape and a.dtype == torch.float32, name
@@ -70,9 +70,9 @@ def test_fused_hc_ops_match_the_references(device: str, T: int, D: int) -> None:
 def test_engine_blocks_use_the_fused_ops_and_the_reference_does_not() -> None:
     cfg = tiny_config()
     H = torch.randn(3, 4, cfg.hidden_size, device="cuda").to(torch.bfloat16)
-    fused = ops._hc_ops(H, ops.KernelWeights(), cfg)
-    assert fused[1] is hcf.hc_collapse_fused and fused[2] is hcf.hc_expand_fused
-    assert ops._hc_ops(H, {}, cfg) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand)
+    fused = ops._hc_ops(H, ops.KernelWeights())
+    assert fused == (hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused)
+    assert ops._hc_ops(H, {}) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")

@@ -17,7 +17,12 @@ sums); results agree with the references to fp32 rounding before the bf16 casts 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from mini_deepinfer.models.deepseek_v41.config import V41Config
 
 try:
     import triton
@@ -46,7 +51,7 @@ if triton is not None:
                       norm_eps, hc_eps, SINKHORN_ITERS: tl.constexpr, HCS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
         pid = tl.program_id(0)
-        t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = (pid * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # t * K passes 2^31 past ~105k tokens
         t_mask = t < T
         NW: tl.constexpr = 16  # tl.dot needs N >= 16: each group's columns padded to 16
         acc_pre = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
@@ -90,7 +95,7 @@ if triton is not None:
     @triton.jit
     def hc_collapse_kernel(h_ptr, pre_ptr, out_ptr, T, D, HCS: tl.constexpr, BLOCK_T: tl.constexpr,
                            BLOCK_D: tl.constexpr):
-        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         m = (t < T)[:, None] & (d < D)[None, :]
         acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
@@ -103,7 +108,7 @@ if triton is not None:
     @triton.jit
     def hc_expand_kernel(y_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, T, D, HCS: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         tm = t < T
         m = tm[:, None] & (d < D)[None, :]
@@ -118,15 +123,14 @@ if triton is not None:
 
 
 def available(H: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: Triton importable, a CUDA tensor, HC streams, and fewer than 2^31
-    elements (the kernels index with int32 offsets: at D = 5120 that is up to 104,857 tokens in one step)."""
-    return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC and H.numel() < 2**31
+    """Whether the fused kernels apply: Triton importable, a CUDA tensor, HC streams."""
+    return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC
 
 
-def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
-                   hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ops.hc_mixes. H bf16 [T, 4, D]; fn [24, 4*D], scale [3], base [24] (any float dtype). Returns (pre fp32
-    [T, 4], post fp32 [T, 4], comb fp32 [T, 4, 4])."""
+def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, cfg: V41Config
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ops.hc_mixes, same arguments. H bf16 [T, 4, D]; fn [24, 4*D], scale [3], base [24] (any float dtype).
+    Returns (pre fp32 [T, 4], post fp32 [T, 4], comb fp32 [T, 4, 4])."""
     T, hc, D = H.shape
     H = H.contiguous()
     fn, scale, base = fn.float().contiguous(), scale.float().contiguous(), base.float().contiguous()
@@ -135,8 +139,8 @@ def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     comb = torch.empty(T, hc, hc, dtype=torch.float32, device=H.device)
     if T:
         hc_mix_kernel[(triton.cdiv(T, MIX_BLOCK_T),)](
-            H, fn, scale, base, pre, post, comb, T, hc * D, norm_eps, hc_eps,
-            SINKHORN_ITERS=sinkhorn_iters, HCS=hc, BLOCK_T=MIX_BLOCK_T, BLOCK_K=MIX_BLOCK_K)
+            H, fn, scale, base, pre, post, comb, T, hc * D, cfg.rms_norm_eps, cfg.hc_eps,
+            SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc, BLOCK_T=MIX_BLOCK_T, BLOCK_K=MIX_BLOCK_K)
     return pre, post, comb
 
 

@@ -21,6 +21,7 @@ from mini_deepgemm.reference import (
     weight_dequant_fp8,
 )
 
+from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 
 Weights = dict[str, torch.Tensor]
@@ -272,7 +273,7 @@ def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg:
     attention input collapses H with the `pre` of the previous sublayer, the FFN input with the attention
     boundary's. attention / ffn map bf16 [T, D] -> bf16 [T, D]. Returns (H, the pre for the next block)."""
     p = f"layers.{lid}"
-    mixes, collapse, expand = _hc_ops(H, w, cfg)
+    mixes, collapse, expand = _hc_ops(H, w)
     a_pre, a_post, a_comb = mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
     u = rmsnorm(collapse(H, pre), w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
     H = expand(attention(u), H, a_post, a_comb)
@@ -281,18 +282,13 @@ def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg:
     return expand(ffn(v), H, f_post, f_comb), f_pre
 
 
-def _hc_ops(H: torch.Tensor, w: Weights, cfg: V41Config) -> tuple[Callable, Callable, Callable]:
-    """The hyper-connection ops a block uses: the fused Triton kernels (layers/hyper_connections.py) for the engine
-    model on CUDA (KernelWeights), the torch functions above otherwise (the reference stays kernel-free)."""
-    from mini_deepinfer.layers import hyper_connections as hcf
-
-    if not (isinstance(w, KernelWeights) and hcf.available(H)):
-        return hc_mixes, hc_collapse, hc_expand
-
-    def mixes(H, fn, scale, base, cfg=cfg):
-        return hcf.hc_mixes_fused(H, fn, scale, base, cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
-
-    return mixes, hcf.hc_collapse_fused, hcf.hc_expand_fused
+def _hc_ops(H: torch.Tensor, w: Weights) -> tuple[Callable, Callable, Callable]:
+    """The hyper-connection ops a block uses: the fused Triton kernels (layers/hyper_connections.py, same
+    signatures) for the engine model on CUDA (KernelWeights), the torch functions above otherwise (the reference
+    stays kernel-free)."""
+    if isinstance(w, KernelWeights) and hcf.available(H):
+        return hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused
+    return hc_mixes, hc_collapse, hc_expand
 
 
 def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
