@@ -4,29 +4,12 @@ variant is timed, and the JSON records what the GPU runs need (environment, conf
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench_decode.py"
-
-
-def _load_bench():
-    """The script as a module; its sibling bench_prefill.py is imported from the script's folder, as when run."""
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH.parent))
-    return module
+import bench_decode as bench  # benchmarks/ is on the path (conftest.py)
 
 
 def test_decode_benchmark_smoke_run(tmp_path):
-    bench = _load_bench()
     out = tmp_path / "decode.json"
     res = bench.main(["--preset", "smoke", "--device", "cpu", "--out", str(out), "--batches", "2", "--steps", "2"])
     saved = json.loads(out.read_text())
@@ -56,7 +39,6 @@ def test_synthetic_prefill_leaves_what_decode_needs():
     from mini_deepinfer.models.deepseek_v41.config import tiny_config
     from mini_deepinfer.models.deepseek_v41.model import V41Model
 
-    bench = _load_bench()
     cfg = tiny_config()
     model = V41Model(cfg, build_random_weights(cfg, seed=0))
     bench.synthetic_prefill(model, torch.Generator().manual_seed(0))

@@ -6,7 +6,6 @@ Metrics: exact equality throughout (layer counts, cache rows, charged microsecon
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,24 +23,13 @@ from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_flashmla.cache_layout import unpack_compressed_kv_fp4, unpack_index_k_fp4, unpack_window_fp8
 from torch.autograd import DeviceType
 
+import bench_prefill as bp  # benchmarks/ is on the path (conftest.py)
+import prefill_stages as stages
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_prefill.py"
 
 
-def _load_bench():
-    """The script as a module; its sibling prefill_stages.py is imported from the script's folder, as when run."""
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_prefill", BENCH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH.parent))
-    return module
-
-
-bp = _load_bench()
-stages = sys.modules["prefill_stages"]
 
 
 def test_real_model_layer_counts():
