@@ -179,13 +179,18 @@ def moe_layout(G_, gen):
     return rows, ids.cuda(), ends.cuda()
 
 
-def bench_contiguous(rec, G_, name, N, K, cfg, gen):
+def contiguous_operands(G_, N, K, gen):
+    """A random MoE contiguous layout (moe_layout) and its operands: FP8 rows with UE8M0 scales, packed FP4
+    expert weights with UE8M0 scales, a bf16 output. Returns (rows, layout, ends, M, a, b, d)."""
     rows, layout, ends = moe_layout(G_, gen)
     M = layout.numel()
-    a, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
-    bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
-    bs = rand_ue8m0(G_, N, K // 32)
-    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    a = (rand_fp8(M, K), rand_ue8m0(M, K // 32))
+    b = (torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda"), rand_ue8m0(G_, N, K // 32))
+    return rows, layout, ends, M, a, b, torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+
+
+def bench_contiguous(rec, G_, name, N, K, cfg, gen):
+    rows, layout, ends, M, (a, sa), (bq, bs), d = contiguous_operands(G_, N, K, gen)
     flops = 2 * sum(rows) * N * K
     t = {"ours_fp8_fp4": ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, config=cfg))}
     del bq
@@ -337,12 +342,7 @@ def bench_tilelang_dense(rec, M, name, N, K):
 
 
 def bench_tilelang_contiguous(rec, G_, name, N, K, gen):
-    rows, layout, ends = moe_layout(G_, gen)
-    M = layout.numel()
-    a, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
-    bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
-    bs = rand_ue8m0(G_, N, K // 32)
-    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    rows, layout, ends, M, (a, sa), (bq, bs), d = contiguous_operands(G_, N, K, gen)
     flops = 2 * sum(rows) * N * K
     t = {"triton_fp8_fp4": ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, bs), d, None, layout, None, True, backend="triton")),
          "tilelang_fp8_fp4": ms(tilelang_run(G._CONTIGUOUS, (a, sa), (bq, bs), d, layout, True))}
