@@ -32,6 +32,7 @@ import triton.language as tl
 import triton.testing
 
 from mini_deepgemm import gemm as G
+from mini_deepgemm.gemm_kernel import grouped_tile
 
 DENSE_SHAPES = {  # name: (N, K)
     "wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192),
@@ -52,13 +53,7 @@ def fp8_pertensor_gemm_kernel(a_ptr, b_ptr, d_ptr, M, N, K, BLOCK_M: tl.constexp
                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """D = A @ B^T for e4m3 A [M, K], B [N, K] (K-major), bf16 D; same tile order and loads as
     gemm_kernel.scaled_gemm_nt_kernel, the accumulator stays in the MMA."""
-    pid = tl.program_id(0)
-    num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    tiles_per_sweep = GROUP_M * num_pid_n
-    first_m = (pid // tiles_per_sweep) * GROUP_M
-    sweep_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
-    pid_n = (pid % tiles_per_sweep) // sweep_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

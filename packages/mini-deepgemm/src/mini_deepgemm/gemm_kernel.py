@@ -67,6 +67,18 @@ def dequant_to_bf16(q, scale, GRAN_K: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program `pid`: GROUP_M row tiles share each sweep over the column tiles, so the
+    B tiles they read are re-read from L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_sweep = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_sweep) * GROUP_M
+    sweep_m = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % tiles_per_sweep) % sweep_m, (pid % tiles_per_sweep) // sweep_m
+
+
+@triton.jit
 def scaled_gemm_nt_kernel(
     a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, c_ptr, group_ptr,
     M, N, K,
@@ -85,15 +97,7 @@ def scaled_gemm_nt_kernel(
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # Tile order: GROUP_M row-tiles share each column-tile sweep, so B tiles are re-read from L2.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_sweep = GROUP_M * num_pid_n
-    first_m = (pid // tiles_per_sweep) * GROUP_M
-    sweep_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
-    pid_n = (pid % tiles_per_sweep) // sweep_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
