@@ -5,11 +5,12 @@ synchronisation (every size is known from the token count alone).
 computes the same function for the engine model:
 
 1. route (ops.moe_route) -> expert ids [T, k] and weights [T, k];
-2. `contiguous_plan`: sort the T*k (token, slot) pairs by expert (stable, so tokens ascend inside an expert as in
-   ops.moe), give each expert a segment starting at a multiple of 128 (mini-deepgemm's M alignment: no GEMM tile
-   straddles two experts), and size the row space for the worst case T*k + min(E, T*k) * 127, so nothing about
-   the routing has to reach the host; up to MASKED_MAX_TOKENS tokens (decode) `masked_plan` instead reserves T
-   rows per expert ([E, T, K], the masked grouped GEMM with small tiles);
+2. `contiguous_plan`: mini-deepep's receive layout (`plan_expert_segments`) in its single-process case: the T*k
+   (token, slot) pairs sorted by expert (stable, so tokens ascend inside an expert as in ops.moe), each expert's
+   segment starting at a multiple of 128 (mini-deepgemm's M alignment: no GEMM tile straddles two experts), the
+   row space sized for the worst case T*k + min(E, T*k) * 127, so nothing about the routing reaches the host; up
+   to MASKED_MAX_TOKENS tokens (decode) `masked_plan` instead reserves T rows per expert ([E, T, K], the masked
+   grouped GEMM with small tiles);
 3. quantize the T token rows once (per-row quantization commutes with the row gather, so this is bit-identical
    to quantizing each expert's gathered rows) and gather them into the layout;
 4. `grouped_expert_ffn`: w1 and w3 of every expert stacked into one [E, 2I, K] weight, so one grouped GEMM gives
@@ -33,6 +34,7 @@ from mini_deepgemm import (
     m_grouped_fp8_fp4_gemm_nt_masked,
     per_token_group_quant_fp8,
 )
+from mini_deepep.layout import plan_expert_segments, scatter_rows_values
 
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config
@@ -117,36 +119,26 @@ def masked_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int) -> ExpertR
 
 
 def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) -> ExpertRows:
+    """The single-process case of mini-deepep's receive layout: every expert is local and the tokens are this
+    step's own, in order, so `plan_expert_segments` places the pairs (a stable sort by expert: tokens ascend inside
+    an expert, as in ops.moe), at a fixed row count so nothing is read back to the host."""
     T, k = idx.shape
-    dev = idx.device
-    flat = idx.flatten()
-    # scatter_add, not bincount: bincount sizes its output from the data (a host read on CUDA)
-    counts = torch.zeros(num_groups, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    group_start = torch.cumsum(counts, 0) - counts
-    order = flat.argsort(stable=True)  # pairs by expert, tokens ascending inside an expert (as ops.moe)
-    sorted_group = flat[order]
-    rank_in_group = torch.arange(T * k, device=dev) - group_start[sorted_group]
-    if masked:
-        M = num_groups * T
-        row = sorted_group * T + rank_in_group
+    if masked:  # packed segments (alignment 1), then each expert's rank-th pair moved to row e * T + rank
+        seg = plan_expert_segments(idx, num_groups, 1, num_rows=T * k)
+        counts = seg.num_tokens_per_expert.long()
+        rank = seg.positions.long() - (torch.cumsum(counts, 0) - counts)[idx]
+        row, M, grouped_layout = idx * T + rank, num_groups * T, None
     else:
         align = get_m_alignment_for_contiguous_layout()
-        padded = (counts + align - 1) // align * align
-        seg_start = torch.cumsum(padded, 0) - padded
-        row = seg_start[sorted_group] + rank_in_group
         M = max_rows(T * k, num_groups, align)
-    row_token = torch.zeros(M, dtype=torch.int64, device=dev)
-    row_token[row] = order // k
-    row_weight = torch.zeros(M, dtype=torch.float32, device=dev)
-    row_weight[row] = wt.flatten()[order]
-    pair_row = torch.empty(T * k, dtype=torch.int64, device=dev)
-    pair_row[order] = row
-    pair_row = pair_row.view(T, k).gather(1, idx.argsort(dim=1))
+        seg = plan_expert_segments(idx, num_groups, align, num_rows=M)
+        row, grouped_layout = seg.positions.long(), seg.grouped_layout
+    row_token = scatter_rows_values(row, torch.arange(T, device=idx.device)[:, None].expand(T, k), M, 0)
+    row_weight = scatter_rows_values(row, wt.float(), M, 0.0)
+    pair_row = row.gather(1, idx.argsort(dim=1))  # each token's slots by ascending expert id
     if masked:
-        return ExpertRows(None, row_token, row_weight, pair_row, counts.to(torch.int32),
-                              expected_m=max(1, -(-T * k // min(num_groups, T * k))) if T else 1)
-    grouped_layout = torch.full((M,), -1, dtype=torch.int32, device=dev)
-    grouped_layout[row] = sorted_group.to(torch.int32)
+        return ExpertRows(None, row_token, row_weight, pair_row, seg.num_tokens_per_expert,
+                          expected_m=max(1, -(-T * k // min(num_groups, T * k))) if T else 1)
     return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
 
 
