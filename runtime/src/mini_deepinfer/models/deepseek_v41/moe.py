@@ -143,13 +143,6 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
 
 
 # --------------------------------------------------------------------------- compute
-def gather_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """t[rows] for any dtype (indexing is not implemented for every FP8 dtype, so 1-byte types move as bytes)."""
-    if t.element_size() == 1:
-        return t.view(torch.uint8)[rows].view(t.dtype)
-    return t[rows]
-
-
 def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.Tensor, w: Weights, p: str,
                        cfg: V41Config, grouped_layout: torch.Tensor | None = None,
                        masked_m: torch.Tensor | None = None, expected_m: int = 0) -> torch.Tensor:
@@ -187,7 +180,7 @@ def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Te
     num_groups = w[f"{p}.experts.w13.weight"].shape[0]
     plan = (masked_plan if x.shape[0] <= MASKED_MAX_TOKENS else contiguous_plan)(idx, wt, num_groups)
     xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
-    a = (gather_rows(xq, plan.row_token), gather_rows(xs, plan.row_token))
+    a = (ops.gather_rows(xq, plan.row_token), ops.gather_rows(xs, plan.row_token))
     out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m)
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for j in range(idx.shape[1]):  # ascending expert id per token, as ops.moe's index_add_ order

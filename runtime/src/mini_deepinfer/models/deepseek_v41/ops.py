@@ -36,6 +36,14 @@ class KernelWeights(dict):
 
 
 # --------------------------------------------------------------------------- basics
+def gather_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t[rows] for any dtype: 1-byte types (FP8, UE8M0 scales) move as bytes, because index kernels need not
+    support the float8 dtypes on every backend."""
+    if t.element_size() == 1:
+        return t.view(torch.uint8)[rows].view(t.dtype)
+    return t[rows]
+
+
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
@@ -249,9 +257,8 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
     every stream (same value, per-stream gate)."""
     T, hc, D = H.shape
     flat = row_ids.flatten()
-    # gather the bytes (uint8 views): index kernels need not support the float8 dtypes on every backend
-    rows = w[f"{p}.embed.weight"].view(torch.uint8)[flat].view(torch.float8_e4m3fn).float()  # [T*n, head_dim]
-    s = ue8m0_to_float(w[f"{p}.embed.scale"].view(torch.uint8)[flat])
+    rows = gather_rows(w[f"{p}.embed.weight"], flat).float()  # [T*n, head_dim]
+    s = ue8m0_to_float(gather_rows(w[f"{p}.embed.scale"], flat))
     e = (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(T, -1).to(torch.bfloat16)
     kv = linear(e, w, f"{p}.wkv")
     key = kv[:, : hc * D].view(T, hc, D).float()
