@@ -5,18 +5,27 @@ Why: in the prefill profile (docs/reports/prefill-r1-grouped-moe.md) the torch v
 output columns, and ~30 small elementwise kernels per mix (Sinkhorn's 20 iterations on [T, 4, 4]). The streams are
 bf16 [T, 4, D]; each kernel here reads them once.
 
-- `hc_mixes_fused`: one program per BLOCK_T tokens streams the 4*D features once, accumulating the RMS and the 24
-  projections (fp32 dot products, IEEE precision), then computes pre, post and comb with the whole Sinkhorn
-  normalisation in registers.
+- `hc_mixes_fused`, split-K in two kernels (docs/reports/runtime-hc-mix-splitk.md). The first version, one program
+  per 16 tokens streaming all 4*D features, ran 2.27 ms at 4,096 tokens (256 programs on 132 SMs, three 16-column
+  fp32 dots per chunk), ~10x its traffic time.
+  - `hc_mix_partial_kernel`: program (token block, K slice) reads its [BLOCK_T, K_SLICE] piece of H once and
+    writes the slice's 24 projections and its sum of squares (column 24) to an fp32 workspace [splits, T, 32].
+  - `hc_mix_finish_kernel`: sums the slices in ascending order (deterministic, no atomics), then computes pre,
+    post and comb with the whole Sinkhorn normalisation in registers.
+  The K slice is fixed (MixConfig.k_slice), not derived from T, so a token's mixes do not depend on the batch.
 - `hc_collapse_fused`: u = sum_k pre[k] * H[k] (fp32, bf16 out).
 - `hc_expand_fused`: H'[j] = post[j] * y + sum_i comb[i, j] * H[i] (fp32, bf16 out).
 
 Numerics: the same formulas in fp32 as ops.py, with other summation orders (the projection's K-sum, the stream
 sums); results agree with the references to fp32 rounding before the bf16 casts (tests: test_hyper_connections.py).
+The projection's products are fp32 in both dot modes: "ieee" multiplies in fp32 (FMA), "bf16x3" writes each fp32
+weight exactly as the sum of three bf16 parts (8 + 8 + 8 significand bits) and multiplies the bf16 streams (exact
+in bf16) by each part on tensor cores with fp32 accumulation; no product is rounded to TF32.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,64 +40,102 @@ except ImportError:  # CPU-only installs: the references in ops.py run instead
     triton = None
 
 HC = 4  # streams the kernels are written for (V41Config.hc_mult; checked at the call)
-MIX_BLOCK_T = 16
-MIX_BLOCK_K = 128
+MIX_COLUMNS = 2 * HC + HC * HC  # pre, post, comb projections: 24
+WORKSPACE_COLUMNS = 32  # the 24 projections, the sum of squares in column 24, zeros: one 32-wide dot (N >= 16)
+FINISH_BLOCK_T = 32
 POINTWISE_BLOCK_T = 16
 POINTWISE_BLOCK_D = 256
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """Tiling of the split-K mix kernels. The defaults are the production setting; benchmarks/bench_hc.py sweeps
+    others. block_t tokens x block_k features per step of a program; each program covers k_slice features (a
+    multiple of block_k). dot: "ieee" (fp32 FMA dot) or "bf16x3" (exact three-part bf16 split, tensor cores)."""
+
+    block_t: int = 64
+    block_k: int = 32
+    k_slice: int = 2048
+    dot: str = "ieee"
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.k_slice % self.block_k or self.block_k < 16 or self.block_t < 16 or self.dot not in ("ieee", "bf16x3"):
+            raise ValueError(f"bad MixConfig {self}")
+
+
+DEFAULT_MIX = MixConfig()
 
 if triton is not None:
 
     @triton.jit
-    def _projection(x, fn_ptr, col0, K, k_offs, k_mask, NW: tl.constexpr, WIDTH: tl.constexpr):
-        """x [BT, BK] fp32 times fn[col0 : col0 + WIDTH, k_offs]^T -> [BT, NW] (columns past WIDTH are 0)."""
-        n = tl.arange(0, NW)
-        w = tl.load(fn_ptr + (col0 + n)[None, :] * K + k_offs[:, None],
-                    mask=k_mask[:, None] & (n < WIDTH)[None, :], other=0.0)
-        return tl.dot(x, w, input_precision="ieee")
-
-    @triton.jit
-    def hc_mix_kernel(h_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
-                      norm_eps, hc_eps, SINKHORN_ITERS: tl.constexpr, HCS: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid = tl.program_id(0)
-        t = (pid * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # t * K passes 2^31 past ~105k tokens
+    def hc_mix_partial_kernel(h_ptr, fn_ptr, ws_ptr, T, K, K_SLICE, MIX: tl.constexpr, NW: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BF16X3: tl.constexpr):
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # t * K passes 2^31 past ~105k tokens
+        split = tl.program_id(1)
         t_mask = t < T
-        NW: tl.constexpr = 16  # tl.dot needs N >= 16: each group's columns padded to 16
-        acc_pre = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
-        acc_post = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
-        acc_comb = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
+        n = tl.arange(0, NW)
+        acc = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
         ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_begin = split * K_SLICE
+        for k0 in range(k_begin, tl.minimum(k_begin + K_SLICE, K), BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < K
-            x = tl.load(h_ptr + t[:, None] * K + k[None, :], mask=t_mask[:, None] & k_mask[None, :],
-                        other=0.0).to(tl.float32)
+            xb = tl.load(h_ptr + t[:, None] * K + k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+            x = xb.to(tl.float32)
             ss += tl.sum(x * x, axis=1)
-            acc_pre += _projection(x, fn_ptr, 0, K, k, k_mask, NW, HCS)
-            acc_post += _projection(x, fn_ptr, HCS, K, k, k_mask, NW, HCS)
-            acc_comb += _projection(x, fn_ptr, 2 * HCS, K, k, k_mask, NW, HCS * HCS)
+            w = tl.load(fn_ptr + n[None, :] * K + k[:, None], mask=k_mask[:, None] & (n < MIX)[None, :], other=0.0)
+            if BF16X3:
+                w_hi = w.to(tl.bfloat16)
+                rest = w - w_hi.to(tl.float32)  # exact: the low 16 significand bits
+                w_mid = rest.to(tl.bfloat16)
+                w_lo = (rest - w_mid.to(tl.float32)).to(tl.bfloat16)  # exact: w = w_hi + w_mid + w_lo
+                # smallest part first; the chunk's sum joins acc by a separate fp32 add (a fresh accumulator per
+                # chunk keeps the tensor cores' accumulation chain to one chunk)
+                part = tl.dot(xb, w_lo, out_dtype=tl.float32)
+                part = tl.dot(xb, w_mid, part)
+                acc += tl.dot(xb, w_hi, part)
+            else:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
+        out = tl.where((n == MIX)[None, :], ss[:, None], acc)
+        tl.store(ws_ptr + (split * T + t)[:, None] * NW + n[None, :], out, mask=t_mask[:, None])
+
+    @triton.jit
+    def hc_mix_finish_kernel(ws_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n_splits,
+                             norm_eps, hc_eps, SINKHORN_ITERS: tl.constexpr, HCS: tl.constexpr, NW: tl.constexpr,
+                             BLOCK_T: tl.constexpr):
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+        t_mask = t < T
+        g = tl.arange(0, HCS)
+        ij = tl.arange(0, HCS * HCS)
+        m_pre = tl.zeros((BLOCK_T, HCS), dtype=tl.float32)
+        m_post = tl.zeros((BLOCK_T, HCS), dtype=tl.float32)
+        m_comb = tl.zeros((BLOCK_T, HCS * HCS), dtype=tl.float32)
+        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for split in range(n_splits):  # ascending: the same order for every token and every T
+            row = ws_ptr + (split * T + t) * NW
+            m_pre += tl.load(row[:, None] + g[None, :], mask=t_mask[:, None], other=0.0)
+            m_post += tl.load(row[:, None] + HCS + g[None, :], mask=t_mask[:, None], other=0.0)
+            m_comb += tl.load(row[:, None] + 2 * HCS + ij[None, :], mask=t_mask[:, None], other=0.0)
+            ss += tl.load(row + 2 * HCS + HCS * HCS, mask=t_mask, other=0.0)
         r = 1.0 / tl.sqrt(ss / K + norm_eps)
-        n = tl.arange(0, NW)
         s0 = tl.load(scale_ptr)
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
-        b_pre = tl.load(base_ptr + n, mask=n < HCS, other=0.0)
-        b_post = tl.load(base_ptr + HCS + n, mask=n < HCS, other=0.0)
-        b_comb = tl.load(base_ptr + 2 * HCS + n)
-        pre = tl.sigmoid(acc_pre * r[:, None] * s0 + b_pre[None, :]) + hc_eps
-        post = 2 * tl.sigmoid(acc_post * r[:, None] * s1 + b_post[None, :])
-        io = t_mask[:, None] & (n < HCS)[None, :]
-        tl.store(pre_ptr + t[:, None] * HCS + n[None, :], pre, mask=io)
-        tl.store(post_ptr + t[:, None] * HCS + n[None, :], post, mask=io)
+        pre = tl.sigmoid(m_pre * r[:, None] * s0 + tl.load(base_ptr + g)[None, :]) + hc_eps
+        post = 2 * tl.sigmoid(m_post * r[:, None] * s1 + tl.load(base_ptr + HCS + g)[None, :])
+        tl.store(pre_ptr + t[:, None] * HCS + g[None, :], pre, mask=t_mask[:, None])
+        tl.store(post_ptr + t[:, None] * HCS + g[None, :], post, mask=t_mask[:, None])
         # comb [BT, i (source), j (target)]: softmax over j, then Sinkhorn: columns (sum over i), then rows, ...
-        c = tl.reshape(acc_comb * r[:, None] * s2 + b_comb[None, :], (BLOCK_T, HCS, HCS))
+        c = m_comb * r[:, None] * s2 + tl.load(base_ptr + 2 * HCS + ij)[None, :]
+        c = tl.reshape(c, (BLOCK_T, HCS, HCS))
         c = tl.exp(c - tl.max(c, axis=2)[:, :, None])
         c = c / tl.sum(c, axis=2)[:, :, None] + hc_eps
         c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
         for _ in range(SINKHORN_ITERS - 1):
             c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
             c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        ij = tl.arange(0, HCS * HCS)
         tl.store(comb_ptr + t[:, None] * (HCS * HCS) + ij[None, :], tl.reshape(c, (BLOCK_T, HCS * HCS)),
                  mask=t_mask[:, None])
 
@@ -127,20 +174,26 @@ def available(H: torch.Tensor) -> bool:
     return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC
 
 
-def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, cfg: V41Config
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, cfg: V41Config,
+                   mix: MixConfig = DEFAULT_MIX) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ops.hc_mixes, same arguments. H bf16 [T, 4, D]; fn [24, 4*D], scale [3], base [24] (any float dtype).
-    Returns (pre fp32 [T, 4], post fp32 [T, 4], comb fp32 [T, 4, 4])."""
+    Returns (pre fp32 [T, 4], post fp32 [T, 4], comb fp32 [T, 4, 4]). mix: the kernels' tiling (benchmarks)."""
     T, hc, D = H.shape
+    K = hc * D
     H = H.contiguous()
     fn, scale, base = fn.float().contiguous(), scale.float().contiguous(), base.float().contiguous()
     pre = torch.empty(T, hc, dtype=torch.float32, device=H.device)
     post = torch.empty_like(pre)
     comb = torch.empty(T, hc, hc, dtype=torch.float32, device=H.device)
     if T:
-        hc_mix_kernel[(triton.cdiv(T, MIX_BLOCK_T),)](
-            H, fn, scale, base, pre, post, comb, T, hc * D, cfg.rms_norm_eps, cfg.hc_eps,
-            SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc, BLOCK_T=MIX_BLOCK_T, BLOCK_K=MIX_BLOCK_K)
+        n_splits = triton.cdiv(K, mix.k_slice)
+        workspace = torch.empty(n_splits, T, WORKSPACE_COLUMNS, dtype=torch.float32, device=H.device)
+        hc_mix_partial_kernel[(triton.cdiv(T, mix.block_t), n_splits)](
+            H, fn, workspace, T, K, mix.k_slice, MIX=MIX_COLUMNS, NW=WORKSPACE_COLUMNS, BLOCK_T=mix.block_t,
+            BLOCK_K=mix.block_k, BF16X3=mix.dot == "bf16x3", num_warps=mix.num_warps, num_stages=mix.num_stages)
+        hc_mix_finish_kernel[(triton.cdiv(T, FINISH_BLOCK_T),)](
+            workspace, scale, base, pre, post, comb, T, K, n_splits, cfg.rms_norm_eps, cfg.hc_eps,
+            SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc, NW=WORKSPACE_COLUMNS, BLOCK_T=FINISH_BLOCK_T)
     return pre, post, comb
 
 
