@@ -3,18 +3,22 @@ pure-torch references on CPU). See `mini_flashmla.api` for the contracts."""
 
 from mini_flashmla.api import (
     candidate_block_mask,
+    candidate_block_mask_of_scores,
     indexer_scores,
     indexer_topk,
     key_range_rows,
     sparse_mla_fwd,
     sparse_mla_fwd_paged,
+    topk_of_scores,
 )
 
 __all__ = [
     "candidate_block_mask",
+    "candidate_block_mask_of_scores",
     "indexer_scores",
     "indexer_topk",
     "key_range_rows",
     "sparse_mla_fwd",
     "sparse_mla_fwd_paged",
+    "topk_of_scores",
 ]

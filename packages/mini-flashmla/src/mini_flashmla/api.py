@@ -306,7 +306,8 @@ def indexer_topk(
             `candidate_block_mask` and keys outside it score -inf.
     Returns:
         int32 [s_q, min(topk, n_keys)]: reference.indexer_topk_ref semantics (ascending positions, -1 fill for keys
-        that score -inf; ties as torch.topk). Positions are logical key indices (0 .. n_keys-1), not cache rows.
+        that score -inf; the lowest position wins ties). Positions are logical key indices (0 .. n_keys-1), not
+        cache rows.
     """
     s_q, n_keys = q.shape[0], key_rows.shape[-1]
     out = torch.empty((s_q, min(topk, n_keys)), dtype=torch.int32, device=q.device)
@@ -317,7 +318,7 @@ def indexer_topk(
         score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
         if candidate_mask is not None:
             score = score.masked_fill_(~candidate_mask[c0:c1], float("-inf"))
-        out[c0:c1] = reference.indexer_topk_ref(score, topk)
+        out[c0:c1] = topk_of_scores(score, topk)
     return out
 
 
@@ -345,5 +346,65 @@ def candidate_block_mask(
         c1 = min(s_q, c0 + chunk)
         rows = key_rows[c0:c1] if key_rows.dim() == 2 else key_rows
         score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
-        out[c0:c1] = reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks)
+        out[c0:c1] = candidate_block_mask_of_scores(score, compress_len, block, topk_blocks)
     return out
+
+
+# --------------------------------------------------------------------------- selection over given scores
+TOPK_BLOCK = 4096  # items per step of the selection kernel's loops (a 64k-key row: 16 steps per pass)
+TOPK_NUM_WARPS = 8
+
+
+def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
+    """reference.indexer_topk_ref(score, topk), bit for bit: int32 [s_q, min(topk, n_keys)] ascending positions of
+    the top-k (the lowest position wins ties), -1 for selected keys that score -inf, then -1 fill.
+
+    score: fp32 [s_q, n_keys], no NaN. On CUDA a radix select (topk_kernel.py), one program per query, with no
+    host synchronisation; the engine calls this on scores it also uses for the candidate mask.
+    """
+    s_q, n_keys = score.shape
+    k = min(topk, n_keys)
+    if not _use_kernel(score) or k == 0 or s_q == 0:
+        return reference.indexer_topk_ref(score, topk)
+    out = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
+    _launch_select(score, n_keys, k, -1, out, group=1, mask_out=False)
+    return out
+
+
+def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int
+                                   ) -> torch.Tensor:
+    """reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks), bit for bit: bool
+    [s_q, n_keys], the values of the top `topk_blocks` blocks of `block` entries (block value = max, the block of
+    entry compress_len - 1 forced to +inf, the lowest block wins ties) whose value is not -inf.
+
+    On CUDA the selection kernel takes the block max itself and writes the mask; no host synchronisation.
+    """
+    s_q, n_keys = score.shape
+    n_blocks = -(-n_keys // block)
+    k = min(topk_blocks, n_blocks)
+    if not _use_kernel(score) or k == 0 or s_q == 0 or block & (block - 1):
+        return reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks)
+    out = torch.empty((s_q, n_keys), dtype=torch.bool, device=score.device)
+    forced = (compress_len - 1) // block if compress_len > 0 else -1
+    _launch_select(score, n_blocks, k, forced, out.view(torch.uint8), group=block, mask_out=True)
+    return out
+
+
+def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, out: torch.Tensor, group: int,
+                   mask_out: bool, block: int | None = None, num_warps: int | None = None) -> None:
+    """One topk_select_kernel program per row of score (fp32, unit column stride); block / num_warps (None:
+    TOPK_BLOCK / TOPK_NUM_WARPS) are arguments so the benchmark can sweep them."""
+    from mini_flashmla.topk_kernel import topk_select_kernel
+
+    block = TOPK_BLOCK if block is None else block
+    num_warps = TOPK_NUM_WARPS if num_warps is None else num_warps
+
+    if score.dtype != torch.float32:
+        raise ValueError(f"score must be fp32, got {score.dtype}")
+    if score.stride(1) != 1:
+        score = score.contiguous()
+    block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
+    topk_select_kernel[(score.shape[0],)](
+        score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0),
+        GROUP=group, BLOCK=block, MASK_OUT=mask_out, num_warps=num_warps,
+    )

@@ -1,0 +1,127 @@
+"""Triton kernel of the indexer's exact top-k: the k largest items of each row, equal values ranked by ascending
+position (reference.topk_lowest_index), one program per row, no host synchronisation.
+
+Each fp32 value becomes an order-preserving uint32 key (negatives: all bits flipped; non-negatives: sign bit set;
+-0.0 ranks as +0.0). A radix select on the key's bytes, most significant first, narrows a band [lo, hi] of keys
+that holds the k-th largest key: a 256-bin histogram of the next byte of the keys inside the band says which byte
+value holds the k-th key and how many keys lie above it. The band is final once it holds exactly the keys still
+needed, or one key value: after 4 bytes, or after 2 when no key has low 16 bits of its own (the indexer's scores
+are exactly bf16), so the usual row costs 2 passes, not 4. A last pass in position order keeps every key above the
+band plus the first `rem` keys inside it (`rem` = k minus the count above): that is the lowest-position-wins rule.
+It writes positions through a running prefix count, so they come out ascending without a sort.
+
+An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tail padded with -inf (the candidate
+blocks: then the keep mask is written for every value of a kept block).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SIGN_BIT = tl.constexpr(0x80000000)
+LOW_HALF = tl.constexpr(0xFFFF)
+RADIX_BITS = tl.constexpr(8)
+RADIX_BINS = tl.constexpr(256)
+
+
+@triton.jit
+def _order_key(x):
+    """uint32 key with key(a) < key(b) iff a < b for fp32 a, b (no NaN); -0.0 and +0.0 share a key."""
+    bits = x.to(tl.uint32, bitcast=True)
+    key = tl.where((bits & SIGN_BIT) != 0, ~bits, bits | SIGN_BIT)
+    return tl.where(x == 0.0, SIGN_BIT, key).to(tl.uint32)
+
+
+@triton.jit
+def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: tl.constexpr):
+    """(value, key, valid) of items offs: value GROUP == 1: val[offs]; else the max of val[offs * GROUP + j],
+    j < GROUP, with values at or past n_values as -inf. The item forced_item (-1: none) is +inf."""
+    valid = offs < n_items
+    if GROUP == 1:
+        x = tl.load(val_ptr + row_off + offs, mask=valid, other=float("-inf"))
+    else:
+        entry = offs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        x = tl.max(tl.load(val_ptr + row_off + entry, mask=entry < n_values, other=float("-inf")), axis=1)
+    x = tl.where(offs == forced_item, float("inf"), x)
+    return x, _order_key(x), valid
+
+
+@triton.jit
+def topk_select_kernel(
+    val_ptr, stride_val, n_values, n_items, k, forced_item,
+    out_ptr, stride_out,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr,
+):
+    """Grid (rows,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items as in
+    _load_items; 1 <= k <= n_items.
+    MASK_OUT False: out int32 [rows, k] = the positions of the k selected items whose value is not -inf,
+    ascending, then -1 (reference.indexer_topk_ref). MASK_OUT True: out uint8 [rows, n_values], 1 for every value
+    of a selected item whose value is not -inf (reference.candidate_block_mask_ref).
+    """
+    row_off = tl.program_id(0).to(tl.int64) * stride_val
+    offs0 = tl.arange(0, BLOCK)
+    bins = tl.arange(0, RADIX_BINS)
+    n_blocks = tl.cdiv(n_items, BLOCK)
+
+    # radix select: [lo, hi] holds the k-th largest key; rem of the keys in the band are still to be taken
+    lo = tl.full((), 0, tl.uint32)
+    hi = ~lo
+    rem = k + tl.zeros((), tl.int32)
+    done = rem < 0  # false, as a tensor so the passes below can update it
+    bf16_keys = done
+    for p in tl.static_range(4):
+        shift = 24 - RADIX_BITS * p
+        hist = tl.zeros((RADIX_BINS,), tl.int32)
+        other_low_bits = tl.zeros((), tl.int32)  # count of keys whose low 16 bits are not a bf16's (pass 0 only)
+        for b in range(0, tl.where(done, 0, n_blocks)):
+            offs = b * BLOCK + offs0
+            x, key, valid = _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
+            in_band = valid & (key >= lo) & (key <= hi)
+            digit = ((key >> shift) & (RADIX_BINS - 1)).to(tl.int32)
+            hist += tl.histogram(digit, RADIX_BINS, mask=in_band)
+            if p == 0:
+                low = key & LOW_HALF  # 0 for a non-negative bf16, all ones for a negative one (flipped)
+                other_low_bits += tl.sum((valid & (low != 0) & (low != LOW_HALF)).to(tl.int32))
+        above = tl.sum(hist) - tl.cumsum(hist, 0)  # keys in the band with a larger byte than each bin
+        hit = (above < rem) & (above + hist >= rem)  # exactly one bin while rem >= 1
+        digit_k = tl.sum(tl.where(hit, bins, 0)).to(tl.uint32)
+        new_rem = rem - tl.sum(tl.where(hit, above, 0))
+        new_lo = (lo | (digit_k << shift)).to(tl.uint32)
+        lo = tl.where(done, lo, new_lo)
+        hi = tl.where(done, hi, (new_lo | ((1 << shift) - 1)).to(tl.uint32))
+        band_full = tl.sum(tl.where(hit, hist, 0)) == new_rem
+        rem = tl.where(done, rem, new_rem)
+        if p == 0:
+            bf16_keys = other_low_bits == 0
+        if p == 1:
+            done = done | bf16_keys
+        done = done | band_full
+
+    # selection in position order: all keys above the band, the first rem keys in it
+    written = tl.zeros((), tl.int32)
+    band_seen = tl.zeros((), tl.int32)
+    for b in range(0, n_blocks):
+        offs = b * BLOCK + offs0
+        x, key, valid = _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
+        in_band = (valid & (key >= lo) & (key <= hi)).to(tl.int32)
+        band_rank = band_seen + tl.cumsum(in_band, 0) - in_band
+        keep = valid & ((key > hi) | ((in_band != 0) & (band_rank < rem))) & (x != float("-inf"))
+        if MASK_OUT:
+            out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
+            if GROUP == 1:
+                tl.store(out_row + offs, keep.to(tl.uint8), mask=valid)
+            else:
+                entry = offs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+                flags = (keep[:, None] & (entry >= 0)).to(tl.uint8)
+                tl.store(out_row + entry, flags, mask=entry < n_values)
+        else:
+            slot = written + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs, mask=keep)
+        written += tl.sum(keep.to(tl.int32))
+        band_seen += tl.sum(in_band)
+    if not MASK_OUT:
+        for s0 in range(0, k, BLOCK):
+            slot = s0 + offs0
+            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
+                     mask=(slot >= written) & (slot < k))

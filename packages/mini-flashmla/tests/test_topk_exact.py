@@ -1,0 +1,119 @@
+"""The selection kernel (topk_kernel.py) against reference.indexer_topk_ref / candidate_block_mask_ref: bit for bit,
+on data with many ties (GPU; also on CPU under TRITON_INTERPRET=1, small shapes).
+
+The loop step is shrunk (api.TOPK_BLOCK) so small rows still take several steps per pass, and the GPU-only case
+runs the prefill's row length with the default step and no host synchronisation.
+"""
+
+import os
+
+import pytest
+import torch
+
+from mini_flashmla import api, reference
+
+pytestmark = pytest.mark.gpu
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(scope="module")
+def device():
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.importorskip("triton")
+        return "cpu"
+    pytest.skip("needs CUDA (or TRITON_INTERPRET=1 with triton installed)")
+
+
+@pytest.fixture
+def small_step(monkeypatch):
+    monkeypatch.setattr(api, "TOPK_BLOCK", 64)
+
+
+def tied_scores(g: torch.Generator, s_q: int, n: int, kind: str) -> torch.Tensor:
+    """fp32 [s_q, n] scores with ties: 'bf16' randn rounded to bf16, 'few' 4 distinct values (with -0.0 and +0.0),
+    'fp32' values that differ only in their low 16 bits, with repeats; row 0 all -inf, row 1 mostly -inf,
+    row 2 visible up to a causal limit, row 3 with +inf entries."""
+    if kind == "bf16":
+        x = torch.randn(s_q, n, generator=g).bfloat16().float()
+    elif kind == "few":
+        x = torch.tensor([-0.0, 0.0, 0.5, -1.25])[torch.randint(0, 4, (s_q, n), generator=g)]
+    else:  # few bf16 values with random low 16 bits: keys share their top 2 bytes, so all 4 radix passes run
+        high = torch.tensor([0.75, -2.5, 3.0]).view(torch.int32)[torch.randint(0, 3, (s_q, n), generator=g)]
+        x = (high | torch.randint(0, 1 << 16, (s_q, n), generator=g, dtype=torch.int32)).view(torch.float32)
+        x[:, ::5] = x[:, 1:2]  # repeats of a full fp32 value
+    x[0] = NEG_INF
+    x[1, torch.rand(n, generator=g) < 0.9] = NEG_INF
+    x[2, n // 3 :] = NEG_INF
+    x[3, :: max(1, n // 4)] = float("inf")
+    return x
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bad = (got.cpu() != want.cpu()).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} entries differ, first at {bad[0].tolist()}"
+
+
+@pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
+@pytest.mark.parametrize("n,k", [(300, 64), (200, 200), (40, 64), (129, 1), (1000, 100)])
+def test_topk_of_scores_exact(device, small_step, kind, n, k):
+    g = torch.Generator().manual_seed(n * 7 + k)
+    score = tied_scores(g, 6, n, kind)
+    assert_same(api.topk_of_scores(score.to(device), k), reference.indexer_topk_ref(score, k))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
+@pytest.mark.parametrize("n,compress_len,topk_blocks", [
+    (300, 300, 10),  # the newest entry's block forced
+    (301, 1, 10),  # n not a multiple of 8; the first block forced
+    (77, 0, 4),  # nothing forced
+    (60, 60, 8),  # every block kept (topk_blocks = number of blocks)
+    (50, 45, 100),  # topk_blocks > number of blocks
+    (1000, 999, 40),
+])
+def test_candidate_block_mask_of_scores_exact(device, small_step, kind, n, compress_len, topk_blocks):
+    g = torch.Generator().manual_seed(n * 11 + compress_len)
+    score = tied_scores(g, 6, n, kind)
+    got = api.candidate_block_mask_of_scores(score.to(device), compress_len, 8, topk_blocks)
+    assert_same(got, reference.candidate_block_mask_ref(score, compress_len, 8, topk_blocks))
+
+
+def test_strided_rows_and_default_step(device):
+    """A view with a row stride wider than its columns (the engine slices score chunks), default loop step."""
+    g = torch.Generator().manual_seed(5)
+    wide = tied_scores(g, 5, 700, "bf16")
+    score = wide[:, :650]
+    assert_same(api.topk_of_scores(score.to(device), 96), reference.indexer_topk_ref(score, 96))
+    got = api.candidate_block_mask_of_scores(wide.to(device)[:, :650], 650, 8, 20)
+    assert_same(got, reference.candidate_block_mask_ref(score, 650, 8, 20))
+
+
+def test_empty_shapes(device):
+    score = torch.zeros(0, 10, device=device)
+    assert api.topk_of_scores(score, 4).shape == (0, 4)
+    assert api.topk_of_scores(torch.zeros(3, 0, device=device), 4).shape == (3, 0)
+    assert api.candidate_block_mask_of_scores(score, 10, 8, 2).shape == (0, 10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="prefill row length: CUDA only")
+def test_prefill_shape_exact_without_sync():
+    """64 queries x 65,536 keys, top-512 and top-2048 of 8,192 blocks, causal -inf tails and few distinct values,
+    with CUDA's sync debug mode raising on any host synchronisation."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = 65536
+    score = (torch.randn(64, n, device="cuda", generator=g) * 0.25).bfloat16().float()
+    score[::2] = score[::2].round()  # few distinct values: most of the row ties
+    limit = torch.randint(0, n + 1, (64, 1), device="cuda", generator=g)
+    limit[0], limit[1], limit[2] = 0, 300, n
+    score = score.masked_fill(torch.arange(n, device="cuda")[None, :] >= limit, NEG_INF)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        idx = api.topk_of_scores(score, 512)
+        mask = api.candidate_block_mask_of_scores(score, n, 8, 2048)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_same(idx, reference.indexer_topk_ref(score, 512))
+    assert_same(mask, reference.candidate_block_mask_ref(score, n, 8, 2048))
