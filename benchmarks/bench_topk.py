@@ -1,0 +1,142 @@
+"""Exact indexer top-k on CUDA: the reference path (int64 keys + torch.topk + sort) against the radix-select
+kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
+
+- top-k: 4,096 queries x 65,536 ratio-2 keys (131k context), k = 512: reference.indexer_topk_ref vs
+  api.topk_of_scores; peer: torch.topk(fp32, sorted=False) values only (the floor of a "k-th value from
+  torch.topk, then one selection pass" design).
+- candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
+  reference.candidate_block_mask_ref vs api.candidate_block_mask_of_scores.
+- a sweep of the kernel's loop step and warps, and scores + top-k chunked (api.indexer_topk) end to end.
+Scores are the real indexer's (random FP4 queries and keys), so ties are as common as in the engine; a second top-k
+case rounds them to a few distinct values (most of every row ties). Every new result is checked equal to the
+reference's on the full shape. Times: median of CUDA-event timings of single calls after warm-up.
+
+Usage: python3 benchmarks/bench_topk.py [--out PATH] (default $OUT/bench_topk.json or ./bench_topk.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import triton
+from mini_deepgemm.reference import fp4_fakequant
+
+import mini_flashmla
+from mini_flashmla import api, reference
+from mini_flashmla.cache_layout import pack_index_k_fp4
+
+S_Q, CONTEXT, RATIO, TOPK = 4096, 131072, 2, 512
+N_KEYS = CONTEXT // RATIO
+BLOCK, TOPK_BLOCKS = 8, 2048
+INDEX_HEADS, INDEX_DIM = 32, 128
+WARMUP, REPS = 3, 15
+STEP_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)]
+
+
+def median_ms(fn) -> float:
+    """Median of REPS single-call CUDA-event timings after WARMUP calls."""
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def indexer_inputs(dev: torch.device):
+    g = torch.Generator(device=dev).manual_seed(2)
+    q = fp4_fakequant(torch.randn(S_Q, INDEX_HEADS, INDEX_DIM, device=dev, generator=g), 32, "ue8m0").bfloat16()
+    w = (torch.randn(S_Q, INDEX_HEADS, device=dev, generator=g) * 0.02).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(N_KEYS, INDEX_DIM, device=dev, generator=g))
+    rows = mini_flashmla.key_range_rows(0, N_KEYS, dev)
+    visible = (torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO
+    return q, w, cache, visible, rows
+
+
+def bench_topk_level(score: torch.Tensor, tag: str, result: dict) -> None:
+    result[f"{tag}_distinct_values_row0"] = int(score[0].unique().numel())
+    result[f"{tag}_old_ms"] = median_ms(lambda: reference.indexer_topk_ref(score, TOPK))
+    result[f"{tag}_new_ms"] = median_ms(lambda: api.topk_of_scores(score, TOPK))
+    result[f"{tag}_equal"] = torch.equal(api.topk_of_scores(score, TOPK), reference.indexer_topk_ref(score, TOPK))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_topk.json"))
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    result = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "shape": {"s_q": S_Q, "n_keys": N_KEYS, "topk": TOPK, "block": BLOCK, "n_blocks": N_KEYS // BLOCK,
+                  "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
+        "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
+        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS},
+    }
+    q, w, cache, visible, rows = indexer_inputs(dev)
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
+
+    bench_topk_level(score, "topk", result)
+    result["topk_peer_torch_topk_values_fp32_ms"] = median_ms(lambda: torch.topk(score, TOPK, sorted=False).values)
+    few = (score * (4.0 / torch.nan_to_num(score, neginf=0.0).abs().amax())).round()  # a few values per row
+    bench_topk_level(few, "topk_few_values", result)
+    del few
+
+    compress_len = N_KEYS
+    result["blocks_old_ms"] = median_ms(lambda: reference.candidate_block_mask_ref(score, compress_len, BLOCK,
+                                                                                   TOPK_BLOCKS))
+    result["blocks_new_ms"] = median_ms(lambda: api.candidate_block_mask_of_scores(score, compress_len, BLOCK,
+                                                                                   TOPK_BLOCKS))
+    result["blocks_equal"] = torch.equal(api.candidate_block_mask_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS),
+                                         reference.candidate_block_mask_ref(score, compress_len, BLOCK, TOPK_BLOCKS))
+
+    sweep = {}
+    out_topk = torch.empty((S_Q, TOPK), dtype=torch.int32, device=dev)
+    out_mask = torch.empty((S_Q, N_KEYS), dtype=torch.uint8, device=dev)
+    n_blocks = N_KEYS // BLOCK
+    for step, warps in STEP_SWEEP:
+        sweep[f"step{step}_warps{warps}"] = {
+            "topk_ms": median_ms(lambda: api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps)),
+            "blocks_ms": median_ms(lambda: api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask,
+                                                              BLOCK, True, step, warps)),
+        }
+    result["kernel_step_sweep"] = sweep
+
+    result["scores_ms"] = median_ms(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
+    result["indexer_topk_chunked_ms"] = median_ms(lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, TOPK))
+    result["peak_memory_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_summary(result)
+
+
+def print_summary(r: dict) -> None:
+    print(f"{r['gpu']} torch {r['torch']} triton {r['triton']} {r['date_utc']}")
+    for tag, what in (("topk", "top-512 of 65,536 x 4,096, indexer scores"),
+                      ("topk_few_values", "top-512, few distinct values"),
+                      ("blocks", "top-2,048 of 8,192 blocks x 4,096")):
+        print(f"{what}: old {r[f'{tag}_old_ms']:.3f} ms, new {r[f'{tag}_new_ms']:.3f} ms "
+              f"({r[f'{tag}_old_ms'] / r[f'{tag}_new_ms']:.1f}x), bit-identical {r[f'{tag}_equal']}")
+    print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
+    for name, t in r["kernel_step_sweep"].items():
+        print(f"  {name}: topk {t['topk_ms']:.3f} ms, blocks {t['blocks_ms']:.3f} ms")
+    print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms; "
+          f"peak {r['peak_memory_gb']:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()
