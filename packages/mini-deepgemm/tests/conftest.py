@@ -23,18 +23,21 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
-@pytest.fixture(params=["fp8_mma", "bf16_mma"])
+@pytest.fixture(params=["fp8_mma", "bf16_mma", "swap_ab"])
 def mma_path(request, monkeypatch, device):
-    """Runs a test with each of the kernel's two scale strategies forced (see gemm_kernel.py); the bf16 one
-    applies to UE8M0 scales only."""
-    if request.param == "bf16_mma" and device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    """Runs a test with each of the kernels' scale strategies forced: gemm_kernel's FP8 MMAs + promotion or
+    bf16-dequant MMAs, or gemm_swapab_kernel (dense and contiguous layouts); the last two apply to UE8M0 scales
+    only."""
+    if request.param != "fp8_mma" and device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("triton 3.6's interpreter computes bf16 tl.dot on the raw bits")
     from mini_deepgemm import gemm
 
-    default = gemm.default_config
+    default, legacy = gemm.default_config, gemm.gemm_kernel_config
 
-    def forced(layout, rows_hint, gran_k, ue8m0):
-        return {**default(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
+    def forced(layout, rows_hint, gran_k, ue8m0, n=0):
+        if request.param == "swap_ab" and ue8m0 and layout != gemm._MASKED:
+            return default(layout, max(rows_hint, 4096), gran_k, ue8m0, max(n, 4608))
+        return {**legacy(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
 
     monkeypatch.setattr(gemm, "default_config", forced)
     return request.param

@@ -222,15 +222,32 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
             d[g, :m] = out[g, :m].to(d.dtype)
 
 
-def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dict:
-    """Tile shape, pipeline depth and scale strategy, picked from the H200 sweep in
-    docs/reports/deepgemm-scaling.md (bench_deepgemm.py --sweep).
+def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0) -> dict:
+    """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md
+    and docs/reports/deepgemm-swapab.md.
+
+    gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs) where it
+    measured faster than gemm_kernel: UE8M0 scales in the contiguous layout (128 weight rows x 128 tokens, one
+    warpgroup: 1.05x (w13) and 1.35x (w2) at 64-128 rows per expert, before its activation pass), and dense with M >= 1024 and N >= 4608 (128 x 256, two
+    warpgroups: 1.18-1.35x); at N <= 4096 (wq_a, wkv, indexer wq_b) it was 0.75-0.95x. gemm_kernel otherwise
+    (`gemm_kernel_config`).
+    """
+    if ue8m0 and layout == _CONTIGUOUS:
+        return dict(BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1,
+                    BF16_MMA=True, SWAP_AB=True)
+    if ue8m0 and layout == _DENSE and rows_hint >= 1024 and n >= 4608:
+        return dict(BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3,
+                    SUBS=1, BF16_MMA=True, SWAP_AB=True)
+    return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
+
+
+def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dict:
+    """gemm_kernel's tiles (docs/reports/deepgemm-scaling.md, bench_deepgemm.py --sweep).
 
     - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles with FP8 MMAs,
       so a weight tile is read once and little of the MMA is wasted on empty rows.
-    - UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs; 32 of K per step for dense GEMMs (298 TFLOP/s
-      against 266 with 128 per step, whose 255 registers allow one CTA per SM), 128 per step for the
-      contiguous grouped GEMM (206 against 189).
+    - UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs; 32 of K per step for dense GEMMs, 128 per step
+      for the grouped ones.
     - fp32 scales (V3 recipe): 64x128 tiles, one warpgroup, FP8 MMAs promoted every 128 of K; smaller CTAs
       let two or three of them share an SM and hide each other's promotion.
     """
@@ -239,8 +256,29 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dic
         return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
-    block_k = 128 if layout == _CONTIGUOUS else 32
+    block_k = 32 if layout == _DENSE else 128
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, GROUP_M=8, num_warps=8, num_stages=4, BF16_MMA=True)
+
+
+def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor | None,
+                   b_fp4: bool, cfg: dict) -> None:
+    """gemm_swapab_kernel: the activations dequantized to bf16 once (FP4 weights: K permuted per 64-block), then
+    the transposed-tile GEMM. Needs UE8M0 scales, K % 64 == 0 and no accumulate-into (checked by _launch)."""
+    from .gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
+
+    (aq, sa), (bq, sb) = a, b
+    M, K = aq.shape
+    N = bq.shape[-2]
+    x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
+    dequant_act_kernel[(cdiv(M, 32), cdiv(K, 128))](
+        aq, sa, x, M, K, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=b_fp4, BLOCK_M=32, BLOCK_K=128)
+    grouped = layout == _CONTIGUOUS
+    swapab_gemm_kernel[(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)](
+        x, bq, sb, d, group_arg if grouped else d, M, N, K,
+        x.stride(0), bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
+        d.stride(0), W_IS_FP4=b_fp4, SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
@@ -259,8 +297,17 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0)
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
+    if cfg.get("SWAP_AB"):
+        _require(ue8m0 and layout != _MASKED, "the swap-AB kernel takes UE8M0 scales, dense or contiguous")
+        _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
+        if c is None and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
+            _launch_swapab(layout, (aq, sa), (bq, sb), d, group_arg, b_fp4, cfg)
+            return
+        # accumulate-into, K not a multiple of the step or another B granularity: gemm_kernel's bf16 MMAs
+        cfg = gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
+    cfg = {k: v for k, v in cfg.items() if k != "SWAP_AB"}
     if cfg["BF16_MMA"]:  # longest step (up to BLOCK_K) that divides K
         cfg = {**cfg, "BLOCK_K": next(bk for bk in (cfg["BLOCK_K"], 64, 32) if K % bk == 0 and bk % gran_k == 0)}
     else:

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from mini_flashmla import indexer_scores, sparse_mla_fwd_paged
+from mini_flashmla import candidate_block_mask_of_scores, indexer_scores, sparse_mla_fwd_paged, topk_of_scores
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
-from mini_flashmla.reference import candidate_block_mask_ref, indexer_topk_ref
 
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
@@ -320,14 +319,14 @@ class V41Model(torch.nn.Module):
             s = indexer_scores(qi, wts, cache.index_k[pub], n_k, key_rows)
             score = s if score is None else torch.where(d.closes[ratio_cond][:, None], s, score)
         if role.is_candidate_source:
-            # candidate_block_mask_ref forces the block of the newest entry; +inf on that entry does the same
+            # candidate_block_mask_of_scores forces the block of the newest entry; +inf on that entry does the same
             newest = (n_k - 1).clamp_min(0)[:, None]
             forced = score.scatter(1, newest, torch.where(n_k[:, None] > 0, float("inf"), float("-inf")))
-            shared["candidates"] = candidate_block_mask_ref(forced, 0, cfg.candidate_block_size,
-                                                            cfg.candidate_topk_blocks)
+            shared["candidates"] = candidate_block_mask_of_scores(forced, 0, cfg.candidate_block_size,
+                                                                  cfg.candidate_topk_blocks)
         if role.uses_candidates and shared["candidates"] is not None:
             score = torch.where(shared["candidates"], score, torch.full_like(score, float("-inf")))
-        sel = indexer_topk_ref(score, cfg.index_topk)
+        sel = topk_of_scores(score, cfg.index_topk)
         topk = torch.full((n_k.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=self.device)
         topk[:, : sel.shape[1]] = sel.to(torch.int64)
         return topk
@@ -479,11 +478,11 @@ class V41Model(torch.nn.Module):
                                        (positions[rows] + 1) // r, key_rows)
                 local = slice(q0, q0 + score.shape[0])
                 if role.is_candidate_source:
-                    shared["candidates"][sp.index][local] = candidate_block_mask_ref(
+                    shared["candidates"][sp.index][local] = candidate_block_mask_of_scores(
                         score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
                 if cand is not None:
                     score = torch.where(cand[local], score, torch.full_like(score, float("-inf")))
-                sel = indexer_topk_ref(score, cfg.index_topk)
+                sel = topk_of_scores(score, cfg.index_topk)
                 topk[rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
 

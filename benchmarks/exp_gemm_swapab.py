@@ -1,0 +1,200 @@
+"""Experiment (session 3): the swap-AB bf16-dequant kernels of gemm_swapab_kernel.py against the current
+UE8M0 kernel and the cuBLAS peers, at the V4.1 prefill shapes. Prints one JSON line per measurement and a table.
+
+Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+from bench_deepgemm import Recorder, contiguous_operands, dense_operands, ms
+from mini_deepgemm import gemm as G
+from mini_deepgemm.gemm_kernel import LAYOUT_CONTIGUOUS
+from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
+from mini_deepgemm.testing import calc_diff
+
+CONFIGS = {  # name: (BLOCK_N weights, BLOCK_M tokens, warps, stages, SUBS)
+    "n128m128w4s4": (128, 128, 4, 4, 1), "n128m128w8s4": (128, 128, 8, 4, 1), "n256m128w8s3": (256, 128, 8, 3, 1),
+    "n128m256w8s3": (128, 256, 8, 3, 1), "n128m128w8s3x2": (128, 128, 8, 3, 2), "n64m128w4s4": (64, 128, 4, 4, 1),
+    "n128m64w4s4": (128, 64, 4, 4, 1), "n128m32w4s4": (128, 32, 4, 4, 1), "n64m64w4s4": (64, 64, 4, 4, 1),
+}
+
+
+def dequant(aq, sa, fp4_order: bool, bm: int = 64, bk: int = 128, warps: int = 4) -> torch.Tensor:
+    M, K = aq.shape
+    x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
+    dequant_act_kernel[(triton.cdiv(M, bm), triton.cdiv(K, bk))](
+        aq, sa.view(torch.uint8), x, M, K, aq.stride(0), sa.stride(0), x.stride(0),
+        PERMUTE_FP4=fp4_order, BLOCK_M=bm, BLOCK_K=bk, num_warps=warps)
+    return x
+
+
+def dequant_sweep(rec):
+    """The activation pass alone: GB/s (1 byte + its scale read, 2 written per element) per tile config."""
+    for M, K, perm in ((49152, 5120, True), (49152, 5120, False), (4096, 5120, False)):
+        aq = (torch.randn(M, K, device="cuda") * 4).to(torch.float8_e4m3fn)
+        sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+        for bm, bk, warps in ((32, 128, 4), (64, 128, 4), (16, 256, 4), (32, 256, 8), (8, 512, 4), (64, 64, 4)):
+            t = ms(lambda: dequant(aq, sa, perm, bm, bk, warps))
+            rec.add(kind="dequant", M=M, K=K, permute=perm, config=f"{bm}x{bk}w{warps}", us=t * 1e3,
+                    gbs=M * K * (3 + 1 / 32) / t / 1e6)
+
+
+def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg):
+    bn, bm, nw, ns, subs = cfg
+    M, K = x.shape
+    N = bq.shape[-2]
+    grouped = layout == LAYOUT_CONTIGUOUS
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    swapab_gemm_kernel[grid](
+        x, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, group if group is not None else d,
+        M, N, K, x.stride(0), bq.stride(0) if grouped else 0, bq.stride(-2),
+        sb.stride(0) if grouped else 0, sb.stride(-2), d.stride(0),
+        W_IS_FP4=w_fp4, SW_GRAN_N=1 if w_fp4 else 32, LAYOUT=int(layout), SUBS=subs,
+        BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns)
+
+
+def run_variants(rec, kind, name, flops, x, bq, sb, layout, group, w_fp4, old_out, M, N, configs):
+    d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
+    for cname in configs:
+        cfg = CONFIGS[cname]
+        if layout == LAYOUT_CONTIGUOUS and cfg[1] > 128:
+            continue
+        try:
+            d.zero_()
+            swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg)
+            rows = group >= 0 if group is not None else slice(None)
+            diff = calc_diff(d[rows].float(), old_out[rows].float())
+            t = ms(lambda: swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg))
+            rec.add(kind=kind, name=name, variant=cname, tflops=flops / t / 1e9, ms=t, diff_vs_current=diff)
+        except Exception as e:  # noqa: BLE001 - a failing config is a result too
+            rec.add(kind=kind, name=name, variant=cname, error=repr(e)[:400])
+
+
+def routed_layout(E, T, topk, align, gen):
+    """Expert ids per row of a uniformly routed prefill (T tokens x topk over E experts), each expert's segment
+    padded to `align`: the contiguous layout the runtime builds. Returns (rows per expert, layout)."""
+    picks = torch.rand(T, E, generator=gen).topk(topk, dim=1).indices.flatten()
+    rows = torch.bincount(picks, minlength=E).tolist()
+    padded = [-(-m // align) * align for m in rows]
+    ids = torch.cat([torch.tensor([g] * m + [-1] * (p - m), dtype=torch.int32) for g, (m, p) in enumerate(zip(rows, padded))])
+    return rows, ids.cuda()
+
+
+def real_moe(rec, E, T, name, N, K, gen):
+    """The MoE GEMM at the prefill's real routing: current kernel (align 128) vs swap-AB at align 128/64/32."""
+    bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
+    bs = torch.randint(120, 134, (E, N, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+    for align in (128, 64, 32):
+        rows, layout = routed_layout(E, T, 6, align, torch.Generator().manual_seed(1))
+        M = layout.numel()
+        flops = 2 * sum(rows) * N * K
+        aq = (torch.randn(M, K, device="cuda") * 4).to(torch.float8_e4m3fn)
+        sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+        d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        base = dict(kind="moe_real", name=name, E=E, T=T, align=align, rows=sum(rows), padded_rows=M)
+        if align == 128:
+            legacy = G.gemm_kernel_config(G._CONTIGUOUS, M, 32, True)
+            t = ms(lambda: G._gemm(G._CONTIGUOUS, (aq, sa), (bq, bs), d, None, layout, None, True, config=legacy))
+            rec.add(**base, variant="current", tflops=flops / t / 1e9, ms=t)
+            old = d.clone()
+        x = dequant(aq, sa, True)
+        rec.add(**base, variant="dequant_only", ms=ms(lambda: dequant(aq, sa, True)))
+        for cname in ("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4"):
+            bn, bm, nw, ns, subs = cfg = CONFIGS[cname]
+            if align % bm:
+                continue
+            try:
+                swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg)
+                valid = layout >= 0
+                diff = calc_diff(d[valid].float(), old[valid].float()) if align == 128 else float("nan")
+                t = ms(lambda: swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg))
+                rec.add(**base, variant=cname, tflops=flops / t / 1e9, ms=t, diff_vs_current=diff)
+            except Exception as e:  # noqa: BLE001
+                rec.add(**base, variant=cname, error=repr(e)[:300])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="/tmp/exp_swapab")
+    p.add_argument("--dequant-sweep", action="store_true")
+    p.add_argument("--real-moe", action="store_true", help="only the MoE GEMMs at real routing, and the API defaults")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rec = Recorder(args.out)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    if args.dequant_sweep:
+        dequant_sweep(rec)
+        for r in rec.rows:
+            print(r["M"], r["K"], r["permute"], r["config"], round(r["us"]), "us", round(r["gbs"]), "GB/s")
+        return
+    if args.real_moe:
+        for E, T in ((384, 4096), (192, 8192)):
+            for name, (N, K) in G_MOE.items():
+                real_moe(rec, E, T, name, N, K, gen)
+        for name, N, K in (("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("wq_b", 32768, 1280), ("wq_a", 1280, 5120),
+                           ("wkv", 512, 5120), ("idx_wq_b", 4096, 1280), ("shared_w2", 5120, 2304), ("engram_wkv", 25600, 6144)):
+            op = dense_operands(4096, N, K)
+            t = ms(lambda: G.fp8_gemm_nt(*op["v41"], op["d"]))
+            legacy = G.gemm_kernel_config(G._DENSE, 4096, 32, True)
+            t_old = ms(lambda: G._gemm(G._DENSE, *op["v41"], op["d"], None, None, None, False, config=legacy))
+            rec.add(kind="dense_api", name=name, M=4096, N=N, K=K, tflops=2 * 4096 * N * K / t / 1e9,
+                    tflops_current=2 * 4096 * N * K / t_old / 1e9)
+        for r in rec.rows:
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+        return
+    dense = [("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("wq_b", 32768, 1280), ("wq_a", 1280, 5120)]
+    M = 4096
+    for name, N, K in dense:
+        op = dense_operands(M, N, K)
+        (aq, sa), (bq, sb) = op["v41"]
+        flops = 2 * M * N * K
+        G.fp8_gemm_nt((aq, sa), (bq, sb), op["d"])
+        old = op["d"].clone()
+        one = torch.ones((), device="cuda")
+        bf_a, bf_b = aq.to(torch.bfloat16), bq.to(torch.bfloat16)
+        t_old = ms(lambda: G.fp8_gemm_nt((aq, sa), (bq, sb), op["d"]))
+        t_deq = ms(lambda: dequant(aq, sa, False))
+        t_cub8 = ms(lambda: torch._scaled_mm(aq, bq.t(), one, one, out_dtype=torch.bfloat16))
+        t_cub16 = ms(lambda: torch.matmul(bf_a, bf_b.t()))
+        rec.add(kind="dense", name=name, variant="peers", M=M, N=N, K=K, tflops_current=flops / t_old / 1e9,
+                dequant_ms=t_deq, tflops_cublas_fp8_tensor=flops / t_cub8 / 1e9, tflops_cublas_bf16=flops / t_cub16 / 1e9)
+        x = dequant(aq, sa, False)
+        run_variants(rec, "dense", name, flops, x, bq, sb, 0, None, False, old, M, N,
+                     ["n128m128w8s4", "n128m256w8s3", "n256m128w8s3", "n128m128w4s4", "n128m128w8s3x2"])
+    for name, (N, K) in G_MOE.items():
+        rows, layout, ends, Mg, (aq, sa), (bq, bs), d = contiguous_operands(96, N, K, gen)
+        flops = 2 * sum(rows) * N * K
+        G.m_grouped_fp8_fp4_gemm_nt_contiguous((aq, sa), (bq, bs), d, layout)
+        old = d.clone()
+        t_old = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous((aq, sa), (bq, bs), d, layout))
+        t_deq = ms(lambda: dequant(aq, sa, True))
+        rec.add(kind="contiguous", name=name, variant="peers", rows=sum(rows), padded_rows=Mg, N=N, K=K,
+                tflops_current=flops / t_old / 1e9, dequant_ms=t_deq)
+        x = dequant(aq, sa, True)
+        run_variants(rec, "contiguous", name, flops, x, bq, bs, LAYOUT_CONTIGUOUS, layout, True, old, Mg, N,
+                     ["n128m128w8s4", "n256m128w8s3", "n128m128w4s4", "n128m128w8s3x2", "n64m128w4s4", "n128m64w4s4"])
+    print("\n| kind | name | variant | TFLOP/s | diff |")
+    print("|---|---|---|---|---|")
+    for r in rec.rows:
+        if r.get("variant") == "peers":
+            print(f"| {r['kind']} | {r['name']} | peers | current {r['tflops_current']:.0f}, dequant {r['dequant_ms']*1e3:.0f} us"
+                  + (f", cuBLAS fp8 {r['tflops_cublas_fp8_tensor']:.0f}, bf16 {r['tflops_cublas_bf16']:.0f}" if "tflops_cublas_bf16" in r else "") + " | |")
+        elif "error" in r:
+            print(f"| {r['kind']} | {r['name']} | {r['variant']} | ERROR {r['error'][:120]} | |")
+        else:
+            print(f"| {r['kind']} | {r['name']} | {r['variant']} | {r['tflops']:.0f} | {r['diff_vs_current']:.1e} |")
+    json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
+
+
+G_MOE = {"w13": (4608, 5120), "w2": (5120, 2304)}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Triton kernels of the UE8M0 (V4.1) GEMMs for many rows: the weights dequantized in registers, bf16 MMAs.
+
+Why: with a scale per 32 of K on both operands, Hopper's FP8 MMA needs its result promoted into the fp32
+accumulator every 32 of K (two CUDA-core ops per accumulator element per step: as many cycles as the MMA
+itself, docs/reports/deepgemm-scaling.md). Dequantizing the operands instead costs work per operand element,
+not per output element: a tile of 128 weight rows x 128 tokens dequantizes 128 x 32 weight values per 32 of K
+for 128 x 128 x 32 MACs.
+
+How (swap A and B): the kernel computes the transposed tile D^T[n, m] = W[n, :] . X[m, :].
+- W (the weights, FP8 e4m3 with a UE8M0 scale per 32x32 block, or packed FP4 e2m1 with one per row per 32 of
+  K) is the MMA's left operand, which Hopper's wgmma may read from registers: each thread dequantizes its own
+  fragment straight after the shared-memory load, with no round trip through shared memory.
+- X (the activations) is the right operand, read by the MMA from shared memory, so it must already be bf16:
+  `dequant_act_kernel` turns the FP8 activations and their UE8M0 scales into bf16 once per call (exact:
+  q * 2^e of an e4m3 value has 4 significant bits). For FP4 weights it also permutes K inside each 64-wide
+  block to [32 even columns | 32 odd columns], matching the two nibbles of a weight byte (low = even k), so a
+  byte's two values feed two MMAs without interleaving registers.
+Every product is exact, so the result equals the reference up to the order of the fp32 additions.
+
+FP4 -> bf16 in integer ops, the scale folded into the exponent: for magnitude code c (values 0, .5, 1, 1.5,
+2, 3, 4, 6) and scale 2^(e-127), c >= 2 gives bf16 bits (c << 6) + ((e - 1) << 7) (exponent (c >> 1) + e - 1,
+mantissa bit c & 1); c = 1 (0.5 x 2^(e-127)) gives (e - 1) << 7; c = 0 gives 0. The sign moves from bit 3 to
+bit 15. Valid for 1 <= e <= 252 (the quantizers' scales are far inside).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .gemm_kernel import LAYOUT_CONTIGUOUS, grouped_tile
+
+
+@triton.jit
+def fp4_to_bf16_scaled(nibble, e_minus_1_shl7):
+    """int32 e2m1 codes (0..15) times 2^(e-127), with e_minus_1_shl7 = (e - 1) << 7 -> bf16, exactly."""
+    c = nibble & 7
+    mag = tl.where(c >= 2, (c << 6) + e_minus_1_shl7, c * e_minus_1_shl7)
+    bits = mag | ((nibble & 8) << 12)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_out,
+                       PERMUTE_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, k] = q[m, src(k)] * 2^(s[m, src(k) // 32] - 127) in bf16; src(k) = k, or with PERMUTE_FP4 the
+    [even | odd] order inside each 64-block (out's k < 32 of a block holds q's even columns). The permutation
+    is on the load side so the stores stay contiguous."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    if PERMUTE_FP4:
+        j = offs_k % 64
+        src = offs_k - j + tl.where(j < 32, 2 * j, 2 * (j - 32) + 1)
+    else:
+        src = offs_k
+    mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    q = tl.load(q_ptr + rows * stride_q + src[None, :], mask=mask, other=0.0)
+    e = tl.load(s_ptr + rows * stride_s + (src // 32)[None, :], mask=mask, other=127).to(tl.int32)
+    x = (q.to(tl.float32) * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+    tl.store(out_ptr + rows * stride_out + offs_k[None, :], x, mask=mask)
+
+
+@triton.jit
+def swapab_gemm_kernel(
+    x_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
+    M, N, K,
+    stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d,
+    W_IS_FP4: tl.constexpr,
+    SW_GRAN_N: tl.constexpr,  # weight rows per scale: 32 (FP8 32x32 blocks) or 1 (FP4)
+    LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS
+    SUBS: tl.constexpr,  # 64-wide K blocks per loop step
+    BLOCK_N: tl.constexpr,  # weight rows per tile (the MMA's M)
+    BLOCK_M: tl.constexpr,  # tokens per tile (the MMA's N)
+    GROUP_M: tl.constexpr,
+):
+    """d[m, n] = sum_k x[m, k] * dequant(w)[n, k]; x bf16 [M, K] from dequant_act_kernel."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_base = w_ptr
+    sw_base = sw_ptr
+    if LAYOUT == LAYOUT_CONTIGUOUS:
+        ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
+        group = tl.max(ids, axis=0)
+        if group < 0:
+            return
+        row_ok = ids == group
+        w_base = w_ptr + group.to(tl.int64) * stride_w_g
+        sw_base = sw_ptr + group.to(tl.int64) * stride_sw_g
+    else:
+        row_ok = offs_m < M
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    j = tl.arange(0, 32)
+    x_ptrs = x_ptr + rows[:, None] * stride_x + j[None, :]
+    sw_ptrs = sw_base + (cols // SW_GRAN_N) * stride_sw_n
+    if W_IS_FP4:
+        w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]  # 32 bytes = 64 values of K
+        second_group = (j >= 16)[None, :]  # even columns 32..62 of a 64-block use the block's second scale
+    else:
+        w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for _ in range(0, K // (64 * SUBS)):
+        for s in tl.static_range(SUBS):
+            e0 = tl.load(sw_ptrs + 2 * s).to(tl.int32)
+            e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int32)
+            x0 = tl.load(x_ptrs + 64 * s)
+            x1 = tl.load(x_ptrs + 64 * s + 32)
+            if W_IS_FP4:
+                packed = tl.load(w_ptrs + 32 * s).to(tl.int32)
+                e_shl7 = tl.where(second_group, ((e1 - 1) << 7)[:, None], ((e0 - 1) << 7)[:, None])
+                w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
+                w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
+            else:
+                s0 = (e0 << 23).to(tl.float32, bitcast=True)
+                s1 = (e1 << 23).to(tl.float32, bitcast=True)
+                w0 = (tl.load(w_ptrs + 64 * s).to(tl.float32) * s0[:, None]).to(tl.bfloat16)
+                w1 = (tl.load(w_ptrs + 64 * s + 32).to(tl.float32) * s1[:, None]).to(tl.bfloat16)
+            acc = tl.dot(w0, tl.trans(x0), acc)
+            acc = tl.dot(w1, tl.trans(x1), acc)
+        x_ptrs += 64 * SUBS
+        sw_ptrs += 2 * SUBS
+        w_ptrs += (32 if W_IS_FP4 else 64) * SUBS
+    out_ptrs = d_ptr + offs_m.to(tl.int64)[None, :] * stride_d + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
