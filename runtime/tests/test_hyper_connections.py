@@ -37,10 +37,10 @@ else:
 # the production tiling, the tensor-core dot mode, and a small one with several K slices, the last one ragged.
 # The interpreter's tl.dot mis-reads bf16 operands (errors ~1e10 on a 16x16 bf16 dot, triton 3.9), so the bf16x3
 # mode is checked on CUDA only.
-MIXES = [pytest.param(hcf.DEFAULT_MIX, id="default"),
-         pytest.param(hcf.MixConfig(dot="bf16x3", block_k=64), id="bf16x3",
+MIXES = [pytest.param(hcf.DEFAULT_MIX, id="default-bf16x3",
                       marks=pytest.mark.skipif(INTERPRET, reason="interpreter: bf16 tl.dot unsupported")),
-         pytest.param(hcf.MixConfig(block_t=16, block_k=32, k_slice=96), id="small-slices")]
+         pytest.param(hcf.MixConfig(dot="ieee", block_t=64, block_k=32), id="ieee"),
+         pytest.param(hcf.MixConfig(block_t=16, block_k=32, k_slice=96, dot="ieee"), id="small-slices")]
 
 
 def _inputs(T: int, D: int, device: str, seed: int):

@@ -270,8 +270,10 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     M, K = aq.shape
     N = bq.shape[-2]
     x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
-    dequant_act_kernel[(cdiv(M, 32), cdiv(K, 128))](
-        aq, sa, x, M, K, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=b_fp4, BLOCK_M=32, BLOCK_K=128)
+    # 8 x 512 tiles: 1.9 (permuted) and 3.0 TB/s on H200 against 0.58 and 1.96 for 32 x 128 (deepgemm-swapab.md)
+    dequant_act_kernel[(cdiv(M, 8), cdiv(K, 512))](
+        aq, sa, x, M, K, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=b_fp4, BLOCK_M=8, BLOCK_K=512,
+        num_warps=4)
     grouped = layout == _CONTIGUOUS
     swapab_gemm_kernel[(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)](
         x, bq, sb, d, group_arg if grouped else d, M, N, K,
