@@ -172,12 +172,18 @@ def test_engine_greedy_tokens_with_and_without_graphs():
             assert llm.engine.runner.graphs is not None and 8 in llm.engine.runner.graphs.graphs
         else:
             assert llm.engine.runner.graphs is None
+    # Graph replay runs the same fixed-shape decode forward as eager mode: measured bit-identical on H200
+    # (2026-11-30). The bound is fixed (not derived from the measured difference, which would let wrong logits
+    # excuse themselves) and leaves room only for kernel choices that differ with the batch.
+    bound = 2e-2
     worst = 0.0
     for a, b in zip(outs[False], outs[True]):
         for j, (la, lb) in enumerate(zip(a.logits, b.logits)):
-            worst = max(worst, float((la - lb).abs().max()))
+            diff = float((la - lb).abs().max())
+            worst = max(worst, diff)
+            assert diff <= bound, f"{a.request_id} token {j}: graph logits differ from eager by {diff:.3g}"
             top2 = lb.topk(2).values
-            if float(top2[0] - top2[1]) < 2 * worst + 1e-3:
+            if float(top2[0] - top2[1]) < 2 * bound:
                 break  # a near tie: later tokens may legitimately differ
             assert a.token_ids[j] == b.token_ids[j], f"{a.request_id} token {j}"
     print(f"\n[cuda graphs] engine, 5 prompts x 12 greedy tokens: max |graph - eager| logits = {worst:.3g}")
