@@ -120,7 +120,7 @@ def plan_expert_segments(
     sorted_key, order = torch.sort(key, stable=True)
     first_of_key = torch.cumsum(counts, 0) - counts
     aligned = (counts + m_alignment - 1) // m_alignment * m_alignment
-    aligned[num_local_experts] = 0
+    aligned[num_local_experts:].zero_()  # a device fill: `aligned[i] = 0` copies a CPU scalar (breaks graph capture)
     segment_start = torch.cumsum(aligned, 0) - aligned
     total_rows = aligned.sum()
     rank_in_segment = torch.arange(flat.numel(), device=device) - first_of_key[sorted_key]
