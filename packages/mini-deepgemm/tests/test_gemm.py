@@ -141,6 +141,40 @@ def test_fp4_weights_as_int8(device, gen):
     assert torch.equal(d_u8.view(torch.int16), d_i8.view(torch.int16))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["v41", "fp4"])
+def test_ue8m0_results_do_not_depend_on_the_batch(kind):
+    """A row's product is bit-identical whatever the row count and layout that carry it (dense decode tiles,
+    dense swap-AB tiles, contiguous and masked grouped layouts): every UE8M0 path feeds the same bf16 MMAs in the
+    same K order (gemm.gemm_kernel_config). Data-parallel ranks and recomputation after preemption depend on it."""
+    gen = torch.Generator().manual_seed(7)
+    N, K = 4608, 5120
+    w, bq, bs, *_ = weights(kind, N=N, K=K, device="cuda", gen=gen)
+    x = random_bf16(4096, K, generator=gen).cuda()
+    aq, as_ = quant_a(x, 32)
+    dense = gemm_fn(kind, "fp8_gemm_nt")
+    full = torch.empty(4096, N, dtype=torch.bfloat16, device="cuda")
+    dense((aq, as_), (bq, bs), full)
+    for M in (1, 17, 64, 65, 300, 1024):
+        d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        dense((aq[:M], as_[:M]), (bq, bs), d)
+        assert torch.equal(d.view(torch.int16), full[:M].view(torch.int16)), f"dense M={M}"
+    align = dg.get_m_alignment_for_contiguous_layout()
+    layout = contiguous_layout([3, 130], align).cuda()  # group 1 holds rows 0..129 of x
+    rows = torch.full((layout.numel(),), 0, dtype=torch.long)
+    rows[align: align + 130] = torch.arange(130)
+    gq, gs = aq[rows.cuda()], as_[rows.cuda()]
+    d = torch.empty(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_contiguous")((gq, gs), (torch.stack([bq, bq]), torch.stack([bs, bs])), d, layout)
+    assert torch.equal(d[align: align + 130].view(torch.int16), full[:130].view(torch.int16)), "contiguous"
+    mq, ms_ = aq[:64].unsqueeze(0).contiguous(), as_[:64].unsqueeze(0).contiguous()
+    d = torch.empty(1, 64, N, dtype=torch.bfloat16, device="cuda")
+    masked_m = torch.tensor([37], dtype=torch.int32, device="cuda")
+    gemm_fn(kind, "m_grouped_fp8_gemm_nt_masked")((mq, ms_), (bq[None], bs[None]), d, masked_m, expected_m=8)
+    assert torch.equal(d[0, :37].view(torch.int16), full[:37].view(torch.int16)), "masked"
+
+
 def test_empty_outputs(device):
     aq = torch.empty(0, 64, device=device).to(torch.float8_e4m3fn)
     as_ = torch.empty(0, 2, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
