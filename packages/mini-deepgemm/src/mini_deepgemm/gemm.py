@@ -245,10 +245,11 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
     """gemm_kernel's tiles (docs/reports/deepgemm-scaling.md, bench_deepgemm.py --sweep).
 
     - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles, so a weight
-      tile is read once and little of the MMA is wasted on empty rows. UE8M0 scales take the bf16 MMAs here
-      too (796 against 888 GB/s for FP8 MMAs on the masked MoE GEMM): every UE8M0 path then feeds the same
-      16-wide bf16 MMAs in the same K order, so a row's result does not depend on how many rows share its
-      GEMM (batch-invariant: data-parallel ranks and recomputation after preemption see other batches).
+      tile is read once and little of the MMA is wasted on empty rows. UE8M0 scales instead take 64-row tiles
+      with bf16 MMAs (700 against 888 GB/s for 16-row FP8 MMAs on the masked MoE GEMM): every UE8M0 path then
+      runs Hopper's warpgroup MMA (Triton uses the older mma.sync below 64 rows, whose sums round differently)
+      on the same bf16 operands in the same K order, so a row's result does not depend on how many rows share
+      its GEMM (batch-invariant: data-parallel ranks and recomputation after preemption see other batches).
     - UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs; 32 of K per step for dense GEMMs, 128 per step
       for the grouped ones.
     - fp32 scales (V3 recipe): 64x128 tiles, one warpgroup, FP8 MMAs promoted every 128 of K; smaller CTAs
@@ -257,7 +258,7 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
     if layout != _CONTIGUOUS and rows_hint <= 64:
         block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
         if ue8m0:
-            return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=True)
+            return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=True)
         return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
