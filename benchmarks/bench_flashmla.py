@@ -146,15 +146,20 @@ def bench_indexer(dev, result: dict) -> None:
     result["fp8_scaled_mm_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9
 
 
-def main() -> None:
-    dev = torch.device("cuda")
-    result = {
+def environment(dev: torch.device) -> dict:
+    """Date, GPU and versions: the head of every result JSON of the attention-side benchmarks."""
+    return {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "gpu": torch.cuda.get_device_name(dev),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
     }
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    result = environment(dev)
     result.update(peers(dev))
     parts = os.environ.get("BENCH_PARTS", "prefill,decode,indexer").split(",")
     for part in (globals()[f"bench_{name}"] for name in parts):

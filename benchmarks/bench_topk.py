@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import time
 
 import torch
-import triton
+from bench_flashmla import environment
 from mini_deepgemm.reference import fp4_fakequant
 
 import mini_flashmla
@@ -77,11 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     dev = torch.device("cuda")
     result = {
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(dev),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **environment(dev),
         "shape": {"s_q": S_Q, "n_keys": N_KEYS, "topk": TOPK, "block": BLOCK, "n_blocks": N_KEYS // BLOCK,
                   "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",

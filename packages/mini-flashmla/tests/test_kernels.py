@@ -11,7 +11,6 @@ Metrics
 - top-k: tie-aware, the multiset of reference scores of the chosen keys is identical.
 """
 
-import os
 
 import pytest
 import torch
@@ -29,16 +28,6 @@ from mini_flashmla.cache_layout import (
 
 pytestmark = pytest.mark.gpu
 SCALE = 512**-0.5
-
-
-@pytest.fixture(scope="module")
-def device():
-    if torch.cuda.is_available():
-        return "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.importorskip("triton")
-        return "cpu"
-    pytest.skip("needs CUDA (or TRITON_INTERPRET=1 with triton installed)")
 
 
 def assert_attn_close(out, lse, ref_out, ref_lse):

@@ -5,7 +5,6 @@ The loop step is shrunk (api.TOPK_BLOCK) so small rows still take several steps 
 runs the prefill's row length with the default step and no host synchronisation.
 """
 
-import os
 
 import pytest
 import torch
@@ -14,16 +13,6 @@ from mini_flashmla import api, reference
 
 pytestmark = pytest.mark.gpu
 NEG_INF = float("-inf")
-
-
-@pytest.fixture(scope="module")
-def device():
-    if torch.cuda.is_available():
-        return "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.importorskip("triton")
-        return "cpu"
-    pytest.skip("needs CUDA (or TRITON_INTERPRET=1 with triton installed)")
 
 
 @pytest.fixture

@@ -79,6 +79,15 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
+def contiguous_tile_group(group_ptr, offs_m, M):
+    """(expert id, rows of the tile that belong to it) of a contiguous-layout row tile. Segments start on multiples
+    of the tile height, so a tile holds one group plus, at its end, padding (-1); an all-padding tile gets -1."""
+    ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
+    group = tl.max(ids, axis=0)
+    return group, ids == group
+
+
+@triton.jit
 def scaled_gemm_nt_kernel(
     a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, c_ptr, group_ptr,
     M, N, K,
@@ -109,12 +118,9 @@ def scaled_gemm_nt_kernel(
     d_base = d_ptr
     c_base = c_ptr
     if LAYOUT == LAYOUT_CONTIGUOUS:
-        # Segments start on multiples of BLOCK_M, so one tile holds one group plus, at its end, padding (-1).
-        ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
-        group = tl.max(ids, axis=0)
+        group, row_ok = contiguous_tile_group(group_ptr, offs_m, M)
         if group < 0:
             return
-        row_ok = ids == group
         b_base = b_ptr + group.to(tl.int64) * stride_b_g
         sb_base = sb_ptr + group.to(tl.int64) * stride_sb_g
     elif LAYOUT == LAYOUT_MASKED:

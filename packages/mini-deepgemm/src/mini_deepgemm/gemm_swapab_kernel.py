@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import LAYOUT_CONTIGUOUS, grouped_tile
+from .gemm_kernel import LAYOUT_CONTIGUOUS, contiguous_tile_group, grouped_tile
 
 
 @triton.jit
@@ -81,11 +81,9 @@ def swapab_gemm_kernel(
     w_base = w_ptr
     sw_base = sw_ptr
     if LAYOUT == LAYOUT_CONTIGUOUS:
-        ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
-        group = tl.max(ids, axis=0)
+        group, row_ok = contiguous_tile_group(group_ptr, offs_m, M)
         if group < 0:
             return
-        row_ok = ids == group
         w_base = w_ptr + group.to(tl.int64) * stride_w_g
         sw_base = sw_ptr + group.to(tl.int64) * stride_sw_g
     else:
