@@ -19,8 +19,9 @@ Every product is exact, so the result equals the reference up to the order of th
 
 FP4 -> bf16 in integer ops, the scale folded into the exponent: for magnitude code c (values 0, .5, 1, 1.5,
 2, 3, 4, 6) and scale 2^(e-127), c >= 2 gives bf16 bits (c << 6) + ((e - 1) << 7) (exponent (c >> 1) + e - 1,
-mantissa bit c & 1); c = 1 (0.5 x 2^(e-127)) gives (e - 1) << 7; c = 0 gives 0. The sign moves from bit 3 to
-bit 15. Valid for 1 <= e <= 252 (the quantizers' scales are far inside).
+mantissa bit c & 1); c = 1 (0.5 x 2^(e-127)) gives (e - 1) << 7, or the subnormal 0x40 when e = 1; c = 0 gives 0.
+The sign moves from bit 3 to bit 15. Exact for 1 <= e <= 252 (test_gemm_swapab.py checks every code at 16 scales;
+the FP4 quantizer's smallest scale is e = 1).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from .gemm_kernel import LAYOUT_CONTIGUOUS, contiguous_tile_group, grouped_tile
 def fp4_to_bf16_scaled(nibble, e_minus_1_shl7):
     """int32 e2m1 codes (0..15) times 2^(e-127), with e_minus_1_shl7 = (e - 1) << 7 -> bf16, exactly."""
     c = nibble & 7
-    mag = tl.where(c >= 2, (c << 6) + e_minus_1_shl7, c * e_minus_1_shl7)
+    # code 1 is 2^(e-128): exponent field e - 1, or for e = 1 the subnormal 0x40 (max(0, 64))
+    mag = tl.where(c >= 2, (c << 6) + e_minus_1_shl7, c * tl.maximum(e_minus_1_shl7, 64))
     bits = mag | ((nibble & 8) << 12)
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
