@@ -19,6 +19,7 @@ from mini_deepgemm.gemm_kernel import LAYOUT_CONTIGUOUS
 from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
 from mini_deepgemm.testing import calc_diff
 
+G_MOE = {"w13": (4608, 5120), "w2": (5120, 2304)}  # MoE GEMMs: (N, K)
 CONFIGS = {  # name: (BLOCK_N weights, BLOCK_M tokens, warps, stages, SUBS)
     "n128m128w4s4": (128, 128, 4, 4, 1), "n128m128w8s4": (128, 128, 8, 4, 1), "n256m128w8s3": (256, 128, 8, 3, 1),
     "n128m256w8s3": (128, 256, 8, 3, 1), "n128m128w8s3x2": (128, 128, 8, 3, 2), "n64m128w4s4": (64, 128, 4, 4, 1),
@@ -193,8 +194,6 @@ def main():
             print(f"| {r['kind']} | {r['name']} | {r['variant']} | {r['tflops']:.0f} | {r['diff_vs_current']:.1e} |")
     json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
 
-
-G_MOE = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
 if __name__ == "__main__":
     main()
