@@ -5,7 +5,7 @@
 set -u
 source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_final_check
 run tests "${TEST_SECS:-130}" python3 -m pytest -q -rs -s -p no:cacheprovider -m "not multigpu" -n "${WORKERS:-8}" $TESTS
-run prefill "${PREFILL_SECS:-100}" python3 benchmarks/bench_prefill.py --steps 2 --bounded-replay "${KEEP:-140,2414}" \
+run prefill "${PREFILL_SECS:-180}" python3 benchmarks/bench_prefill.py --bounded-replay "${KEEP:-140,2414}" \
   --out "$OUT/prefill_h200.json"
 if [ -n "${DECODE_BATCHES:-}" ]; then
   run decode "${DECODE_SECS:-70}" python3 benchmarks/bench_decode.py --preset medium --batches "$DECODE_BATCHES" \

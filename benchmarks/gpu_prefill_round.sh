@@ -8,13 +8,13 @@ source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_prefill_round
 PYTEST="python3 -m pytest -v -s -rs -p no:cacheprovider"
 GPUS=$(nvidia-smi -L | wc -l)
 run tests 120 $PYTEST -m gpu ${TESTS:-runtime/tests/test_moe_grouped.py} --junitxml="$OUT/junit_tests.xml"
-run prefill 240 python3 benchmarks/bench_prefill.py --steps 3 --sweep "${SWEEP:-1024,2048,4096,8192,16384,32768}" \
+run prefill 300 python3 benchmarks/bench_prefill.py --sweep "${SWEEP:-1024,2048,4096,8192,16384,32768}" \
   --out "$OUT/prefill_h200.json"
 if [ "$GPUS" -ge 2 ] && [ -n "${EP_TESTS:-}" ]; then  # after the 1-GPU benchmark, so they do not perturb it
   run ep_tests 150 $PYTEST -m multigpu $EP_TESTS --junitxml="$OUT/junit_ep_tests.xml"
 fi
 if [ "$GPUS" -ge 2 ]; then
-  run prefill_ep2 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_prefill.py --steps 3 \
+  run prefill_ep2 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_prefill.py \
     --no-profile --out "$OUT/prefill_ep2_h200.json"
 fi
 cat "$OUT/env.txt" "$OUT/summary.txt"

@@ -17,7 +17,7 @@ run tests_1gpu 400 $PYTEST packages runtime/tests integration_tests -m "not mult
 wait
 run offline 60 python3 runtime/examples/offline_inference.py
 if [ "${SUITE_BENCH:-1}" = 1 ]; then
-  run prefill 110 python3 benchmarks/bench_prefill.py --warmup 1 --steps 2 --out "$OUT/prefill_h200.json"
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   run sampler 40 python3 benchmarks/mini_deepinfer_sampler.py --out "$OUT/sampler.json"
 fi
 cat "$OUT/env.txt" "$OUT/summary.txt"
