@@ -227,10 +227,12 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     and docs/reports/deepgemm-swapab.md.
 
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs) where it
-    measured faster than gemm_kernel: UE8M0 scales in the contiguous layout (128 weight rows x 128 tokens, one
-    warpgroup: 1.05x (w13) and 1.35x (w2) at 64-128 rows per expert, before its activation pass), and dense with M >= 1024 and N >= 4608 (128 x 256, two
-    warpgroups: 1.18-1.35x); at N <= 4096 (wq_a, wkv, indexer wq_b) it was 0.75-0.95x. gemm_kernel otherwise
-    (`gemm_kernel_config`).
+    measured faster than gemm_kernel:
+    - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; 1.05x (w13) and 1.35x
+      (w2) at 64-128 rows per expert, before its activation pass;
+    - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
+      indexer's wq_b) it was 0.75-0.95x.
+    gemm_kernel otherwise (`gemm_kernel_config`).
     """
     if ue8m0 and layout == _CONTIGUOUS:
         return dict(BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1,
@@ -256,9 +258,9 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
       let two or three of them share an SM and hide each other's promotion.
     """
     if layout != _CONTIGUOUS and rows_hint <= 64:
-        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
         if ue8m0:
             return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=True)
+        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
         return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
@@ -269,7 +271,8 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
 def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor | None,
                    b_fp4: bool, cfg: dict) -> None:
     """gemm_swapab_kernel: the activations dequantized to bf16 once (FP4 weights: K permuted per 64-block), then
-    the transposed-tile GEMM. Needs UE8M0 scales, K % 64 == 0 and no accumulate-into (checked by _launch)."""
+    the transposed-tile GEMM. Needs UE8M0 scales per 32 of K (FP8 weights: 32x32 blocks), K % 64 == 0 and no
+    accumulate-into (checked by _launch)."""
     from .gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
 
     (aq, sa), (bq, sb) = a, b
@@ -310,10 +313,10 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     if cfg.get("SWAP_AB"):
         _require(ue8m0 and layout != _MASKED, "the swap-AB kernel takes UE8M0 scales, dense or contiguous")
         _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
-        if c is None and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
+        if c is None and gran_k == 32 and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
             _launch_swapab(layout, (aq, sa), (bq, sb), d, group_arg, b_fp4, cfg)
             return
-        # accumulate-into, K not a multiple of the step or another B granularity: gemm_kernel's bf16 MMAs
+        # accumulate-into, K not a multiple of the step, or another recipe than V4.1's: gemm_kernel's bf16 MMAs
         cfg = gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
     cfg = {k: v for k, v in cfg.items() if k != "SWAP_AB"}
     if cfg["BF16_MMA"]:  # longest step (up to BLOCK_K) that divides K
