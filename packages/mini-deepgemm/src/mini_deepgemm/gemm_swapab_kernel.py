@@ -95,11 +95,8 @@ def swapab_gemm_kernel(
     j = tl.arange(0, 32)
     x_ptrs = x_ptr + rows[:, None] * stride_x + j[None, :]
     sw_ptrs = sw_base + (cols // SW_GRAN_N) * stride_sw_n
-    if W_IS_FP4:
-        w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]  # 32 bytes = 64 values of K
-        second_group = (j >= 16)[None, :]  # even columns 32..62 of a 64-block use the block's second scale
-    else:
-        w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]
+    w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]  # FP4: 32 bytes = 64 values of K; FP8: 32 values
+    second_group = (j >= 16)[None, :]  # FP4: even columns 32..62 of a 64-block use the block's second scale
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(0, K // (64 * SUBS)):
         for s in tl.static_range(SUBS):
