@@ -1,10 +1,14 @@
 """The selection kernel (topk_kernel.py) against reference.indexer_topk_ref / candidate_block_mask_ref: bit for bit,
-on data with many ties (GPU; also on CPU under TRITON_INTERPRET=1, small shapes).
+on data with many ties (GPU; also on CPU under TRITON_INTERPRET=1, small shapes, which CI runs through the
+subprocess test at the end).
 
 The loop step is shrunk (api.TOPK_BLOCK) so small rows still take several steps per pass, and the GPU-only case
 runs the prefill's row length with the default step and no host synchronisation.
 """
 
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -106,3 +110,15 @@ def test_prefill_shape_exact_without_sync():
         torch.cuda.set_sync_debug_mode("default")
     assert_same(idx, reference.indexer_topk_ref(score, 512))
     assert_same(mask, reference.candidate_block_mask_ref(score, n, 8, 2048))
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="CUDA (or an interpreter run) executes this file's kernel tests directly")
+def test_kernel_tests_run_under_the_triton_interpreter_on_cpu():
+    """CI has no GPU: run this file's selection tests once under TRITON_INTERPRET=1, in a subprocess (the
+    interpreter is chosen when the kernels are defined)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and " failed" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
