@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, moe, ops, resolve_checkpoint
+from mini_deepinfer.models.deepseek_v41.model import engine_weights
 from mini_deepinfer.models.deepseek_v41.moe import contiguous_plan, masked_plan, max_rows
 
 
@@ -78,12 +79,6 @@ def tiny_weights():
     return cfg, w
 
 
-def _stacked(w: dict, device: str) -> dict:
-    out = ops.prepare_weights({k: v.to(device) for k, v in moe.stack_experts(w).items()})
-    moe.expert_views(out)
-    return out
-
-
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -96,7 +91,7 @@ def _bf16_ulp(x: float) -> float:
 @pytest.mark.parametrize("T", [0, 1, 37, 64, 65, 300])
 def test_grouped_moe_equals_the_per_expert_oracle_on_cpu(tiny_weights, T) -> None:
     cfg, w = tiny_weights
-    ws = _stacked(w, "cpu")
+    ws = engine_weights(w, "cpu")
     x = (torch.randn(T, cfg.hidden_size, generator=torch.Generator().manual_seed(T)) * 0.5).to(torch.bfloat16)
     for lid in (0, 3):
         p = f"layers.{lid}.ffn"
@@ -111,7 +106,7 @@ def test_grouped_moe_equals_the_per_expert_oracle_on_cpu(tiny_weights, T) -> Non
 
 def test_expert_views_share_the_stacks(tiny_weights) -> None:
     cfg, w = tiny_weights
-    ws = _stacked(w, "cpu")
+    ws = engine_weights(w, "cpu")
     p = "layers.2.ffn.experts"
     for e in (0, cfg.n_routed_experts - 1):
         for name in ("w1", "w2", "w3"):
@@ -126,7 +121,7 @@ def test_expert_views_share_the_stacks(tiny_weights) -> None:
 @pytest.mark.parametrize("T", [1, 37, 64, 65, 300, 2048])
 def test_grouped_moe_kernels_match_the_oracle_without_host_sync(tiny_weights, T) -> None:
     cfg, w = tiny_weights
-    ws = ops.KernelWeights(_stacked(w, "cuda"))
+    ws = ops.KernelWeights(engine_weights(w, "cuda"))
     x = (torch.randn(T, cfg.hidden_size, generator=torch.Generator().manual_seed(T)) * 0.5).to(torch.bfloat16)
     p = "layers.4.ffn"
     want = ops.moe(x, w, p, cfg)

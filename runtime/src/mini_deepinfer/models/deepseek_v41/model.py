@@ -85,6 +85,19 @@ class SeqSpan:
 INDEXER_QUERY_SLICE = 4096
 
 
+def engine_weights(weights: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The engine model's weight dict on `device`: routed experts stacked per layer for the grouped GEMMs
+    (moe.stack_experts), ops.prepare_weights' derived tensors, and per-expert views of the stacks (moe.expert_views)
+    for code that reads experts one by one.
+
+    The stacking happens on the weights' own device, before the move: from CPU (load_model reads checkpoints there)
+    the target device gets one copy; weights that already sit on it (bench_prefill builds them there) coexist with
+    their stacks until the caller drops them."""
+    w = ops.prepare_weights({k: v.to(device) for k, v in moe.stack_experts(weights).items()})
+    moe.expert_views(w)
+    return w
+
+
 class V41Model(torch.nn.Module):
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
                  token_map: torch.Tensor | None = None, use_kernels: bool | None = None,
@@ -95,12 +108,7 @@ class V41Model(torch.nn.Module):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
-        # routed experts stacked per layer for the grouped GEMMs, on the weights' own device before the move: from
-        # CPU (load_model reads checkpoints there) the target device gets one copy; weights that already sit on it
-        # (bench_prefill builds them there) coexist with their stacks until the caller drops them. Per-expert views
-        # are put back for code that reads experts one by one
-        w = ops.prepare_weights({k: v.to(self.device) for k, v in moe.stack_experts(weights).items()})
-        moe.expert_views(w)
+        w = engine_weights(weights, self.device)
         if use_kernels is None:
             use_kernels = self.device.type == "cuda"
         self.w = ops.KernelWeights(w) if use_kernels else w
