@@ -213,7 +213,7 @@ def hc_collapse_fused(H: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 def hc_expand_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """ops.hc_expand: bf16 [T, 4, D], H'[j] = post[j] * y + sum_i comb[i, j] * H[i] in fp32."""
     T, hc, D = H.shape
-    out = torch.empty_like(H)
+    out = torch.empty(T, hc, D, dtype=H.dtype, device=H.device)  # not empty_like: it keeps a permuted H's strides
     if T:
         grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, POINTWISE_BLOCK_D))
         hc_expand_kernel[grid](y.contiguous(), H.contiguous(), post.float().contiguous(), comb.float().contiguous(),
