@@ -22,7 +22,6 @@ import bisect
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from mini_flashmla import candidate_block_mask_of_scores, indexer_scores, sparse_mla_fwd_paged, topk_of_scores
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
@@ -116,7 +115,7 @@ class V41Model(torch.nn.Module):
         self.freqs = [ops.rope_freqs(config, r).to(self.device) for r in self.roles]
         self.token_map = (token_map if token_map is not None else compressed_token_map(config)).to(self.device)
         self.engram_pad = int(self.token_map[config.engram_pad_token_id])
-        self.engram_mult = [torch.from_numpy(np.asarray(engram_multipliers(config, lid))).to(self.device)
+        self.engram_mult = [torch.from_numpy(engram_multipliers(config, lid)).to(self.device)
                             for lid in config.engram_layer_ids]
         self.decode_publishers, self.decode_carry = _decode_publisher_plan(config)
         self.capture: list[torch.Tensor] | None = None  # set to [] to record each block's collapsed output
