@@ -14,10 +14,10 @@ from tqdm import tqdm
 from mini_deepinfer.engine.block_manager import BLOCK_SIZE
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput, check_request
 from mini_deepinfer.engine.sampling_params import SamplingParams
+from mini_deepinfer.models.deepseek_v41.checkpoint import CONFIG_FILE, TOKENIZER_FILE
 from mini_deepinfer.worker.model_runner import CacheType, check_weights_fit
 
 CPU_DEFAULT_KV_GB = 1.0  # there is no "free device memory" to take a fraction of on CPU
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def load_tokenizer(folder: Path):
@@ -100,7 +100,6 @@ class LLM:
         from mini_deepinfer.models.deepseek_v41 import load_model, resolve_checkpoint
         from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE as V41_BLOCK_SIZE
         from mini_deepinfer.models.deepseek_v41.cache import V41Cache
-        from mini_deepinfer.models.deepseek_v41.checkpoint import CONFIG_FILE
         from mini_deepinfer.models.deepseek_v41.config import V41Config
 
         if V41_BLOCK_SIZE != BLOCK_SIZE:

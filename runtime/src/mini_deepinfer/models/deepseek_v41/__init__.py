@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from mini_deepinfer.models.deepseek_v41.checkpoint import load_checkpoint, resolve_checkpoint
+from mini_deepinfer.models.deepseek_v41.checkpoint import TOKENIZER_FILE, load_checkpoint, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 from mini_deepinfer.models.deepseek_v41.engram import compressed_token_map
 
 
 def load_token_map(folder: Path, config: V41Config) -> torch.Tensor:
     """Engram's compressed token map from the checkpoint's tokenizer.json, else the documented fallback."""
-    tok = folder / "tokenizer.json"
+    tok = folder / TOKENIZER_FILE
     return compressed_token_map(config, tok if tok.exists() else None)
 
 

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
+# Optional: the tokenizer (Engram's compressed token map, text prompts in entrypoints/llm.py).
+TOKENIZER_FILE = "tokenizer.json"
 # Written next to a generated checkpoint; resolve_checkpoint regenerates a cached one whose record differs.
 RANDOM_INIT_FILE = "random_init.json"
 # Bump when the random initialisation changes, so cached tiny checkpoints are regenerated.
