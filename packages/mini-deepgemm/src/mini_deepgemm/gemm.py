@@ -310,9 +310,10 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows_hint = expected_m if layout == _MASKED else rows
     cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
+    # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
+    _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("SWAP_AB"):
         _require(ue8m0 and layout != _MASKED, "the swap-AB kernel takes UE8M0 scales, dense or contiguous")
-        _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
         if c is None and gran_k == 32 and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
             _launch_swapab(layout, (aq, sa), (bq, sb), d, group_arg, b_fp4, cfg)
             return
@@ -323,7 +324,6 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
         cfg = {**cfg, "BLOCK_K": next(bk for bk in (cfg["BLOCK_K"], 64, 32) if K % bk == 0 and bk % gran_k == 0)}
     else:
         cfg = {**cfg, "BLOCK_K": gran_k}
-    _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     tiles = cdiv(rows, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     grid = (tiles, aq.shape[0]) if layout == _MASKED else (tiles,)
     grouped = layout != _DENSE
