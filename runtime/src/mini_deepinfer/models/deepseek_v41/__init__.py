@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -17,9 +18,8 @@ def load_token_map(folder: Path, config: V41Config) -> torch.Tensor:
     return compressed_token_map(config, tok if tok.exists() else None)
 
 
-def _load(model_cls, name_or_path, device, config_overrides: dict | None):
-    import dataclasses
-
+def _load(model_cls: type, name_or_path: str | Path, device: str | torch.device, config_overrides: dict | None):
+    """model_cls(config, weights, device, token_map=...) built from the checkpoint (V41Model or ReferenceV41)."""
     folder = resolve_checkpoint(name_or_path)
     # read into host memory; the model moves each tensor to `device` itself. The engine model stacks the routed
     # experts first, so the device never holds them twice (per expert and stacked)
