@@ -176,12 +176,12 @@ def main(argv: list[str] | None = None) -> dict:
             if mix is not None:
                 ms[f"mixes_fastest_{dot}"] = median_ms(lambda: hcf.hc_mixes_fused(H, fn, scale, base, cfg, mix), device)
         copies = {op: copy_ms(b, device) for op, b in n_bytes.items()}
-        gbs = {name: rate(t, n_bytes[name.split("_")[0]]) for name, t in ms.items()}
+        copy_gbs = {op: rate(copies[op], b) for op, b in n_bytes.items()}
+        op_of = {name: name.split("_")[0] for name in ms}  # "mixes_fastest_ieee" -> "mixes"
+        gbs = {name: rate(t, n_bytes[op_of[name]]) for name, t in ms.items()}
         result["by_tokens"].append({
-            "T": T, "bytes": n_bytes, "ms": ms, "gbs": gbs,
-            "copy_ms": copies, "copy_gbs": {op: rate(copies[op], b) for op, b in n_bytes.items()},
-            "fraction_of_copy": {name: gbs[name] / rate(copies[name.split("_")[0]], n_bytes[name.split("_")[0]])
-                                 for name in ms}})
+            "T": T, "bytes": n_bytes, "ms": ms, "gbs": gbs, "copy_ms": copies, "copy_gbs": copy_gbs,
+            "fraction_of_copy": {name: gbs[name] / copy_gbs[op_of[name]] for name in ms}})
         save()
         del H, fn, y, pre, post, comb
 
