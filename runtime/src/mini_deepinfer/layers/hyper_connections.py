@@ -172,8 +172,9 @@ if triton is not None:
 
 
 def available(H: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: Triton importable, a CUDA tensor, HC streams."""
-    return triton is not None and H.is_cuda and H.dim() == 3 and H.shape[1] == HC
+    """Whether the fused kernels apply: Triton importable, bf16 streams on CUDA, HC of them (what the kernels
+    are written for; anything else takes the torch references)."""
+    return triton is not None and H.is_cuda and H.dtype == torch.bfloat16 and H.dim() == 3 and H.shape[1] == HC
 
 
 def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, cfg: V41Config,
