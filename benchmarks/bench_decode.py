@@ -170,11 +170,9 @@ def profile_eager_steps(engine: LLMEngine, steps: int) -> list[dict]:
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
-        device_us = getattr(e, "self_device_time_total", None)
-        if device_us is None:
-            device_us = e.self_cuda_time_total
-        if device_us > 0:
-            rows.append({"name": e.key[:120], "calls_per_step": e.count / steps, "us_per_step": device_us / steps})
+        if e.self_device_time_total > 0:
+            rows.append({"name": e.key[:120], "calls_per_step": e.count / steps,
+                         "us_per_step": e.self_device_time_total / steps})
     rows.sort(key=lambda r: -r["us_per_step"])
     return rows[:20]
 
@@ -258,7 +256,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for batch in args.batches:
             res["results"].append(bench_engine(model, batch, context, args, device))
             write_json(args.out, res)
-    write_json(args.out, res)
     return res
 
 
