@@ -540,12 +540,13 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
     per_step = torch.tensor(steps_ms)  # [steps, 1 + layers + 1]: outside before, layers, outside after
     mean = per_step.mean(0).tolist()
     outside = mean[0] + mean[-1]
-    flops = {n: sum(layer_flops(cfg, r, args.tokens, cached).values()) for n, r in zip(names, roles)}
+    by_part = [layer_flops(cfg, r, args.tokens, cached) for r in roles]
+    flops = {n: sum(parts.values()) for n, parts in zip(names, by_part)}
     res["layers"] = [{
         "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
-        "ms_per_step": per_step[:, 1 + i].tolist(), "flops": layer_flops(cfg, r, args.tokens, cached),
+        "ms_per_step": per_step[:, 1 + i].tolist(), "flops": parts,
         "tflop": flops[n] / 1e12, "tflops_per_s": flops[n] / mean[1 + i] / 1e9, "count_in_40": counts.get(n, 0),
-    } for i, (n, r) in enumerate(zip(names, roles))]
+    } for i, (n, r, parts) in enumerate(zip(names, roles, by_part))]
     res["outside_layers_ms"] = outside
     step_mean = per_step.sum(1).mean().item()
     res["step_as_run"] = {"ms_mean": step_mean, "ms_per_step": per_step.sum(1).tolist(),
