@@ -13,7 +13,7 @@ import os
 import torch
 import triton
 
-from bench_deepgemm import Recorder, contiguous_operands, dense_operands, ms
+from bench_deepgemm import Recorder, contiguous_operands, dense_operands, ms, rand_fp8, rand_ue8m0
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_kernel import LAYOUT_CONTIGUOUS
 from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
@@ -39,8 +39,7 @@ def dequant(aq, sa, fp4_order: bool, bm: int = 64, bk: int = 128, warps: int = 4
 def dequant_sweep(rec):
     """The activation pass alone: GB/s (1 byte + its scale read, 2 written per element) per tile config."""
     for M, K, perm in ((49152, 5120, True), (49152, 5120, False), (4096, 5120, False)):
-        aq = (torch.randn(M, K, device="cuda") * 4).to(torch.float8_e4m3fn)
-        sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+        aq, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
         for bm, bk, warps in ((32, 128, 4), (64, 128, 4), (16, 256, 4), (32, 256, 8), (8, 512, 4), (64, 64, 4)):
             t = ms(lambda: dequant(aq, sa, perm, bm, bk, warps))
             rec.add(kind="dequant", M=M, K=K, permute=perm, config=f"{bm}x{bk}w{warps}", us=t * 1e3,
@@ -88,16 +87,15 @@ def routed_layout(E, T, topk, align, gen):
     return rows, ids.cuda()
 
 
-def real_moe(rec, E, T, name, N, K, gen):
+def real_moe(rec, E, T, name, N, K):
     """The MoE GEMM at the prefill's real routing: current kernel (align 128) vs swap-AB at align 128/64/32."""
     bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
-    bs = torch.randint(120, 134, (E, N, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+    bs = rand_ue8m0(E, N, K // 32)
     for align in (128, 64, 32):
         rows, layout = routed_layout(E, T, 6, align, torch.Generator().manual_seed(1))
         M = layout.numel()
         flops = 2 * sum(rows) * N * K
-        aq = (torch.randn(M, K, device="cuda") * 4).to(torch.float8_e4m3fn)
-        sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+        aq, sa = rand_fp8(M, K), rand_ue8m0(M, K // 32)
         d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         base = dict(kind="moe_real", name=name, E=E, T=T, align=align, rows=sum(rows), padded_rows=M)
         if align == 128:
@@ -139,7 +137,7 @@ def main():
     if args.real_moe:
         for E, T in ((384, 4096), (192, 8192)):
             for name, (N, K) in G_MOE.items():
-                real_moe(rec, E, T, name, N, K, gen)
+                real_moe(rec, E, T, name, N, K)
         for name, N, K in (("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("wq_b", 32768, 1280), ("wq_a", 1280, 5120),
                            ("wkv", 512, 5120), ("idx_wq_b", 4096, 1280), ("shared_w2", 5120, 2304), ("engram_wkv", 25600, 6144)):
             op = dense_operands(4096, N, K)
