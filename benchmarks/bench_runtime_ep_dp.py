@@ -64,8 +64,9 @@ def main() -> None:
     engram = f"layers.{cfg.engram_layer_ids[0]}.engram"
     rows = []
     with Buffer(None, nvl_bytes) as buffer:
-        ep = ExpertParallelV41Model(cfg, weights, buffer, device, load_token_map(folder, cfg))
-        single = V41Model(cfg, weights, device, load_token_map(folder, cfg))
+        token_map = load_token_map(folder, cfg)
+        ep = ExpertParallelV41Model(cfg, weights, buffer, device, token_map)
+        single = V41Model(cfg, weights, device, token_map)
         for T in token_counts:
             gen = torch.Generator().manual_seed(rank)
             v = torch.randn(T, cfg.hidden_size, generator=gen).to(device, torch.bfloat16)
