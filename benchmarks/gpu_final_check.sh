@@ -14,4 +14,4 @@ fi
 cat "$OUT/summary.txt"
 grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.txt" | tail -15
 grep -E "40-layer|bounded replay|^hc|^moe|^top-k|^projections|^indexer|^sparse" "$OUT/prefill.txt" | tail -14
-[ -f "$OUT/decode.txt" ] && grep -E "ms/step" "$OUT/decode.txt" | tail -8
+if [ -f "$OUT/decode.txt" ]; then grep -E "ms/step" "$OUT/decode.txt" | tail -8; fi  # an `if`: a last `[ ] &&` made the rc 1 without a decode run
