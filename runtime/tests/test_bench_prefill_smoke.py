@@ -30,8 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_prefill.py"
 
 
-
-
 def test_real_model_layer_counts():
     counts, n_engram = bp.real_layer_counts()
     assert dict(counts) == {"window": 2, "r2-full": 3, "r2-reuse": 15, "r1-full": 1, "r1-reindex": 4, "r1-reuse": 15}
