@@ -11,12 +11,10 @@ import json
 import os
 
 import torch
-import triton
 
 from bench_deepgemm import Recorder, contiguous_operands, dense_operands, ms, rand_fp8, rand_ue8m0
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_kernel import LAYOUT_CONTIGUOUS
-from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, swapab_gemm_kernel
 from mini_deepgemm.testing import calc_diff
 
 G_MOE = {"w13": (4608, 5120), "w2": (5120, 2304)}  # MoE GEMMs: (N, K)
@@ -27,13 +25,8 @@ CONFIGS = {  # name: (BLOCK_N weights, BLOCK_M tokens, warps, stages, SUBS)
 }
 
 
-def dequant(aq, sa, fp4_order: bool, bm: int = 64, bk: int = 128, warps: int = 4) -> torch.Tensor:
-    M, K = aq.shape
-    x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
-    dequant_act_kernel[(triton.cdiv(M, bm), triton.cdiv(K, bk))](
-        aq, sa.view(torch.uint8), x, M, K, aq.stride(0), sa.stride(0), x.stride(0),
-        PERMUTE_FP4=fp4_order, BLOCK_M=bm, BLOCK_K=bk, num_warps=warps)
-    return x
+def dequant(aq, sa, fp4_order: bool, bm: int = 8, bk: int = 512, warps: int = 4) -> torch.Tensor:
+    return G._dequant_activations(aq, sa.view(torch.uint8), fp4_order, bm, bk, warps)
 
 
 def dequant_sweep(rec):
@@ -48,16 +41,8 @@ def dequant_sweep(rec):
 
 def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg):
     bn, bm, nw, ns, subs = cfg
-    M, K = x.shape
-    N = bq.shape[-2]
-    grouped = layout == LAYOUT_CONTIGUOUS
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    swapab_gemm_kernel[grid](
-        x, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, group if group is not None else d,
-        M, N, K, x.stride(0), bq.stride(0) if grouped else 0, bq.stride(-2),
-        sb.stride(0) if grouped else 0, sb.stride(-2), d.stride(0),
-        W_IS_FP4=w_fp4, SW_GRAN_N=1 if w_fp4 else 32, LAYOUT=int(layout), SUBS=subs,
-        BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns)
+    G._swapab_gemm(x, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, int(layout), group, w_fp4,
+                   dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs))
 
 
 def run_variants(rec, kind, name, flops, x, bq, sb, layout, group, w_fp4, old_out, M, N, configs):

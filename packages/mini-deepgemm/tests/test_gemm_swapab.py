@@ -1,5 +1,6 @@
 """The swap-AB kernel's two exact conversions, bit for bit against the references: the FP4 -> bf16 conversion with
-the scale folded into the exponent, and the activation pass (FP8 x UE8M0 -> bf16, natural or FP4 K order).
+the scale folded into the exponent, and the activation pass (gemm._dequant_activations: FP8 x UE8M0 -> bf16,
+natural or FP4 K order).
 
 The GEMM itself is tested in test_gemm.py (strategy `swap_ab`, GPU only: the interpreter computes bf16 tl.dot on
 raw bits). These conversions have no dot, so they also run on CPU under TRITON_INTERPRET=1, which CI does through
@@ -19,7 +20,8 @@ from mini_deepgemm.testing import random_bf16
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
 
-from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, fp4_to_bf16_scaled  # noqa: E402
+from mini_deepgemm import gemm  # noqa: E402
+from mini_deepgemm.gemm_swapab_kernel import fp4_to_bf16_scaled  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,10 +61,7 @@ def test_activation_pass_is_exact(M, K, permute):
     if permute:  # each 64-block as [its 32 even columns | its 32 odd columns]
         blocks = want.view(M, K // 64, 32, 2)
         want = torch.cat([blocks[..., 0], blocks[..., 1]], dim=-1).view(M, K)
-    out = torch.empty(M, K, dtype=torch.bfloat16, device=DEVICE)
-    qd, sd = q.to(DEVICE), s.to(DEVICE).view(torch.uint8)
-    dequant_act_kernel[(triton.cdiv(M, 8), triton.cdiv(K, 512))](
-        qd, sd, out, M, K, qd.stride(0), sd.stride(0), out.stride(0), PERMUTE_FP4=permute, BLOCK_M=8, BLOCK_K=512)
+    out = gemm._dequant_activations(q.to(DEVICE), s.to(DEVICE).view(torch.uint8), permute)
     assert torch.equal(out.cpu(), want)
 
 
