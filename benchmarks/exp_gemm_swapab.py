@@ -1,12 +1,13 @@
 """Experiment (session 3): the swap-AB bf16-dequant kernels of gemm_swapab_kernel.py against the current
 UE8M0 kernel and the cuBLAS peers, at the V4.1 prefill shapes. Prints one JSON line per measurement and a table.
 
-Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe]
+Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --dequant-sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 
@@ -39,10 +40,10 @@ def dequant_sweep(rec):
                     gbs=M * K * (3 + 1 / 32) / t / 1e6)
 
 
-def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg):
+def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg, fp4_asm=True):
     bn, bm, nw, ns, subs = cfg
     G._swapab_gemm(x, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, int(layout), group, w_fp4,
-                   dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs))
+                   dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, FP4_ASM=fp4_asm))
 
 
 def run_variants(rec, kind, name, flops, x, bq, sb, layout, group, w_fp4, old_out, M, N, configs):
@@ -72,11 +73,13 @@ def routed_layout(E, T, topk, align, gen):
     return rows, ids.cuda()
 
 
-def real_moe(rec, E, T, name, N, K):
-    """The MoE GEMM at the prefill's real routing: current kernel (align 128) vs swap-AB at align 128/64/32."""
+def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
+             configs=("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4")):
+    """The MoE GEMM at the prefill's real routing: the legacy kernel (align 128) vs swap-AB at each alignment and
+    tile, its FP4 conversion in integer ops (_int) or inline PTX (_ptx)."""
     bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
     bs = rand_ue8m0(E, N, K // 32)
-    for align in (128, 64, 32):
+    for align in aligns:
         rows, layout = routed_layout(E, T, 6, align, torch.Generator().manual_seed(1))
         M = layout.numel()
         flops = 2 * sum(rows) * N * K
@@ -90,18 +93,19 @@ def real_moe(rec, E, T, name, N, K):
             old = d.clone()
         x = dequant(aq, sa, True)
         rec.add(**base, variant="dequant_only", ms=ms(lambda: dequant(aq, sa, True)))
-        for cname in ("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4"):
+        for cname, fp4_asm in itertools.product(configs, (False, True)):
             bn, bm, nw, ns, subs = cfg = CONFIGS[cname]
             if align % bm:
                 continue
+            variant = cname + ("_ptx" if fp4_asm else "_int")
             try:
-                swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg)
+                swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm)
                 valid = layout >= 0
                 diff = calc_diff(d[valid].float(), old[valid].float()) if align == 128 else float("nan")
-                t = ms(lambda: swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg))
-                rec.add(**base, variant=cname, tflops=flops / t / 1e9, ms=t, diff_vs_current=diff)
+                t = ms(lambda: swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm))
+                rec.add(**base, variant=variant, tflops=flops / t / 1e9, ms=t, diff_vs_current=diff)
             except Exception as e:  # noqa: BLE001
-                rec.add(**base, variant=cname, error=repr(e)[:300])
+                rec.add(**base, variant=variant, error=repr(e)[:300])
 
 
 def main():
@@ -109,6 +113,7 @@ def main():
     p.add_argument("--out", default="/tmp/exp_swapab")
     p.add_argument("--dequant-sweep", action="store_true")
     p.add_argument("--real-moe", action="store_true", help="only the MoE GEMMs at real routing, and the API defaults")
+    p.add_argument("--fp4-ptx", action="store_true", help="only the MoE GEMMs, FP4 conversion in PTX vs integer ops")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rec = Recorder(args.out)
@@ -118,6 +123,14 @@ def main():
         dequant_sweep(rec)
         for r in rec.rows:
             print(r["M"], r["K"], r["permute"], r["config"], round(r["us"]), "us", round(r["gbs"]), "GB/s")
+        return
+    if args.fp4_ptx:  # session 4: the FP4 conversion in PTX against integer ops, at 1-GPU / EP2 / EP4 routing
+        for E, T in ((384, 4096), (192, 8192), (96, 16384)):
+            for name, (N, K) in G_MOE.items():
+                real_moe(rec, E, T, name, N, K, aligns=(128,), configs=("n128m128w4s4", "n128m128w8s4", "n64m128w4s4"))
+        for r in rec.rows:
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+        json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
         return
     if args.real_moe:
         for E, T in ((384, 4096), (192, 8192)):

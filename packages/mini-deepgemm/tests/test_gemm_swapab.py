@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
 
 from mini_deepgemm import gemm  # noqa: E402
-from mini_deepgemm.gemm_swapab_kernel import fp4_to_bf16_scaled  # noqa: E402
+from mini_deepgemm.gemm_swapab_kernel import fp4_bytes_to_bf16, fp4_to_bf16_scaled  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,6 +48,35 @@ def test_fp4_to_bf16_scaled_is_exact_for_every_code_and_scale():
     packed = rows[:, 0::2] | (rows[:, 1::2] << 4)  # low nibble = even index
     want = reference.fp4_dequant(packed, e.view(-1, 1).view(torch.float8_e8m0fnu))[:, 0]
     assert torch.equal(out.cpu().float(), want.float()), (out.cpu()[:32], want[:32])
+
+
+@triton.jit
+def fp4_bytes_kernel(byte_ptr, exp_ptr, lo_ptr, hi_ptr, ROWS: tl.constexpr):
+    r = tl.arange(0, ROWS)[:, None]
+    i = r * 256 + tl.arange(0, 256)[None, :]
+    scale = (tl.load(exp_ptr + r).to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+    lo, hi = fp4_bytes_to_bf16(tl.load(byte_ptr + i), scale)
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: CUDA only")
+def test_fp4_bytes_to_bf16_ptx_is_exact_for_every_byte_and_scale():
+    """The FP4_ASM path's conversion: all 256 bytes (both nibbles) at 16 exponents, the subnormal-producing
+    e = 1 and the largest, 254, included, against the reference dequantization."""
+    exps = torch.tensor([1, 2, 30, 60, 100, 120, 125, 126, 127, 128, 129, 134, 150, 200, 252, 254], dtype=torch.uint8)
+    rows = len(exps)
+    byte = torch.arange(256, dtype=torch.uint8).repeat(rows, 1)
+    lo = torch.empty(rows, 256, dtype=torch.bfloat16, device="cuda")
+    hi = torch.empty_like(lo)
+    fp4_bytes_kernel[(1,)](byte.cuda(), exps.cuda(), lo, hi, ROWS=rows)
+    # the reference: each byte as the first of a 16-byte (32-value) row with the row's exponent
+    packed = torch.zeros(rows * 256, 16, dtype=torch.uint8)
+    packed[:, 0] = byte.flatten()
+    want = reference.fp4_dequant(packed, exps.repeat_interleave(256).view(-1, 1).view(torch.float8_e8m0fnu))
+    assert torch.equal(lo.cpu().flatten().float(), want[:, 0].float())
+    assert torch.equal(hi.cpu().flatten().float(), want[:, 1].float())
 
 
 @needs_a_runner

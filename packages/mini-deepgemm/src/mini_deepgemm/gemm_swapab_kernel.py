@@ -21,7 +21,15 @@ FP4 -> bf16 in integer ops, the scale folded into the exponent: for magnitude co
 2, 3, 4, 6) and scale 2^(e-127), c >= 2 gives bf16 bits (c << 6) + ((e - 1) << 7) (exponent (c >> 1) + e - 1,
 mantissa bit c & 1); c = 1 (0.5 x 2^(e-127)) gives (e - 1) << 7, or the subnormal 0x40 when e = 1; c = 0 gives 0.
 The sign moves from bit 3 to bit 15. Exact for 1 <= e <= 252 (test_gemm_swapab.py checks every code at 16 scales;
-the FP4 quantizer's smallest scale is e = 1).
+the FP4 quantizer's smallest scale is e = 1). That is about 12 integer instructions per weight value, one value
+per 32-bit lane, and at 64 tokens per expert (1-GPU prefill routing) they, not the MMAs, set the kernel's time.
+
+FP4_ASM (CUDA only; the interpreter cannot run PTX) converts two values per 32-bit register in inline PTX
+(`fp4_bytes_to_bf16`): a nibble's three magnitude bits placed at bf16 bits 6-8 and its sign at bit 15 read as
+code x 2^-126 (code 1, i.e. 0.5, is the bf16 subnormal 2^-127), so exact bf16x2 multiplies by 2^126 and by the
+scale 2^(e-127) give the dequantized pair. ptxas output for the 128 x 128 contiguous tile: 305 instructions per
+64-wide K step against 722 (docs/reports/deepgemm-fp4-ptx.md). Exact for 1 <= e <= 254 (test_gemm_swapab.py
+checks all 256 bytes at 16 scales).
 """
 
 from __future__ import annotations
@@ -40,6 +48,38 @@ def fp4_to_bf16_scaled(nibble, e_minus_1_shl7):
     mag = tl.where(c >= 2, (c << 6) + e_minus_1_shl7, c * tl.maximum(e_minus_1_shl7, 64))
     bits = mag | ((nibble & 8) << 12)
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+# FP4_ASM: one PTX block per nibble (low or high), over 4 packed bytes ($2) -> their 4 bf16 code values, bytes
+# (0, 1) in $0 and (2, 3) in $1. Kept unary (one operand, one result), the form Triton may move into the MMA's
+# register layout (here it does not: like the integer path, the bf16 weights pass through shared memory once
+# more before the MMA's register load; the PTX only cuts the conversion work). prmt spreads bytes (0, 1) / (2, 3)
+# to the two 16-bit halves of a register; the and-mul-and moves a nibble's magnitude to bits 6-8 and its sign to
+# bit 15 (the mask keeps the multiply's two shifted copies apart, so it adds no carries): that reads as
+# code x 2^-126, and an exact bf16x2 multiply by 2^126 gives the code's value (code 1, i.e. 0.5, passes through
+# the bf16 subnormal 2^-127).
+_FP4_NIBBLE_PTX = """
+{
+.reg .b32 z, two126, b01, b23, u;
+mov.b32 z, 0;
+mov.b32 two126, 0x7E807E80;
+prmt.b32 b01, $2, z, 0x4140;
+prmt.b32 b23, $2, z, 0x4342;
+and.b32 u, b01, MASK; mul.lo.u32 u, u, SHIFTS; and.b32 u, u, 0x81C081C0; mul.rn.bf16x2 $0, u, two126;
+and.b32 u, b23, MASK; mul.lo.u32 u, u, SHIFTS; and.b32 u, u, 0x81C081C0; mul.rn.bf16x2 $1, u, two126;
+}
+"""
+_FP4_LOW_NIBBLE_PTX = tl.constexpr(_FP4_NIBBLE_PTX.replace("MASK", "0x000F000F").replace("SHIFTS", "0x1040"))
+_FP4_HIGH_NIBBLE_PTX = tl.constexpr(_FP4_NIBBLE_PTX.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
+
+
+@triton.jit
+def fp4_bytes_to_bf16(packed, scale):
+    """uint8 bytes of two e2m1 codes (low nibble first), bf16 scales (powers of two, broadcastable) ->
+    (low nibbles, high nibbles) x scale as bf16, exactly. CUDA only (inline PTX, sm_90+)."""
+    lo = tl.inline_asm_elementwise(_FP4_LOW_NIBBLE_PTX, "=r,=r,r", [packed], dtype=tl.bfloat16, is_pure=True, pack=4)
+    hi = tl.inline_asm_elementwise(_FP4_HIGH_NIBBLE_PTX, "=r,=r,r", [packed], dtype=tl.bfloat16, is_pure=True, pack=4)
+    return lo * scale, hi * scale
 
 
 @triton.jit
@@ -69,6 +109,7 @@ def swapab_gemm_kernel(
     M, N, K,
     stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d,
     W_IS_FP4: tl.constexpr,
+    FP4_ASM: tl.constexpr,  # FP4 conversion in inline PTX (fp4_bytes_to_bf16), else fp4_to_bf16_scaled
     SW_GRAN_N: tl.constexpr,  # weight rows per scale: 32 (FP8 32x32 blocks) or 1 (FP4)
     LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS
     SUBS: tl.constexpr,  # 64-wide K blocks per loop step
@@ -100,22 +141,29 @@ def swapab_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(0, K // (64 * SUBS)):
         for s in tl.static_range(SUBS):
-            e0 = tl.load(sw_ptrs + 2 * s).to(tl.int32)
-            e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int32)
-            x0 = tl.load(x_ptrs + 64 * s)
-            x1 = tl.load(x_ptrs + 64 * s + 32)
-            if W_IS_FP4:
-                packed = tl.load(w_ptrs + 32 * s).to(tl.int32)
-                e_shl7 = tl.where(second_group, ((e1 - 1) << 7)[:, None], ((e0 - 1) << 7)[:, None])
-                w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
-                w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
+            if W_IS_FP4 and FP4_ASM:
+                e0 = tl.load(sw_ptrs + 2 * s).to(tl.int16)
+                e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int16)
+                # 2^(e-127) as bf16 bits; bytes 16..31 of the 32 (values 32..63 of the block) use the second scale
+                scale = tl.where(second_group, (e1 << 7)[:, None], (e0 << 7)[:, None]).to(tl.bfloat16, bitcast=True)
+                w0, w1 = fp4_bytes_to_bf16(tl.load(w_ptrs + 32 * s), scale)  # even k, odd k
+                acc = tl.dot(w0, tl.trans(tl.load(x_ptrs + 64 * s)), acc)
+                acc = tl.dot(w1, tl.trans(tl.load(x_ptrs + 64 * s + 32)), acc)
             else:
-                s0 = (e0 << 23).to(tl.float32, bitcast=True)
-                s1 = (e1 << 23).to(tl.float32, bitcast=True)
-                w0 = (tl.load(w_ptrs + 64 * s).to(tl.float32) * s0[:, None]).to(tl.bfloat16)
-                w1 = (tl.load(w_ptrs + 64 * s + 32).to(tl.float32) * s1[:, None]).to(tl.bfloat16)
-            acc = tl.dot(w0, tl.trans(x0), acc)
-            acc = tl.dot(w1, tl.trans(x1), acc)
+                e0 = tl.load(sw_ptrs + 2 * s).to(tl.int32)
+                e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int32)
+                if W_IS_FP4:
+                    packed = tl.load(w_ptrs + 32 * s).to(tl.int32)
+                    e_shl7 = tl.where(second_group, ((e1 - 1) << 7)[:, None], ((e0 - 1) << 7)[:, None])
+                    w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
+                    w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
+                else:
+                    s0 = (e0 << 23).to(tl.float32, bitcast=True)
+                    s1 = (e1 << 23).to(tl.float32, bitcast=True)
+                    w0 = (tl.load(w_ptrs + 64 * s).to(tl.float32) * s0[:, None]).to(tl.bfloat16)
+                    w1 = (tl.load(w_ptrs + 64 * s + 32).to(tl.float32) * s1[:, None]).to(tl.bfloat16)
+                acc = tl.dot(w0, tl.trans(tl.load(x_ptrs + 64 * s)), acc)
+                acc = tl.dot(w1, tl.trans(tl.load(x_ptrs + 64 * s + 32)), acc)
         x_ptrs += 64 * SUBS
         sw_ptrs += 2 * SUBS
         w_ptrs += (32 if W_IS_FP4 else 64) * SUBS
