@@ -1,7 +1,7 @@
 """Experiment (session 3): the swap-AB bf16-dequant kernels of gemm_swapab_kernel.py against the current
 UE8M0 kernel and the cuBLAS peers, at the V4.1 prefill shapes. Prints one JSON line per measurement and a table.
 
-Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --dequant-sweep]
+Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --fp4-tiles | --dequant-sweep]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ CONFIGS = {  # name: (BLOCK_N weights, BLOCK_M tokens, warps, stages, SUBS)
     "n128m128w4s4": (128, 128, 4, 4, 1), "n128m128w8s4": (128, 128, 8, 4, 1), "n256m128w8s3": (256, 128, 8, 3, 1),
     "n128m256w8s3": (128, 256, 8, 3, 1), "n128m128w8s3x2": (128, 128, 8, 3, 2), "n64m128w4s4": (64, 128, 4, 4, 1),
     "n128m64w4s4": (128, 64, 4, 4, 1), "n128m32w4s4": (128, 32, 4, 4, 1), "n64m64w4s4": (64, 64, 4, 4, 1),
+    "n256m64w8s4": (256, 64, 8, 4, 1), "n256m128w8s4": (256, 128, 8, 4, 1), "n128m64w4s6": (128, 64, 4, 6, 1),
 }
 
 
@@ -74,7 +75,7 @@ def routed_layout(E, T, topk, align, gen):
 
 
 def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
-             configs=("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4")):
+             configs=("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4"), conversions=(False, True)):
     """The MoE GEMM at the prefill's real routing: the legacy kernel (align 128) vs swap-AB at each alignment and
     tile, its FP4 conversion in integer ops (_int) or inline PTX (_ptx)."""
     bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
@@ -93,7 +94,7 @@ def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
             old = d.clone()
         x = dequant(aq, sa, True)
         rec.add(**base, variant="dequant_only", ms=ms(lambda: dequant(aq, sa, True)))
-        for cname, fp4_asm in itertools.product(configs, (False, True)):
+        for cname, fp4_asm in itertools.product(configs, conversions):
             bn, bm, nw, ns, subs = cfg = CONFIGS[cname]
             if align % bm:
                 continue
@@ -114,6 +115,7 @@ def main():
     p.add_argument("--dequant-sweep", action="store_true")
     p.add_argument("--real-moe", action="store_true", help="only the MoE GEMMs at real routing, and the API defaults")
     p.add_argument("--fp4-ptx", action="store_true", help="only the MoE GEMMs, FP4 conversion in PTX vs integer ops")
+    p.add_argument("--fp4-tiles", action="store_true", help="only the MoE GEMMs with the PTX conversion, per tile shape")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rec = Recorder(args.out)
@@ -128,6 +130,15 @@ def main():
         for E, T in ((384, 4096), (192, 8192), (96, 16384)):
             for name, (N, K) in G_MOE.items():
                 real_moe(rec, E, T, name, N, K, aligns=(128,), configs=("n128m128w4s4", "n128m128w8s4", "n64m128w4s4"))
+        for r in rec.rows:
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+        json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
+        return
+    if args.fp4_tiles:  # session 4, after the PTX conversion: tiles that read fewer activation bytes per weight
+        for E, T in ((384, 4096), (96, 16384)):
+            for name, (N, K) in G_MOE.items():
+                real_moe(rec, E, T, name, N, K, aligns=(128,), conversions=(True,),
+                         configs=("n128m128w4s4", "n128m64w4s4", "n128m64w4s6", "n256m64w8s4", "n256m128w8s4", "n64m64w4s4"))
         for r in rec.rows:
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
         json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))

@@ -34,9 +34,11 @@ def mma_path(request, monkeypatch, device):
 
     default, legacy = gemm.default_config, gemm.gemm_kernel_config
 
-    def forced(layout, rows_hint, gran_k, ue8m0, n=0):
-        if request.param == "swap_ab" and ue8m0 and layout != gemm._MASKED:
-            return default(layout, max(rows_hint, 4096), gran_k, ue8m0, max(n, 4608))
+    def forced(layout, rows_hint, gran_k, ue8m0, n=0, k=0, groups=1):
+        if request.param == "swap_ab" and ue8m0 and layout == gemm._CONTIGUOUS:  # tiles by rows per group
+            return default(layout, rows_hint, gran_k, ue8m0, n, k, groups)
+        if request.param == "swap_ab" and ue8m0 and layout == gemm._DENSE:
+            return default(layout, max(rows_hint, 4096), gran_k, ue8m0, max(n, 4608), k)
         return {**legacy(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
 
     monkeypatch.setattr(gemm, "default_config", forced)

@@ -80,11 +80,15 @@ def test_fp32_accumulate(device, gen, mma_path):
     assert calc_diff(d, c + product) < 1e-7
 
 
+@pytest.mark.parametrize("few_rows", [False, True], ids=["ragged", "few-rows-per-group"])
 @pytest.mark.parametrize("kind", ["fp4", "v41"])
-def test_contiguous_grouped(device, gen, kind, mma_path):
+def test_contiguous_grouped(device, gen, kind, mma_path, few_rows):
+    """few_rows: <= 128 padded rows per group on average, which swap-AB serves with 64 x 64 tiles at K >= 4096."""
     align = dg.get_m_alignment_for_contiguous_layout()
     if device == "cpu":
-        rows, N, K = [3, 0, 1, 130], 96, 256
+        rows, N, K = ([3, 0, 1, 130] if not few_rows else [1, 64, 0, 3]), 96, 256
+    elif few_rows:
+        rows, N, K = [64, 1, 0, 100, 128, 33, 64, 64], 4608, 5120
     else:
         rows, N, K = [300, 0, 1, 128, 1024, 77, 513, 0, 129], 4608, 5120
     layout = contiguous_layout(rows, align).to(device)

@@ -222,19 +222,26 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
             d[g, :m] = out[g, :m].to(d.dtype)
 
 
-def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0) -> dict:
+def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0, k: int = 0,
+                   groups: int = 1) -> dict:
     """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md
     and docs/reports/deepgemm-swapab.md.
 
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs) where it
     measured faster than gemm_kernel:
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; 1.05x (w13) and 1.35x
-      (w2) at 64-128 rows per expert, before its activation pass;
+      (w2) at 64-128 rows per expert, before its activation pass. At most 128 (padded) rows per group on average
+      and K >= 4096: 64 x 64 tiles (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for the w13 GEMM
+      at 1-GPU routing (64 rows per expert), where all-padding tiles are skipped and a weight tile is converted
+      for the half-height token tile it feeds; at 256 rows per expert they were 1.2x slower (deepgemm-fp4-ptx.md);
     - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
       indexer's wq_b) it was 0.75-0.95x.
     gemm_kernel otherwise (`gemm_kernel_config`).
     """
     if ue8m0 and layout == _CONTIGUOUS:
+        if rows_hint <= 128 * groups and k >= 4096:
+            return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True,
+                        SWAP_AB=True)
         return dict(BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1,
                     BF16_MMA=True, SWAP_AB=True)
     if ue8m0 and layout == _DENSE and rows_hint >= 1024 and n >= 4608:
@@ -326,7 +333,7 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N)
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, K, bq.shape[0] if layout == _CONTIGUOUS else 1)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
