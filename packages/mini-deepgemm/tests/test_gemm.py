@@ -83,7 +83,8 @@ def test_fp32_accumulate(device, gen, mma_path):
 @pytest.mark.parametrize("few_rows", [False, True], ids=["ragged", "few-rows-per-group"])
 @pytest.mark.parametrize("kind", ["fp4", "v41"])
 def test_contiguous_grouped(device, gen, kind, mma_path, few_rows):
-    """few_rows: <= 128 padded rows per group on average, which swap-AB serves with 64 x 64 tiles at K >= 4096."""
+    """few_rows: few rows per group (the estimate of gemm.default_config), which swap-AB serves with 64 x 64 tiles
+    at K >= 4096."""
     align = dg.get_m_alignment_for_contiguous_layout()
     if device == "cpu":
         rows, N, K = ([3, 0, 1, 130] if not few_rows else [1, 64, 0, 3]), 96, 256

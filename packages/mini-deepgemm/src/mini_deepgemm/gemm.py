@@ -230,16 +230,18 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs) where it
     measured faster than gemm_kernel:
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; 1.05x (w13) and 1.35x
-      (w2) at 64-128 rows per expert, before its activation pass. At most 128 (padded) rows per group on average
-      and K >= 4096: 64 x 64 tiles (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for the w13 GEMM
-      at 1-GPU routing (64 rows per expert), where all-padding tiles are skipped and a weight tile is converted
-      for the half-height token tile it feeds; at 256 rows per expert they were 1.2x slower (deepgemm-fp4-ptx.md);
+      (w2) at 64-128 rows per expert, before its activation pass. With K >= 4096 and at most 96 rows per group,
+      64 x 64 tiles instead (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for the w13 GEMM at
+      1-GPU routing (64 rows per expert), where a weight tile is converted for a token tile it fills and
+      all-padding tiles are skipped; at 256 rows per expert they were 1.2x slower (deepgemm-fp4-ptx.md). Rows per
+      group are estimated without a device read as (rows - groups x (alignment - 1)) / groups: exact for the
+      runtime's fixed-size layouts (moe.max_rows), a lower bound for an exactly sized one;
     - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
       indexer's wq_b) it was 0.75-0.95x.
     gemm_kernel otherwise (`gemm_kernel_config`).
     """
     if ue8m0 and layout == _CONTIGUOUS:
-        if rows_hint <= 128 * groups and k >= 4096:
+        if k >= 4096 and rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups:
             return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True,
                         SWAP_AB=True)
         return dict(BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1,
