@@ -8,8 +8,9 @@ for 128 x 128 x 32 MACs.
 
 How (swap A and B): the kernel computes the transposed tile D^T[n, m] = W[n, :] . X[m, :].
 - W (the weights, FP8 e4m3 with a UE8M0 scale per 32x32 block, or packed FP4 e2m1 with one per row per 32 of
-  K) is the MMA's left operand, which Hopper's wgmma may read from registers: each thread dequantizes its own
-  fragment straight after the shared-memory load, with no round trip through shared memory.
+  K) is the MMA's left operand, which Hopper's wgmma may read from registers. The intent was that each thread
+  dequantizes its own fragment after the shared-memory load; triton 3.6 instead converts in a blocked layout and
+  passes the bf16 tile through shared memory once more (seen in the TTGIR, docs/reports/deepgemm-fp4-ptx.md).
 - X (the activations) is the right operand, read by the MMA from shared memory, so it must already be bf16:
   `dequant_act_kernel` turns the FP8 activations and their UE8M0 scales into bf16 once per call (exact:
   q * 2^e of an e4m3 value has 4 significant bits). For FP4 weights it also permutes K inside each 64-wide
