@@ -4,7 +4,7 @@
 #   source .devdeps/env.sh && bash benchmarks/gpu_final_s4.sh
 set -u
 source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_final_s4
-run tests_1gpu 470 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+run tests_1gpu 540 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
   packages runtime/tests integration_tests -m "not multigpu" -n 16 --junitxml="$OUT/junit_1gpu.xml"
 run prefill 100 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
 cat "$OUT/env.txt" "$OUT/summary.txt"
