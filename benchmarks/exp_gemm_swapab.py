@@ -109,6 +109,12 @@ def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
                 rec.add(**base, variant=variant, error=repr(e)[:300])
 
 
+def print_rows_and_dump(rec, out: str) -> None:
+    for r in rec.rows:
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+    json.dump(rec.rows, open(os.path.join(out, "rows.json"), "w"))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="/tmp/exp_swapab")
@@ -126,22 +132,18 @@ def main():
         for r in rec.rows:
             print(r["M"], r["K"], r["permute"], r["config"], round(r["us"]), "us", round(r["gbs"]), "GB/s")
         return
-    if args.fp4_ptx:  # session 4: the FP4 conversion in PTX against integer ops, at 1-GPU / EP2 / EP4 routing
+    if args.fp4_ptx:  # session 4: the FP4 conversion in PTX against integer ops, at 64 / 256 / 1,024 rows per expert
         for E, T in ((384, 4096), (192, 8192), (96, 16384)):
             for name, (N, K) in G_MOE.items():
                 real_moe(rec, E, T, name, N, K, aligns=(128,), configs=("n128m128w4s4", "n128m128w8s4", "n64m128w4s4"))
-        for r in rec.rows:
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
-        json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
+        print_rows_and_dump(rec, args.out)
         return
     if args.fp4_tiles:  # session 4, after the PTX conversion: tiles that read fewer activation bytes per weight
         for E, T in ((384, 4096), (96, 16384)):
             for name, (N, K) in G_MOE.items():
                 real_moe(rec, E, T, name, N, K, aligns=(128,), conversions=(True,),
                          configs=("n128m128w4s4", "n128m64w4s4", "n128m64w4s6", "n256m64w8s4", "n256m128w8s4", "n64m64w4s4"))
-        for r in rec.rows:
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
-        json.dump(rec.rows, open(os.path.join(args.out, "rows.json"), "w"))
+        print_rows_and_dump(rec, args.out)
         return
     if args.real_moe:
         for E, T in ((384, 4096), (192, 8192)):
@@ -155,8 +157,7 @@ def main():
             t_old = ms(lambda: G._gemm(G._DENSE, *op["v41"], op["d"], None, None, None, False, config=legacy))
             rec.add(kind="dense_api", name=name, M=4096, N=N, K=K, tflops=2 * 4096 * N * K / t / 1e9,
                     tflops_current=2 * 4096 * N * K / t_old / 1e9)
-        for r in rec.rows:
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+        print_rows_and_dump(rec, args.out)
         return
     dense = [("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("wq_b", 32768, 1280), ("wq_a", 1280, 5120)]
     M = 4096
