@@ -314,7 +314,8 @@ def _swapab_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.T
     swapab_gemm_kernel[(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)](
         x, bq, sb, d, group_arg if grouped else d, M, N, K,
         x.stride(0), bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
-        d.stride(0), W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True), SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
+        d.stride(0), W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True),
+        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
