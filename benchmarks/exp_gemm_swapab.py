@@ -1,7 +1,7 @@
 """Experiment (session 3): the swap-AB bf16-dequant kernels of gemm_swapab_kernel.py against the current
 UE8M0 kernel and the cuBLAS peers, at the V4.1 prefill shapes. Prints one JSON line per measurement and a table.
 
-Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --fp4-tiles | --dequant-sweep]
+Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --fp4-tiles | --decode | --dequant-sweep]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def dequant_sweep(rec):
 
 def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg, fp4_asm=True):
     bn, bm, nw, ns, subs = cfg
-    G._swapab_gemm(x, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, int(layout), group, w_fp4,
+    G._swapab_gemm(x, None, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, int(layout), group, w_fp4,
                    dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, FP4_ASM=fp4_asm))
 
 
@@ -109,6 +109,87 @@ def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
                 rec.add(**base, variant=variant, error=repr(e)[:300])
 
 
+DECODE_CONFIGS = {  # name: (BLOCK_N weights, BLOCK_M tokens, warps, stages, SUBS)
+    "n128m16s4": (128, 16, 4, 4, 1), "n128m16s6": (128, 16, 4, 6, 1), "n64m16s4": (64, 16, 4, 4, 1),
+    "n64m16s6": (64, 16, 4, 6, 1), "n128m16s3x2": (128, 16, 4, 3, 2), "n256m16w8s4": (256, 16, 8, 4, 1),
+    "n128m32s4": (128, 32, 4, 4, 1), "n64m32s4": (64, 32, 4, 4, 1), "n128m64s4": (128, 64, 4, 4, 1),
+}
+
+
+def decode(rec, copy_gbs):
+    """Session 5: the masked FP8 x FP4 MoE GEMM (decode) and dense FP8 GEMMs of a few rows on swap-AB with the
+    activations dequantized per tile (X_FP8), against gemm_kernel's 64-row bf16 tiles (the previous default) and
+    its 16-row FP8 MMAs. Weight bytes / time against a device copy measured in the same run."""
+    gen = torch.Generator().manual_seed(5)
+    legacy = {"gk64_bf16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=True),
+              "gk16_fp8": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)}
+
+    def timed(base, run, weight_bytes, ref):
+        def one(variant, cfg):
+            try:
+                out = run(cfg).clone()
+                diff = calc_diff(out.float(), ref.float())
+                t = ms(lambda: run(cfg))
+                rec.add(**base, variant=variant, us=t * 1e3, weight_gbs=weight_bytes / t / 1e6,
+                        frac_of_copy=weight_bytes / t / 1e6 / copy_gbs, diff_vs_gk64=diff)
+            except Exception as e:  # noqa: BLE001 - a failing config is a result too
+                rec.add(**base, variant=variant, error=repr(e)[:400])
+        return one
+
+    for E, expected_m in ((384, 1), (384, 4), (96, 8), (96, 32)):
+        max_m = 64 if expected_m <= 4 else 128
+        masked = torch.clamp(torch.poisson(torch.full((E,), float(expected_m)), generator=gen), 0, max_m).int()
+        masked_m = masked.cuda()
+        for name, (N, K) in G_MOE.items():
+            a = (rand_fp8(E, max_m, K), rand_ue8m0(E, max_m, K // 32).view(torch.uint8))
+            bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
+            bs = rand_ue8m0(E, N, K // 32).view(torch.uint8)
+            d = torch.zeros(E, max_m, N, dtype=torch.bfloat16, device="cuda")
+            valid = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+
+            def run(cfg):
+                if cfg.get("SWAP_AB"):
+                    G._launch_swapab(G._MASKED, a, (bq, bs), d, masked_m, True, cfg)
+                else:
+                    G._gemm(G._MASKED, a, (bq, bs), d, None, masked_m, None, True, expected_m=expected_m, config=cfg)
+                return d[valid]  # a view: timing runs do not copy
+
+            ref = run(legacy["gk64_bf16"]).clone()
+            one = timed(dict(kind="masked", name=name, E=E, expected_m=expected_m, rows=int(masked.sum()), N=N, K=K),
+                        run, bq.numel() + bs.numel(), ref)
+            for variant, cfg in legacy.items():
+                one(variant, cfg)
+            for cname, (bn, bm, nw, ns, subs) in DECODE_CONFIGS.items():
+                one(cname, dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
+                                X_FP8=True))
+            one("api_default", G.default_config(G._MASKED, expected_m, 32, True, N, K, fp4=True))
+            del a, bq, bs, d
+            torch.cuda.empty_cache()
+    for M in (1, 16, 64):
+        for name, N, K in (("wq_a", 1280, 5120), ("wq_b", 32768, 1280), ("wkv", 512, 5120), ("wo_b", 5120, 8192),
+                           ("shared_w13", 4608, 5120), ("shared_w2", 5120, 2304)):
+            op = dense_operands(M, N, K)
+            (aq, sa), (bq, sb) = op["v41"]
+            a, b = (aq, sa.view(torch.uint8)), (bq, sb.view(torch.uint8))
+            d = op["d"]
+
+            def run(cfg):
+                if cfg.get("SWAP_AB"):
+                    G._launch_swapab(G._DENSE, a, b, d, None, False, cfg)
+                else:
+                    G._gemm(G._DENSE, (aq, sa), (bq, sb), d, None, None, None, False, config=cfg)
+                return d
+
+            ref = run(legacy["gk64_bf16"]).clone()
+            one = timed(dict(kind="dense", name=name, M=M, N=N, K=K), run, bq.numel() + sb.numel(), ref)
+            for variant, cfg in legacy.items():
+                one(variant, cfg)
+            for cname in ("n128m16s4", "n64m16s4", "n64m16s6", "n128m16s6", "n128m64s4"):
+                bn, bm, nw, ns, subs = DECODE_CONFIGS[cname]
+                one(cname, dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
+                                X_FP8=True))
+
+
 def print_rows_and_dump(rec, out: str) -> None:
     for r in rec.rows:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
@@ -122,11 +203,20 @@ def main():
     p.add_argument("--real-moe", action="store_true", help="only the MoE GEMMs at real routing, and the API defaults")
     p.add_argument("--fp4-ptx", action="store_true", help="only the MoE GEMMs, FP4 conversion in PTX vs integer ops")
     p.add_argument("--fp4-tiles", action="store_true", help="only the MoE GEMMs with the PTX conversion, per tile shape")
+    p.add_argument("--decode", action="store_true", help="masked MoE and few-row dense GEMMs: swap-AB vs gemm_kernel")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rec = Recorder(args.out)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
+    if args.decode:
+        from bench_deepgemm import copy_bandwidth_gbs
+        copy_gbs = copy_bandwidth_gbs()
+        torch.cuda.empty_cache()
+        decode(rec, copy_gbs)
+        rec.meta["copy_gbs"] = copy_gbs
+        print_rows_and_dump(rec, args.out)
+        return
     if args.dequant_sweep:
         dequant_sweep(rec)
         for r in rec.rows:

@@ -26,19 +26,19 @@ def gen() -> torch.Generator:
 @pytest.fixture(params=["fp8_mma", "bf16_mma", "swap_ab"])
 def mma_path(request, monkeypatch, device):
     """Runs a test with each of the kernels' scale strategies forced: gemm_kernel's FP8 MMAs + promotion or
-    bf16-dequant MMAs, or gemm_swapab_kernel (dense and contiguous layouts); the last two apply to UE8M0 scales
-    only."""
+    bf16-dequant MMAs, or gemm_swapab_kernel; the last two apply to UE8M0 scales only."""
     if request.param != "fp8_mma" and device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("triton 3.6's interpreter computes bf16 tl.dot on the raw bits")
     from mini_deepgemm import gemm
 
     default, legacy = gemm.default_config, gemm.gemm_kernel_config
 
-    def forced(layout, rows_hint, gran_k, ue8m0, n=0, k=0, groups=1):
-        if request.param == "swap_ab" and ue8m0 and layout == gemm._CONTIGUOUS:  # tiles by rows per group
-            return default(layout, rows_hint, gran_k, ue8m0, n, k, groups)
-        if request.param == "swap_ab" and ue8m0 and layout == gemm._DENSE:
-            return default(layout, max(rows_hint, 4096), gran_k, ue8m0, max(n, 4608), k)
+    def forced(layout, rows_hint, gran_k, ue8m0, n=0, k=0, groups=1, fp4=False):
+        if request.param == "swap_ab" and ue8m0 and layout != gemm._DENSE:  # tiles by rows per group
+            return default(layout, rows_hint, gran_k, ue8m0, n, k, groups, fp4)
+        if request.param == "swap_ab" and ue8m0:  # few-token tiles at M <= 64, else the large-M tiles
+            return default(layout, rows_hint if rows_hint <= 64 else max(rows_hint, 4096), gran_k, ue8m0,
+                           max(n, 4608), k, fp4=fp4)
         return {**legacy(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
 
     monkeypatch.setattr(gemm, "default_config", forced)

@@ -148,14 +148,12 @@ def test_fp4_weights_as_int8(device, gen):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kind", ["v41", pytest.param("fp4", marks=pytest.mark.xfail(strict=True, reason=(
-    "known, open (issue 7): with FP4 weights gemm_kernel sums K in natural order while gemm_swapab_kernel sums "
-    "each 64-block as [32 even | 32 odd] columns, so dense M < 1024 and M >= 1024 round differently "
-    "(H200, 2026-11-30: dense M=1 differs)")))])
+@pytest.mark.parametrize("kind", ["v41", "fp4"])
 def test_ue8m0_results_do_not_depend_on_the_batch(kind):
     """A row's product is bit-identical whatever the row count and layout that carry it (dense decode tiles,
     dense swap-AB tiles, contiguous and masked grouped layouts): every UE8M0 path feeds the same bf16 MMAs in the
-    same K order (gemm.gemm_kernel_config). Data-parallel ranks and recomputation after preemption depend on it."""
+    same K order (gemm.default_config; FP4 weights always take the swap-AB kernel, whose FP4 K order differs from
+    gemm_kernel's). Data-parallel ranks and recomputation after preemption depend on it."""
     gen = torch.Generator().manual_seed(7)
     N, K = 4608, 5120
     w, bq, bs, *_ = weights(kind, N=N, K=K, device="cuda", gen=gen)

@@ -223,32 +223,41 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
 
 
 def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0, k: int = 0,
-                   groups: int = 1) -> dict:
-    """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md
-    and docs/reports/deepgemm-swapab.md.
+                   groups: int = 1, fp4: bool = False) -> dict:
+    """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md,
+    deepgemm-swapab.md and deepgemm-fp4-ptx.md.
 
-    gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs) where it
-    measured faster than gemm_kernel:
+    gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs):
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; 1.05x (w13) and 1.35x
-      (w2) at 64-128 rows per expert, before its activation pass. With K >= 4096 and at most 96 rows per group,
-      64 x 64 tiles instead (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for the w13 GEMM at
-      1-GPU routing (64 rows per expert), where a weight tile is converted for a token tile it fills and
-      all-padding tiles are skipped; at 256 rows per expert they were 1.2x slower (deepgemm-fp4-ptx.md). Rows per
-      group are estimated without a device read as (rows - groups x (alignment - 1)) / groups: exact for the
-      runtime's fixed-size layouts (moe.max_rows), a lower bound for an exactly sized one;
+      (w2) against gemm_kernel at 64-128 rows per expert, before its activation pass. With K >= 4096 and at most
+      96 rows per group, 64 x 64 tiles instead (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for
+      the w13 GEMM at 1-GPU routing (64 rows per expert), where a weight tile is converted for a token tile it
+      fills and all-padding tiles are skipped; at 256 rows per expert they were 1.2x slower. Rows per group are
+      estimated without a device read as (rows - groups x (alignment - 1)) / groups: exact for the runtime's
+      fixed-size layouts (moe.max_rows), a lower bound for an exactly sized one;
+    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 64 rows): 16/32/64-token tiles
+      against 128 weight rows, the activations dequantized in the tile (X_FP8), no activation pass;
     - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
-      indexer's wq_b) it was 0.75-0.95x.
+      indexer's wq_b) it was 0.75-0.95x;
+    - FP4 weights always (also where gemm_kernel would be as fast): FP4 products are summed per 64-block as
+      [32 even | 32 odd] columns here and in natural order in gemm_kernel, so one kernel for every FP4 shape keeps
+      a row's result independent of the batch that carries it (test_ue8m0_results_do_not_depend_on_the_batch).
     gemm_kernel otherwise (`gemm_kernel_config`).
     """
-    if ue8m0 and layout == _CONTIGUOUS:
+    if not ue8m0:
+        return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
+    swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True)
+    if layout == _CONTIGUOUS:
         if k >= 4096 and rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups:
-            return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True,
-                        SWAP_AB=True)
-        return dict(BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SUBS=1,
-                    BF16_MMA=True, SWAP_AB=True)
-    if ue8m0 and layout == _DENSE and rows_hint >= 1024 and n >= 4608:
-        return dict(BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3,
-                    SUBS=1, BF16_MMA=True, SWAP_AB=True)
+            return dict(swapab, BLOCK_M=64, BLOCK_N=64)
+        return dict(swapab, BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128)
+    if layout == _MASKED or rows_hint <= 64:
+        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
+        return dict(swapab, BLOCK_M=block_m, BLOCK_N=128, X_FP8=True)
+    if rows_hint >= 1024 and n >= 4608:
+        return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3)
+    if fp4:
+        return dict(swapab, BLOCK_M=64 if rows_hint < 1024 else 128, BLOCK_N=128, X_FP8=rows_hint < 1024)
     return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
 
 
@@ -256,11 +265,12 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
     """gemm_kernel's tiles (docs/reports/deepgemm-scaling.md, bench_deepgemm.py --sweep).
 
     - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles, so a weight
-      tile is read once and little of the MMA is wasted on empty rows. UE8M0 scales instead take 64-row tiles
-      with bf16 MMAs (700 against 888 GB/s for 16-row FP8 MMAs on the masked MoE GEMM): every UE8M0 path then
-      runs Hopper's warpgroup MMA (Triton uses the older mma.sync below 64 rows, whose sums round differently)
-      on the same bf16 operands in the same K order, so a row's result does not depend on how many rows share
-      its GEMM (batch-invariant: data-parallel ranks and recomputation after preemption see other batches).
+      tile is read once and little of the MMA is wasted on empty rows. UE8M0 scales (reached here only where
+      swap-AB does not apply: accumulate-into, K % 64 != 0, a recipe other than V4.1's) instead take 64-row
+      tiles with bf16 MMAs: every UE8M0 path then runs Hopper's warpgroup MMA (Triton uses the older mma.sync
+      below 64 rows, whose sums round differently) on the same bf16 operands in the same K order, so a row's
+      result does not depend on how many rows share its GEMM (batch-invariant: data-parallel ranks and
+      recomputation after preemption see other batches).
     - UE8M0 scales (V4.1): 128x128 tiles, bf16-dequant MMAs; 32 of K per step for dense GEMMs, 128 per step
       for the grouped ones.
     - fp32 scales (V3 recipe): 64x128 tiles, one warpgroup, FP8 MMAs promoted every 128 of K; smaller CTAs
@@ -279,11 +289,37 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
 
 def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor | None,
                    b_fp4: bool, cfg: dict) -> None:
-    """gemm_swapab_kernel: the activations dequantized to bf16 once (FP4 weights: K permuted per 64-block), then
-    the transposed-tile GEMM. Needs UE8M0 scales per 32 of K (FP8 weights: 32x32 blocks), K % 64 == 0 and no
-    accumulate-into (checked by _launch)."""
+    """gemm_swapab_kernel on activations dequantized to bf16 by one pass beforehand (FP4 weights: K permuted per
+    64-block) or, with cfg["X_FP8"] (the masked layout always), per tile inside the kernel. Needs UE8M0 scales per
+    32 of K (FP8 weights: 32x32 blocks), K % 64 == 0 and no accumulate-into (checked by _launch)."""
     (aq, sa), (bq, sb) = a, b
-    _swapab_gemm(_dequant_activations(aq, sa, b_fp4), bq, sb, d, layout, group_arg, b_fp4, cfg)
+    if cfg.get("X_FP8", False) or layout == _MASKED:
+        _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
+    else:
+        _swapab_gemm(_dequant_activations(aq, sa, b_fp4), None, bq, sb, d, layout, group_arg, b_fp4, cfg)
+
+
+def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                 layout: int, group_arg: torch.Tensor | None, b_fp4: bool, cfg: dict) -> None:
+    """The gemm_swapab_kernel launch. x: bf16 from _dequant_activations (sx None), or e4m3 with its UE8M0 bytes sx
+    (masked: [G, M, K]); bq uint8 (FP4) or e4m3, sb uint8. FP4 weights on CUDA take the inline-PTX conversion
+    unless cfg["FP4_ASM"] is False (the interpreter cannot run PTX)."""
+    from .gemm_swapab_kernel import swapab_gemm_kernel
+
+    M, K = x.shape[-2:]
+    N = bq.shape[-2]
+    masked, grouped = layout == _MASKED, layout != _DENSE
+    sx_arg = x if sx is None else sx  # unused by the kernel without X_FP8
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    swapab_gemm_kernel[(tiles, x.shape[0]) if masked else (tiles,)](
+        x, sx_arg, bq, sb, d, group_arg if grouped else d, M, N, K,
+        x.stride(0) if masked else 0, x.stride(-2), sx_arg.stride(0) if masked else 0, sx_arg.stride(-2),
+        bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
+        d.stride(0) if masked else 0, d.stride(-2),
+        W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True), X_FP8=sx is not None,
+        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, block_m: int = 8, block_k: int = 512,
@@ -299,25 +335,6 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
         aq, sa, x, M, K, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=fp4_order, BLOCK_M=block_m,
         BLOCK_K=block_k, num_warps=num_warps)
     return x
-
-
-def _swapab_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor, layout: int,
-                 group_arg: torch.Tensor | None, b_fp4: bool, cfg: dict) -> None:
-    """gemm_swapab_kernel on bf16 activations from _dequant_activations; bq uint8 (FP4) or e4m3, sb uint8.
-    FP4 weights on CUDA take the inline-PTX conversion unless cfg["FP4_ASM"] is False (the interpreter cannot run
-    PTX)."""
-    from .gemm_swapab_kernel import swapab_gemm_kernel
-
-    M, K = x.shape
-    N = bq.shape[-2]
-    grouped = layout == _CONTIGUOUS
-    swapab_gemm_kernel[(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)](
-        x, bq, sb, d, group_arg if grouped else d, M, N, K,
-        x.stride(0), bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
-        d.stride(0), W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True),
-        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
@@ -336,12 +353,13 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, K, bq.shape[0] if layout == _CONTIGUOUS else 1)
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, K, bq.shape[0] if layout == _CONTIGUOUS else 1,
+                                   b_fp4)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("SWAP_AB"):
-        _require(ue8m0 and layout != _MASKED, "the swap-AB kernel takes UE8M0 scales, dense or contiguous")
+        _require(ue8m0, "the swap-AB kernel takes UE8M0 scales")
         if c is None and gran_k == 32 and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
             _launch_swapab(layout, (aq, sa), (bq, sb), d, group_arg, b_fp4, cfg)
             return

@@ -16,6 +16,10 @@ How (swap A and B): the kernel computes the transposed tile D^T[n, m] = W[n, :] 
   q * 2^e of an e4m3 value has 4 significant bits). For FP4 weights it also permutes K inside each 64-wide
   block to [32 even columns | 32 odd columns], matching the two nibbles of a weight byte (low = even k), so a
   byte's two values feed two MMAs without interleaving registers.
+- Few tokens per tile (decode: the masked layout, dense GEMMs of a few rows; X_FP8) skip that pass: the kernel
+  dequantizes its [tokens, 64] activation tile itself (for FP4 weights splitting it into even and odd columns in
+  registers). The tile is BLOCK_M / BLOCK_N of the weight tile's size, so this adds little conversion work and
+  saves a launch and an HBM round trip; the MMAs see the same bf16 values in the same K order either way.
 Every product is exact, so the result equals the reference up to the order of the fp32 additions.
 
 FP4 -> bf16 in integer ops, the scale folded into the exponent: for magnitude code c (values 0, .5, 1, 1.5,
@@ -38,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import LAYOUT_CONTIGUOUS, contiguous_tile_group, grouped_tile
+from .gemm_kernel import LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile
 
 
 @triton.jit
@@ -84,6 +88,13 @@ def fp4_bytes_to_bf16(packed, scale):
 
 
 @triton.jit
+def fp8_to_bf16_scaled(q, e):
+    """e4m3 values times 2^(e - 127), e the int32 UE8M0 bytes (broadcastable) -> bf16, exactly: q * 2^(e-127) has
+    at most 4 significant bits."""
+    return (q.to(tl.float32) * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+
+
+@triton.jit
 def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_out,
                        PERMUTE_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, k] = q[m, src(k)] * 2^(s[m, src(k) // 32] - 127) in bf16; src(k) = k, or with PERMUTE_FP4 the
@@ -100,56 +111,91 @@ def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_o
     rows = offs_m.to(tl.int64)[:, None]
     q = tl.load(q_ptr + rows * stride_q + src[None, :], mask=mask, other=0.0)
     e = tl.load(s_ptr + rows * stride_s + (src // 32)[None, :], mask=mask, other=127).to(tl.int32)
-    x = (q.to(tl.float32) * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
-    tl.store(out_ptr + rows * stride_out + offs_k[None, :], x, mask=mask)
+    tl.store(out_ptr + rows * stride_out + offs_k[None, :], fp8_to_bf16_scaled(q, e), mask=mask)
 
 
 @triton.jit
 def swapab_gemm_kernel(
-    x_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
+    x_ptr, sx_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
     M, N, K,
-    stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d,
+    stride_x_g, stride_x, stride_sx_g, stride_sx,
+    stride_w_g, stride_w_n, stride_sw_g, stride_sw_n,
+    stride_d_g, stride_d,
     W_IS_FP4: tl.constexpr,
     FP4_ASM: tl.constexpr,  # FP4 conversion in inline PTX (fp4_bytes_to_bf16), else fp4_to_bf16_scaled
+    X_FP8: tl.constexpr,  # x is e4m3 with UE8M0 scales sx, dequantized per tile here; else bf16 from the pass
     SW_GRAN_N: tl.constexpr,  # weight rows per scale: 32 (FP8 32x32 blocks) or 1 (FP4)
-    LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS
+    LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS, LAYOUT_MASKED
     SUBS: tl.constexpr,  # 64-wide K blocks per loop step
     BLOCK_N: tl.constexpr,  # weight rows per tile (the MMA's M)
     BLOCK_M: tl.constexpr,  # tokens per tile (the MMA's N)
     GROUP_M: tl.constexpr,
 ):
-    """d[m, n] = sum_k x[m, k] * dequant(w)[n, k]; x bf16 [M, K] from dequant_act_kernel."""
+    """d[m, n] = sum_k x[m, k] * dequant(w)[n, k]. x: bf16 [M, K] from dequant_act_kernel (FP4 weights: in its
+    K order), or with X_FP8 the e4m3 activations [M, K] (masked: [G, M, K]) and their UE8M0 bytes [.., K / 32];
+    both give the MMAs the same bf16 operands in the same K order."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_base = x_ptr
+    sx_base = sx_ptr
     w_base = w_ptr
     sw_base = sw_ptr
+    d_base = d_ptr
     if LAYOUT == LAYOUT_CONTIGUOUS:
         group, row_ok = contiguous_tile_group(group_ptr, offs_m, M)
         if group < 0:
             return
         w_base = w_ptr + group.to(tl.int64) * stride_w_g
         sw_base = sw_ptr + group.to(tl.int64) * stride_sw_g
+    elif LAYOUT == LAYOUT_MASKED:
+        group = tl.program_id(1)
+        rows_in_group = tl.load(group_ptr + group)
+        if pid_m * BLOCK_M >= rows_in_group:
+            return
+        row_ok = offs_m < rows_in_group
+        g64 = group.to(tl.int64)
+        x_base = x_ptr + g64 * stride_x_g
+        sx_base = sx_ptr + g64 * stride_sx_g
+        w_base = w_ptr + g64 * stride_w_g
+        sw_base = sw_ptr + g64 * stride_sw_g
+        d_base = d_ptr + g64 * stride_d_g
     else:
         row_ok = offs_m < M
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
     j = tl.arange(0, 32)
-    x_ptrs = x_ptr + rows[:, None] * stride_x + j[None, :]
+    if X_FP8 and W_IS_FP4:  # a whole 64-block of e4m3 bytes, split into even and odd columns in registers
+        x_ptrs = x_base + rows[:, None] * stride_x + tl.arange(0, 64)[None, :]
+    else:
+        x_ptrs = x_base + rows[:, None] * stride_x + j[None, :]
+    sx_ptrs = sx_base + rows * stride_sx
     sw_ptrs = sw_base + (cols // SW_GRAN_N) * stride_sw_n
     w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]  # FP4: 32 bytes = 64 values of K; FP8: 32 values
-    second_group = (j >= 16)[None, :]  # FP4: even columns 32..62 of a 64-block use the block's second scale
+    second_group = (j >= 16)[None, :]  # FP4 order: even (odd) columns 32..62 of a 64-block use its second scale
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(0, K // (64 * SUBS)):
         for s in tl.static_range(SUBS):
+            if X_FP8:
+                ex0 = tl.load(sx_ptrs + 2 * s).to(tl.int32)[:, None]
+                ex1 = tl.load(sx_ptrs + 2 * s + 1).to(tl.int32)[:, None]
+                if W_IS_FP4:
+                    x_even, x_odd = tl.split(tl.reshape(tl.load(x_ptrs + 64 * s), (BLOCK_M, 32, 2)))
+                    ex = tl.where(second_group, ex1, ex0)
+                    x0 = fp8_to_bf16_scaled(x_even, ex)
+                    x1 = fp8_to_bf16_scaled(x_odd, ex)
+                else:
+                    x0 = fp8_to_bf16_scaled(tl.load(x_ptrs + 64 * s), ex0)
+                    x1 = fp8_to_bf16_scaled(tl.load(x_ptrs + 64 * s + 32), ex1)
+            else:
+                x0 = tl.load(x_ptrs + 64 * s)
+                x1 = tl.load(x_ptrs + 64 * s + 32)
             if W_IS_FP4 and FP4_ASM:
                 e0 = tl.load(sw_ptrs + 2 * s).to(tl.int16)
                 e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int16)
                 # 2^(e-127) as bf16 bits; bytes 16..31 of the 32 (values 32..63 of the block) use the second scale
                 scale = tl.where(second_group, (e1 << 7)[:, None], (e0 << 7)[:, None]).to(tl.bfloat16, bitcast=True)
                 w0, w1 = fp4_bytes_to_bf16(tl.load(w_ptrs + 32 * s), scale)  # even k, odd k
-                acc = tl.dot(w0, tl.trans(tl.load(x_ptrs + 64 * s)), acc)
-                acc = tl.dot(w1, tl.trans(tl.load(x_ptrs + 64 * s + 32)), acc)
             else:
                 e0 = tl.load(sw_ptrs + 2 * s).to(tl.int32)
                 e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int32)
@@ -159,14 +205,13 @@ def swapab_gemm_kernel(
                     w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
                     w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
                 else:
-                    s0 = (e0 << 23).to(tl.float32, bitcast=True)
-                    s1 = (e1 << 23).to(tl.float32, bitcast=True)
-                    w0 = (tl.load(w_ptrs + 64 * s).to(tl.float32) * s0[:, None]).to(tl.bfloat16)
-                    w1 = (tl.load(w_ptrs + 64 * s + 32).to(tl.float32) * s1[:, None]).to(tl.bfloat16)
-                acc = tl.dot(w0, tl.trans(tl.load(x_ptrs + 64 * s)), acc)
-                acc = tl.dot(w1, tl.trans(tl.load(x_ptrs + 64 * s + 32)), acc)
+                    w0 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s), e0[:, None])
+                    w1 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s + 32), e1[:, None])
+            acc = tl.dot(w0, tl.trans(x0), acc)
+            acc = tl.dot(w1, tl.trans(x1), acc)
         x_ptrs += 64 * SUBS
+        sx_ptrs += 2 * SUBS
         sw_ptrs += 2 * SUBS
         w_ptrs += (32 if W_IS_FP4 else 64) * SUBS
-    out_ptrs = d_ptr + offs_m.to(tl.int64)[None, :] * stride_d + offs_n[:, None]
+    out_ptrs = d_base + offs_m.to(tl.int64)[None, :] * stride_d + offs_n[:, None]
     tl.store(out_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
