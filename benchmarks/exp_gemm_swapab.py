@@ -1,7 +1,7 @@
 """Experiment (session 3): the swap-AB bf16-dequant kernels of gemm_swapab_kernel.py against the current
 UE8M0 kernel and the cuBLAS peers, at the V4.1 prefill shapes. Prints one JSON line per measurement and a table.
 
-Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --fp4-tiles | --decode | --dequant-sweep]
+Usage (GPU machine): python3 benchmarks/exp_gemm_swapab.py [--out DIR] [--real-moe | --fp4-ptx | --fp4-tiles | --decode | --scale-words | --dequant-sweep]
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def dequant_sweep(rec):
                     gbs=M * K * (3 + 1 / 32) / t / 1e6)
 
 
-def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg, fp4_asm=True):
+def swapab_gemm(x, bq, sb, d, layout, group, w_fp4, cfg, fp4_asm=True, scale_words=True):
     bn, bm, nw, ns, subs = cfg
     G._swapab_gemm(x, None, bq.view(torch.uint8) if w_fp4 else bq, sb.view(torch.uint8), d, int(layout), group, w_fp4,
-                   dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, FP4_ASM=fp4_asm))
+                   dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, FP4_ASM=fp4_asm,
+                        SCALE_WORDS=scale_words))
 
 
 def run_variants(rec, kind, name, flops, x, bq, sb, layout, group, w_fp4, old_out, M, N, configs):
@@ -75,9 +76,11 @@ def routed_layout(E, T, topk, align, gen):
 
 
 def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
-             configs=("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4"), conversions=(False, True)):
+             configs=("n128m128w4s4", "n64m128w4s4", "n128m64w4s4", "n128m32w4s4", "n64m64w4s4"), conversions=(False, True),
+             scale_words=(True,)):
     """The MoE GEMM at the prefill's real routing: the legacy kernel (align 128) vs swap-AB at each alignment and
-    tile, its FP4 conversion in integer ops (_int) or inline PTX (_ptx)."""
+    tile, its FP4 conversion in integer ops (_int) or inline PTX (_ptx), its scales loaded as words or as bytes
+    (_bytes; before session 5)."""
     bq = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
     bs = rand_ue8m0(E, N, K // 32)
     for align in aligns:
@@ -94,16 +97,16 @@ def real_moe(rec, E, T, name, N, K, aligns=(128, 64, 32),
             old = d.clone()
         x = dequant(aq, sa, True)
         rec.add(**base, variant="dequant_only", ms=ms(lambda: dequant(aq, sa, True)))
-        for cname, fp4_asm in itertools.product(configs, conversions):
+        for cname, fp4_asm, words in itertools.product(configs, conversions, scale_words):
             bn, bm, nw, ns, subs = cfg = CONFIGS[cname]
             if align % bm:
                 continue
-            variant = cname + ("_ptx" if fp4_asm else "_int")
+            variant = cname + ("_ptx" if fp4_asm else "_int") + ("" if words else "_bytes")
             try:
-                swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm)
+                swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm, words)
                 valid = layout >= 0
                 diff = calc_diff(d[valid].float(), old[valid].float()) if align == 128 else float("nan")
-                t = ms(lambda: swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm))
+                t = ms(lambda: swapab_gemm(x, bq, bs, d, LAYOUT_CONTIGUOUS, layout, True, cfg, fp4_asm, words))
                 rec.add(**base, variant=variant, tflops=flops / t / 1e9, ms=t, diff_vs_current=diff)
             except Exception as e:  # noqa: BLE001
                 rec.add(**base, variant=variant, error=repr(e)[:300])
@@ -155,17 +158,19 @@ def decode(rec, copy_gbs):
                 return d[valid]  # a view: timing runs do not copy
 
             ref = run(legacy["gk64_bf16"]).clone()
-            one = timed(dict(kind="masked", name=name, E=E, expected_m=expected_m, rows=int(masked.sum()), N=N, K=K),
-                        run, bq.numel() + bs.numel(), ref)
+            active = int((masked > 0).sum())  # experts with no rows are skipped: their weights are not read
+            one = timed(dict(kind="masked", name=name, E=E, active=active, expected_m=expected_m, rows=int(masked.sum()),
+                             N=N, K=K), run, (bq.numel() + bs.numel()) * active // E, ref)
             for variant, cfg in legacy.items():
                 one(variant, cfg)
-            for cname, (bn, bm, nw, ns, subs) in DECODE_CONFIGS.items():
-                one(cname, dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
-                                X_FP8=True))
+            for (cname, (bn, bm, nw, ns, subs)), words in itertools.product(DECODE_CONFIGS.items(), (True, False)):
+                one(cname + ("" if words else "_bytes"),
+                    dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
+                         X_FP8=True, SCALE_WORDS=words))
             one("api_default", G.default_config(G._MASKED, expected_m, 32, True, N, K, fp4=True))
             del a, bq, bs, d
             torch.cuda.empty_cache()
-    for M in (1, 16, 64):
+    for M in (1, 16, 32, 64):
         for name, N, K in (("wq_a", 1280, 5120), ("wq_b", 32768, 1280), ("wkv", 512, 5120), ("wo_b", 5120, 8192),
                            ("shared_w13", 4608, 5120), ("shared_w2", 5120, 2304)):
             op = dense_operands(M, N, K)
@@ -184,10 +189,12 @@ def decode(rec, copy_gbs):
             one = timed(dict(kind="dense", name=name, M=M, N=N, K=K), run, bq.numel() + sb.numel(), ref)
             for variant, cfg in legacy.items():
                 one(variant, cfg)
-            for cname in ("n128m16s4", "n64m16s4", "n64m16s6", "n128m16s6", "n128m64s4"):
+            for cname, words in itertools.product(("n128m16s4", "n64m16s4", "n64m16s6", "n128m32s4", "n128m64s4"),
+                                                  (True, False)):
                 bn, bm, nw, ns, subs = DECODE_CONFIGS[cname]
-                one(cname, dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
-                                X_FP8=True))
+                one(cname + ("" if words else "_bytes"),
+                    dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
+                         X_FP8=True, SCALE_WORDS=words))
 
 
 def print_rows_and_dump(rec, out: str) -> None:
@@ -204,17 +211,34 @@ def main():
     p.add_argument("--fp4-ptx", action="store_true", help="only the MoE GEMMs, FP4 conversion in PTX vs integer ops")
     p.add_argument("--fp4-tiles", action="store_true", help="only the MoE GEMMs with the PTX conversion, per tile shape")
     p.add_argument("--decode", action="store_true", help="masked MoE and few-row dense GEMMs: swap-AB vs gemm_kernel")
+    p.add_argument("--scale-words", action="store_true", help="prefill GEMMs, swap-AB scales as words vs bytes")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rec = Recorder(args.out)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
+    if args.scale_words:  # session 5: the swap-AB scales as 32-bit words (pipelined) against bytes, prefill shapes
+        for E, T in ((384, 4096), (96, 16384)):
+            for name, (N, K) in G_MOE.items():
+                real_moe(rec, E, T, name, N, K, aligns=(128,), conversions=(True,), scale_words=(True, False),
+                         configs=("n128m128w4s4", "n64m64w4s4", "n128m64w4s4"))
+        for name, N, K in (("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("engram_wkv", 25600, 6144)):
+            op = dense_operands(4096, N, K)
+            (aq, sa), (bq, sb) = op["v41"]
+            x = dequant(aq, sa, False)
+            flops = 2 * 4096 * N * K
+            for words in (True, False):
+                cfg = (128, 256, 8, 3, 1)
+                t = ms(lambda: swapab_gemm(x, bq, sb, op["d"], 0, None, False, cfg, True, words))
+                rec.add(kind="dense", name=name, M=4096, variant="n128m256w8s3" + ("" if words else "_bytes"),
+                        tflops=flops / t / 1e9, ms=t)
+        print_rows_and_dump(rec, args.out)
+        return
     if args.decode:
         from bench_deepgemm import copy_bandwidth_gbs
-        copy_gbs = copy_bandwidth_gbs()
+        copy_gbs = rec.meta["copy_gbs"] = copy_bandwidth_gbs()
         torch.cuda.empty_cache()
         decode(rec, copy_gbs)
-        rec.meta["copy_gbs"] = copy_gbs
         print_rows_and_dump(rec, args.out)
         return
     if args.dequant_sweep:

@@ -8,13 +8,7 @@ source "$(dirname "$0")/gpu_session.sh" /tmp/gpu_exp_decode
 run tests 240 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests/test_gemm_swapab.py \
   packages/mini-deepgemm/tests/test_gemm.py runtime/tests/test_moe_grouped.py runtime/tests/test_cuda_decode.py
 run decode 300 python3 benchmarks/exp_gemm_swapab.py --decode --out "$OUT/exp"
+run words 200 python3 benchmarks/exp_gemm_swapab.py --scale-words --out "$OUT/words"
 cat "$OUT/env.txt" "$OUT/summary.txt"
 grep -E "FAILED|ERROR|passed|failed|XPASS" "$OUT/tests.txt" | tail -20
-python3 - "$OUT/exp/results.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print("copy GB/s", d["meta"].get("copy_gbs"))
-for r in d["rows"]:
-    key = f"{r['kind']} {r['name']} " + (f"E{r['E']} em{r['expected_m']}" if r["kind"] == "masked" else f"M{r['M']}")
-    print(key, r["variant"], r.get("error", "")[:150] or f"{r['us']:.1f} us {r['weight_gbs']:.0f} GB/s {r['frac_of_copy']:.2f} diff {r['diff_vs_gk64']:.1e}")
-PY
+grep -c error "$OUT/exp/results.json" "$OUT/words/results.json"

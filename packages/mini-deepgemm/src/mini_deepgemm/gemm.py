@@ -235,8 +235,10 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
       fills and all-padding tiles are skipped; at 256 rows per expert they were 1.2x slower. Rows per group are
       estimated without a device read as (rows - groups x (alignment - 1)) / groups: exact for the runtime's
       fixed-size layouts (moe.max_rows), a lower bound for an exactly sized one;
-    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 64 rows): 16/32/64-token tiles
-      against 128 weight rows, the activations dequantized in the tile (X_FP8), no activation pass;
+    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 16 rows, FP4 at most 64): the
+      activations dequantized in the tile (X_FP8), no activation pass; 16 tokens x 64 weight rows up to 16 rows,
+      else 32 or 64 x 128. Masked FP4 at 1-8 rows per expert: 1.4-2.2x gemm_kernel's 64-row tiles; dense FP8 at
+      M <= 16: up to 3x; at M = 64 gemm_kernel's 64-row tiles were faster (deepgemm-masked-swapab.md);
     - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
       indexer's wq_b) it was 0.75-0.95x;
     - FP4 weights always (also where gemm_kernel would be as fast): FP4 products are summed per 64-block as
@@ -251,9 +253,10 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
         if k >= 4096 and rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups:
             return dict(swapab, BLOCK_M=64, BLOCK_N=64)
         return dict(swapab, BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128)
-    if layout == _MASKED or rows_hint <= 64:
-        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
-        return dict(swapab, BLOCK_M=block_m, BLOCK_N=128, X_FP8=True)
+    if layout == _MASKED or rows_hint <= 16 or (fp4 and rows_hint <= 64):
+        if rows_hint <= 16:
+            return dict(swapab, BLOCK_M=16, BLOCK_N=64, X_FP8=True)
+        return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True)
     if rows_hint >= 1024 and n >= 4608:
         return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3)
     if fp4:
@@ -266,7 +269,7 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
 
     - Few rows (decode; masked groups hinted by expected_m, dense M <= 64): 16/32/64-row tiles, so a weight
       tile is read once and little of the MMA is wasted on empty rows. UE8M0 scales (reached here only where
-      swap-AB does not apply: accumulate-into, K % 64 != 0, a recipe other than V4.1's) instead take 64-row
+      swap-AB does not apply: accumulate-into, K % 128 != 0, a recipe other than V4.1's) instead take 64-row
       tiles with bf16 MMAs: every UE8M0 path then runs Hopper's warpgroup MMA (Triton uses the older mma.sync
       below 64 rows, whose sums round differently) on the same bf16 operands in the same K order, so a row's
       result does not depend on how many rows share its GEMM (batch-invariant: data-parallel ranks and
@@ -291,7 +294,8 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
                    b_fp4: bool, cfg: dict) -> None:
     """gemm_swapab_kernel on activations dequantized to bf16 by one pass beforehand (FP4 weights: K permuted per
     64-block) or, with cfg["X_FP8"] (the masked layout always), per tile inside the kernel. Needs UE8M0 scales per
-    32 of K (FP8 weights: 32x32 blocks), K % 64 == 0 and no accumulate-into (checked by _launch)."""
+    32 of K (FP8 weights: 32x32 blocks), K % 128 == 0 (the kernel loads 4 scales per word) and no accumulate-into
+    (checked by _launch)."""
     (aq, sa), (bq, sb) = a, b
     if cfg.get("X_FP8", False) or layout == _MASKED:
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
@@ -317,7 +321,7 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
         bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
         d.stride(0) if masked else 0, d.stride(-2),
         W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True), X_FP8=sx is not None,
-        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SUBS=cfg["SUBS"],
+        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SCALE_WORDS=cfg.get("SCALE_WORDS", True), SUBS=cfg["SUBS"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -360,7 +364,7 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("SWAP_AB"):
         _require(ue8m0, "the swap-AB kernel takes UE8M0 scales")
-        if c is None and gran_k == 32 and K % (64 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
+        if c is None and gran_k == 32 and K % (128 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
             _launch_swapab(layout, (aq, sa), (bq, sb), d, group_arg, b_fp4, cfg)
             return
         # accumulate-into, K not a multiple of the step, or another recipe than V4.1's: gemm_kernel's bf16 MMAs

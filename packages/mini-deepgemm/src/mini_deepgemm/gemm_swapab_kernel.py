@@ -115,6 +115,19 @@ def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_o
 
 
 @triton.jit
+def block_scales(row_ptrs, block, WORDS: tl.constexpr):
+    """The two UE8M0 scales (int32, one per 32 of K) of 64-block `block` of each row: row_ptrs point at the rows'
+    first scale byte, or with WORDS at it as an int32 word (rows must then hold a multiple of 4 scales: K % 128 == 0).
+    Why words: Triton 3.6 pipelines (cp.async, issued num_stages steps ahead) only loads of >= 4 bytes per thread;
+    a byte load is waited for in the step that needs it, which made decode tiles latency-bound."""
+    if WORDS:
+        word = tl.load(row_ptrs + block // 2)
+        shift = (block % 2) * 16
+        return (word >> shift) & 0xFF, (word >> (shift + 8)) & 0xFF
+    return tl.load(row_ptrs + 2 * block).to(tl.int32), tl.load(row_ptrs + 2 * block + 1).to(tl.int32)
+
+
+@triton.jit
 def swapab_gemm_kernel(
     x_ptr, sx_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
     M, N, K,
@@ -126,6 +139,7 @@ def swapab_gemm_kernel(
     X_FP8: tl.constexpr,  # x is e4m3 with UE8M0 scales sx, dequantized per tile here; else bf16 from the pass
     SW_GRAN_N: tl.constexpr,  # weight rows per scale: 32 (FP8 32x32 blocks) or 1 (FP4)
     LAYOUT: tl.constexpr,  # 0 dense, LAYOUT_CONTIGUOUS, LAYOUT_MASKED
+    SCALE_WORDS: tl.constexpr,  # scales loaded as 32-bit words (block_scales)
     SUBS: tl.constexpr,  # 64-wide K blocks per loop step
     BLOCK_N: tl.constexpr,  # weight rows per tile (the MMA's M)
     BLOCK_M: tl.constexpr,  # tokens per tile (the MMA's N)
@@ -169,16 +183,20 @@ def swapab_gemm_kernel(
         x_ptrs = x_base + rows[:, None] * stride_x + tl.arange(0, 64)[None, :]
     else:
         x_ptrs = x_base + rows[:, None] * stride_x + j[None, :]
-    sx_ptrs = sx_base + rows * stride_sx
-    sw_ptrs = sw_base + (cols // SW_GRAN_N) * stride_sw_n
+    sx_rows = sx_base + rows * stride_sx
+    sw_rows = sw_base + (cols // SW_GRAN_N) * stride_sw_n
+    if SCALE_WORDS:  # 4 UE8M0 bytes (two 64-blocks) per 32-bit load, so the pipeliner makes it an async copy
+        sx_rows = sx_rows.to(tl.pointer_type(tl.int32))
+        sw_rows = sw_rows.to(tl.pointer_type(tl.int32))
     w_ptrs = w_base + cols[:, None] * stride_w_n + j[None, :]  # FP4: 32 bytes = 64 values of K; FP8: 32 values
     second_group = (j >= 16)[None, :]  # FP4 order: even (odd) columns 32..62 of a 64-block use its second scale
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(0, K // (64 * SUBS)):
+    for i in range(0, K // (64 * SUBS)):
         for s in tl.static_range(SUBS):
             if X_FP8:
-                ex0 = tl.load(sx_ptrs + 2 * s).to(tl.int32)[:, None]
-                ex1 = tl.load(sx_ptrs + 2 * s + 1).to(tl.int32)[:, None]
+                ex0, ex1 = block_scales(sx_rows, i * SUBS + s, SCALE_WORDS)
+                ex0 = ex0[:, None]
+                ex1 = ex1[:, None]
                 if W_IS_FP4:
                     x_even, x_odd = tl.split(tl.reshape(tl.load(x_ptrs + 64 * s), (BLOCK_M, 32, 2)))
                     ex = tl.where(second_group, ex1, ex0)
@@ -190,28 +208,22 @@ def swapab_gemm_kernel(
             else:
                 x0 = tl.load(x_ptrs + 64 * s)
                 x1 = tl.load(x_ptrs + 64 * s + 32)
+            e0, e1 = block_scales(sw_rows, i * SUBS + s, SCALE_WORDS)
             if W_IS_FP4 and FP4_ASM:
-                e0 = tl.load(sw_ptrs + 2 * s).to(tl.int16)
-                e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int16)
                 # 2^(e-127) as bf16 bits; bytes 16..31 of the 32 (values 32..63 of the block) use the second scale
-                scale = tl.where(second_group, (e1 << 7)[:, None], (e0 << 7)[:, None]).to(tl.bfloat16, bitcast=True)
-                w0, w1 = fp4_bytes_to_bf16(tl.load(w_ptrs + 32 * s), scale)  # even k, odd k
+                scale = tl.where(second_group, (e1 << 7)[:, None], (e0 << 7)[:, None]).to(tl.int16)
+                w0, w1 = fp4_bytes_to_bf16(tl.load(w_ptrs + 32 * s), scale.to(tl.bfloat16, bitcast=True))
+            elif W_IS_FP4:
+                packed = tl.load(w_ptrs + 32 * s).to(tl.int32)
+                e_shl7 = tl.where(second_group, ((e1 - 1) << 7)[:, None], ((e0 - 1) << 7)[:, None])
+                w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
+                w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
             else:
-                e0 = tl.load(sw_ptrs + 2 * s).to(tl.int32)
-                e1 = tl.load(sw_ptrs + 2 * s + 1).to(tl.int32)
-                if W_IS_FP4:
-                    packed = tl.load(w_ptrs + 32 * s).to(tl.int32)
-                    e_shl7 = tl.where(second_group, ((e1 - 1) << 7)[:, None], ((e0 - 1) << 7)[:, None])
-                    w0 = fp4_to_bf16_scaled(packed & 15, e_shl7)  # even k
-                    w1 = fp4_to_bf16_scaled(packed >> 4, e_shl7)  # odd k
-                else:
-                    w0 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s), e0[:, None])
-                    w1 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s + 32), e1[:, None])
+                w0 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s), e0[:, None])
+                w1 = fp8_to_bf16_scaled(tl.load(w_ptrs + 64 * s + 32), e1[:, None])
             acc = tl.dot(w0, tl.trans(x0), acc)
             acc = tl.dot(w1, tl.trans(x1), acc)
         x_ptrs += 64 * SUBS
-        sx_ptrs += 2 * SUBS
-        sw_ptrs += 2 * SUBS
         w_ptrs += (32 if W_IS_FP4 else 64) * SUBS
     out_ptrs = d_base + offs_m.to(tl.int64)[None, :] * stride_d + offs_n[:, None]
     tl.store(out_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
