@@ -425,8 +425,9 @@ def main():
         print(table)
         return
     best = sweep(rec) if args.sweep else {}
-    configs = {"v41": best.get("v41") or G.default_config(G._DENSE, 4096, 32, True),
-               "v3": best.get("v3") or G.default_config(G._DENSE, 4096, 128, False)}
+    # None: the API's own choice per shape (gemm.default_config). Until session 5 this passed the config of an
+    # N-less 4096-row call, i.e. gemm_kernel's tiles for every V4.1 shape, so the table missed the swap-AB kernel.
+    configs = {"v41": best.get("v41"), "v3": best.get("v3")}
     rec.meta["configs"] = {**configs, **{k: v for k, v in best.items() if k not in configs}}
     gen = torch.Generator().manual_seed(0)
     for M in args.m:

@@ -167,7 +167,7 @@ def decode(rec, copy_gbs):
                 one(cname + ("" if words else "_bytes"),
                     dict(BLOCK_N=bn, BLOCK_M=bm, GROUP_M=8, num_warps=nw, num_stages=ns, SUBS=subs, SWAP_AB=True,
                          X_FP8=True, SCALE_WORDS=words))
-            one("api_default", G.default_config(G._MASKED, expected_m, 32, True, N, K, fp4=True))
+            one("api_default", G.default_config(G._MASKED, expected_m, 32, True, N, fp4=True))
             del a, bq, bs, d
             torch.cuda.empty_cache()
     for M in (1, 16, 32, 64):

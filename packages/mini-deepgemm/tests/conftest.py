@@ -33,12 +33,12 @@ def mma_path(request, monkeypatch, device):
 
     default, legacy = gemm.default_config, gemm.gemm_kernel_config
 
-    def forced(layout, rows_hint, gran_k, ue8m0, n=0, k=0, groups=1, fp4=False):
+    def forced(layout, rows_hint, gran_k, ue8m0, n=0, groups=1, fp4=False):
         if request.param == "swap_ab" and ue8m0 and layout != gemm._DENSE:  # tiles by rows per group
-            return default(layout, rows_hint, gran_k, ue8m0, n, k, groups, fp4)
-        if request.param == "swap_ab" and ue8m0:  # few-token tiles at M <= 64, else the large-M tiles
-            return default(layout, rows_hint if rows_hint <= 64 else max(rows_hint, 4096), gran_k, ue8m0,
-                           max(n, 4608), k, fp4=fp4)
+            return default(layout, rows_hint, gran_k, ue8m0, n, groups, fp4)
+        if request.param == "swap_ab" and ue8m0:  # few-token tiles at M <= 32, else the large-M tiles
+            return default(layout, rows_hint if rows_hint <= 32 else max(rows_hint, 4096), gran_k, ue8m0,
+                           max(n, 4608), fp4=fp4)
         return {**legacy(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
 
     monkeypatch.setattr(gemm, "default_config", forced)

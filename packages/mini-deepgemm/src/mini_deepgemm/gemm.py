@@ -222,43 +222,45 @@ def _reference(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: to
             d[g, :m] = out[g, :m].to(d.dtype)
 
 
-def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0, k: int = 0,
-                   groups: int = 1, fp4: bool = False) -> dict:
+def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int = 0, groups: int = 1,
+                   fp4: bool = False) -> dict:
     """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md,
-    deepgemm-swapab.md and deepgemm-fp4-ptx.md.
+    deepgemm-swapab.md, deepgemm-fp4-ptx.md and deepgemm-masked-swapab.md.
 
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs):
-    - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; 1.05x (w13) and 1.35x
-      (w2) against gemm_kernel at 64-128 rows per expert, before its activation pass. With K >= 4096 and at most
-      96 rows per group, 64 x 64 tiles instead (measured with FP4 weights, PTX conversion): 6.8 against 8.4 ms for
-      the w13 GEMM at 1-GPU routing (64 rows per expert), where a weight tile is converted for a token tile it
-      fills and all-padding tiles are skipped; at 256 rows per expert they were 1.2x slower. Rows per group are
-      estimated without a device read as (rows - groups x (alignment - 1)) / groups: exact for the runtime's
-      fixed-size layouts (moe.max_rows), a lower bound for an exactly sized one;
-    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 16 rows, FP4 at most 64): the
-      activations dequantized in the tile (X_FP8), no activation pass; 16 tokens x 64 weight rows up to 16 rows,
-      else 32 or 64 x 128. Masked FP4 at 1-8 rows per expert: 1.4-2.2x gemm_kernel's 64-row tiles; dense FP8 at
-      M <= 16: up to 3x; at M = 64 gemm_kernel's 64-row tiles were faster (deepgemm-masked-swapab.md);
+    - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; with at most 96 rows
+      per group, 128 x 64 (a weight tile is converted for a token tile it fills, all-padding tiles are skipped):
+      5.4 against 6.1 (128 x 128) and 6.7 ms (64 x 64) for the FP4 w13 GEMM at 1-GPU routing (64 rows per
+      expert); at 1,024 rows per expert 128 x 128 is 1.35x faster than 128 x 64. Rows per group are estimated
+      without a device read as (rows - groups x (alignment - 1)) / groups: exact for the runtime's fixed-size
+      layouts (moe.max_rows), a lower bound for an exactly sized one;
+    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 32 rows, FP4 at most 64): the
+      activations dequantized in the tile (X_FP8), no activation pass; 16 tokens per tile up to 16 rows (against
+      64 weight rows when dense, for more programs on narrow N; 128 when masked), else 32 or 64 x 128. Masked FP4
+      at 1-8 rows per expert: 2.0-2.3x gemm_kernel's 64-row tiles; dense FP8 at M <= 32 up to 2x; at M = 64
+      gemm_kernel's 64-row tiles are as fast or faster;
     - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
       indexer's wq_b) it was 0.75-0.95x;
     - FP4 weights always (also where gemm_kernel would be as fast): FP4 products are summed per 64-block as
       [32 even | 32 odd] columns here and in natural order in gemm_kernel, so one kernel for every FP4 shape keeps
       a row's result independent of the batch that carries it (test_ue8m0_results_do_not_depend_on_the_batch).
+    SCALE_WORDS (the scales as 32-bit words, which Triton pipelines): 1.1-1.4x on every FP4 and few-token tile;
+    the 128 x 256 FP8 tile ran 0.88x with it (0.56 against 0.50 ms for shared_w13), so it keeps byte loads.
     gemm_kernel otherwise (`gemm_kernel_config`).
     """
     if not ue8m0:
         return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
-    swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True)
+    swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True, SCALE_WORDS=True)
     if layout == _CONTIGUOUS:
-        if k >= 4096 and rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups:
-            return dict(swapab, BLOCK_M=64, BLOCK_N=64)
-        return dict(swapab, BLOCK_M=min(128, _M_ALIGNMENT), BLOCK_N=128)
-    if layout == _MASKED or rows_hint <= 16 or (fp4 and rows_hint <= 64):
+        few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
+        return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
+    if layout == _MASKED or rows_hint <= 32 or (fp4 and rows_hint <= 64):
         if rows_hint <= 16:
-            return dict(swapab, BLOCK_M=16, BLOCK_N=64, X_FP8=True)
+            return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True)
         return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True)
     if rows_hint >= 1024 and n >= 4608:
-        return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3)
+        return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3,
+                    SCALE_WORDS=fp4)
     if fp4:
         return dict(swapab, BLOCK_M=64 if rows_hint < 1024 else 128, BLOCK_N=128, X_FP8=rows_hint < 1024)
     return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
@@ -357,8 +359,7 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, K, bq.shape[0] if layout == _CONTIGUOUS else 1,
-                                   b_fp4)
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, bq.shape[0] if layout == _CONTIGUOUS else 1, b_fp4)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
