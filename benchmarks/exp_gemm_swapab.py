@@ -222,15 +222,17 @@ def main():
             for name, (N, K) in G_MOE.items():
                 real_moe(rec, E, T, name, N, K, aligns=(128,), conversions=(True,), scale_words=(True, False),
                          configs=("n128m128w4s4", "n64m64w4s4", "n128m64w4s4"))
-        for name, N, K in (("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("engram_wkv", 25600, 6144)):
+        for name, N, K in (("shared_w13", 4608, 5120), ("wo_b", 5120, 8192), ("engram_wkv", 25600, 6144),
+                           ("wq_a", 1280, 5120), ("wkv", 512, 5120), ("idx_wq_b", 4096, 1280)):
             op = dense_operands(4096, N, K)
             (aq, sa), (bq, sb) = op["v41"]
             x = dequant(aq, sa, False)
             flops = 2 * 4096 * N * K
-            for words in (True, False):
-                cfg = (128, 256, 8, 3, 1)
-                t = ms(lambda: swapab_gemm(x, bq, sb, op["d"], 0, None, False, cfg, True, words))
-                rec.add(kind="dense", name=name, M=4096, variant="n128m256w8s3" + ("" if words else "_bytes"),
+            t = ms(lambda: G.fp8_gemm_nt((aq, sa), (bq, sb), op["d"]))
+            rec.add(kind="dense", name=name, M=4096, variant="api_default", tflops=flops / t / 1e9, ms=t)
+            for cname, words in itertools.product(("n128m256w8s3", "n128m128w4s4", "n128m128w8s4"), (True, False)):
+                t = ms(lambda: swapab_gemm(x, bq, sb, op["d"], 0, None, False, CONFIGS[cname], True, words))
+                rec.add(kind="dense", name=name, M=4096, variant=cname + ("" if words else "_bytes"),
                         tflops=flops / t / 1e9, ms=t)
         print_rows_and_dump(rec, args.out)
         return
