@@ -417,6 +417,7 @@ def main():
     p.add_argument("--m", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--tilelang", action="store_true", help="TileLang kernels against Triton and cuBLAS")
     args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     rec = Recorder(args.out)
     if args.tilelang:
         table = tilelang_main(args, rec)

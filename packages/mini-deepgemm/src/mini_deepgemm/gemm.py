@@ -239,13 +239,15 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
       64 weight rows when dense, for more programs on narrow N; 128 when masked), else 32 or 64 x 128. Masked FP4
       at 1-8 rows per expert: 2.0-2.3x gemm_kernel's 64-row tiles; dense FP8 at M <= 32 up to 2x; at M = 64
       gemm_kernel's 64-row tiles are as fast or faster;
-    - dense with M >= 1024 and N >= 4608: 128 x 256, two warpgroups; 1.18-1.35x. At N <= 4096 (wq_a, wkv, the
-      indexer's wq_b) it was 0.75-0.95x;
+    - dense with M >= 1024: 128 weight rows x 256 tokens (128 below 2,048 rows or at N < 4,096), two warpgroups;
+      1.18-1.35x gemm_kernel at N >= 4,608, and since the session-5 scale handling also 1.2-1.33x at wq_a, wkv and
+      the indexer's wq_b (0.19 / 0.087 / 0.110 against 0.24 / 0.105 / 0.146 ms at M = 4,096);
     - FP4 weights always (also where gemm_kernel would be as fast): FP4 products are summed per 64-block as
       [32 even | 32 odd] columns here and in natural order in gemm_kernel, so one kernel for every FP4 shape keeps
       a row's result independent of the batch that carries it (test_ue8m0_results_do_not_depend_on_the_batch).
     SCALE_WORDS (the scales as 32-bit words, which Triton pipelines): 1.1-1.4x on every FP4 and few-token tile;
-    the 128 x 256 FP8 tile ran 0.88x with it (0.56 against 0.50 ms for shared_w13), so it keeps byte loads.
+    the two-warpgroup FP8 tiles ran 0.85-0.95x with it (0.56 against 0.50 ms for shared_w13), so they keep byte
+    loads.
     gemm_kernel otherwise (`gemm_kernel_config`).
     """
     if not ue8m0:
@@ -258,9 +260,11 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
         if rows_hint <= 16:
             return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True)
         return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True)
-    if rows_hint >= 1024 and n >= 4608:
+    if rows_hint >= 1024 and n >= 4096:
         return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3,
                     SCALE_WORDS=fp4)
+    if rows_hint >= 1024:
+        return dict(swapab, BLOCK_M=128, BLOCK_N=128, num_warps=8, SCALE_WORDS=fp4)
     if fp4:
         return dict(swapab, BLOCK_M=64 if rows_hint < 1024 else 128, BLOCK_N=128, X_FP8=rows_hint < 1024)
     return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
