@@ -14,6 +14,27 @@ import triton.language as tl
 
 
 @triton.jit
+def quantize_groups(x, UE8M0: tl.constexpr):
+    """x fp32 [n, GROUP], one quantization group per row -> (q e4m3 [n, GROUP], the stored scale [n]: the UE8M0
+    biased exponent as uint8, or fp32 amax / 448). Shared with the runtime's fused MoE kernels
+    (mini_deepinfer/layers/moe_kernels.py), so every FP8 activation is quantized by this one piece of code."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    if UE8M0:
+        # s = 2^ceil(log2(amax / 448)): biased exponent, +1 when any mantissa bit is set.
+        bits = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        e = tl.minimum(tl.maximum(e, 0), 254)
+        scale = (e << 23).to(tl.float32, bitcast=True)  # e >= 1 here: amax >= 1e-4
+        stored = e.to(tl.uint8)
+    else:
+        scale = amax * (1.0 / 448.0)
+        stored = scale
+    q = tl.math.div_rn(x, scale[:, None])
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    return q.to(tl.float8e4nv), stored
+
+
+@triton.jit
 def act_quant_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
     num_groups,  # groups per row (K / GROUP)
@@ -27,18 +48,6 @@ def act_quant_fp8_kernel(
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = groups[:, None] < num_groups
     x = tl.load(x_ptr + row * stride_x_m + cols, mask=mask, other=0.0).to(tl.float32)
-
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
-    if UE8M0:
-        # s = 2^ceil(log2(amax / 448)): biased exponent, +1 when any mantissa bit is set.
-        bits = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
-        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-        e = tl.minimum(tl.maximum(e, 0), 254)
-        scale = (e << 23).to(tl.float32, bitcast=True)  # e >= 1 here: amax >= 1e-4
-        tl.store(s_ptr + row * stride_s_m + groups, e.to(tl.uint8), mask=groups < num_groups)
-    else:
-        scale = amax * (1.0 / 448.0)
-        tl.store(s_ptr + row * stride_s_m + groups, scale, mask=groups < num_groups)
-    q = tl.math.div_rn(x, scale[:, None])
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    tl.store(q_ptr + row * stride_q_m + cols, q.to(tl.float8e4nv), mask=mask)
+    q, s = quantize_groups(x, UE8M0)
+    tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
+    tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)

@@ -20,6 +20,10 @@ computes the same function for the engine model:
    shared expert (a dense GEMM), then one bf16 cast.
 
 Padding rows (-1 in the layout) are skipped by the GEMMs and never read back.
+
+On CUDA the elementwise steps around the GEMMs (3., the SwiGLU + quantization of 4., 5.) run as fused Triton kernels
+that skip padding rows (layers/moe_kernels.py, bit-identical); the torch chains below (`*_torch`) are the CPU path
+and the kernels' references.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from mini_deepgemm import (
 )
 from mini_deepep.layout import plan_expert_segments, scatter_rows_values
 
+from mini_deepinfer.layers import moe_kernels
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 
@@ -142,6 +147,34 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
     return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
 
 
+# --------------------------------------------------------------------------- elementwise steps (torch references)
+def quant_gather_torch(x: torch.Tensor, row_token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The T token rows quantized once (per-row quantization commutes with the row gather, so this is bit-identical
+    to quantizing each expert's gathered rows), then gathered into the layout: (e4m3 [M, D], UE8M0 [M, D/32])."""
+    xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
+    return ops.gather_rows(xq, row_token), ops.gather_rows(xs, row_token)
+
+
+def swiglu_weight_quant_torch(h13: torch.Tensor, row_weight: torch.Tensor, limit: float
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clamped SwiGLU of h13 bf16 [M, 2I] (gate | up) times the routing weight, in fp32, rounded to bf16, then
+    w2's activation quant (as ops.swiglu_expert): (e4m3 [M, I], UE8M0 [M, I/32])."""
+    inter = h13.shape[1] // 2
+    h = F.silu(h13[:, :inter].float().clamp(max=limit)) * h13[:, inter:].float().clamp(-limit, limit)
+    h = (row_weight[:, None] * h).to(torch.bfloat16)
+    return per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0")
+
+
+def combine_torch(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, D]: each token's k expert outputs (out[pair_row[t, j]], j in ascending expert id, ops.moe's
+    index_add_ order) added in fp32, then the shared expert, then one bf16 cast."""
+    y = torch.zeros(shared.shape, dtype=torch.float32, device=shared.device)
+    for j in range(pair_row.shape[1]):
+        y += out[pair_row[:, j]].float()
+    y += shared.float()
+    return y.to(torch.bfloat16)
+
+
 # --------------------------------------------------------------------------- compute
 def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.Tensor, w: Weights, p: str,
                        cfg: V41Config, grouped_layout: torch.Tensor | None = None,
@@ -167,10 +200,11 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
         return out
 
     h13 = gemm(a, w13, 2 * inter)
-    lim = cfg.swiglu_limit
-    h = F.silu(h13[:, :inter].float().clamp(max=lim)) * h13[:, inter:].float().clamp(-lim, lim)
-    h = (row_weight[:, None] * h).to(torch.bfloat16)
-    return gemm(per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0"), w2, D)
+    if moe_kernels.available(h13):  # padding rows of hq stay unwritten: the w2 GEMM skips them
+        hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, grouped_layout, masked_m)
+    else:
+        hq = swiglu_weight_quant_torch(h13, row_weight, cfg.swiglu_limit)
+    return gemm(hq, w2, D)
 
 
 def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
@@ -179,11 +213,11 @@ def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Te
     idx, wt = ops.moe_route(x, w, p, cfg)
     num_groups = w[f"{p}.experts.w13.weight"].shape[0]
     plan = (masked_plan if x.shape[0] <= MASKED_MAX_TOKENS else contiguous_plan)(idx, wt, num_groups)
-    xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
-    a = (ops.gather_rows(xq, plan.row_token), ops.gather_rows(xs, plan.row_token))
+    fused = moe_kernels.available(x)
+    if fused:
+        a = moe_kernels.quant_scatter(x, plan.pair_row, plan.row_weight.shape[0])
+    else:
+        a = quant_gather_torch(x, plan.row_token)
     out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m)
-    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for j in range(idx.shape[1]):  # ascending expert id per token, as ops.moe's index_add_ order
-        y += out[plan.pair_row[:, j]].float()
-    y += ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg).float()
-    return y.to(torch.bfloat16)
+    shared = ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg)
+    return (moe_kernels.combine if fused else combine_torch)(out, plan.pair_row, shared)

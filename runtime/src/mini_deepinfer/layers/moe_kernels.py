@@ -1,0 +1,177 @@
+"""Fused Triton kernels for the elementwise glue around the routed experts' grouped GEMMs (models/deepseek_v41/moe.py;
+the torch chains there are the references and the CPU path).
+
+Why: in the 1-GPU prefill profile (4,096 tokens, top-6 of 384 experts) the glue cost ~50 ms per step against 83 ms of
+grouped GEMM. The fixed-size contiguous layout reserves 127 padding rows per expert, so of its ~73k rows only ~24.5k
+are real, and the torch chain ran over all of them: the SwiGLU (clamp, silu, two products, bf16 cast: ~8 fp32
+passes over [M, I]) and its FP8 quantization, the gather of the quantized tokens into the layout, and the combine
+(6 row gathers, each cast to fp32 and added, then the shared expert and a bf16 cast). Decode's masked layout
+(E x T rows) is almost all padding.
+
+How, one pass each:
+- `swiglu_weight_quant`: h13 [M, 2I] (gate | up) -> h = bf16(w * silu(min(gate, lim)) * clamp(up, -lim, lim)) ->
+  FP8 e4m3 + UE8M0 scales per 32 columns. A program covers BLOCK_M rows x GROUPS_PER_PROGRAM quantization groups;
+  padding rows (grouped_layout -1, or rows of expert e at or past masked_m[e]) are masked out of every load and
+  store, so they cost no memory traffic.
+- `quant_scatter`: quantizes each token row once and writes it to its k rows of the layout (plan.pair_row): reads
+  T rows, writes T*k, never touches a padding row (the torch chain quantizes, then gathers all M rows).
+- `combine`: y[t] = bf16(sum_j out[pair_row[t, j]] + shared[t]), in fp32, in one pass.
+
+Padding rows of the FP8 outputs are left unwritten (unspecified bytes, possibly NaN codes). Every consumer ignores
+them: the grouped GEMMs compute a row from that row alone (per-row activation scales), so a padding row's garbage
+stays in its own output row, and the combines (`combine` here, mini-deepep's Buffer.combine) read only real rows.
+The torch chain already fed the w2 GEMM padding rows computed from unspecified h13 rows.
+
+Numerics: the same fp32 operations in the same order as the torch chain, so the outputs are bit-identical on CUDA:
+silu as x / (1 + exp(-x)) with libdevice's expf (the CUDA math library's expf, which torch's silu kernel calls) and
+an IEEE division (div_rn; Triton's `/` is approximate), separate products (no FMA contraction: no adds follow),
+round-to-nearest-even casts; the quantizer is mini-deepgemm's own (`quantize_groups`, shared with
+per_token_group_quant_fp8); the combine adds in the torch loop's order (0 + out_0 + ... + out_{k-1} + shared).
+tests/test_moe_kernels.py compares bytes. Under TRITON_INTERPRET=1 (CPU) the interpreter's fp32 -> bf16 cast
+truncates and its fp32 -> e4m3 cast mis-rounds some values, so there only the structure and loose bounds are checked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from mini_deepgemm.quant_kernel import quantize_groups
+    from triton.language.extra.cuda import libdevice
+except ImportError:  # CPU-only installs: the torch chains in moe.py run instead
+    triton = None
+
+QUANT_GROUP = 32  # UE8M0 scale granularity of V4.1's activations (moe.QUANT_BLOCK)
+SWIGLU_BLOCK_M = 8
+SWIGLU_GROUPS_PER_PROGRAM = 8
+SCATTER_GROUPS_PER_PROGRAM = 32
+COMBINE_BLOCK_T = 4
+COMBINE_BLOCK_D = 512
+
+if triton is not None:
+
+    @triton.jit
+    def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, rows_per_group, limit,
+                                   MASKED: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   GROUPS_PER_PROGRAM: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+        # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
+        pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
+        row = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
+        grp = tl.program_id(1) * GROUPS_PER_PROGRAM + pair % GROUPS_PER_PROGRAM
+        num_groups = I // GROUP
+        in_range = row < M
+        if MASKED:  # expert e owns rows [e * rows_per_group, e * rows_per_group + masked_m[e])
+            e = row // rows_per_group
+            valid = in_range & (row - e * rows_per_group < tl.load(valid_ptr + e, mask=in_range, other=0))
+        else:  # grouped_layout: -1 marks padding
+            valid = tl.load(valid_ptr + row, mask=in_range, other=-1) >= 0
+        live = valid & (grp < num_groups)
+        col = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        gate = tl.load(h13_ptr + row[:, None] * (2 * I) + col, mask=live[:, None], other=0.0).to(tl.float32)
+        up = tl.load(h13_ptr + row[:, None] * (2 * I) + I + col, mask=live[:, None], other=0.0).to(tl.float32)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        if LIBDEVICE_EXP:  # expf, as torch's silu kernel; tl.exp is a faster approximation (ex2.approx)
+            e_neg = libdevice.exp(-gate)
+        else:  # the interpreter cannot call libdevice
+            e_neg = tl.exp(-gate)
+        silu = tl.math.div_rn(gate, 1.0 + e_neg)  # torch's silu: x / (1 + exp(-x)), IEEE division
+        weight = tl.load(w_ptr + row, mask=live, other=0.0)
+        h = (weight[:, None] * (silu * up)).to(tl.bfloat16).to(tl.float32)  # the chain's bf16 h, then its quant
+        q, s = quantize_groups(h, True)
+        tl.store(q_ptr + row[:, None] * I + col, q, mask=live[:, None])
+        tl.store(s_ptr + row * num_groups + grp, s, mask=live)
+
+    @triton.jit
+    def quant_scatter_kernel(x_ptr, rows_ptr, q_ptr, s_ptr, D, K: tl.constexpr, GROUP: tl.constexpr,
+                             GROUPS_PER_PROGRAM: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        grp = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+        num_groups = D // GROUP
+        gm = grp < num_groups
+        col = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        x = tl.load(x_ptr + t * D + col, mask=gm[:, None], other=0.0).to(tl.float32)
+        q, s = quantize_groups(x, True)
+        for j in tl.static_range(K):  # the token's k rows in the layout
+            r = tl.load(rows_ptr + t * K + j)
+            tl.store(q_ptr + r * D + col, q, mask=gm[:, None])
+            tl.store(s_ptr + r * num_groups + grp, s, mask=gm)
+
+    @triton.jit
+    def combine_kernel(out_ptr, rows_ptr, shared_ptr, y_ptr, T, D, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+        d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        tm = t < T
+        m = tm[:, None] & (d < D)[None, :]
+        acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)  # the torch loop's zeros: 0 + out_0 + ... (same bits)
+        for j in tl.static_range(K):  # ascending expert id, as the slots of pair_row are sorted
+            r = tl.load(rows_ptr + t * K + j, mask=tm, other=0)
+            acc += tl.load(out_ptr + r[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+        acc += tl.load(shared_ptr + t[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t[:, None] * D + d[None, :], acc.to(tl.bfloat16), mask=m)
+
+
+def available(t: torch.Tensor) -> bool:
+    """Whether the fused kernels apply to tensors like t: Triton importable and t on CUDA (else the torch chains)."""
+    return triton is not None and t.is_cuda
+
+
+def _fp8_rows(num_rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (e4m3 [num_rows, width], UE8M0 bytes [num_rows, width / 32]): only real rows get written."""
+    q = torch.empty(num_rows, width, dtype=torch.float8_e4m3fn, device=device)
+    return q, torch.empty(num_rows, width // QUANT_GROUP, dtype=torch.uint8, device=device)
+
+
+def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: float,
+                        grouped_layout: torch.Tensor | None = None, masked_m: torch.Tensor | None = None,
+                        block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe.swiglu_weight_quant_torch in one pass over the real rows. h13 bf16 [M, 2I] (gate | up), row_weight fp32
+    [M]; the real rows given by grouped_layout int32 [M] (-1 padding) or masked_m int32 [E] (M = E x rows per
+    expert, expert e's real rows first). Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu [M, I/32]); padding rows
+    are unspecified. block_m, groups_per_program: the tile (benchmarks sweep them; powers of two)."""
+    if (grouped_layout is None) == (masked_m is None):
+        raise ValueError("give exactly one of grouped_layout (contiguous layout) and masked_m (masked layout)")
+    M, inter = h13.shape[0], h13.shape[1] // 2
+    if h13.shape[1] != 2 * inter or inter % QUANT_GROUP:
+        raise ValueError(f"h13 must be [M, 2I] with I a multiple of {QUANT_GROUP}, got {tuple(h13.shape)}")
+    q, s = _fp8_rows(M, inter, h13.device)
+    if M:
+        masked = masked_m is not None
+        valid = masked_m if masked else grouped_layout
+        grid = (triton.cdiv(M, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
+        swiglu_weight_quant_kernel[grid](
+            h13.contiguous(), row_weight.float().contiguous(), valid.contiguous(), q, s, M, inter,
+            M // valid.shape[0] if masked else 0, float(limit), MASKED=masked, GROUP=QUANT_GROUP, BLOCK_M=block_m,
+            GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda)
+    return q, s.view(torch.float8_e8m0fnu)
+
+
+def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe.quant_gather_torch without padding rows: x bf16 [T, D] quantized per row (FP8 e4m3, UE8M0 per 32) and
+    each token's row written to its k rows pair_row int64 [T, k] of a [num_rows, D] layout. Returns (e4m3
+    [num_rows, D], float8_e8m0fnu [num_rows, D/32]); rows no pair maps to are unspecified."""
+    T, D = x.shape
+    if D % QUANT_GROUP:
+        raise ValueError(f"hidden size {D} is not a multiple of {QUANT_GROUP}")
+    q, s = _fp8_rows(num_rows, D, x.device)
+    if T:
+        grid = (T, triton.cdiv(D // QUANT_GROUP, SCATTER_GROUPS_PER_PROGRAM))
+        quant_scatter_kernel[grid](x.contiguous(), pair_row.contiguous(), q, s, D, K=pair_row.shape[1],
+                                   GROUP=QUANT_GROUP, GROUPS_PER_PROGRAM=SCATTER_GROUPS_PER_PROGRAM)
+    return q, s.view(torch.float8_e8m0fnu)
+
+
+def combine(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """moe.combine_torch: bf16 [T, D] = bf16(sum_j out[pair_row[:, j]] + shared) in fp32, j ascending (bit-identical).
+    out bf16 [M, D] expert outputs, pair_row int64 [T, k], shared bf16 [T, D]."""
+    T, D = shared.shape
+    y = torch.empty(T, D, dtype=torch.bfloat16, device=shared.device)
+    if T:
+        grid = (triton.cdiv(T, COMBINE_BLOCK_T), triton.cdiv(D, COMBINE_BLOCK_D))
+        combine_kernel[grid](out.contiguous(), pair_row.contiguous(), shared.contiguous(), y, T, D,
+                             K=pair_row.shape[1], BLOCK_T=COMBINE_BLOCK_T, BLOCK_D=COMBINE_BLOCK_D)
+    return y
