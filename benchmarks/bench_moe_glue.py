@@ -4,7 +4,8 @@ runtime/src/mini_deepinfer/layers/moe_kernels.py, piece by piece, one run.
 Pieces (old = torch chain in moe.py, new = kernel):
 - gather:  quant_gather_torch (quantize T rows, gather all M rows of the layout)  vs  quant_scatter (quantize T
   rows, write their T*k real rows only);
-- swiglu:  swiglu_weight_quant_torch over all M rows  vs  swiglu_weight_quant over the real rows;
+- swiglu:  swiglu_weight_quant_torch over all M rows  vs  swiglu_weight_quant over the listed real rows (pair_row;
+  also timed with its grid over every layout row, the first version);
 - combine: combine_torch (k row gathers + fp32 adds + shared + bf16 cast)  vs  combine.
 
 Shapes: real V4.1-Flash dims from V41Config (hidden 5,120, moe_intermediate 2,304, 384 experts, top-6).
@@ -95,7 +96,7 @@ def run_shape(name: str, T: int, cfg: V41Config, E: int, D: int, inter: int, dev
     calls = {
         "gather": (lambda: moe.quant_gather_torch(x, plan.row_token), lambda: mk.quant_scatter(x, plan.pair_row, M)),
         "swiglu": (lambda: moe.swiglu_weight_quant_torch(h13, plan.row_weight, lim),
-                   lambda: mk.swiglu_weight_quant(h13, plan.row_weight, lim, layout, masked_m)),
+                   lambda: mk.swiglu_weight_quant(h13, plan.row_weight, lim, rows=plan.pair_row)),
         "combine": (lambda: moe.combine_torch(out, plan.pair_row, shared),
                     lambda: mk.combine(out, plan.pair_row, shared)),
     }
@@ -120,13 +121,17 @@ def run_shape(name: str, T: int, cfg: V41Config, E: int, D: int, inter: int, dev
            "masked" if masked else "contiguous", "rows_M": M, "real_rows": T * k, "bytes": n_bytes, "ms": ms,
            "speedup": {p: ms[p]["old"] / ms[p]["new"] for p in ms}, "gbs": gbs, "copy_ms": copies,
            "copy_gbs": copy_gbs, "fraction_of_copy": fraction, "equal_fraction_real_rows": check,
-           "total_ms": {v: sum(ms[p][v] for p in ms) for v in ("old", "new")}}
+           "total_ms": {v: sum(ms[p][v] for p in ms) for v in ("old", "new")},
+           # the SwiGLU kernel with its grid over every row of the layout (padding rows masked), as first written
+           "swiglu_layout_grid_ms": median_ms(lambda: mk.swiglu_weight_quant(h13, plan.row_weight, lim, layout,
+                                                                             masked_m), device)}
     if sweep:
         row["swiglu_sweep"] = []
         for bm, gpp in SWEEP:
             entry = {"block_m": bm, "groups_per_program": gpp}
             try:
-                fn = lambda: mk.swiglu_weight_quant(h13, plan.row_weight, lim, layout, masked_m, bm, gpp)
+                fn = lambda: mk.swiglu_weight_quant(h13, plan.row_weight, lim, rows=plan.pair_row, block_m=bm,
+                                                    groups_per_program=gpp)
                 got = fn()
                 entry["q_equal_to_default"] = equal_fraction(got[0], calls["swiglu"][1]()[0], real)
                 entry["ms"] = median_ms(fn, device)
@@ -193,6 +198,7 @@ def print_summary(result: dict) -> None:
         print(f"  {'total':8s} {tot['old']:9.4f} {tot['new']:9.4f} {tot['old'] / tot['new']:7.1f}x   "
               f"(x {result['num_hidden_layers']} layers: {tot['old'] * result['num_hidden_layers']:.1f} -> "
               f"{tot['new'] * result['num_hidden_layers']:.1f} ms)")
+        print(f"  swiglu with its grid over every layout row (as first written): {row['swiglu_layout_grid_ms']:.4f} ms")
         for e in row.get("swiglu_sweep", []):
             what = e.get("error") or f"{e['ms']:.4f} ms ({e['fraction_of_copy']:.2f}x copy)"
             print(f"    swiglu tile {e['block_m']:2d} rows x {e['groups_per_program']:2d} groups: {what}")

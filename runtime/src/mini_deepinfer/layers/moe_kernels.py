@@ -49,23 +49,32 @@ SWIGLU_GROUPS_PER_PROGRAM = 8
 SCATTER_GROUPS_PER_PROGRAM = 32
 COMBINE_BLOCK_T = 4
 COMBINE_BLOCK_D = 512
+# How swiglu_weight_quant_kernel finds the real rows: grouped_layout (-1 = padding), masked_m, or a list of them.
+VALID_LAYOUT, VALID_MASKED, VALID_LISTED = 0, 1, 2
 
 if triton is not None:
+    _LISTED: tl.constexpr = tl.constexpr(VALID_LISTED)
+    _MASKED: tl.constexpr = tl.constexpr(VALID_MASKED)
 
     @triton.jit
     def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, rows_per_group, limit,
-                                   MASKED: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   VALIDITY: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                                    GROUPS_PER_PROGRAM: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
         # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
         pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
-        row = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
+        slot = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
         grp = tl.program_id(1) * GROUPS_PER_PROGRAM + pair % GROUPS_PER_PROGRAM
         num_groups = I // GROUP
-        in_range = row < M
-        if MASKED:  # expert e owns rows [e * rows_per_group, e * rows_per_group + masked_m[e])
+        in_range = slot < M
+        if VALIDITY == _LISTED:  # slot = an entry of the list of real rows (M entries): no padding programs
+            row = tl.load(valid_ptr + slot, mask=in_range, other=0)
+            valid = in_range
+        elif VALIDITY == _MASKED:  # expert e owns rows [e * rows_per_group, e * rows_per_group + masked_m[e])
+            row = slot
             e = row // rows_per_group
             valid = in_range & (row - e * rows_per_group < tl.load(valid_ptr + e, mask=in_range, other=0))
         else:  # grouped_layout: -1 marks padding
+            row = slot
             valid = tl.load(valid_ptr + row, mask=in_range, other=-1) >= 0
         live = valid & (grp < num_groups)
         col = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -127,26 +136,30 @@ def _fp8_rows(num_rows: int, width: int, device: torch.device) -> tuple[torch.Te
 
 def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: float,
                         grouped_layout: torch.Tensor | None = None, masked_m: torch.Tensor | None = None,
-                        block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        rows: torch.Tensor | None = None, block_m: int = SWIGLU_BLOCK_M,
+                        groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM) -> tuple[torch.Tensor, torch.Tensor]:
     """moe.swiglu_weight_quant_torch in one pass over the real rows. h13 bf16 [M, 2I] (gate | up), row_weight fp32
-    [M]; the real rows given by grouped_layout int32 [M] (-1 padding) or masked_m int32 [E] (M = E x rows per
-    expert, expert e's real rows first). Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu [M, I/32]); padding rows
-    are unspecified. block_m, groups_per_program: the tile (benchmarks sweep them; powers of two)."""
-    if (grouped_layout is None) == (masked_m is None):
-        raise ValueError("give exactly one of grouped_layout (contiguous layout) and masked_m (masked layout)")
+    [M]; the real rows given by exactly one of grouped_layout int32 [M] (-1 padding), masked_m int32 [E] (M = E x
+    rows per expert, expert e's real rows first) or rows int64 [n] (their indices, e.g. ExpertRows.pair_row: the
+    grid then covers only them, which matters when most rows are padding, as in decode's masked layout). Returns
+    (e4m3 [M, I], UE8M0 scales float8_e8m0fnu [M, I/32]); padding rows are unspecified. block_m,
+    groups_per_program: the tile (benchmarks sweep them; powers of two)."""
+    forms = [t for t in (grouped_layout, masked_m, rows) if t is not None]
+    if len(forms) != 1:
+        raise ValueError("give exactly one of grouped_layout (contiguous layout), masked_m (masked layout) and rows")
     M, inter = h13.shape[0], h13.shape[1] // 2
     if h13.shape[1] != 2 * inter or inter % QUANT_GROUP:
         raise ValueError(f"h13 must be [M, 2I] with I a multiple of {QUANT_GROUP}, got {tuple(h13.shape)}")
     q, s = _fp8_rows(M, inter, h13.device)
-    if M:
-        masked = masked_m is not None
-        valid = masked_m if masked else grouped_layout
-        grid = (triton.cdiv(M, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
+    validity = VALID_LISTED if rows is not None else VALID_MASKED if masked_m is not None else VALID_LAYOUT
+    valid = forms[0].reshape(-1).contiguous()
+    slots = valid.numel() if validity == VALID_LISTED else M
+    if slots:
+        grid = (triton.cdiv(slots, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
         swiglu_weight_quant_kernel[grid](
-            h13.contiguous(), row_weight.float().contiguous(), valid.contiguous(), q, s, M, inter,
-            M // valid.shape[0] if masked else 0, float(limit), MASKED=masked, GROUP=QUANT_GROUP, BLOCK_M=block_m,
-            GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda)
+            h13.contiguous(), row_weight.float().contiguous(), valid, q, s, slots, inter,
+            M // valid.shape[0] if validity == VALID_MASKED else 0, float(limit), VALIDITY=validity,
+            GROUP=QUANT_GROUP, BLOCK_M=block_m, GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda)
     return q, s.view(torch.float8_e8m0fnu)
 
 

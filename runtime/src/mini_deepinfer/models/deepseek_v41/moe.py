@@ -178,11 +178,13 @@ def combine_torch(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tenso
 # --------------------------------------------------------------------------- compute
 def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.Tensor, w: Weights, p: str,
                        cfg: V41Config, grouped_layout: torch.Tensor | None = None,
-                       masked_m: torch.Tensor | None = None, expected_m: int = 0) -> torch.Tensor:
+                       masked_m: torch.Tensor | None = None, expected_m: int = 0,
+                       real_rows: torch.Tensor | None = None) -> torch.Tensor:
     """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32]) quantized rows;
     row_weight: fp32 [M]; the rows' experts (groups = indices into the layer's stacked experts) as either
     grouped_layout int32 [M] (contiguous, -1 padding) or masked_m int32 [E] with M = E * max_m (masked).
-    Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
+    real_rows: optional indices of the non-padding rows (ExpertRows.pair_row); given, the fused SwiGLU's grid covers
+    only them. Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
     M = row_weight.shape[0]
     w13, w2 = f"{p}.experts.w13", f"{p}.experts.w2"
     inter = w[f"{w13}.weight"].shape[1] // 2
@@ -201,7 +203,10 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
 
     h13 = gemm(a, w13, 2 * inter)
     if moe_kernels.available(h13):  # padding rows of hq stay unwritten: the w2 GEMM skips them
-        hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, grouped_layout, masked_m)
+        if real_rows is not None:
+            hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, rows=real_rows)
+        else:
+            hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, grouped_layout, masked_m)
     else:
         hq = swiglu_weight_quant_torch(h13, row_weight, cfg.swiglu_limit)
     return gemm(hq, w2, D)
@@ -218,6 +223,7 @@ def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Te
         a = moe_kernels.quant_scatter(x, plan.pair_row, plan.row_weight.shape[0])
     else:
         a = quant_gather_torch(x, plan.row_token)
-    out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m)
+    out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m,
+                             plan.pair_row)
     shared = ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg)
     return (moe_kernels.combine if fused else combine_torch)(out, plan.pair_row, shared)
