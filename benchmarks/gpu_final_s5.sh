@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 5's closing GPU runs. 1 x H200: every single-GPU test at the final tree (SUITE=1). 2 x H200 (SUITE=2):
 # the multi-GPU tests, then on GPU 0 the MoE glue benchmark, the 1-GPU prefill and the medium decode benchmarks, and
-# the EP2 x DP2 prefill on both. Files back under $OUT: log.txt plus the JSONs.
+# the EP2 x DP2 prefill on both (EP2=0 skips it). Files back under $OUT: log.txt plus the JSONs.
 #   source .devdeps/env.sh && SUITE=1 OUT=... bash benchmarks/gpu_final_s5.sh
 set -u
 FINAL=${OUT:-/tmp/gpu_final_s5}
@@ -19,9 +19,11 @@ else
   run prefill 70 python3 benchmarks/bench_prefill.py --out "$FINAL/prefill_h200.json"
   run decode 60 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 \
     --out "$FINAL/decode_medium_h200.json"
-  run prefill_ep2 150 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_prefill.py \
-    --no-profile --out "$FINAL/prefill_ep2_h200.json"
-  parts="env summary tests_2gpu glue_bench prefill decode prefill_ep2"
+  if [ "${EP2:-1}" = 1 ]; then
+    run prefill_ep2 150 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_prefill.py \
+      --no-profile --out "$FINAL/prefill_ep2_h200.json"
+  fi
+  parts="env summary tests_2gpu glue_bench prefill decode $([ "${EP2:-1}" = 1 ] && echo prefill_ep2)"
 fi
 for f in $parts; do echo "=== $f"; cat "$OUT/$f.txt"; done > "$FINAL/log.txt" 2>&1
 cat "$OUT/summary.txt"
