@@ -320,6 +320,9 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
     N = bq.shape[-2]
     masked, grouped = layout == _MASKED, layout != _DENSE
     sx_arg = x if sx is None else sx  # unused by the kernel without X_FP8
+    # scale words are 4-byte loads: K % 128 == 0 (checked by _launch) aligns the row and group strides of the
+    # contiguous scale tensors; a view at an odd offset into a larger buffer would not be, so it takes byte loads
+    words = cfg.get("SCALE_WORDS", True) and sb.data_ptr() % 4 == 0 and (sx is None or sx.data_ptr() % 4 == 0)
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     swapab_gemm_kernel[(tiles, x.shape[0]) if masked else (tiles,)](
         x, sx_arg, bq, sb, d, group_arg if grouped else d, M, N, K,
@@ -327,7 +330,7 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
         bq.stride(0) if grouped else 0, bq.stride(-2), sb.stride(0) if grouped else 0, sb.stride(-2),
         d.stride(0) if masked else 0, d.stride(-2),
         W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True), X_FP8=sx is not None,
-        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SCALE_WORDS=cfg.get("SCALE_WORDS", True), SUBS=cfg["SUBS"],
+        SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SCALE_WORDS=words, SUBS=cfg["SUBS"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
