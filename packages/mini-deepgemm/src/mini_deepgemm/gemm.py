@@ -234,9 +234,10 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
       expert); at 1,024 rows per expert 128 x 128 is 1.35x faster than 128 x 64. Rows per group are estimated
       without a device read as (rows - groups x (alignment - 1)) / groups: exact for the runtime's fixed-size
       layouts (moe.max_rows), a lower bound for an exactly sized one;
-    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 32 rows, FP4 at most 64): the
-      activations dequantized in the tile (X_FP8), no activation pass; 16 tokens per tile up to 16 rows (against
-      64 weight rows when dense, for more programs on narrow N; 128 when masked), else 32 or 64 x 128. Masked FP4
+    - few tokens (the masked layout, hinted by expected_m; dense GEMMs of at most 32 rows, with FP4 weights of
+      at most 1,023): the activations dequantized in the tile (X_FP8), no activation pass; 16 tokens per tile up
+      to 16 rows (against 64 weight rows when dense, for more programs on narrow N; 128 when masked), else 32 or
+      64 x 128. Masked FP4
       at 1-8 rows per expert: 2.0-2.3x gemm_kernel's 64-row tiles; dense FP8 at M <= 32 up to 2x; at M = 64
       gemm_kernel's 64-row tiles are as fast or faster;
     - dense with M >= 1024: 128 weight rows x 256 tokens (128 below 2,048 rows or at N < 4,096), two warpgroups;
@@ -256,17 +257,16 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     if layout == _CONTIGUOUS:
         few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
-    if layout == _MASKED or rows_hint <= 32 or (fp4 and rows_hint <= 64):
+    if layout == _MASKED or rows_hint <= 32:
         if rows_hint <= 16:
             return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True)
         return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True)
-    if rows_hint >= 1024 and n >= 4096:
-        return dict(swapab, BLOCK_M=256 if rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8, num_stages=3,
-                    SCALE_WORDS=fp4)
     if rows_hint >= 1024:
-        return dict(swapab, BLOCK_M=128, BLOCK_N=128, num_warps=8, SCALE_WORDS=fp4)
-    if fp4:
-        return dict(swapab, BLOCK_M=64 if rows_hint < 1024 else 128, BLOCK_N=128, X_FP8=rows_hint < 1024)
+        wide = n >= 4096
+        return dict(swapab, BLOCK_M=256 if wide and rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8,
+                    num_stages=3 if wide else 4, SCALE_WORDS=fp4)
+    if fp4:  # 33-1,023 rows
+        return dict(swapab, BLOCK_M=64, BLOCK_N=128, X_FP8=True)
     return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
 
 
@@ -366,7 +366,8 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows = aq.shape[-2]
     N, K = bq.shape[-2], aq.shape[-1]
     rows_hint = expected_m if layout == _MASKED else rows
-    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, bq.shape[0] if layout == _CONTIGUOUS else 1, b_fp4)
+    groups = bq.shape[0] if layout == _CONTIGUOUS else 1
+    cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, groups, b_fp4)
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
@@ -377,7 +378,6 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
             return
         # accumulate-into, K not a multiple of the step, or another recipe than V4.1's: gemm_kernel's bf16 MMAs
         cfg = gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
-    cfg = {k: v for k, v in cfg.items() if k != "SWAP_AB"}
     if cfg["BF16_MMA"]:  # longest step (up to BLOCK_K) that divides K
         cfg = {**cfg, "BLOCK_K": next(bk for bk in (cfg["BLOCK_K"], 64, 32) if K % bk == 0 and bk % gran_k == 0)}
     else:

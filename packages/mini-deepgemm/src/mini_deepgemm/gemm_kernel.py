@@ -88,6 +88,15 @@ def contiguous_tile_group(group_ptr, offs_m, M):
 
 
 @triton.jit
+def masked_tile_group(group_ptr, first_row, offs_m):
+    """(group as int64, rows of the tile that hold tokens, whether none does) of a masked-layout program: its group
+    is grid axis 1, and group g uses rows [0, masked_m[g])."""
+    group = tl.program_id(1)
+    rows_in_group = tl.load(group_ptr + group)
+    return group.to(tl.int64), offs_m < rows_in_group, first_row >= rows_in_group
+
+
+@triton.jit
 def scaled_gemm_nt_kernel(
     a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, c_ptr, group_ptr,
     M, N, K,
@@ -124,12 +133,9 @@ def scaled_gemm_nt_kernel(
         b_base = b_ptr + group.to(tl.int64) * stride_b_g
         sb_base = sb_ptr + group.to(tl.int64) * stride_sb_g
     elif LAYOUT == LAYOUT_MASKED:
-        group = tl.program_id(1)
-        rows_in_group = tl.load(group_ptr + group)
-        if pid_m * BLOCK_M >= rows_in_group:
+        g64, row_ok, empty = masked_tile_group(group_ptr, pid_m * BLOCK_M, offs_m)
+        if empty:
             return
-        row_ok = offs_m < rows_in_group
-        g64 = group.to(tl.int64)
         a_base = a_ptr + g64 * stride_a_g
         sa_base = sa_ptr + g64 * stride_sa_g
         b_base = b_ptr + g64 * stride_b_g

@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile
+from .gemm_kernel import LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile, masked_tile_group
 
 
 @triton.jit
@@ -163,12 +163,9 @@ def swapab_gemm_kernel(
         w_base = w_ptr + group.to(tl.int64) * stride_w_g
         sw_base = sw_ptr + group.to(tl.int64) * stride_sw_g
     elif LAYOUT == LAYOUT_MASKED:
-        group = tl.program_id(1)
-        rows_in_group = tl.load(group_ptr + group)
-        if pid_m * BLOCK_M >= rows_in_group:
+        g64, row_ok, empty = masked_tile_group(group_ptr, pid_m * BLOCK_M, offs_m)
+        if empty:
             return
-        row_ok = offs_m < rows_in_group
-        g64 = group.to(tl.int64)
         x_base = x_ptr + g64 * stride_x_g
         sx_base = sx_ptr + g64 * stride_sx_g
         w_base = w_ptr + g64 * stride_w_g
