@@ -10,9 +10,11 @@ passes over [M, I]) and its FP8 quantization, the gather of the quantized tokens
 
 How, one pass each:
 - `swiglu_weight_quant`: h13 [M, 2I] (gate | up) -> h = bf16(w * silu(min(gate, lim)) * clamp(up, -lim, lim)) ->
-  FP8 e4m3 + UE8M0 scales per 32 columns. A program covers BLOCK_M rows x GROUPS_PER_PROGRAM quantization groups;
-  padding rows (grouped_layout -1, or rows of expert e at or past masked_m[e]) are masked out of every load and
-  store, so they cost no memory traffic.
+  FP8 e4m3 + UE8M0 scales per 32 columns. A program covers BLOCK_M rows x GROUPS_PER_PROGRAM quantization groups
+  of the listed real rows (plan.pair_row, any layout), or of every layout row with padding (grouped_layout -1)
+  masked out of every load and store (the EP path, which has no list). A first version covered the masked layout
+  that way too: 0.27 ms at decode for 384 real rows of 24,576, against 0.01 ms from the list
+  (docs/reports/runtime-moe-glue.md).
 - `quant_scatter`: quantizes each token row once and writes it to its k rows of the layout (plan.pair_row): reads
   T rows, writes T*k, never touches a padding row (the torch chain quantizes, then gathers all M rows).
 - `combine`: y[t] = bf16(sum_j out[pair_row[t, j]] + shared[t]), in fp32, in one pass.
@@ -49,31 +51,23 @@ SWIGLU_GROUPS_PER_PROGRAM = 8
 SCATTER_GROUPS_PER_PROGRAM = 32
 COMBINE_BLOCK_T = 4
 COMBINE_BLOCK_D = 512
-# How swiglu_weight_quant_kernel finds the real rows: grouped_layout (-1 = padding), masked_m, or a list of them.
-VALID_LAYOUT, VALID_MASKED, VALID_LISTED = 0, 1, 2
 
 if triton is not None:
-    _LISTED: tl.constexpr = tl.constexpr(VALID_LISTED)
-    _MASKED: tl.constexpr = tl.constexpr(VALID_MASKED)
 
     @triton.jit
-    def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, rows_per_group, limit,
-                                   VALIDITY: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                                   GROUPS_PER_PROGRAM: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, limit, LISTED: tl.constexpr,
+                                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                                   LIBDEVICE_EXP: tl.constexpr):
         # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
         pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
         slot = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
         grp = tl.program_id(1) * GROUPS_PER_PROGRAM + pair % GROUPS_PER_PROGRAM
         num_groups = I // GROUP
         in_range = slot < M
-        if VALIDITY == _LISTED:  # slot = an entry of the list of real rows (M entries): no padding programs
+        if LISTED:  # slot = an entry of the list of real rows (M entries): no padding programs
             row = tl.load(valid_ptr + slot, mask=in_range, other=0)
             valid = in_range
-        elif VALIDITY == _MASKED:  # expert e owns rows [e * rows_per_group, e * rows_per_group + masked_m[e])
-            row = slot
-            e = row // rows_per_group
-            valid = in_range & (row - e * rows_per_group < tl.load(valid_ptr + e, mask=in_range, other=0))
-        else:  # grouped_layout: -1 marks padding
+        else:  # slot = a row of the layout (M rows); grouped_layout: -1 marks padding
             row = slot
             valid = tl.load(valid_ptr + row, mask=in_range, other=-1) >= 0
         live = valid & (grp < num_groups)
@@ -135,30 +129,28 @@ def _fp8_rows(num_rows: int, width: int, device: torch.device) -> tuple[torch.Te
 
 
 def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: float,
-                        grouped_layout: torch.Tensor | None = None, masked_m: torch.Tensor | None = None,
-                        rows: torch.Tensor | None = None, block_m: int = SWIGLU_BLOCK_M,
-                        groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM) -> tuple[torch.Tensor, torch.Tensor]:
+                        grouped_layout: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                        block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """moe.swiglu_weight_quant_torch in one pass over the real rows. h13 bf16 [M, 2I] (gate | up), row_weight fp32
-    [M]; the real rows given by exactly one of grouped_layout int32 [M] (-1 padding), masked_m int32 [E] (M = E x
-    rows per expert, expert e's real rows first) or rows int64 [n] (their indices, e.g. ExpertRows.pair_row: the
-    grid then covers only them, which matters when most rows are padding, as in decode's masked layout). Returns
-    (e4m3 [M, I], UE8M0 scales float8_e8m0fnu [M, I/32]); padding rows are unspecified. block_m,
-    groups_per_program: the tile (benchmarks sweep them; powers of two)."""
-    forms = [t for t in (grouped_layout, masked_m, rows) if t is not None]
-    if len(forms) != 1:
-        raise ValueError("give exactly one of grouped_layout (contiguous layout), masked_m (masked layout) and rows")
+    [M]; the real rows given by exactly one of rows int64 [n] (their indices in any order, e.g. ExpertRows.pair_row:
+    the grid covers only them, whatever the layout) or grouped_layout int32 [M] (-1 padding; the grid covers every
+    row, for callers with no list, such as the EP path). Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu
+    [M, I/32]); padding rows are unspecified. block_m, groups_per_program: the tile (benchmarks sweep them; powers
+    of two)."""
+    if (grouped_layout is None) == (rows is None):
+        raise ValueError("give exactly one of grouped_layout (contiguous layout) and rows (the real rows)")
     M, inter = h13.shape[0], h13.shape[1] // 2
     if h13.shape[1] != 2 * inter or inter % QUANT_GROUP:
         raise ValueError(f"h13 must be [M, 2I] with I a multiple of {QUANT_GROUP}, got {tuple(h13.shape)}")
     q, s = _fp8_rows(M, inter, h13.device)
-    validity = VALID_LISTED if rows is not None else VALID_MASKED if masked_m is not None else VALID_LAYOUT
-    valid = forms[0].reshape(-1).contiguous()
-    slots = valid.numel() if validity == VALID_LISTED else M
+    listed = rows is not None
+    valid = (rows if listed else grouped_layout).reshape(-1).contiguous()
+    slots = valid.numel() if listed else M
     if slots:
         grid = (triton.cdiv(slots, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
         swiglu_weight_quant_kernel[grid](
-            h13.contiguous(), row_weight.float().contiguous(), valid, q, s, slots, inter,
-            M // valid.shape[0] if validity == VALID_MASKED else 0, float(limit), VALIDITY=validity,
+            h13.contiguous(), row_weight.float().contiguous(), valid, q, s, slots, inter, float(limit), LISTED=listed,
             GROUP=QUANT_GROUP, BLOCK_M=block_m, GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda)
     return q, s.view(torch.float8_e8m0fnu)
 

@@ -183,8 +183,9 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
     """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32]) quantized rows;
     row_weight: fp32 [M]; the rows' experts (groups = indices into the layer's stacked experts) as either
     grouped_layout int32 [M] (contiguous, -1 padding) or masked_m int32 [E] with M = E * max_m (masked).
-    real_rows: optional indices of the non-padding rows (ExpertRows.pair_row); given, the fused SwiGLU's grid covers
-    only them. Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
+    real_rows: indices of the non-padding rows (ExpertRows.pair_row), which the fused SwiGLU's grid covers; needed
+    with the masked layout on CUDA, optional with the contiguous one (else its grid covers every row of the
+    layout). Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
     M = row_weight.shape[0]
     w13, w2 = f"{p}.experts.w13", f"{p}.experts.w2"
     inter = w[f"{w13}.weight"].shape[1] // 2
@@ -203,10 +204,9 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
 
     h13 = gemm(a, w13, 2 * inter)
     if moe_kernels.available(h13):  # padding rows of hq stay unwritten: the w2 GEMM skips them
-        if real_rows is not None:
-            hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, rows=real_rows)
-        else:
-            hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, grouped_layout, masked_m)
+        listed = real_rows is not None
+        hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, None if listed else grouped_layout,
+                                             real_rows)
     else:
         hq = swiglu_weight_quant_torch(h13, row_weight, cfg.swiglu_limit)
     return gemm(hq, w2, D)
