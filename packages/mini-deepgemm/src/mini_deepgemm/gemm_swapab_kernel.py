@@ -42,7 +42,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile, masked_tile_group
+from .gemm_kernel import (LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile, masked_tile_group,
+                          ue8m0_to_fp32)
 
 
 @triton.jit
@@ -91,7 +92,7 @@ def fp4_bytes_to_bf16(packed, scale):
 def fp8_to_bf16_scaled(q, e):
     """e4m3 values times 2^(e - 127), e the int32 UE8M0 bytes (broadcastable) -> bf16, exactly: q * 2^(e-127) has
     at most 4 significant bits."""
-    return (q.to(tl.float32) * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+    return (q.to(tl.float32) * ue8m0_to_fp32(e)).to(tl.bfloat16)
 
 
 @triton.jit
