@@ -55,9 +55,10 @@ def sweep_configs(K: int) -> list[hcf.MixConfig]:
             M(dot="bf16x3", block_t=128, block_k=64, k_slice=4096, num_warps=8)]
 
 
-def median_ms(fn: Callable[[], object], device: str) -> float:
+def median_ms(fn: Callable[[], object], device: str, warmup_ms: int = 5, rep_ms: int = 25) -> float:
+    """do_bench's median on CUDA (warm-up and repetition windows in ms); the middle of 3 wall-clock calls on CPU."""
     if device == "cuda":
-        return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -66,11 +67,12 @@ def median_ms(fn: Callable[[], object], device: str) -> float:
     return statistics.median(times)
 
 
-def copy_ms(n_bytes: int, device: str) -> float:
-    """A torch device copy that reads n_bytes / 2 and writes n_bytes / 2 (the same bytes as the op)."""
+def copy_ms(n_bytes: int, device: str, **timing: int) -> float:
+    """A torch device copy that reads n_bytes / 2 and writes n_bytes / 2 (the same bytes as the op); timing: the
+    median_ms windows."""
     src = torch.empty(max(n_bytes // 2, 1), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return median_ms(lambda: dst.copy_(src), device)
+    return median_ms(lambda: dst.copy_(src), device, **timing)
 
 
 def op_bytes(T: int, D: int) -> dict[str, int]:

@@ -34,13 +34,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 
+import bench_hc
 import torch
-import triton
-import triton.testing
-from bench_hc import copy_ms, environment, rate
+from bench_hc import environment, rate
 
 from mini_deepinfer.layers import moe_kernels as mk
 from mini_deepinfer.models.deepseek_v41 import moe
@@ -51,14 +49,12 @@ SWEEP = [(8, 8), (4, 8), (16, 8), (2, 16), (4, 16), (8, 4), (16, 4), (32, 2), (1
 
 
 def median_ms(fn: Callable[[], object], device: str) -> float:
-    if device == "cuda":
-        return triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[1]
+    return bench_hc.median_ms(fn, device, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+
+
+def copy_ms(n_bytes: int, device: str) -> float:
+    """The device-copy peer, timed like the kernels (until session 5's review it used bench_hc's shorter windows)."""
+    return bench_hc.copy_ms(n_bytes, device, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
 def piece_bytes(T: int, k: int, D: int, inter: int) -> dict[str, int]:
