@@ -5,7 +5,8 @@
 Rows (per rank; times are the max over ranks of the per-rank median, CUDA events, after warm-up,
 each iteration starting from a barrier):
   nvshmem  dispatch bf16 / fp8 (exact row count: one host read), dispatch bf16 with fixed rows
-           (no host sync), combine bf16; plus the dispatch halves (send; wait + plan + expand)
+           (no host sync), combine bf16; the dispatch halves (notify; host read + data kernel); a
+           sweep of the data kernels' program count and sender share
   (a) torch+NCCL: the same API on all_to_all_single (layout, permute, all_to_all, un-permute)
   (b) bare NCCL all_to_all_single of exactly the dispatched bytes
   (c) store-to-peer Triton copy of the bytes that cross NVLink (both GPUs writing): the ceiling
@@ -77,7 +78,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--topk", type=int, default=6)
     ap.add_argument("--experts", type=int, default=384)
-    ap.add_argument("--num-sms", type=int, default=None, help="default: every SM")
+    ap.add_argument("--num-sms", type=int, default=None, help="programs of the data kernels (default: every SM)")
+    ap.add_argument("--sweep-sms", type=int, nargs="*", default=[32, 64, 132])
+    ap.add_argument("--sweep-shares", type=float, nargs="*", default=[0.25, 0.5, 0.75])
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
@@ -135,20 +138,26 @@ def main() -> None:
     results["nvshmem dispatch fp8"] = timed(lambda: nv.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
     results["nvshmem combine bf16"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
     backend = nv._backend
-    send_s, recv_s = timed_halves(
-        lambda: backend.dispatch_send([x], topk_idx, topk_w, layout, E),
-        lambda sent: backend.dispatch_receive(sent, 128, None), W, I,
+    notify_s, data_s = timed_halves(
+        lambda: backend.dispatch_notify([x], topk_idx, topk_w, layout, E, 128),
+        lambda notified: backend.dispatch_data(notified, None), W, I,
     )
-    results["nvshmem dispatch bf16: send kernel"] = send_s
-    results["nvshmem dispatch bf16: wait+plan+expand"] = recv_s
-    default_sms = backend.num_sms
-    for num_sms in (16, 32, 64):
-        nv.set_num_sms(num_sms)
-        results[f"nvshmem dispatch bf16, fixed rows, {num_sms} SMs"] = timed(
-            lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
-        )
-        results[f"nvshmem combine bf16, {num_sms} SMs"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
+    results["nvshmem dispatch bf16: notify kernel"] = notify_s
+    results["nvshmem dispatch bf16: host read + data kernel"] = data_s
+    # Program count and sender share of the data kernels (the defaults are one of these points).
+    default_sms, default_shares = backend.num_sms, (backend.dispatch_sender_share, backend.combine_sender_share)
+    for num_sms in args.sweep_sms:
+        for share in args.sweep_shares:
+            nv.set_num_sms(num_sms)
+            backend.dispatch_sender_share = backend.combine_sender_share = share
+            results[f"nvshmem dispatch bf16, fixed rows, {num_sms} programs, {share:.2f} send"] = timed(
+                lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+            )
+            results[f"nvshmem combine bf16, {num_sms} programs, {share:.2f} send"] = timed(
+                lambda: nv.combine(y, res_nv.handle), W, I
+            )
     nv.set_num_sms(default_sms)
+    backend.dispatch_sender_share, backend.combine_sender_share = default_shares
     results["layout (get_dispatch_layout)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
     results["(a) torch+NCCL dispatch bf16"] = timed(lambda: tb.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
     results["(a) torch+NCCL dispatch fp8"] = timed(lambda: tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
@@ -193,7 +202,7 @@ def main() -> None:
     )
 
     for name in list(results):
-        if ", fixed rows, " in name or "combine bf16, " in name:
+        if " programs, " in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []
@@ -205,6 +214,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(), "world": world, "torch": torch.__version__,
             "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": default_sms,
+            "sender_shares_default": default_shares,
             "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
             "recv_rows_rank0": rows,
             "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,

@@ -21,6 +21,7 @@ class DispatchHandle:
     destination rank, in source-rank then token order; the NVSHMEM backend keeps a fixed number of
     slots per source rank, unused slots have source -1):
       recv_src_rank, recv_src_token: int32 [num_recv_tokens].
+      recv_tokens_per_rank: int32 [num_ranks], tokens received from each source rank.
       positions: int32 [num_recv_tokens, num_topk], output row of each (token, k) pair, -1 if not here.
       recv_topk_weights: float32 [num_rows], the dispatched weight of each output row, 0 for padding.
       grouped_layout: int32 [num_rows], local expert id per output row, -1 for padding.
@@ -38,6 +39,7 @@ class DispatchHandle:
     send_slot: torch.Tensor
     recv_src_rank: torch.Tensor
     recv_src_token: torch.Tensor
+    recv_tokens_per_rank: torch.Tensor
     positions: torch.Tensor
     recv_topk_weights: torch.Tensor
     grouped_layout: torch.Tensor

@@ -4,21 +4,22 @@ Stream semantics: everything is enqueued on the caller's current CUDA stream, in
 no host synchronisation in the data path (the only host read is the output row count, and only when
 `num_max_recv_rows` is None):
 
-    dispatch: dispatch_send (stores each token's row and meta into every destination, its
-              per-expert counts into their headers, release-bumps DISPATCH_ARRIVED there)
-              -> dispatch_plan (1 program: acquire-waits on DISPATCH_ARRIVED, turns the count
-              matrix into segment bases) -> [host reads the row count unless fixed]
-              -> dispatch_expand (slots into the grouped layout, release-bumps DISPATCH_CONSUMED
-              on every source)
-    combine:  combine_send (per-slot weighted partials into the home rank, release-bumps
-              COMBINE_ARRIVED) -> combine_reduce (acquire-waits, sums partials, release-bumps
-              COMBINE_CONSUMED)
-The layout (get_dispatch_layout, torch ops) is computed before, once per routing.
+    dispatch: dispatch_notify (1 program: stores this rank's counts into every rank, raises NOTIFY
+              there, waits for every rank's, plans the expert segments)
+              -> [host reads the row count unless fixed]
+              -> dispatch_kernel (senders: each chunk of tokens into every peer's slots, then that
+              chunk's flag; receivers: own tokens from x, then the peers' chunks as their flags
+              rise, into the grouped layout; then DISPATCH_CONSUMED on every peer)
+    combine:  combine_kernel (senders: the peers' tokens' weighted partials into their home rank,
+              chunk flags; reducers: own tokens' partials from y plus the peers' partials, in rank
+              order; then COMBINE_CONSUMED on every peer)
+The layout (get_dispatch_layout) is computed before, once per routing.
 
-Each send kernel first waits for the previous call's CONSUMED counters, so the buffer is reused
-safely however far one rank runs ahead. A wait gives up only after `wait_timeout_s` of wall-clock
-time, and then flags ERROR on every rank (`Buffer.timed_out`): the data it guarded is stale. Overlap with compute is up to the caller: run dispatch or
-combine on a side stream (the kernels take `num_sms` programs, the rest of the GPU stays free).
+Each sender first waits for the previous call's CONSUMED counters, so the buffer is reused safely
+however far one rank runs ahead. A wait gives up only after `wait_timeout_s` of wall-clock time,
+and then flags ERROR on every rank (`Buffer.timed_out`): the data it guarded is stale. Overlap with
+compute is up to the caller: run dispatch or combine on a side stream (the data kernels take
+`num_sms` programs, the rest of the GPU stays free).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import triton
 
 from mini_deepep import nvshmem_layout as L
 from mini_deepep.handle import DispatchHandle, DispatchResult
-from mini_deepep.kernels.combine import combine_reduce_kernel, combine_send_kernel
-from mini_deepep.kernels.dispatch import dispatch_expand_kernel, dispatch_plan_kernel, dispatch_send_kernel
+from mini_deepep.kernels.combine import combine_kernel
+from mini_deepep.kernels.dispatch import dispatch_kernel, dispatch_notify_kernel
 from mini_deepep.layout import DispatchLayout
 
 
@@ -47,17 +48,32 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _SentDispatch:
-    """What dispatch_send hands to dispatch_receive."""
+class _Notified:
+    """What dispatch_notify hands to dispatch_data: the call's shapes and the segment plan."""
 
-    dtypes: list[torch.dtype]
+    parts: list[torch.Tensor]  # the payload as int32 words
+    dtypes: list[torch.dtype]  # the payload's own dtypes
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+    layout: DispatchLayout
     a_words: int
     b_words: int
     slots: int
     meta_offset: int
-    num_topk: int
     experts_per_rank: int
-    layout: DispatchLayout
+    segment_base: torch.Tensor  # int32 [R, E_l]
+    recv_tokens: torch.Tensor  # int32 [R], tokens each source sends here
+    source_tokens: torch.Tensor  # int32 [R], each source's tokens in this call
+    tokens_per_expert: torch.Tensor  # int32 [E_l]
+    total_rows: torch.Tensor  # int32 [1]
+    epoch: int
+
+
+def _split_programs(num_programs: int, sender_share: float) -> tuple[int, int]:
+    """(senders, grid) of a data kernel with `num_programs` programs: at least one of each role."""
+    grid = max(2, num_programs)
+    senders = min(grid - 1, max(1, round(grid * sender_share)))
+    return senders, grid
 
 
 def _row_blocks(a_words: int, b_words: int) -> dict[str, int]:
@@ -116,14 +132,17 @@ class NvshmemBackend:
         self.buf32 = self.buffer.view(torch.int32)
         self.buf64 = self.buffer.view(torch.int64)
         self.buf16 = self.buffer.view(torch.bfloat16)
-        # Local kernels (expand, reduce) fill the GPU; only the NVLink senders are limited to num_sms.
-        sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.num_sms = num_sms or sm_count
-        self.local_programs = 4 * sm_count
+        # Programs of each data kernel (senders + receivers): one per SM by default, so all are resident.
+        self.num_sms = num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
+        # Share of those programs that send (the rest expand or reduce); see docs/reports/deepep-dispatch-combine.md.
+        self.dispatch_sender_share = 0.5
+        self.combine_sender_share = 0.5
         # How long a wait spins on a peer's counter before it gives up and sets ERROR (kernels/signals.py).
         self.timeout_ns = int(wait_timeout_s * 1e9)
-        # Running targets of the header counters (each bumped once per program of the kernel that signals).
-        self._dispatch_arrived = self._dispatch_consumed = self._combine_arrived = self._combine_consumed = 0
+        # Running targets of the CONSUMED counters (each bumped once per receiving program of a call),
+        # and the epochs (1-based call numbers) that the notify and chunk flags carry.
+        self._dispatch_consumed = self._combine_consumed = 0
+        self._dispatch_epoch = self._combine_epoch = 0
 
     def _header(self, which: int) -> int:
         return self.layout.signal_offset(which)
@@ -142,23 +161,26 @@ class NvshmemBackend:
         m_alignment: int,
         num_max_recv_rows: int | None,
     ) -> DispatchResult:
-        sent = self.dispatch_send(parts, topk_idx, topk_weights, layout, num_experts)
-        return self.dispatch_receive(sent, m_alignment, num_max_recv_rows)
+        notified = self.dispatch_notify(parts, topk_idx, topk_weights, layout, num_experts, m_alignment)
+        return self.dispatch_data(notified, num_max_recv_rows)
 
-    def dispatch_send(
+    def dispatch_notify(
         self,
         parts: list[torch.Tensor],
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
         layout: DispatchLayout,
         num_experts: int,
-    ) -> _SentDispatch:
-        """First half of dispatch: store this rank's tokens into every destination's slots."""
+        m_alignment: int,
+    ) -> _Notified:
+        """First part of dispatch: exchange the counts with every rank and plan the expert segments."""
         R = self.num_ranks
         num_tokens, num_topk = topk_idx.shape
         experts_per_rank = num_experts // R
         if experts_per_rank > L.MAX_LOCAL_EXPERTS:
             raise ValueError(f"at most {L.MAX_LOCAL_EXPERTS} experts per rank")
+        if num_tokens > L.CHUNK * L.MAX_CHUNKS:
+            raise ValueError(f"{num_tokens} tokens exceed the {L.CHUNK * L.MAX_CHUNKS} per call that the chunk flags cover")
         words = [_words(p) for p in parts]
         a_words = words[0].shape[1]
         b_words = words[1].shape[1] if len(words) == 2 else 0
@@ -166,117 +188,100 @@ class NvshmemBackend:
         slots = min(self.layout.dispatch_slots(a_words + b_words, num_topk), self.layout.combine_slots(parts[0].shape[1]))
         if num_tokens > slots:
             raise ValueError(f"{num_tokens} tokens exceed the buffer's {slots} slots per rank (see get_nvl_buffer_size_hint)")
-        sent = _SentDispatch(
-            dtypes=[p.dtype for p in parts], a_words=a_words, b_words=b_words, slots=slots,
-            meta_offset=self.layout.dispatch_meta_offset(a_words + b_words, slots), num_topk=num_topk,
-            experts_per_rank=experts_per_rank, layout=layout,
+        self._dispatch_epoch += 1
+        dev = self.device
+        notified = _Notified(
+            parts=words, dtypes=[p.dtype for p in parts], topk_idx=topk_idx.long().contiguous(), topk_weights=topk_weights.contiguous(), layout=layout,
+            a_words=a_words, b_words=b_words, slots=slots,
+            meta_offset=self.layout.dispatch_meta_offset(a_words + b_words, slots), experts_per_rank=experts_per_rank,
+            segment_base=torch.empty(R, experts_per_rank, dtype=torch.int32, device=dev),
+            recv_tokens=torch.empty(R, dtype=torch.int32, device=dev),
+            source_tokens=torch.empty(R, dtype=torch.int32, device=dev),
+            tokens_per_expert=torch.empty(experts_per_rank, dtype=torch.int32, device=dev),
+            total_rows=torch.empty(1, dtype=torch.int32, device=dev),
+            epoch=self._dispatch_epoch,
         )
-        dispatch_send_kernel[(self.num_sms,)](
-            self.buf32, self.buf64, self.peer_offsets,
-            _nonempty(words[0]), _nonempty(words[-1]),
-            _nonempty(topk_idx.long().contiguous()), _nonempty(topk_weights.contiguous()),
-            _nonempty(layout.send_slot), _nonempty(layout.rank_in_expert),
-            layout.num_tokens_per_rank, layout.num_tokens_per_expert,
-            num_tokens, self.rank, self._dispatch_consumed, self.timeout_ns,
-            self.layout.dispatch_offset, sent.meta_offset, slots, self.layout.expert_counts_offset,
-            self._header(L.DISPATCH_ARRIVED), self._header(L.DISPATCH_CONSUMED),
-            self._header(L.DISPATCH_COUNT), self._header(L.ERROR),
-            NUM_RANKS=R, TOPK=num_topk, EXPERTS_PER_RANK=experts_per_rank,
-            EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank), MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
-            A_WORDS=a_words, B_WORDS=b_words, META_WORDS=L.meta_words(num_topk),
-            META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)), **_row_blocks(a_words, b_words),
-            num_warps=8,
-        )
-        self._dispatch_arrived += self.num_sms
-        return sent
-
-    def dispatch_receive(self, sent: _SentDispatch, m_alignment: int, num_max_recv_rows: int | None) -> DispatchResult:
-        """Second half of dispatch: wait for every source, plan the expert segments, expand into them."""
-        R, slots, num_topk, experts_per_rank = self.num_ranks, sent.slots, sent.num_topk, sent.experts_per_rank
-        segment_base = torch.empty(R, experts_per_rank, dtype=torch.int32, device=self.device)
-        tokens_per_expert = torch.empty(experts_per_rank, dtype=torch.int32, device=self.device)
-        total_rows = torch.empty(1, dtype=torch.int32, device=self.device)
-        dispatch_plan_kernel[(1,)](
-            self.buf32, self.buf64, self.peer_offsets, segment_base, tokens_per_expert, total_rows,
-            self._dispatch_arrived, self.timeout_ns, self.layout.expert_counts_offset, self._header(L.DISPATCH_ARRIVED),
-            self._header(L.ERROR), m_alignment,
+        dispatch_notify_kernel[(1,)](
+            self.buf32, self.buf64, self.peer_offsets, layout.num_tokens_per_rank, layout.num_tokens_per_expert,
+            notified.segment_base, notified.recv_tokens, notified.source_tokens, notified.tokens_per_expert,
+            notified.total_rows,
+            num_tokens, self.rank, notified.epoch, self.timeout_ns, m_alignment,
+            self.layout.expert_counts_offset, self._header(L.NOTIFY), self._header(L.DISPATCH_COUNT),
+            self._header(L.SOURCE_TOKENS), self._header(L.ERROR),
             NUM_RANKS=R, EXPERTS_PER_RANK=experts_per_rank, EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank),
             MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
         )
-        # The one host read of the data path, skipped when the caller fixes the row count.
-        num_rows = int(total_rows.item()) if num_max_recv_rows is None else num_max_recv_rows
+        return notified
 
-        out_a = torch.empty(num_rows, sent.a_words, dtype=torch.int32, device=self.device)
-        out_b = torch.empty(num_rows, sent.b_words, dtype=torch.int32, device=self.device)
-        grouped_layout = torch.full((num_rows,), -1, dtype=torch.int32, device=self.device)
-        row_weights = torch.zeros(num_rows, dtype=torch.float32, device=self.device)
-        positions = torch.empty(R * slots, num_topk, dtype=torch.int32, device=self.device)
-        recv_src_rank = torch.empty(R * slots, dtype=torch.int32, device=self.device)
-        recv_src_token = torch.empty(R * slots, dtype=torch.int32, device=self.device)
-        dispatch_expand_kernel[(self.local_programs,)](
-            self.buf32, self.buf64, self.peer_offsets, segment_base,
-            _nonempty(out_a), _nonempty(out_b if sent.b_words else out_a), _nonempty(grouped_layout),
+    def dispatch_data(self, n: _Notified, num_max_recv_rows: int | None) -> DispatchResult:
+        """Second part of dispatch: move the rows and expand them into the grouped layout."""
+        R, slots, experts_per_rank = self.num_ranks, n.slots, n.experts_per_rank
+        num_tokens, num_topk = n.topk_idx.shape
+        # The one host read of the data path, skipped when the caller fixes the row count.
+        num_rows = int(n.total_rows.item()) if num_max_recv_rows is None else num_max_recv_rows
+        dev = self.device
+        out_a = torch.empty(num_rows, n.a_words, dtype=torch.int32, device=dev)
+        out_b = torch.empty(num_rows, n.b_words, dtype=torch.int32, device=dev)
+        grouped_layout = torch.full((num_rows,), -1, dtype=torch.int32, device=dev)
+        row_weights = torch.zeros(num_rows, dtype=torch.float32, device=dev)
+        positions = torch.full((R * slots, num_topk), -1, dtype=torch.int32, device=dev)
+        recv_src_rank = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
+        recv_src_token = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
+        senders, grid = _split_programs(self.num_sms, self.dispatch_sender_share)
+        dispatch_kernel[(grid,)](
+            self.buf32, self.buf64, self.peer_offsets,
+            _nonempty(n.parts[0]), _nonempty(n.parts[-1]), _nonempty(n.topk_idx), _nonempty(n.topk_weights),
+            _nonempty(n.layout.send_slot), _nonempty(n.layout.rank_in_expert), n.segment_base, n.source_tokens,
+            _nonempty(out_a), _nonempty(out_b if n.b_words else out_a), _nonempty(grouped_layout),
             _nonempty(row_weights), positions, recv_src_rank, recv_src_token,
-            num_rows, slots, self.rank, self.layout.dispatch_offset, sent.meta_offset,
-            self._header(L.DISPATCH_COUNT), self._header(L.DISPATCH_CONSUMED),
-            NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
-            EXPERTS_PER_RANK=experts_per_rank, A_WORDS=sent.a_words, B_WORDS=sent.b_words,
-            META_WORDS=L.meta_words(num_topk), **_row_blocks(sent.a_words, sent.b_words),
+            num_tokens, num_rows, self.rank, n.epoch, self._dispatch_consumed, self.timeout_ns, slots,
+            self.layout.dispatch_offset, n.meta_offset, self.layout.dispatch_flags_offset,
+            self.layout.chunk_ranges_offset, self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
+            NUM_SENDERS=senders, NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
+            EXPERTS_PER_RANK=experts_per_rank, A_WORDS=n.a_words, B_WORDS=n.b_words,
+            META_WORDS=L.meta_words(num_topk), META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)),
+            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, **_row_blocks(n.a_words, n.b_words),
             num_warps=8,
         )
-        self._dispatch_consumed += self.local_programs
-        outs = [out.view(torch.uint8).view(dtype) for out, dtype in zip((out_a, out_b), sent.dtypes)]
+        self._dispatch_consumed += grid - senders
+        outs = [out.view(torch.uint8).view(dtype) for out, dtype in zip((out_a, out_b), n.dtypes)]
         handle = DispatchHandle(
             num_ranks=R,
-            num_tokens=sent.layout.is_token_in_rank.shape[0],
+            num_tokens=num_tokens,
             num_topk=num_topk,
             hidden=outs[0].shape[1],
-            is_token_in_rank=sent.layout.is_token_in_rank,
-            send_slot=sent.layout.send_slot,
+            is_token_in_rank=n.layout.is_token_in_rank,
+            send_slot=n.layout.send_slot,
             recv_src_rank=recv_src_rank,
             recv_src_token=recv_src_token,
+            recv_tokens_per_rank=n.recv_tokens,
             positions=positions,
             recv_topk_weights=row_weights,
             grouped_layout=grouped_layout,
-            num_recv_rows=total_rows[0],
+            num_recv_rows=n.total_rows[0],
         )
         recv_x = outs[0] if len(outs) == 1 else (outs[0], outs[1])
-        return DispatchResult(recv_x, grouped_layout, row_weights, tokens_per_expert, handle)
+        return DispatchResult(recv_x, grouped_layout, row_weights, n.tokens_per_expert, handle)
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> torch.Tensor:
-        self.combine_send(y, handle, row_weights)
-        return self.combine_receive(handle, y.shape[1])
-
-    def combine_send(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> None:
-        """First half of combine: store each received token's weighted partial into its home rank."""
         R, hidden = self.num_ranks, y.shape[1]
         slots = handle.positions.shape[0] // R
         if slots > self.layout.combine_slots(hidden):
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
-        combine_send_kernel[(self.num_sms,)](
-            self.buf16, self.buf64, self.peer_offsets,
-            _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_src_rank,
-            R * slots, slots, self.rank, self._combine_consumed, self.timeout_ns,
-            self.layout.combine_offset, self._header(L.COMBINE_CONSUMED), self._header(L.COMBINE_ARRIVED),
-            self._header(L.ERROR),
-            NUM_RANKS=R, TOPK=handle.num_topk, HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
-        )
-        self._combine_arrived += self.num_sms
-
-    def combine_receive(self, handle: DispatchHandle, hidden: int) -> torch.Tensor:
-        """Second half of combine: wait for every expert rank and add the partials per token."""
-        R = self.num_ranks
-        slots = handle.positions.shape[0] // R
+        self._combine_epoch += 1
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
-        combine_reduce_kernel[(self.local_programs,)](
+        senders, grid = _split_programs(self.num_sms, self.combine_sender_share)
+        combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
+            _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
             _nonempty(handle.send_slot), _nonempty(out),
-            handle.num_tokens, slots, self.rank, self._combine_arrived, self.timeout_ns,
-            self.layout.combine_offset, self._header(L.COMBINE_ARRIVED), self._header(L.COMBINE_CONSUMED),
+            handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
+            self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR),
-            NUM_RANKS=R, HIDDEN=hidden, ROW_BLOCK=triton.next_power_of_2(hidden), num_warps=8,
+            NUM_SENDERS=senders, NUM_RANKS=R, TOPK=handle.num_topk, HIDDEN=hidden,
+            ROW_BLOCK=triton.next_power_of_2(hidden), CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, num_warps=8,
         )
-        self._combine_consumed += self.local_programs
+        self._combine_consumed += grid - senders
         return out
 
     def destroy(self) -> None:

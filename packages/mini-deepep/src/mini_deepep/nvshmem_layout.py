@@ -3,36 +3,60 @@
 Every rank allocates the same `num_bytes`; a peer's copy is reached through its NVLink mapping at
 (peer base - own base), so one offset describes a region on every rank.
 
-    [ header: int64 signals | int32 expert counts, 64 KiB ][ dispatch area ][ combine area ]
+    [ header, 256 KiB ][ dispatch area ][ combine area ]
 
-Header signals: int64 arrays of num_ranks entries, entry p written (only) by peer p:
-    DISPATCH_ARRIVED[p]  +1 by each program of p's dispatch-send kernel once its rows are stored here
-    DISPATCH_CONSUMED[p] +1 by each program of p's expand kernel once it has read p's receive area
-                         (so this rank may overwrite its slots on p again)
-    COMBINE_ARRIVED[p], COMBINE_CONSUMED[p]: the same for combine
-    DISPATCH_COUNT[p]    number of tokens p sent here in the current dispatch
-    ERROR[0]             set to 1 on every rank by a wait that gave up (a hang turned into an error);
-                         sticky: later waits see it and give up at once
-Counters only grow; the host keeps the running target of each, so nothing is ever reset.
-Header expert counts (at EXPERT_COUNTS_BYTE_OFFSET): int32 [R][MAX_LOCAL_EXPERTS], row p = how many
-    of p's tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).
+Header (entry p of every per-source array is written only by peer p):
+    int64 signals, one array of num_ranks entries each:
+        NOTIFY[p]            epoch of p's last notify: its counts below are in place
+        DISPATCH_CONSUMED[p] +1 by each receiving program of p's dispatch kernel once it is done with
+                             this rank's slots on p (so this rank may overwrite them again)
+        COMBINE_CONSUMED[p]  +1 by each reducing program of p's combine kernel once it is done with
+                             the partials this rank stored on p
+        DISPATCH_COUNT[p]    tokens p sends here in the current dispatch (its slots used here)
+        SOURCE_TOKENS[p]     all of p's tokens in the current dispatch (how many chunks p signals)
+        ERROR[0]             set to 1 on every rank by a wait that gave up (a hang turned into an
+                             error); sticky: later waits see it and give up at once
+    int32 expert counts [R][MAX_LOCAL_EXPERTS] at EXPERT_COUNTS_BYTE_OFFSET: row p = how many of p's
+        tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).
+    int64 dispatch chunk flags [R][MAX_CHUNKS]: entry (p, c) = epoch of the dispatch whose chunk c
+        of p's tokens is stored here (rows, meta and the slot range below).
+    int64 combine chunk flags [R][MAX_CHUNKS]: entry (p, c) = epoch of the combine whose partials
+        of slot chunk c (slots [c * CHUNK, (c + 1) * CHUNK) of this rank's tokens on p) are here.
+    int32 dispatch chunk ranges [R][MAX_CHUNKS][2]: slots [start, end) that chunk c of p's tokens
+        filled here (start = end when none of them came here).
+Counters only grow and flags hold the call's epoch (its 1-based number, equal on every rank since
+calls are collective), so nothing is ever reset, and a chunk unused for a while cannot confuse a
+later call.
 
 Dispatch area (int32 words): payload [R][slots][row_words], then meta [R][slots][meta_words]:
     (source token, K local expert ids or -1, K weights as fp32 bits, K ranks inside the expert
-    among p's tokens). Slot i of source p holds p's i-th token for this rank (token order).
+    among p's tokens). Slot i of source p holds p's i-th token for this rank (token order). A
+    rank's own slots are not used: its tokens are expanded straight from x.
 Combine area (bf16): partial sums [R][slots][hidden], slot i of expert rank p = this rank's token
-    in its i-th slot on p (the dispatch send order).
+    in its i-th slot on p (the dispatch send order); own slots unused likewise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEADER_BYTES = 64 << 10
+HEADER_BYTES = 256 << 10
 EXPERT_COUNTS_BYTE_OFFSET = 4096
 MAX_LOCAL_EXPERTS = 1024
+MAX_RANKS = 8
+# Tokens per chunk: the unit of the per-chunk flags (one program stores a chunk, then signals it).
+CHUNK = 32
+MAX_CHUNKS = 1024  # per source rank: at most CHUNK * MAX_CHUNKS tokens per rank and call
+DISPATCH_FLAGS_BYTE_OFFSET = 64 << 10
+COMBINE_FLAGS_BYTE_OFFSET = DISPATCH_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
+CHUNK_RANGES_BYTE_OFFSET = COMBINE_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
 ALIGN_BYTES = 256
-DISPATCH_ARRIVED, DISPATCH_CONSUMED, COMBINE_ARRIVED, COMBINE_CONSUMED, DISPATCH_COUNT, ERROR = range(6)
+NOTIFY, DISPATCH_CONSUMED, COMBINE_CONSUMED, DISPATCH_COUNT, SOURCE_TOKENS, ERROR = range(6)
+NUM_SIGNALS = 6
+
+assert CHUNK_RANGES_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8 <= HEADER_BYTES
+assert EXPERT_COUNTS_BYTE_OFFSET + MAX_RANKS * MAX_LOCAL_EXPERTS * 4 <= DISPATCH_FLAGS_BYTE_OFFSET
+assert NUM_SIGNALS * MAX_RANKS * 8 <= EXPERT_COUNTS_BYTE_OFFSET
 
 
 def _round_up(x: int, m: int) -> int:
@@ -50,21 +74,36 @@ class SymmetricLayout:
     num_ranks: int
 
     def __post_init__(self) -> None:
-        if 6 * self.num_ranks * 8 > EXPERT_COUNTS_BYTE_OFFSET or self.expert_counts_offset + self.num_ranks * MAX_LOCAL_EXPERTS > HEADER_BYTES // 4:
-            raise ValueError(f"{self.num_ranks} ranks do not fit the header")
+        if not 1 <= self.num_ranks <= MAX_RANKS:
+            raise ValueError(f"{self.num_ranks} ranks: the NVSHMEM header holds 1..{MAX_RANKS} (intranode)")
 
     @property
     def area_bytes(self) -> int:
         return (self.num_bytes - HEADER_BYTES) // 2 // ALIGN_BYTES * ALIGN_BYTES
 
     def signal_offset(self, which: int) -> int:
-        """Offset of a header array, in int64 words."""
+        """Offset of a header signal array, in int64 words."""
         return which * self.num_ranks
 
     @property
     def expert_counts_offset(self) -> int:
         """Offset of the expert-count matrix, in int32 words."""
         return EXPERT_COUNTS_BYTE_OFFSET // 4
+
+    @property
+    def dispatch_flags_offset(self) -> int:
+        """Offset of the dispatch chunk flags [R][MAX_CHUNKS], in int64 words."""
+        return DISPATCH_FLAGS_BYTE_OFFSET // 8
+
+    @property
+    def combine_flags_offset(self) -> int:
+        """Offset of the combine chunk flags [R][MAX_CHUNKS], in int64 words."""
+        return COMBINE_FLAGS_BYTE_OFFSET // 8
+
+    @property
+    def chunk_ranges_offset(self) -> int:
+        """Offset of the dispatch chunk slot ranges [R][MAX_CHUNKS][2], in int32 words."""
+        return CHUNK_RANGES_BYTE_OFFSET // 4
 
     @property
     def dispatch_offset(self) -> int:

@@ -85,6 +85,7 @@ class TorchBackend:
             send_slot=layout.send_slot,
             recv_src_rank=src_rank,
             recv_src_token=src_token.contiguous(),
+            recv_tokens_per_rank=recv_counts_t,
             positions=seg.positions,
             recv_topk_weights=scatter_rows_values(seg.positions, recv_weights, num_rows, 0.0),
             grouped_layout=seg.grouped_layout,

@@ -1,20 +1,33 @@
-"""Dispatch kernels: store each token once into every destination's receive slots; on arrival,
-plan the expert segments from the senders' counts and expand the slots into the grouped layout.
+"""Dispatch kernels: a one-program notify that exchanges the counts and plans the expert segments,
+then one kernel in which some programs store tokens into the peers and the others, at the same
+time, expand arriving tokens into the grouped layout.
 
 Rows move as int32 words (bf16 x, or FP8 x followed by its UE8M0 scales), so one kernel serves
 every payload. A whole row is loaded at once (one block of ROW_BLOCK words) so that every program
-keeps a full row in flight; send and expand are persistent (programs stride over the rows).
+keeps a full row in flight.
 
-Where a pair lands needs no sort: the sender ships, with each (token, k), the token's rank among
-its own tokens that picked the same expert, plus its per-expert counts; the receiver turns the
-count matrix [source, expert] into segment bases, and row = base[source, expert] + rank. So rows
-are ordered by expert, then source rank, then source token, exactly as the torch backend's.
+Where a pair lands needs no sort: every rank knows, from the notify, how many of each source's
+tokens picked each of its experts, so segment bases are an aligned cumsum over [source, expert];
+the sender ships with each (token, k) the token's rank among its own tokens that picked the same
+expert, and row = base[source, expert] + rank. Rows are ordered by expert, then source rank, then
+source token, exactly as the torch backend's.
+
+Overlap inside the data kernel (grid = senders + receivers):
+- senders store chunks of CHUNK tokens into each remote destination's slots and raise that chunk's
+  flag there (the epoch) after its rows, meta and slot range;
+- receivers first expand this rank's own tokens straight from x (no staging copy, no wait), then
+  each remote source's chunks in order, waiting on each chunk's flag: the expansion of early
+  chunks runs while later chunks are still crossing NVLink.
+Senders have the lower program ids, so they are placed on SMs first: a receiver that spins never
+keeps a sender of its own rank from running.
 """
 
 import triton
 import triton.language as tl
 
-from mini_deepep.kernels.signals import peer_offset, release_add, wait_at_least
+from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
+
+NO_SLOT = tl.constexpr(1 << 30)  # above every slot: the min of a chunk with no token for a peer
 
 
 @triton.jit
@@ -23,76 +36,33 @@ def _pick(vector, lanes, index):
     return tl.sum(tl.where(lanes == index, vector, 0), axis=0)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "consumed_target"])  # change every call: compile once
-def dispatch_send_kernel(
-    buf32, buf64, peer_offsets,  # own symmetric buffer as int32 / int64, peer offsets in int32 words
-    x_a, x_b,  # payload words: int32 [T, A_WORDS] and [T, B_WORDS] (B_WORDS = 0: x_b unused)
-    topk_idx, topk_weights, send_slot, rank_in_expert,  # int64 [T, K], fp32 [T, K], int32 [T, R], int32 [T, K]
-    tokens_per_rank, tokens_per_expert,  # int32 [R], int32 [R * EXPERTS_PER_RANK]
-    num_tokens, rank, consumed_target, timeout_ns,
-    data_offset, meta_offset, slots, expert_counts_offset,  # int32-word offsets, slots per source
-    arrived_offset, consumed_offset, count_offset, error_offset,  # int64-word offsets of header arrays
-    NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
-    MAX_LOCAL_EXPERTS: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr,
-    B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
-    row_words = A_WORDS + B_WORDS
-    # The slots on every destination must be free: its expand kernel of the previous call is done.
-    for d in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
-
-    cols = tl.arange(0, ROW_BLOCK)
-    b_cols = tl.arange(0, B_BLOCK)
-    j = tl.arange(0, META_BLOCK)
-    k_of_id = tl.minimum(tl.maximum(j - 1, 0), TOPK - 1)
-    k_of_weight = tl.minimum(tl.maximum(j - 1 - TOPK, 0), TOPK - 1)
-    k_of_rank = tl.minimum(tl.maximum(j - 1 - 2 * TOPK, 0), TOPK - 1)
-    for t in range(pid, num_tokens, num_programs):
-        t64 = tl.cast(t, tl.int64)
-        words = tl.load(x_a + t64 * A_WORDS + cols, mask=cols < A_WORDS)
-        if B_WORDS > 0:
-            b_words = tl.load(x_b + t64 * B_WORDS + b_cols, mask=b_cols < B_WORDS)
-        expert = tl.load(topk_idx + t64 * TOPK + k_of_id)
-        weight_bits = tl.load(topk_weights + t64 * TOPK + k_of_weight).to(tl.int32, bitcast=True)
-        rank_bits = tl.load(rank_in_expert + t64 * TOPK + k_of_rank)
-        for d in tl.static_range(NUM_RANKS):
-            slot = tl.load(send_slot + t64 * NUM_RANKS + d)
-            if slot >= 0:
-                row = (rank * slots + slot).to(tl.int64)
-                dst = buf32 + peer_offset(peer_offsets, d)
-                tl.store(dst + data_offset + row * row_words + cols, words, mask=cols < A_WORDS)
-                if B_WORDS > 0:
-                    tl.store(dst + data_offset + row * row_words + A_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
-                local = expert - d * EXPERTS_PER_RANK
-                local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
-                meta = tl.where(j == 0, t, tl.where(j <= TOPK, local, tl.where(j <= 2 * TOPK, weight_bits, rank_bits)))
-                tl.store(dst + meta_offset + row * META_WORDS + j, meta, mask=j < META_WORDS)
-
-    if pid == 0:
-        e = tl.arange(0, EXPERT_BLOCK)
-        for d in tl.static_range(NUM_RANKS):
-            peer = peer_offset(peer_offsets, d)
-            counts = tl.load(tokens_per_expert + d * EXPERTS_PER_RANK + e, mask=e < EXPERTS_PER_RANK)
-            tl.store(buf32 + peer + expert_counts_offset + rank * MAX_LOCAL_EXPERTS + e, counts, mask=e < EXPERTS_PER_RANK)
-            tl.store(buf64 + (peer >> 1) + count_offset + rank, tl.load(tokens_per_rank + d).to(tl.int64))
-    for d in tl.static_range(NUM_RANKS):
-        release_add(buf64 + (peer_offset(peer_offsets, d) >> 1) + arrived_offset + rank)
-
-
-@triton.jit(do_not_specialize=["arrived_target"])
-def dispatch_plan_kernel(
-    buf32, buf64, peer_offsets, segment_base, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [E_l], [1]
-    arrived_target, timeout_ns, expert_counts_offset, arrived_offset, error_offset, m_alignment,
+@triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
+def dispatch_notify_kernel(
+    buf32, buf64, peer_offsets,
+    tokens_per_rank, tokens_per_expert,  # this rank's layout: int32 [R], int32 [R * EXPERTS_PER_RANK]
+    segment_base, recv_tokens, source_tokens, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [R], [R], [E_l], [1]
+    num_tokens, rank, epoch, timeout_ns, m_alignment,
+    expert_counts_offset, notify_offset, count_offset, source_tokens_offset, error_offset,  # header offsets
     NUM_RANKS: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
     MAX_LOCAL_EXPERTS: tl.constexpr,
 ):
-    """One program: wait for every source, then segment_base[s, e] = first row of source s in expert e."""
-    for s in tl.static_range(NUM_RANKS):
-        wait_at_least(buf64 + arrived_offset + s, arrived_target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+    """One program: publish this rank's counts on every rank, wait for every rank's, then
+    segment_base[s, e] = first output row of source s in local expert e, and copy the per-source
+    token counts out of the header (a peer's next notify may overwrite them before this call's
+    data kernel is done)."""
     e = tl.arange(0, EXPERT_BLOCK)
     in_range = e < EXPERTS_PER_RANK
+    for d in tl.static_range(NUM_RANKS):
+        peer = peer_offset(peer_offsets, d)
+        counts = tl.load(tokens_per_expert + d * EXPERTS_PER_RANK + e, mask=in_range)
+        tl.store(buf32 + peer + expert_counts_offset + rank * MAX_LOCAL_EXPERTS + e, counts, mask=in_range)
+        tl.store(buf64 + (peer >> 1) + count_offset + rank, tl.load(tokens_per_rank + d).to(tl.int64))
+        tl.store(buf64 + (peer >> 1) + source_tokens_offset + rank, tl.cast(num_tokens, tl.int64))
+    for d in tl.static_range(NUM_RANKS):
+        release_epoch(buf64 + (peer_offset(peer_offsets, d) >> 1) + notify_offset + rank, epoch)
+    for s in tl.static_range(NUM_RANKS):
+        wait_at_least(buf64 + notify_offset + s, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+
     total = tl.zeros([EXPERT_BLOCK], dtype=tl.int32)
     for s in tl.static_range(NUM_RANKS):
         total += tl.load(buf32 + expert_counts_offset + s * MAX_LOCAL_EXPERTS + e, mask=in_range, other=0)
@@ -103,52 +73,158 @@ def dispatch_plan_kernel(
     for s in tl.static_range(NUM_RANKS):
         tl.store(segment_base + s * EXPERTS_PER_RANK + e, base, mask=in_range)
         base += tl.load(buf32 + expert_counts_offset + s * MAX_LOCAL_EXPERTS + e, mask=in_range, other=0)
+        tl.store(recv_tokens + s, tl.load(buf64 + count_offset + s).to(tl.int32))
+        tl.store(source_tokens + s, tl.load(buf64 + source_tokens_offset + s).to(tl.int32))
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def dispatch_expand_kernel(
-    buf32, buf64, peer_offsets, segment_base,
+@triton.jit
+def _send_token(dst, row, meta_row, x_a, x_b, topk_idx, topk_weights, rank_in_expert, t64, dest,
+                TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr,
+                ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr):
+    """Store token t64's payload row and its meta (token, local ids on `dest`, weights, ranks in
+    expert) at `row` / `meta_row` of a destination's dispatch area (`dst` = its buffer as int32)."""
+    cols = tl.arange(0, ROW_BLOCK)
+    words = tl.load(x_a + t64 * A_WORDS + cols, mask=cols < A_WORDS)
+    tl.store(dst + row + cols, words, mask=cols < A_WORDS)
+    if B_WORDS > 0:
+        b_cols = tl.arange(0, B_BLOCK)
+        b_words = tl.load(x_b + t64 * B_WORDS + b_cols, mask=b_cols < B_WORDS)
+        tl.store(dst + row + A_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
+    j = tl.arange(0, META_BLOCK)
+    k_of_id = tl.minimum(tl.maximum(j - 1, 0), TOPK - 1)
+    k_of_weight = tl.minimum(tl.maximum(j - 1 - TOPK, 0), TOPK - 1)
+    k_of_rank = tl.minimum(tl.maximum(j - 1 - 2 * TOPK, 0), TOPK - 1)
+    expert = tl.load(topk_idx + t64 * TOPK + k_of_id)
+    weight_bits = tl.load(topk_weights + t64 * TOPK + k_of_weight).to(tl.int32, bitcast=True)
+    rank_bits = tl.load(rank_in_expert + t64 * TOPK + k_of_rank)
+    local = expert - dest * EXPERTS_PER_RANK
+    local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+    meta = tl.where(j == 0, t64.to(tl.int32), tl.where(j <= TOPK, local, tl.where(j <= 2 * TOPK, weight_bits, rank_bits)))
+    tl.store(dst + meta_row + j, meta, mask=j < META_WORDS)
+
+
+@triton.jit
+def _place_token(row_a, row_b, local, weight, rank_in_expert, source, slot, token, segment_base, num_rows, slots,
+                 out_a, out_b, grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
+                 TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr,
+                 A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+    """Expand one received token: its payload (row_a / row_b: int32 word pointers) goes to the output
+    row of every (token, k) pair routed here, with the pair's expert id and weight; the handle
+    learns the token's source, source token and pair rows at entry (source, slot).
+    local, weight, rank_in_expert: [TOPK_BLOCK] (local id -1 = pair not here; lanes >= TOPK are -1)."""
+    ks = tl.arange(0, TOPK_BLOCK)
+    base = tl.load(segment_base + source * EXPERTS_PER_RANK + local, mask=local >= 0, other=0)
+    pos = tl.where(local >= 0, base + rank_in_expert, -1)
+    pos = tl.where(pos < num_rows, pos, -1)  # a caller's fixed row count may drop pairs
+    here = pos >= 0
+    entry = (source * slots + slot).to(tl.int64)
+    tl.store(positions + entry * TOPK + ks, pos, mask=ks < TOPK)
+    tl.store(recv_src_rank + entry, source)
+    tl.store(recv_src_token + entry, token)
+    tl.store(grouped_layout + pos, local, mask=here)
+    tl.store(row_weights + pos, weight, mask=here)
+    if tl.max(pos, axis=0) >= 0:
+        cols = tl.arange(0, ROW_BLOCK)
+        b_cols = tl.arange(0, B_BLOCK)
+        words = tl.load(row_a + cols, mask=cols < A_WORDS)
+        if B_WORDS > 0:
+            b_words = tl.load(row_b + b_cols, mask=b_cols < B_WORDS)
+        for k in tl.static_range(TOPK):
+            p = _pick(pos, ks, k).to(tl.int64)
+            if p >= 0:
+                tl.store(out_a + p * A_WORDS + cols, words, mask=cols < A_WORDS)
+                if B_WORDS > 0:
+                    tl.store(out_b + p * B_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
+
+
+@triton.jit(do_not_specialize=["num_tokens", "num_rows", "epoch", "consumed_target"])  # change every call
+def dispatch_kernel(
+    buf32, buf64, peer_offsets,  # own symmetric buffer as int32 / int64, peer offsets in int32 words
+    x_a, x_b,  # payload words: int32 [T, A_WORDS] and [T, B_WORDS] (B_WORDS = 0: x_b unused)
+    topk_idx, topk_weights, send_slot, rank_in_expert,  # int64 [T, K], fp32 [T, K], int32 [T, R], int32 [T, K]
+    segment_base, source_tokens,  # from the notify: int32 [R, E_l], int32 [R]
     out_a, out_b, grouped_layout, row_weights,  # int32 [M, A_WORDS], [M, B_WORDS], int32 [M] (-1 filled), fp32 [M]
-    positions, recv_src_rank, recv_src_token,  # int32 [R * slots, TOPK], [R * slots], [R * slots]
-    num_rows, slots, rank, data_offset, meta_offset, count_offset, consumed_offset,
-    NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr,
-    A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr,
-    META_WORDS: tl.constexpr,
+    positions, recv_src_rank, recv_src_token,  # int32 [R * slots, TOPK], [R * slots], [R * slots] (-1 filled)
+    num_tokens, num_rows, rank, epoch, consumed_target, timeout_ns, slots,
+    data_offset, meta_offset, flags_offset, ranges_offset,  # dispatch area (int32 words), chunk flags (int64), ranges (int32)
+    consumed_offset, error_offset,  # int64-word offsets of header arrays
+    NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
+    EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr,
+    B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
     row_words = A_WORDS + B_WORDS
     ks = tl.arange(0, TOPK_BLOCK)
-    cols = tl.arange(0, ROW_BLOCK)
-    b_cols = tl.arange(0, B_BLOCK)
-    for slot in range(pid, NUM_RANKS * slots, num_programs):
-        slot64 = tl.cast(slot, tl.int64)
-        source = slot // slots
-        used = (slot % slots) < tl.load(buf64 + count_offset + source)
-        meta = buf32 + meta_offset + slot64 * META_WORDS
-        local = tl.load(meta + 1 + ks, mask=used & (ks < TOPK), other=-1)
-        weight = tl.load(meta + 1 + TOPK + ks, mask=ks < TOPK, other=0).to(tl.float32, bitcast=True)
-        rank_in_expert = tl.load(meta + 1 + 2 * TOPK + ks, mask=ks < TOPK, other=0)
-        base = tl.load(segment_base + source * EXPERTS_PER_RANK + local, mask=local >= 0, other=0)
-        pos = tl.where(local >= 0, base + rank_in_expert, -1)
-        pos = tl.where(pos < num_rows, pos, -1)  # a caller's fixed row count may drop pairs
-        here = pos >= 0
-        tl.store(positions + slot64 * TOPK + ks, pos, mask=ks < TOPK)
-        tl.store(recv_src_rank + slot64, tl.where(used, source, -1))
-        tl.store(recv_src_token + slot64, tl.where(used, tl.load(meta, mask=used, other=-1), -1))
-        tl.store(grouped_layout + pos, local, mask=here)
-        tl.store(row_weights + pos, weight, mask=here)
-        if tl.max(pos, axis=0) >= 0:
-            src = buf32 + data_offset + slot64 * row_words
-            words = tl.load(src + cols, mask=cols < A_WORDS)
-            if B_WORDS > 0:
-                b_words = tl.load(src + A_WORDS + b_cols, mask=b_cols < B_WORDS)
-            for k in tl.static_range(TOPK):
-                p = _pick(pos, ks, k).to(tl.int64)
-                if p >= 0:
-                    tl.store(out_a + p * A_WORDS + cols, words, mask=cols < A_WORDS)
-                    if B_WORDS > 0:
-                        tl.store(out_b + p * B_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
-    # This program is done reading the receive area: every source may overwrite its slots again.
-    for d in tl.static_range(NUM_RANKS):
-        release_add(buf64 + (peer_offset(peer_offsets, d) >> 1) + consumed_offset + rank)
+    num_chunks = tl.cdiv(num_tokens, CHUNK)
+    if pid < NUM_SENDERS:
+        if NUM_RANKS > 1:
+            # Our slots on every peer must be free: its receivers of the previous call are done.
+            for d in tl.static_range(NUM_RANKS):
+                if d != rank:
+                    wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset,
+                                  timeout_ns, NUM_RANKS)
+            # Items: chunk-major over the remote destinations, so every peer's chunks arrive in order.
+            for item in range(pid, num_chunks * (NUM_RANKS - 1), NUM_SENDERS):
+                c = item // (NUM_RANKS - 1)
+                dest = (rank + 1 + item % (NUM_RANKS - 1)) % NUM_RANKS
+                t = c * CHUNK + tl.arange(0, CHUNK)
+                chunk_slots = tl.load(send_slot + t.to(tl.int64) * NUM_RANKS + dest, mask=t < num_tokens, other=-1)
+                end = tl.max(chunk_slots, axis=0) + 1
+                start = tl.minimum(tl.min(tl.where(chunk_slots >= 0, chunk_slots, NO_SLOT), axis=0), end)
+                peer = peer_offset(peer_offsets, dest)
+                dst = buf32 + peer
+                for i in range(CHUNK):
+                    t64 = tl.cast(c * CHUNK + i, tl.int64)
+                    if t64 < num_tokens:
+                        slot = tl.load(send_slot + t64 * NUM_RANKS + dest)
+                        if slot >= 0:
+                            entry = (rank * slots + slot).to(tl.int64)
+                            _send_token(dst, data_offset + entry * row_words, meta_offset + entry * META_WORDS,
+                                        x_a, x_b, topk_idx, topk_weights, rank_in_expert, t64, dest,
+                                        TOPK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK, META_WORDS,
+                                        META_BLOCK)
+                bounds = tl.arange(0, 2)
+                tl.store(dst + ranges_offset + (rank * MAX_CHUNKS + c) * 2 + bounds, tl.where(bounds == 0, start, end))
+                release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
+    else:
+        receiver = pid - NUM_SENDERS
+        num_receivers = tl.num_programs(0) - NUM_SENDERS
+        # This rank's own tokens, straight from x: nothing to wait for.
+        for c in range(receiver, num_chunks, num_receivers):
+            for i in range(CHUNK):
+                t64 = tl.cast(c * CHUNK + i, tl.int64)
+                if t64 < num_tokens:
+                    slot = tl.load(send_slot + t64 * NUM_RANKS + rank)
+                    if slot >= 0:
+                        expert = tl.load(topk_idx + t64 * TOPK + ks, mask=ks < TOPK, other=-1)
+                        local = expert - rank * EXPERTS_PER_RANK
+                        local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+                        weight = tl.load(topk_weights + t64 * TOPK + ks, mask=ks < TOPK, other=0.0)
+                        in_expert = tl.load(rank_in_expert + t64 * TOPK + ks, mask=ks < TOPK, other=0)
+                        _place_token(x_a + t64 * A_WORDS, x_b + t64 * B_WORDS, local, weight, in_expert, rank, slot,
+                                     t64.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
+                                     row_weights, positions, recv_src_rank, recv_src_token,
+                                     TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+        # The peers' tokens, chunk by chunk as their flags rise.
+        for j in tl.static_range(1, NUM_RANKS):
+            source = (rank + j) % NUM_RANKS
+            for c in range(receiver, tl.cdiv(tl.load(source_tokens + source), CHUNK), num_receivers):
+                wait_at_least(buf64 + flags_offset + source * MAX_CHUNKS + c, epoch, buf64, peer_offsets, error_offset,
+                              timeout_ns, NUM_RANKS)
+                start = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2)
+                end = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2 + 1)
+                for slot in range(start, end):
+                    entry = (source * slots + slot).to(tl.int64)
+                    meta = buf32 + meta_offset + entry * META_WORDS
+                    local = tl.load(meta + 1 + ks, mask=ks < TOPK, other=-1)
+                    weight = tl.load(meta + 1 + TOPK + ks, mask=ks < TOPK, other=0).to(tl.float32, bitcast=True)
+                    in_expert = tl.load(meta + 1 + 2 * TOPK + ks, mask=ks < TOPK, other=0)
+                    row = buf32 + data_offset + entry * row_words
+                    _place_token(row, row + A_WORDS, local, weight, in_expert, source, slot, tl.load(meta),
+                                 segment_base, num_rows, slots, out_a, out_b, grouped_layout, row_weights, positions,
+                                 recv_src_rank, recv_src_token,
+                                 TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+        # This program is done with the receive area: every source may overwrite its slots again.
+        for j in tl.static_range(1, NUM_RANKS):
+            release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)

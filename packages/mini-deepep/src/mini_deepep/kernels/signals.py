@@ -3,7 +3,8 @@
 A producer stores its rows into a peer's symmetric buffer, then (after a CTA barrier, so every
 thread's stores come first) one release atomic at system scope bumps a counter in the peer's header;
 the consumer spins on that counter with acquire loads, which makes the rows visible to it and to the
-kernels it runs after. Counters only grow, so a wait is "counter >= n * programs" for call n.
+kernels it runs after. Counters only grow, so a wait is "counter >= n * programs" for call n; per-chunk flags hold the
+epoch (1-based call number) of the last call that filled the chunk, so a wait is "flag >= epoch".
 
 A wait that gives up lets its kernel go on with stale data, so giving up must be rare and loud:
 - the limit is wall-clock time (%globaltimer), not a poll count: one poll's cost varies (the former
@@ -64,3 +65,13 @@ def release_add(flag_ptr):
     """Make this program's earlier stores visible before bumping *flag_ptr (release, system scope)."""
     tl.debug_barrier()
     tl.atomic_add(flag_ptr, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def release_epoch(flag_ptr, epoch):
+    """Make this program's earlier stores visible before raising *flag_ptr to `epoch` (release, system scope).
+
+    A flag that holds the call's epoch (instead of counting programs) stays right when a call uses
+    fewer chunks than an earlier one: an unused flag just keeps an older epoch."""
+    tl.debug_barrier()
+    tl.atomic_max(flag_ptr, epoch, sem="release", scope="sys")
