@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 6's GPU runs (see docs/reports/gpu-session-2026-11-30-s6.md). PART selects what runs; files come back under $OUT.
+#   source .devdeps/env.sh && PART=deepep bash benchmarks/gpu_s6.sh     (2 x H200)
+# deepep: mini-deepep's tests (2-GPU NVSHMEM incl. stress and lost peer), its benchmark under torchrun, then the
+#         runtime's and integration tests' multi-GPU tests (they dispatch through the NVSHMEM backend).
+set -u
+FINAL=${OUT:-/tmp/gpu_s6}
+OUT=/tmp/gpu_s6_work
+source "$(dirname "$0")/gpu_session.sh" "$OUT"
+mkdir -p "$FINAL"
+case "${PART:-deepep}" in
+  deepep)
+    run deepep_tests 200 python3 -m pytest -v -rs -p no:cacheprovider packages/mini-deepep/tests \
+      --junitxml="$FINAL/junit_deepep.xml"
+    run deepep_bench 200 env OUT="$FINAL" python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_deepep.py \
+      ${BENCH_ARGS:-}
+    run multigpu 150 python3 -m pytest -v -rs -p no:cacheprovider runtime/tests integration_tests -m multigpu \
+      --junitxml="$FINAL/junit_multigpu.xml"
+    parts="env summary deepep_tests deepep_bench multigpu" ;;
+esac
+for f in $parts; do echo "=== $f"; cat "$OUT/$f.txt"; done > "$FINAL/log.txt" 2>&1
+cat "$OUT/summary.txt"
+grep -hE "FAILED|ERROR|passed|failed|Error" "$OUT"/deepep_tests.txt "$OUT"/multigpu.txt 2>/dev/null | tail -12
+[ -f "$OUT/deepep_bench.txt" ] && grep -E "^\(|^nvshmem|^layout|same_|combine_m" "$OUT/deepep_bench.txt"
+true
