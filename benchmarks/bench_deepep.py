@@ -72,6 +72,26 @@ def timed_halves(first, second, warmup: int, iters: int) -> tuple[float, float]:
     return float(med[0]), float(med[1])
 
 
+def timed_after(prepare, fn, warmup: int, iters: int) -> float:
+    """Like `timed` for fn(prepare()), timing only fn: prepare's work is done (synchronized) first."""
+    for _ in range(warmup):
+        fn(prepare())
+    times = []
+    for _ in range(iters):
+        state = prepare()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(state)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    med = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
@@ -144,6 +164,10 @@ def main() -> None:
     )
     results["nvshmem dispatch bf16: notify kernel"] = notify_s
     results["nvshmem dispatch bf16: host read + data kernel"] = data_s
+    results["nvshmem dispatch bf16, fixed rows: data kernel alone"] = timed_after(
+        lambda: backend.dispatch_notify([x], topk_idx, topk_w, layout, E, 128),
+        lambda notified: backend.dispatch_data(notified, fixed_rows), W, I,
+    )
     # Program count and sender share of the data kernels (the defaults are one of these points).
     default_sms, default_shares = backend.num_sms, (backend.dispatch_sender_share, backend.combine_sender_share)
     for num_sms in args.sweep_sms:
@@ -202,7 +226,7 @@ def main() -> None:
     )
 
     for name in list(results):
-        if " programs, " in name:
+        if " programs, " in name or "alone" in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []

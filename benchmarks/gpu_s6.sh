@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 6's GPU runs (see docs/reports/gpu-session-2026-11-30-s6.md). PART selects what runs; files come back under $OUT.
 #   source .devdeps/env.sh && PART=deepep bash benchmarks/gpu_s6.sh     (2 x H200)
+# deepep_bench: only the benchmark, with BENCH_ARGS.
 # deepep: mini-deepep's tests (2-GPU NVSHMEM incl. stress and lost peer), its benchmark under torchrun, then the
 #         runtime's and integration tests' multi-GPU tests (they dispatch through the NVSHMEM backend).
 set -u
@@ -17,6 +18,10 @@ case "${PART:-deepep}" in
     run multigpu 150 python3 -m pytest -v -rs -p no:cacheprovider runtime/tests integration_tests -m multigpu \
       --junitxml="$FINAL/junit_multigpu.xml"
     parts="env summary deepep_tests deepep_bench multigpu" ;;
+  deepep_bench)  # the benchmark alone (sweeps through BENCH_ARGS)
+    run deepep_bench 200 env OUT="$FINAL" python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_deepep.py \
+      ${BENCH_ARGS:-}
+    parts="env summary deepep_bench" ;;
 esac
 for f in $parts; do echo "=== $f"; cat "$OUT/$f.txt"; done > "$FINAL/log.txt" 2>&1
 cat "$OUT/summary.txt"
