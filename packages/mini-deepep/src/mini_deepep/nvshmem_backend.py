@@ -137,6 +137,10 @@ class NvshmemBackend:
         # Share of those programs that send (the rest expand or reduce); see docs/reports/deepep-dispatch-combine.md.
         self.dispatch_sender_share = 0.5
         self.combine_sender_share = 0.5
+        # Whole rows each dispatch program moves at once (a power of two dividing L.CHUNK).
+        self.dispatch_tile = 4
+        # Tokens, and row columns, each combine program works on at once.
+        self.combine_tile, self.combine_cols = 2, 2048
         # How long a wait spins on a peer's counter before it gives up and sets ERROR (kernels/signals.py).
         self.timeout_ns = int(wait_timeout_s * 1e9)
         # Running targets of the CONSUMED counters (each bumped once per receiving program of a call),
@@ -240,7 +244,7 @@ class NvshmemBackend:
             NUM_SENDERS=senders, NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
             EXPERTS_PER_RANK=experts_per_rank, A_WORDS=n.a_words, B_WORDS=n.b_words,
             META_WORDS=L.meta_words(num_topk), META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)),
-            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, **_row_blocks(n.a_words, n.b_words),
+            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, **_row_blocks(n.a_words, n.b_words),
             num_warps=8,
         )
         self._dispatch_consumed += grid - senders
@@ -278,8 +282,9 @@ class NvshmemBackend:
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
             self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR),
-            NUM_SENDERS=senders, NUM_RANKS=R, TOPK=handle.num_topk, HIDDEN=hidden,
-            ROW_BLOCK=triton.next_power_of_2(hidden), CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, num_warps=8,
+            NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
+            TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS,
+            TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)), num_warps=8,
         )
         self._combine_consumed += grid - senders
         return out

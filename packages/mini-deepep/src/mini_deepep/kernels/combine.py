@@ -2,8 +2,7 @@
 stores it into the token's home rank; the home rank adds the partials of all ranks.
 
 Arithmetic (the documented combine semantics): partial = bf16(fp32 sum over this rank's k, in k
-order, of w * y); out = bf16(fp32 sum of the partials in rank order). Whole rows are handled at
-once (ROW_BLOCK = hidden rounded up to a power of two) so every program keeps a row in flight.
+order, of w * y); out = bf16(fp32 sum of the partials in rank order).
 
 One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
 - senders compute the partials of the peers' tokens, slot chunk by slot chunk, store them into the
@@ -21,15 +20,16 @@ from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch,
 
 
 @triton.jit
-def _weighted_partial(y, row_weights, pair_rows, TOPK: tl.constexpr, HIDDEN: tl.constexpr, ROW_BLOCK: tl.constexpr):
-    """fp32 [ROW_BLOCK]: sum over k in order of w * y of the token's pairs (pair_rows -> int32 [TOPK], -1 = none)."""
-    cols = tl.arange(0, ROW_BLOCK)
-    acc = tl.zeros([ROW_BLOCK], dtype=tl.float32)
+def _weighted_partials(y, row_weights, pairs, cols, TOPK: tl.constexpr, HIDDEN: tl.constexpr):
+    """fp32 [TILE, COLS]: per token of a tile, the sum over k in order of w * y on columns `cols` ([1, COLS]).
+    pairs: int32 [TILE, TOPK_BLOCK], the output rows of the token's pairs (-1 = none)."""
+    ks = tl.arange(0, pairs.shape[1])[None, :]
+    acc = tl.zeros([pairs.shape[0], cols.shape[1]], dtype=tl.float32)
     for k in tl.static_range(TOPK):
-        p = tl.load(pair_rows + k).to(tl.int64)
+        p = tl.sum(tl.where(ks == k, pairs, 0), axis=1).to(tl.int64)[:, None]  # column k
         here = p >= 0
         w = tl.load(row_weights + p, mask=here, other=0.0)
-        rows = tl.load(y + p * HIDDEN + cols, mask=(cols < HIDDEN) & here, other=0.0)
+        rows = tl.load(y + p * HIDDEN + cols, mask=here & (cols < HIDDEN), other=0.0)
         acc += w * rows.to(tl.float32)
     return acc
 
@@ -41,12 +41,16 @@ def combine_kernel(
     send_slot, out,  # int32 [T, R] (slot of each own token on each rank, -1 = not sent), bf16 [T, HIDDEN]
     num_tokens, slots, rank, epoch, consumed_target, timeout_ns,
     combine_offset, flags_offset, consumed_offset, error_offset,
-    NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, HIDDEN: tl.constexpr,
-    ROW_BLOCK: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
+    TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    TILE: tl.constexpr, COLS: tl.constexpr,
 ):
+    """Grid: NUM_SENDERS sender programs, then reducers. Tokens go TILE at a time (TILE divides CHUNK),
+    rows COLS columns at a time: a program keeps TILE x (k + 1) row pieces in flight and loads a
+    tile's slots and pair rows once, as [TILE, R] and [TILE, k] blocks."""
     pid = tl.program_id(0)
-    cols = tl.arange(0, ROW_BLOCK)
-    in_row = cols < HIDDEN
+    lanes = tl.arange(0, TILE)
+    ks = tl.arange(0, TOPK_BLOCK)[None, :]
     if pid < NUM_SENDERS:
         if NUM_RANKS > 1:
             # Every home rank must have finished reading the previous combine's partials.
@@ -65,15 +69,21 @@ def combine_kernel(
                     peer = peer_offset(peer_offsets, home)
                     # Every used slot sends a partial, even when a caller's fixed row count dropped all its
                     # pairs (then zeros): the home rank adds one partial per rank its token went to.
-                    for slot in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, used)):
-                        acc = _weighted_partial(y, row_weights, positions + (home * slots + slot).to(tl.int64) * TOPK,
-                                                TOPK, HIDDEN, ROW_BLOCK)
-                        dst = buf16 + 2 * peer + combine_offset + (rank * slots + slot).to(tl.int64) * HIDDEN
-                        tl.store(dst + cols, acc.to(tl.bfloat16), mask=in_row)
+                    for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, used), TILE):
+                        slot = first + lanes
+                        ok = (slot < used)[:, None]
+                        pairs = tl.load(positions + (home * slots + slot).to(tl.int64)[:, None] * TOPK + ks,
+                                        mask=ok & (ks < TOPK), other=-1)
+                        dst = buf16 + 2 * peer + combine_offset + (rank * slots + slot).to(tl.int64)[:, None] * HIDDEN
+                        for c0 in range(0, HIDDEN, COLS):
+                            cols = c0 + tl.arange(0, COLS)[None, :]
+                            acc = _weighted_partials(y, row_weights, pairs, cols, TOPK, HIDDEN)
+                            tl.store(dst + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
                     release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
     else:
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
+        rr = tl.arange(0, RANK_BLOCK)[None, :]
         for c in range(reducer, tl.cdiv(num_tokens, CHUNK), num_reducers):
             t = c * CHUNK + tl.arange(0, CHUNK)
             # The token chunk's slots on a peer are consecutive (at most CHUNK of them): two slot chunks at most.
@@ -86,21 +96,25 @@ def combine_kernel(
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
                     wait_at_least(flags + first // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
                     wait_at_least(flags + last // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
-            for i in range(CHUNK):
-                t64 = tl.cast(c * CHUNK + i, tl.int64)
-                if t64 < num_tokens:
-                    acc = tl.zeros([ROW_BLOCK], dtype=tl.float32)
-                    for d in tl.static_range(NUM_RANKS):
-                        slot = tl.load(send_slot + t64 * NUM_RANKS + d)
-                        entry = (d * slots + slot).to(tl.int64)
-                        if slot >= 0:
-                            if d == rank:  # this rank's own experts: the partial straight from y
-                                partial = _weighted_partial(y, row_weights, positions + entry * TOPK, TOPK, HIDDEN,
-                                                            ROW_BLOCK).to(tl.bfloat16)
-                            else:
-                                partial = tl.load(buf16 + combine_offset + entry * HIDDEN + cols, mask=in_row, other=0.0)
-                            acc += partial.to(tl.float32)
-                    tl.store(out + t64 * HIDDEN + cols, acc.to(tl.bfloat16), mask=in_row)
+            for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
+                tokens = (first + lanes).to(tl.int64)
+                ok = (tokens < num_tokens)[:, None]
+                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok & (rr < NUM_RANKS), other=-1)
+                own = tl.sum(tl.where(rr == rank, slot_of, 0), axis=1)[:, None]
+                pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks, mask=(own >= 0) & (ks < TOPK),
+                                other=-1)
+                for c0 in range(0, HIDDEN, COLS):
+                    cols = c0 + tl.arange(0, COLS)[None, :]
+                    acc = tl.zeros([TILE, COLS], dtype=tl.float32)
+                    for d in tl.static_range(NUM_RANKS):  # rank order
+                        if d == rank:  # this rank's own experts: the partial straight from y
+                            partial = _weighted_partials(y, row_weights, pairs, cols, TOPK, HIDDEN).to(tl.bfloat16)
+                        else:
+                            slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)[:, None]
+                            partial = tl.load(buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN + cols,
+                                              mask=(slot >= 0) & (cols < HIDDEN), other=0.0)
+                        acc += partial.to(tl.float32)  # a rank the token did not go to adds +0
+                    tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
         # This program is done with the partials: every expert rank may overwrite them again.
         for j in tl.static_range(1, NUM_RANKS):
             release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)

@@ -3,8 +3,9 @@ then one kernel in which some programs store tokens into the peers and the other
 time, expand arriving tokens into the grouped layout.
 
 Rows move as int32 words (bf16 x, or FP8 x followed by its UE8M0 scales), so one kernel serves
-every payload. A whole row is loaded at once (one block of ROW_BLOCK words) so that every program
-keeps a full row in flight.
+every payload. Tokens move in tiles of TILE whole rows ([TILE, ROW_BLOCK] words), with their
+metadata loaded as [TILE, k] blocks: a program keeps TILE rows in flight, and a token costs no
+chain of dependent scalar loads.
 
 Where a pair lands needs no sort: every rank knows, from the notify, how many of each source's
 tokens picked each of its experts, so segment bases are an aligned cumsum over [source, expert];
@@ -28,12 +29,6 @@ import triton.language as tl
 from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
 
 NO_SLOT = tl.constexpr(1 << 30)  # above every slot: the min of a chunk with no token for a peer
-
-
-@triton.jit
-def _pick(vector, lanes, index):
-    """vector[index] as a scalar (index is a compile-time lane)."""
-    return tl.sum(tl.where(lanes == index, vector, 0), axis=0)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
@@ -78,63 +73,67 @@ def dispatch_notify_kernel(
 
 
 @triton.jit
-def _send_token(dst, row, meta_row, x_a, x_b, topk_idx, topk_weights, rank_in_expert, t64, dest,
-                TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr,
-                ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr):
-    """Store token t64's payload row and its meta (token, local ids on `dest`, weights, ranks in
-    expert) at `row` / `meta_row` of a destination's dispatch area (`dst` = its buffer as int32)."""
+def _send_tokens(dst, entry, ok, tokens, x_a, x_b, topk_idx, topk_weights, rank_in_expert, dest, data_offset,
+                 meta_offset, TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr,
+                 B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr,
+                 META_BLOCK: tl.constexpr):
+    """Store a tile of tokens (int64 [TILE], where `ok`) into a destination's dispatch area (`dst` = its
+    buffer as int32) at slots `entry`: the payload rows, and the meta (token, local ids on `dest`,
+    weights, ranks in expert). A tile keeps TILE whole rows in flight per program."""
     cols = tl.arange(0, ROW_BLOCK)
-    words = tl.load(x_a + t64 * A_WORDS + cols, mask=cols < A_WORDS)
-    tl.store(dst + row + cols, words, mask=cols < A_WORDS)
+    row_words = A_WORDS + B_WORDS
+    in_a = ok[:, None] & (cols < A_WORDS)[None, :]
+    words = tl.load(x_a + tokens[:, None] * A_WORDS + cols[None, :], mask=in_a)
+    tl.store(dst + data_offset + entry[:, None] * row_words + cols[None, :], words, mask=in_a)
     if B_WORDS > 0:
         b_cols = tl.arange(0, B_BLOCK)
-        b_words = tl.load(x_b + t64 * B_WORDS + b_cols, mask=b_cols < B_WORDS)
-        tl.store(dst + row + A_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
-    j = tl.arange(0, META_BLOCK)
+        in_b = ok[:, None] & (b_cols < B_WORDS)[None, :]
+        b_words = tl.load(x_b + tokens[:, None] * B_WORDS + b_cols[None, :], mask=in_b)
+        tl.store(dst + data_offset + entry[:, None] * row_words + A_WORDS + b_cols[None, :], b_words, mask=in_b)
+    j = tl.arange(0, META_BLOCK)[None, :]
     k_of_id = tl.minimum(tl.maximum(j - 1, 0), TOPK - 1)
     k_of_weight = tl.minimum(tl.maximum(j - 1 - TOPK, 0), TOPK - 1)
     k_of_rank = tl.minimum(tl.maximum(j - 1 - 2 * TOPK, 0), TOPK - 1)
-    expert = tl.load(topk_idx + t64 * TOPK + k_of_id)
-    weight_bits = tl.load(topk_weights + t64 * TOPK + k_of_weight).to(tl.int32, bitcast=True)
-    rank_bits = tl.load(rank_in_expert + t64 * TOPK + k_of_rank)
+    t = tokens[:, None]
+    expert = tl.load(topk_idx + t * TOPK + k_of_id, mask=ok[:, None], other=-1)
+    weight_bits = tl.load(topk_weights + t * TOPK + k_of_weight, mask=ok[:, None], other=0.0).to(tl.int32, bitcast=True)
+    rank_bits = tl.load(rank_in_expert + t * TOPK + k_of_rank, mask=ok[:, None], other=0)
     local = expert - dest * EXPERTS_PER_RANK
     local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
-    meta = tl.where(j == 0, t64.to(tl.int32), tl.where(j <= TOPK, local, tl.where(j <= 2 * TOPK, weight_bits, rank_bits)))
-    tl.store(dst + meta_row + j, meta, mask=j < META_WORDS)
+    meta = tl.where(j == 0, t.to(tl.int32), tl.where(j <= TOPK, local, tl.where(j <= 2 * TOPK, weight_bits, rank_bits)))
+    tl.store(dst + meta_offset + entry[:, None] * META_WORDS + j, meta, mask=ok[:, None] & (j < META_WORDS))
 
 
 @triton.jit
-def _place_token(row_a, row_b, local, weight, rank_in_expert, source, slot, token, segment_base, num_rows, slots,
-                 out_a, out_b, grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
-                 TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr,
-                 A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
-    """Expand one received token: its payload (row_a / row_b: int32 word pointers) goes to the output
-    row of every (token, k) pair routed here, with the pair's expert id and weight; the handle
-    learns the token's source, source token and pair rows at entry (source, slot).
-    local, weight, rank_in_expert: [TOPK_BLOCK] (local id -1 = pair not here; lanes >= TOPK are -1)."""
-    ks = tl.arange(0, TOPK_BLOCK)
+def _place_tokens(row_a, row_b, ok, local, weight, rank_in_expert, source, slot, token, segment_base, num_rows, slots,
+                  out_a, out_b, grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
+                  TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr,
+                  A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+    """Expand a tile of received tokens (where `ok`): each payload (row_a / row_b: int32 word pointers
+    [TILE]) goes to the output row of every (token, k) pair routed here, with the pair's expert id and
+    weight; the handle learns each token's source, source token and pair rows at entry (source, slot).
+    local, weight, rank_in_expert: [TILE, TOPK_BLOCK] (local id -1 = pair not here, and for lanes
+    >= TOPK or tokens not ok)."""
+    ks = tl.arange(0, TOPK_BLOCK)[None, :]
     base = tl.load(segment_base + source * EXPERTS_PER_RANK + local, mask=local >= 0, other=0)
     pos = tl.where(local >= 0, base + rank_in_expert, -1)
     pos = tl.where(pos < num_rows, pos, -1)  # a caller's fixed row count may drop pairs
-    here = pos >= 0
     entry = (source * slots + slot).to(tl.int64)
-    tl.store(positions + entry * TOPK + ks, pos, mask=ks < TOPK)
-    tl.store(recv_src_rank + entry, source)
-    tl.store(recv_src_token + entry, token)
-    tl.store(grouped_layout + pos, local, mask=here)
-    tl.store(row_weights + pos, weight, mask=here)
-    if tl.max(pos, axis=0) >= 0:
-        cols = tl.arange(0, ROW_BLOCK)
-        b_cols = tl.arange(0, B_BLOCK)
-        words = tl.load(row_a + cols, mask=cols < A_WORDS)
+    tl.store(positions + entry[:, None] * TOPK + ks, pos, mask=ok[:, None] & (ks < TOPK))
+    tl.store(recv_src_rank + entry, tl.full(entry.shape, source, tl.int32), mask=ok)
+    tl.store(recv_src_token + entry, token, mask=ok)
+    tl.store(grouped_layout + pos, local, mask=pos >= 0)
+    tl.store(row_weights + pos, weight, mask=pos >= 0)
+    cols = tl.arange(0, ROW_BLOCK)[None, :]
+    b_cols = tl.arange(0, B_BLOCK)[None, :]
+    words = tl.load(row_a[:, None] + cols, mask=ok[:, None] & (cols < A_WORDS))
+    if B_WORDS > 0:
+        b_words = tl.load(row_b[:, None] + b_cols, mask=ok[:, None] & (b_cols < B_WORDS))
+    for k in tl.static_range(TOPK):
+        p = tl.sum(tl.where(ks == k, pos, 0), axis=1).to(tl.int64)[:, None]  # column k: [TILE, 1]
+        tl.store(out_a + p * A_WORDS + cols, words, mask=(p >= 0) & (cols < A_WORDS))
         if B_WORDS > 0:
-            b_words = tl.load(row_b + b_cols, mask=b_cols < B_WORDS)
-        for k in tl.static_range(TOPK):
-            p = _pick(pos, ks, k).to(tl.int64)
-            if p >= 0:
-                tl.store(out_a + p * A_WORDS + cols, words, mask=cols < A_WORDS)
-                if B_WORDS > 0:
-                    tl.store(out_b + p * B_WORDS + b_cols, b_words, mask=b_cols < B_WORDS)
+            tl.store(out_b + p * B_WORDS + b_cols, b_words, mask=(p >= 0) & (b_cols < B_WORDS))
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_rows", "epoch", "consumed_target"])  # change every call
@@ -151,11 +150,13 @@ def dispatch_kernel(
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
     EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr,
 ):
+    """Grid: NUM_SENDERS sender programs, then receivers. Tokens move TILE at a time (TILE divides CHUNK)."""
     pid = tl.program_id(0)
     row_words = A_WORDS + B_WORDS
-    ks = tl.arange(0, TOPK_BLOCK)
+    ks = tl.arange(0, TOPK_BLOCK)[None, :]
+    lanes = tl.arange(0, TILE)
     num_chunks = tl.cdiv(num_tokens, CHUNK)
     if pid < NUM_SENDERS:
         if NUM_RANKS > 1:
@@ -174,16 +175,12 @@ def dispatch_kernel(
                 start = tl.minimum(tl.min(tl.where(chunk_slots >= 0, chunk_slots, NO_SLOT), axis=0), end)
                 peer = peer_offset(peer_offsets, dest)
                 dst = buf32 + peer
-                for i in range(CHUNK):
-                    t64 = tl.cast(c * CHUNK + i, tl.int64)
-                    if t64 < num_tokens:
-                        slot = tl.load(send_slot + t64 * NUM_RANKS + dest)
-                        if slot >= 0:
-                            entry = (rank * slots + slot).to(tl.int64)
-                            _send_token(dst, data_offset + entry * row_words, meta_offset + entry * META_WORDS,
-                                        x_a, x_b, topk_idx, topk_weights, rank_in_expert, t64, dest,
-                                        TOPK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK, META_WORDS,
-                                        META_BLOCK)
+                for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
+                    tokens = (first + lanes).to(tl.int64)
+                    slot = tl.load(send_slot + tokens * NUM_RANKS + dest, mask=tokens < num_tokens, other=-1)
+                    _send_tokens(dst, (rank * slots + slot).to(tl.int64), slot >= 0, tokens, x_a, x_b, topk_idx,
+                                 topk_weights, rank_in_expert, dest, data_offset, meta_offset, TOPK, EXPERTS_PER_RANK,
+                                 A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK, META_WORDS, META_BLOCK)
                 bounds = tl.arange(0, 2)
                 tl.store(dst + ranges_offset + (rank * MAX_CHUNKS + c) * 2 + bounds, tl.where(bounds == 0, start, end))
                 release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
@@ -192,20 +189,20 @@ def dispatch_kernel(
         num_receivers = tl.num_programs(0) - NUM_SENDERS
         # This rank's own tokens, straight from x: nothing to wait for.
         for c in range(receiver, num_chunks, num_receivers):
-            for i in range(CHUNK):
-                t64 = tl.cast(c * CHUNK + i, tl.int64)
-                if t64 < num_tokens:
-                    slot = tl.load(send_slot + t64 * NUM_RANKS + rank)
-                    if slot >= 0:
-                        expert = tl.load(topk_idx + t64 * TOPK + ks, mask=ks < TOPK, other=-1)
-                        local = expert - rank * EXPERTS_PER_RANK
-                        local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
-                        weight = tl.load(topk_weights + t64 * TOPK + ks, mask=ks < TOPK, other=0.0)
-                        in_expert = tl.load(rank_in_expert + t64 * TOPK + ks, mask=ks < TOPK, other=0)
-                        _place_token(x_a + t64 * A_WORDS, x_b + t64 * B_WORDS, local, weight, in_expert, rank, slot,
-                                     t64.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
-                                     row_weights, positions, recv_src_rank, recv_src_token,
-                                     TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+            for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
+                tokens = (first + lanes).to(tl.int64)
+                slot = tl.load(send_slot + tokens * NUM_RANKS + rank, mask=tokens < num_tokens, other=-1)
+                ok = slot >= 0
+                pair = ok[:, None] & (ks < TOPK)
+                expert = tl.load(topk_idx + tokens[:, None] * TOPK + ks, mask=pair, other=-1)
+                local = expert - rank * EXPERTS_PER_RANK
+                local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+                weight = tl.load(topk_weights + tokens[:, None] * TOPK + ks, mask=pair, other=0.0)
+                in_expert = tl.load(rank_in_expert + tokens[:, None] * TOPK + ks, mask=pair, other=0)
+                _place_tokens(x_a + tokens * A_WORDS, x_b + tokens * B_WORDS, ok, local, weight, in_expert, rank, slot,
+                              tokens.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
+                              row_weights, positions, recv_src_rank, recv_src_token,
+                              TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
         # The peers' tokens, chunk by chunk as their flags rise.
         for j in tl.static_range(1, NUM_RANKS):
             source = (rank + j) % NUM_RANKS
@@ -214,17 +211,20 @@ def dispatch_kernel(
                               timeout_ns, NUM_RANKS)
                 start = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2)
                 end = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2 + 1)
-                for slot in range(start, end):
+                for first in range(start, end, TILE):
+                    slot = first + lanes
+                    ok = slot < end
+                    pair = ok[:, None] & (ks < TOPK)
                     entry = (source * slots + slot).to(tl.int64)
                     meta = buf32 + meta_offset + entry * META_WORDS
-                    local = tl.load(meta + 1 + ks, mask=ks < TOPK, other=-1)
-                    weight = tl.load(meta + 1 + TOPK + ks, mask=ks < TOPK, other=0).to(tl.float32, bitcast=True)
-                    in_expert = tl.load(meta + 1 + 2 * TOPK + ks, mask=ks < TOPK, other=0)
+                    local = tl.load(meta[:, None] + 1 + ks, mask=pair, other=-1)
+                    weight = tl.load(meta[:, None] + 1 + TOPK + ks, mask=pair, other=0).to(tl.float32, bitcast=True)
+                    in_expert = tl.load(meta[:, None] + 1 + 2 * TOPK + ks, mask=pair, other=0)
                     row = buf32 + data_offset + entry * row_words
-                    _place_token(row, row + A_WORDS, local, weight, in_expert, source, slot, tl.load(meta),
-                                 segment_base, num_rows, slots, out_a, out_b, grouped_layout, row_weights, positions,
-                                 recv_src_rank, recv_src_token,
-                                 TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+                    _place_tokens(row, row + A_WORDS, ok, local, weight, in_expert, source, slot,
+                                  tl.load(meta, mask=ok, other=-1), segment_base, num_rows, slots, out_a, out_b,
+                                  grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
+                                  TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
         # This program is done with the receive area: every source may overwrite its slots again.
         for j in tl.static_range(1, NUM_RANKS):
             release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)
