@@ -1,9 +1,12 @@
-"""Single-process checks of the routing layout against plain loops (exact: integer outputs)."""
+"""Single-process checks of the routing layout against plain loops (exact: integer outputs), and of the
+layout kernels against the torch path (GPU; also on CPU under TRITON_INTERPRET=1, which CI does not run)."""
+
+import os
 
 import pytest
 import torch
 
-from mini_deepep.layout import get_dispatch_layout, local_expert_ids, plan_expert_segments
+from mini_deepep.layout import get_dispatch_layout, get_dispatch_layout_torch, local_expert_ids, plan_expert_segments
 from mini_deepep.reference import reference_receive
 from mini_deepep.testing import Scenario, make_inputs
 
@@ -63,3 +66,76 @@ def test_plan_fixed_rows_drops_overflow_and_pads() -> None:
     assert seg.grouped_layout.tolist() == [0, 0, -1, -1, 1]
     assert seg.positions.tolist() == [[0, 4], [-1, -1], [1, -1]]
     assert int(seg.num_rows) == 8
+
+
+# The layout kernels run on CUDA, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, slow).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNELS_RUN = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _routing(kind: str, num_tokens: int, num_topk: int, num_experts: int, num_ranks: int, seed: int) -> torch.Tensor:
+    """int64 [T, K] expert ids, distinct per token, with -1 entries and whole rows of -1 at random.
+
+    kind "one_rank": every expert on rank 0 (the other ranks receive nothing); "duplicates": some tokens list an
+    expert twice (not a valid routing; the kernels count it once, as the torch path does)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = num_experts // num_ranks if kind == "one_rank" else num_experts
+    idx = torch.rand(num_tokens, pool, generator=g).argsort(dim=1)[:, :num_topk]
+    idx[torch.rand(num_tokens, num_topk, generator=g) < 0.1] = -1
+    idx[torch.rand(num_tokens, generator=g) < 0.05] = -1
+    if kind == "duplicates" and num_topk > 1:
+        twice = torch.rand(num_tokens, generator=g) < 0.2
+        idx[twice, -1] = idx[twice, 0]
+    return idx
+
+
+# (kind, T, K, E, R). Small cases are checked in three forms of topk_idx, large ones as contiguous int64 only
+# (under the interpreter the T=16384 case alone takes minutes).
+SMALL_CASES = [
+    *[("random", t, k, e, r) for t in (1, 7, 97) for k in range(1, 9) for e, r in ((8, 1), (16, 2), (384, 8))],
+    *[("random", t, 6, e, r) for t in (0, 33) for e, r in ((384, 2), (1024, 4), (1024, 8))],
+    ("one_rank", 97, 6, 384, 8), ("duplicates", 97, 6, 384, 8),
+]
+LARGE_CASES = [
+    *[("random", 4095, 6, e, r) for e, r in ((384, 2), (1024, 4), (1024, 8))],
+    ("random", 4096, 6, 384, 2), ("random", 4096, 6, 384, 8), ("random", 16384, 8, 1024, 8),
+    ("one_rank", 4096, 6, 384, 2), ("duplicates", 4096, 8, 64, 4),
+]
+FORMS = ("int64", "int32", "strided")  # strided: an int64 column slice of a wider tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not KERNELS_RUN, reason="needs CUDA (or TRITON_INTERPRET=1)")
+@pytest.mark.parametrize(
+    ("case", "form"), [(c, f) for c in SMALL_CASES for f in FORMS] + [(c, "int64") for c in LARGE_CASES],
+    ids=lambda v: "{}-T{}-K{}-E{}-R{}".format(*v) if isinstance(v, tuple) else v,
+)
+def test_layout_kernels_match_torch(case: tuple[str, int, int, int, int], form: str) -> None:
+    dispatch_layout = pytest.importorskip("mini_deepep.kernels.layout").dispatch_layout
+    kind, num_tokens, num_topk, num_experts, num_ranks = case
+    idx = _routing(kind, num_tokens, num_topk, num_experts, num_ranks, seed=num_tokens * num_topk + num_ranks)
+    idx = idx.to(device=KERNEL_DEVICE, dtype=torch.int32 if form == "int32" else torch.int64)
+    if form == "strided":
+        wide = torch.full((num_tokens, num_topk + 3), -1, dtype=idx.dtype, device=KERNEL_DEVICE)
+        wide[:, 1:num_topk + 1] = idx
+        idx = wide[:, 1:num_topk + 1]
+    got = dispatch_layout(idx, num_experts, num_ranks)
+    for name, value, ref in zip(got._fields, got, get_dispatch_layout_torch(idx, num_experts, num_ranks)):
+        assert value.dtype == ref.dtype and value.shape == ref.shape, name
+        assert torch.equal(value, ref), f"{name} differs ({case}, {form})"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_layout_kernels_replay_in_cuda_graph() -> None:
+    """No host sync and fixed shapes: a captured layout recomputes correctly for new routings."""
+    idx = _routing("random", 4096, 6, 384, 8, seed=1).cuda()
+    get_dispatch_layout(idx, 384, 8)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = get_dispatch_layout(idx, 384, 8)
+    for seed in (2, 3):
+        idx.copy_(_routing("random", 4096, 6, 384, 8, seed=seed))
+        graph.replay()
+        for name, value, ref in zip(captured._fields, captured, get_dispatch_layout_torch(idx, 384, 8)):
+            assert torch.equal(value, ref), name

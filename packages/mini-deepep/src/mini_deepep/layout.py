@@ -1,12 +1,15 @@
 """Routing layouts: who sends what where, and where received rows land.
 
-Everything here is plain torch with fixed output shapes (no `nonzero`, no `.item()`), so it runs on
-any device, never synchronises with the host (except `plan_expert_segments` when asked for an exact
-row count) and is shared by both backends.
+Everything here has fixed output shapes (no `nonzero`, no `.item()`), so it never synchronises with
+the host (except `plan_expert_segments` when asked for an exact row count) and is shared by both
+backends. It is plain torch and runs on any device, except `get_dispatch_layout` on CUDA, which runs
+two Triton kernels (kernels/layout.py) instead of ~10 launch-bound torch ops; its torch form,
+`get_dispatch_layout_torch`, stays as the CPU path and the kernels' oracle.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -48,16 +51,35 @@ class ExpertSegments(NamedTuple):
     num_rows: torch.Tensor
 
 
+@functools.cache
+def _triton_available() -> bool:
+    """triton is optional (the CPU path needs only torch); looked up once, not on every call."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> DispatchLayout:
     """Count tokens per rank and per expert.
 
     topk_idx: int [num_tokens, num_topk], global expert ids, -1 = no expert. Experts are split into
     `num_ranks` contiguous blocks of num_experts / num_ranks (rank r owns experts
     [r * E_l, (r + 1) * E_l)). The experts of one token are expected to be distinct.
+    CUDA tensors (with triton installed) take the Triton kernels, others `get_dispatch_layout_torch`;
+    both give the same outputs bit for bit.
     """
-    if num_experts % num_ranks != 0:
-        raise ValueError(f"num_experts={num_experts} is not divisible by num_ranks={num_ranks}")
-    experts_per_rank = num_experts // num_ranks
+    if topk_idx.is_cuda and _triton_available():
+        from mini_deepep.kernels.layout import dispatch_layout
+
+        return dispatch_layout(topk_idx, num_experts, num_ranks)
+    return get_dispatch_layout_torch(topk_idx, num_experts, num_ranks)
+
+
+def get_dispatch_layout_torch(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> DispatchLayout:
+    """`get_dispatch_layout` in plain torch ops (any device): the CPU path and the oracle of the kernels."""
+    experts_per_rank = split_experts(num_experts, num_ranks)
     num_tokens = topk_idx.shape[0]
     valid = topk_idx >= 0
     # Invalid entries go to one extra column that is sliced away, which keeps every shape fixed.
@@ -76,6 +98,13 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
         in_rank.sum(0, dtype=torch.int32), picked.sum(1, dtype=torch.int32)[:num_experts], in_rank,
         send_slots(in_rank), rank_in_expert,
     )
+
+
+def split_experts(num_experts: int, num_ranks: int) -> int:
+    """Experts per rank (rank r owns [r * E_l, (r + 1) * E_l)); ValueError unless they split evenly."""
+    if num_experts % num_ranks != 0:
+        raise ValueError(f"num_experts={num_experts} is not divisible by num_ranks={num_ranks}")
+    return num_experts // num_ranks
 
 
 def send_slots(is_token_in_rank: torch.Tensor) -> torch.Tensor:
