@@ -6,7 +6,7 @@ Rows (per rank; times are the max over ranks of the per-rank median, CUDA events
 each iteration starting from a barrier):
   nvshmem  dispatch bf16 / fp8 (exact row count: one host read), dispatch bf16 with fixed rows
            (no host sync), combine bf16; the dispatch halves (notify; host read + data kernel); a
-           sweep of the data kernels' program count and sender share
+           sweep of the data kernels' program count, sender share and tile shapes
   (a) torch+NCCL: the same API on all_to_all_single (layout, permute, all_to_all, un-permute)
   (b) bare NCCL all_to_all_single of exactly the dispatched bytes
   (c) store-to-peer Triton copy of the bytes that cross NVLink (both GPUs writing): the ceiling
@@ -30,6 +30,7 @@ import triton
 
 from mini_deepep import Buffer
 from mini_deepep.kernels.peer_copy import peer_copy_kernel
+from mini_deepep.layout import get_dispatch_layout_torch
 
 
 def timed(fn, warmup: int, iters: int) -> float:
@@ -101,6 +102,8 @@ def main() -> None:
     ap.add_argument("--num-sms", type=int, default=None, help="programs of the data kernels (default: every SM)")
     ap.add_argument("--sweep-sms", type=int, nargs="*", default=[32, 64, 132])
     ap.add_argument("--sweep-shares", type=float, nargs="*", default=[0.25, 0.5, 0.75])
+    ap.add_argument("--sweep-dispatch-tiles", type=int, nargs="*", default=[1, 2, 4])
+    ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"], help="tokens x columns")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
@@ -182,7 +185,20 @@ def main() -> None:
             )
     nv.set_num_sms(default_sms)
     backend.dispatch_sender_share, backend.combine_sender_share = default_shares
-    results["layout (get_dispatch_layout)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
+    default_tiles = (backend.dispatch_tile, backend.combine_tile, backend.combine_cols)
+    for tile in args.sweep_dispatch_tiles:
+        backend.dispatch_tile = tile
+        results[f"nvshmem dispatch bf16, fixed rows, {tile}-row tiles"] = timed(
+            lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+        )
+    for tile_cols in args.sweep_combine_tiles:
+        backend.combine_tile, backend.combine_cols = map(int, tile_cols.split("x"))
+        results[f"nvshmem combine bf16, {tile_cols} tiles"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
+    backend.dispatch_tile, backend.combine_tile, backend.combine_cols = default_tiles
+    results["layout, torch ops (get_dispatch_layout_torch)"] = timed(
+        lambda: get_dispatch_layout_torch(topk_idx, E, world), W, I
+    )
+    results["layout (get_dispatch_layout, Triton on CUDA)"] = timed(lambda: nv.get_dispatch_layout(topk_idx, E), W, I)
     results["(a) torch+NCCL dispatch bf16"] = timed(lambda: tb.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
     results["(a) torch+NCCL dispatch fp8"] = timed(lambda: tb.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout), W, I)
     results["(a) torch+NCCL combine bf16"] = timed(lambda: tb.combine(y, res_tb.handle), W, I)
@@ -226,7 +242,7 @@ def main() -> None:
     )
 
     for name in list(results):
-        if " programs, " in name or "alone" in name:
+        if " programs, " in name or "alone" in name or " tiles" in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []
@@ -238,7 +254,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(), "world": world, "torch": torch.__version__,
             "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": default_sms,
-            "sender_shares_default": default_shares,
+            "sender_shares_default": default_shares, "tiles_default (dispatch, combine, combine cols)": default_tiles,
             "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
             "recv_rows_rank0": rows,
             "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,

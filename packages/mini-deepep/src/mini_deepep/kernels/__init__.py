@@ -1,1 +1,1 @@
-"""Triton kernels of the NVSHMEM backend (imported lazily: triton is optional)."""
+"""Triton kernels: the NVSHMEM backend's dispatch/combine and the routing layout (imported lazily: triton is optional)."""
