@@ -11,6 +11,8 @@ each iteration starting from a barrier):
   (b) bare NCCL all_to_all_single of exactly the dispatched bytes
   (c) store-to-peer Triton copy of the bytes that cross NVLink (both GPUs writing): the ceiling
   (d) the seed's EP scheme: all_gather x, then reduce_scatter the [R*T, hidden] outputs
+Rows ending in ", queued" time the GPU alone: the launches wait behind a GPU sleep (see `timed`).
+Phase times: one traced call of each data kernel (per program %globaltimer stamps; in the JSON meta).
 Bandwidth: "recv GB/s" is DeepEP's metric (received tokens x hidden x 2 bytes / time, FP8 scaled by
 (1 + 4/128) / 2 is not applied: we count the real FP8 bytes); "NVLink GB/s" counts only the bytes
 that crossed NVLink (rows from/to the other rank). Results: a table on stdout and JSON under $OUT.
@@ -31,10 +33,14 @@ import triton
 from mini_deepep import Buffer
 from mini_deepep.kernels.peer_copy import peer_copy_kernel
 from mini_deepep.layout import get_dispatch_layout_torch
+from mini_deepep.nvshmem_backend import split_programs
 
 
-def timed(fn, warmup: int, iters: int) -> float:
-    """Median seconds of fn() on this rank, max over ranks; every iteration starts from a barrier."""
+def timed(fn, warmup: int, iters: int, queue_us: float = 0.0) -> float:
+    """Median seconds of fn() on this rank, max over ranks; every iteration starts from a barrier.
+
+    queue_us > 0: a GPU sleep of that long is queued before the start event, so fn's launches are queued
+    while it runs and the time is the GPU's alone (no CPU launch gaps), as when the host runs ahead."""
     for _ in range(warmup):
         fn()
     times = []
@@ -42,6 +48,8 @@ def timed(fn, warmup: int, iters: int) -> float:
         dist.barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queue_us:
+            torch.cuda._sleep(int(queue_us * 1.98e3))  # SM cycles at H200's ~1.98 GHz boost clock
         start.record()
         fn()
         end.record()
@@ -91,6 +99,16 @@ def timed_after(prepare, fn, warmup: int, iters: int) -> float:
     med = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med)
+
+
+def phase_times(trace: torch.Tensor, senders: int) -> dict[str, dict[str, float]]:
+    """Per role of a traced data kernel, us since its earliest program start: median and max of each phase's end."""
+    rel = (trace.cpu() - trace[:, 0].min().cpu()).double() / 1e3
+    summary = {}
+    for role, rows in (("senders", rel[:senders]), ("receivers", rel[senders:])):
+        summary[role] = {f"{stat} {phase}": float(getattr(rows[:, col], stat)()) for col, phase in
+                         ((0, "start"), (1, "phase 1"), (2, "phase 2"), (3, "end")) for stat in ("median", "max")}
+    return summary
 
 
 def main() -> None:
@@ -195,6 +213,23 @@ def main() -> None:
         backend.combine_tile, backend.combine_cols = map(int, tile_cols.split("x"))
         results[f"nvshmem combine bf16, {tile_cols} tiles"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = default_tiles
+    # Where the time goes inside the data kernels: per-program phase times (%globaltimer) of one traced call each.
+    backend.trace = True
+    traced = {}
+    for name, fn in (
+        ("dispatch bf16, fixed rows", lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows)),
+        ("combine bf16", lambda: nv.combine(y, res_nv.handle)),
+    ):
+        share = backend.dispatch_sender_share if name.startswith("dispatch") else backend.combine_sender_share
+        for _ in range(3):  # the last of a few calls, each from a barrier
+            dist.barrier()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, phase_times(backend.last_trace, split_programs(backend.num_sms, share)[0]))
+        traced[name] = per_rank
+    backend.trace = False
     results["layout, torch ops (get_dispatch_layout_torch)"] = timed(
         lambda: get_dispatch_layout_torch(topk_idx, E, world), W, I
     )
@@ -241,6 +276,19 @@ def main() -> None:
         lambda: dist.reduce_scatter_tensor(scattered, gathered), W, I
     )
 
+    # The headline rows again with launches queued behind a GPU sleep: GPU time without CPU launch gaps.
+    queued = {
+        "nvshmem dispatch bf16, fixed rows": lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows),
+        "nvshmem dispatch fp8, fixed rows": lambda: nv.dispatch(x_fp8, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows),
+        "nvshmem combine bf16": lambda: nv.combine(y, res_nv.handle),
+        "layout (get_dispatch_layout, Triton on CUDA)": lambda: nv.get_dispatch_layout(topk_idx, E),
+        "(b) NCCL all_to_all_single, dispatched bf16 bytes": lambda: dist.all_to_all_single(recv_bytes, send_bytes, out_split, in_split),
+        "(d) all_gather x (EP baseline dispatch)": lambda: dist.all_gather_into_tensor(gathered, x),
+    }
+    for name, fn in queued.items():
+        results[f"{name}, queued"] = timed(fn, W, I, queue_us=400)
+        bytes_of[f"{name}, queued"] = bytes_of.get(name, bytes_of["nvshmem dispatch fp8"] if "fp8" in name else (0, 0))
+
     for name in list(results):
         if " programs, " in name or "alone" in name or " tiles" in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
@@ -260,6 +308,7 @@ def main() -> None:
             "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,
                       "combine_max_abs_diff_vs_torch": combine_max_diff, "combine_mismatch_fraction": combine_mismatch},
         }
+        meta["phase_times_us"] = traced
         print(json.dumps(meta, indent=1))
         print(f"{'case':52s} {'us':>9s} {'recv GB/s':>10s} {'NVLink GB/s':>12s}")
         for row in table:

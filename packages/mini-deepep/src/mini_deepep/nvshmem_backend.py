@@ -69,7 +69,7 @@ class _Notified:
     epoch: int
 
 
-def _split_programs(num_programs: int, sender_share: float) -> tuple[int, int]:
+def split_programs(num_programs: int, sender_share: float) -> tuple[int, int]:
     """(senders, grid) of a data kernel with `num_programs` programs: at least one of each role."""
     grid = max(2, num_programs)
     senders = min(grid - 1, max(1, round(grid * sender_share)))
@@ -141,6 +141,10 @@ class NvshmemBackend:
         self.dispatch_tile = 4
         # Tokens, and row columns, each combine program works on at once.
         self.combine_tile, self.combine_cols = 2, 2048
+        # trace = True: each data kernel records its programs' phase times (%globaltimer ns) in `last_trace`,
+        # int64 [grid, 4] (start, phase 1 done, phase 2 done, end; phases in the kernels' docstrings).
+        self.trace = False
+        self.last_trace: torch.Tensor | None = None
         # How long a wait spins on a peer's counter before it gives up and sets ERROR (kernels/signals.py).
         self.timeout_ns = int(wait_timeout_s * 1e9)
         # Running targets of the CONSUMED counters (each bumped once per receiving program of a call),
@@ -231,7 +235,7 @@ class NvshmemBackend:
         positions = torch.full((R * slots, num_topk), -1, dtype=torch.int32, device=dev)
         recv_src_rank = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
         recv_src_token = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
-        senders, grid = _split_programs(self.num_sms, self.dispatch_sender_share)
+        senders, grid = split_programs(self.num_sms, self.dispatch_sender_share)
         dispatch_kernel[(grid,)](
             self.buf32, self.buf64, self.peer_offsets,
             _nonempty(n.parts[0]), _nonempty(n.parts[-1]), _nonempty(n.topk_idx), _nonempty(n.topk_weights),
@@ -241,10 +245,12 @@ class NvshmemBackend:
             num_tokens, num_rows, self.rank, n.epoch, self._dispatch_consumed, self.timeout_ns, slots,
             self.layout.dispatch_offset, n.meta_offset, self.layout.dispatch_flags_offset,
             self.layout.chunk_ranges_offset, self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
+            self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
             EXPERTS_PER_RANK=experts_per_rank, A_WORDS=n.a_words, B_WORDS=n.b_words,
             META_WORDS=L.meta_words(num_topk), META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)),
-            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, **_row_blocks(n.a_words, n.b_words),
+            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, TRACE=self.trace,
+            **_row_blocks(n.a_words, n.b_words),
             num_warps=8,
         )
         self._dispatch_consumed += grid - senders
@@ -267,6 +273,13 @@ class NvshmemBackend:
         recv_x = outs[0] if len(outs) == 1 else (outs[0], outs[1])
         return DispatchResult(recv_x, grouped_layout, row_weights, n.tokens_per_expert, handle)
 
+    def _trace_buffer(self, grid: int) -> torch.Tensor:
+        """Where a data kernel writes its phase times (when not tracing, any int64 tensor: never touched)."""
+        if not self.trace:
+            return self.peer_offsets
+        self.last_trace = torch.zeros(grid, 4, dtype=torch.int64, device=self.device)
+        return self.last_trace
+
     def combine(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> torch.Tensor:
         R, hidden = self.num_ranks, y.shape[1]
         slots = handle.positions.shape[0] // R
@@ -274,17 +287,18 @@ class NvshmemBackend:
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
         self._combine_epoch += 1
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
-        senders, grid = _split_programs(self.num_sms, self.combine_sender_share)
+        senders, grid = split_programs(self.num_sms, self.combine_sender_share)
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
             _nonempty(handle.send_slot), _nonempty(out),
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
             self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
-            self._header(L.ERROR),
+            self._header(L.ERROR), self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS,
-            TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)), num_warps=8,
+            TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)), TRACE=self.trace,
+            num_warps=8,
         )
         self._combine_consumed += grid - senders
         return out

@@ -15,7 +15,9 @@ One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
 import triton
 import triton.language as tl
 
-from mini_deepep.kernels.dispatch import NO_SLOT
+from triton.language.extra.cuda import globaltimer
+
+from mini_deepep.kernels.dispatch import NO_SLOT, _store_trace
 from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
 
 
@@ -41,14 +43,19 @@ def combine_kernel(
     send_slot, out,  # int32 [T, R] (slot of each own token on each rank, -1 = not sent), bf16 [T, HIDDEN]
     num_tokens, slots, rank, epoch, consumed_target, timeout_ns,
     combine_offset, flags_offset, consumed_offset, error_offset,
+    trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
     TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
-    TILE: tl.constexpr, COLS: tl.constexpr,
+    TILE: tl.constexpr, COLS: tl.constexpr, TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Tokens go TILE at a time (TILE divides CHUNK),
     rows COLS columns at a time: a program keeps TILE x (k + 1) row pieces in flight and loads a
-    tile's slots and pair rows once, as [TILE, R] and [TILE, k] blocks."""
+    tile's slots and pair rows once, as [TILE, R] and [TILE, k] blocks.
+    Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (waited
+    for the first chunk's flags, reduced every token)."""
     pid = tl.program_id(0)
+    if TRACE:
+        started = globaltimer()
     lanes = tl.arange(0, TILE)
     ks = tl.arange(0, TOPK_BLOCK)[None, :]
     if pid < NUM_SENDERS:
@@ -58,6 +65,9 @@ def combine_kernel(
                 if d != rank:
                     wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset,
                                   timeout_ns, NUM_RANKS)
+        if TRACE:
+            phase1 = globaltimer()
+        if NUM_RANKS > 1:
             most_chunks = 0
             for j in tl.static_range(1, NUM_RANKS):
                 most_chunks = tl.maximum(most_chunks, tl.cdiv(tl.load(recv_tokens + (rank + j) % NUM_RANKS), CHUNK))
@@ -80,10 +90,14 @@ def combine_kernel(
                             acc = _weighted_partials(y, row_weights, pairs, cols, TOPK, HIDDEN)
                             tl.store(dst + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
                     release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
+        if TRACE:
+            phase2 = globaltimer()
     else:
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
+        if TRACE:
+            phase1 = started  # set again after the first chunk's waits
         for c in range(reducer, tl.cdiv(num_tokens, CHUNK), num_reducers):
             t = c * CHUNK + tl.arange(0, CHUNK)
             # The token chunk's slots on a peer are consecutive (at most CHUNK of them): two slot chunks at most.
@@ -96,6 +110,8 @@ def combine_kernel(
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
                     wait_at_least(flags + first // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
                     wait_at_least(flags + last // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+            if TRACE:
+                phase1 = tl.where(phase1 == started, globaltimer(), phase1)
             for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
                 tokens = (first + lanes).to(tl.int64)
                 ok = (tokens < num_tokens)[:, None]
@@ -115,6 +131,10 @@ def combine_kernel(
                                               mask=(slot >= 0) & (cols < HIDDEN), other=0.0)
                         acc += partial.to(tl.float32)  # a rank the token did not go to adds +0
                     tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
+        if TRACE:
+            phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.
         for j in tl.static_range(1, NUM_RANKS):
             release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)
+    if TRACE:
+        _store_trace(trace, pid, started, phase1, phase2)

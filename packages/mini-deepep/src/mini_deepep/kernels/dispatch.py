@@ -25,6 +25,7 @@ keeps a sender of its own rank from running.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer
 
 from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
 
@@ -70,6 +71,15 @@ def dispatch_notify_kernel(
         base += tl.load(buf32 + expert_counts_offset + s * MAX_LOCAL_EXPERTS + e, mask=in_range, other=0)
         tl.store(recv_tokens + s, tl.load(buf64 + count_offset + s).to(tl.int32))
         tl.store(source_tokens + s, tl.load(buf64 + source_tokens_offset + s).to(tl.int32))
+
+
+@triton.jit
+def _store_trace(trace, pid, started, phase1, phase2):
+    """trace[pid] = (started, phase1, phase2, now): %globaltimer ns of a program's phases."""
+    i = tl.arange(0, 4)
+    now = globaltimer()
+    stamps = tl.where(i == 0, started, tl.where(i == 1, phase1, tl.where(i == 2, phase2, now)))
+    tl.store(trace + pid * 4 + i, stamps)
 
 
 @triton.jit
@@ -147,13 +157,18 @@ def dispatch_kernel(
     num_tokens, num_rows, rank, epoch, consumed_target, timeout_ns, slots,
     data_offset, meta_offset, flags_offset, ranges_offset,  # dispatch area (int32 words), chunk flags (int64), ranges (int32)
     consumed_offset, error_offset,  # int64-word offsets of header arrays
+    trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
     EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr, TRACE: tl.constexpr,
 ):
-    """Grid: NUM_SENDERS sender programs, then receivers. Tokens move TILE at a time (TILE divides CHUNK)."""
+    """Grid: NUM_SENDERS sender programs, then receivers. Tokens move TILE at a time (TILE divides CHUNK).
+    Phases traced: senders (waited for the peers' CONSUMED, stored every chunk), receivers (own tokens
+    expanded, peers' chunks expanded)."""
     pid = tl.program_id(0)
+    if TRACE:
+        started = globaltimer()
     row_words = A_WORDS + B_WORDS
     ks = tl.arange(0, TOPK_BLOCK)[None, :]
     lanes = tl.arange(0, TILE)
@@ -165,6 +180,9 @@ def dispatch_kernel(
                 if d != rank:
                     wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset,
                                   timeout_ns, NUM_RANKS)
+        if TRACE:
+            phase1 = globaltimer()
+        if NUM_RANKS > 1:
             # Items: chunk-major over the remote destinations, so every peer's chunks arrive in order.
             for item in range(pid, num_chunks * (NUM_RANKS - 1), NUM_SENDERS):
                 c = item // (NUM_RANKS - 1)
@@ -184,6 +202,8 @@ def dispatch_kernel(
                 bounds = tl.arange(0, 2)
                 tl.store(dst + ranges_offset + (rank * MAX_CHUNKS + c) * 2 + bounds, tl.where(bounds == 0, start, end))
                 release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
+        if TRACE:
+            phase2 = globaltimer()
     else:
         receiver = pid - NUM_SENDERS
         num_receivers = tl.num_programs(0) - NUM_SENDERS
@@ -203,6 +223,8 @@ def dispatch_kernel(
                               tokens.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
                               row_weights, positions, recv_src_rank, recv_src_token,
                               TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+        if TRACE:
+            phase1 = globaltimer()
         # The peers' tokens, chunk by chunk as their flags rise.
         for j in tl.static_range(1, NUM_RANKS):
             source = (rank + j) % NUM_RANKS
@@ -225,6 +247,10 @@ def dispatch_kernel(
                                   tl.load(meta, mask=ok, other=-1), segment_base, num_rows, slots, out_a, out_b,
                                   grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
                                   TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+        if TRACE:
+            phase2 = globaltimer()
         # This program is done with the receive area: every source may overwrite its slots again.
         for j in tl.static_range(1, NUM_RANKS):
             release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)
+    if TRACE:
+        _store_trace(trace, pid, started, phase1, phase2)
