@@ -11,7 +11,8 @@ each iteration starting from a barrier):
   (b) bare NCCL all_to_all_single of exactly the dispatched bytes
   (c) store-to-peer Triton copy of the bytes that cross NVLink (both GPUs writing): the ceiling
   (d) the seed's EP scheme: all_gather x, then reduce_scatter the [R*T, hidden] outputs
-Rows ending in ", queued" time the GPU alone: the launches wait behind a GPU sleep (see `timed`).
+Rows ending in ", queued" time the GPU alone: the launches wait behind a GPU sleep (see `timed`); ", steady"
+rows time 10 back-to-back calls (per call), so the ranks' start skew is paid once: the sweeps use them.
 Phase times: one traced call of each data kernel (per program %globaltimer stamps; in the JSON meta).
 Bandwidth: "recv GB/s" is DeepEP's metric (received tokens x hidden x 2 bytes / time, FP8 scaled by
 (1 + 4/128) / 2 is not applied: we count the real FP8 bytes); "NVLink GB/s" counts only the bytes
@@ -36,11 +37,14 @@ from mini_deepep.layout import get_dispatch_layout_torch
 from mini_deepep.nvshmem_backend import split_programs
 
 
-def timed(fn, warmup: int, iters: int, queue_us: float = 0.0) -> float:
+def timed(fn, warmup: int, iters: int, queue_us: float = 0.0, calls: int = 1) -> float:
     """Median seconds of fn() on this rank, max over ranks; every iteration starts from a barrier.
 
     queue_us > 0: a GPU sleep of that long is queued before the start event, so fn's launches are queued
-    while it runs and the time is the GPU's alone (no CPU launch gaps), as when the host runs ahead."""
+    while it runs and the time is the GPU's alone (no CPU launch gaps), as when the host runs ahead.
+    calls > 1: each iteration times that many back-to-back calls and reports the time per call, so the
+    skew between the ranks' starts (one rank's kernel waiting for the other's) is paid once, not per call:
+    the steady state of a model that dispatches layer after layer."""
     for _ in range(warmup):
         fn()
     times = []
@@ -51,10 +55,11 @@ def timed(fn, warmup: int, iters: int, queue_us: float = 0.0) -> float:
         if queue_us:
             torch.cuda._sleep(int(queue_us * 1.98e3))  # SM cycles at H200's ~1.98 GHz boost clock
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / calls)
     med = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med)
@@ -99,6 +104,10 @@ def timed_after(prepare, fn, warmup: int, iters: int) -> float:
     med = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med)
+
+
+# "steady" rows: STEADY_CALLS back-to-back calls per timed window, queued behind a GPU sleep (see `timed`).
+STEADY_CALLS, STEADY_QUEUE_US = 10, 3000
 
 
 def phase_times(trace: torch.Tensor, senders: int) -> dict[str, dict[str, float]]:
@@ -195,23 +204,27 @@ def main() -> None:
         for share in args.sweep_shares:
             nv.set_num_sms(num_sms)
             backend.dispatch_sender_share = backend.combine_sender_share = share
-            results[f"nvshmem dispatch bf16, fixed rows, {num_sms} programs, {share:.2f} send"] = timed(
-                lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+            results[f"nvshmem dispatch bf16, fixed rows, {num_sms} programs, {share:.2f} send, steady"] = timed(
+                lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
+                queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
             )
-            results[f"nvshmem combine bf16, {num_sms} programs, {share:.2f} send"] = timed(
-                lambda: nv.combine(y, res_nv.handle), W, I
+            results[f"nvshmem combine bf16, {num_sms} programs, {share:.2f} send, steady"] = timed(
+                lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
             )
     nv.set_num_sms(default_sms)
     backend.dispatch_sender_share, backend.combine_sender_share = default_shares
     default_tiles = (backend.dispatch_tile, backend.combine_tile, backend.combine_cols)
     for tile in args.sweep_dispatch_tiles:
         backend.dispatch_tile = tile
-        results[f"nvshmem dispatch bf16, fixed rows, {tile}-row tiles"] = timed(
-            lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I
+        results[f"nvshmem dispatch bf16, fixed rows, {tile}-row tiles, steady"] = timed(
+            lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
+            queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
         )
     for tile_cols in args.sweep_combine_tiles:
         backend.combine_tile, backend.combine_cols = map(int, tile_cols.split("x"))
-        results[f"nvshmem combine bf16, {tile_cols} tiles"] = timed(lambda: nv.combine(y, res_nv.handle), W, I)
+        results[f"nvshmem combine bf16, {tile_cols} tiles, steady"] = timed(
+            lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS
+        )
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = default_tiles
     # Where the time goes inside the data kernels: per-program phase times (%globaltimer) of one traced call each.
     backend.trace = True
@@ -285,12 +298,18 @@ def main() -> None:
         "(b) NCCL all_to_all_single, dispatched bf16 bytes": lambda: dist.all_to_all_single(recv_bytes, send_bytes, out_split, in_split),
         "(d) all_gather x (EP baseline dispatch)": lambda: dist.all_gather_into_tensor(gathered, x),
     }
+    queued["(c) store-to-peer copy, 132x4096 words"] = lambda: peer_copy_kernel[(132,)](
+        src_words, backend.buf32, backend.peer_offsets, peer, backend.layout.dispatch_offset, remote_words,
+        BLOCK=4096, num_warps=8,
+    )
     for name, fn in queued.items():
+        nbytes = bytes_of.get(name, bytes_of["nvshmem dispatch fp8"] if "fp8" in name else (0, 0))
         results[f"{name}, queued"] = timed(fn, W, I, queue_us=400)
-        bytes_of[f"{name}, queued"] = bytes_of.get(name, bytes_of["nvshmem dispatch fp8"] if "fp8" in name else (0, 0))
+        results[f"{name}, steady"] = timed(fn, W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS)
+        bytes_of[f"{name}, queued"] = bytes_of[f"{name}, steady"] = nbytes
 
     for name in list(results):
-        if " programs, " in name or "alone" in name or " tiles" in name:
+        if " programs, " in name or "alone" in name or " tiles" in name or "combine bf16, steady" in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []
