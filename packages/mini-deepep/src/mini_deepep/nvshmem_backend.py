@@ -135,7 +135,7 @@ class NvshmemBackend:
         # Programs of each data kernel (senders + receivers): one per SM by default, so all are resident.
         self.num_sms = num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         # Share of those programs that send (the rest expand or reduce); see docs/reports/deepep-dispatch-combine.md.
-        self.dispatch_sender_share = 0.5
+        self.dispatch_sender_share = 0.25
         self.combine_sender_share = 0.5
         # Whole rows each dispatch program moves at once (a power of two dividing L.CHUNK).
         self.dispatch_tile = 4
