@@ -44,6 +44,30 @@ def test_rope_is_a_rotation_and_inverse_undoes_it():
     assert torch.allclose(y[3, 0, 64], x[3, 0, 64] * torch.cos(a) - x[3, 0, 65] * torch.sin(a), atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_in_place_rope_rounds_like_a_cast_of_the_fp32_rotation(device):
+    """apply_rope_ writes the rotated dims into x, apply_rope into a copy (x untouched); both equal, bit for bit,
+    the fp32 rotation cast to bf16 once, i.e. the un-rotated dims followed by rot.to(bf16). Shapes of q, kv and the
+    indexer's q."""
+    cfg = V41Config()
+    g = torch.Generator().manual_seed(3)
+    for role in (cfg.layer_role(0), cfg.layer_role(2)):  # plain and YaRN frequencies
+        f = ops.rope_freqs(cfg, role)
+        for shape in [(33, cfg.num_attention_heads, cfg.head_dim), (33, cfg.head_dim),
+                      (33, cfg.index_n_heads, cfg.index_head_dim)]:
+            pos = torch.randint(0, 1 << 20, (shape[0],), generator=g).to(device)
+            for inverse in (False, True):
+                x = torch.randn(*shape, generator=g).bfloat16().to(device)
+                want = ops.apply_rope(x.float(), pos, f, inverse).bfloat16()
+                x_before = x.clone()
+                copy = ops.apply_rope(x, pos, f, inverse)
+                assert torch.equal(x.view(torch.int16), x_before.view(torch.int16))
+                assert ops.apply_rope_(x, pos, f, inverse) is x
+                for got in (copy, x):
+                    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (shape, inverse)
+
+
 def test_sinkhorn_mixing_is_doubly_stochastic():
     cfg = tiny_config()
     g = torch.Generator().manual_seed(0)

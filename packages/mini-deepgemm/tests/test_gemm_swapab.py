@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from mini_deepgemm import reference
-from mini_deepgemm.testing import random_bf16
+from mini_deepgemm.testing import contiguous_layout, random_bf16, random_fp4_weights, random_fp8_weights
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
 
 from mini_deepgemm import gemm  # noqa: E402
-from mini_deepgemm.gemm_swapab_kernel import fp4_bytes_to_bf16, fp4_to_bf16_scaled  # noqa: E402
+from mini_deepgemm._backend import cdiv  # noqa: E402
+from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, fp4_bytes_to_bf16, fp4_to_bf16_scaled  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,10 +95,80 @@ def test_activation_pass_is_exact(M, K, permute):
     assert torch.equal(out.cpu(), want)
 
 
+def padded_activations(layout, K, generator):
+    """(q e4m3 [M, K], UE8M0 bytes [M, K/32]) for a contiguous layout, its padding rows holding the e4m3 NaN code
+    and the NaN scale 255, so a kernel that let one of them reach a real row fails."""
+    q, s = reference.act_quant(random_bf16(layout.numel(), K, generator=generator), 32, "ue8m0")
+    q, s = q.view(torch.uint8), s.view(torch.uint8)
+    q[layout < 0], s[layout < 0] = 0x7F, 255
+    return q.view(torch.float8_e4m3fn), s
+
+
+@needs_a_runner
+@pytest.mark.parametrize("permute", [False, True], ids=["natural", "fp4-order"])
+def test_activation_pass_skips_padding_rows(permute):
+    """With a contiguous layout the pass writes every real row as it does without one, and no padding row.
+    Groups of 3, 9, 16 (no padding) and 1 row at alignment 16, 5 rows cut so the last 8-row tile is partial;
+    K = 4.5 tiles of 512."""
+    layout = contiguous_layout([3, 9, 16, 1], 16)[:-5]
+    q, s = padded_activations(layout, 2304, torch.Generator().manual_seed(11))
+    q, s, layout = q.to(DEVICE), s.to(DEVICE), layout.to(DEVICE)
+    M, K = q.shape
+    real = layout >= 0
+    every_row = gemm._dequant_activations(q, s, permute)
+    assert torch.equal(gemm._dequant_activations(q, s, permute, grouped_layout=layout)[real], every_row[real])
+    out = torch.full((M, K), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    dequant_act_kernel[(cdiv(M, 8), cdiv(K, 512))](q, s, out, layout, M, K, q.stride(0), s.stride(0), out.stride(0),
+                                                   PERMUTE_FP4=permute, SKIP_PADDING=True, BLOCK_M=8, BLOCK_K=512)
+    assert torch.equal(out[real], every_row[real])
+    assert bool((out[~real] == 7.0).all()), "padding rows must be left unwritten"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GEMM's bf16 tl.dot: CUDA only")
+@pytest.mark.parametrize("fp4", [False, True], ids=["fp8", "fp4"])
+def test_contiguous_gemm_real_rows_ignore_the_padding_rows_of_x(fp4):
+    """The contiguous swap-AB GEMM over the pass that skips padding rows (their bf16 rows unwritten) gives the real
+    rows the bits of the same GEMM over every row dequantized, and of one whose padding rows of x are NaN or inf:
+    an output row reads only its own row of x."""
+    gen = torch.Generator().manual_seed(12)
+    N, K = 256, 5120
+    layout = contiguous_layout([3, 130, 64, 1], gemm.get_m_alignment_for_contiguous_layout())
+    q, s = (t.cuda() for t in padded_activations(layout, K, gen))
+    layout = layout.cuda()
+    G, M = 4, layout.numel()
+    if fp4:
+        _, bq, sb = random_fp4_weights(G, N=N, K=K, device="cuda", generator=gen)
+    else:
+        _, bq, sb = random_fp8_weights(G, N=N, K=K, block=32, scale_fmt="ue8m0", device="cuda", generator=gen)
+    cfg = gemm.default_config(gemm._CONTIGUOUS, M, 32, True, N, G, fp4)
+    assert cfg["SWAP_AB"] and not cfg.get("X_FP8", False), "the call must take the activation pass"
+    real = layout >= 0
+
+    def swapab_over(x):
+        d = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm._swapab_gemm(x, None, bq.view(torch.uint8) if fp4 else bq, sb.view(torch.uint8), d, gemm._CONTIGUOUS,
+                          layout, fp4, cfg)
+        return d
+
+    every_row = gemm._dequant_activations(q, s, fp4)
+    assert not bool(every_row[~real].isfinite().any())
+    want = swapab_over(every_row.nan_to_num(0.0))
+    poisoned = every_row.clone()
+    poisoned[~real] = float("inf")
+    poisoned[~real, ::3] = float("nan")
+    d = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
+    (gemm.m_grouped_fp8_fp4_gemm_nt_contiguous if fp4 else gemm.m_grouped_fp8_gemm_nt_contiguous)(
+        (q, s.view(torch.float8_e8m0fnu)), (bq, sb), d, layout)
+    for got in (swapab_over(every_row), swapab_over(poisoned), d):
+        assert torch.equal(got[real].view(torch.int16), want[real].view(torch.int16))
+        assert bool((got[~real] == 7.0).all()), "padding rows of d must be left untouched"
+
+
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
 def test_conversions_run_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's conversion tests once under TRITON_INTERPRET=1."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                           env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "7 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "9 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

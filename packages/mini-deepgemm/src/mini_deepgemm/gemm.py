@@ -306,7 +306,8 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     if cfg.get("X_FP8", False) or layout == _MASKED:
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
     else:
-        _swapab_gemm(_dequant_activations(aq, sa, b_fp4), None, bq, sb, d, layout, group_arg, b_fp4, cfg)
+        x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
+        _swapab_gemm(x, None, bq, sb, d, layout, group_arg, b_fp4, cfg)
 
 
 def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -336,17 +337,21 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
 
 
 def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, block_m: int = 8, block_k: int = 512,
-                         num_warps: int = 4) -> torch.Tensor:
+                         num_warps: int = 4, grouped_layout: torch.Tensor | None = None) -> torch.Tensor:
     """bf16 [M, K] = aq * 2^(sa - 127) (sa: UE8M0 bytes as uint8), in the FP4 kernel's K order if fp4_order.
     The default 8 x 512 tiles ran at 1.9 (FP4 order) and 3.0 TB/s on H200, against 0.58 and 1.96 for 32 x 128
-    (deepgemm-swapab.md)."""
+    (deepgemm-swapab.md).
+    grouped_layout (contiguous layout, int32 [M]): its padding rows (-1) are left unwritten (any bits, NaN
+    included). The swap-AB GEMM is safe with that: output row m depends on row m of x alone (one MMA column) and it
+    stores no padding row. All M rows are still allocated, because the GEMM addresses a row by its layout position."""
     from .gemm_swapab_kernel import dequant_act_kernel
 
     M, K = aq.shape
     x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
     dequant_act_kernel[(cdiv(M, block_m), cdiv(K, block_k))](
-        aq, sa, x, M, K, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=fp4_order, BLOCK_M=block_m,
-        BLOCK_K=block_k, num_warps=num_warps)
+        aq, sa, x, aq if grouped_layout is None else grouped_layout, M, K, aq.stride(0), sa.stride(0), x.stride(0),
+        PERMUTE_FP4=fp4_order, SKIP_PADDING=grouped_layout is not None, BLOCK_M=block_m, BLOCK_K=block_k,
+        num_warps=num_warps)
     return x
 
 

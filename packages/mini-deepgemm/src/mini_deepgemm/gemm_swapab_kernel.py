@@ -13,9 +13,9 @@ How (swap A and B): the kernel computes the transposed tile D^T[n, m] = W[n, :] 
   passes the bf16 tile through shared memory once more (seen in the TTGIR, docs/reports/deepgemm-fp4-ptx.md).
 - X (the activations) is the right operand, read by the MMA from shared memory, so it must already be bf16:
   `dequant_act_kernel` turns the FP8 activations and their UE8M0 scales into bf16 once per call (exact:
-  q * 2^e of an e4m3 value has 4 significant bits). For FP4 weights it also permutes K inside each 64-wide
-  block to [32 even columns | 32 odd columns], matching the two nibbles of a weight byte (low = even k), so a
-  byte's two values feed two MMAs without interleaving registers.
+  q * 2^e of an e4m3 value has 4 significant bits; in the contiguous layout only the real rows). For FP4
+  weights it also permutes K inside each 64-wide block to [32 even columns | 32 odd columns], matching the two
+  nibbles of a weight byte (low = even k), so a byte's two values feed two MMAs without interleaving registers.
 - Few tokens per tile (decode: the masked layout, dense GEMMs of a few rows; X_FP8) skip that pass: the kernel
   dequantizes its [tokens, 64] activation tile itself (for FP4 weights splitting it into even and odd columns in
   registers). The tile is BLOCK_M / BLOCK_N of the weight tile's size, so this adds little conversion work and
@@ -96,11 +96,14 @@ def fp8_to_bf16_scaled(q, e):
 
 
 @triton.jit
-def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_out,
-                       PERMUTE_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def dequant_act_kernel(q_ptr, s_ptr, out_ptr, group_ptr, M, K, stride_q, stride_s, stride_out,
+                       PERMUTE_FP4: tl.constexpr, SKIP_PADDING: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
     """out[m, k] = q[m, src(k)] * 2^(s[m, src(k) // 32] - 127) in bf16; src(k) = k, or with PERMUTE_FP4 the
     [even | odd] order inside each 64-block (out's k < 32 of a block holds q's even columns). The permutation
-    is on the load side so the stores stay contiguous."""
+    is on the load side so the stores stay contiguous.
+    SKIP_PADDING: rows whose contiguous-layout id (group_ptr, int32 [M]) is -1 are neither read nor written; the
+    grouped GEMM stores no output for them, and at 1-GPU prefill routing they are two thirds of the layout."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     if PERMUTE_FP4:
@@ -108,7 +111,10 @@ def dequant_act_kernel(q_ptr, s_ptr, out_ptr, M, K, stride_q, stride_s, stride_o
         src = offs_k - j + tl.where(j < 32, 2 * j, 2 * (j - 32) + 1)
     else:
         src = offs_k
-    mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
+    row_ok = offs_m < M
+    if SKIP_PADDING:
+        row_ok = row_ok & (tl.load(group_ptr + offs_m, mask=row_ok, other=-1) >= 0)
+    mask = row_ok[:, None] & (offs_k < K)[None, :]
     rows = offs_m.to(tl.int64)[:, None]
     q = tl.load(q_ptr + rows * stride_q + src[None, :], mask=mask, other=0.0)
     e = tl.load(s_ptr + rows * stride_s + (src // 32)[None, :], mask=mask, other=127).to(tl.int32)

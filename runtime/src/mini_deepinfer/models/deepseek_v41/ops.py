@@ -91,10 +91,12 @@ def rope_freqs(cfg: V41Config, role: LayerRole) -> torch.Tensor:
     return freqs
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Interleaved-pair RoPE on the last len(freqs)*2 dims of x, in fp32, cast back.
+def apply_rope_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Interleaved-pair RoPE on the last len(freqs)*2 dims of x, in fp32, cast back into x in place; returns x.
 
     x: [T, ..., D]; positions: int64 [T]. Pairs (2i, 2i+1) rotate by positions * freqs[i]; inverse conjugates.
+    In place because a new tensor would also copy the D - len(freqs)*2 dims RoPE leaves alone (448 of the 512 of
+    every q head); `apply_rope` is the form for an x that is read again un-rotated.
     """
     d_rot = freqs.shape[0] * 2
     angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]  # [T, d_rot/2]
@@ -104,7 +106,13 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, in
     shape = [x.shape[0]] + [1] * (x.dim() - 2) + [d_rot // 2]
     rot = x[..., -d_rot:].float().reshape(*x.shape[:-1], d_rot // 2, 2)
     rot = torch.view_as_real(torch.view_as_complex(rot.contiguous()) * cis.view(shape)).flatten(-2)
-    return torch.cat([x[..., :-d_rot], rot.to(x.dtype)], dim=-1)
+    x[..., -d_rot:] = rot  # the copy rounds fp32 to x.dtype as rot.to(x.dtype) would
+    return x
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """`apply_rope_` on a copy: x itself is left un-rotated."""
+    return apply_rope_(x.clone(), positions, freqs, inverse)
 
 
 # --------------------------------------------------------------------------- hyper-connections
@@ -146,9 +154,9 @@ def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, 
     eps = cfg.rms_norm_eps
     qr = rmsnorm(linear(u, w, f"{p}.wq_a"), w[f"{p}.q_norm.weight"], eps)
     q = linear(qr, w, f"{p}.wq_b").view(-1, cfg.num_attention_heads, cfg.head_dim)
-    q = apply_rope(q, positions, freqs)
+    q = apply_rope_(q, positions, freqs)
     kv = rmsnorm(linear(u, w, f"{p}.wkv"), w[f"{p}.kv_norm.weight"], eps)
-    kv = fp8_fakequant(apply_rope(kv, positions, freqs), 32)
+    kv = fp8_fakequant(apply_rope_(kv, positions, freqs), 32)
     return qr, q, kv
 
 
@@ -169,7 +177,8 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, norm_w: torch.Tensor,
 
 
 def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Compressed main KV row: RoPE at the group's first position, then the FP4 (e4m3 per 16) round trip."""
+    """Compressed main KV row: RoPE at the group's first position, then the FP4 (e4m3 per 16) round trip.
+    latent stays un-rotated: index_key_entry reads it too."""
     return fp4_fakequant(apply_rope(latent, group_pos, freqs), 16, "e4m3")
 
 
@@ -177,7 +186,7 @@ def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p
                     freqs: torch.Tensor) -> torch.Tensor:
     """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
     k = rmsnorm(linear(latent, w, f"{p}.indexer.wk"), w[f"{p}.indexer.k_norm.weight"], cfg.rms_norm_eps)
-    return fp4_fakequant(apply_rope(k, group_pos, freqs), 32, "ue8m0")
+    return fp4_fakequant(apply_rope_(k, group_pos, freqs), 32, "ue8m0")
 
 
 def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
@@ -185,7 +194,7 @@ def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, 
     """(q bf16 [T, index_heads, index_dim] with RoPE and FP4 round trip, head weights bf16 [T, index_heads])."""
     nh, hd = cfg.index_n_heads, cfg.index_head_dim
     qi = linear(qr, w, f"{p}.indexer.wq_b").view(-1, nh, hd)
-    qi = fp4_fakequant(apply_rope(qi, positions, freqs), 32, "ue8m0")
+    qi = fp4_fakequant(apply_rope_(qi, positions, freqs), 32, "ue8m0")
     wts = (linear(u, w, f"{p}.indexer.weights_proj") * (hd ** -0.5 * nh ** -0.5)).to(torch.bfloat16)
     return qi, wts
 
@@ -199,8 +208,9 @@ def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
 
 def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
                      freqs: torch.Tensor) -> torch.Tensor:
-    """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 einsum) then wo_b (FP8). [T, D] bf16."""
-    o = apply_rope(o, positions, freqs, inverse=True)
+    """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 einsum) then wo_b (FP8). [T, D] bf16.
+    The RoPE rotates o in place: callers pass the attention kernel's fresh output and do not read it again."""
+    o = apply_rope_(o, positions, freqs, inverse=True)
     G = cfg.o_groups
     og = o.reshape(o.shape[0], G, -1)
     wo_a = w[f"{p}.wo_a.weight_bf16"].view(G, cfg.o_lora_rank, -1)
