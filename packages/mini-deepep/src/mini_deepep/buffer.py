@@ -32,8 +32,9 @@ class Buffer:
     backend: "nvshmem" (intranode, Triton kernels storing into peers' symmetric memory, no host
         sync in the data path), "torch" (all_to_all_single; gloo or NCCL) or "auto" (nvshmem when
         available on CUDA, else torch).
-    num_sms: programs of the NVSHMEM kernels that drive NVLink (their SM footprint); None = every
-        SM (best when nothing runs alongside; lower it to overlap dispatch/combine with compute).
+    num_sms: programs of each NVSHMEM data kernel (its SM footprint: senders and receivers together);
+        None = one per SM (best when nothing runs alongside; lower it to overlap dispatch/combine with
+        compute).
     wait_timeout_s: wall-clock seconds an NVSHMEM kernel waits for a peer before giving up (see
         `timed_out`). Generous on purpose: on a loaded host a healthy peer can lag by seconds.
 
@@ -137,7 +138,7 @@ class Buffer:
         return self._backend.combine(y.contiguous(), handle, weights.contiguous())
 
     def set_num_sms(self, num_sms: int) -> None:
-        """Programs of the NVSHMEM kernels that drive NVLink (their SM footprint). Collective: same value on all ranks."""
+        """Programs of each NVSHMEM data kernel (their SM footprint). Collective: same value on all ranks."""
         if hasattr(self._backend, "num_sms"):
             self._backend.num_sms = num_sms
 

@@ -18,7 +18,9 @@ import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
 from mini_deepep.kernels.dispatch import NO_SLOT, _store_trace
-from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
+from mini_deepep.kernels.signals import (
+    peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
+)
 
 
 @triton.jit
@@ -61,10 +63,7 @@ def combine_kernel(
     if pid < NUM_SENDERS:
         if NUM_RANKS > 1:
             # Every home rank must have finished reading the previous combine's partials.
-            for d in tl.static_range(NUM_RANKS):
-                if d != rank:
-                    wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset,
-                                  timeout_ns, NUM_RANKS)
+            wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
         if TRACE:
             phase1 = globaltimer()
         if NUM_RANKS > 1:
@@ -134,7 +133,6 @@ def combine_kernel(
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.
-        for j in tl.static_range(1, NUM_RANKS):
-            release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)
+        release_add_on_peers(buf64, peer_offsets, consumed_offset, rank, NUM_RANKS)
     if TRACE:
         _store_trace(trace, pid, started, phase1, phase2)

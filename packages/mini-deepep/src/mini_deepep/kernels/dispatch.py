@@ -27,7 +27,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from mini_deepep.kernels.signals import peer_offset, release_add, release_epoch, wait_at_least
+from mini_deepep.kernels.signals import (
+    peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
+)
 
 NO_SLOT = tl.constexpr(1 << 30)  # above every slot: the min of a chunk with no token for a peer
 
@@ -176,10 +178,7 @@ def dispatch_kernel(
     if pid < NUM_SENDERS:
         if NUM_RANKS > 1:
             # Our slots on every peer must be free: its receivers of the previous call are done.
-            for d in tl.static_range(NUM_RANKS):
-                if d != rank:
-                    wait_at_least(buf64 + consumed_offset + d, consumed_target, buf64, peer_offsets, error_offset,
-                                  timeout_ns, NUM_RANKS)
+            wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
         if TRACE:
             phase1 = globaltimer()
         if NUM_RANKS > 1:
@@ -250,7 +249,6 @@ def dispatch_kernel(
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the receive area: every source may overwrite its slots again.
-        for j in tl.static_range(1, NUM_RANKS):
-            release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + consumed_offset + rank)
+        release_add_on_peers(buf64, peer_offsets, consumed_offset, rank, NUM_RANKS)
     if TRACE:
         _store_trace(trace, pid, started, phase1, phase2)

@@ -75,3 +75,18 @@ def release_epoch(flag_ptr, epoch):
     fewer chunks than an earlier one: an unused flag just keeps an older epoch."""
     tl.debug_barrier()
     tl.atomic_max(flag_ptr, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_for_peers(counters_offset, target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS: tl.constexpr):
+    """Wait until this rank's counter of every peer (buf64[counters_offset + peer], peer != rank) reaches `target`."""
+    for d in tl.static_range(NUM_RANKS):
+        if d != rank:
+            wait_at_least(buf64 + counters_offset + d, target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+
+
+@triton.jit
+def release_add_on_peers(buf64, peer_offsets, counters_offset, rank, NUM_RANKS: tl.constexpr):
+    """Bump this rank's entry of the counter array at `counters_offset` on every peer (release, system scope)."""
+    for j in tl.static_range(1, NUM_RANKS):
+        release_add(buf64 + (peer_offset(peer_offsets, (rank + j) % NUM_RANKS) >> 1) + counters_offset + rank)
