@@ -2,6 +2,7 @@
 # Session 6's GPU runs (see docs/reports/gpu-session-2026-11-30-s6.md). PART selects what runs; files come back under $OUT.
 #   source .devdeps/env.sh && PART=deepep bash benchmarks/gpu_s6.sh     (2 x H200)
 # deepep_bench: only the benchmark, with BENCH_ARGS.
+# final: test_dispatch_combine.py and the multi-GPU tests (closing check).
 # prefill: the GPU tests of the RoPE / padding-row changes, the 1-GPU prefill benchmark, the EP2 x DP2 prefill (2 GPUs).
 # deepep: mini-deepep's tests (2-GPU NVSHMEM incl. stress and lost peer), its benchmark under torchrun, then the
 #         runtime's and integration tests' multi-GPU tests (they dispatch through the NVSHMEM backend).
@@ -23,6 +24,12 @@ case "${PART:-deepep}" in
     run deepep_bench 200 env OUT="$FINAL" python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_deepep.py \
       ${BENCH_ARGS:-}
     parts="env summary deepep_bench" ;;
+  final)  # the closing check of the data kernels: dispatch/combine tests (2-GPU NVSHMEM), the multi-GPU tests
+    run deepep_tests 100 python3 -m pytest -v -rs -p no:cacheprovider packages/mini-deepep/tests/test_dispatch_combine.py \
+      --junitxml="$FINAL/junit_deepep.xml"
+    run multigpu 150 python3 -m pytest -v -rs -p no:cacheprovider runtime/tests integration_tests -m multigpu \
+      --junitxml="$FINAL/junit_multigpu.xml"
+    parts="env summary deepep_tests multigpu" ;;
   prefill)  # the prefill leads' GPU tests, then the 1-GPU and EP2 x DP2 prefill benchmarks
     run prefill_tests 130 python3 -m pytest -q -rs -p no:cacheprovider -n 8 \
       packages/mini-deepgemm/tests/test_gemm_swapab.py packages/mini-deepgemm/tests/test_gemm.py \
