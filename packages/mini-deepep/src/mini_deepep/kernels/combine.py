@@ -17,7 +17,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import globaltimer
 
-from mini_deepep.kernels.dispatch import NO_SLOT, _store_trace
+from mini_deepep.kernels.dispatch import chunk_slots_on, first_slot, store_trace
 from mini_deepep.kernels.signals import (
     peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
 )
@@ -61,9 +61,8 @@ def combine_kernel(
     lanes = tl.arange(0, TILE)
     ks = tl.arange(0, TOPK_BLOCK)[None, :]
     if pid < NUM_SENDERS:
-        if NUM_RANKS > 1:
-            # Every home rank must have finished reading the previous combine's partials.
-            wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+        # Every home rank must have finished reading the previous combine's partials.
+        wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
         if TRACE:
             phase1 = globaltimer()
         if NUM_RANKS > 1:
@@ -98,16 +97,15 @@ def combine_kernel(
         if TRACE:
             phase1 = started  # set again after the first chunk's waits
         for c in range(reducer, tl.cdiv(num_tokens, CHUNK), num_reducers):
-            t = c * CHUNK + tl.arange(0, CHUNK)
             # The token chunk's slots on a peer are consecutive (at most CHUNK of them): two slot chunks at most.
             for j in tl.static_range(1, NUM_RANKS):
                 expert_rank = (rank + j) % NUM_RANKS
-                chunk_slots = tl.load(send_slot + t.to(tl.int64) * NUM_RANKS + expert_rank, mask=t < num_tokens, other=-1)
+                chunk_slots = chunk_slots_on(send_slot, c, num_tokens, expert_rank, NUM_RANKS, CHUNK)
                 last = tl.max(chunk_slots, axis=0)
                 if last >= 0:
-                    first = tl.min(tl.where(chunk_slots >= 0, chunk_slots, NO_SLOT), axis=0)
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
-                    wait_at_least(flags + first // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+                    wait_at_least(flags + first_slot(chunk_slots) // CHUNK, epoch, buf64, peer_offsets, error_offset,
+                                  timeout_ns, NUM_RANKS)
                     wait_at_least(flags + last // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
             if TRACE:
                 phase1 = tl.where(phase1 == started, globaltimer(), phase1)
@@ -135,4 +133,4 @@ def combine_kernel(
         # This program is done with the partials: every expert rank may overwrite them again.
         release_add_on_peers(buf64, peer_offsets, consumed_offset, rank, NUM_RANKS)
     if TRACE:
-        _store_trace(trace, pid, started, phase1, phase2)
+        store_trace(trace, pid, started, phase1, phase2)

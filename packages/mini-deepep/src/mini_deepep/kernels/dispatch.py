@@ -34,6 +34,27 @@ from mini_deepep.kernels.signals import (
 NO_SLOT = tl.constexpr(1 << 30)  # above every slot: the min of a chunk with no token for a peer
 
 
+@triton.jit
+def chunk_slots_on(send_slot, chunk, num_tokens, peer, NUM_RANKS: tl.constexpr, CHUNK: tl.constexpr):
+    """int32 [CHUNK]: the slot on `peer` of each token of `chunk` (-1: not sent there, or past the last token).
+    The sent ones are consecutive, as slots follow token order."""
+    t = chunk * CHUNK + tl.arange(0, CHUNK)
+    return tl.load(send_slot + t.to(tl.int64) * NUM_RANKS + peer, mask=t < num_tokens, other=-1)
+
+
+@triton.jit
+def first_slot(chunk_slots):
+    """The lowest slot of `chunk_slots` that is used (NO_SLOT when none is)."""
+    return tl.min(tl.where(chunk_slots >= 0, chunk_slots, NO_SLOT), axis=0)
+
+
+@triton.jit
+def local_expert_ids(expert, rank, EXPERTS_PER_RANK: tl.constexpr):
+    """int32 expert ids rebased to `rank`'s local numbering, -1 for experts elsewhere or none (layout.local_expert_ids)."""
+    local = expert - rank * EXPERTS_PER_RANK
+    return tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
 def dispatch_notify_kernel(
     buf32, buf64, peer_offsets,
@@ -76,7 +97,7 @@ def dispatch_notify_kernel(
 
 
 @triton.jit
-def _store_trace(trace, pid, started, phase1, phase2):
+def store_trace(trace, pid, started, phase1, phase2):
     """trace[pid] = (started, phase1, phase2, now): %globaltimer ns of a program's phases."""
     i = tl.arange(0, 4)
     now = globaltimer()
@@ -110,8 +131,7 @@ def _send_tokens(dst, entry, ok, tokens, x_a, x_b, topk_idx, topk_weights, rank_
     expert = tl.load(topk_idx + t * TOPK + k_of_id, mask=ok[:, None], other=-1)
     weight_bits = tl.load(topk_weights + t * TOPK + k_of_weight, mask=ok[:, None], other=0.0).to(tl.int32, bitcast=True)
     rank_bits = tl.load(rank_in_expert + t * TOPK + k_of_rank, mask=ok[:, None], other=0)
-    local = expert - dest * EXPERTS_PER_RANK
-    local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+    local = local_expert_ids(expert, dest, EXPERTS_PER_RANK)
     meta = tl.where(j == 0, t.to(tl.int32), tl.where(j <= TOPK, local, tl.where(j <= 2 * TOPK, weight_bits, rank_bits)))
     tl.store(dst + meta_offset + entry[:, None] * META_WORDS + j, meta, mask=ok[:, None] & (j < META_WORDS))
 
@@ -176,9 +196,8 @@ def dispatch_kernel(
     lanes = tl.arange(0, TILE)
     num_chunks = tl.cdiv(num_tokens, CHUNK)
     if pid < NUM_SENDERS:
-        if NUM_RANKS > 1:
-            # Our slots on every peer must be free: its receivers of the previous call are done.
-            wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+        # Our slots on every peer must be free: its receivers of the previous call are done.
+        wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
         if TRACE:
             phase1 = globaltimer()
         if NUM_RANKS > 1:
@@ -186,10 +205,9 @@ def dispatch_kernel(
             for item in range(pid, num_chunks * (NUM_RANKS - 1), NUM_SENDERS):
                 c = item // (NUM_RANKS - 1)
                 dest = (rank + 1 + item % (NUM_RANKS - 1)) % NUM_RANKS
-                t = c * CHUNK + tl.arange(0, CHUNK)
-                chunk_slots = tl.load(send_slot + t.to(tl.int64) * NUM_RANKS + dest, mask=t < num_tokens, other=-1)
+                chunk_slots = chunk_slots_on(send_slot, c, num_tokens, dest, NUM_RANKS, CHUNK)
                 end = tl.max(chunk_slots, axis=0) + 1
-                start = tl.minimum(tl.min(tl.where(chunk_slots >= 0, chunk_slots, NO_SLOT), axis=0), end)
+                start = tl.minimum(first_slot(chunk_slots), end)  # start = end = 0 when none goes to dest
                 peer = peer_offset(peer_offsets, dest)
                 dst = buf32 + peer
                 for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
@@ -214,8 +232,7 @@ def dispatch_kernel(
                 ok = slot >= 0
                 pair = ok[:, None] & (ks < TOPK)
                 expert = tl.load(topk_idx + tokens[:, None] * TOPK + ks, mask=pair, other=-1)
-                local = expert - rank * EXPERTS_PER_RANK
-                local = tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+                local = local_expert_ids(expert, rank, EXPERTS_PER_RANK)
                 weight = tl.load(topk_weights + tokens[:, None] * TOPK + ks, mask=pair, other=0.0)
                 in_expert = tl.load(rank_in_expert + tokens[:, None] * TOPK + ks, mask=pair, other=0)
                 _place_tokens(x_a + tokens * A_WORDS, x_b + tokens * B_WORDS, ok, local, weight, in_expert, rank, slot,
@@ -251,4 +268,4 @@ def dispatch_kernel(
         # This program is done with the receive area: every source may overwrite its slots again.
         release_add_on_peers(buf64, peer_offsets, consumed_offset, rank, NUM_RANKS)
     if TRACE:
-        _store_trace(trace, pid, started, phase1, phase2)
+        store_trace(trace, pid, started, phase1, phase2)

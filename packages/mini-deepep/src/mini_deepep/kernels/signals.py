@@ -79,10 +79,13 @@ def release_epoch(flag_ptr, epoch):
 
 @triton.jit
 def wait_for_peers(counters_offset, target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS: tl.constexpr):
-    """Wait until this rank's counter of every peer (buf64[counters_offset + peer], peer != rank) reaches `target`."""
-    for d in tl.static_range(NUM_RANKS):
-        if d != rank:
-            wait_at_least(buf64 + counters_offset + d, target, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+    """Wait until this rank's counter of every peer (buf64[counters_offset + peer], peer != rank) reaches `target`.
+    One rank has no peer: nothing to wait for, and no code (rank is a run-time value, NUM_RANKS is not)."""
+    if NUM_RANKS > 1:
+        for d in tl.static_range(NUM_RANKS):
+            if d != rank:
+                wait_at_least(buf64 + counters_offset + d, target, buf64, peer_offsets, error_offset, timeout_ns,
+                              NUM_RANKS)
 
 
 @triton.jit
