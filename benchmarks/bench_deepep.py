@@ -127,8 +127,11 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=6)
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--num-sms", type=int, default=None, help="programs of the data kernels (default: every SM)")
+    ap.add_argument("--dispatch-tile", type=int, default=None, help="rows per dispatch program step (default: the backend's)")
+    ap.add_argument("--combine-tile", default=None, help="tokens x columns per combine program step, e.g. 4x1024")
     ap.add_argument("--sweep-sms", type=int, nargs="*", default=[32, 64, 132])
     ap.add_argument("--sweep-shares", type=float, nargs="*", default=[0.25, 0.5, 0.75])
+    ap.add_argument("--sweep-warps", type=int, nargs="*", default=[8], help="warps per program of both data kernels")
     ap.add_argument("--sweep-dispatch-tiles", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"], help="tokens x columns")
     ap.add_argument("--warmup", type=int, default=5)
@@ -150,6 +153,10 @@ def main() -> None:
     x_fp8 = act_quant(x, 32)
 
     nv = Buffer(None, Buffer.get_nvl_buffer_size_hint(T, H, K, world), backend="nvshmem", num_sms=args.num_sms)
+    if args.dispatch_tile:
+        nv._backend.dispatch_tile = args.dispatch_tile
+    if args.combine_tile:
+        nv._backend.combine_tile, nv._backend.combine_cols = map(int, args.combine_tile.split("x"))
     tb = Buffer(None, backend="torch")
     layout = nv.get_dispatch_layout(topk_idx, E)
 
@@ -200,19 +207,24 @@ def main() -> None:
     )
     # Program count and sender share of the data kernels (the defaults are one of these points).
     default_sms, default_shares = backend.num_sms, (backend.dispatch_sender_share, backend.combine_sender_share)
-    for num_sms in args.sweep_sms:
-        for share in args.sweep_shares:
-            nv.set_num_sms(num_sms)
-            backend.dispatch_sender_share = backend.combine_sender_share = share
-            results[f"nvshmem dispatch bf16, fixed rows, {num_sms} programs, {share:.2f} send, steady"] = timed(
-                lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
-                queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
-            )
-            results[f"nvshmem combine bf16, {num_sms} programs, {share:.2f} send, steady"] = timed(
-                lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
-            )
+    default_warps = (getattr(backend, "dispatch_warps", 8), getattr(backend, "combine_warps", 8))  # older trees: 8
+    for warps in args.sweep_warps:
+        backend.dispatch_warps = backend.combine_warps = warps
+        for num_sms in args.sweep_sms:
+            for share in args.sweep_shares:
+                nv.set_num_sms(num_sms)
+                backend.dispatch_sender_share = backend.combine_sender_share = share
+                config = f"{num_sms} programs, {share:.2f} send" + ("" if warps == 8 else f", {warps} warps")
+                results[f"nvshmem dispatch bf16, fixed rows, {config}, steady"] = timed(
+                    lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
+                    queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
+                )
+                results[f"nvshmem combine bf16, {config}, steady"] = timed(
+                    lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
+                )
     nv.set_num_sms(default_sms)
     backend.dispatch_sender_share, backend.combine_sender_share = default_shares
+    backend.dispatch_warps, backend.combine_warps = default_warps
     default_tiles = (backend.dispatch_tile, backend.combine_tile, backend.combine_cols)
     for tile in args.sweep_dispatch_tiles:
         backend.dispatch_tile = tile
@@ -322,6 +334,7 @@ def main() -> None:
             "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": default_sms,
             "sender_shares_default": default_shares, "tiles_default (dispatch, combine, combine cols)": default_tiles,
+            "warps_default (dispatch, combine)": default_warps,
             "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
             "recv_rows_rank0": rows,
             "check": {"same_layout": same_layout, "same_bf16_rows": same_rows, "same_fp8_rows": same_fp8,

@@ -77,8 +77,10 @@ def split_programs(num_programs: int, sender_share: float) -> tuple[int, int]:
 
 
 def _row_blocks(a_words: int, b_words: int) -> dict[str, int]:
-    """Power-of-two blocks holding a whole payload row (and the scales part)."""
-    return {"ROW_BLOCK": triton.next_power_of_2(a_words), "B_BLOCK": max(16, triton.next_power_of_2(max(b_words, 1)))}
+    """The two power-of-two pieces of a payload row (dispatch.load_rows) and the block of its scales part."""
+    head = 1 << (a_words.bit_length() - 1)
+    return {"ROW_HEAD": head, "ROW_TAIL": triton.next_power_of_2(max(a_words - head, 1)),
+            "B_BLOCK": max(16, triton.next_power_of_2(max(b_words, 1)))}
 
 
 def _nonempty(t: torch.Tensor) -> torch.Tensor:
@@ -138,9 +140,11 @@ class NvshmemBackend:
         self.dispatch_sender_share = 0.25
         self.combine_sender_share = 0.5
         # Whole rows each dispatch program moves at once (a power of two dividing L.CHUNK).
-        self.dispatch_tile = 4
+        self.dispatch_tile = 8
         # Tokens, and row columns, each combine program works on at once.
         self.combine_tile, self.combine_cols = 2, 2048
+        # Warps per program of the two data kernels (fewer warps, fewer registers: more programs fit on an SM).
+        self.dispatch_warps = self.combine_warps = 8
         # trace = True: each data kernel records its programs' phase times (%globaltimer ns) in `last_trace`,
         # int64 [grid, 4] (start, phase 1 done, phase 2 done, end; phases in the kernels' docstrings).
         self.trace = False
@@ -251,7 +255,7 @@ class NvshmemBackend:
             META_WORDS=L.meta_words(num_topk), META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)),
             CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, TRACE=self.trace,
             **_row_blocks(n.a_words, n.b_words),
-            num_warps=8,
+            num_warps=self.dispatch_warps,
         )
         self._dispatch_consumed += grid - senders
         outs = [out.view(torch.uint8).view(dtype) for out, dtype in zip((out_a, out_b), n.dtypes)]
@@ -298,7 +302,7 @@ class NvshmemBackend:
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)), TRACE=self.trace,
-            num_warps=8,
+            num_warps=self.combine_warps,
         )
         self._combine_consumed += grid - senders
         return out

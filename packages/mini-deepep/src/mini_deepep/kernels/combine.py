@@ -7,9 +7,9 @@ order, of w * y); out = bf16(fp32 sum of the partials in rank order).
 One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
 - senders compute the partials of the peers' tokens, slot chunk by slot chunk, store them into the
   home rank and raise that chunk's flag there;
-- reducers walk this rank's own tokens in chunks: they compute the own-experts partial straight from
-  y (no round trip through the buffer), wait for the (at most two) slot chunks of each peer that
-  the token chunk needs, and add everything in rank order.
+- reducers walk this rank's own tokens tile by tile, twice: first the own-experts partial straight
+  from y into `out` (no waiting), then, as each peer's slot chunks arrive, the sum of all partials
+  in rank order.
 """
 
 import triton
@@ -24,16 +24,22 @@ from mini_deepep.kernels.signals import (
 
 
 @triton.jit
-def _weighted_partials(y, row_weights, pairs, cols, TOPK: tl.constexpr, HIDDEN: tl.constexpr):
+def _pair_weights(row_weights, pairs):
+    """fp32 [TILE, TOPK_BLOCK]: the weight of each pair row (0 where pairs is -1), loaded once per tile."""
+    return tl.load(row_weights + pairs, mask=pairs >= 0, other=0.0)
+
+
+@triton.jit
+def _weighted_partials(y, weights, pairs, cols, TOPK: tl.constexpr, HIDDEN: tl.constexpr):
     """fp32 [TILE, COLS]: per token of a tile, the sum over k in order of w * y on columns `cols` ([1, COLS]).
-    pairs: int32 [TILE, TOPK_BLOCK], the output rows of the token's pairs (-1 = none)."""
+    pairs: int32 [TILE, TOPK_BLOCK], the output rows of the token's pairs (-1 = none); weights: _pair_weights.
+    The k loop is unrolled, so a program has all k row loads in flight before the first multiply-add."""
     ks = tl.arange(0, pairs.shape[1])[None, :]
     acc = tl.zeros([pairs.shape[0], cols.shape[1]], dtype=tl.float32)
     for k in tl.static_range(TOPK):
         p = tl.sum(tl.where(ks == k, pairs, 0), axis=1).to(tl.int64)[:, None]  # column k
-        here = p >= 0
-        w = tl.load(row_weights + p, mask=here, other=0.0)
-        rows = tl.load(y + p * HIDDEN + cols, mask=here & (cols < HIDDEN), other=0.0)
+        w = tl.sum(tl.where(ks == k, weights, 0.0), axis=1)[:, None]
+        rows = tl.load(y + p * HIDDEN + cols, mask=(p >= 0) & (cols < HIDDEN), other=0.0)
         acc += w * rows.to(tl.float32)
     return acc
 
@@ -51,10 +57,10 @@ def combine_kernel(
     TILE: tl.constexpr, COLS: tl.constexpr, TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Tokens go TILE at a time (TILE divides CHUNK),
-    rows COLS columns at a time: a program keeps TILE x (k + 1) row pieces in flight and loads a
-    tile's slots and pair rows once, as [TILE, R] and [TILE, k] blocks.
-    Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (waited
-    for the first chunk's flags, reduced every token)."""
+    rows COLS columns at a time: a program keeps TILE x k row pieces in flight and loads a tile's slots,
+    pair rows and weights once, as [TILE, R] and [TILE, k] blocks.
+    Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
+    stored, every token reduced)."""
     pid = tl.program_id(0)
     if TRACE:
         started = globaltimer()
@@ -82,10 +88,11 @@ def combine_kernel(
                         ok = (slot < used)[:, None]
                         pairs = tl.load(positions + (home * slots + slot).to(tl.int64)[:, None] * TOPK + ks,
                                         mask=ok & (ks < TOPK), other=-1)
+                        weights = _pair_weights(row_weights, pairs)
                         dst = buf16 + 2 * peer + combine_offset + (rank * slots + slot).to(tl.int64)[:, None] * HIDDEN
                         for c0 in range(0, HIDDEN, COLS):
                             cols = c0 + tl.arange(0, COLS)[None, :]
-                            acc = _weighted_partials(y, row_weights, pairs, cols, TOPK, HIDDEN)
+                            acc = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN)
                             tl.store(dst + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
                     release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
         if TRACE:
@@ -94,40 +101,52 @@ def combine_kernel(
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
+        # Tiles are dealt out one by one (4,096 tokens: 1,024 tiles of 4 for ~66 reducers, even shares), and each
+        # reducer goes over its tiles twice:
+        # 1. the own-experts partial of each token, straight from y, into `out` as bf16 (the value the sum in rank
+        #    order adds): the bulk of the reads, done without waiting while the peers' partials are on NVLink;
+        # 2. as the peers' slot chunks arrive, out = bf16(sum in rank order of the partials), the own one read
+        #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
+        for first in range(reducer * TILE, num_tokens, num_reducers * TILE):
+            tokens = (first + lanes).to(tl.int64)
+            ok = (tokens < num_tokens)[:, None]
+            own = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rank, mask=ok, other=-1)
+            pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks, mask=(own >= 0) & (ks < TOPK),
+                            other=-1)
+            weights = _pair_weights(row_weights, pairs)
+            for c0 in range(0, HIDDEN, COLS):
+                cols = c0 + tl.arange(0, COLS)[None, :]
+                partial = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN)
+                tl.store(out + tokens[:, None] * HIDDEN + cols, partial.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
         if TRACE:
-            phase1 = started  # set again after the first chunk's waits
-        for c in range(reducer, tl.cdiv(num_tokens, CHUNK), num_reducers):
-            # The token chunk's slots on a peer are consecutive (at most CHUNK of them): two slot chunks at most.
+            phase1 = globaltimer()
+        tl.debug_barrier()
+        for first in range(reducer * TILE, num_tokens, num_reducers * TILE):
+            tokens = (first + lanes).to(tl.int64)
+            ok = (tokens < num_tokens)[:, None]
+            slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok & (rr < NUM_RANKS), other=-1)
+            # The tile's slots on a peer are consecutive (at most TILE of them): one or two slot chunks.
             for j in tl.static_range(1, NUM_RANKS):
                 expert_rank = (rank + j) % NUM_RANKS
-                chunk_slots = chunk_slots_on(send_slot, c, num_tokens, expert_rank, NUM_RANKS, CHUNK)
-                last = tl.max(chunk_slots, axis=0)
+                tile_slots = tl.sum(tl.where(rr == expert_rank, slot_of, 0), axis=1)
+                last = tl.max(tile_slots, axis=0)
                 if last >= 0:
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
-                    wait_at_least(flags + first_slot(chunk_slots) // CHUNK, epoch, buf64, peer_offsets, error_offset,
+                    wait_at_least(flags + first_slot(tile_slots) // CHUNK, epoch, buf64, peer_offsets, error_offset,
                                   timeout_ns, NUM_RANKS)
                     wait_at_least(flags + last // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
-            if TRACE:
-                phase1 = tl.where(phase1 == started, globaltimer(), phase1)
-            for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
-                tokens = (first + lanes).to(tl.int64)
-                ok = (tokens < num_tokens)[:, None]
-                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok & (rr < NUM_RANKS), other=-1)
-                own = tl.sum(tl.where(rr == rank, slot_of, 0), axis=1)[:, None]
-                pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks, mask=(own >= 0) & (ks < TOPK),
-                                other=-1)
-                for c0 in range(0, HIDDEN, COLS):
-                    cols = c0 + tl.arange(0, COLS)[None, :]
-                    acc = tl.zeros([TILE, COLS], dtype=tl.float32)
-                    for d in tl.static_range(NUM_RANKS):  # rank order
-                        if d == rank:  # this rank's own experts: the partial straight from y
-                            partial = _weighted_partials(y, row_weights, pairs, cols, TOPK, HIDDEN).to(tl.bfloat16)
-                        else:
-                            slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)[:, None]
-                            partial = tl.load(buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN + cols,
-                                              mask=(slot >= 0) & (cols < HIDDEN), other=0.0)
-                        acc += partial.to(tl.float32)  # a rank the token did not go to adds +0
-                    tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
+            for c0 in range(0, HIDDEN, COLS):
+                cols = c0 + tl.arange(0, COLS)[None, :]
+                acc = tl.zeros([TILE, COLS], dtype=tl.float32)
+                for d in tl.static_range(NUM_RANKS):  # rank order
+                    if d == rank:
+                        partial = tl.load(out + tokens[:, None] * HIDDEN + cols, mask=ok & (cols < HIDDEN), other=0.0)
+                    else:
+                        slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)[:, None]
+                        partial = tl.load(buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN + cols,
+                                          mask=(slot >= 0) & (cols < HIDDEN), other=0.0)
+                    acc += partial.to(tl.float32)  # a rank the token did not go to adds +0
+                tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.

@@ -3,9 +3,10 @@ then one kernel in which some programs store tokens into the peers and the other
 time, expand arriving tokens into the grouped layout.
 
 Rows move as int32 words (bf16 x, or FP8 x followed by its UE8M0 scales), so one kernel serves
-every payload. Tokens move in tiles of TILE whole rows ([TILE, ROW_BLOCK] words), with their
-metadata loaded as [TILE, k] blocks: a program keeps TILE rows in flight, and a token costs no
-chain of dependent scalar loads.
+every payload. Tokens move in tiles of TILE whole rows (two power-of-two pieces of words, load_rows), with
+their metadata loaded as [TILE, k] blocks: a program keeps TILE rows in flight, and a token costs no
+chain of dependent scalar loads. A receiver stores each row once per pair that lives on its rank, looping
+over the pairs compacted to the front (compact_pairs), not over all k.
 
 Where a pair lands needs no sort: every rank knows, from the notify, how many of each source's
 tokens picked each of its experts, so segment bases are an aligned cumsum over [source, expert];
@@ -53,6 +54,48 @@ def local_expert_ids(expert, rank, EXPERTS_PER_RANK: tl.constexpr):
     """int32 expert ids rebased to `rank`'s local numbering, -1 for experts elsewhere or none (layout.local_expert_ids)."""
     local = expert - rank * EXPERTS_PER_RANK
     return tl.where((expert >= 0) & (local >= 0) & (local < EXPERTS_PER_RANK), local, -1).to(tl.int32)
+
+
+@triton.jit
+def load_rows(rows, ok, WORDS: tl.constexpr, HEAD: tl.constexpr, TAIL: tl.constexpr):
+    """A tile's rows of WORDS int32 words (rows: int32 pointers [TILE], loaded where ok) as two power-of-two
+    pieces: words [0, HEAD) and [HEAD, HEAD + TAIL) (HEAD = the largest power of two <= WORDS, TAIL covers the
+    rest). One block padded to a power of two would issue masked-off loads and stores for 3/8 of a 5,120-wide
+    bf16 row; two pieces issue none for the V4.1 widths (2,560 = 2,048 + 512 words, FP8 1,280 = 1,024 + 256)."""
+    head_cols = tl.arange(0, HEAD)[None, :]
+    tail_cols = HEAD + tl.arange(0, TAIL)[None, :]
+    head = tl.load(rows[:, None] + head_cols, mask=ok[:, None])
+    tail = tl.load(rows[:, None] + tail_cols, mask=ok[:, None] & (tail_cols < WORDS))
+    return head, tail
+
+
+@triton.jit
+def store_rows(rows, ok, head, tail, WORDS: tl.constexpr):
+    """Store the pieces of load_rows at int32 pointers rows [TILE] (where ok)."""
+    head_cols = tl.arange(0, head.shape[1])[None, :]
+    tail_cols = head.shape[1] + tl.arange(0, tail.shape[1])[None, :]
+    tl.store(rows[:, None] + head_cols, head, mask=ok[:, None])
+    tl.store(rows[:, None] + tail_cols, tail, mask=ok[:, None] & (tail_cols < WORDS))
+
+
+@triton.jit
+def compact_pairs(pos):
+    """pos int32 [TILE, TOPK_BLOCK] (-1 = no pair) -> (packed, most): each token's used entries moved to the
+    front in k order (-1 after them), and the most any token of the tile has. A loop over `most` then issues
+    no stores for the about half of a token's k pairs that live on other ranks."""
+    used = pos >= 0
+    order = tl.cumsum(used.to(tl.int32), axis=1) - 1  # index of a used entry among its token's used entries
+    js = tl.arange(0, pos.shape[1])[None, None, :]
+    hit = used[:, :, None] & (order[:, :, None] == js)  # [TILE, k, j]: entry k is the token's j-th used one
+    packed = tl.sum(tl.where(hit, pos[:, :, None] + 1, 0), axis=1) - 1
+    return packed, tl.max(tl.sum(used.to(tl.int32), axis=1), axis=0)
+
+
+@triton.jit
+def packed_column(packed, j):
+    """int64 [TILE]: column j of compact_pairs' packed entries (-1 where a token has fewer)."""
+    js = tl.arange(0, packed.shape[1])[None, :]
+    return tl.sum(tl.where(js == j, packed, 0), axis=1).to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
@@ -108,16 +151,15 @@ def store_trace(trace, pid, started, phase1, phase2):
 @triton.jit
 def _send_tokens(dst, entry, ok, tokens, x_a, x_b, topk_idx, topk_weights, rank_in_expert, dest, data_offset,
                  meta_offset, TOPK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr,
-                 B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr,
+                 B_WORDS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr, B_BLOCK: tl.constexpr,
+                 META_WORDS: tl.constexpr,
                  META_BLOCK: tl.constexpr):
     """Store a tile of tokens (int64 [TILE], where `ok`) into a destination's dispatch area (`dst` = its
     buffer as int32) at slots `entry`: the payload rows, and the meta (token, local ids on `dest`,
     weights, ranks in expert). A tile keeps TILE whole rows in flight per program."""
-    cols = tl.arange(0, ROW_BLOCK)
     row_words = A_WORDS + B_WORDS
-    in_a = ok[:, None] & (cols < A_WORDS)[None, :]
-    words = tl.load(x_a + tokens[:, None] * A_WORDS + cols[None, :], mask=in_a)
-    tl.store(dst + data_offset + entry[:, None] * row_words + cols[None, :], words, mask=in_a)
+    head, tail = load_rows(x_a + tokens * A_WORDS, ok, A_WORDS, ROW_HEAD, ROW_TAIL)
+    store_rows(dst + data_offset + entry * row_words, ok, head, tail, A_WORDS)
     if B_WORDS > 0:
         b_cols = tl.arange(0, B_BLOCK)
         in_b = ok[:, None] & (b_cols < B_WORDS)[None, :]
@@ -140,7 +182,8 @@ def _send_tokens(dst, entry, ok, tokens, x_a, x_b, topk_idx, topk_weights, rank_
 def _place_tokens(row_a, row_b, ok, local, weight, rank_in_expert, source, slot, token, segment_base, num_rows, slots,
                   out_a, out_b, grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
                   TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr,
-                  A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+                  A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr,
+                  B_BLOCK: tl.constexpr):
     """Expand a tile of received tokens (where `ok`): each payload (row_a / row_b: int32 word pointers
     [TILE]) goes to the output row of every (token, k) pair routed here, with the pair's expert id and
     weight; the handle learns each token's source, source token and pair rows at entry (source, slot).
@@ -156,16 +199,16 @@ def _place_tokens(row_a, row_b, ok, local, weight, rank_in_expert, source, slot,
     tl.store(recv_src_token + entry, token, mask=ok)
     tl.store(grouped_layout + pos, local, mask=pos >= 0)
     tl.store(row_weights + pos, weight, mask=pos >= 0)
-    cols = tl.arange(0, ROW_BLOCK)[None, :]
     b_cols = tl.arange(0, B_BLOCK)[None, :]
-    words = tl.load(row_a[:, None] + cols, mask=ok[:, None] & (cols < A_WORDS))
+    head, tail = load_rows(row_a, ok, A_WORDS, ROW_HEAD, ROW_TAIL)
     if B_WORDS > 0:
         b_words = tl.load(row_b[:, None] + b_cols, mask=ok[:, None] & (b_cols < B_WORDS))
-    for k in tl.static_range(TOPK):
-        p = tl.sum(tl.where(ks == k, pos, 0), axis=1).to(tl.int64)[:, None]  # column k: [TILE, 1]
-        tl.store(out_a + p * A_WORDS + cols, words, mask=(p >= 0) & (cols < A_WORDS))
+    packed, most = compact_pairs(pos)
+    for j in range(most):  # every token's j-th pair here at once
+        p = packed_column(packed, j)
+        store_rows(out_a + p * A_WORDS, p >= 0, head, tail, A_WORDS)
         if B_WORDS > 0:
-            tl.store(out_b + p * B_WORDS + b_cols, b_words, mask=(p >= 0) & (b_cols < B_WORDS))
+            tl.store(out_b + p[:, None] * B_WORDS + b_cols, b_words, mask=(p >= 0)[:, None] & (b_cols < B_WORDS))
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_rows", "epoch", "consumed_target"])  # change every call
@@ -181,8 +224,8 @@ def dispatch_kernel(
     consumed_offset, error_offset,  # int64-word offsets of header arrays
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
-    EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_BLOCK: tl.constexpr,
-    B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_HEAD: tl.constexpr,
+    ROW_TAIL: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr, TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then receivers. Tokens move TILE at a time (TILE divides CHUNK).
@@ -215,7 +258,7 @@ def dispatch_kernel(
                     slot = tl.load(send_slot + tokens * NUM_RANKS + dest, mask=tokens < num_tokens, other=-1)
                     _send_tokens(dst, (rank * slots + slot).to(tl.int64), slot >= 0, tokens, x_a, x_b, topk_idx,
                                  topk_weights, rank_in_expert, dest, data_offset, meta_offset, TOPK, EXPERTS_PER_RANK,
-                                 A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK, META_WORDS, META_BLOCK)
+                                 A_WORDS, B_WORDS, ROW_HEAD, ROW_TAIL, B_BLOCK, META_WORDS, META_BLOCK)
                 bounds = tl.arange(0, 2)
                 tl.store(dst + ranges_offset + (rank * MAX_CHUNKS + c) * 2 + bounds, tl.where(bounds == 0, start, end))
                 release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
@@ -224,32 +267,37 @@ def dispatch_kernel(
     else:
         receiver = pid - NUM_SENDERS
         num_receivers = tl.num_programs(0) - NUM_SENDERS
+        # Work is dealt out tile by tile, not chunk by chunk: 4,096 tokens are 128 chunks of 32 but 512 tiles of 8,
+        # so ~100 receivers get equal shares instead of one chunk or two (a 2x spread of their end times).
         # This rank's own tokens, straight from x: nothing to wait for.
-        for c in range(receiver, num_chunks, num_receivers):
-            for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens), TILE):
-                tokens = (first + lanes).to(tl.int64)
-                slot = tl.load(send_slot + tokens * NUM_RANKS + rank, mask=tokens < num_tokens, other=-1)
-                ok = slot >= 0
-                pair = ok[:, None] & (ks < TOPK)
-                expert = tl.load(topk_idx + tokens[:, None] * TOPK + ks, mask=pair, other=-1)
-                local = local_expert_ids(expert, rank, EXPERTS_PER_RANK)
-                weight = tl.load(topk_weights + tokens[:, None] * TOPK + ks, mask=pair, other=0.0)
-                in_expert = tl.load(rank_in_expert + tokens[:, None] * TOPK + ks, mask=pair, other=0)
-                _place_tokens(x_a + tokens * A_WORDS, x_b + tokens * B_WORDS, ok, local, weight, in_expert, rank, slot,
-                              tokens.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
-                              row_weights, positions, recv_src_rank, recv_src_token,
-                              TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+        for first in range(receiver * TILE, num_tokens, num_receivers * TILE):
+            tokens = (first + lanes).to(tl.int64)
+            slot = tl.load(send_slot + tokens * NUM_RANKS + rank, mask=tokens < num_tokens, other=-1)
+            ok = slot >= 0
+            pair = ok[:, None] & (ks < TOPK)
+            expert = tl.load(topk_idx + tokens[:, None] * TOPK + ks, mask=pair, other=-1)
+            local = local_expert_ids(expert, rank, EXPERTS_PER_RANK)
+            weight = tl.load(topk_weights + tokens[:, None] * TOPK + ks, mask=pair, other=0.0)
+            in_expert = tl.load(rank_in_expert + tokens[:, None] * TOPK + ks, mask=pair, other=0)
+            _place_tokens(x_a + tokens * A_WORDS, x_b + tokens * B_WORDS, ok, local, weight, in_expert, rank, slot,
+                          tokens.to(tl.int32), segment_base, num_rows, slots, out_a, out_b, grouped_layout,
+                          row_weights, positions, recv_src_rank, recv_src_token,
+                          TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_HEAD, ROW_TAIL, B_BLOCK)
         if TRACE:
             phase1 = globaltimer()
-        # The peers' tokens, chunk by chunk as their flags rise.
+        # The peers' tokens as their chunk flags rise: items are (chunk, tile of the chunk), chunk-major, so
+        # every receiver takes the chunks in arrival order.
+        tiles_per_chunk = CHUNK // TILE
         for j in tl.static_range(1, NUM_RANKS):
             source = (rank + j) % NUM_RANKS
-            for c in range(receiver, tl.cdiv(tl.load(source_tokens + source), CHUNK), num_receivers):
+            num_items = tl.cdiv(tl.load(source_tokens + source), CHUNK) * tiles_per_chunk
+            for item in range(receiver, num_items, num_receivers):
+                c = item // tiles_per_chunk
                 wait_at_least(buf64 + flags_offset + source * MAX_CHUNKS + c, epoch, buf64, peer_offsets, error_offset,
                               timeout_ns, NUM_RANKS)
-                start = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2)
+                first = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2) + item % tiles_per_chunk * TILE
                 end = tl.load(buf32 + ranges_offset + (source * MAX_CHUNKS + c) * 2 + 1)
-                for first in range(start, end, TILE):
+                if first < end:
                     slot = first + lanes
                     ok = slot < end
                     pair = ok[:, None] & (ks < TOPK)
@@ -262,7 +310,7 @@ def dispatch_kernel(
                     _place_tokens(row, row + A_WORDS, ok, local, weight, in_expert, source, slot,
                                   tl.load(meta, mask=ok, other=-1), segment_base, num_rows, slots, out_a, out_b,
                                   grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
-                                  TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_BLOCK, B_BLOCK)
+                                  TOPK, TOPK_BLOCK, EXPERTS_PER_RANK, A_WORDS, B_WORDS, ROW_HEAD, ROW_TAIL, B_BLOCK)
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the receive area: every source may overwrite its slots again.
