@@ -34,7 +34,6 @@ import triton
 from mini_deepep import Buffer
 from mini_deepep.kernels.peer_copy import peer_copy_kernel
 from mini_deepep.layout import get_dispatch_layout_torch
-from mini_deepep.nvshmem_backend import split_programs
 
 
 def timed(fn, warmup: int, iters: int, queue_us: float = 0.0, calls: int = 1) -> float:
@@ -214,7 +213,7 @@ def main() -> None:
             for share in args.sweep_shares:
                 nv.set_num_sms(num_sms)
                 backend.dispatch_sender_share = backend.combine_sender_share = share
-                config = f"{num_sms} programs, {share:.2f} send" + ("" if warps == 8 else f", {warps} warps")
+                config = f"{num_sms} SMs, {share:.2f} send" + ("" if warps == 8 else f", {warps} warps")
                 results[f"nvshmem dispatch bf16, fixed rows, {config}, steady"] = timed(
                     lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
                     queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
@@ -245,14 +244,13 @@ def main() -> None:
         ("dispatch bf16, fixed rows", lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows)),
         ("combine bf16", lambda: nv.combine(y, res_nv.handle)),
     ):
-        share = backend.dispatch_sender_share if name.startswith("dispatch") else backend.combine_sender_share
         for _ in range(3):  # the last of a few calls, each from a barrier
             dist.barrier()
             torch.cuda.synchronize()
             fn()
             torch.cuda.synchronize()
         per_rank = [None] * world
-        dist.all_gather_object(per_rank, phase_times(backend.last_trace, split_programs(backend.num_sms, share)[0]))
+        dist.all_gather_object(per_rank, phase_times(backend.last_trace, backend.data_grid(name.split()[0])[0]))
         traced[name] = per_rank
     backend.trace = False
     results["layout, torch ops (get_dispatch_layout_torch)"] = timed(
@@ -321,7 +319,7 @@ def main() -> None:
         bytes_of[f"{name}, queued"] = bytes_of[f"{name}, steady"] = nbytes
 
     for name in list(results):
-        if " programs, " in name or "alone" in name or " tiles" in name or "combine bf16, steady" in name:
+        if " SMs, " in name or "alone" in name or " tiles" in name or "combine bf16, steady" in name:
             bytes_of[name] = bytes_of["nvshmem combine bf16"]
     if rank == 0:
         table = []

@@ -3,7 +3,7 @@
 #   source .devdeps/env.sh && PART=deepep bash benchmarks/gpu_s7.sh     (2 x H200)
 # deepep: the dispatch/combine tests (2-GPU NVSHMEM), then the benchmark of the session's starting tree (its
 #         mini_deepep copied under _baseline/ by the caller, defaults only) and of this tree (sweeps: BENCH_ARGS).
-# final: mini-deepep's tests and the multi-GPU tests of the runtime and integration tests (closing check).
+# final: mini-deepep's tests, the multi-GPU tests of the runtime and integration tests, the benchmark (closing check).
 set -u
 FINAL=${OUT:-/tmp/gpu_s7}
 OUT=/tmp/gpu_s7_work
@@ -29,7 +29,8 @@ case "${PART:-deepep}" in
       --junitxml="$FINAL/junit_deepep.xml"
     run multigpu 200 python3 -m pytest -q -rs -p no:cacheprovider runtime/tests integration_tests -m multigpu \
       --junitxml="$FINAL/junit_multigpu.xml"
-    parts="env summary deepep_tests multigpu" ;;
+    bench deepep_bench "$FINAL" "" ${BENCH_ARGS:-}
+    parts="env summary deepep_tests multigpu deepep_bench" ;;
 esac
 for f in $parts; do echo "=== $f"; cat "$OUT/$f.txt" 2>/dev/null; done > "$FINAL/log.txt" 2>&1
 cat "$OUT/summary.txt"

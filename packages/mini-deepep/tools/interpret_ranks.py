@@ -89,6 +89,7 @@ def _simulated_buffer(rank: int, buffers: list[torch.Tensor], num_programs: int)
     backend.dispatch_sender_share, backend.combine_sender_share = 0.25, 0.5
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = 4, 2, 64  # several column blocks at hidden 256
     backend.dispatch_warps = backend.combine_warps = 8
+    backend.combine_programs_per_sm = 2
     backend.trace, backend.last_trace = False, None
     backend.timeout_ns = 1 << 62
     backend._dispatch_consumed = backend._combine_consumed = 0

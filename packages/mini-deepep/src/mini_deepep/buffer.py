@@ -138,7 +138,8 @@ class Buffer:
         return self._backend.combine(y.contiguous(), handle, weights.contiguous())
 
     def set_num_sms(self, num_sms: int) -> None:
-        """Programs of each NVSHMEM data kernel (their SM footprint). Collective: same value on all ranks."""
+        """SMs the NVSHMEM data kernels use (dispatch runs one program per SM, combine combine_programs_per_sm).
+        Collective: same value on all ranks."""
         if hasattr(self._backend, "num_sms"):
             self._backend.num_sms = num_sms
 

@@ -66,6 +66,7 @@ class _Notified:
     source_tokens: torch.Tensor  # int32 [R], each source's tokens in this call
     tokens_per_expert: torch.Tensor  # int32 [E_l]
     total_rows: torch.Tensor  # int32 [1]
+    m_alignment: int
     epoch: int
 
 
@@ -142,9 +143,12 @@ class NvshmemBackend:
         # Whole rows each dispatch program moves at once (a power of two dividing L.CHUNK).
         self.dispatch_tile = 8
         # Tokens, and row columns, each combine program works on at once.
-        self.combine_tile, self.combine_cols = 2, 2048
+        self.combine_tile, self.combine_cols = 8, 512
         # Warps per program of the two data kernels (fewer warps, fewer registers: more programs fit on an SM).
         self.dispatch_warps = self.combine_warps = 8
+        # Combine programs per SM: its reducers wait on one column block's loads at a time, so a second
+        # program per SM hides that latency (1.2x, docs/reports/deepep-v5-balance.md); dispatch gains nothing.
+        self.combine_programs_per_sm = 2
         # trace = True: each data kernel records its programs' phase times (%globaltimer ns) in `last_trace`,
         # int64 [grid, 4] (start, phase 1 done, phase 2 done, end; phases in the kernels' docstrings).
         self.trace = False
@@ -211,6 +215,7 @@ class NvshmemBackend:
             source_tokens=torch.empty(R, dtype=torch.int32, device=dev),
             tokens_per_expert=torch.empty(experts_per_rank, dtype=torch.int32, device=dev),
             total_rows=torch.empty(1, dtype=torch.int32, device=dev),
+            m_alignment=m_alignment,
             epoch=self._dispatch_epoch,
         )
         dispatch_notify_kernel[(1,)](
@@ -234,19 +239,21 @@ class NvshmemBackend:
         dev = self.device
         out_a = torch.empty(num_rows, n.a_words, dtype=torch.int32, device=dev)
         out_b = torch.empty(num_rows, n.b_words, dtype=torch.int32, device=dev)
-        grouped_layout = torch.full((num_rows,), -1, dtype=torch.int32, device=dev)
-        row_weights = torch.zeros(num_rows, dtype=torch.float32, device=dev)
-        positions = torch.full((R * slots, num_topk), -1, dtype=torch.int32, device=dev)
-        recv_src_rank = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
-        recv_src_token = torch.full((R * slots,), -1, dtype=torch.int32, device=dev)
-        senders, grid = split_programs(self.num_sms, self.dispatch_sender_share)
+        # No fills: the data kernel writes every entry (dispatch._fill_unused writes the ones no token uses).
+        grouped_layout = torch.empty(num_rows, dtype=torch.int32, device=dev)
+        row_weights = torch.empty(num_rows, dtype=torch.float32, device=dev)
+        positions = torch.empty(R * slots, num_topk, dtype=torch.int32, device=dev)
+        recv_src_rank = torch.empty(R * slots, dtype=torch.int32, device=dev)
+        recv_src_token = torch.empty(R * slots, dtype=torch.int32, device=dev)
+        senders, grid = self.data_grid("dispatch")
         dispatch_kernel[(grid,)](
             self.buf32, self.buf64, self.peer_offsets,
             _nonempty(n.parts[0]), _nonempty(n.parts[-1]), _nonempty(n.topk_idx), _nonempty(n.topk_weights),
             _nonempty(n.layout.send_slot), _nonempty(n.layout.rank_in_expert), n.segment_base, n.source_tokens,
+            n.recv_tokens, n.tokens_per_expert, n.total_rows,
             _nonempty(out_a), _nonempty(out_b if n.b_words else out_a), _nonempty(grouped_layout),
             _nonempty(row_weights), positions, recv_src_rank, recv_src_token,
-            num_tokens, num_rows, self.rank, n.epoch, self._dispatch_consumed, self.timeout_ns, slots,
+            num_tokens, num_rows, self.rank, n.epoch, self._dispatch_consumed, self.timeout_ns, slots, n.m_alignment,
             self.layout.dispatch_offset, n.meta_offset, self.layout.dispatch_flags_offset,
             self.layout.chunk_ranges_offset, self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
             self._trace_buffer(grid),
@@ -277,6 +284,12 @@ class NvshmemBackend:
         recv_x = outs[0] if len(outs) == 1 else (outs[0], outs[1])
         return DispatchResult(recv_x, grouped_layout, row_weights, n.tokens_per_expert, handle)
 
+    def data_grid(self, kernel: str) -> tuple[int, int]:
+        """(senders, grid) of the "dispatch" or "combine" data kernel."""
+        if kernel == "dispatch":
+            return split_programs(self.num_sms, self.dispatch_sender_share)
+        return split_programs(self.num_sms * self.combine_programs_per_sm, self.combine_sender_share)
+
     def _trace_buffer(self, grid: int) -> torch.Tensor:
         """Where a data kernel writes its phase times (when not tracing, any int64 tensor: never touched)."""
         if not self.trace:
@@ -291,7 +304,7 @@ class NvshmemBackend:
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
         self._combine_epoch += 1
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
-        senders, grid = split_programs(self.num_sms, self.combine_sender_share)
+        senders, grid = self.data_grid("combine")
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,

@@ -101,13 +101,18 @@ def combine_kernel(
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
-        # Tiles are dealt out one by one (4,096 tokens: 1,024 tiles of 4 for ~66 reducers, even shares), and each
-        # reducer goes over its tiles twice:
+        # Each reducer owns a contiguous run of tiles (even shares: 1,024 tiles of 4 tokens over 66 reducers are
+        # 15 or 16 each) and goes over it twice:
         # 1. the own-experts partial of each token, straight from y, into `out` as bf16 (the value the sum in rank
         #    order adds): the bulk of the reads, done without waiting while the peers' partials are on NVLink;
         # 2. as the peers' slot chunks arrive, out = bf16(sum in rank order of the partials), the own one read
         #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
-        for first in range(reducer * TILE, num_tokens, num_reducers * TILE):
+        # A run of tokens has a run of slots on each peer, so pass 2 waits for each slot chunk once (an acquire
+        # load at system scope costs about a microsecond; one per tile took half of this pass).
+        num_tiles = tl.cdiv(num_tokens, TILE)
+        tiles_lo = (reducer * num_tiles // num_reducers) * TILE
+        tiles_hi = tl.minimum(((reducer + 1) * num_tiles // num_reducers) * TILE, num_tokens)
+        for first in range(tiles_lo, tiles_hi, TILE):
             tokens = (first + lanes).to(tl.int64)
             ok = (tokens < num_tokens)[:, None]
             own = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rank, mask=ok, other=-1)
@@ -121,20 +126,28 @@ def combine_kernel(
         if TRACE:
             phase1 = globaltimer()
         tl.debug_barrier()
-        for first in range(reducer * TILE, num_tokens, num_reducers * TILE):
+        ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot chunk waited for
+        for first in range(tiles_lo, tiles_hi, TILE):
             tokens = (first + lanes).to(tl.int64)
             ok = (tokens < num_tokens)[:, None]
             slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok & (rr < NUM_RANKS), other=-1)
-            # The tile's slots on a peer are consecutive (at most TILE of them): one or two slot chunks.
+            # The tile's slots on a peer are consecutive (at most TILE of them): one or two slot chunks, of which
+            # the first may have been waited for by the previous tile.
             for j in tl.static_range(1, NUM_RANKS):
                 expert_rank = (rank + j) % NUM_RANKS
                 tile_slots = tl.sum(tl.where(rr == expert_rank, slot_of, 0), axis=1)
-                last = tl.max(tile_slots, axis=0)
-                if last >= 0:
+                last = tl.max(tile_slots, axis=0)  # -1 when no token of the tile went there
+                last_chunk = tl.maximum(last, 0) // CHUNK
+                done = tl.sum(tl.where(rr == expert_rank, ready, 0))
+                if (last >= 0) & (last_chunk > done):
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
-                    wait_at_least(flags + first_slot(tile_slots) // CHUNK, epoch, buf64, peer_offsets, error_offset,
-                                  timeout_ns, NUM_RANKS)
-                    wait_at_least(flags + last // CHUNK, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+                    first_chunk = first_slot(tile_slots) // CHUNK
+                    if first_chunk > done:
+                        if first_chunk < last_chunk:
+                            wait_at_least(flags + first_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                                          NUM_RANKS)
+                    wait_at_least(flags + last_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+                    ready = tl.where(rr == expert_rank, last_chunk, ready)
             for c0 in range(0, HIDDEN, COLS):
                 cols = c0 + tl.arange(0, COLS)[None, :]
                 acc = tl.zeros([TILE, COLS], dtype=tl.float32)
