@@ -305,6 +305,7 @@ class NvshmemBackend:
         self._combine_epoch += 1
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
         senders, grid = self.data_grid("combine")
+        pieces = _row_blocks(hidden, 0)  # pass 2's whole bf16 rows (2 tokens: R partials + fp32 sums in registers)
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
@@ -314,7 +315,8 @@ class NvshmemBackend:
             self._header(L.ERROR), self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS,
-            TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)), TRACE=self.trace,
+            TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),
+            ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], TRACE=self.trace,
             num_warps=self.combine_warps,
         )
         self._combine_consumed += grid - senders

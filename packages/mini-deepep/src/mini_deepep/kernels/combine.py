@@ -17,7 +17,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import globaltimer
 
-from mini_deepep.kernels.dispatch import chunk_slots_on, first_slot, store_trace
+from mini_deepep.kernels.dispatch import chunk_slots_on, first_slot, load_rows, store_rows, store_trace
 from mini_deepep.kernels.signals import (
     peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
 )
@@ -54,11 +54,13 @@ def combine_kernel(
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
     TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
-    TILE: tl.constexpr, COLS: tl.constexpr, TRACE: tl.constexpr,
+    TILE: tl.constexpr, COLS: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr,
+    TRACE: tl.constexpr,
 ):
-    """Grid: NUM_SENDERS sender programs, then reducers. Tokens go TILE at a time (TILE divides CHUNK),
-    rows COLS columns at a time: a program keeps TILE x k row pieces in flight and loads a tile's slots,
-    pair rows and weights once, as [TILE, R] and [TILE, k] blocks.
+    """Grid: NUM_SENDERS sender programs, then reducers. Senders and the reducers' pass 1 take tokens TILE at a
+    time (TILE divides CHUNK), rows COLS columns at a time: a program keeps TILE x k row pieces in flight and
+    loads a tile's slots, pair rows and weights once, as [TILE, R] and [TILE, k] blocks. Pass 2 takes
+    ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
     Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
     stored, every token reduced)."""
     pid = tl.program_id(0)
@@ -126,40 +128,44 @@ def combine_kernel(
         if TRACE:
             phase1 = globaltimer()
         tl.debug_barrier()
+        # Pass 2 takes whole rows, ROW_TOKENS tokens at a time: all R partials of both row pieces are loaded before
+        # the first store, so a step costs one memory round trip instead of one per column block.
         ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot chunk waited for
-        for first in range(tiles_lo, tiles_hi, TILE):
-            tokens = (first + lanes).to(tl.int64)
-            ok = (tokens < num_tokens)[:, None]
-            slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok & (rr < NUM_RANKS), other=-1)
-            # The tile's slots on a peer are consecutive (at most TILE of them): one or two slot chunks, of which
-            # the first may have been waited for by the previous tile.
+        row_lanes = tl.arange(0, ROW_TOKENS)
+        for first in range(tiles_lo, tiles_hi, ROW_TOKENS):
+            tokens = (first + row_lanes).to(tl.int64)
+            ok = tokens < tiles_hi
+            slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+            # The tokens' slots on a peer are consecutive: one or two slot chunks, of which the first may have
+            # been waited for by the previous step.
             for j in tl.static_range(1, NUM_RANKS):
                 expert_rank = (rank + j) % NUM_RANKS
-                tile_slots = tl.sum(tl.where(rr == expert_rank, slot_of, 0), axis=1)
-                last = tl.max(tile_slots, axis=0)  # -1 when no token of the tile went there
+                step_slots = tl.sum(tl.where(rr == expert_rank, slot_of, 0), axis=1)
+                last = tl.max(step_slots, axis=0)  # -1 when no token of the step went there
                 last_chunk = tl.maximum(last, 0) // CHUNK
                 done = tl.sum(tl.where(rr == expert_rank, ready, 0))
                 if (last >= 0) & (last_chunk > done):
                     flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
-                    first_chunk = first_slot(tile_slots) // CHUNK
+                    first_chunk = first_slot(step_slots) // CHUNK
                     if first_chunk > done:
                         if first_chunk < last_chunk:
                             wait_at_least(flags + first_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns,
                                           NUM_RANKS)
                     wait_at_least(flags + last_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
                     ready = tl.where(rr == expert_rank, last_chunk, ready)
-            for c0 in range(0, HIDDEN, COLS):
-                cols = c0 + tl.arange(0, COLS)[None, :]
-                acc = tl.zeros([TILE, COLS], dtype=tl.float32)
-                for d in tl.static_range(NUM_RANKS):  # rank order
-                    if d == rank:
-                        partial = tl.load(out + tokens[:, None] * HIDDEN + cols, mask=ok & (cols < HIDDEN), other=0.0)
-                    else:
-                        slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)[:, None]
-                        partial = tl.load(buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN + cols,
-                                          mask=(slot >= 0) & (cols < HIDDEN), other=0.0)
-                    acc += partial.to(tl.float32)  # a rank the token did not go to adds +0
-                tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
+            acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
+            acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
+            for d in tl.static_range(NUM_RANKS):  # rank order
+                slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)
+                rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
+                here = slot >= 0  # a rank the token did not go to adds +0
+                if d == rank:
+                    rows = out + tokens * HIDDEN
+                    here = ok
+                head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
+                acc_head += head.to(tl.float32)
+                acc_tail += tail.to(tl.float32)
+            store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.

@@ -58,14 +58,14 @@ def local_expert_ids(expert, rank, EXPERTS_PER_RANK: tl.constexpr):
 
 @triton.jit
 def load_rows(rows, ok, WORDS: tl.constexpr, HEAD: tl.constexpr, TAIL: tl.constexpr):
-    """A tile's rows of WORDS int32 words (rows: int32 pointers [TILE], loaded where ok) as two power-of-two
+    """A tile's rows of WORDS elements (rows: pointers [TILE], loaded where ok, else 0) as two power-of-two
     pieces: words [0, HEAD) and [HEAD, HEAD + TAIL) (HEAD = the largest power of two <= WORDS, TAIL covers the
     rest). One block padded to a power of two would issue masked-off loads and stores for 3/8 of a 5,120-wide
     bf16 row; two pieces issue none for the V4.1 widths (2,560 = 2,048 + 512 words, FP8 1,280 = 1,024 + 256)."""
     head_cols = tl.arange(0, HEAD)[None, :]
     tail_cols = HEAD + tl.arange(0, TAIL)[None, :]
-    head = tl.load(rows[:, None] + head_cols, mask=ok[:, None])
-    tail = tl.load(rows[:, None] + tail_cols, mask=ok[:, None] & (tail_cols < WORDS))
+    head = tl.load(rows[:, None] + head_cols, mask=ok[:, None], other=0)
+    tail = tl.load(rows[:, None] + tail_cols, mask=ok[:, None] & (tail_cols < WORDS), other=0)
     return head, tail
 
 
