@@ -1,6 +1,7 @@
 """Run the NVSHMEM backend's Triton kernels on CPU: simulated ranks under the Triton interpreter.
 
     uv run python packages/mini-deepep/tools/interpret_ranks.py [--ranks 2] [--programs 4] [--stress ROUNDS]
+        [--hidden H]
 
 Each rank is a process; the "symmetric buffers" are CPU tensors in shared memory, and a peer's offset is the
 address difference, as NVLink mappings are on the GPU. The package's CPU scenarios (or the stress driver) run with
@@ -18,6 +19,7 @@ sets after its bootstrap (keep the two in step).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import traceback
 
@@ -106,10 +108,13 @@ def _rank_main(rank: int, buffers: list[torch.Tensor], args: argparse.Namespace,
     try:
         buffer = _simulated_buffer(rank, buffers, args.programs)
         cpu = torch.device("cpu")
+        scenarios = testing.stress_scenarios(len(buffers))[1:3] if args.stress else testing.cpu_scenarios(len(buffers))
+        if args.hidden:
+            scenarios = [dataclasses.replace(s, hidden=args.hidden) for s in scenarios]
         if args.stress:
-            count = testing.run_stress(buffer, testing.stress_scenarios(len(buffers))[1:3], cpu, rounds=args.stress)
+            count = testing.run_stress(buffer, scenarios, cpu, rounds=args.stress)
         else:
-            count = testing.run_all(buffer, testing.cpu_scenarios(len(buffers)), cpu, exact_combine=True, repeats=1)
+            count = testing.run_all(buffer, scenarios, cpu, exact_combine=True, repeats=1)
         results.put((rank, f"ok: {count} calls checked"))
     except BaseException:
         results.put((rank, traceback.format_exc()))
@@ -120,8 +125,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--programs", type=int, default=4, help="programs of each data kernel (senders + receivers)")
     ap.add_argument("--stress", type=int, default=0, help="run this many stress rounds instead of the scenarios")
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="every scenario at this hidden size, a multiple of 128 (default: theirs, 256); a size that "
+                         "is not a power of two, e.g. 640, gives the rows a non-empty second piece")
     args = ap.parse_args()
-    num_bytes = Buffer.get_nvl_buffer_size_hint(MAX_TOKENS, HIDDEN, TOPK, args.ranks)
+    num_bytes = Buffer.get_nvl_buffer_size_hint(MAX_TOKENS, max(HIDDEN, args.hidden), TOPK, args.ranks)
     buffers = [torch.zeros(num_bytes, dtype=torch.uint8).share_memory_() for _ in range(args.ranks)]
     context = torch_mp.get_context("spawn")  # fork would inherit torch's thread pools and can hang
     results = context.Queue()

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import globaltimer
 
-from mini_deepep.kernels.dispatch import chunk_slots_on, first_slot, load_rows, store_rows, store_trace
+from mini_deepep.kernels.dispatch import first_slot, load_rows, store_rows, store_trace
 from mini_deepep.kernels.signals import (
     peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
 )

@@ -1,0 +1,26 @@
+"""The NVSHMEM backend's Triton kernels on CPU: simulated ranks under the Triton interpreter (tools/interpret_ranks.py).
+
+CPU CI has no GPU, so without this the data kernels' protocol (notify, chunk flags, tile dealing, the two combine
+passes, the fills of unused entries) would only be checked on the GPU machine. Here the package's CPU scenarios run
+through the kernels themselves, dispatch compared exactly with the loop reference and combine bit for bit with the
+emulated arithmetic, at hidden 640: not a power of two, so every row also has a non-empty second piece
+(dispatch.load_rows). About two minutes on two cores.
+"""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "interpret_ranks.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
+def test_nvshmem_kernels_under_the_interpreter_two_ranks() -> None:
+    done = subprocess.run([sys.executable, str(TOOL), "--ranks", "2", "--hidden", "640"], capture_output=True,
+                          text=True, timeout=1200, check=False)
+    assert done.returncode == 0, f"interpret_ranks.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.stdout.count(": ok:") == 2, done.stdout
