@@ -8,18 +8,19 @@ no host synchronisation in the data path (the only host read is the output row c
               there, waits for every rank's, plans the expert segments)
               -> [host reads the row count unless fixed]
               -> dispatch_kernel (senders: each chunk of tokens into every peer's slots, then that
-              chunk's flag; receivers: own tokens from x, then the peers' chunks as their flags
-              rise, into the grouped layout; then DISPATCH_CONSUMED on every peer)
+              chunk's flag; receivers: the entries no token uses, own tokens from x, then the peers'
+              chunks as their flags rise, into the grouped layout; then DISPATCH_CONSUMED on every peer)
     combine:  combine_kernel (senders: the peers' tokens' weighted partials into their home rank,
-              chunk flags; reducers: own tokens' partials from y plus the peers' partials, in rank
-              order; then COMBINE_CONSUMED on every peer)
+              chunk flags; reducers: own tokens' partials from y into `out`, then, as the peers'
+              chunks arrive, the sum of all partials in rank order; then COMBINE_CONSUMED on every peer)
 The layout (get_dispatch_layout) is computed before, once per routing.
 
 Each sender first waits for the previous call's CONSUMED counters, so the buffer is reused safely
 however far one rank runs ahead. A wait gives up only after `wait_timeout_s` of wall-clock time,
 and then flags ERROR on every rank (`Buffer.timed_out`): the data it guarded is stale. Overlap with
-compute is up to the caller: run dispatch or combine on a side stream (the data kernels take
-`num_sms` programs, the rest of the GPU stays free).
+compute is up to the caller: run dispatch or combine on a side stream (the data kernels use `num_sms`
+SMs, dispatch with one program per SM and combine with `combine_programs_per_sm`; the rest of the GPU stays
+free).
 """
 
 from __future__ import annotations
