@@ -103,8 +103,8 @@ def combine_kernel(
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
-        # Each reducer owns a contiguous run of tiles (even shares: 1,024 tiles of 4 tokens over 66 reducers are
-        # 15 or 16 each) and goes over it twice:
+        # Each reducer owns a contiguous run of tiles (even shares: at the defaults, 512 tiles of 8 tokens over 132
+        # reducers are 3 or 4 each) and goes over it twice:
         # 1. the own-experts partial of each token, straight from y, into `out` as bf16 (the value the sum in rank
         #    order adds): the bulk of the reads, done without waiting while the peers' partials are on NVLink;
         # 2. as the peers' slot chunks arrive, out = bf16(sum in rank order of the partials), the own one read

@@ -245,7 +245,7 @@ def _fill_unused(receiver, num_receivers, segment_base, tokens_per_local_expert,
             tl.store(recv_src_token + entry, tl.full(entry.shape, -1, tl.int32), mask=unused)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_rows", "epoch", "consumed_target", "m_alignment"])  # per call
+@triton.jit(do_not_specialize=["num_tokens", "num_rows", "epoch", "consumed_target", "m_alignment"])  # compile once
 def dispatch_kernel(
     buf32, buf64, peer_offsets,  # own symmetric buffer as int32 / int64, peer offsets in int32 words
     x_a, x_b,  # payload words: int32 [T, A_WORDS] and [T, B_WORDS] (B_WORDS = 0: x_b unused)
