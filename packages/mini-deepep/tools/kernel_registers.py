@@ -1,0 +1,86 @@
+"""Registers, spills and shared memory of the NVSHMEM data kernels, compiled offline for sm_90a (no GPU needed).
+
+    python packages/mini-deepep/tools/kernel_registers.py      # with triton 3.6, the GPU machine's
+
+(Under the uv environment's triton 3.9 the PTX is version 9.4, which the ptxas in its wheel, 8.8, rejects.)
+
+How many programs an SM holds follows from these: 8 warps x 32 threads x registers must fit in 65,536, so a kernel
+at more than 128 registers runs one program per SM, and a grid of two per SM runs in two waves. The shapes are the
+benchmark's (2 ranks, hidden 5,120, top-6 of 384 experts). Pointers and the integer arguments that are multiples of
+16 at run time get Triton's 16-byte divisibility hint, as its launcher gives them; without it nothing vectorizes and
+the counts are far higher than on the GPU. Only triton is imported (the package's __init__ needs torch, so it is
+bypassed).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+package = types.ModuleType("mini_deepep")
+package.__path__ = [str(SRC / "mini_deepep")]
+sys.modules["mini_deepep"] = package  # the kernels alone, without mini_deepep/__init__.py (torch)
+
+from mini_deepep.kernels.combine import combine_kernel  # noqa: E402
+from mini_deepep.kernels.dispatch import dispatch_kernel  # noqa: E402
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+# Argument types by name (the kernels' signatures); everything else is an int32 pointer.
+TYPES = {
+    "buf64": "*i64", "peer_offsets": "*i64", "topk_idx": "*i64", "trace": "*i64",
+    "buf16": "*bf16", "y": "*bf16", "out": "*bf16", "topk_weights": "*fp32", "row_weights": "*fp32",
+    "epoch": "i64", "consumed_target": "i64", "timeout_ns": "i64", "rank": "i32",
+}
+INTS_16 = ("num_tokens", "num_rows", "slots", "m_alignment", "data_offset", "meta_offset", "flags_offset",
+           "ranges_offset", "combine_offset", "consumed_offset", "error_offset")
+
+
+def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int) -> tuple[int, int, int]:
+    """(registers, spill store bytes, shared memory bytes) of `kernel` at these constexprs."""
+    params = list(inspect.signature(kernel.fn).parameters)
+    signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "i32" if p in INTS_16 else "*i32") for p in params}
+    aligned = [i for i, p in enumerate(params) if signature[p].startswith("*") or p in INTS_16]
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(params.index(k),): v for k, v in constexprs.items()},
+                       attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([str(PTXAS), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    return registers, spills, compiled.metadata.shared
+
+
+def main() -> None:
+    common = {"NUM_RANKS": 2, "TOPK": 6, "TOPK_BLOCK": 8, "CHUNK": 32, "MAX_CHUNKS": 1024, "TRACE": False}
+    dispatch = dict(common, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0, ROW_HEAD=2048, ROW_TAIL=512,
+                    B_BLOCK=16, META_WORDS=19, META_BLOCK=32)
+    combine = dict(common, NUM_SENDERS=132, RANK_BLOCK=2, HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096, ROW_TAIL=1024)
+    cases = [
+        ("dispatch bf16, 8-row tiles (default)", dispatch_kernel, dict(dispatch, TILE=8)),
+        ("dispatch bf16, 4-row tiles", dispatch_kernel, dict(dispatch, TILE=4)),
+        ("combine, 8 x 512 tiles (default)", combine_kernel, dict(combine, TILE=8, COLS=512)),
+        ("combine, 8 x 1,024 tiles", combine_kernel, dict(combine, TILE=8, COLS=1024)),
+        ("combine, 4 x 1,024 tiles", combine_kernel, dict(combine, TILE=4, COLS=1024)),
+    ]
+    print(f"{'kernel (8 warps, sm_90a)':40s} {'registers':>9s} {'spills B':>8s} {'shared B':>8s} {'programs/SM':>11s}")
+    for name, kernel, constexprs in cases:
+        registers, spills, shared = compile_sm90(kernel, constexprs, 8)
+        print(f"{name:40s} {registers:9d} {spills:8d} {shared:8d} {65536 // (256 * registers):11d}")
+
+
+if __name__ == "__main__":
+    main()
