@@ -208,7 +208,7 @@ def main() -> None:
     )
     # Program count and sender share of the data kernels (the defaults are one of these points).
     default_sms, default_shares = backend.num_sms, (backend.dispatch_sender_share, backend.combine_sender_share)
-    default_warps = (getattr(backend, "dispatch_warps", 8), getattr(backend, "combine_warps", 8))  # older trees: 8
+    default_warps = (backend.dispatch_warps, backend.combine_warps)
     for warps in args.sweep_warps:
         backend.dispatch_warps = backend.combine_warps = warps
         for num_sms in args.sweep_sms:
@@ -321,8 +321,8 @@ def main() -> None:
         bytes_of[f"{name}, queued"] = bytes_of[f"{name}, steady"] = nbytes
 
     if args.long_steady:
-        # The ranks' start skew is paid once per window: longer windows leave each kernel's own rate. The copy
-        # kernel (c) never waits for the other GPU, so it pays no skew in any window.
+        # The ranks' start skew is paid once per window, so longer windows spread it over more calls (session 7:
+        # 50-call windows read the same as 10-call ones, so the skew is not what separates steady from traced).
         for name in ("nvshmem dispatch bf16, fixed rows", "nvshmem combine bf16",
                      "(b) NCCL all_to_all_single, dispatched bf16 bytes", "(c) store-to-peer copy, 132x4096 words"):
             key = f"{name}, steady x{args.long_steady}"

@@ -1,6 +1,9 @@
 """Registers, spills and shared memory of the NVSHMEM data kernels, compiled offline for sm_90a (no GPU needed).
 
-    python packages/mini-deepep/tools/kernel_registers.py      # with triton 3.6, the GPU machine's
+    python packages/mini-deepep/tools/kernel_registers.py [--fingerprints]     # with triton 3.6, the GPU machine's
+
+--fingerprints prints a hash of each data kernel variant's PTX instead, to show that a refactor leaves the code the
+GPU runs unchanged.
 
 (Under the uv environment's triton 3.9 the PTX is version 9.4, which the ptxas in its wheel, 8.8, rejects.)
 
@@ -14,6 +17,7 @@ bypassed).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 import subprocess
@@ -45,15 +49,30 @@ INTS_16 = ("num_tokens", "num_rows", "slots", "m_alignment", "data_offset", "met
            "ranges_offset", "combine_offset", "consumed_offset", "error_offset")
 
 
-def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int) -> tuple[int, int, int]:
-    """(registers, spill store bytes, shared memory bytes) of `kernel` at these constexprs."""
+def _compile(kernel, constexprs: dict[str, int], num_warps: int):
     params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "i32" if p in INTS_16 else "*i32") for p in params}
     aligned = [i for i, p in enumerate(params) if signature[p].startswith("*") or p in INTS_16]
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(params.index(k),): v for k, v in constexprs.items()},
                        attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def ptx_fingerprint(kernel, constexprs: dict[str, int], num_warps: int = 8) -> str:
+    """Hash of the kernel's PTX instructions and branch labels, without what only debug info holds (sections,
+    .loc / .file lines, comments, the $L__tmp scope markers of inlined helpers): equal before and after a refactor
+    means the GPU runs the same code, so the GPU tests of the earlier tree hold for the later one."""
+    code = _compile(kernel, constexprs, num_warps).asm["ptx"].split(".section")[0]
+    lines = [line.split("//")[0].strip() for line in code.splitlines()]
+    kept = [re.sub(r"\$L__BB\w+", "L", line) for line in lines
+            if line and not line.startswith((".loc", ".file", "$L__tmp"))]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int) -> tuple[int, int, int]:
+    """(registers, spill store bytes, shared memory bytes) of `kernel` at these constexprs."""
+    compiled = _compile(kernel, constexprs, num_warps)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
@@ -64,7 +83,26 @@ def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int) -> tuple[in
     return registers, spills, compiled.metadata.shared
 
 
+def fingerprints() -> None:
+    """PTX fingerprints of 12 variants: dispatch (bf16, FP8) and combine, at 2 and 8 ranks, trace off and on."""
+    for ranks in (2, 8):
+        for trace in (False, True):
+            common = {"NUM_RANKS": ranks, "TOPK": 6, "TOPK_BLOCK": 8, "CHUNK": 32, "MAX_CHUNKS": 1024, "TRACE": trace}
+            for fp8 in (False, True):
+                dispatch = dict(common, NUM_SENDERS=33, EXPERTS_PER_RANK=384 // ranks, A_WORDS=1280 if fp8 else 2560,
+                                B_WORDS=40 if fp8 else 0, ROW_HEAD=1024 if fp8 else 2048, ROW_TAIL=256 if fp8 else 512,
+                                B_BLOCK=64 if fp8 else 16, META_WORDS=19, META_BLOCK=32, TILE=8)
+                print(f"dispatch {'fp8' if fp8 else 'bf16'}, {ranks} ranks, trace {trace}:",
+                      ptx_fingerprint(dispatch_kernel, dispatch))
+            combine = dict(common, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks), HIDDEN=5120, ROW_TOKENS=2,
+                           ROW_HEAD=4096, ROW_TAIL=1024, TILE=8, COLS=512)
+            print(f"combine, {ranks} ranks, trace {trace}:", ptx_fingerprint(combine_kernel, combine))
+
+
 def main() -> None:
+    if "--fingerprints" in sys.argv:
+        fingerprints()
+        return
     common = {"NUM_RANKS": 2, "TOPK": 6, "TOPK_BLOCK": 8, "CHUNK": 32, "MAX_CHUNKS": 1024, "TRACE": False}
     dispatch = dict(common, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0, ROW_HEAD=2048, ROW_TAIL=512,
                     B_BLOCK=16, META_WORDS=19, META_BLOCK=32)

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import globaltimer
 
-from mini_deepep.kernels.dispatch import first_slot, load_rows, store_rows, store_trace
+from mini_deepep.kernels.dispatch import column, first_slot, load_rows, store_rows, store_trace
 from mini_deepep.kernels.signals import (
     peer_offset, release_add_on_peers, release_epoch, wait_at_least, wait_for_peers,
 )
@@ -34,11 +34,10 @@ def _weighted_partials(y, weights, pairs, cols, TOPK: tl.constexpr, HIDDEN: tl.c
     """fp32 [TILE, COLS]: per token of a tile, the sum over k in order of w * y on columns `cols` ([1, COLS]).
     pairs: int32 [TILE, TOPK_BLOCK], the output rows of the token's pairs (-1 = none); weights: _pair_weights.
     The k loop is unrolled, so a program has all k row loads in flight before the first multiply-add."""
-    ks = tl.arange(0, pairs.shape[1])[None, :]
     acc = tl.zeros([pairs.shape[0], cols.shape[1]], dtype=tl.float32)
     for k in tl.static_range(TOPK):
-        p = tl.sum(tl.where(ks == k, pairs, 0), axis=1).to(tl.int64)[:, None]  # column k
-        w = tl.sum(tl.where(ks == k, weights, 0.0), axis=1)[:, None]
+        p = column(pairs, k).to(tl.int64)[:, None]
+        w = column(weights, k)[:, None]
         rows = tl.load(y + p * HIDDEN + cols, mask=(p >= 0) & (cols < HIDDEN), other=0.0)
         acc += w * rows.to(tl.float32)
     return acc
@@ -140,7 +139,7 @@ def combine_kernel(
             # been waited for by the previous step.
             for j in tl.static_range(1, NUM_RANKS):
                 expert_rank = (rank + j) % NUM_RANKS
-                step_slots = tl.sum(tl.where(rr == expert_rank, slot_of, 0), axis=1)
+                step_slots = column(slot_of, expert_rank)
                 last = tl.max(step_slots, axis=0)  # -1 when no token of the step went there
                 last_chunk = tl.maximum(last, 0) // CHUNK
                 done = tl.sum(tl.where(rr == expert_rank, ready, 0))
@@ -156,7 +155,7 @@ def combine_kernel(
             acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
             acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
             for d in tl.static_range(NUM_RANKS):  # rank order
-                slot = tl.sum(tl.where(rr == d, slot_of, 0), axis=1)
+                slot = column(slot_of, d)
                 rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
                 here = slot >= 0  # a rank the token did not go to adds +0
                 if d == rank:

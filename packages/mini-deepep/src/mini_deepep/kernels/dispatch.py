@@ -92,10 +92,10 @@ def compact_pairs(pos):
 
 
 @triton.jit
-def packed_column(packed, j):
-    """int64 [TILE]: column j of compact_pairs' packed entries (-1 where a token has fewer)."""
-    js = tl.arange(0, packed.shape[1])[None, :]
-    return tl.sum(tl.where(js == j, packed, 0), axis=1).to(tl.int64)
+def column(block, j):
+    """[TILE]: column j of a [TILE, N] register block (j may be a run-time value), e.g. every token's k-th pair."""
+    js = tl.arange(0, block.shape[1])[None, :]
+    return tl.sum(tl.where(js == j, block, 0), axis=1)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
@@ -205,10 +205,17 @@ def _place_tokens(row_a, row_b, ok, local, weight, rank_in_expert, source, slot,
         b_words = tl.load(row_b[:, None] + b_cols, mask=ok[:, None] & (b_cols < B_WORDS))
     packed, most = compact_pairs(pos)
     for j in range(most):  # every token's j-th pair here at once
-        p = packed_column(packed, j)
+        p = column(packed, j).to(tl.int64)  # -1 where a token has fewer
         store_rows(out_a + p * A_WORDS, p >= 0, head, tail, A_WORDS)
         if B_WORDS > 0:
             tl.store(out_b + p[:, None] * B_WORDS + b_cols, b_words, mask=(p >= 0)[:, None] & (b_cols < B_WORDS))
+
+
+@triton.jit
+def _mark_padding_rows(grouped_layout, row_weights, rows, end):
+    """Rows `rows` below `end` are padding: expert -1, weight 0."""
+    tl.store(grouped_layout + rows, tl.full(rows.shape, -1, tl.int32), mask=rows < end)
+    tl.store(row_weights + rows, tl.zeros(rows.shape, tl.float32), mask=rows < end)
 
 
 @triton.jit
@@ -226,13 +233,9 @@ def _fill_unused(receiver, num_receivers, segment_base, tokens_per_local_expert,
         start = tl.load(segment_base + e) + count  # source 0's base is the segment's first row
         end = tl.minimum(start + tl.cdiv(count, m_alignment) * m_alignment - count, num_rows)
         for first in range(start, end, 128):
-            rows = first + lanes
-            tl.store(grouped_layout + rows, tl.full(rows.shape, -1, tl.int32), mask=rows < end)
-            tl.store(row_weights + rows, tl.zeros(rows.shape, tl.float32), mask=rows < end)
+            _mark_padding_rows(grouped_layout, row_weights, first + lanes, end)
     for first in range(tl.load(total_rows) + receiver * 128, num_rows, num_receivers * 128):
-        rows = first + lanes
-        tl.store(grouped_layout + rows, tl.full(rows.shape, -1, tl.int32), mask=rows < num_rows)
-        tl.store(row_weights + rows, tl.zeros(rows.shape, tl.float32), mask=rows < num_rows)
+        _mark_padding_rows(grouped_layout, row_weights, first + lanes, num_rows)
     ks = tl.arange(0, TOPK_BLOCK)[None, :]
     for s in tl.static_range(NUM_RANKS):
         for first in range(tl.load(recv_tokens + s) + receiver * 128, slots, num_receivers * 128):
