@@ -36,14 +36,14 @@ from mini_deepep.kernels.peer_copy import peer_copy_kernel
 from mini_deepep.layout import get_dispatch_layout_torch
 
 
-def timed(fn, warmup: int, iters: int, queue_us: float = 0.0, calls: int = 1) -> float:
+def timed(fn, warmup: int, iters: int, queue_us: float = 0.0, calls: int = 1, samples: list | None = None) -> float:
     """Median seconds of fn() on this rank, max over ranks; every iteration starts from a barrier.
 
     queue_us > 0: a GPU sleep of that long is queued before the start event, so fn's launches are queued
     while it runs and the time is the GPU's alone (no CPU launch gaps), as when the host runs ahead.
     calls > 1: each iteration times that many back-to-back calls and reports the time per call, so the
     skew between the ranks' starts (one rank's kernel waiting for the other's) is paid once, not per call:
-    the steady state of a model that dispatches layer after layer."""
+    the steady state of a model that dispatches layer after layer. samples: gets this rank's time of every iteration."""
     for _ in range(warmup):
         fn()
     times = []
@@ -59,6 +59,8 @@ def timed(fn, warmup: int, iters: int, queue_us: float = 0.0, calls: int = 1) ->
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / calls)
+    if samples is not None:
+        samples.extend(times)
     med = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med)
@@ -119,6 +121,33 @@ def phase_times(trace: torch.Tensor, senders: int) -> dict[str, dict[str, float]
     return summary
 
 
+def trace_window(backend, fn, calls: int, senders: int) -> list[dict[str, float]]:
+    """Phase times of every call of one steady window (calls back to back, queued behind a GPU sleep), in us since
+    the window's first program start on this rank: per call, its first start, the senders' wait for the previous
+    call's CONSUMED (phase 1) and end, the receivers' phase 1 and end (median and max over programs)."""
+    traces = []
+    dist.barrier()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(STEADY_QUEUE_US * 1.98e3))
+    for _ in range(calls):
+        fn()
+        traces.append(backend.last_trace)
+    torch.cuda.synchronize()
+    origin = min(int(t[:, 0].min()) for t in traces)
+    rows = []
+    for t in traces:
+        rel = (t.cpu() - origin).double() / 1e3
+        send, recv = rel[:senders], rel[senders:]
+        rows.append({
+            "start": float(rel[:, 0].min()), "end": float(rel[:, 3].max()),
+            "send wait max": float((send[:, 1] - send[:, 0]).max()), "send end median": float(send[:, 3].median()),
+            "send end max": float(send[:, 3].max()), "recv phase 1 median": float(recv[:, 1].median()),
+            "recv phase 1 max": float(recv[:, 1].max()), "recv end median": float(recv[:, 3].median()),
+            "recv end max": float(recv[:, 3].max()),
+        })
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
@@ -135,6 +164,9 @@ def main() -> None:
     ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"], help="tokens x columns")
     ap.add_argument("--long-steady", type=int, default=0,
                     help="also time the headline cases with this many back-to-back calls per window (0: skip)")
+    ap.add_argument("--trace-steady", type=int, default=0,
+                    help="only trace every call of a window of this many back-to-back calls of each data kernel "
+                         "(per-call phase times per rank), then stop (0: the full benchmark)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
@@ -189,6 +221,47 @@ def main() -> None:
 
     results: dict[str, float] = {}
     W, I = args.warmup, args.iters
+    if args.trace_steady:
+        # Every call of a few steady windows traced, then the same windows untraced: per-window times, to see
+        # whether tracing itself or the window-to-window spread separates them.
+        backend = nv._backend
+        cases = {
+            "dispatch bf16, fixed rows": lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows),
+            "combine bf16": lambda: nv.combine(y, res_nv.handle),
+        }
+        windows, periods, untraced = {}, {}, {}
+        for name, fn in cases.items():
+            senders = backend.data_grid(name.split()[0])[0]
+            backend.trace = True
+            for _ in range(W):
+                trace_window(backend, fn, args.trace_steady, senders)
+            traced_windows = [trace_window(backend, fn, args.trace_steady, senders) for _ in range(I)]
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, traced_windows)
+            windows[name] = [rank_windows[I // 2] for rank_windows in per_rank]
+            periods[name] = [[round(w[-1]["end"] / len(w), 1) for w in rank_windows] for rank_windows in per_rank]
+            backend.trace = False
+            samples: list[float] = []
+            timed(fn, W, I, queue_us=STEADY_QUEUE_US, calls=args.trace_steady, samples=samples)
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, [round(t * 1e6, 1) for t in samples])
+            untraced[name] = per_rank
+        if rank == 0:
+            for name, per_rank in windows.items():
+                for r, rows in enumerate(per_rank):
+                    print(f"--- {name}, rank {r}: traced windows, us per call {periods[name][r]}; untraced {untraced[name][r]}")
+                    print(f"    window {I // 2} (us since its first program start on this rank):")
+                    print(" ".join(f"{k:>10s}" for k in ["call", *rows[0]]))
+                    for i, row in enumerate(rows):
+                        print(" ".join([f"{i:>10d}", *(f"{v:10.1f}" for v in row.values())]))
+            if os.environ.get("OUT"):
+                with open(os.path.join(os.environ["OUT"], "bench_deepep_trace_steady.json"), "w") as f:
+                    json.dump({"gpu": torch.cuda.get_device_name(), "world": world, "tokens_per_rank": T, "hidden": H,
+                               "topk": K, "experts": E, "calls": args.trace_steady, "traced_us_per_call": periods,
+                               "untraced_us_per_call": untraced, "middle_window": windows}, f, indent=1)
+        nv.destroy()
+        dist.destroy_process_group()
+        return
     results["nvshmem dispatch bf16"] = timed(lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout), W, I)
     results["nvshmem dispatch bf16, fixed rows"] = timed(
         lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I

@@ -11,7 +11,7 @@ no host synchronisation in the data path (the only host read is the output row c
               chunk's flag; receivers: the entries no token uses, own tokens from x, then the peers'
               chunks as their flags rise, into the grouped layout; then DISPATCH_CONSUMED on every peer)
     combine:  combine_kernel (senders: the peers' tokens' weighted partials into their home rank,
-              chunk flags; reducers: own tokens' partials from y into `out`, then, as the peers'
+              slot groups taken from a work queue in slot order, a flag per group; reducers: own tokens' partials from y into `out`, then, as the peers'
               chunks arrive, the sum of all partials in rank order; then COMBINE_CONSUMED on every peer)
 The layout (get_dispatch_layout) is computed before, once per routing.
 
@@ -295,7 +295,8 @@ class NvshmemBackend:
         """Where a data kernel writes its phase times (when not tracing, any int64 tensor: never touched)."""
         if not self.trace:
             return self.peer_offsets
-        self.last_trace = torch.zeros(grid, 4, dtype=torch.int64, device=self.device)
+        # empty, not zeros: every program writes its row, and a fill would add a kernel between traced calls.
+        self.last_trace = torch.empty(grid, 4, dtype=torch.int64, device=self.device)
         return self.last_trace
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle, row_weights: torch.Tensor) -> torch.Tensor:
@@ -303,6 +304,8 @@ class NvshmemBackend:
         slots = handle.positions.shape[0] // R
         if slots > self.layout.combine_slots(hidden):
             raise ValueError("the combine area is too small for this dispatch's slots (see get_nvl_buffer_size_hint)")
+        if L.GROUP % self.combine_tile:
+            raise ValueError(f"combine_tile must divide the combine flag group ({L.GROUP} slots)")
         self._combine_epoch += 1
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
         senders, grid = self.data_grid("combine")
@@ -310,12 +313,12 @@ class NvshmemBackend:
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
-            _nonempty(handle.send_slot), _nonempty(out),
+            _nonempty(handle.send_slot), _nonempty(out), self.buf32[self.layout.combine_queue_offset:],
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
             self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR), self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
-            TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS,
+            TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),
             ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], TRACE=self.trace,
             num_warps=self.combine_warps,

@@ -3,7 +3,7 @@
 Every rank allocates the same `num_bytes`; a peer's copy is reached through its NVLink mapping at
 (peer base - own base), so one offset describes a region on every rank.
 
-    [ header, 256 KiB ][ dispatch area ][ combine area ]
+    [ header, 512 KiB ][ dispatch area ][ combine area ]
 
 Header (entry p of every per-source array is written only by peer p):
     int64 signals, one array of num_ranks entries each:
@@ -16,14 +16,19 @@ Header (entry p of every per-source array is written only by peer p):
         SOURCE_TOKENS[p]     all of p's tokens in the current dispatch (how many chunks p signals)
         ERROR[0]             set to 1 on every rank by a wait that gave up (a hang turned into an
                              error); sticky: later waits see it and give up at once
+    int32 combine work queue [2] at COMBINE_QUEUE_BYTE_OFFSET, local (only this rank's combine senders
+        touch it): groups handed out in the current call, senders done. The last sender done sets both
+        back to 0, so every call starts from 0.
     int32 expert counts [R][MAX_LOCAL_EXPERTS] at EXPERT_COUNTS_BYTE_OFFSET: row p = how many of p's
         tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).
     int64 dispatch chunk flags [R][MAX_CHUNKS]: entry (p, c) = epoch of the dispatch whose chunk c
         of p's tokens is stored here (rows, meta and the slot range below).
-    int64 combine chunk flags [R][MAX_CHUNKS]: entry (p, c) = epoch of the combine whose partials
-        of slot chunk c (slots [c * CHUNK, (c + 1) * CHUNK) of this rank's tokens on p) are here.
     int32 dispatch chunk ranges [R][MAX_CHUNKS][2]: slots [start, end) that chunk c of p's tokens
         filled here (start = end when none of them came here).
+    int64 combine group flags [R][MAX_GROUPS]: entry (p, g) = epoch of the combine whose partials of
+        slot group g (slots [g * GROUP, (g + 1) * GROUP) of this rank's tokens on p) are here. Finer
+        than the dispatch chunks: combine senders take groups from a work queue in slot order, so the
+        flags rise one group after another while the home rank's reducers wait for them.
 Counters only grow and flags hold the call's epoch (its 1-based number, equal on every rank since
 calls are collective), so nothing is ever reset, and a chunk unused for a while cannot confuse a
 later call.
@@ -40,23 +45,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEADER_BYTES = 256 << 10
+HEADER_BYTES = 512 << 10
 EXPERT_COUNTS_BYTE_OFFSET = 4096
 MAX_LOCAL_EXPERTS = 1024
 MAX_RANKS = 8
 # Tokens per chunk: the unit of the per-chunk flags (one program stores a chunk, then signals it).
 CHUNK = 32
 MAX_CHUNKS = 1024  # per source rank: at most CHUNK * MAX_CHUNKS tokens per rank and call
+# Slots per combine flag: the unit a combine sender takes from the work queue (docs/reports/deepep-v6-combine-queue.md).
+GROUP = 8
+MAX_GROUPS = CHUNK * MAX_CHUNKS // GROUP
+COMBINE_QUEUE_BYTE_OFFSET = 2048
 DISPATCH_FLAGS_BYTE_OFFSET = 64 << 10
-COMBINE_FLAGS_BYTE_OFFSET = DISPATCH_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
-CHUNK_RANGES_BYTE_OFFSET = COMBINE_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
+CHUNK_RANGES_BYTE_OFFSET = DISPATCH_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
+COMBINE_FLAGS_BYTE_OFFSET = CHUNK_RANGES_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
 ALIGN_BYTES = 256
 NOTIFY, DISPATCH_CONSUMED, COMBINE_CONSUMED, DISPATCH_COUNT, SOURCE_TOKENS, ERROR = range(6)
 NUM_SIGNALS = 6
 
-assert CHUNK_RANGES_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8 <= HEADER_BYTES
+assert COMBINE_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_GROUPS * 8 <= HEADER_BYTES
 assert EXPERT_COUNTS_BYTE_OFFSET + MAX_RANKS * MAX_LOCAL_EXPERTS * 4 <= DISPATCH_FLAGS_BYTE_OFFSET
-assert NUM_SIGNALS * MAX_RANKS * 8 <= EXPERT_COUNTS_BYTE_OFFSET
+assert NUM_SIGNALS * MAX_RANKS * 8 <= COMBINE_QUEUE_BYTE_OFFSET
+assert COMBINE_QUEUE_BYTE_OFFSET + 8 <= EXPERT_COUNTS_BYTE_OFFSET
 
 
 def _round_up(x: int, m: int) -> int:
@@ -97,8 +107,13 @@ class SymmetricLayout:
 
     @property
     def combine_flags_offset(self) -> int:
-        """Offset of the combine chunk flags [R][MAX_CHUNKS], in int64 words."""
+        """Offset of the combine group flags [R][MAX_GROUPS], in int64 words."""
         return COMBINE_FLAGS_BYTE_OFFSET // 8
+
+    @property
+    def combine_queue_offset(self) -> int:
+        """Offset of the combine work queue (int32 [2], local), in int32 words."""
+        return COMBINE_QUEUE_BYTE_OFFSET // 4
 
     @property
     def chunk_ranges_offset(self) -> int:

@@ -66,6 +66,9 @@ def gpu_scenarios(num_ranks: int) -> list[Scenario]:
     return cpu_scenarios(num_ranks) + [
         Scenario("large bf16", tuple(1024 - 247 * r for r in range(num_ranks)), hidden=1024, seed=5),
         Scenario("large fp8", tuple(1024 - 300 * r for r in range(num_ranks)), hidden=1024, fp8=True, seed=6),
+        # Not a power of two: every row is two pieces with data in both (dispatch.load_rows).
+        Scenario("bf16, hidden 640", tuple(700 - 173 * r for r in range(num_ranks)), hidden=640, seed=7),
+        Scenario("fp8, hidden 640", tuple(640 - 111 * r for r in range(num_ranks)), hidden=640, fp8=True, seed=8),
     ]
 
 

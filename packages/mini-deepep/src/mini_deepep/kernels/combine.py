@@ -5,10 +5,10 @@ Arithmetic (the documented combine semantics): partial = bf16(fp32 sum over this
 order, of w * y); out = bf16(fp32 sum of the partials in rank order).
 
 One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
-- senders compute the partials of the peers' tokens, slot chunk by slot chunk, store them into the
-  home rank and raise that chunk's flag there;
+- senders take slot groups (GROUP slots of one peer) from a work queue in slot order, compute their
+  tokens' partials, store them into the home rank and raise that group's flag there;
 - reducers walk this rank's own tokens tile by tile, twice: first the own-experts partial straight
-  from y into `out` (no waiting), then, as each peer's slot chunks arrive, the sum of all partials
+  from y into `out` (no waiting), then, as each peer's slot groups arrive, the sum of all partials
   in rank order.
 """
 
@@ -48,16 +48,17 @@ def combine_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
     y, row_weights, positions, recv_tokens,  # bf16 [M, HIDDEN], fp32 [M], int32 [R * slots, TOPK], int32 [R]
     send_slot, out,  # int32 [T, R] (slot of each own token on each rank, -1 = not sent), bf16 [T, HIDDEN]
+    queue,  # int32 [2] in this rank's header: the senders' work queue (groups handed out, senders done), 0 at entry
     num_tokens, slots, rank, epoch, consumed_target, timeout_ns,
     combine_offset, flags_offset, consumed_offset, error_offset,
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
-    TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr,
     TILE: tl.constexpr, COLS: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr,
     TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Senders and the reducers' pass 1 take tokens TILE at a
-    time (TILE divides CHUNK), rows COLS columns at a time: a program keeps TILE x k row pieces in flight and
+    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight and
     loads a tile's slots, pair rows and weights once, as [TILE, R] and [TILE, k] blocks. Pass 2 takes
     ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
     Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
@@ -73,19 +74,26 @@ def combine_kernel(
         if TRACE:
             phase1 = globaltimer()
         if NUM_RANKS > 1:
-            most_chunks = 0
+            # Work items are slot groups of GROUP slots, group-major over the peers, handed out by a work queue:
+            # the senders go through the slots in order, each group's flag rises as soon as its group is stored
+            # (so the home rank's reducers can start on it), and a sender that loads slowly (a group whose tokens
+            # have many pairs here, or a share of the link that is lower than its neighbours') simply takes fewer
+            # groups. A fixed deal left the last of 132 senders ~28 us behind the median (session 8's traces).
+            most_groups = 0
             for j in tl.static_range(1, NUM_RANKS):
-                most_chunks = tl.maximum(most_chunks, tl.cdiv(tl.load(recv_tokens + (rank + j) % NUM_RANKS), CHUNK))
-            for item in range(pid, most_chunks * (NUM_RANKS - 1), NUM_SENDERS):
-                c = item // (NUM_RANKS - 1)
+                most_groups = tl.maximum(most_groups, tl.cdiv(tl.load(recv_tokens + (rank + j) % NUM_RANKS), GROUP))
+            num_items = most_groups * (NUM_RANKS - 1)
+            item = tl.atomic_add(queue, 1, sem="relaxed", scope="gpu")
+            while item < num_items:
+                g = item // (NUM_RANKS - 1)
                 home = (rank + 1 + item % (NUM_RANKS - 1)) % NUM_RANKS
                 used = tl.load(recv_tokens + home)
-                if c * CHUNK < used:
+                if g * GROUP < used:
                     peer = peer_offset(peer_offsets, home)
                     # Every used slot sends a partial, even when a caller's fixed row count dropped all its
                     # pairs (then zeros): the home rank adds one partial per rank its token went to.
-                    for first in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, used), TILE):
-                        slot = first + lanes
+                    for first in tl.static_range(0, GROUP, TILE):
+                        slot = g * GROUP + first + lanes
                         ok = (slot < used)[:, None]
                         pairs = tl.load(positions + (home * slots + slot).to(tl.int64)[:, None] * TOPK + ks,
                                         mask=ok & (ks < TOPK), other=-1)
@@ -95,25 +103,33 @@ def combine_kernel(
                             cols = c0 + tl.arange(0, COLS)[None, :]
                             acc = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN)
                             tl.store(dst + cols, acc.to(tl.bfloat16), mask=ok & (cols < HIDDEN))
-                    release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_CHUNKS + c, epoch)
+                    release_epoch(buf64 + (peer >> 1) + flags_offset + rank * MAX_GROUPS + g, epoch)
+                item = tl.atomic_add(queue, 1, sem="relaxed", scope="gpu")
+            # The last sender out resets the queue for the next call. acq_rel orders every sender's final take
+            # before the reset (it took its last item before it counted itself done).
+            if tl.atomic_add(queue + 1, 1, sem="acq_rel", scope="gpu") == NUM_SENDERS - 1:
+                tl.atomic_xchg(queue, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(queue + 1, 0, sem="relaxed", scope="gpu")
         if TRACE:
             phase2 = globaltimer()
     else:
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
-        # Each reducer owns a contiguous run of tiles (even shares: at the defaults, 512 tiles of 8 tokens over 132
-        # reducers are 3 or 4 each) and goes over it twice:
+        # Each reducer owns every num_reducers-th tile (at the defaults, 512 tiles of 8 tokens over 132 reducers are
+        # 3 or 4 each) and goes over them twice:
         # 1. the own-experts partial of each token, straight from y, into `out` as bf16 (the value the sum in rank
         #    order adds): the bulk of the reads, done without waiting while the peers' partials are on NVLink;
-        # 2. as the peers' slot chunks arrive, out = bf16(sum in rank order of the partials), the own one read
+        # 2. as the peers' slot groups arrive, out = bf16(sum in rank order of the partials), the own one read
         #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
-        # A run of tokens has a run of slots on each peer, so pass 2 waits for each slot chunk once (an acquire
-        # load at system scope costs about a microsecond; one per tile took half of this pass).
+        # Strided, not a contiguous run: the slot groups arrive in slot order, which is token order, so the tiles
+        # whose partials arrive last are spread over all reducers, one each, and the kernel ends one tile's
+        # reduction after the last group lands (a contiguous run left the last reducer ~16 serial steps behind it).
+        # A reducer's tiles still go up in token order, so pass 2 waits for each slot group once (an acquire load at
+        # system scope costs about a microsecond).
         num_tiles = tl.cdiv(num_tokens, TILE)
-        tiles_lo = (reducer * num_tiles // num_reducers) * TILE
-        tiles_hi = tl.minimum(((reducer + 1) * num_tiles // num_reducers) * TILE, num_tokens)
-        for first in range(tiles_lo, tiles_hi, TILE):
+        for tile in range(reducer, num_tiles, num_reducers):
+            first = tile * TILE
             tokens = (first + lanes).to(tl.int64)
             ok = (tokens < num_tokens)[:, None]
             own = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rank, mask=ok, other=-1)
@@ -129,42 +145,44 @@ def combine_kernel(
         tl.debug_barrier()
         # Pass 2 takes whole rows, ROW_TOKENS tokens at a time: all R partials of both row pieces are loaded before
         # the first store, so a step costs one memory round trip instead of one per column block.
-        ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot chunk waited for
+        ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot group waited for
         row_lanes = tl.arange(0, ROW_TOKENS)
-        for first in range(tiles_lo, tiles_hi, ROW_TOKENS):
-            tokens = (first + row_lanes).to(tl.int64)
-            ok = tokens < tiles_hi
-            slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
-            # The tokens' slots on a peer are consecutive: one or two slot chunks, of which the first may have
-            # been waited for by the previous step.
-            for j in tl.static_range(1, NUM_RANKS):
-                expert_rank = (rank + j) % NUM_RANKS
-                step_slots = column(slot_of, expert_rank)
-                last = tl.max(step_slots, axis=0)  # -1 when no token of the step went there
-                last_chunk = tl.maximum(last, 0) // CHUNK
-                done = tl.sum(tl.where(rr == expert_rank, ready, 0))
-                if (last >= 0) & (last_chunk > done):
-                    flags = buf64 + flags_offset + expert_rank * MAX_CHUNKS
-                    first_chunk = first_slot(step_slots) // CHUNK
-                    if first_chunk > done:
-                        if first_chunk < last_chunk:
-                            wait_at_least(flags + first_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns,
-                                          NUM_RANKS)
-                    wait_at_least(flags + last_chunk, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
-                    ready = tl.where(rr == expert_rank, last_chunk, ready)
-            acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
-            acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
-            for d in tl.static_range(NUM_RANKS):  # rank order
-                slot = column(slot_of, d)
-                rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
-                here = slot >= 0  # a rank the token did not go to adds +0
-                if d == rank:
-                    rows = out + tokens * HIDDEN
-                    here = ok
-                head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
-                acc_head += head.to(tl.float32)
-                acc_tail += tail.to(tl.float32)
-            store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
+        for tile in range(reducer, num_tiles, num_reducers):
+            tile_end = tl.minimum(tile * TILE + TILE, num_tokens)
+            for first in range(tile * TILE, tile_end, ROW_TOKENS):
+                tokens = (first + row_lanes).to(tl.int64)
+                ok = tokens < tile_end
+                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+                # The tokens' slots on a peer are consecutive: one or two slot groups, of which the first may have
+                # been waited for by the previous step.
+                for j in tl.static_range(1, NUM_RANKS):
+                    expert_rank = (rank + j) % NUM_RANKS
+                    step_slots = column(slot_of, expert_rank)
+                    last = tl.max(step_slots, axis=0)  # -1 when no token of the step went there
+                    last_group = tl.maximum(last, 0) // GROUP
+                    done = tl.sum(tl.where(rr == expert_rank, ready, 0))
+                    if (last >= 0) & (last_group > done):
+                        flags = buf64 + flags_offset + expert_rank * MAX_GROUPS
+                        first_group = first_slot(step_slots) // GROUP
+                        if first_group > done:
+                            if first_group < last_group:
+                                wait_at_least(flags + first_group, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                                              NUM_RANKS)
+                        wait_at_least(flags + last_group, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+                        ready = tl.where(rr == expert_rank, last_group, ready)
+                acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
+                acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
+                for d in tl.static_range(NUM_RANKS):  # rank order
+                    slot = column(slot_of, d)
+                    rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
+                    here = slot >= 0  # a rank the token did not go to adds +0
+                    if d == rank:
+                        rows = out + tokens * HIDDEN
+                        here = ok
+                    head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
+                    acc_head += head.to(tl.float32)
+                    acc_tail += tail.to(tl.float32)
+                store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.
