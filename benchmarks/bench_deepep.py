@@ -161,7 +161,8 @@ def main() -> None:
     ap.add_argument("--sweep-shares", type=float, nargs="*", default=[0.25, 0.5, 0.75])
     ap.add_argument("--sweep-warps", type=int, nargs="*", default=[8], help="warps per program of both data kernels")
     ap.add_argument("--sweep-dispatch-tiles", type=int, nargs="*", default=[1, 2, 4])
-    ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"], help="tokens x columns")
+    ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"],
+                    help="tokens x columns, optionally :programs per SM:warps (e.g. 8x256:4:4)")
     ap.add_argument("--long-steady", type=int, default=0,
                     help="also time the headline cases with this many back-to-back calls per window (0: skip)")
     ap.add_argument("--trace-steady", type=int, default=0,
@@ -229,7 +230,7 @@ def main() -> None:
             "dispatch bf16, fixed rows": lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows),
             "combine bf16": lambda: nv.combine(y, res_nv.handle),
         }
-        windows, periods, untraced = {}, {}, {}
+        windows, periods, by_events = {}, {}, {}
         for name, fn in cases.items():
             senders = backend.data_grid(name.split()[0])[0]
             backend.trace = True
@@ -240,16 +241,18 @@ def main() -> None:
             dist.all_gather_object(per_rank, traced_windows)
             windows[name] = [rank_windows[I // 2] for rank_windows in per_rank]
             periods[name] = [[round(w[-1]["end"] / len(w), 1) for w in rank_windows] for rank_windows in per_rank]
-            backend.trace = False
-            samples: list[float] = []
-            timed(fn, W, I, queue_us=STEADY_QUEUE_US, calls=args.trace_steady, samples=samples)
-            per_rank = [None] * world
-            dist.all_gather_object(per_rank, [round(t * 1e6, 1) for t in samples])
-            untraced[name] = per_rank
+            for trace in (True, False):  # the same windows timed by CUDA events, with the traced kernel and without
+                backend.trace = trace
+                samples: list[float] = []
+                timed(fn, W, I, queue_us=STEADY_QUEUE_US, calls=args.trace_steady, samples=samples)
+                per_rank = [None] * world
+                dist.all_gather_object(per_rank, [round(t * 1e6, 1) for t in samples])
+                by_events[f"{name}, {'traced' if trace else 'untraced'} kernel"] = per_rank
         if rank == 0:
             for name, per_rank in windows.items():
                 for r, rows in enumerate(per_rank):
-                    print(f"--- {name}, rank {r}: traced windows, us per call {periods[name][r]}; untraced {untraced[name][r]}")
+                    print(f"--- {name}, rank {r}: us per call of the traced windows {periods[name][r]}; by events, "
+                          f"traced kernel {by_events[name + ', traced kernel'][r]}, untraced {by_events[name + ', untraced kernel'][r]}")
                     print(f"    window {I // 2} (us since its first program start on this rank):")
                     print(" ".join(f"{k:>10s}" for k in ["call", *rows[0]]))
                     for i, row in enumerate(rows):
@@ -258,7 +261,7 @@ def main() -> None:
                 with open(os.path.join(os.environ["OUT"], "bench_deepep_trace_steady.json"), "w") as f:
                     json.dump({"gpu": torch.cuda.get_device_name(), "world": world, "tokens_per_rank": T, "hidden": H,
                                "topk": K, "experts": E, "calls": args.trace_steady, "traced_us_per_call": periods,
-                               "untraced_us_per_call": untraced, "middle_window": windows}, f, indent=1)
+                               "event_timed_us_per_call": by_events, "middle_window": windows}, f, indent=1)
         nv.destroy()
         dist.destroy_process_group()
         return
@@ -306,11 +309,17 @@ def main() -> None:
             lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows), W, I,
             queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS,
         )
-    for tile_cols in args.sweep_combine_tiles:
+    default_programs = backend.combine_programs_per_sm
+    for config in args.sweep_combine_tiles:
+        tile_cols, *grid = config.split(":")
         backend.combine_tile, backend.combine_cols = map(int, tile_cols.split("x"))
-        results[f"nvshmem combine bf16, {tile_cols} tiles, steady"] = timed(
+        if grid:
+            backend.combine_programs_per_sm, backend.combine_warps = map(int, grid)
+        label = tile_cols + (f" tiles, {grid[0]} programs per SM, {grid[1]} warps" if grid else " tiles")
+        results[f"nvshmem combine bf16, {label}, steady"] = timed(
             lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS
         )
+        backend.combine_programs_per_sm, backend.combine_warps = default_programs, default_warps[1]
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = default_tiles
     # Where the time goes inside the data kernels: per-program phase times (%globaltimer) of one traced call each.
     backend.trace = True

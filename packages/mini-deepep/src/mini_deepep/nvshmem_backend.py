@@ -85,6 +85,14 @@ def _row_blocks(a_words: int, b_words: int) -> dict[str, int]:
             "B_BLOCK": max(16, triton.next_power_of_2(max(b_words, 1)))}
 
 
+def register_budget(num_warps: int, programs_per_sm: int) -> int:
+    """Registers per thread that let `programs_per_sm` programs of `num_warps` warps share an SM (65,536 registers,
+    allocated 8 at a time; at most 255), given to ptxas as maxnreg. Without it, ptxas aims lower and spends the
+    difference on serialising loads: the combine kernel came out at 107 registers with only 6 of a column block's
+    12 row loads in flight, and ran ~10 us slower per call (docs/reports/deepep-v6-combine-queue.md)."""
+    return min(255, 65536 // (32 * num_warps * programs_per_sm) // 8 * 8)
+
+
 def _nonempty(t: torch.Tensor) -> torch.Tensor:
     """Triton rejects null pointers: give empty tensors one dummy row (never read, masked)."""
     return t if t.numel() else t.new_zeros((1, *t.shape[1:]))
@@ -321,7 +329,7 @@ class NvshmemBackend:
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),
             ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], TRACE=self.trace,
-            num_warps=self.combine_warps,
+            num_warps=self.combine_warps, maxnreg=register_budget(self.combine_warps, self.combine_programs_per_sm),
         )
         self._combine_consumed += grid - senders
         return out
