@@ -29,9 +29,11 @@ HEAD_DIM = 512
 INDEX_HEAD_DIM = 128
 ATTN_BLOCK_N = reference.SPARSE_ATTN_BLOCK  # the kernel walks indices in the reference's blocks of 64
 MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 uses several programs
-# Launch options of the attention kernel for 64-head programs (measured on H200, docs/reports/flashmla-*.md):
-# 8 warps hold the 64 x 512 fp32 accumulator in two warpgroups; smaller head blocks use 4 warps.
-ATTN_LAUNCH_64_HEADS = {"num_warps": 8, "num_stages": 1}
+# Launch options of the attention kernel for 64-head programs, by row format (measured on H200,
+# docs/reports/flashmla-sparse-attention.md): 8 warps hold the 64 x 512 fp32 accumulator in two warpgroups. bf16
+# rows pipeline their gathers over 2 stages (cp.async, +20%); quantized rows do not gain from it (the
+# dequantization sits between the load and the MMA: -6%). Smaller head blocks use 4 warps, 1 stage.
+ATTN_LAUNCH_64_HEADS = {"bf16": {"num_warps": 8, "num_stages": 2}, "quantized": {"num_warps": 8, "num_stages": 1}}
 # Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
 INDEXER_CHUNK_BYTES = 256 << 20
 
@@ -167,7 +169,7 @@ def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
 
 def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     """source_*: (rows tensor, ids int32 [s_q, n], FORMAT). Allocates the outputs and launches the kernel(s)."""
-    from mini_flashmla.sparse_attn_kernel import LOG2E, combine_splits_kernel, sparse_mla_fwd_kernel
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, LOG2E, combine_splits_kernel, sparse_mla_fwd_kernel
 
     s_q, h, d = q.shape
     out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
@@ -206,7 +208,8 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d,
-        **(ATTN_LAUNCH_64_HEADS if block_h == 64 else {"num_warps": 4, "num_stages": 1}),
+        **(ATTN_LAUNCH_64_HEADS["bf16" if a_format == FORMAT_BF16.value else "quantized"] if block_h == 64
+           else {"num_warps": 4, "num_stages": 1}),
     )
     if split:
         combine_splits_kernel[(s_q, math.ceil(h / 16))](
