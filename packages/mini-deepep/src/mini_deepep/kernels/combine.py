@@ -58,7 +58,8 @@ def combine_kernel(
     TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Senders and the reducers' pass 1 take tokens TILE at a
-    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight and
+    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (given the
+    register budget of its programs per SM as maxnreg, nvshmem_backend.register_budget; without it ptxas issued half) and
     loads a tile's slots, pair rows and weights once, as [TILE, R] and [TILE, k] blocks. Pass 2 takes
     ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
     Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
