@@ -227,7 +227,8 @@ def main() -> None:
         # whether tracing itself or the window-to-window spread separates them.
         backend = nv._backend
         cases = {
-            "dispatch bf16, fixed rows": lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout, num_max_recv_rows=fixed_rows),
+            "dispatch bf16, fixed rows": lambda: nv.dispatch(x, topk_idx, topk_w, E, layout=layout,
+                                                             num_max_recv_rows=fixed_rows),
             "combine bf16": lambda: nv.combine(y, res_nv.handle),
         }
         windows, periods, by_events = {}, {}, {}
@@ -251,8 +252,9 @@ def main() -> None:
         if rank == 0:
             for name, per_rank in windows.items():
                 for r, rows in enumerate(per_rank):
+                    traced, untraced = by_events[f"{name}, traced kernel"][r], by_events[f"{name}, untraced kernel"][r]
                     print(f"--- {name}, rank {r}: us per call of the traced windows {periods[name][r]}; by events, "
-                          f"traced kernel {by_events[name + ', traced kernel'][r]}, untraced {by_events[name + ', untraced kernel'][r]}")
+                          f"traced kernel {traced}, untraced {untraced}")
                     print(f"    window {I // 2} (us since its first program start on this rank):")
                     print(" ".join(f"{k:>10s}" for k in ["call", *rows[0]]))
                     for i, row in enumerate(rows):

@@ -11,8 +11,9 @@ no host synchronisation in the data path (the only host read is the output row c
               chunk's flag; receivers: the entries no token uses, own tokens from x, then the peers'
               chunks as their flags rise, into the grouped layout; then DISPATCH_CONSUMED on every peer)
     combine:  combine_kernel (senders: the peers' tokens' weighted partials into their home rank,
-              slot groups taken from a work queue in slot order, a flag per group; reducers: own tokens' partials from y into `out`, then, as the peers'
-              chunks arrive, the sum of all partials in rank order; then COMBINE_CONSUMED on every peer)
+              slot groups taken from a work queue in slot order, a flag per group; reducers: own
+              tokens' partials from y into `out`, then, as the peers' slot groups arrive, the sum of
+              all partials in rank order; then COMBINE_CONSUMED on every peer)
 The layout (get_dispatch_layout) is computed before, once per routing.
 
 Each sender first waits for the previous call's CONSUMED counters, so the buffer is reused safely

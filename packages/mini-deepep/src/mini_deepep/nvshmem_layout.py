@@ -30,8 +30,8 @@ Header (entry p of every per-source array is written only by peer p):
         than the dispatch chunks: combine senders take groups from a work queue in slot order, so the
         flags rise one group after another while the home rank's reducers wait for them.
 Counters only grow and flags hold the call's epoch (its 1-based number, equal on every rank since
-calls are collective), so nothing is ever reset, and a chunk unused for a while cannot confuse a
-later call.
+calls are collective), so nothing shared is ever reset, and a chunk unused for a while cannot confuse
+a later call. (The combine work queue is local and reset by its own kernel, as described above.)
 
 Dispatch area (int32 words): payload [R][slots][row_words], then meta [R][slots][meta_words]:
     (source token, K local expert ids or -1, K weights as fp32 bits, K ranks inside the expert

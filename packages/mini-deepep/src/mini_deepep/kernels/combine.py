@@ -58,9 +58,10 @@ def combine_kernel(
     TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Senders and the reducers' pass 1 take tokens TILE at a
-    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (given the
-    register budget of its programs per SM as maxnreg, nvshmem_backend.register_budget; without it ptxas issued half) and
-    loads a tile's slots, pair rows and weights once, as [TILE, R] and [TILE, k] blocks. Pass 2 takes
+    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (when
+    launched with the register budget of its programs per SM as maxnreg, nvshmem_backend.register_budget; without
+    it ptxas issued half of them at a time) and loads a tile's slots, pair rows and weights once, as [TILE, R] and
+    [TILE, k] blocks. Pass 2 takes
     ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
     Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
     stored, every token reduced)."""
@@ -153,7 +154,8 @@ def combine_kernel(
             for first in range(tile * TILE, tile_end, ROW_TOKENS):
                 tokens = (first + row_lanes).to(tl.int64)
                 ok = tokens < tile_end
-                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS),
+                                  other=-1)
                 # The tokens' slots on a peer are consecutive: one or two slot groups, of which the first may have
                 # been waited for by the previous step.
                 for j in tl.static_range(1, NUM_RANKS):
@@ -167,9 +169,10 @@ def combine_kernel(
                         first_group = first_slot(step_slots) // GROUP
                         if first_group > done:
                             if first_group < last_group:
-                                wait_at_least(flags + first_group, epoch, buf64, peer_offsets, error_offset, timeout_ns,
-                                              NUM_RANKS)
-                        wait_at_least(flags + last_group, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+                                wait_at_least(flags + first_group, epoch, buf64, peer_offsets, error_offset,
+                                              timeout_ns, NUM_RANKS)
+                        wait_at_least(flags + last_group, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                                      NUM_RANKS)
                         ready = tl.where(rr == expert_rank, last_group, ready)
                 acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
                 acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
