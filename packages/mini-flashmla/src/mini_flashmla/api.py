@@ -207,7 +207,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse,
         h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d,
+        SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d, FP4_ASM=q.is_cuda,
         **(ATTN_LAUNCH_64_HEADS["bf16" if a_format == FORMAT_BF16.value else "quantized"] if block_h == 64
            else {"num_warps": 4, "num_stages": 1}),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from mini_deepgemm.gemm_swapab_kernel import fp4_bytes_to_bf16
 
 
 @triton.jit
@@ -28,3 +29,17 @@ def e2m1_to_bf16(nibble):
     bits = tl.where(e > 0, normal_bits, tl.where(m > 0, 126 << 7, 0).to(tl.int16))
     bits = bits | ((nibble & 8) << 12)  # sign: bit 3 -> bit 15
     return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e2m1_pairs_to_bf16(byte, scale, ASM: tl.constexpr):
+    """uint8 bytes of two e2m1 codes (low nibble = even dim) times bf16 scales (powers of two or e4m3 values,
+    broadcastable) -> (even, odd) bf16, exactly (at most 5 significant bits). ASM: mini_deepgemm's inline-PTX
+    conversion, a few instructions per 4 bytes (CUDA, sm_90+); else the integer path of e2m1_to_bf16 (any backend,
+    the interpreter included)."""
+    if ASM:
+        even, odd = fp4_bytes_to_bf16(byte, scale)
+    else:
+        even = e2m1_to_bf16(byte & 0xF) * scale
+        odd = e2m1_to_bf16(byte >> 4) * scale
+    return even, odd

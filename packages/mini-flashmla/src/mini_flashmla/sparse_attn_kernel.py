@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import e2m1_to_bf16, ue8m0_to_bf16
+from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
 # Row formats of a source (the kernel's FORMAT constexprs).
 FORMAT_BF16 = tl.constexpr(0)  # bf16 [n, 512]
@@ -37,7 +37,7 @@ NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-em
 
 
 @triton.jit
-def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr):
+def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
     """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0.
 
     Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes; the scales are
@@ -58,21 +58,20 @@ def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr):
         byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
         s = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
         scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
-        even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
-        odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_N, D // 16, 8]) * scale, [BLOCK_N, D // 2])
-        x = tl.interleave(even, odd)  # low nibble = even dim
+        even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_N, D // 16, 8]), scale, FP4_ASM)
+        x = tl.interleave(tl.reshape(even, [BLOCK_N, D // 2]), tl.reshape(odd, [BLOCK_N, D // 2]))  # low nibble = even
     return x
 
 
 @triton.jit
 def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
-                   FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+                   FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
     """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
     for blk in range(blk_lo, blk_hi):
         pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
         valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
-        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D)
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM)
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -95,7 +94,7 @@ def sparse_mla_fwd_kernel(
     part_out_ptr, part_lse_ptr,
     num_heads, num_splits, blocks_per_split, qk_scale_log2,
     A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, HAS_B: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr,
 ):
     """Grid (s_q, cdiv(h, BLOCK_H), num_splits). Without SPLIT writes out/lse (sink applied); with SPLIT writes
     partial (normalised out fp32, lse) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
@@ -115,12 +114,12 @@ def sparse_mla_fwd_kernel(
     lo = split * blocks_per_split
     hi = lo + blocks_per_split
     m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows,
-                                   a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D)
+                                   a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D, FP4_ASM)
     if HAS_B:
         b_blocks = tl.cdiv(b_len, BLOCK_N)
         m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, b_ids_ptr + sq * stride_b_ids, b_len,
                                        b_num_rows, b_kv_ptr, tl.maximum(lo - a_blocks, 0),
-                                       tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D)
+                                       tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D, FP4_ASM)
 
     has_mass = l_i > 0
     lse = tl.where(has_mass, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
