@@ -84,16 +84,18 @@ def bench_prefill(dev, result: dict) -> None:
     t = bench(fn)
     result["prefill_paged_ms"] = t
     result["prefill_paged_tflops"] = flops / t / 1e9
-    # Launch-option sweep: the other software-pipelining depth of each row format than the shipped one.
-    for fmt, case in (("quantized", fn), ("bf16", lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink))):
+    # Launch-option sweep: each row format at the pipelining depth it does not ship with (1 <-> 2 stages).
+    bf16_case = lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # noqa: E731
+    for fmt, label, case in (("quantized", "paged", fn), ("bf16", "bf16", bf16_case)):
         launch = api.ATTN_LAUNCH_64_HEADS[fmt]
         shipped = launch["num_stages"]
-        launch["num_stages"] = 3 - shipped  # 1 <-> 2
+        launch["num_stages"] = other = 3 - shipped
         try:
-            result[f"prefill_{'paged' if fmt == 'quantized' else 'bf16'}_stages{3 - shipped}_tflops"] = flops / bench(case) / 1e9
+            result[f"prefill_{label}_stages{other}_tflops"] = flops / bench(case) / 1e9
         except Exception as exc:
-            result[f"prefill_{fmt}_stages{3 - shipped}_error"] = repr(exc)[:300]
-        launch["num_stages"] = shipped
+            result[f"prefill_{label}_stages{other}_error"] = repr(exc)[:300]
+        finally:
+            launch["num_stages"] = shipped
     # correctness at this scale on the first 256 queries (relative L2 against the reference)
     out, _ = fn()
     ref, _ = reference.sparse_attn_paged_ref(q[:256], window_cache, compressed_cache, wid[:256], cid[:256], SCALE, sink)

@@ -46,7 +46,7 @@ TYPES = {
     "epoch": "i64", "consumed_target": "i64", "timeout_ns": "i64", "rank": "i32",
 }
 INTS_16 = ("num_tokens", "num_rows", "slots", "m_alignment", "data_offset", "meta_offset", "flags_offset",
-           "ranges_offset", "combine_offset", "consumed_offset", "error_offset")
+           "ranges_offset", "combine_offset", "consumed_offset", "error_offset", "queue_offset")
 
 
 def _compile(kernel, constexprs: dict[str, int], num_warps: int):

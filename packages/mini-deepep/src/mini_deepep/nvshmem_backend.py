@@ -322,10 +322,10 @@ class NvshmemBackend:
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
-            _nonempty(handle.send_slot), _nonempty(out), self.buf32[self.layout.combine_queue_offset:],
+            _nonempty(handle.send_slot), _nonempty(out),
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
             self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
-            self._header(L.ERROR), self._trace_buffer(grid),
+            self._header(L.ERROR), self.layout.combine_queue_offset, self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),

@@ -16,7 +16,7 @@ Header (entry p of every per-source array is written only by peer p):
         SOURCE_TOKENS[p]     all of p's tokens in the current dispatch (how many chunks p signals)
         ERROR[0]             set to 1 on every rank by a wait that gave up (a hang turned into an
                              error); sticky: later waits see it and give up at once
-    int32 combine work queue [2] at COMBINE_QUEUE_BYTE_OFFSET, local (only this rank's combine senders
+    int64 combine work queue [2] at COMBINE_QUEUE_BYTE_OFFSET, local (only this rank's combine senders
         touch it): groups handed out in the current call, senders done. The last sender done sets both
         back to 0, so every call starts from 0.
     int32 expert counts [R][MAX_LOCAL_EXPERTS] at EXPERT_COUNTS_BYTE_OFFSET: row p = how many of p's
@@ -66,7 +66,7 @@ NUM_SIGNALS = 6
 assert COMBINE_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_GROUPS * 8 <= HEADER_BYTES
 assert EXPERT_COUNTS_BYTE_OFFSET + MAX_RANKS * MAX_LOCAL_EXPERTS * 4 <= DISPATCH_FLAGS_BYTE_OFFSET
 assert NUM_SIGNALS * MAX_RANKS * 8 <= COMBINE_QUEUE_BYTE_OFFSET
-assert COMBINE_QUEUE_BYTE_OFFSET + 8 <= EXPERT_COUNTS_BYTE_OFFSET
+assert COMBINE_QUEUE_BYTE_OFFSET + 16 <= EXPERT_COUNTS_BYTE_OFFSET
 
 
 def _round_up(x: int, m: int) -> int:
@@ -112,8 +112,8 @@ class SymmetricLayout:
 
     @property
     def combine_queue_offset(self) -> int:
-        """Offset of the combine work queue (int32 [2], local), in int32 words."""
-        return COMBINE_QUEUE_BYTE_OFFSET // 4
+        """Offset of the combine work queue (int64 [2], local), in int64 words."""
+        return COMBINE_QUEUE_BYTE_OFFSET // 8
 
     @property
     def chunk_ranges_offset(self) -> int:

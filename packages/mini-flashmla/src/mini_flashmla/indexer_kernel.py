@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import e2m1_to_bf16, ue8m0_to_bf16
+from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
 INDEX_K_ROW_BYTES = tl.constexpr(68)
 
@@ -49,9 +49,9 @@ def indexer_scores_kernel(
     byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
     e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
     scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
-    even = tl.reshape(tl.reshape(e2m1_to_bf16(byte & 0xF), [BLOCK_K, D // 32, 16]) * scale, [BLOCK_K, D // 2])
-    odd = tl.reshape(tl.reshape(e2m1_to_bf16(byte >> 4), [BLOCK_K, D // 32, 16]) * scale, [BLOCK_K, D // 2])
-    k = tl.interleave(even, odd)  # [BLOCK_K, D] bf16, low nibble = even dim
+    # Integer decode (ASM False): each key is decoded once for a run of queries, so its cost is not the kernel's.
+    even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale, False)
+    k = tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2]))  # low nibble = even
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)

@@ -48,9 +48,9 @@ def combine_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
     y, row_weights, positions, recv_tokens,  # bf16 [M, HIDDEN], fp32 [M], int32 [R * slots, TOPK], int32 [R]
     send_slot, out,  # int32 [T, R] (slot of each own token on each rank, -1 = not sent), bf16 [T, HIDDEN]
-    queue,  # int32 [2] in this rank's header: the senders' work queue (groups handed out, senders done), 0 at entry
     num_tokens, slots, rank, epoch, consumed_target, timeout_ns,
     combine_offset, flags_offset, consumed_offset, error_offset,
+    queue_offset,  # buf64[queue_offset + 0 / 1]: the senders' work queue (groups handed out, senders done), 0 at entry
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
     TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr,
@@ -85,6 +85,7 @@ def combine_kernel(
             for j in tl.static_range(1, NUM_RANKS):
                 most_groups = tl.maximum(most_groups, tl.cdiv(tl.load(recv_tokens + (rank + j) % NUM_RANKS), GROUP))
             num_items = most_groups * (NUM_RANKS - 1)
+            queue = buf64 + queue_offset
             item = tl.atomic_add(queue, 1, sem="relaxed", scope="gpu")
             while item < num_items:
                 g = item // (NUM_RANKS - 1)
