@@ -1,8 +1,9 @@
-"""Chooses between the TileLang kernels, the Triton kernels and the pure-torch references.
+"""Chooses between the TileLang kernels, the Triton and Gluon kernels and the pure-torch references.
 
 Triton runs CUDA tensors; with TRITON_INTERPRET=1 it also runs CPU tensors through its interpreter, which lets
-the kernels be tested on a machine without a GPU. TileLang (optional, not a dependency of the package) runs
-CUDA tensors only, for the cases gemm.py routes to it. Without triton everything falls back to reference.py.
+the kernels be tested on a machine without a GPU. Gluon (triton.experimental.gluon) kernels run CUDA tensors only,
+on the triton release they were measured with. TileLang (optional, not a dependency of the package) runs CUDA
+tensors only, for the cases gemm.py routes to it. Without triton everything falls back to reference.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ def triton_importable() -> bool:
 @functools.cache
 def tilelang_importable() -> bool:
     return importlib.util.find_spec("tilelang") is not None
+
+
+@functools.cache
+def gluon_usable() -> bool:
+    """True when the Gluon kernels may run: triton 3.6 (the GPU machine's, where they were written and measured;
+    Gluon is experimental and its API changes between releases, so other releases take the Triton kernels)."""
+    if not triton_importable():
+        return False
+    import triton
+
+    return triton.__version__.startswith("3.6.") and importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 def use_triton(t: torch.Tensor) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._backend import cdiv, tilelang_importable, use_triton
+from ._backend import cdiv, gluon_usable, tilelang_importable, use_triton
 
 __all__ = [
     "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
@@ -228,6 +228,11 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     deepgemm-swapab.md, deepgemm-fp4-ptx.md and deepgemm-masked-swapab.md.
 
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs):
+    - FP4 weights in the contiguous layout at more than 96 rows per group: gemm_gluon_kernel (GLUON; the same
+      products and order, the weights converted in the MMA's register layout), 128 x 128, 3 stages: 1.13-1.15x
+      the swap-AB kernel for the MoE GEMMs at 128-1,024 rows per expert (docs/reports/deepgemm-gluon.md); at 64
+      rows per expert it was 0.95-1.06x, so few rows stay on the swap-AB kernel. Without Gluon (another triton
+      release, the interpreter) or with an unaligned scale tensor the same config runs the swap-AB kernel.
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; with at most 96 rows
       per group, 128 x 64 (a weight tile is converted for a token tile it fills, all-padding tiles are skipped):
       5.4 against 6.1 (128 x 128) and 6.7 ms (64 x 64) for the FP4 w13 GEMM at 1-GPU routing (64 rows per
@@ -256,6 +261,8 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True, SCALE_WORDS=True)
     if layout == _CONTIGUOUS:
         few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
+        if fp4 and not few_rows:  # the Gluon kernel where gluon_usable(), else the swap-AB kernel at the same tile
+            return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_STAGES=3)
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
     if layout == _MASKED or rows_hint <= 32:
         if rows_hint <= 16:
@@ -305,9 +312,30 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     (aq, sa), (bq, sb) = a, b
     if cfg.get("X_FP8", False) or layout == _MASKED:
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
+        return
+    x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
+    if (cfg.get("GLUON") and layout == _CONTIGUOUS and b_fp4 and d.is_cuda and gluon_usable()
+            and sb.data_ptr() % 4 == 0):
+        _gluon_contiguous_fp4_gemm(x, bq, sb, d, group_arg, cfg)
     else:
-        x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
         _swapab_gemm(x, None, bq, sb, d, layout, group_arg, b_fp4, cfg)
+
+
+def _gluon_contiguous_fp4_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                               group_arg: torch.Tensor, cfg: dict) -> None:
+    """gemm_gluon_kernel's contiguous FP8 x FP4 GEMM on x from _dequant_activations (FP4 K order): the same products
+    in the same order as the swap-AB kernel (bitwise equal results), the weights converted in the MMA's register
+    layout (docs/reports/deepgemm-gluon.md). It reads the scales as 32-bit words: 4-byte aligned rows (K % 128 == 0,
+    checked by _launch) and base (checked by the caller)."""
+    from .gemm_gluon_kernel import fp4_contiguous_gemm_kernel
+
+    M, K = x.shape
+    N = bq.shape[-2]
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
+    fp4_contiguous_gemm_kernel[grid](
+        x, bq, sb, d, group_arg, M, N, K, x.stride(0), bq.stride(0), bq.stride(1), sb.stride(0), sb.stride(1),
+        d.stride(0), BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
+        GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 
 def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

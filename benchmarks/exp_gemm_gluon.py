@@ -1,0 +1,136 @@
+"""Experiment (issue 4): the Gluon contiguous FP8 x FP4 GEMM (weights converted in the MMA's register layout)
+against the Triton swap-AB kernel, same run.
+
+For each MoE shape (w13 4608 x 5120, w2 5120 x 2304) and routing (96 experts with 128-1,024 rows, as
+bench_deepgemm.py; 96 experts with 64 rows, the 1-GPU prefill routing), on the same bf16 activations from the
+dequantization pass:
+- checks the Gluon output against the Triton kernel's (bitwise, then calc_diff) and, on a small case, against
+  the pure-torch reference (the public API on CPU tensors);
+- times the GEMM alone for Triton (its shipped tile) and Gluon variants (tile, stages, overlap), plus the whole
+  call (pass + GEMM) and torch._scaled_grouped_mm (FP8 rowwise) as the peer.
+Writes $OUT/exp_gemm_gluon.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+import triton
+import triton.testing
+
+from mini_deepgemm import gemm as G
+from mini_deepgemm.gemm_gluon_kernel import fp4_contiguous_gemm_kernel
+from mini_deepgemm.testing import calc_diff
+
+SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
+VARIANTS = [(128, 4, False), (128, 4, True), (128, 3, False), (128, 2, False), (64, 4, False), (64, 3, False)]
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def layout_for(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    padded = [-(-m // 128) * 128 for m in rows]
+    ids = torch.cat([torch.tensor([g] * m + [-1] * (p - m), dtype=torch.int32) for g, (m, p) in enumerate(zip(rows, padded))])
+    return ids.cuda(), torch.tensor(padded, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+
+
+def gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap):
+    M, K = x.shape
+    N = bq.shape[-2]
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, 128),)
+    fp4_contiguous_gemm_kernel[grid](x, bq, sb, d, layout, M, N, K, x.stride(0), bq.stride(0), bq.stride(1),
+                                     sb.stride(0), sb.stride(1), d.stride(0), BLOCK_N=128, BLOCK_M=block_m,
+                                     STAGES=stages, GROUP_M=8, OVERLAP=overlap, num_warps=4)
+
+
+def triton_gemm(x, bq, sb, d, layout, rows_hint, groups):
+    cfg = G.default_config(G._CONTIGUOUS, rows_hint, 32, True, n=bq.shape[-2], groups=groups, fp4=True)
+    G._swapab_gemm(x, None, bq, sb, d, G._CONTIGUOUS, layout, True, cfg)
+    return cfg
+
+
+def case(name, N, K, rows, result, gen):
+    layout, ends = layout_for(rows)
+    M, Gn = layout.numel(), len(rows)
+    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+    x = G._dequant_activations(a, sa, True, grouped_layout=layout)
+    real = layout >= 0
+    d_tri = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
+    cfg = triton_gemm(x, bq, sb, d_tri, layout, M, Gn)
+    flops = 2 * sum(rows) * N * K
+    row = {"N": N, "K": K, "groups": Gn, "rows": sum(rows), "padded_rows": M, "triton_cfg": {k: v for k, v in cfg.items()}}
+    t = ms(lambda: triton_gemm(x, bq, sb, d_tri, layout, M, Gn))
+    row["triton_gemm_tflops"] = flops / t / 1e9
+    row["triton_call_tflops"] = flops / ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, sb), d_tri, None, layout, None, True)) / 1e9
+    for block_m, stages, overlap in VARIANTS:
+        key = f"gluon_m{block_m}_s{stages}_{'overlap' if overlap else 'serial'}"
+        try:
+            d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
+            gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap)
+            row[key + "_bitwise_equal_triton"] = bool(torch.equal(d[real], d_tri[real]))
+            row[key + "_diff_vs_triton"] = calc_diff(d[real].float(), d_tri[real].float())
+            row[key + "_padding_untouched"] = bool((d[~real] == 0).all())
+            t = ms(lambda: gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap))
+            row[key + "_gemm_tflops"] = flops / t / 1e9
+        except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+            row[key + "_error"] = repr(exc)[:400]
+    w8 = torch.randn(Gn, N, K, device="cuda").to(torch.float8_e4m3fn)
+    s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(Gn, N, device="cuda") + 0.5
+    try:
+        t = ms(lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
+        row["scaled_grouped_mm_fp8_tflops"] = flops / t / 1e9
+    except (RuntimeError, ValueError, TypeError) as exc:
+        row["scaled_grouped_mm_error"] = repr(exc)[:300]
+    result[name] = row
+    print(name, {k: (round(v, 1) if isinstance(v, float) and v > 1 else v) for k, v in row.items()}, flush=True)
+
+
+def reference_check(result, gen):
+    """Small case against the pure-torch reference: 3 experts with 77, 0 and 300 rows, N 256, K 512."""
+    N, K, rows = 256, 512, [77, 0, 300]
+    layout, _ = layout_for(rows)
+    M = layout.numel()
+    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    bq = torch.randint(0, 256, (3, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sb = torch.randint(118, 126, (3, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+    x = G._dequant_activations(a, sa, True, grouped_layout=layout)
+    d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
+    gluon_gemm(x, bq, sb, d, layout, 128, 4, True)
+    ref = torch.zeros(M, N, dtype=torch.bfloat16)  # the public API on CPU tensors runs the pure-torch reference
+    G.m_grouped_fp8_fp4_gemm_nt_contiguous((a.cpu(), sa.cpu()), (bq.cpu(), sb.cpu()), ref, layout.cpu())
+    ref = ref.cuda()
+    real = layout >= 0
+    result["reference_check"] = {"diff": calc_diff(d[real].float(), ref[real].float()),
+                                 "padding_untouched": bool((d[~real] == 0).all())}
+    print("reference_check", result["reference_check"], flush=True)
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "python": platform.python_version(), "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    try:
+        reference_check(result, gen)
+    except Exception as exc:  # noqa: BLE001
+        result["reference_check_error"] = repr(exc)[:400]
+        print("reference_check failed", repr(exc)[:400])
+    cpu_gen = torch.Generator().manual_seed(1)
+    for name, (N, K) in SHAPES.items():
+        case(f"{name}_96x128-1024", N, K, torch.randint(128, 1025, (96,), generator=cpu_gen).tolist(), result, gen)
+        case(f"{name}_96x64", N, K, [64] * 96, result, gen)
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

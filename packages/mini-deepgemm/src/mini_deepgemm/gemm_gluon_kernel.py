@@ -1,0 +1,144 @@
+"""Gluon kernel of the contiguous-layout FP8 x FP4 GEMM (MoE prefill), weights converted in the MMA's register layout.
+
+Why: the Triton swap-AB kernel (gemm_swapab_kernel.py) converts each FP4 weight tile in a blocked layout and passes
+the bf16 result through shared memory once more before the MMA's register load: per 4 KB of packed weights a K
+step moves ~40 KB through shared memory (cp.async write and read, the bf16 tile's write and read). Triton's
+compiler decides where that conversion goes (the pipeliner loads bytes in a blocked layout and the layout pass
+then sinks the conversion below the bf16 arithmetic; docs/reports/deepgemm-gluon.md). Gluon states the layouts:
+the packed bytes are read from shared memory straight into the wgmma A-operand layout, converted there (the same
+inline-PTX e2m1 -> bf16 conversion, the scale multiply folded into it), and fed to wgmma from registers, so a K step
+moves the 4 KB of bytes through shared memory once.
+
+The math is gemm_swapab_kernel's for W_IS_FP4 in the contiguous layout: D^T[n, m] = W[n, :] . X[m, :] with X the
+bf16 activations from dequant_act_kernel in the FP4 K order ([32 even | 32 odd] per 64-block), the even (low
+nibble) and odd (high nibble) weight values fed to two MMAs of K = 32; so every product and its K order are the
+same as the Triton kernel's.
+
+Schedule per CTA (one warpgroup, BLOCK_N weight rows x BLOCK_M tokens; two CTAs per SM at 128 x 128, 3 stages):
+- a STAGES-deep cp.async ring of (packed weights [BLOCK_N, 32] B, scale words [BLOCK_N] int32, X [2, BLOCK_M, 32]);
+- per K step: wait for its copies, load the bytes and scale words into the A-operand layout, convert (scale folded
+  into the asm, so the values leave it as the packed bf16x2 operand registers), two async MMAs, wait for them,
+  refill the ring slot.
+Measured on H200 (docs/reports/deepgemm-gluon.md): 1.13-1.15x the Triton kernel at 128-1,024 rows per expert,
+bitwise equal results. Letting step i's conversion run under step i-1's MMAs was slower (342 against 401
+TFLOP/s): ptxas then serializes the wgmmas (warning C7515), even with the in-flight operands kept alive.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
+
+# gemm_swapab_kernel's nibble conversion with the scale multiply folded in: $3, $4 hold the four values' bf16 scales
+# (bf16x2 pairs), so the result leaves the asm already packed as the MMA's bf16x2 operand registers
+_SCALED = _FP4_NIBBLE_PTX.replace("mul.rn.bf16x2 $0, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
+_SCALED = _SCALED.replace("mul.rn.bf16x2 $1, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $4;")
+_SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F").replace("SHIFTS", "0x1040"))
+_SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
+
+
+@gluon.jit
+def _issue_step(w_ring, sw_ring, x_ring, slot, step, w_ptrs, sw_ptrs, x_ptrs, x_mask):
+    """cp.async one K step (64 values) into ring slot `slot`: 32 packed bytes per weight row, the scale word of the
+    row that holds this step's two UE8M0 bytes, and the two [BLOCK_M, 32] halves of the activations."""
+    async_copy.async_copy_global_to_shared(w_ring.index(slot), w_ptrs + 32 * step)
+    async_copy.async_copy_global_to_shared(sw_ring.index(slot), sw_ptrs + step // 2)
+    async_copy.async_copy_global_to_shared(x_ring.index(2 * slot), x_ptrs + 64 * step, mask=x_mask)
+    async_copy.async_copy_global_to_shared(x_ring.index(2 * slot + 1), x_ptrs + 64 * step + 32, mask=x_mask)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def fp4_contiguous_gemm_kernel(
+    x_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
+    M, N, K,
+    stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+):
+    """d[m, n] = sum_k x[m, k] * dequant(w[group(m)])[n, k]: x bf16 [M, K] in the FP4 K order, w packed e2m1
+    [G, N, K / 2] (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0), group_ptr
+    int32 [M] (-1 = padding; segments aligned to BLOCK_M). Rows whose id is -1 are not written."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows_a: gl.constexpr = gl.SliceLayout(1, a_layout)
+    cols_a: gl.constexpr = gl.SliceLayout(0, a_layout)
+    w_copy: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # 16 B per cp.async
+    x_copy: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    sw_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    sw_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    # tile of this program: GROUP_M row tiles per sweep over the column tiles (gemm_kernel.grouped_tile)
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    tiles_per_sweep = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_sweep) * GROUP_M
+    sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
+    pid_n = (pid % tiles_per_sweep) // sweep_m
+
+    # expert of the row tile (segments are BLOCK_M-aligned: the first row is never padding unless all are)
+    group = gl.load(group_ptr + pid_m * BLOCK_M)
+    if group < 0:
+        return
+    w_base = w_ptr + group.to(gl.int64) * stride_w_g
+    sw_base = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32))
+
+    n_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, w_copy))
+    w_ptrs = w_base + (n_w % N).to(gl.int64)[:, None] * stride_w_n + gl.arange(0, 32, gl.SliceLayout(0, w_copy))[None, :]
+    n_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, sw_copy)
+    sw_ptrs = sw_base + (n_s % N).to(gl.int64) * (stride_sw_n // 4)
+    m_x = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, x_copy))
+    x_ptrs = x_ptr + (m_x % M).to(gl.int64)[:, None] * stride_x + gl.arange(0, 32, gl.SliceLayout(0, x_copy))[None, :]
+    x_mask = (m_x < M)[:, None]
+
+    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 32], w_shared)
+    sw_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sw_shared)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BLOCK_M, 32], x_shared)
+
+    steps = K // 64
+    for s in gl.static_range(STAGES - 1):  # one copy group per step, empty past the last: wait_group counts groups
+        if s < steps:
+            _issue_step(w_ring, sw_ring, x_ring, s, s, w_ptrs, sw_ptrs, x_ptrs, x_mask)
+        else:
+            async_copy.commit_group()
+
+    second = (gl.arange(0, 32, cols_a) >= 16)[None, :]  # bytes 16..31 hold values 32..63: the block's 2nd scale
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
+    for i in range(steps):
+        slot = i % STAGES
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()  # every thread's copies of step i have landed
+        packed = w_ring.index(slot).load(a_layout)
+        word = sw_ring.index(slot).load(rows_a)
+        shift = (i % 2) * 16
+        e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
+        e1 = ((word >> (shift + 8)) & 0xFF) << 7
+        scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                           is_pure=True, pack=4)
+        w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                          is_pure=True, pack=4)
+        fence_async_shared()
+        tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
+        tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[tok])  # the MMAs are done: the ring slot can be refilled
+        nxt = i + STAGES - 1
+        if nxt < steps:
+            _issue_step(w_ring, sw_ring, x_ring, nxt % STAGES, nxt, w_ptrs, sw_ptrs, x_ptrs, x_mask)
+        else:
+            async_copy.commit_group()
+
+    out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1])  # n fastest: d rows are n-contiguous
+    out = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, out_layout))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, out_layout))
+    ids = gl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
+    mask = (ids == group)[None, :] & (offs_n < N)[:, None]
+    gl.store(d_ptr + offs_m.to(gl.int64)[None, :] * stride_d + offs_n[:, None], out, mask=mask)
