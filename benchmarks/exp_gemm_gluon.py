@@ -6,8 +6,11 @@ bench_deepgemm.py; 96 experts with 64 rows, the 1-GPU prefill routing), on the s
 dequantization pass:
 - checks the Gluon output against the Triton kernel's (bitwise, then calc_diff) and, on a small case, against
   the pure-torch reference (the public API on CPU tensors);
-- times the GEMM alone for Triton (its shipped tile) and Gluon variants (tile, stages, overlap), plus the whole
-  call (pass + GEMM) and torch._scaled_grouped_mm (FP8 rowwise) as the peer.
+- times the GEMM alone for Triton (its shipped tile) and Gluon variants (tile, stages), plus the whole call
+  (pass + GEMM, which now routes to Gluon at more than 96 rows per expert) and torch._scaled_grouped_mm (FP8
+  rowwise) as the peer.
+Runs 4 and 5 of session 9 also timed a variant that overlapped step i's conversion with step i-1's MMAs (removed
+from the kernel since: slower, docs/reports/deepgemm-gluon.md).
 Writes $OUT/exp_gemm_gluon.json and prints a table.
 """
 
@@ -23,11 +26,10 @@ import triton
 import triton.testing
 
 from mini_deepgemm import gemm as G
-from mini_deepgemm.gemm_gluon_kernel import fp4_contiguous_gemm_kernel
 from mini_deepgemm.testing import calc_diff
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
-VARIANTS = [(128, 4, False), (128, 4, True), (128, 3, False), (128, 2, False), (64, 4, False), (64, 3, False)]
+VARIANTS = [(128, 3), (128, 4), (128, 2), (64, 3), (64, 4)]  # (BLOCK_M, stages)
 
 
 def ms(fn) -> float:
@@ -40,13 +42,9 @@ def layout_for(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.cuda(), torch.tensor(padded, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
 
 
-def gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap):
-    M, K = x.shape
-    N = bq.shape[-2]
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, 128),)
-    fp4_contiguous_gemm_kernel[grid](x, bq, sb, d, layout, M, N, K, x.stride(0), bq.stride(0), bq.stride(1),
-                                     sb.stride(0), sb.stride(1), d.stride(0), BLOCK_N=128, BLOCK_M=block_m,
-                                     STAGES=stages, GROUP_M=8, OVERLAP=overlap, num_warps=4)
+def gluon_gemm(x, bq, sb, d, layout, block_m, stages):
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "GLUON_STAGES": stages, "GROUP_M": 8}
+    G._gluon_contiguous_fp4_gemm(x, bq, sb, d, layout, cfg)
 
 
 def triton_gemm(x, bq, sb, d, layout, rows_hint, groups):
@@ -71,15 +69,15 @@ def case(name, N, K, rows, result, gen):
     t = ms(lambda: triton_gemm(x, bq, sb, d_tri, layout, M, Gn))
     row["triton_gemm_tflops"] = flops / t / 1e9
     row["triton_call_tflops"] = flops / ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, sb), d_tri, None, layout, None, True)) / 1e9
-    for block_m, stages, overlap in VARIANTS:
-        key = f"gluon_m{block_m}_s{stages}_{'overlap' if overlap else 'serial'}"
+    for block_m, stages in VARIANTS:
+        key = f"gluon_m{block_m}_s{stages}"
         try:
             d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
-            gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap)
+            gluon_gemm(x, bq, sb, d, layout, block_m, stages)
             row[key + "_bitwise_equal_triton"] = bool(torch.equal(d[real], d_tri[real]))
             row[key + "_diff_vs_triton"] = calc_diff(d[real].float(), d_tri[real].float())
             row[key + "_padding_untouched"] = bool((d[~real] == 0).all())
-            t = ms(lambda: gluon_gemm(x, bq, sb, d, layout, block_m, stages, overlap))
+            t = ms(lambda: gluon_gemm(x, bq, sb, d, layout, block_m, stages))
             row[key + "_gemm_tflops"] = flops / t / 1e9
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result
             row[key + "_error"] = repr(exc)[:400]
@@ -105,7 +103,7 @@ def reference_check(result, gen):
     sb = torch.randint(118, 126, (3, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
     x = G._dequant_activations(a, sa, True, grouped_layout=layout)
     d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
-    gluon_gemm(x, bq, sb, d, layout, 128, 4, True)
+    gluon_gemm(x, bq, sb, d, layout, 128, 3)
     ref = torch.zeros(M, N, dtype=torch.bfloat16)  # the public API on CPU tensors runs the pure-torch reference
     G.m_grouped_fp8_fp4_gemm_nt_contiguous((a.cpu(), sa.cpu()), (bq.cpu(), sb.cpu()), ref, layout.cpu())
     ref = ref.cuda()
