@@ -44,7 +44,7 @@ def layout_for(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gluon_gemm(x, bq, sb, d, layout, block_m, stages):
     cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "GLUON_STAGES": stages, "GROUP_M": 8}
-    G._gluon_contiguous_fp4_gemm(x, bq, sb, d, layout, cfg)
+    G._gluon_fp4_grouped_gemm(G._CONTIGUOUS, x, bq, sb, d, layout, cfg)
 
 
 def triton_gemm(x, bq, sb, d, layout, rows_hint, groups):
@@ -113,6 +113,53 @@ def reference_check(result, gen):
     print("reference_check", result["reference_check"], flush=True)
 
 
+def copy_gbs() -> float:
+    """Device-to-device copy of 4 GiB, read + write bytes per second (bench_deepgemm.py's peer)."""
+    src = torch.randint(0, 256, (4 << 30,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / ms(lambda: dst.copy_(src)) / 1e6
+
+
+def masked_case(name, N, K, expected_m, result, gen):
+    """bench_deepgemm.py's masked decode case: 96 experts, max 128 rows, Poisson(expected_m) rows (at least 1).
+    Triton: the swap-AB kernel with the activations dequantized in the tile. Gluon: the activation pass over the
+    used rows, then the kernel, timed as the whole call; "api": the public call (Gluon since session 9's routing;
+    runs 8 and 9 of session 9 timed this call as "triton": the swap-AB kernel in run 8, before the routing, and
+    already the Gluon kernel in run 9). GB/s = weight bytes / time."""
+    Gn, max_m = 96, 128
+    cpu = torch.Generator().manual_seed(2)
+    masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1, max_m).int().cuda()
+    a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+    weight_bytes = bq.numel() + sb.numel()
+    base = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
+    d_tri = torch.zeros(Gn, max_m, N, dtype=torch.bfloat16, device="cuda")
+    triton_call = lambda: G._swapab_gemm(a, sa, bq, sb, d_tri, G._MASKED, masked_m, True, base)  # noqa: E731
+    triton_call()  # the swap-AB kernel, activations dequantized in the tile
+    api = lambda: G._gemm(G._MASKED, (a, sa), (bq, sb), torch.empty_like(d_tri), None, masked_m, None, True, expected_m=expected_m)  # noqa: E731
+    used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+    row = {"N": N, "K": K, "expected_m": expected_m, "rows": int(masked_m.sum()), "weight_bytes": weight_bytes,
+           "triton_gbs": weight_bytes / ms(triton_call) / 1e6, "api_gbs": weight_bytes / ms(api) / 1e6}
+    for block_m, stages in ((16, 2), (16, 3), (16, 4), (16, 6), (32, 3), (32, 4), (32, 6)):
+        if block_m < base["BLOCK_M"]:
+            continue
+        key = f"gluon_m{block_m}_s{stages}"
+        cfg = {**base, "BLOCK_M": block_m, "GLUON": True, "GLUON_STAGES": stages}
+        d = torch.zeros_like(d_tri)
+        call = lambda: G._launch_swapab(G._MASKED, (a, sa), (bq, sb), d, masked_m, True, cfg)  # noqa: E731
+        try:
+            call()
+            row[key + "_bitwise_equal_triton"] = bool(torch.equal(d[used], d_tri[used]))
+            row[key + "_unused_rows_untouched"] = bool((d[~used] == 0).all())
+            row[key + "_gbs"] = weight_bytes / ms(call) / 1e6
+        except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+            row[key + "_error"] = repr(exc)[:400]
+    result[name] = row
+    print(name, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+
+
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -126,6 +173,10 @@ def main() -> None:
     for name, (N, K) in SHAPES.items():
         case(f"{name}_96x128-1024", N, K, torch.randint(128, 1025, (96,), generator=cpu_gen).tolist(), result, gen)
         case(f"{name}_96x64", N, K, [64] * 96, result, gen)
+    result["device_copy_gbs"] = copy_gbs()
+    for name, (N, K) in SHAPES.items():
+        for expected_m in (8, 32):
+            masked_case(f"masked_{name}_m{expected_m}", N, K, expected_m, result, gen)
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon.json"), "w") as f:
         json.dump(result, f, indent=1)
 

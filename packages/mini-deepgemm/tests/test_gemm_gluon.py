@@ -1,11 +1,11 @@
-"""The Gluon contiguous FP8 x FP4 GEMM (gemm_gluon_kernel, docs/reports/deepgemm-gluon.md).
+"""The Gluon grouped FP8 x FP4 GEMM (gemm_gluon_kernel, docs/reports/deepgemm-gluon.md), contiguous and masked.
 
-It replaces the swap-AB kernel for FP4 weights at more than 96 rows per group and computes the same products in the
-same order, so its output must equal that kernel's bit for bit, padding rows included (left untouched), and the
-public API must route there. Against the pure-torch reference on the same operands: DeepGEMM's diff below 1e-5.
-Shapes: V4.1's w13 and w2 with ragged groups (empty groups, a one-row group, 1,024 rows) and a K of two steps,
-fewer than the copy ring's stages. GPU and triton 3.6 only (Gluon's experimental API is pinned to the release it was
-measured with).
+It replaces the swap-AB kernel for FP4 weights (contiguous: more than 96 rows per group; masked: always) and computes
+the same products in the same order, so its output must equal that kernel's bit for bit, with the padding / unused
+rows left untouched, and the public API must route there. Against the pure-torch reference on the same operands:
+DeepGEMM's diff below 1e-5. Shapes: V4.1's w13 and w2 with ragged groups (empty groups, a one-row group, 1,024 rows;
+masked: 0, 1, 17 and all 48 rows of a group) and a K of two steps, fewer than the copy ring's stages. GPU and
+triton 3.6 only (Gluon's experimental API is pinned to the release it was measured with).
 """
 
 import pytest
@@ -44,7 +44,7 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     w, ws = bq.view(torch.uint8), sb.view(torch.uint8)
 
     got = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
-    gemm._gluon_contiguous_fp4_gemm(x, w, ws, got, layout, cfg)
+    gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, got, layout, cfg)
     want = torch.full_like(got, 7.0)
     gemm._swapab_gemm(x, None, w, ws, want, gemm._CONTIGUOUS, layout, True, cfg)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
@@ -58,3 +58,40 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     ref = torch.zeros_like(got)
     gemm._reference(gemm._CONTIGUOUS, (q, s), (bq, sb), ref, None, layout, gemm.FP4_RECIPE)
     assert calc_diff(got[real], ref[real]) < 1e-5
+
+
+MASKED_CASES = {  # masked_m, max_m, N, K, expected_m
+    "w13-m8": ([0, 1, 17, 48, 5], 48, 4608, 5120, 8),
+    "w2-m32": ([0, 1, 17, 48, 33], 48, 5120, 2304, 32),
+    "k128": ([3, 40], 48, 256, 128, 8),
+}
+
+
+@pytest.mark.parametrize("case", list(MASKED_CASES))
+def test_masked_gluon_equals_the_swapab_kernel_and_the_reference(case):
+    counts, max_m, N, K, expected_m = MASKED_CASES[case]
+    gen = torch.Generator().manual_seed(4)
+    G = len(counts)
+    q, s = reference.act_quant(random_bf16(G, max_m, K, generator=gen), 32, "ue8m0")
+    _, bq, sb = random_fp4_weights(G, N=N, K=K, device="cuda", generator=gen)
+    q, s = q.cuda(), s.cuda()
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    cfg = gemm.default_config(gemm._MASKED, expected_m, 32, True, N, G, True)
+    assert cfg.get("GLUON") and cfg["X_FP8"]
+    a, w, ws = (q, s.view(torch.uint8)), bq.view(torch.uint8), sb.view(torch.uint8)
+
+    got = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+    gemm._launch_swapab(gemm._MASKED, a, (w, ws), got, masked_m, True, cfg)
+    want = torch.full_like(got, 7.0)
+    gemm._swapab_gemm(q, s.view(torch.uint8), w, ws, want, gemm._MASKED, masked_m, True, cfg)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "activations dequantized in the tile or by the pass"
+
+    api = torch.full_like(got, 7.0)
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), api, masked_m, expected_m)
+    assert torch.equal(api.view(torch.int16), got.view(torch.int16)), "the public API must route to the Gluon kernel"
+    used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+    assert bool((got[~used] == 7.0).all()), "rows past masked_m must be left untouched"
+
+    ref = torch.zeros_like(got)
+    gemm._reference(gemm._MASKED, (q, s), (bq, sb), ref, None, masked_m, gemm.FP4_RECIPE)
+    assert calc_diff(got[used], ref[used]) < 1e-5

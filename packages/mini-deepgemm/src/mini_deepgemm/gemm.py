@@ -228,10 +228,12 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     deepgemm-swapab.md, deepgemm-fp4-ptx.md and deepgemm-masked-swapab.md.
 
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs):
-    - FP4 weights in the contiguous layout at more than 96 rows per group: gemm_gluon_kernel (GLUON; the same
-      products and order, the weights converted in the MMA's register layout), 128 x 128, 3 stages: 1.13-1.15x
-      the swap-AB kernel for the MoE GEMMs at 128-1,024 rows per expert (docs/reports/deepgemm-gluon.md); at 64
-      rows per expert it was 0.95-1.06x, so few rows stay on the swap-AB kernel. Without Gluon (another triton
+    - FP4 weights in the contiguous layout at more than 96 rows per group, and in the masked layout:
+      gemm_gluon_kernel (GLUON; the same products and order, the weights converted in the MMA's register layout;
+      docs/reports/deepgemm-gluon.md). Contiguous 128 x 128, 3 stages: 1.10-1.15x the swap-AB kernel at
+      128-1,024 rows per expert; at 64 rows per expert it was 0.95-1.08x, so few rows stay on the swap-AB kernel.
+      Masked (16 or 32 tokens x 128, 4 stages, after an activation pass over the used rows): 1.05-1.30x the
+      swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert. Without Gluon (another triton
       release, the interpreter) or with an unaligned scale tensor the same config runs the swap-AB kernel.
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; with at most 96 rows
       per group, 128 x 64 (a weight tile is converted for a token tile it fills, all-padding tiles are skipped):
@@ -265,9 +267,11 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
             return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_STAGES=3)
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
     if layout == _MASKED or rows_hint <= 32:
+        # masked FP4: the Gluon kernel where gluon_usable() (after an activation pass over the used rows)
+        gluon = dict(GLUON=True, GLUON_STAGES=4) if layout == _MASKED and fp4 else {}
         if rows_hint <= 16:
-            return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True)
-        return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True)
+            return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True, **gluon)
+        return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True, **gluon)
     if rows_hint >= 1024:
         wide = n >= 4096
         return dict(swapab, BLOCK_M=256 if wide and rows_hint >= 2048 else 128, BLOCK_N=128, num_warps=8,
@@ -310,31 +314,41 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     32 of K (FP8 weights: 32x32 blocks), K % 128 == 0 (the kernel loads 4 scales per word) and no accumulate-into
     (checked by _launch)."""
     (aq, sa), (bq, sb) = a, b
-    if cfg.get("X_FP8", False) or layout == _MASKED:
+    gluon = (cfg.get("GLUON") and layout != _DENSE and b_fp4 and d.is_cuda and gluon_usable()
+             and sb.data_ptr() % 4 == 0)
+    if not gluon and (cfg.get("X_FP8", False) or layout == _MASKED):
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
         return
-    x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
-    if (cfg.get("GLUON") and layout == _CONTIGUOUS and b_fp4 and d.is_cuda and gluon_usable()
-            and sb.data_ptr() % 4 == 0):
-        _gluon_contiguous_fp4_gemm(x, bq, sb, d, group_arg, cfg)
+    if layout == _MASKED:  # the pass over the rows each group uses: [G, max_m, K] -> bf16, the other rows unwritten
+        G, max_m, K = aq.shape
+        ids = torch.arange(max_m, device=aq.device)[None, :] < group_arg[:, None]
+        ids = torch.where(ids, torch.arange(G, device=aq.device, dtype=torch.int32)[:, None], -1).flatten()
+        x = _dequant_activations(aq.reshape(G * max_m, K), sa.reshape(G * max_m, -1), b_fp4, grouped_layout=ids)
+        x = x.view(G, max_m, K)
+    else:
+        x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
+    if gluon:
+        _gluon_fp4_grouped_gemm(layout, x, bq, sb, d, group_arg, cfg)
     else:
         _swapab_gemm(x, None, bq, sb, d, layout, group_arg, b_fp4, cfg)
 
 
-def _gluon_contiguous_fp4_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                               group_arg: torch.Tensor, cfg: dict) -> None:
-    """gemm_gluon_kernel's contiguous FP8 x FP4 GEMM on x from _dequant_activations (FP4 K order): the same products
-    in the same order as the swap-AB kernel (bitwise equal results), the weights converted in the MMA's register
-    layout (docs/reports/deepgemm-gluon.md). It reads the scales as 32-bit words: 4-byte aligned rows (K % 128 == 0,
-    checked by _launch) and base (checked by the caller)."""
-    from .gemm_gluon_kernel import fp4_contiguous_gemm_kernel
+def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                            group_arg: torch.Tensor, cfg: dict) -> None:
+    """gemm_gluon_kernel's grouped FP8 x FP4 GEMM (contiguous or masked) on x from _dequant_activations (FP4 K
+    order): the same products in the same order as the swap-AB kernel (bitwise equal results), the weights
+    converted in the MMA's register layout (docs/reports/deepgemm-gluon.md). It reads the scales as 32-bit words:
+    4-byte aligned rows (K % 128 == 0, checked by _launch) and base (checked by the caller)."""
+    from .gemm_gluon_kernel import fp4_grouped_gemm_kernel
 
-    M, K = x.shape
+    masked = layout == _MASKED
+    M, K = x.shape[-2:]
     N = bq.shape[-2]
-    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
-    fp4_contiguous_gemm_kernel[grid](
-        x, bq, sb, d, group_arg, M, N, K, x.stride(0), bq.stride(0), bq.stride(1), sb.stride(0), sb.stride(1),
-        d.stride(0), BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
+    fp4_grouped_gemm_kernel[grid](
+        x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
+        sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
+        MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
         GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 

@@ -1,4 +1,5 @@
-"""Gluon kernel of the contiguous-layout FP8 x FP4 GEMM (MoE prefill), weights converted in the MMA's register layout.
+"""Gluon kernel of the grouped FP8 x FP4 GEMMs (MoE prefill: contiguous, decode: masked), weights converted in the
+MMA's register layout.
 
 Why: the Triton swap-AB kernel (gemm_swapab_kernel.py) converts each FP4 weight tile in a blocked layout and passes
 the bf16 result through shared memory once more before the MMA's register load: per 4 KB of packed weights a K
@@ -9,19 +10,19 @@ the packed bytes are read from shared memory straight into the wgmma A-operand l
 inline-PTX e2m1 -> bf16 conversion, the scale multiply folded into it), and fed to wgmma from registers, so a K step
 moves the 4 KB of bytes through shared memory once.
 
-The math is gemm_swapab_kernel's for W_IS_FP4 in the contiguous layout: D^T[n, m] = W[n, :] . X[m, :] with X the
-bf16 activations from dequant_act_kernel in the FP4 K order ([32 even | 32 odd] per 64-block), the even (low
-nibble) and odd (high nibble) weight values fed to two MMAs of K = 32; so every product and its K order are the
-same as the Triton kernel's.
+The math is gemm_swapab_kernel's for W_IS_FP4: D^T[n, m] = W[n, :] . X[m, :] with X the bf16 activations from
+dequant_act_kernel in the FP4 K order ([32 even | 32 odd] per 64-block), the even (low nibble) and odd (high
+nibble) weight values fed to two MMAs of K = 32; so every product and its K order are the same as the Triton kernel's.
 
 Schedule per CTA (one warpgroup, BLOCK_N weight rows x BLOCK_M tokens; two CTAs per SM at 128 x 128, 3 stages):
 - a STAGES-deep cp.async ring of (packed weights [BLOCK_N, 32] B, scale words [BLOCK_N] int32, X [2, BLOCK_M, 32]);
 - per K step: wait for its copies, load the bytes and scale words into the A-operand layout, convert (scale folded
   into the asm, so the values leave it as the packed bf16x2 operand registers), two async MMAs, wait for them,
   refill the ring slot.
-Measured on H200 (docs/reports/deepgemm-gluon.md): 1.13-1.15x the Triton kernel at 128-1,024 rows per expert,
-bitwise equal results. Letting step i's conversion run under step i-1's MMAs was slower (342 against 401
-TFLOP/s): ptxas then serializes the wgmmas (warning C7515), even with the in-flight operands kept alive.
+Measured on H200 (docs/reports/deepgemm-gluon.md), bitwise equal to the Triton kernel: 1.10-1.15x at 128-1,024
+rows per expert (contiguous, 128 x 128), 1.05-1.30x for the masked decode GEMM (16 or 32 tokens x 128). Letting
+step i's conversion run under step i-1's MMAs was slower (342 against 401 TFLOP/s): ptxas then serializes the
+wgmmas (warning C7515), even with the in-flight operands kept alive.
 """
 
 from __future__ import annotations
@@ -53,21 +54,26 @@ def _issue_step(w_ring, sw_ring, x_ring, slot, step, w_ptrs, sw_ptrs, x_ptrs, x_
 
 
 @gluon.jit
-def fp4_contiguous_gemm_kernel(
+def fp4_grouped_gemm_kernel(
     x_ptr, w_ptr, sw_ptr, d_ptr, group_ptr,
     M, N, K,
-    stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d,
-    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    stride_x_g, stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d_g, stride_d,
+    MASKED: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
 ):
-    """d[m, n] = sum_k x[m, k] * dequant(w[group(m)])[n, k]: x bf16 [M, K] in the FP4 K order, w packed e2m1
-    [G, N, K / 2] (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0), group_ptr
-    int32 [M] (-1 = padding; segments aligned to BLOCK_M). Rows whose id is -1 are not written."""
+    """d[m, n] = sum_k x[m, k] * dequant(w[group])[n, k]: x bf16 in the FP4 K order, w packed e2m1 [G, N, K / 2]
+    (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0).
+    Contiguous (MASKED false): x [M, K], d [M, N], group_ptr the int32 layout [M] (-1 = padding; segments aligned to
+    BLOCK_M); rows whose id is -1 are not written. Masked: x [G, M, K], d [G, M, N], group_ptr masked_m int32 [G],
+    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_a: gl.constexpr = gl.SliceLayout(1, a_layout)
     cols_a: gl.constexpr = gl.SliceLayout(0, a_layout)
     w_copy: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # 16 B per cp.async
-    x_copy: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    if BLOCK_M >= 32:
+        x_copy: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    else:  # 16 rows: 4 bf16 per copy, so no thread copies a row twice
+        x_copy: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     sw_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
@@ -83,10 +89,17 @@ def fp4_contiguous_gemm_kernel(
     pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
     pid_n = (pid % tiles_per_sweep) // sweep_m
 
-    # expert of the row tile (segments are BLOCK_M-aligned: the first row is never padding unless all are)
-    group = gl.load(group_ptr + pid_m * BLOCK_M)
-    if group < 0:
-        return
+    if MASKED:
+        group = gl.program_id(1)
+        rows_in_group = gl.load(group_ptr + group)
+        if pid_m * BLOCK_M >= rows_in_group:
+            return
+        x_ptr += group.to(gl.int64) * stride_x_g
+        d_ptr += group.to(gl.int64) * stride_d_g
+    else:  # expert of the row tile (segments are BLOCK_M-aligned: the first row is padding only if all are)
+        group = gl.load(group_ptr + pid_m * BLOCK_M)
+        if group < 0:
+            return
     w_base = w_ptr + group.to(gl.int64) * stride_w_g
     sw_base = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32))
 
@@ -139,6 +152,9 @@ def fp4_contiguous_gemm_kernel(
     out = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, out_layout))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, out_layout))
-    ids = gl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
-    mask = (ids == group)[None, :] & (offs_n < N)[:, None]
+    if MASKED:
+        row_ok = offs_m < rows_in_group
+    else:
+        row_ok = gl.load(group_ptr + offs_m, mask=offs_m < M, other=-1) == group
+    mask = row_ok[None, :] & (offs_n < N)[:, None]
     gl.store(d_ptr + offs_m.to(gl.int64)[None, :] * stride_d + offs_n[:, None], out, mask=mask)
