@@ -320,6 +320,7 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
         return
     if layout == _MASKED:  # the pass over the rows each group uses: [G, max_m, K] -> bf16, the other rows unwritten
+        # (a bf16 buffer of the whole capacity, as the kernel addresses rows by position; deepgemm-gluon.md)
         G, max_m, K = aq.shape
         ids = torch.arange(max_m, device=aq.device)[None, :] < group_arg[:, None]
         ids = torch.where(ids, torch.arange(G, device=aq.device, dtype=torch.int32)[:, None], -1).flatten()
