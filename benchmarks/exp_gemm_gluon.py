@@ -1,5 +1,5 @@
-"""Experiment (issue 4): the Gluon contiguous FP8 x FP4 GEMM (weights converted in the MMA's register layout)
-against the Triton swap-AB kernel, same run.
+"""Experiment (issue 4): the Gluon grouped FP8 x FP4 GEMMs, contiguous (MoE prefill) and masked (MoE decode), with
+the weights converted in the MMA's register layout, against the Triton swap-AB kernel, same run.
 
 For each MoE shape (w13 4608 x 5120, w2 5120 x 2304) and routing (96 experts with 128-1,024 rows, as
 bench_deepgemm.py; 96 experts with 64 rows, the 1-GPU prefill routing), on the same bf16 activations from the
@@ -65,7 +65,7 @@ def case(name, N, K, rows, result, gen):
     d_tri = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
     cfg = triton_gemm(x, bq, sb, d_tri, layout, M, Gn)
     flops = 2 * sum(rows) * N * K
-    row = {"N": N, "K": K, "groups": Gn, "rows": sum(rows), "padded_rows": M, "triton_cfg": {k: v for k, v in cfg.items()}}
+    row = {"N": N, "K": K, "groups": Gn, "rows": sum(rows), "padded_rows": M, "triton_cfg": dict(cfg)}
     t = ms(lambda: triton_gemm(x, bq, sb, d_tri, layout, M, Gn))
     row["triton_gemm_tflops"] = flops / t / 1e9
     row["triton_call_tflops"] = flops / ms(lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, sb), d_tri, None, layout, None, True)) / 1e9

@@ -29,6 +29,8 @@ reference.py compute the same result (up to the order of fp32 additions).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import reference
@@ -227,14 +229,16 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md,
     deepgemm-swapab.md, deepgemm-fp4-ptx.md and deepgemm-masked-swapab.md.
 
+    gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
+    weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
+    - contiguous at more than 96 rows per group, 128 x 128, 3 stages: 1.03-1.15x the swap-AB kernel at 128-1,024
+      rows per expert (four runs); at 64 rows per expert it was 0.95-1.08x, so few rows stay on the swap-AB kernel;
+    - masked at the 16- and 32-token tiles, 4 stages, after an activation pass over the used rows: 1.05-1.30x the
+      swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert.
+    Elsewhere (another triton release or GPU, the interpreter, an fp32 output, an unaligned scale tensor) the same
+    config runs the swap-AB kernel.
+
     gemm_swapab_kernel (SWAP_AB: weights dequantized in registers as the MMA's left operand, bf16 MMAs):
-    - FP4 weights in the contiguous layout at more than 96 rows per group, and in the masked layout:
-      gemm_gluon_kernel (GLUON; the same products and order, the weights converted in the MMA's register layout;
-      docs/reports/deepgemm-gluon.md). Contiguous 128 x 128, 3 stages: 1.10-1.15x the swap-AB kernel at
-      128-1,024 rows per expert; at 64 rows per expert it was 0.95-1.08x, so few rows stay on the swap-AB kernel.
-      Masked (16 or 32 tokens x 128, 4 stages, after an activation pass over the used rows): 1.05-1.30x the
-      swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert. Without Gluon (another triton
-      release, the interpreter) or with an unaligned scale tensor the same config runs the swap-AB kernel.
     - UE8M0 scales in the contiguous layout: 128 weight rows x 128 tokens, one warpgroup; with at most 96 rows
       per group, 128 x 64 (a weight tile is converted for a token tile it fills, all-padding tiles are skipped):
       5.4 against 6.1 (128 x 128) and 6.7 ms (64 x 64) for the FP4 w13 GEMM at 1-GPU routing (64 rows per
@@ -267,8 +271,8 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
             return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_STAGES=3)
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
     if layout == _MASKED or rows_hint <= 32:
-        # masked FP4: the Gluon kernel where gluon_usable() (after an activation pass over the used rows)
-        gluon = dict(GLUON=True, GLUON_STAGES=4) if layout == _MASKED and fp4 else {}
+        # masked FP4 at the measured 16- and 32-token tiles: the Gluon kernel where _use_gluon allows it
+        gluon = dict(GLUON=True, GLUON_STAGES=4) if layout == _MASKED and fp4 and rows_hint <= 32 else {}
         if rows_hint <= 16:
             return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True, **gluon)
         return dict(swapab, BLOCK_M=32 if rows_hint <= 32 else 64, BLOCK_N=128, X_FP8=True, **gluon)
@@ -309,29 +313,45 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
 
 def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor | None,
                    b_fp4: bool, cfg: dict) -> None:
-    """gemm_swapab_kernel on activations dequantized to bf16 by one pass beforehand (FP4 weights: K permuted per
-    64-block) or, with cfg["X_FP8"] (the masked layout always), per tile inside the kernel. Needs UE8M0 scales per
-    32 of K (FP8 weights: 32x32 blocks), K % 128 == 0 (the kernel loads 4 scales per word) and no accumulate-into
-    (checked by _launch)."""
+    """The V4.1 (UE8M0) GEMMs on bf16 MMAs: gemm_gluon_kernel for the FP4 grouped GEMMs where _use_gluon allows it,
+    gemm_swapab_kernel otherwise. The activations reach the MMAs as bf16 either from one pass beforehand
+    (_dequant_activations; FP4 weights: K permuted per 64-block) or, with cfg["X_FP8"] (the swap-AB kernel's masked
+    layout always), dequantized per tile inside the swap-AB kernel; both give the same values in the same K order.
+    Needs UE8M0 scales per 32 of K (FP8 weights: 32x32 blocks), K % 128 == 0 (the kernels load 4 scales per word)
+    and no accumulate-into (checked by _launch)."""
     (aq, sa), (bq, sb) = a, b
-    gluon = (cfg.get("GLUON") and layout != _DENSE and b_fp4 and d.is_cuda and gluon_usable()
-             and sb.data_ptr() % 4 == 0)
-    if not gluon and (cfg.get("X_FP8", False) or layout == _MASKED):
+    if _use_gluon(layout, b_fp4, d, sb, cfg):
+        if layout == _MASKED:
+            x = _dequant_masked_rows(aq, sa, group_arg)
+        else:
+            x = _dequant_activations(aq, sa, True, grouped_layout=group_arg)
+        _gluon_fp4_grouped_gemm(layout, x, bq, sb, d, group_arg, cfg)
+    elif cfg.get("X_FP8", False) or layout == _MASKED:
         _swapab_gemm(aq, sa, bq, sb, d, layout, group_arg, b_fp4, cfg)
-        return
-    if layout == _MASKED:  # the pass over the rows each group uses: [G, max_m, K] -> bf16, the other rows unwritten
-        # (a bf16 buffer of the whole capacity, as the kernel addresses rows by position; deepgemm-gluon.md)
-        G, max_m, K = aq.shape
-        ids = torch.arange(max_m, device=aq.device)[None, :] < group_arg[:, None]
-        ids = torch.where(ids, torch.arange(G, device=aq.device, dtype=torch.int32)[:, None], -1).flatten()
-        x = _dequant_activations(aq.reshape(G * max_m, K), sa.reshape(G * max_m, -1), b_fp4, grouped_layout=ids)
-        x = x.view(G, max_m, K)
     else:
         x = _dequant_activations(aq, sa, b_fp4, grouped_layout=group_arg if layout == _CONTIGUOUS else None)
-    if gluon:
-        _gluon_fp4_grouped_gemm(layout, x, bq, sb, d, group_arg, cfg)
-    else:
         _swapab_gemm(x, None, bq, sb, d, layout, group_arg, b_fp4, cfg)
+
+
+def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, sb: torch.Tensor, cfg: dict) -> bool:
+    """gemm_gluon_kernel covers what default_config marks GLUON (FP4 weights, grouped layouts) with a bf16 output,
+    on Hopper (wgmma; sm_90 is where it was measured) and triton 3.6 (gluon_usable), not under the interpreter; it
+    reads the scales as 32-bit words, so their base must be 4-byte aligned."""
+    return (bool(cfg.get("GLUON")) and b_fp4 and layout != _DENSE and d.is_cuda and d.dtype == torch.bfloat16
+            and os.environ.get("TRITON_INTERPRET") != "1" and gluon_usable()
+            and torch.cuda.get_device_capability(d.device) == (9, 0) and sb.data_ptr() % 4 == 0)
+
+
+def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:
+    """bf16 [G, max_m, K] in the FP4 K order from the masked layout's e4m3 [G, max_m, K] and UE8M0 bytes: the rows
+    each group uses (masked_m, read on the device: no host sync) are written, the others left unwritten. The buffer
+    has the whole capacity, as the GEMM addresses a row by its position (deepgemm-gluon.md: 252 MB at the engine's
+    64-token decode)."""
+    G, max_m, K = aq.shape
+    used = torch.arange(max_m, device=aq.device)[None, :] < masked_m[:, None]
+    ids = torch.where(used, torch.arange(G, device=aq.device, dtype=torch.int32)[:, None], -1).flatten()
+    x = _dequant_activations(aq.reshape(G * max_m, K), sa.reshape(G * max_m, -1), True, grouped_layout=ids)
+    return x.view(G, max_m, K)
 
 
 def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -339,7 +359,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     """gemm_gluon_kernel's grouped FP8 x FP4 GEMM (contiguous or masked) on x from _dequant_activations (FP4 K
     order): the same products in the same order as the swap-AB kernel (bitwise equal results), the weights
     converted in the MMA's register layout (docs/reports/deepgemm-gluon.md). It reads the scales as 32-bit words:
-    4-byte aligned rows (K % 128 == 0, checked by _launch) and base (checked by the caller)."""
+    4-byte aligned rows (K % 128 == 0, checked by _launch) and base (checked by _use_gluon)."""
     from .gemm_gluon_kernel import fp4_grouped_gemm_kernel
 
     masked = layout == _MASKED
@@ -349,7 +369,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     fp4_grouped_gemm_kernel[grid](
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
-        MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
+        MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg.get("GLUON_STAGES", cfg["num_stages"]),
         GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 
@@ -384,9 +404,10 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
     """bf16 [M, K] = aq * 2^(sa - 127) (sa: UE8M0 bytes as uint8), in the FP4 kernel's K order if fp4_order.
     The default 8 x 512 tiles ran at 1.9 (FP4 order) and 3.0 TB/s on H200, against 0.58 and 1.96 for 32 x 128
     (deepgemm-swapab.md).
-    grouped_layout (contiguous layout, int32 [M]): its padding rows (-1) are left unwritten (any bits, NaN
-    included). The swap-AB GEMM is safe with that: output row m depends on row m of x alone (one MMA column) and it
-    stores no padding row. All M rows are still allocated, because the GEMM addresses a row by its layout position."""
+    grouped_layout (int32 [M]; the contiguous layout, or _dequant_masked_rows' row map): its rows marked -1 are left
+    unwritten (any bits, NaN included). The swap-AB and Gluon GEMMs are safe with that: output row m depends on row m
+    of x alone (one MMA column) and they store no such row. All M rows are still allocated, because the GEMMs address
+    a row by its position."""
     from .gemm_swapab_kernel import dequant_act_kernel
 
     M, K = aq.shape

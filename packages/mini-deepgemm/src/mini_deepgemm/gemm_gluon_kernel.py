@@ -19,8 +19,9 @@ Schedule per CTA (one warpgroup, BLOCK_N weight rows x BLOCK_M tokens; two CTAs 
 - per K step: wait for its copies, load the bytes and scale words into the A-operand layout, convert (scale folded
   into the asm, so the values leave it as the packed bf16x2 operand registers), two async MMAs, wait for them,
   refill the ring slot.
-Measured on H200 (docs/reports/deepgemm-gluon.md), bitwise equal to the Triton kernel: 1.10-1.15x at 128-1,024
-rows per expert (contiguous, 128 x 128), 1.05-1.30x for the masked decode GEMM (16 or 32 tokens x 128). Letting
+Measured on H200 (docs/reports/deepgemm-gluon.md), bitwise equal to the Triton kernel: 1.03-1.15x at 128-1,024
+rows per expert (contiguous, 128 x 128), 1.05-1.30x for the masked decode GEMM (16 or 32 tokens x 128). Masked
+tiles copy activation rows up to the buffer's max_m, not only the group's (cheap: 16-32 rows per step). Letting
 step i's conversion run under step i-1's MMAs was slower (342 against 401 TFLOP/s): ptxas then serializes the
 wgmmas (warning C7515), even with the in-flight operands kept alive.
 """
@@ -38,6 +39,7 @@ from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 # (bf16x2 pairs), so the result leaves the asm already packed as the MMA's bf16x2 operand registers
 _SCALED = _FP4_NIBBLE_PTX.replace("mul.rn.bf16x2 $0, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
 _SCALED = _SCALED.replace("mul.rn.bf16x2 $1, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $4;")
+assert _SCALED.count("$3;") == 1 and _SCALED.count("$4;") == 1, "gemm_swapab_kernel's FP4 PTX changed: re-derive"
 _SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F").replace("SHIFTS", "0x1040"))
 _SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
 
