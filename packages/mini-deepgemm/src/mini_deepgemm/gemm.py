@@ -232,7 +232,8 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
     weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
     - contiguous at more than 96 rows per group, 128 x 128, 3 stages: 1.03-1.15x the swap-AB kernel at 128-1,024
-      rows per expert (four runs); at 64 rows per expert it was 0.95-1.08x, so few rows stay on the swap-AB kernel;
+      rows per expert (four runs); few rows stay on the swap-AB kernel (at 64 rows per expert Gluon's 64 x 128
+      tile measured w13 1.07-1.13x, w2 0.95-1.05x: not yet routed);
     - masked at the 16- and 32-token tiles, 4 stages, after an activation pass over the used rows: 1.05-1.30x the
       swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert.
     Elsewhere (another triton release or GPU, the interpreter, an fp32 output, an unaligned scale tensor) the same
