@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.testing
 
+from bench_deepgemm import MOE_SHAPES, copy_bandwidth_gbs  # beside this script
 from mini_deepgemm import gemm as G
-from mini_deepgemm.testing import calc_diff
+from mini_deepgemm.testing import calc_diff, contiguous_layout
 
-SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 VARIANTS = [(128, 3), (128, 4), (128, 2), (64, 3), (64, 4)]  # (BLOCK_M, stages)
 
 
@@ -37,9 +37,10 @@ def ms(fn) -> float:
 
 
 def layout_for(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    padded = [-(-m // 128) * 128 for m in rows]
-    ids = torch.cat([torch.tensor([g] * m + [-1] * (p - m), dtype=torch.int32) for g, (m, p) in enumerate(zip(rows, padded))])
-    return ids.cuda(), torch.tensor(padded, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    """The contiguous layout (128-row aligned segments) on the GPU, and its segment ends for torch's grouped GEMMs."""
+    layout = contiguous_layout(rows, G.get_m_alignment_for_contiguous_layout())
+    ends = torch.tensor([-(-m // 128) * 128 for m in rows]).cumsum(0).to(torch.int32)
+    return layout.cuda(), ends.cuda()
 
 
 def gluon_gemm(x, bq, sb, d, layout, block_m, stages):
@@ -113,13 +114,6 @@ def reference_check(result, gen):
     print("reference_check", result["reference_check"], flush=True)
 
 
-def copy_gbs() -> float:
-    """Device-to-device copy of 4 GiB, read + write bytes per second (bench_deepgemm.py's peer)."""
-    src = torch.randint(0, 256, (4 << 30,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / ms(lambda: dst.copy_(src)) / 1e6
-
-
 def masked_case(name, N, K, expected_m, result, gen):
     """bench_deepgemm.py's masked decode case: 96 experts, max 128 rows, Poisson(expected_m) rows (at least 1).
     Triton: the swap-AB kernel with the activations dequantized in the tile. Gluon: the activation pass over the
@@ -170,11 +164,11 @@ def main() -> None:
         result["reference_check_error"] = repr(exc)[:400]
         print("reference_check failed", repr(exc)[:400])
     cpu_gen = torch.Generator().manual_seed(1)
-    for name, (N, K) in SHAPES.items():
+    for name, (N, K) in MOE_SHAPES.items():
         case(f"{name}_96x128-1024", N, K, torch.randint(128, 1025, (96,), generator=cpu_gen).tolist(), result, gen)
         case(f"{name}_96x64", N, K, [64] * 96, result, gen)
-    result["device_copy_gbs"] = copy_gbs()
-    for name, (N, K) in SHAPES.items():
+    result["device_copy_gbs"] = copy_bandwidth_gbs()
+    for name, (N, K) in MOE_SHAPES.items():
         for expected_m in (8, 32):
             masked_case(f"masked_{name}_m{expected_m}", N, K, expected_m, result, gen)
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon.json"), "w") as f:

@@ -35,8 +35,13 @@ package = types.ModuleType("mini_deepep")
 package.__path__ = [str(SRC / "mini_deepep")]
 sys.modules["mini_deepep"] = package  # the kernels alone, without mini_deepep/__init__.py (torch)
 
+from mini_deepep import nvshmem_layout as L  # noqa: E402
 from mini_deepep.kernels.combine import combine_kernel  # noqa: E402
 from mini_deepep.kernels.dispatch import dispatch_kernel  # noqa: E402
+
+# The flag units the backend launches with (nvshmem_layout), not copies of their values.
+DISPATCH_UNITS = {"CHUNK": L.CHUNK, "MAX_CHUNKS": L.MAX_CHUNKS}
+COMBINE_UNITS = {"GROUP": L.GROUP, "MAX_GROUPS": L.MAX_GROUPS}
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 # Argument types by name (the kernels' signatures); everything else is an int32 pointer.
@@ -89,13 +94,14 @@ def fingerprints() -> None:
         for trace in (False, True):
             common = {"NUM_RANKS": ranks, "TOPK": 6, "TOPK_BLOCK": 8, "TRACE": trace}
             for fp8 in (False, True):
-                dispatch = dict(common, CHUNK=32, MAX_CHUNKS=1024, NUM_SENDERS=33, EXPERTS_PER_RANK=384 // ranks, A_WORDS=1280 if fp8 else 2560,
+                dispatch = dict(common, **DISPATCH_UNITS, NUM_SENDERS=33, EXPERTS_PER_RANK=384 // ranks,
+                                A_WORDS=1280 if fp8 else 2560,
                                 B_WORDS=40 if fp8 else 0, ROW_HEAD=1024 if fp8 else 2048, ROW_TAIL=256 if fp8 else 512,
                                 B_BLOCK=64 if fp8 else 16, META_WORDS=19, META_BLOCK=32, TILE=8)
                 print(f"dispatch {'fp8' if fp8 else 'bf16'}, {ranks} ranks, trace {trace}:",
                       ptx_fingerprint(dispatch_kernel, dispatch))
-            combine = dict(common, GROUP=8, MAX_GROUPS=4096, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks), HIDDEN=5120, ROW_TOKENS=2,
-                           ROW_HEAD=4096, ROW_TAIL=1024, TILE=8, COLS=512)
+            combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks),
+                           HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096, ROW_TAIL=1024, TILE=8, COLS=512)
             print(f"combine, {ranks} ranks, trace {trace}:", ptx_fingerprint(combine_kernel, combine))
 
 
@@ -104,9 +110,10 @@ def main() -> None:
         fingerprints()
         return
     common = {"NUM_RANKS": 2, "TOPK": 6, "TOPK_BLOCK": 8, "TRACE": False}
-    dispatch = dict(common, CHUNK=32, MAX_CHUNKS=1024, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0, ROW_HEAD=2048, ROW_TAIL=512,
-                    B_BLOCK=16, META_WORDS=19, META_BLOCK=32)
-    combine = dict(common, GROUP=8, MAX_GROUPS=4096, NUM_SENDERS=132, RANK_BLOCK=2, HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096, ROW_TAIL=1024)
+    dispatch = dict(common, **DISPATCH_UNITS, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0,
+                    ROW_HEAD=2048, ROW_TAIL=512, B_BLOCK=16, META_WORDS=19, META_BLOCK=32)
+    combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=2, HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096,
+                   ROW_TAIL=1024)
     cases = [
         ("dispatch bf16, 8-row tiles (default)", dispatch_kernel, dict(dispatch, TILE=8)),
         ("dispatch bf16, 4-row tiles", dispatch_kernel, dict(dispatch, TILE=4)),
