@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--sweep-dispatch-tiles", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"],
                     help="tokens x columns, optionally :programs per SM:warps (e.g. 8x256:4:4)")
+    ap.add_argument("--sweep-two-pass", type=int, nargs="*", default=[0, 2, 64],
+                    help="combine tiles per reducer reduced in two passes (64: every tile, the v6 kernel)")
     ap.add_argument("--long-steady", type=int, default=0,
                     help="also time the headline cases with this many back-to-back calls per window (0: skip)")
     ap.add_argument("--trace-steady", type=int, default=0,
@@ -323,6 +325,13 @@ def main() -> None:
         )
         backend.combine_programs_per_sm, backend.combine_warps = default_programs, default_warps[1]
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = default_tiles
+    default_two_pass = backend.combine_two_pass_tiles
+    for two_pass in args.sweep_two_pass:
+        backend.combine_two_pass_tiles = two_pass
+        results[f"nvshmem combine bf16, {two_pass} two-pass tiles per reducer, steady"] = timed(
+            lambda: nv.combine(y, res_nv.handle), W, I, queue_us=STEADY_QUEUE_US, calls=STEADY_CALLS
+        )
+    backend.combine_two_pass_tiles = default_two_pass
     # Where the time goes inside the data kernels: per-program phase times (%globaltimer) of one traced call each.
     backend.trace = True
     traced = {}
@@ -427,6 +436,7 @@ def main() -> None:
             "triton": triton.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "tokens_per_rank": T, "hidden": H, "topk": K, "experts": E, "num_sms_default": default_sms,
             "sender_shares_default": default_shares, "tiles_default (dispatch, combine, combine cols)": default_tiles,
+            "combine_two_pass_tiles_default": default_two_pass,
             "warps_default (dispatch, combine)": default_warps,
             "warmup": W, "iters": I, "recv_tokens_rank0": recv_tokens, "remote_tokens_rank0": remote_tokens,
             "recv_rows_rank0": rows,

@@ -8,7 +8,8 @@ address difference, as NVLink mappings are on the GPU. The package's CPU scenari
 the combine checked bit for bit against the emulated arithmetic. This is how the v4 kernels were checked before
 their first GPU run (docs/reports/deepep-v4-overlap.md); it is a developer tool, not part of CI (slow: minutes).
 
-Three things the interpreter (triton 3.9) does differently from the GPU are patched here, for this process only:
+Three things the interpreter (triton 3.9, and 3.6 on the GPU machine) does differently from the GPU are patched here,
+for this process only:
 - %globaltimer (inline PTX) reads 0, so a wait never times out;
 - a scalar mask or `other` of a load or store is broadcast to the pointer's shape (the interpreter rejects it);
 - fp32 -> bf16 rounds to nearest even, as the GPU does (the interpreter truncates).
@@ -55,13 +56,15 @@ def _patch_interpreter() -> None:
         return interpreter.TensorHandle(np.broadcast_to(np.asarray(mask.data).astype(bool), np.shape(ptrs.data)).copy(),
                                         tl.int1)
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    # The trailing cache/eviction/volatile arguments differ between Triton releases (3.6 has one more than 3.9):
+    # pass them through untouched.
+    def masked_load(self, ptrs, mask, other, *cache_args):
         if other is not None:
             other = interpreter.TensorHandle(np.broadcast_to(np.asarray(other.data), np.shape(ptrs.data)).copy(), other.dtype)
-        return load(self, ptrs, full_mask(mask, ptrs), other, cache_policy, is_volatile)
+        return load(self, ptrs, full_mask(mask, ptrs), other, *cache_args)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
-        return store(self, ptrs, value, full_mask(mask, ptrs), cache_policy)
+    def masked_store(self, ptrs, value, mask, *cache_args):
+        return store(self, ptrs, value, full_mask(mask, ptrs), *cache_args)
 
     def rounding_cast(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
@@ -90,6 +93,7 @@ def _simulated_buffer(rank: int, buffers: list[torch.Tensor], num_programs: int)
     backend.num_sms = num_programs
     backend.dispatch_sender_share, backend.combine_sender_share = 0.25, 0.5
     backend.dispatch_tile, backend.combine_tile, backend.combine_cols = 4, 2, 64  # several column blocks at hidden 256
+    backend.combine_two_pass_tiles = 1  # with few reducers: one-pass and two-pass tiles both
     backend.dispatch_warps = backend.combine_warps = 8
     backend.combine_programs_per_sm = 2
     backend.trace, backend.last_trace = False, None

@@ -154,6 +154,9 @@ class NvshmemBackend:
         self.dispatch_tile = 8
         # Tokens, and row columns, each combine program works on at once.
         self.combine_tile, self.combine_cols = 8, 512
+        # Combine reducers' tiles reduced in two passes, per reducer, counted from the last token: 1 = each reducer's
+        # last tile, 0 = every tile in one pass, a large number = every tile in two (kernels/combine.py).
+        self.combine_two_pass_tiles = 1
         # Warps per program of the two data kernels (fewer warps, fewer registers: more programs fit on an SM).
         self.dispatch_warps = self.combine_warps = 8
         # Combine programs per SM: its reducers wait on one column block's loads at a time, so a second
@@ -319,12 +322,14 @@ class NvshmemBackend:
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
         senders, grid = self.data_grid("combine")
         pieces = _row_blocks(hidden, 0)  # pass 2's whole bf16 rows (2 tokens: R partials + fp32 sums in registers)
+        num_tiles = triton.cdiv(handle.num_tokens, self.combine_tile)
+        two_pass_from = max(num_tiles - (grid - senders) * self.combine_two_pass_tiles, 0)
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
             _nonempty(handle.send_slot), _nonempty(out),
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
-            self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
+            two_pass_from, self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
             self._header(L.ERROR), self.layout.combine_queue_offset, self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,

@@ -7,9 +7,10 @@ order, of w * y); out = bf16(fp32 sum of the partials in rank order).
 One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
 - senders take slot groups (GROUP slots of one peer) from a work queue in slot order, compute their
   tokens' partials, store them into the home rank and raise that group's flag there;
-- reducers walk this rank's own tokens tile by tile, twice: first the own-experts partial straight
-  from y into `out` (no waiting), then, as each peer's slot groups arrive, the sum of all partials
-  in rank order.
+- reducers walk this rank's own tokens tile by tile and, as each peer's slot groups arrive, sum the
+  partials in rank order. The tiles whose partials arrive last get their own-experts partial first,
+  straight from y into `out` while the peers' partials are still on NVLink (a second pass adds the
+  rest); the others compute it in registers in the same pass as the sum.
 """
 
 import triton
@@ -43,12 +44,40 @@ def _weighted_partials(y, weights, pairs, cols, TOPK: tl.constexpr, HIDDEN: tl.c
     return acc
 
 
-@triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target"])  # change every call: compile once
+@triton.jit
+def _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                       NUM_RANKS: tl.constexpr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr):
+    """Wait until every peer's partials of some tokens are here; returns the updated `ready`.
+    slot_of: int32 [N, RANK_BLOCK], the tokens' slots on each rank (-1 = not sent); ready: int32 [1, RANK_BLOCK], per
+    peer the last slot group already waited for; flags: the combine group flags [R, MAX_GROUPS] (int64 pointer).
+    The tokens' slots on a peer are consecutive: one or two slot groups, of which the first may have been waited for
+    by the previous call (tokens go up from call to call)."""
+    rr = tl.arange(0, ready.shape[1])[None, :]
+    for j in tl.static_range(1, NUM_RANKS):
+        expert_rank = (rank + j) % NUM_RANKS
+        step_slots = column(slot_of, expert_rank)
+        last = tl.max(step_slots, axis=0)  # -1 when no token went there
+        last_group = tl.maximum(last, 0) // GROUP
+        done = tl.sum(tl.where(rr == expert_rank, ready, 0))
+        if (last >= 0) & (last_group > done):
+            peer_flags = flags + expert_rank * MAX_GROUPS
+            first_group = first_slot(step_slots) // GROUP
+            if first_group > done:
+                if first_group < last_group:
+                    wait_at_least(peer_flags + first_group, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                                  NUM_RANKS)
+            wait_at_least(peer_flags + last_group, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+            ready = tl.where(rr == expert_rank, last_group, ready)
+    return ready
+
+
+@triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target", "two_pass_from"])  # change every call: compile once
 def combine_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
     y, row_weights, positions, recv_tokens,  # bf16 [M, HIDDEN], fp32 [M], int32 [R * slots, TOPK], int32 [R]
     send_slot, out,  # int32 [T, R] (slot of each own token on each rank, -1 = not sent), bf16 [T, HIDDEN]
     num_tokens, slots, rank, epoch, consumed_target, timeout_ns,
+    two_pass_from,  # the first tile reduced in two passes (the ones before it: one pass)
     combine_offset, flags_offset, consumed_offset, error_offset,
     queue_offset,  # buf64[queue_offset + 0 / 1]: the senders' work queue (groups handed out, senders done), 0 at entry
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
@@ -57,14 +86,14 @@ def combine_kernel(
     TILE: tl.constexpr, COLS: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr,
     TRACE: tl.constexpr,
 ):
-    """Grid: NUM_SENDERS sender programs, then reducers. Senders and the reducers' pass 1 take tokens TILE at a
-    time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (when
+    """Grid: NUM_SENDERS sender programs, then reducers. Senders, the reducers' pass 1 and their one-pass tiles take
+    tokens TILE at a time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (when
     launched with the register budget of its programs per SM as maxnreg, nvshmem_backend.register_budget; without
     it ptxas issued half of them at a time) and loads a tile's slots, pair rows and weights once, as [TILE, R] and
     [TILE, k] blocks. Pass 2 takes
     ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
-    Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials
-    stored, every token reduced)."""
+    Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials of the
+    two-pass tiles stored, every token reduced)."""
     pid = tl.program_id(0)
     if TRACE:
         started = globaltimer()
@@ -120,20 +149,24 @@ def combine_kernel(
         num_reducers = tl.num_programs(0) - NUM_SENDERS
         rr = tl.arange(0, RANK_BLOCK)[None, :]
         # Each reducer owns every num_reducers-th tile (at the defaults, 512 tiles of 8 tokens over 132 reducers are
-        # 3 or 4 each) and goes over them twice:
-        # 1. the own-experts partial of each token, straight from y, into `out` as bf16 (the value the sum in rank
-        #    order adds): the bulk of the reads, done without waiting while the peers' partials are on NVLink;
-        # 2. as the peers' slot groups arrive, out = bf16(sum in rank order of the partials), the own one read
-        #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
-        # Strided, not a contiguous run: the slot groups arrive in slot order, which is token order, so the tiles
-        # whose partials arrive last are spread over all reducers, one each, and the kernel ends one tile's
+        # 3 or 4 each). Strided, not a contiguous run: the slot groups arrive in slot order, which is token order, so
+        # the tiles whose partials arrive last are spread over all reducers, one each, and the kernel ends one tile's
         # reduction after the last group lands (a contiguous run left the last reducer ~16 serial steps behind it).
-        # A reducer's tiles still go up in token order, so pass 2 waits for each slot group once (an acquire load at
-        # system scope costs about a microsecond).
+        # A reducer's tiles go up in token order, so it waits for each slot group once (an acquire load at system
+        # scope costs about a microsecond).
+        # Tiles from `two_pass_from` on (at the defaults, each reducer's last one) are reduced in two passes:
+        # 1. first, without waiting, the own-experts partial straight from y into `out` as bf16 (the value the sum
+        #    in rank order adds), while the peers' partials are still on NVLink;
+        # 2. when their slot groups have arrived, out = bf16(sum in rank order of the partials), the own one read
+        #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
+        # Earlier tiles, whose partials arrive while the reducer is still busy, are reduced in one pass that computes
+        # the own partial in registers: the same arithmetic without writing and re-reading it (2 x 10 KB of HBM
+        # traffic per token; two passes for every tile put both passes' traffic on the critical path:
+        # docs/reports/deepep-v7-combine-fused.md).
         num_tiles = tl.cdiv(num_tokens, TILE)
-        for tile in range(reducer, num_tiles, num_reducers):
-            first = tile * TILE
-            tokens = (first + lanes).to(tl.int64)
+        first_late = reducer + tl.cdiv(tl.maximum(two_pass_from - reducer, 0), num_reducers) * num_reducers
+        for tile in range(first_late, num_tiles, num_reducers):
+            tokens = (tile * TILE + lanes).to(tl.int64)
             ok = (tokens < num_tokens)[:, None]
             own = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rank, mask=ok, other=-1)
             pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks, mask=(own >= 0) & (ks < TOPK),
@@ -146,48 +179,59 @@ def combine_kernel(
         if TRACE:
             phase1 = globaltimer()
         tl.debug_barrier()
-        # Pass 2 takes whole rows, ROW_TOKENS tokens at a time: all R partials of both row pieces are loaded before
-        # the first store, so a step costs one memory round trip instead of one per column block.
+        flags = buf64 + flags_offset
         ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot group waited for
         row_lanes = tl.arange(0, ROW_TOKENS)
         for tile in range(reducer, num_tiles, num_reducers):
-            tile_end = tl.minimum(tile * TILE + TILE, num_tokens)
-            for first in range(tile * TILE, tile_end, ROW_TOKENS):
-                tokens = (first + row_lanes).to(tl.int64)
-                ok = tokens < tile_end
+            if tile < two_pass_from:
+                # One pass, TILE tokens x COLS columns at a time, like pass 1 plus the peers' partials.
+                tokens = (tile * TILE + lanes).to(tl.int64)
+                ok = tokens < num_tokens
                 slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS),
                                   other=-1)
-                # The tokens' slots on a peer are consecutive: one or two slot groups, of which the first may have
-                # been waited for by the previous step.
-                for j in tl.static_range(1, NUM_RANKS):
-                    expert_rank = (rank + j) % NUM_RANKS
-                    step_slots = column(slot_of, expert_rank)
-                    last = tl.max(step_slots, axis=0)  # -1 when no token of the step went there
-                    last_group = tl.maximum(last, 0) // GROUP
-                    done = tl.sum(tl.where(rr == expert_rank, ready, 0))
-                    if (last >= 0) & (last_group > done):
-                        flags = buf64 + flags_offset + expert_rank * MAX_GROUPS
-                        first_group = first_slot(step_slots) // GROUP
-                        if first_group > done:
-                            if first_group < last_group:
-                                wait_at_least(flags + first_group, epoch, buf64, peer_offsets, error_offset,
-                                              timeout_ns, NUM_RANKS)
-                        wait_at_least(flags + last_group, epoch, buf64, peer_offsets, error_offset, timeout_ns,
-                                      NUM_RANKS)
-                        ready = tl.where(rr == expert_rank, last_group, ready)
-                acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
-                acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
-                for d in tl.static_range(NUM_RANKS):  # rank order
-                    slot = column(slot_of, d)
-                    rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
-                    here = slot >= 0  # a rank the token did not go to adds +0
-                    if d == rank:
-                        rows = out + tokens * HIDDEN
-                        here = ok
-                    head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
-                    acc_head += head.to(tl.float32)
-                    acc_tail += tail.to(tl.float32)
-                store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
+                ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset,
+                                           timeout_ns, NUM_RANKS, GROUP, MAX_GROUPS)
+                own = column(slot_of, rank)[:, None]
+                pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks,
+                                mask=(own >= 0) & (ks < TOPK), other=-1)
+                weights = _pair_weights(row_weights, pairs)
+                for c0 in range(0, HIDDEN, COLS):
+                    cols = c0 + tl.arange(0, COLS)[None, :]
+                    in_row = cols < HIDDEN
+                    acc = tl.zeros([TILE, COLS], dtype=tl.float32)
+                    for d in tl.static_range(NUM_RANKS):  # rank order
+                        if d == rank:
+                            part = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN).to(tl.bfloat16)
+                        else:
+                            slot = column(slot_of, d).to(tl.int64)[:, None]
+                            part = tl.load(buf16 + combine_offset + (d * slots + slot) * HIDDEN + cols,
+                                           mask=(slot >= 0) & in_row, other=0.0)
+                        acc += part.to(tl.float32)
+                    tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok[:, None] & in_row)
+            else:
+                # Pass 2 takes whole rows, ROW_TOKENS tokens at a time: all R partials of both row pieces are loaded
+                # before the first store, so a step costs one memory round trip instead of one per column block.
+                tile_end = tl.minimum(tile * TILE + TILE, num_tokens)
+                for first in range(tile * TILE, tile_end, ROW_TOKENS):
+                    tokens = (first + row_lanes).to(tl.int64)
+                    ok = tokens < tile_end
+                    slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr,
+                                      mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+                    ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset,
+                                               timeout_ns, NUM_RANKS, GROUP, MAX_GROUPS)
+                    acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
+                    acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
+                    for d in tl.static_range(NUM_RANKS):  # rank order
+                        slot = column(slot_of, d)
+                        rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
+                        here = slot >= 0  # a rank the token did not go to adds +0
+                        if d == rank:
+                            rows = out + tokens * HIDDEN
+                            here = ok
+                        head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
+                        acc_head += head.to(tl.float32)
+                        acc_tail += tail.to(tl.float32)
+                    store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.
