@@ -1,0 +1,84 @@
+"""Experiment (issue 4): the Gluon dense FP8 GEMM of the V3 recipe (gemm_gluon_fp8_kernel: TMA ring, FP8 wgmma
+promoted per 128 of K, 128 x 128 tiles over two warpgroups) against gemm_kernel's Triton version and cuBLAS, same run.
+
+For each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks the Gluon output against the
+Triton kernel's (bitwise equal or calc_diff), then times the Gluon variants (stages, OVERLAP), the Triton kernel at
+its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
+$OUT/exp_gemm_gluon_v3.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+import triton
+import triton.testing
+
+from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # beside this script
+from mini_deepgemm import gemm as G
+from mini_deepgemm.testing import calc_diff
+
+VARIANTS = [(4, False), (3, False), (4, True), (3, True)]  # (stages, overlap)
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--m", type=int, nargs="*", default=[4096])
+    args = p.parse_args()
+    rows, one = [], torch.ones((), device="cuda")
+    for M in args.m:
+        for name, (N, K) in DENSE_SHAPES.items():
+            op = dense_operands(M, N, K)
+            a, b, d = *op["v3"], op["d"]
+            base = G.gemm_kernel_config(G._DENSE, M, 128, False)
+            triton_cfg = {**base, "GLUON": False}
+            want = torch.empty_like(d)
+            G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
+            tflop = 2 * M * N * K / 1e12
+            row = dict(name=name, M=M, N=N, K=K)
+            for stages, overlap in VARIANTS:
+                cfg = {**base, "GLUON_STAGES": stages, "GLUON_OVERLAP": overlap}
+                G._gemm(G._DENSE, a, b, d, None, None, None, False, config=cfg)
+                key = f"gluon_s{stages}" + ("_overlap" if overlap else "")
+                row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
+                row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
+                row[f"{key}_tflops"] = tflop / ms(lambda: G._gemm(G._DENSE, a, b, d, None, None, None, False,
+                                                                   config=cfg)) * 1e3
+            row["triton_tflops"] = tflop / ms(lambda: G._gemm(G._DENSE, a, b, d, None, None, None, False,
+                                                              config=triton_cfg)) * 1e3
+            row["cublas_fp8_tensor_tflops"] = tflop / ms(
+                lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
+            blockwise = blockwise_scaled_mm(op["a"], op["b"], M, N, K)
+            row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
+            rows.append(row)
+            print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
+                  "bitwise:", [row[f"gluon_s{s}{'_overlap' if o else ''}_bitwise_vs_triton"] for s, o in VARIANTS],
+                  flush=True)
+            del op, a, b, d, want
+            torch.cuda.empty_cache()
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                timing="triton.testing.do_bench median, warmup 25, rep 100", variants=VARIANTS)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    keys = [f"gluon_s{s}" + ("_overlap" if o else "") for s, o in VARIANTS]
+    print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
+    for r in rows:
+        best = max(r[f"{k}_tflops"] for k in keys)
+        print(f"| {r['name']} | {r['M']} | " + " | ".join(f"{r[f'{k}_tflops']:.0f}" for k in keys)
+              + f" | {r['triton_tflops']:.0f} | {r['cublas_fp8_tensor_tflops']:.0f} | {r['cublas_fp8_block_tflops']:.0f}"
+              f" | {best / r['cublas_fp8_tensor_tflops']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Gluon kernel of the dense FP8 GEMM with the DeepSeek-V3 recipe: fp32 scales per 1 x 128 of A and 128 x 128 of B,
+FP8 wgmma promoted into an fp32 accumulator every 128 of K.
+
+Why: gemm_kernel.py's Triton version of the same math (64 x 128 tiles, plain pointer loads that Triton pipelines)
+ran at 0.54x cuBLAS per-tensor FP8 on the issue's shapes (docs/reports/deepgemm-scaling.md). Hopper's recipe for
+this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmetic or register staging for the
+operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
+
+Schedule per CTA (8 warps = 2 warpgroups, one 128 x BLOCK_N tile, K in steps of 128):
+- a STAGES-deep TMA ring of (A [128, 128], B [BLOCK_N, 128]) FP8 tiles, each slot with an mbarrier that the
+  copies complete (expect-tx);
+- per step: wait for the slot, one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile (use_acc
+  false), refill the slot of the finished step with the step STAGES - 1 ahead, wait for the MMA, promote:
+  acc += part * sa[m] * sb. OVERLAP instead keeps two MMAs in flight: step k's runs while step k - 1 is promoted
+  (three fp32 tiles in registers). A slot is refilled only after a CTA barrier that follows both warpgroups' waits
+  for the MMA that read it (a warpgroup's MMA wait covers its own MMAs only).
+- epilogue: bf16 through shared memory and one TMA store (rows and columns past M, N are clipped by the copy).
+The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ from the reference only in order
+(and in the tensor core's own accumulation of one step's 128 products), as gemm_kernel's do.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, step, off_m, off_n, pred):
+    """TMA step `step` (K = step * BLOCK_K) of A and B into ring slot `slot` (skipped where pred is false)."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    bar = ready.index(slot)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [off_m, step * BLOCK_K], bar, a_ring.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(b_desc, [off_n, step * BLOCK_K], bar, b_ring.index(slot), pred=pred)
+
+
+@gluon.jit
+def fp8_gemm_v3_kernel(
+    a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
+    M, N, K, stride_sa, stride_sb,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr,
+):
+    """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
+    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles; b_desc: e4m3 [N, K] in [BLOCK_N, 128] tiles (BLOCK_N = 128, so a
+    tile has one B scale per step); d_desc: bf16 [M, N] in [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row
+    stride stride_sa), sb fp32 [N / 128, K / 128] (row stride stride_sb); K % 128 == 0."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+
+    # Grouped tile order: GROUP_M row tiles share each sweep over the column tiles (B tiles re-read from L2).
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    tiles_per_sweep = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_sweep) * GROUP_M
+    sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
+    pid_n = (pid % tiles_per_sweep) // sweep_m
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+
+    num_k = K // BLOCK_K
+    for s in gl.static_range(STAGES - 1):
+        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, s, off_m, off_n, s < num_k)
+
+    # Scale pointers of this tile: rows past M read row M - 1 (their results are clipped by the store).
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
+    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+    sb_row = sb_ptr + pid_n * stride_sb
+
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    if OVERLAP:
+        mbarrier.wait(ready.index(0), 0)
+        part = warpgroup_mma(a_ring.index(0), b_ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        scale = gl.load(sa_rows) * gl.load(sb_row)
+        for k in range(1, num_k):
+            slot = k % STAGES
+            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+            nxt = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+            next_scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
+            part = warpgroup_mma_wait(1, deps=(part,))  # step k - 1 done, step k in flight
+            gl.thread_barrier()
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k - 1) % STAGES, k - 1 + STAGES, off_m, off_n,
+                        k - 1 + STAGES < num_k)
+            acc += part * scale[:, None]
+            scale = next_scale
+            part = nxt
+        part = warpgroup_mma_wait(0, deps=(part,))
+        acc += part * scale[:, None]
+    else:
+        for k in range(num_k):
+            slot = k % STAGES
+            scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
+            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+            part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
+                                 is_async=True)
+            # The slot of step k - 1 is free (both warpgroups waited for its MMA before the last barrier): the step
+            # STAGES - 1 ahead goes there while this MMA runs.
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k + STAGES - 1) % STAGES, k + STAGES - 1, off_m,
+                        off_n, k + STAGES - 1 < num_k)
+            part = warpgroup_mma_wait(0, deps=(part,))
+            gl.thread_barrier()
+            acc += part * scale[:, None]
+
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
+    d_smem.store(acc.to(d_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
+    tma.store_wait(pendings=0)

@@ -1,0 +1,79 @@
+"""The Gluon dense FP8 GEMM of the DeepSeek-V3 recipe (gemm_gluon_fp8_kernel: TMA ring, FP8 wgmma promoted per 128
+of K, docs/reports/deepgemm-gluon-v3.md).
+
+`fp8_gemm_nt` with fp32 scales routes there at more than 64 rows (a spy on the launcher proves it); against the
+pure-torch reference on the same quantized operands: DeepGEMM's diff below 1e-5 (the products are exact; only the
+order of the fp32 sums and the bf16 output rounding differ); against gemm_kernel's Triton version of the same math:
+below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial row tile), N not a multiple of the
+128-column tile (520: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
+stages) and V4.1 projection shapes. GPU and triton 3.6 only.
+"""
+
+import pytest
+import torch
+
+from mini_deepgemm import gemm, reference
+from mini_deepgemm._backend import gluon_usable
+from mini_deepgemm.testing import calc_diff, random_bf16, random_fp8_weights
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(), reason="needs CUDA and triton 3.6"),
+]
+
+SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (2048, 5120, 8192)]
+
+
+def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
+    """V3-recipe operands on the GPU: a with fp32 scales per 1 x 128, b with fp32 scales per 128 x 128 (b quantized
+    with N rounded up to the block, then cut to N rows: its last scale row covers a partial block)."""
+    aq, sa = reference.act_quant(random_bf16(M, K, generator=gen), 128, "fp32")
+    _, bq, sb = random_fp8_weights(N=-(-N // 128) * 128, K=K, block=128, scale_fmt="fp32", generator=gen)
+    return (aq.cuda(), sa.cuda()), (bq[:N].contiguous().cuda(), sb.cuda())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_gluon_v3_matches_reference_and_triton(M, N, K, overlap, monkeypatch):
+    gen = torch.Generator().manual_seed(M + N + K)
+    a, b = v3_operands(M, N, K, gen)
+    cfg = {**gemm.gemm_kernel_config(gemm._DENSE, M, 128, False), "GLUON_OVERLAP": overlap}
+    assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel"
+
+    launches = []
+    launch = gemm._gluon_fp8_v3_gemm
+    monkeypatch.setattr(gemm, "_gluon_fp8_v3_gemm", lambda *args: launches.append(1) or launch(*args))
+    got = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    gemm._gemm(gemm._DENSE, a, b, got, None, None, None, False, config=cfg)
+    assert launches, "the call must run the Gluon kernel"
+    again = torch.empty_like(got)
+    gemm._gemm(gemm._DENSE, a, b, again, None, None, None, False, config=cfg)
+    assert torch.equal(got.view(torch.int16), again.view(torch.int16)), "repeated calls must be bitwise identical"
+
+    triton_out = torch.empty_like(got)
+    gemm._gemm(gemm._DENSE, a, b, triton_out, None, None, None, False, config={**cfg, "GLUON": False})
+    assert len(launches) == 2, "GLUON false must take gemm_kernel"
+    assert calc_diff(got, triton_out) < 1e-6
+
+    ref = torch.empty_like(got)
+    gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
+    assert calc_diff(got, ref) < 1e-5
+
+
+def test_public_api_routes_dense_v3_to_gluon(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    a, b = v3_operands(256, 384, 512, gen)
+    launches = []
+    launch = gemm._gluon_fp8_v3_gemm
+    monkeypatch.setattr(gemm, "_gluon_fp8_v3_gemm", lambda *args: launches.append(1) or launch(*args))
+    d = torch.empty(256, 384, dtype=torch.bfloat16, device="cuda")
+    gemm.fp8_gemm_nt(a, b, d)
+    assert launches == [1]
+    ref = torch.empty_like(d)
+    gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
+    assert calc_diff(d, ref) < 1e-5
+    # outside its coverage (fp32 output, accumulate-into) the same call takes gemm_kernel
+    d32 = torch.zeros(256, 384, dtype=torch.float32, device="cuda")
+    gemm.fp8_gemm_nt(a, b, d32, c=d32)
+    assert launches == [1]
+    assert calc_diff(d32, ref.float()) < 1e-5
