@@ -87,6 +87,8 @@ def fp8_gemm_v3_kernel(
     if OVERLAP:
         mbarrier.wait(ready.index(0), 0)
         part = warpgroup_mma(a_ring.index(0), b_ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # the last slot is still free: it takes step STAGES - 1 (the loop refills a slot once its MMA is done)
+        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, STAGES - 1, STAGES - 1, off_m, off_n, STAGES - 1 < num_k)
         scale = gl.load(sa_rows) * gl.load(sb_row)
         for k in range(1, num_k):
             slot = k % STAGES
