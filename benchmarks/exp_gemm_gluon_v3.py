@@ -2,8 +2,8 @@
 promoted per 128 of K, 128 x 128 tiles over two warpgroups) against gemm_kernel's Triton version and cuBLAS, same run.
 
 For each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks the Gluon output against the
-Triton kernel's (bitwise equal or calc_diff), then times the Gluon variants (stages, OVERLAP), the Triton kernel at
-its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
+Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched directly, whatever the routing
+decides) at 128- and 64-row tiles and 4 and 3 ring stages, the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
 $OUT/exp_gemm_gluon_v3.json and prints a table.
 """
 
@@ -23,7 +23,8 @@ from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # 
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
-VARIANTS = [(4, False), (3, False), (4, True), (3, True)]  # (stages, overlap)
+VARIANTS = [(128, 4), (128, 3), (64, 4), (64, 3)]  # (BLOCK_M, ring stages); session 10 run 5 also timed a
+# two-MMAs-in-flight variant, since removed (slower)
 
 
 def ms(fn) -> float:
@@ -45,14 +46,13 @@ def main() -> None:
             G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
             tflop = 2 * M * N * K / 1e12
             row = dict(name=name, M=M, N=N, K=K)
-            for stages, overlap in VARIANTS:
-                cfg = {**base, "GLUON_STAGES": stages, "GLUON_OVERLAP": overlap}
-                G._gemm(G._DENSE, a, b, d, None, None, None, False, config=cfg)
-                key = f"gluon_s{stages}" + ("_overlap" if overlap else "")
+            for block_m, stages in VARIANTS:
+                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages}
+                G._gluon_fp8_v3_gemm(*a, *b, d, cfg)
+                key = f"gluon_{block_m}_s{stages}"
                 row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
                 row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
-                row[f"{key}_tflops"] = tflop / ms(lambda: G._gemm(G._DENSE, a, b, d, None, None, None, False,
-                                                                   config=cfg)) * 1e3
+                row[f"{key}_tflops"] = tflop / ms(lambda: G._gluon_fp8_v3_gemm(*a, *b, d, cfg)) * 1e3
             row["triton_tflops"] = tflop / ms(lambda: G._gemm(G._DENSE, a, b, d, None, None, None, False,
                                                               config=triton_cfg)) * 1e3
             row["cublas_fp8_tensor_tflops"] = tflop / ms(
@@ -61,7 +61,7 @@ def main() -> None:
             row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
             rows.append(row)
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
-                  "bitwise:", [row[f"gluon_s{s}{'_overlap' if o else ''}_bitwise_vs_triton"] for s, o in VARIANTS],
+                  "bitwise:", [row[f"gluon_{m}_s{s}_bitwise_vs_triton"] for m, s in VARIANTS],
                   flush=True)
             del op, a, b, d, want
             torch.cuda.empty_cache()
@@ -71,7 +71,7 @@ def main() -> None:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    keys = [f"gluon_s{s}" + ("_overlap" if o else "") for s, o in VARIANTS]
+    keys = [f"gluon_{m}_s{s}" for m, s in VARIANTS]
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)

@@ -1,12 +1,13 @@
 """The Gluon dense FP8 GEMM of the DeepSeek-V3 recipe (gemm_gluon_fp8_kernel: TMA ring, FP8 wgmma promoted per 128
 of K, docs/reports/deepgemm-gluon-v3.md).
 
-`fp8_gemm_nt` with fp32 scales routes there at more than 64 rows (a spy on the launcher proves it); against the
+`fp8_gemm_nt` with fp32 scales routes there at more than 64 rows and at least one 128 x 128 tile per SM (a spy on
+the launcher proves it, and that smaller or fp32-output calls stay on gemm_kernel); against the
 pure-torch reference on the same quantized operands: DeepGEMM's diff below 1e-5 (the products are exact; only the
 order of the fp32 sums and the bf16 output rounding differ); against gemm_kernel's Triton version of the same math:
 below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial row tile), N not a multiple of the
 128-column tile (520: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
-stages) and V4.1 projection shapes. GPU and triton 3.6 only.
+stages) and V4.1 projection shapes; 128- and 64-row tiles. GPU and triton 3.6 only.
 """
 
 import pytest
@@ -32,27 +33,22 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
     return (aq.cuda(), sa.cuda()), (bq[:N].contiguous().cuda(), sb.cuda())
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_gluon_v3_matches_reference_and_triton(M, N, K, overlap, monkeypatch):
+def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m):
     gen = torch.Generator().manual_seed(M + N + K)
     a, b = v3_operands(M, N, K, gen)
-    cfg = {**gemm.gemm_kernel_config(gemm._DENSE, M, 128, False), "GLUON_OVERLAP": overlap}
-    assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel"
-
-    launches = []
-    launch = gemm._gluon_fp8_v3_gemm
-    monkeypatch.setattr(gemm, "_gluon_fp8_v3_gemm", lambda *args: launches.append(1) or launch(*args))
+    cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
+    assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
+    cfg = {**cfg, "GLUON_BLOCK_M": block_m}
     got = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    gemm._gemm(gemm._DENSE, a, b, got, None, None, None, False, config=cfg)
-    assert launches, "the call must run the Gluon kernel"
+    gemm._gluon_fp8_v3_gemm(*a, *b, got, cfg)
     again = torch.empty_like(got)
-    gemm._gemm(gemm._DENSE, a, b, again, None, None, None, False, config=cfg)
+    gemm._gluon_fp8_v3_gemm(*a, *b, again, cfg)
     assert torch.equal(got.view(torch.int16), again.view(torch.int16)), "repeated calls must be bitwise identical"
 
     triton_out = torch.empty_like(got)
     gemm._gemm(gemm._DENSE, a, b, triton_out, None, None, None, False, config={**cfg, "GLUON": False})
-    assert len(launches) == 2, "GLUON false must take gemm_kernel"
     assert calc_diff(got, triton_out) < 1e-6
 
     ref = torch.empty_like(got)
@@ -61,19 +57,25 @@ def test_gluon_v3_matches_reference_and_triton(M, N, K, overlap, monkeypatch):
 
 
 def test_public_api_routes_dense_v3_to_gluon(monkeypatch):
-    gen = torch.Generator().manual_seed(5)
-    a, b = v3_operands(256, 384, 512, gen)
     launches = []
     launch = gemm._gluon_fp8_v3_gemm
     monkeypatch.setattr(gemm, "_gluon_fp8_v3_gemm", lambda *args: launches.append(1) or launch(*args))
-    d = torch.empty(256, 384, dtype=torch.bfloat16, device="cuda")
-    gemm.fp8_gemm_nt(a, b, d)
-    assert launches == [1]
-    ref = torch.empty_like(d)
-    gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
-    assert calc_diff(d, ref) < 1e-5
-    # outside its coverage (fp32 output, accumulate-into) the same call takes gemm_kernel
-    d32 = torch.zeros(256, 384, dtype=torch.float32, device="cuda")
+    gen = torch.Generator().manual_seed(5)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for M, N, routed in ((2048, 128 * -(-sms // 16), True), (256, 384, False)):  # >= one tile per SM; 6 tiles
+        a, b = v3_operands(M, N, 256, gen)
+        d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        gemm.fp8_gemm_nt(a, b, d)
+        assert bool(launches) == routed, (M, N, launches)
+        ref = torch.empty_like(d)
+        gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
+        assert calc_diff(d, ref) < 1e-5
+        launches.clear()
+    # outside its coverage (fp32 output, accumulate-into) a routed shape takes gemm_kernel
+    d32 = torch.zeros(2048, 128 * -(-sms // 16), dtype=torch.float32, device="cuda")
+    a, b = v3_operands(*d32.shape, 256, gen)
     gemm.fp8_gemm_nt(a, b, d32, c=d32)
-    assert launches == [1]
-    assert calc_diff(d32, ref.float()) < 1e-5
+    assert not launches
+    ref = torch.empty_like(d32)
+    gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
+    assert calc_diff(d32, ref) < 1e-5

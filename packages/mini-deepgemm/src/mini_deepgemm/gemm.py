@@ -308,7 +308,7 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
         return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
         # dense V3 recipe: gemm_gluon_fp8_kernel where _use_gluon_v3 allows it (the tile below is the fallback)
-        gluon = dict(GLUON=True, GLUON_STAGES=4, GLUON_OVERLAP=False) if layout == _DENSE else {}
+        gluon = dict(GLUON=True, GLUON_BLOCK_M=128, GLUON_STAGES=4) if layout == _DENSE else {}
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False,
                     **gluon)
     block_k = 32 if layout == _DENSE else 128
@@ -349,17 +349,23 @@ def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, sb: torch.Tensor, cfg:
 def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, recipe: Recipe) -> bool:
     """gemm_gluon_fp8_kernel covers the dense V3 recipe (fp32 scales per 1 x 128 and 128 x 128) with a bf16 output and
     no accumulate-into, on Hopper with triton 3.6 (gluon_usable), not under the interpreter. Its operands and output
-    go through TMA: 16-byte aligned bases and row strides (N % 8 == 0 for the bf16 output)."""
+    go through TMA: 16-byte aligned bases and row strides (N % 8 == 0 for the bf16 output). It runs one 128 x 128
+    tile per SM at a time, so a GEMM of fewer tiles than SMs stays on gemm_kernel's 64 x 128 tiles (wkv, 4,096 x 512:
+    128 tiles, 268 against 440 TFLOP/s; docs/reports/deepgemm-gluon-v3.md)."""
+    if not (recipe == V3_RECIPE and aq.dtype == torch.float8_e4m3fn and bq.dtype == torch.float8_e4m3fn and c is None
+            and d.is_cuda and d.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") != "1"
+            and gluon_usable() and torch.cuda.get_device_capability(d.device) == (9, 0)):
+        return False
     tma_ok = all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (aq, bq, d))
-    return (recipe == V3_RECIPE and aq.dtype == torch.float8_e4m3fn and bq.dtype == torch.float8_e4m3fn and c is None
-            and d.is_cuda and d.dtype == torch.bfloat16 and tma_ok and os.environ.get("TRITON_INTERPRET") != "1"
-            and gluon_usable() and torch.cuda.get_device_capability(d.device) == (9, 0))
+    tiles = cdiv(aq.shape[0], 128) * cdiv(bq.shape[0], 128)
+    return tma_ok and tiles >= torch.cuda.get_device_properties(d.device).multi_processor_count
 
 
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
-    """gemm_gluon_fp8_kernel's dense GEMM: 128 x 128 tiles over two warpgroups, K in steps of 128 (one scale each);
-    sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
+    """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two warpgroups, 64: one), K in
+    steps of 128 (one scale each); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch
+    makes them contiguous)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -367,7 +373,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
 
     M, K = aq.shape
     N = bq.shape[0]
-    block_m = block_n = block_k = 128
+    block_m, block_n, block_k = cfg["GLUON_BLOCK_M"], 128, 128
 
     def desc(t: torch.Tensor, dtype, block: list[int]) -> TensorDescriptor:
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
@@ -376,7 +382,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     fp8_gemm_v3_kernel[grid](
         desc(aq, gl.float8e4nv, [block_m, block_k]), desc(bq, gl.float8e4nv, [block_n, block_k]),
         desc(d, gl.bfloat16, [block_m, block_n]), sa, sb, M, N, K, sa.stride(0), sb.stride(0),
-        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], OVERLAP=cfg["GLUON_OVERLAP"], num_warps=8)
+        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], num_warps=block_m // 16)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:

@@ -6,14 +6,15 @@ ran at 0.54x cuBLAS per-tensor FP8 on the issue's shapes (docs/reports/deepgemm-
 this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmetic or register staging for the
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
-Schedule per CTA (8 warps = 2 warpgroups, one 128 x BLOCK_N tile, K in steps of 128):
-- a STAGES-deep TMA ring of (A [128, 128], B [BLOCK_N, 128]) FP8 tiles, each slot with an mbarrier that the
+Schedule per CTA (one BLOCK_M x 128 tile, BLOCK_M / 64 warpgroups, K in steps of 128):
+- a STAGES-deep TMA ring of (A [BLOCK_M, 128], B [128, 128]) FP8 tiles, each slot with an mbarrier that the
   copies complete (expect-tx);
 - per step: wait for the slot, one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile (use_acc
   false), refill the slot of the finished step with the step STAGES - 1 ahead, wait for the MMA, promote:
-  acc += part * sa[m] * sb. OVERLAP instead keeps two MMAs in flight: step k's runs while step k - 1 is promoted
-  (three fp32 tiles in registers). A slot is refilled only after a CTA barrier that follows both warpgroups' waits
-  for the MMA that read it (a warpgroup's MMA wait covers its own MMAs only).
+  acc += part * sa[m] * sb. A slot is refilled only after a CTA barrier that follows both warpgroups' waits for the
+  MMA that read it (a warpgroup's MMA wait covers its own MMAs only). Keeping two MMAs in flight (step k's running
+  while step k - 1 is promoted, three fp32 tiles in registers) measured slower: 0.79-0.94x at 7 of 8 shapes
+  (docs/reports/deepgemm-gluon-v3.md).
 - epilogue: bf16 through shared memory and one TMA store (rows and columns past M, N are clipped by the copy).
 The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ from the reference only in order
 (and in the tensor core's own accumulation of one step's 128 products), as gemm_kernel's do.
@@ -42,11 +43,11 @@ def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, step, off_m, off_n,
 def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
-    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles; b_desc: e4m3 [N, K] in [BLOCK_N, 128] tiles (BLOCK_N = 128, so a
-    tile has one B scale per step); d_desc: bf16 [M, N] in [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row
+    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
+    [BLOCK_N, 128] tiles (BLOCK_N = 128, so a tile has one B scale per step); d_desc: bf16 [M, N] in [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row
     stride stride_sa), sb fp32 [N / 128, K / 128] (row stride stride_sb); K % 128 == 0."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -84,41 +85,19 @@ def fp8_gemm_v3_kernel(
 
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    if OVERLAP:
-        mbarrier.wait(ready.index(0), 0)
-        part = warpgroup_mma(a_ring.index(0), b_ring.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # the last slot is still free: it takes step STAGES - 1 (the loop refills a slot once its MMA is done)
-        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, STAGES - 1, STAGES - 1, off_m, off_n, STAGES - 1 < num_k)
-        scale = gl.load(sa_rows) * gl.load(sb_row)
-        for k in range(1, num_k):
-            slot = k % STAGES
-            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-            nxt = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
-                                is_async=True)
-            next_scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
-            part = warpgroup_mma_wait(1, deps=(part,))  # step k - 1 done, step k in flight
-            gl.thread_barrier()
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k - 1) % STAGES, k - 1 + STAGES, off_m, off_n,
-                        k - 1 + STAGES < num_k)
-            acc += part * scale[:, None]
-            scale = next_scale
-            part = nxt
+    for k in range(num_k):
+        slot = k % STAGES
+        scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
+        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+        part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
+        # The slot of step k - 1 is free (both warpgroups waited for its MMA before the last barrier): the step
+        # STAGES - 1 ahead goes there while this MMA runs.
+        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k + STAGES - 1) % STAGES, k + STAGES - 1, off_m,
+                    off_n, k + STAGES - 1 < num_k)
         part = warpgroup_mma_wait(0, deps=(part,))
+        gl.thread_barrier()
         acc += part * scale[:, None]
-    else:
-        for k in range(num_k):
-            slot = k % STAGES
-            scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
-            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-            part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
-            # The slot of step k - 1 is free (both warpgroups waited for its MMA before the last barrier): the step
-            # STAGES - 1 ahead goes there while this MMA runs.
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k + STAGES - 1) % STAGES, k + STAGES - 1, off_m,
-                        off_n, k + STAGES - 1 < num_k)
-            part = warpgroup_mma_wait(0, deps=(part,))
-            gl.thread_barrier()
-            acc += part * scale[:, None]
 
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
