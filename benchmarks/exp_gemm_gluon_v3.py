@@ -3,7 +3,7 @@ promoted per 128 of K, 128 x 128 tiles over two warpgroups) against gemm_kernel'
 
 For each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks the Gluon output against the
 Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched directly, whatever the routing
-decides) at 128- and 64-row tiles and 4 and 3 ring stages, the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
+decides) at 128- and 64-row tiles, 4 or 3 ring stages, one program per tile or persistent, the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
 $OUT/exp_gemm_gluon_v3.json and prints a table.
 """
 
@@ -23,8 +23,9 @@ from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # 
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
-VARIANTS = [(128, 4), (128, 3), (64, 4), (64, 3)]  # (BLOCK_M, ring stages); session 10 run 5 also timed a
-# two-MMAs-in-flight variant, since removed (slower)
+# (BLOCK_M, ring stages, persistent programs per SM; 0 = one program per tile). Session 10 run 5 timed one program
+# per tile at 128 rows only, and a two-MMAs-in-flight variant since removed (slower).
+VARIANTS = [(128, 4, 0), (128, 4, 1), (128, 3, 1), (64, 3, 2), (64, 3, 0)]
 
 
 def ms(fn) -> float:
@@ -46,10 +47,10 @@ def main() -> None:
             G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
             tflop = 2 * M * N * K / 1e12
             row = dict(name=name, M=M, N=N, K=K)
-            for block_m, stages in VARIANTS:
-                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages}
+            for block_m, stages, per_sm in VARIANTS:
+                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm}
                 G._gluon_fp8_v3_gemm(*a, *b, d, cfg)
-                key = f"gluon_{block_m}_s{stages}"
+                key = f"gluon_{block_m}_s{stages}_p{per_sm}"
                 row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
                 row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
                 row[f"{key}_tflops"] = tflop / ms(lambda: G._gluon_fp8_v3_gemm(*a, *b, d, cfg)) * 1e3
@@ -61,7 +62,7 @@ def main() -> None:
             row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
             rows.append(row)
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
-                  "bitwise:", [row[f"gluon_{m}_s{s}_bitwise_vs_triton"] for m, s in VARIANTS],
+                  "bitwise:", [row[f"gluon_{m}_s{s}_p{p}_bitwise_vs_triton"] for m, s, p in VARIANTS],
                   flush=True)
             del op, a, b, d, want
             torch.cuda.empty_cache()
@@ -71,7 +72,7 @@ def main() -> None:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    keys = [f"gluon_{m}_s{s}" for m, s in VARIANTS]
+    keys = [f"gluon_{m}_s{s}_p{p}" for m, s, p in VARIANTS]
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)

@@ -6,8 +6,9 @@ the launcher proves it, and that smaller or fp32-output calls stay on gemm_kerne
 pure-torch reference on the same quantized operands: DeepGEMM's diff below 1e-5 (the products are exact; only the
 order of the fp32 sums and the bf16 output rounding differ); against gemm_kernel's Triton version of the same math:
 below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial row tile), N not a multiple of the
-128-column tile (520: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
-stages) and V4.1 projection shapes; 128- and 64-row tiles. GPU and triton 3.6 only.
+128-column tile (520, 2,056: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
+stages) and V4.1 projection shapes; 128- and 64-row tiles, one program per tile and persistent programs that run
+several tiles. GPU and triton 3.6 only.
 """
 
 import pytest
@@ -22,7 +23,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(), reason="needs CUDA and triton 3.6"),
 ]
 
-SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (2048, 5120, 8192)]
+SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (1100, 2056, 256),
+          (2048, 5120, 8192)]
+# (rows per tile, persistent programs per SM; 0 = one program per tile): the last two shapes have more tiles than
+# programs, so a persistent program runs several, with the next tile's loads issued under the current one's MMAs
+VARIANTS = [(128, 0), (128, 1), (64, 2)]
 
 
 def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
@@ -33,14 +38,15 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
     return (aq.cuda(), sa.cuda()), (bq[:N].contiguous().cuda(), sb.cuda())
 
 
-@pytest.mark.parametrize("block_m", [128, 64])
+@pytest.mark.parametrize("block_m,per_sm", VARIANTS)
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m):
+def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m, per_sm):
     gen = torch.Generator().manual_seed(M + N + K)
     a, b = v3_operands(M, N, K, gen)
     cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
     assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
-    cfg = {**cfg, "GLUON_BLOCK_M": block_m}
+    cfg = {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": 3 if block_m == 64 else 4,
+           "GLUON_PROGRAMS_PER_SM": per_sm}
     got = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     gemm._gluon_fp8_v3_gemm(*a, *b, got, cfg)
     again = torch.empty_like(got)

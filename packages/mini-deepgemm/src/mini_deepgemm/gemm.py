@@ -308,7 +308,7 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
         return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
     if not ue8m0:
         # dense V3 recipe: gemm_gluon_fp8_kernel where _use_gluon_v3 allows it (the tile below is the fallback)
-        gluon = dict(GLUON=True, GLUON_BLOCK_M=128, GLUON_STAGES=4) if layout == _DENSE else {}
+        gluon = dict(GLUON=True, GLUON_BLOCK_M=128, GLUON_STAGES=4, GLUON_PROGRAMS_PER_SM=1) if layout == _DENSE else {}
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False,
                     **gluon)
     block_k = 32 if layout == _DENSE else 128
@@ -364,7 +364,7 @@ def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two warpgroups, 64: one), K in
-    steps of 128 (one scale each); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch
+    steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch
     makes them contiguous)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -378,7 +378,9 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     def desc(t: torch.Tensor, dtype, block: list[int]) -> TensorDescriptor:
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
-    grid = (cdiv(M, block_m) * cdiv(N, block_n),)
+    tiles = cdiv(M, block_m) * cdiv(N, block_n)
+    per_sm = cfg["GLUON_PROGRAMS_PER_SM"]  # 0: one program per tile; else persistent programs, this many per SM
+    grid = (min(tiles, per_sm * torch.cuda.get_device_properties(d.device).multi_processor_count) if per_sm else tiles,)
     fp8_gemm_v3_kernel[grid](
         desc(aq, gl.float8e4nv, [block_m, block_k]), desc(bq, gl.float8e4nv, [block_n, block_k]),
         desc(d, gl.bfloat16, [block_m, block_n]), sa, sb, M, N, K, sa.stride(0), sb.stride(0),

@@ -6,16 +6,19 @@ ran at 0.54x cuBLAS per-tensor FP8 on the issue's shapes (docs/reports/deepgemm-
 this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmetic or register staging for the
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
-Schedule per CTA (one BLOCK_M x 128 tile, BLOCK_M / 64 warpgroups, K in steps of 128):
+Schedule per program (BLOCK_M x 128 output tiles, BLOCK_M / 64 warpgroups, K in steps of 128; persistent: program p
+takes tiles p, p + grid, ..., so grid = the tile count is one tile per program):
 - a STAGES-deep TMA ring of (A [BLOCK_M, 128], B [128, 128]) FP8 tiles, each slot with an mbarrier that the
-  copies complete (expect-tx);
+  copies complete (expect-tx). The ring runs over the program's steps of all its tiles, so the first steps of the
+  next tile are loading while the current tile finishes and stores;
 - per step: wait for the slot, one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile (use_acc
-  false), refill the slot of the finished step with the step STAGES - 1 ahead, wait for the MMA, promote:
+  false), refill the slot of the previous step with the step STAGES - 1 ahead, wait for the MMA, promote:
   acc += part * sa[m] * sb. A slot is refilled only after a CTA barrier that follows both warpgroups' waits for the
   MMA that read it (a warpgroup's MMA wait covers its own MMAs only). Keeping two MMAs in flight (step k's running
   while step k - 1 is promoted, three fp32 tiles in registers) measured slower: 0.79-0.94x at 7 of 8 shapes
-  (docs/reports/deepgemm-gluon-v3.md).
-- epilogue: bf16 through shared memory and one TMA store (rows and columns past M, N are clipped by the copy).
+  (docs/reports/deepgemm-gluon-v3.md);
+- epilogue: bf16 through shared memory and one TMA store (rows and columns past M, N are clipped by the copy),
+  waited for only before the next tile's epilogue reuses the buffer.
 The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ from the reference only in order
 (and in the tensor core's own accumulation of one step's 128 products), as gemm_kernel's do.
 """
@@ -30,13 +33,33 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, step, off_m, off_n, pred):
-    """TMA step `step` (K = step * BLOCK_K) of A and B into ring slot `slot` (skipped where pred is false)."""
+def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(row, column) offsets of output tile `tile` in grouped order: GROUP_M row tiles share each sweep over the
+    column tiles, so the B tiles they read are re-read from L2."""
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    tiles_per_sweep = GROUP_M * gl.cdiv(N, BLOCK_N)
+    first_m = (tile // tiles_per_sweep) * GROUP_M
+    sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    return (first_m + (tile % tiles_per_sweep) % sweep_m) * BLOCK_M, (tile % tiles_per_sweep) // sweep_m * BLOCK_N
+
+
+@gluon.jit
+def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, step, num_k, total_steps, M, N,
+                STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """TMA this program's step `step` (of total_steps, num_k per tile, tiles pid, pid + grid, ...) of A and B into
+    ring slot step % STAGES; nothing past the last step."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    tile = gl.program_id(0) + (step // num_k) * gl.num_programs(0)
+    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k = (step % num_k) * BLOCK_K
+    slot = step % STAGES
+    pred = step < total_steps
     bar = ready.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [off_m, step * BLOCK_K], bar, a_ring.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(b_desc, [off_n, step * BLOCK_K], bar, b_ring.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_ring.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_ring.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -47,8 +70,10 @@ def fp8_gemm_v3_kernel(
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
-    [BLOCK_N, 128] tiles (BLOCK_N = 128, so a tile has one B scale per step); d_desc: bf16 [M, N] in [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row
-    stride stride_sa), sb fp32 [N / 128, K / 128] (row stride stride_sb); K % 128 == 0."""
+    [BLOCK_N, 128] tiles (BLOCK_N = 128, so a tile has one B scale per step); d_desc: bf16 [M, N] in
+    [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row stride
+    stride_sb); K % 128 == 0. Persistent: program p computes tiles p, p + grid, ... (grid = the tile count gives one
+    tile per program)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -56,53 +81,49 @@ def fp8_gemm_v3_kernel(
                                                   instr_shape=[16, BLOCK_N, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
 
-    # Grouped tile order: GROUP_M row tiles share each sweep over the column tiles (B tiles re-read from L2).
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    tiles_per_sweep = GROUP_M * num_pid_n
-    first_m = (pid // tiles_per_sweep) * GROUP_M
-    sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
-    pid_n = (pid % tiles_per_sweep) // sweep_m
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
 
     num_k = K // BLOCK_K
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    my_tiles = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0))
+    total_steps = my_tiles * num_k
     for s in gl.static_range(STAGES - 1):
-        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, s, off_m, off_n, s < num_k)
-
-    # Scale pointers of this tile: rows past M read row M - 1 (their results are clipped by the store).
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
-    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-    sb_row = sb_ptr + pid_n * stride_sb
+        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, num_k, total_steps, M, N, STAGES, GROUP_M)
 
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    for k in range(num_k):
-        slot = k % STAGES
-        scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-        part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
-                             is_async=True)
-        # The slot of step k - 1 is free (both warpgroups waited for its MMA before the last barrier): the step
-        # STAGES - 1 ahead goes there while this MMA runs.
-        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (k + STAGES - 1) % STAGES, k + STAGES - 1, off_m,
-                    off_n, k + STAGES - 1 < num_k)
-        part = warpgroup_mma_wait(0, deps=(part,))
-        gl.thread_barrier()
-        acc += part * scale[:, None]
-
+    step = 0
+    for t in range(my_tiles):
+        off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        # Scale pointers of this tile: rows past M read row M - 1 (their results are clipped by the store).
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
+        sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+        sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+        for k in range(num_k):
+            slot = step % STAGES
+            scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
+                                 is_async=True)
+            # The slot of the previous step is free (both warpgroups waited for its MMA before the last barrier):
+            # the step STAGES - 1 ahead, of this tile or the next, goes there while this MMA runs.
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, step + STAGES - 1, num_k, total_steps, M, N, STAGES,
+                        GROUP_M)
+            part = warpgroup_mma_wait(0, deps=(part,))
+            gl.thread_barrier()
+            acc += part * scale[:, None]
+            step += 1
+        # The previous tile's store must have read d_smem before it is overwritten; this one then drains under the
+        # next tile's MMAs (whose loads are already in flight).
+        tma.store_wait(pendings=0)
+        d_smem.store(acc.to(d_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
+    tma.store_wait(pendings=0)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
-    d_smem.store(acc.to(d_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
-    tma.store_wait(pendings=0)
