@@ -44,22 +44,28 @@ def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROU
 
 
 @gluon.jit
-def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, step, num_k, total_steps, M, N,
-                STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    """TMA this program's step `step` (of total_steps, num_k per tile, tiles pid, pid + grid, ...) of A and B into
-    ring slot step % STAGES; nothing past the last step."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, pred):
+    """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot` (skipped where pred
+    is false)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    tile = gl.program_id(0) + (step // num_k) * gl.num_programs(0)
-    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    k = (step % num_k) * BLOCK_K
-    slot = step % STAGES
-    pred = step < total_steps
     bar = ready.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_ring.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_ring.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(b_desc, [off_n, k * BLOCK_K], bar, b_ring.index(slot), pred=pred)
+
+
+@gluon.jit
+def _next_step(tile, off_m, off_n, k, num_k, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               GROUP_M: gl.constexpr):
+    """The load cursor's next step: (tile, off_m, off_n, k). The tile's offsets are recomputed (integer divisions)
+    only when the cursor moves to the program's next tile: per step they cost as many issue slots as the promotion
+    (session 10 run 6: 0.75-0.8x)."""
+    k += 1
+    if k == num_k:
+        k = 0
+        tile += gl.num_programs(0)
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    return tile, off_m, off_n, k
 
 
 @gluon.jit
@@ -92,8 +98,13 @@ def fp8_gemm_v3_kernel(
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     my_tiles = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0))
     total_steps = my_tiles * num_k
+    # The load cursor (tile, offsets, k of the next step to load) runs STAGES - 1 steps ahead of the MMAs.
+    ld_tile = gl.program_id(0)
+    ld_m, ld_n = _tile_offsets(ld_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    ld_k = 0
     for s in gl.static_range(STAGES - 1):
-        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, num_k, total_steps, M, N, STAGES, GROUP_M)
+        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, ld_m, ld_n, ld_k, s < total_steps)
+        ld_tile, ld_m, ld_n, ld_k = _next_step(ld_tile, ld_m, ld_n, ld_k, num_k, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     step = 0
@@ -112,8 +123,9 @@ def fp8_gemm_v3_kernel(
                                  is_async=True)
             # The slot of the previous step is free (both warpgroups waited for its MMA before the last barrier):
             # the step STAGES - 1 ahead, of this tile or the next, goes there while this MMA runs.
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, step + STAGES - 1, num_k, total_steps, M, N, STAGES,
-                        GROUP_M)
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (step + STAGES - 1) % STAGES, ld_m, ld_n, ld_k,
+                        step + STAGES - 1 < total_steps)
+            ld_tile, ld_m, ld_n, ld_k = _next_step(ld_tile, ld_m, ld_n, ld_k, num_k, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             part = warpgroup_mma_wait(0, deps=(part,))
             gl.thread_barrier()
             acc += part * scale[:, None]
