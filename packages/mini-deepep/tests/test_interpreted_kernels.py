@@ -8,6 +8,7 @@ emulated arithmetic, at hidden 640: not a power of two, so every row also has a 
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "interpret_ranks.py"
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
 def test_nvshmem_kernels_under_the_interpreter_two_ranks() -> None:
+    # the child imports what this process imports (pytest's own path entries included, not only $PYTHONPATH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run([sys.executable, str(TOOL), "--ranks", "2", "--hidden", "640"], capture_output=True,
-                          text=True, timeout=1200, check=False)
+                          text=True, timeout=1200, check=False, env=env)
     assert done.returncode == 0, f"interpret_ranks.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert done.stdout.count(": ok:") == 2, done.stdout
