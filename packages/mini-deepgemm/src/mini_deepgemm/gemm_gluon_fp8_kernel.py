@@ -115,9 +115,16 @@ def fp8_gemm_v3_kernel(
         sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
         sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+        # Scales are loaded one step ahead: a load consumed in its own step stalled the warps (in order) between the
+        # step's first and second wgmma until it returned from L2.
+        sa_next = gl.load(sa_rows)
+        sb_next = gl.load(sb_row)
         for k in range(num_k):
             slot = step % STAGES
-            scale = gl.load(sa_rows + k) * gl.load(sb_row + k)
+            scale = sa_next * sb_next
+            ahead = gl.minimum(k + 1, num_k - 1)
+            sa_next = gl.load(sa_rows + ahead)
+            sb_next = gl.load(sb_row + ahead)
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
                                  is_async=True)
