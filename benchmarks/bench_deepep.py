@@ -163,8 +163,8 @@ def main() -> None:
     ap.add_argument("--sweep-dispatch-tiles", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--sweep-combine-tiles", nargs="*", default=["2x2048", "4x512", "2x1024"],
                     help="tokens x columns, optionally :programs per SM:warps (e.g. 8x256:4:4)")
-    ap.add_argument("--sweep-two-pass", type=int, nargs="*", default=[0, 2, 64],
-                    help="combine tiles per reducer reduced in two passes (64: every tile, the v6 kernel)")
+    ap.add_argument("--sweep-two-pass", type=int, nargs="*", default=[0, 1, 2],
+                    help="combine v7: tiles per reducer reduced in two passes (the default, None, is v6: every tile)")
     ap.add_argument("--long-steady", type=int, default=0,
                     help="also time the headline cases with this many back-to-back calls per window (0: skip)")
     ap.add_argument("--trace-steady", type=int, default=0,

@@ -102,7 +102,7 @@ def fingerprints() -> None:
                 print(f"dispatch {'fp8' if fp8 else 'bf16'}, {ranks} ranks, trace {trace}:",
                       ptx_fingerprint(dispatch_kernel, dispatch))
             combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks),
-                           HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096, ROW_TAIL=1024, TILE=8, COLS=512)
+                           HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096, ROW_TAIL=1024, TILE=8, COLS=512, ONE_PASS=False)
             print(f"combine, {ranks} ranks, trace {trace}:", ptx_fingerprint(combine_kernel, combine))
 
 
@@ -114,13 +114,14 @@ def main() -> None:
     dispatch = dict(common, **DISPATCH_UNITS, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0,
                     ROW_HEAD=2048, ROW_TAIL=512, B_BLOCK=16, META_WORDS=19, META_BLOCK=32)
     combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=2, HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096,
-                   ROW_TAIL=1024)
+                   ROW_TAIL=1024, ONE_PASS=False)
     cases = [
         ("dispatch bf16, 8-row tiles (default)", dispatch_kernel, dict(dispatch, TILE=8)),
         ("dispatch bf16, 4-row tiles", dispatch_kernel, dict(dispatch, TILE=4)),
         ("combine, 8 x 512 tiles (default)", combine_kernel, dict(combine, TILE=8, COLS=512)),
         ("combine, 8 x 1,024 tiles", combine_kernel, dict(combine, TILE=8, COLS=1024)),
         ("combine, 4 x 1,024 tiles", combine_kernel, dict(combine, TILE=4, COLS=1024)),
+        ("combine v7 (ONE_PASS), 8 x 512 tiles", combine_kernel, dict(combine, TILE=8, COLS=512, ONE_PASS=True)),
     ]
     # The backend launches combine at two programs per SM with maxnreg = 65,536 / (2 x 256) = 128
     # (nvshmem_backend.register_budget): the last columns are what ptxas makes of that cap.

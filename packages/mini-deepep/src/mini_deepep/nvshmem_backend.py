@@ -154,9 +154,10 @@ class NvshmemBackend:
         self.dispatch_tile = 8
         # Tokens, and row columns, each combine program works on at once.
         self.combine_tile, self.combine_cols = 8, 512
-        # Combine reducers' tiles reduced in two passes, per reducer, counted from the last token: 1 = each reducer's
-        # last tile, 0 = every tile in one pass, a large number = every tile in two (kernels/combine.py).
-        self.combine_two_pass_tiles = 1
+        # Combine reducers' tiles reduced in two passes, per reducer, counted from the last token (v7: 1 = each
+        # reducer's last tile, 0 = every tile in one pass); None = every tile in two passes, the v6 kernel measured on
+        # 2 GPUs. v7 is opt-in until it is measured there (docs/reports/deepep-v7-combine-fused.md).
+        self.combine_two_pass_tiles: int | None = None
         # Warps per program of the two data kernels (fewer warps, fewer registers: more programs fit on an SM).
         self.dispatch_warps = self.combine_warps = 8
         # Combine programs per SM: its reducers wait on one column block's loads at a time, so a second
@@ -322,8 +323,9 @@ class NvshmemBackend:
         out = torch.empty(handle.num_tokens, hidden, dtype=torch.bfloat16, device=self.device)
         senders, grid = self.data_grid("combine")
         pieces = _row_blocks(hidden, 0)  # pass 2's whole bf16 rows (2 tokens: R partials + fp32 sums in registers)
+        one_pass = self.combine_two_pass_tiles is not None
         num_tiles = triton.cdiv(handle.num_tokens, self.combine_tile)
-        two_pass_from = max(num_tiles - (grid - senders) * self.combine_two_pass_tiles, 0)
+        two_pass_from = max(num_tiles - (grid - senders) * self.combine_two_pass_tiles, 0) if one_pass else 0
         combine_kernel[(grid,)](
             self.buf16, self.buf64, self.peer_offsets,
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
@@ -334,7 +336,7 @@ class NvshmemBackend:
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),
-            ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], TRACE=self.trace,
+            ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], ONE_PASS=one_pass, TRACE=self.trace,
             num_warps=self.combine_warps, maxnreg=register_budget(self.combine_warps, self.combine_programs_per_sm),
         )
         self._combine_consumed += grid - senders

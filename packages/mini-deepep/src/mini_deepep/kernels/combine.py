@@ -7,10 +7,10 @@ order, of w * y); out = bf16(fp32 sum of the partials in rank order).
 One kernel, two roles (grid = senders + reducers), overlapping like dispatch:
 - senders take slot groups (GROUP slots of one peer) from a work queue in slot order, compute their
   tokens' partials, store them into the home rank and raise that group's flag there;
-- reducers walk this rank's own tokens tile by tile and, as each peer's slot groups arrive, sum the
-  partials in rank order. The tiles whose partials arrive last get their own-experts partial first,
-  straight from y into `out` while the peers' partials are still on NVLink (a second pass adds the
-  rest); the others compute it in registers in the same pass as the sum.
+- reducers walk this rank's own tokens tile by tile, twice: first the own-experts partial straight
+  from y into `out` (no waiting), then, as each peer's slot groups arrive, the sum of all partials
+  in rank order. With ONE_PASS only the tiles whose partials arrive last do so; the others compute
+  the own partial in registers in the same pass as the sum (v7, opt-in until measured on GPUs).
 """
 
 import triton
@@ -71,6 +71,81 @@ def _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, 
     return ready
 
 
+@triton.jit
+def _reduce_tile_in_one_pass(
+    tile, ready, y, row_weights, positions, send_slot, out, buf16, buf64, peer_offsets, flags,
+    num_tokens, slots, rank, epoch, timeout_ns, combine_offset, error_offset,
+    NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
+    HIDDEN: tl.constexpr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr, TILE: tl.constexpr, COLS: tl.constexpr,
+):
+    """out[tile's tokens] = bf16(sum in rank order of the partials), the own-experts partial computed in registers
+    (pass 1's value, never stored), TILE tokens x COLS columns at a time, once the peers' slot groups are here.
+    Returns the updated `ready` (_wait_for_partials)."""
+    lanes = tl.arange(0, TILE)
+    ks = tl.arange(0, TOPK_BLOCK)[None, :]
+    rr = tl.arange(0, RANK_BLOCK)[None, :]
+    tokens = (tile * TILE + lanes).to(tl.int64)
+    ok = tokens < num_tokens
+    slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+    ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                               NUM_RANKS, GROUP, MAX_GROUPS)
+    own = column(slot_of, rank)[:, None]
+    pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks, mask=(own >= 0) & (ks < TOPK),
+                    other=-1)
+    weights = _pair_weights(row_weights, pairs)
+    for c0 in range(0, HIDDEN, COLS):
+        cols = c0 + tl.arange(0, COLS)[None, :]
+        in_row = cols < HIDDEN
+        acc = tl.zeros([TILE, COLS], dtype=tl.float32)
+        for d in tl.static_range(NUM_RANKS):  # rank order
+            if d == rank:
+                part = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN).to(tl.bfloat16)
+            else:
+                slot = column(slot_of, d).to(tl.int64)[:, None]
+                part = tl.load(buf16 + combine_offset + (d * slots + slot) * HIDDEN + cols, mask=(slot >= 0) & in_row,
+                               other=0.0)
+            acc += part.to(tl.float32)
+        tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok[:, None] & in_row)
+    return ready
+
+
+@triton.jit
+def _reduce_tile_second_pass(
+    tile, ready, send_slot, out, buf16, buf64, peer_offsets, flags, num_tokens, slots, rank, epoch, timeout_ns,
+    combine_offset, error_offset,
+    NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, GROUP: tl.constexpr,
+    MAX_GROUPS: tl.constexpr, TILE: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_HEAD: tl.constexpr,
+    ROW_TAIL: tl.constexpr,
+):
+    """Pass 2 of a tile whose own-experts partials pass 1 stored in `out`: out = bf16(sum in rank order of the
+    partials), once the peers' slot groups are here. Whole rows, ROW_TOKENS tokens at a time: all R partials of both
+    row pieces are loaded before the first store, so a step costs one memory round trip instead of one per column
+    block. Returns the updated `ready` (_wait_for_partials)."""
+    rr = tl.arange(0, RANK_BLOCK)[None, :]
+    row_lanes = tl.arange(0, ROW_TOKENS)
+    tile_end = tl.minimum(tile * TILE + TILE, num_tokens)
+    for first in range(tile * TILE, tile_end, ROW_TOKENS):
+        tokens = (first + row_lanes).to(tl.int64)
+        ok = tokens < tile_end
+        slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
+        ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset, timeout_ns,
+                                   NUM_RANKS, GROUP, MAX_GROUPS)
+        acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
+        acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
+        for d in tl.static_range(NUM_RANKS):  # rank order
+            slot = column(slot_of, d)
+            rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
+            here = slot >= 0  # a rank the token did not go to adds +0
+            if d == rank:
+                rows = out + tokens * HIDDEN
+                here = ok
+            head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
+            acc_head += head.to(tl.float32)
+            acc_tail += tail.to(tl.float32)
+        store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
+    return ready
+
+
 @triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target", "two_pass_from"])  # change every call: compile once
 def combine_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
@@ -84,6 +159,7 @@ def combine_kernel(
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, RANK_BLOCK: tl.constexpr, TOPK: tl.constexpr,
     TOPK_BLOCK: tl.constexpr, HIDDEN: tl.constexpr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr,
     TILE: tl.constexpr, COLS: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_HEAD: tl.constexpr, ROW_TAIL: tl.constexpr,
+    ONE_PASS: tl.constexpr,  # tiles before two_pass_from in one pass (v7; else every tile in two passes, v6)
     TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Senders, the reducers' pass 1 and their one-pass tiles take
@@ -154,17 +230,19 @@ def combine_kernel(
         # reduction after the last group lands (a contiguous run left the last reducer ~16 serial steps behind it).
         # A reducer's tiles go up in token order, so it waits for each slot group once (an acquire load at system
         # scope costs about a microsecond).
-        # Tiles from `two_pass_from` on (at the defaults, each reducer's last one) are reduced in two passes:
+        # Tiles are reduced in two passes (with ONE_PASS: the tiles from `two_pass_from` on, e.g. each reducer's last):
         # 1. first, without waiting, the own-experts partial straight from y into `out` as bf16 (the value the sum
         #    in rank order adds), while the peers' partials are still on NVLink;
         # 2. when their slot groups have arrived, out = bf16(sum in rank order of the partials), the own one read
         #    back from `out`. The same program wrote it, and the barrier between the passes makes it visible.
-        # Earlier tiles, whose partials arrive while the reducer is still busy, are reduced in one pass that computes
-        # the own partial in registers: the same arithmetic without writing and re-reading it (2 x 10 KB of HBM
-        # traffic per token; two passes for every tile put both passes' traffic on the critical path:
-        # docs/reports/deepep-v7-combine-fused.md).
+        # ONE_PASS (v7, not yet measured on GPUs: docs/reports/deepep-v7-combine-fused.md) reduces the earlier tiles,
+        # whose partials arrive while the reducer is still busy, in one pass that computes the own partial in
+        # registers: the same arithmetic without writing and re-reading it (2 x 10 KB of HBM traffic per token, which
+        # two passes for every tile put on the critical path).
         num_tiles = tl.cdiv(num_tokens, TILE)
-        first_late = reducer + tl.cdiv(tl.maximum(two_pass_from - reducer, 0), num_reducers) * num_reducers
+        first_late = reducer
+        if ONE_PASS:
+            first_late += tl.cdiv(tl.maximum(two_pass_from - reducer, 0), num_reducers) * num_reducers
         for tile in range(first_late, num_tiles, num_reducers):
             tokens = (tile * TILE + lanes).to(tl.int64)
             ok = (tokens < num_tokens)[:, None]
@@ -181,57 +259,23 @@ def combine_kernel(
         tl.debug_barrier()
         flags = buf64 + flags_offset
         ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot group waited for
-        row_lanes = tl.arange(0, ROW_TOKENS)
         for tile in range(reducer, num_tiles, num_reducers):
-            if tile < two_pass_from:
-                # One pass, TILE tokens x COLS columns at a time, like pass 1 plus the peers' partials.
-                tokens = (tile * TILE + lanes).to(tl.int64)
-                ok = tokens < num_tokens
-                slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr, mask=ok[:, None] & (rr < NUM_RANKS),
-                                  other=-1)
-                ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset,
-                                           timeout_ns, NUM_RANKS, GROUP, MAX_GROUPS)
-                own = column(slot_of, rank)[:, None]
-                pairs = tl.load(positions + (rank * slots + own).to(tl.int64) * TOPK + ks,
-                                mask=(own >= 0) & (ks < TOPK), other=-1)
-                weights = _pair_weights(row_weights, pairs)
-                for c0 in range(0, HIDDEN, COLS):
-                    cols = c0 + tl.arange(0, COLS)[None, :]
-                    in_row = cols < HIDDEN
-                    acc = tl.zeros([TILE, COLS], dtype=tl.float32)
-                    for d in tl.static_range(NUM_RANKS):  # rank order
-                        if d == rank:
-                            part = _weighted_partials(y, weights, pairs, cols, TOPK, HIDDEN).to(tl.bfloat16)
-                        else:
-                            slot = column(slot_of, d).to(tl.int64)[:, None]
-                            part = tl.load(buf16 + combine_offset + (d * slots + slot) * HIDDEN + cols,
-                                           mask=(slot >= 0) & in_row, other=0.0)
-                        acc += part.to(tl.float32)
-                    tl.store(out + tokens[:, None] * HIDDEN + cols, acc.to(tl.bfloat16), mask=ok[:, None] & in_row)
+            if ONE_PASS:
+                if tile < two_pass_from:
+                    ready = _reduce_tile_in_one_pass(
+                        tile, ready, y, row_weights, positions, send_slot, out, buf16, buf64, peer_offsets, flags,
+                        num_tokens, slots, rank, epoch, timeout_ns, combine_offset, error_offset,
+                        NUM_RANKS, RANK_BLOCK, TOPK, TOPK_BLOCK, HIDDEN, GROUP, MAX_GROUPS, TILE, COLS)
+                else:
+                    ready = _reduce_tile_second_pass(
+                        tile, ready, send_slot, out, buf16, buf64, peer_offsets, flags, num_tokens, slots, rank, epoch,
+                        timeout_ns, combine_offset, error_offset, NUM_RANKS, RANK_BLOCK, HIDDEN, GROUP, MAX_GROUPS,
+                        TILE, ROW_TOKENS, ROW_HEAD, ROW_TAIL)
             else:
-                # Pass 2 takes whole rows, ROW_TOKENS tokens at a time: all R partials of both row pieces are loaded
-                # before the first store, so a step costs one memory round trip instead of one per column block.
-                tile_end = tl.minimum(tile * TILE + TILE, num_tokens)
-                for first in range(tile * TILE, tile_end, ROW_TOKENS):
-                    tokens = (first + row_lanes).to(tl.int64)
-                    ok = tokens < tile_end
-                    slot_of = tl.load(send_slot + tokens[:, None] * NUM_RANKS + rr,
-                                      mask=ok[:, None] & (rr < NUM_RANKS), other=-1)
-                    ready = _wait_for_partials(slot_of, ready, flags, rank, epoch, buf64, peer_offsets, error_offset,
-                                               timeout_ns, NUM_RANKS, GROUP, MAX_GROUPS)
-                    acc_head = tl.zeros([ROW_TOKENS, ROW_HEAD], dtype=tl.float32)
-                    acc_tail = tl.zeros([ROW_TOKENS, ROW_TAIL], dtype=tl.float32)
-                    for d in tl.static_range(NUM_RANKS):  # rank order
-                        slot = column(slot_of, d)
-                        rows = buf16 + combine_offset + (d * slots + slot).to(tl.int64) * HIDDEN
-                        here = slot >= 0  # a rank the token did not go to adds +0
-                        if d == rank:
-                            rows = out + tokens * HIDDEN
-                            here = ok
-                        head, tail = load_rows(rows, here, HIDDEN, ROW_HEAD, ROW_TAIL)
-                        acc_head += head.to(tl.float32)
-                        acc_tail += tail.to(tl.float32)
-                    store_rows(out + tokens * HIDDEN, ok, acc_head.to(tl.bfloat16), acc_tail.to(tl.bfloat16), HIDDEN)
+                ready = _reduce_tile_second_pass(
+                    tile, ready, send_slot, out, buf16, buf64, peer_offsets, flags, num_tokens, slots, rank, epoch,
+                    timeout_ns, combine_offset, error_offset, NUM_RANKS, RANK_BLOCK, HIDDEN, GROUP, MAX_GROUPS, TILE,
+                    ROW_TOKENS, ROW_HEAD, ROW_TAIL)
         if TRACE:
             phase2 = globaltimer()
         # This program is done with the partials: every expert rank may overwrite them again.
