@@ -14,6 +14,7 @@ from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 
 GOLDEN = Path(__file__).parent / "fixtures" / "tiny_golden_logits.json"
 GOLDEN_PROMPTS = {"short": list(range(100, 137)), "mid": [(7 * i * i + 3 * i + 11) % 129000 for i in range(150)]}
+GOLDEN_LOGIT_STRIDE, GOLDEN_BLOCK_STRIDE = 251, 7  # samples of the logits, of the first block (primes: no alignment)
 
 
 # ------------------------------------------------------------------ primitives
@@ -171,39 +172,61 @@ def test_reference_quirk_changes_exactly_the_even_decode_steps(tiny_refs, monkey
     assert torch.equal(a, b)
 
 
-def _golden_values(ref):
-    out = {}
-    for name, prompt in GOLDEN_PROMPTS.items():
-        lg = ref.forward(torch.tensor(prompt), 0, ref.new_state())[-1]
-        top = lg.topk(8)
-        out[name] = {"top_ids": top.indices.tolist(), "top_logits": [round(v, 5) for v in top.values.tolist()],
-                     "mean": round(lg.mean().item(), 6), "std": round(lg.std().item(), 6)}
-    return out
-
-
-def test_golden_logits_of_the_tiny_checkpoint(tiny_refs):
-    """Catches any change to the reference or the tiny checkpoint. Regenerate deliberately with
-    `python runtime/tests/test_reference_model.py` (and say why in the commit)."""
-    want = json.loads(GOLDEN.read_text())
-    got = _golden_values(tiny_refs[True])
-    for name in GOLDEN_PROMPTS:
-        g, w = got[name], want[name]
-        assert abs(g["mean"] - w["mean"]) < 1e-3 and abs(g["std"] - w["std"]) < 1e-3
-        for gv, wv in zip(g["top_logits"], w["top_logits"]):
-            assert abs(gv - wv) < 2e-2, (name, g, w)
-        # ids must agree where the golden margin to the next value exceeds the tolerance
-        for i in range(7):
-            if w["top_logits"][i] - w["top_logits"][i + 1] > 4e-2:
-                assert g["top_ids"][: i + 1] == w["top_ids"][: i + 1]
-
-
 # The tiny random model amplifies rounding noise: every activation is fake-quantized to FP8 (a flipped rounding
 # moves a value by a whole FP8 step) and the indexer's top-k picks flip with it. Measured on CPU (2026-11-30): a
 # bf16 half-ulp change of 1% of the embedding entries moves the final logits to cosine 0.970-0.994 (3 seeds x the
 # two golden prompts) while the first block's output stays at >= 0.9997. So CUDA vs CPU (other bf16 accumulation
-# orders) is held to that noise floor at the end, and tightly at the first block, where noise has not grown yet.
-CUDA_VS_CPU_FIRST_BLOCK_COSINE = 0.9995
-CUDA_VS_CPU_LOGITS_COSINE = 0.96
+# orders), and one CPU against another (the golden file), is held to that noise floor at the end, and tightly at
+# the first block, where noise has not grown yet.
+NOISE_FLOOR_FIRST_BLOCK_COSINE = 0.9995
+NOISE_FLOOR_LOGITS_COSINE = 0.96
+# One CPU against the golden file's: MKL's other code paths (MKL_CBWR=COMPATIBLE, ONEDNN_MAX_CPU_ISA=SSE41 on the
+# AVX2 machine that wrote the file, 2026-12-01) gave logit cosines 0.987 / 0.966 and the same top-3 ids. A changed
+# model or checkpoint lands far below 0.9.
+GOLDEN_LOGITS_COSINE = 0.9
+
+
+def _golden_values(ref):
+    """Per golden prompt, from the last position: the final logits' top 8, mean and std, and a fixed sample of them
+    (every GOLDEN_LOGIT_STRIDE-th vocabulary id); from the whole prompt, a fixed sample of the first block's output
+    (every GOLDEN_BLOCK_STRIDE-th value), where rounding noise has not grown yet."""
+    out = {}
+    for name, prompt in GOLDEN_PROMPTS.items():
+        ref.capture = []
+        lg = ref.forward(torch.tensor(prompt), 0, ref.new_state())[-1]
+        first_block = ref.capture[0].flatten()[::GOLDEN_BLOCK_STRIDE]
+        ref.capture = None
+        top = lg.topk(8)
+        out[name] = {"top_ids": top.indices.tolist(), "top_logits": [round(v, 5) for v in top.values.tolist()],
+                     "mean": round(lg.mean().item(), 6), "std": round(lg.std().item(), 6),
+                     "logit_sample": [round(v, 5) for v in lg[::GOLDEN_LOGIT_STRIDE].tolist()],
+                     "first_block_sample": [round(v, 5) for v in first_block.tolist()]}
+    return out
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return F.cosine_similarity(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), dim=0).item()
+
+
+def test_golden_logits_of_the_tiny_checkpoint(tiny_refs):
+    """Catches changes to the reference or the tiny checkpoint. Regenerate deliberately with
+    `python runtime/tests/test_reference_model.py` (and say why in the commit).
+
+    Held to the rounding-noise floor below, not to exact values: the CPU's matmul kernels (AVX2 against AVX-512)
+    sum in other orders, and the FP8 fake quantization amplifies that by the last block (2026-12-01, an AVX2 AMD EPYC
+    against the machine that wrote the first golden file: top logits moved by up to 0.33, top-8 ids by 2-4 of 8,
+    the mean by 1.0e-3, and this test failed). The first block's output stays at the tight cosine; a change to the
+    model moves it (or, in a later block, the final logits) far past these bounds."""
+    want = json.loads(GOLDEN.read_text())
+    got = _golden_values(tiny_refs[True])
+    for name in GOLDEN_PROMPTS:
+        g, w = got[name], want[name]
+        assert _cosine(g["first_block_sample"], w["first_block_sample"]) > NOISE_FLOOR_FIRST_BLOCK_COSINE, name
+        assert _cosine(g["logit_sample"], w["logit_sample"]) > GOLDEN_LOGITS_COSINE, name
+        assert abs(g["mean"] - w["mean"]) < 1e-2 and abs(g["std"] - w["std"]) < 1e-2, (name, g["mean"], g["std"])
+        assert g["top_ids"][0] in w["top_ids"][:3], (name, g["top_ids"], w["top_ids"])
+
+
 
 
 @pytest.mark.gpu
@@ -222,8 +245,8 @@ def test_reference_on_cuda_matches_cpu(tiny_refs):
         cos = F.cosine_similarity(a, b, dim=0).item()
         print(f"reference CUDA vs CPU [{name}]: logits max |diff| {(a - b).abs().max().item():.4f}, cosine {cos:.6f}; "
               f"per-block cosine {[round(c, 5) for c in per_block]}")
-        assert per_block[0] > CUDA_VS_CPU_FIRST_BLOCK_COSINE, (name, per_block)
-        assert cos > CUDA_VS_CPU_LOGITS_COSINE, (name, cos)
+        assert per_block[0] > NOISE_FLOOR_FIRST_BLOCK_COSINE, (name, per_block)
+        assert cos > NOISE_FLOOR_LOGITS_COSINE, (name, cos)
 
 
 if __name__ == "__main__":
