@@ -3,7 +3,8 @@ promoted per 128 of K, 128 x 128 tiles over two warpgroups) against gemm_kernel'
 
 For each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks the Gluon output against the
 Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched directly, whatever the routing
-decides) at 128- and 64-row tiles, 4 or 3 ring stages, one program per tile or persistent, the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
+decides) at 128- and 64-row tiles, 4 or 3 ring stages, one program per tile or persistent, the Triton kernel at its
+shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
 $OUT/exp_gemm_gluon_v3.json and prints a table.
 """
 
@@ -71,7 +72,6 @@ def main() -> None:
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
                   "bitwise:", [row[f"gluon_{m}_s{s}_p{p}_bitwise_vs_triton"] for m, s, p in VARIANTS],
                   flush=True)
-            del op, a, b, d, want
             torch.cuda.empty_cache()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -83,9 +83,9 @@ def main() -> None:
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)
+        peers = f"{r['triton_tflops']:.0f} | {r['cublas_fp8_tensor_tflops']:.0f} | {r['cublas_fp8_block_tflops']:.0f}"
         print(f"| {r['name']} | {r['M']} | " + " | ".join(f"{r[f'{k}_tflops']:.0f}" for k in keys)
-              + f" | {r['triton_tflops']:.0f} | {r['cublas_fp8_tensor_tflops']:.0f} | {r['cublas_fp8_block_tflops']:.0f}"
-              f" | {best / r['cublas_fp8_tensor_tflops']:.2f} |")
+              + f" | {peers} | {best / r['cublas_fp8_tensor_tflops']:.2f} |")
 
 
 if __name__ == "__main__":

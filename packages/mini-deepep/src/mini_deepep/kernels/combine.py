@@ -146,7 +146,8 @@ def _reduce_tile_second_pass(
     return ready
 
 
-@triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target", "two_pass_from"])  # change every call: compile once
+# the arguments that change every call are not specialised on: compile once
+@triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target", "two_pass_from"])
 def combine_kernel(
     buf16, buf64, peer_offsets,  # own symmetric buffer as bf16 / int64, peer offsets in int32 words
     y, row_weights, positions, recv_tokens,  # bf16 [M, HIDDEN], fp32 [M], int32 [R * slots, TOPK], int32 [R]
@@ -223,7 +224,6 @@ def combine_kernel(
     else:
         reducer = pid - NUM_SENDERS
         num_reducers = tl.num_programs(0) - NUM_SENDERS
-        rr = tl.arange(0, RANK_BLOCK)[None, :]
         # Each reducer owns every num_reducers-th tile (at the defaults, 512 tiles of 8 tokens over 132 reducers are
         # 3 or 4 each). Strided, not a contiguous run: the slot groups arrive in slot order, which is token order, so
         # the tiles whose partials arrive last are spread over all reducers, one each, and the kernel ends one tile's
