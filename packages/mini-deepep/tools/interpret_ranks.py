@@ -100,6 +100,7 @@ def _simulated_buffer(rank: int, buffers: list[torch.Tensor], num_programs: int)
     backend.timeout_ns = 1 << 62
     backend._dispatch_consumed = backend._combine_consumed = 0
     backend._dispatch_epoch = backend._combine_epoch = 0
+    backend.fuse_notify, backend._last_notify_fused = True, False  # fixed-row scenarios: the notify in the data kernel
     buffer = Buffer.__new__(Buffer)
     buffer.group, buffer.rank, buffer.num_ranks, buffer.backend_name = None, rank, num_ranks, "nvshmem"
     buffer.wait_timeout_s, buffer._backend = 100.0, backend

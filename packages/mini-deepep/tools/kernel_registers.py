@@ -49,6 +49,8 @@ TYPES = {
     "buf64": "*i64", "peer_offsets": "*i64", "topk_idx": "*i64", "trace": "*i64",
     "buf16": "*bf16", "y": "*bf16", "out": "*bf16", "topk_weights": "*fp32", "row_weights": "*fp32",
     "epoch": "i64", "consumed_target": "i64", "timeout_ns": "i64", "rank": "i32", "two_pass_from": "i32",
+    "expert_counts_offset": "i32", "notify_offset": "i32", "count_offset": "i32", "source_tokens_offset": "i32",
+    "notified_offset": "i32",
 }
 INTS_16 = ("num_tokens", "num_rows", "slots", "m_alignment", "data_offset", "meta_offset", "flags_offset",
            "ranges_offset", "combine_offset", "consumed_offset", "error_offset", "queue_offset")
@@ -98,7 +100,8 @@ def fingerprints() -> None:
                 dispatch = dict(common, **DISPATCH_UNITS, NUM_SENDERS=33, EXPERTS_PER_RANK=384 // ranks,
                                 A_WORDS=1280 if fp8 else 2560,
                                 B_WORDS=40 if fp8 else 0, ROW_HEAD=1024 if fp8 else 2048, ROW_TAIL=256 if fp8 else 512,
-                                B_BLOCK=64 if fp8 else 16, META_WORDS=19, META_BLOCK=32, TILE=8)
+                                B_BLOCK=64 if fp8 else 16, META_WORDS=19, META_BLOCK=32, TILE=8, FUSED_NOTIFY=False,
+                                EXPERT_BLOCK=triton.next_power_of_2(384 // ranks), MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS)
                 print(f"dispatch {'fp8' if fp8 else 'bf16'}, {ranks} ranks, trace {trace}:",
                       ptx_fingerprint(dispatch_kernel, dispatch))
             combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks),
@@ -112,12 +115,14 @@ def main() -> None:
         return
     common = {"NUM_RANKS": 2, "TOPK": 6, "TOPK_BLOCK": 8, "TRACE": False}
     dispatch = dict(common, **DISPATCH_UNITS, NUM_SENDERS=33, EXPERTS_PER_RANK=192, A_WORDS=2560, B_WORDS=0,
-                    ROW_HEAD=2048, ROW_TAIL=512, B_BLOCK=16, META_WORDS=19, META_BLOCK=32)
+                    ROW_HEAD=2048, ROW_TAIL=512, B_BLOCK=16, META_WORDS=19, META_BLOCK=32, FUSED_NOTIFY=False,
+                    EXPERT_BLOCK=256, MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS)
     combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=2, HIDDEN=5120, ROW_TOKENS=2, ROW_HEAD=4096,
                    ROW_TAIL=1024, ONE_PASS=False)
     cases = [
         ("dispatch bf16, 8-row tiles (default)", dispatch_kernel, dict(dispatch, TILE=8)),
         ("dispatch bf16, 4-row tiles", dispatch_kernel, dict(dispatch, TILE=4)),
+        ("dispatch bf16, 8-row tiles, fused notify", dispatch_kernel, dict(dispatch, TILE=8, FUSED_NOTIFY=True)),
         ("combine, 8 x 512 tiles (default)", combine_kernel, dict(combine, TILE=8, COLS=512)),
         ("combine, 8 x 1,024 tiles", combine_kernel, dict(combine, TILE=8, COLS=1024)),
         ("combine, 4 x 1,024 tiles", combine_kernel, dict(combine, TILE=4, COLS=1024)),

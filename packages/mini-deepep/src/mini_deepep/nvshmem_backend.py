@@ -152,6 +152,10 @@ class NvshmemBackend:
         self.combine_sender_share = 0.5
         # Whole rows each dispatch program moves at once (a power of two dividing L.CHUNK).
         self.dispatch_tile = 8
+        # Dispatch with a fixed row count runs the notify inside the data kernel (its first receiver, while the
+        # senders move rows) instead of a kernel before it: opt-in until measured on 2 GPUs (the notify kernel and
+        # its launch are ~10 us between data kernels, docs/reports/deepep-v7-combine-fused.md).
+        self.fuse_notify = False
         # Tokens, and row columns, each combine program works on at once.
         self.combine_tile, self.combine_cols = 8, 512
         # Combine reducers' tiles reduced in two passes, per reducer, counted from the last token (v7: 1 = each
@@ -173,6 +177,7 @@ class NvshmemBackend:
         # and the epochs (1-based call numbers) that the notify and chunk flags carry.
         self._dispatch_consumed = self._combine_consumed = 0
         self._dispatch_epoch = self._combine_epoch = 0
+        self._last_notify_fused = False  # the last dispatch ran its notify in its data kernel
 
     def _header(self, which: int) -> int:
         return self.layout.signal_offset(which)
@@ -191,8 +196,9 @@ class NvshmemBackend:
         m_alignment: int,
         num_max_recv_rows: int | None,
     ) -> DispatchResult:
-        notified = self.dispatch_notify(parts, topk_idx, topk_weights, layout, num_experts, m_alignment)
-        return self.dispatch_data(notified, num_max_recv_rows)
+        fused = num_max_recv_rows is not None and self.fuse_notify  # no host read of the row count: no notify kernel
+        notified = self.dispatch_notify(parts, topk_idx, topk_weights, layout, num_experts, m_alignment, launch=not fused)
+        return self.dispatch_data(notified, num_max_recv_rows, fused_notify=fused)
 
     def dispatch_notify(
         self,
@@ -202,8 +208,10 @@ class NvshmemBackend:
         layout: DispatchLayout,
         num_experts: int,
         m_alignment: int,
+        launch: bool = True,
     ) -> _Notified:
-        """First part of dispatch: exchange the counts with every rank and plan the expert segments."""
+        """First part of dispatch: exchange the counts with every rank and plan the expert segments (launch false:
+        only allocate the plan, which the data kernel then fills itself: dispatch_data's fused_notify)."""
         R = self.num_ranks
         num_tokens, num_topk = topk_idx.shape
         experts_per_rank = num_experts // R
@@ -232,20 +240,27 @@ class NvshmemBackend:
             m_alignment=m_alignment,
             epoch=self._dispatch_epoch,
         )
+        if not launch:
+            return notified
         dispatch_notify_kernel[(1,)](
             self.buf32, self.buf64, self.peer_offsets, layout.num_tokens_per_rank, layout.num_tokens_per_expert,
             notified.segment_base, notified.recv_tokens, notified.source_tokens, notified.tokens_per_expert,
             notified.total_rows,
             num_tokens, self.rank, notified.epoch, self.timeout_ns, m_alignment,
+            self._dispatch_consumed if self._last_notify_fused else 0,
             self.layout.expert_counts_offset, self._header(L.NOTIFY), self._header(L.DISPATCH_COUNT),
-            self._header(L.SOURCE_TOKENS), self._header(L.ERROR),
+            self._header(L.SOURCE_TOKENS), self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
             NUM_RANKS=R, EXPERTS_PER_RANK=experts_per_rank, EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank),
             MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
         )
+        self._last_notify_fused = False
         return notified
 
-    def dispatch_data(self, n: _Notified, num_max_recv_rows: int | None) -> DispatchResult:
-        """Second part of dispatch: move the rows and expand them into the grouped layout."""
+    def dispatch_data(self, n: _Notified, num_max_recv_rows: int | None, fused_notify: bool = False) -> DispatchResult:
+        """Second part of dispatch: move the rows and expand them into the grouped layout. fused_notify (needs
+        num_max_recv_rows, and dispatch_notify(..., launch=False)): the kernel runs the notify itself."""
+        if fused_notify and num_max_recv_rows is None:
+            raise ValueError("a fused notify needs num_max_recv_rows (the host cannot read the row count first)")
         R, slots, experts_per_rank = self.num_ranks, n.slots, n.experts_per_rank
         num_tokens, num_topk = n.topk_idx.shape
         # The one host read of the data path, skipped when the caller fixes the row count.
@@ -270,15 +285,20 @@ class NvshmemBackend:
             num_tokens, num_rows, self.rank, n.epoch, self._dispatch_consumed, self.timeout_ns, slots, n.m_alignment,
             self.layout.dispatch_offset, n.meta_offset, self.layout.dispatch_flags_offset,
             self.layout.chunk_ranges_offset, self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
-            self._trace_buffer(grid),
+            n.layout.num_tokens_per_rank, n.layout.num_tokens_per_expert, self.layout.expert_counts_offset,
+            self._header(L.NOTIFY), self._header(L.DISPATCH_COUNT), self._header(L.SOURCE_TOKENS),
+            self.layout.notified_offset, self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, TOPK=num_topk, TOPK_BLOCK=triton.next_power_of_2(num_topk),
             EXPERTS_PER_RANK=experts_per_rank, A_WORDS=n.a_words, B_WORDS=n.b_words,
             META_WORDS=L.meta_words(num_topk), META_BLOCK=triton.next_power_of_2(L.meta_words(num_topk)),
-            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, TRACE=self.trace,
+            CHUNK=L.CHUNK, MAX_CHUNKS=L.MAX_CHUNKS, TILE=self.dispatch_tile, FUSED_NOTIFY=fused_notify,
+            EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank), MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
+            TRACE=self.trace,
             **_row_blocks(n.a_words, n.b_words),
             num_warps=self.dispatch_warps,
         )
         self._dispatch_consumed += grid - senders
+        self._last_notify_fused = fused_notify
         outs = [out.view(torch.uint8).view(dtype) for out, dtype in zip((out_a, out_b), n.dtypes)]
         handle = DispatchHandle(
             num_ranks=R,

@@ -19,6 +19,9 @@ Header (entry p of every per-source array is written only by peer p):
     int64 combine work queue [2] at COMBINE_QUEUE_BYTE_OFFSET, local (only this rank's combine senders
         touch it): groups handed out in the current call, senders done. The last sender done sets both
         back to 0, so every call starts from 0.
+    int64 NOTIFIED at NOTIFIED_BYTE_OFFSET, local: epoch of the last dispatch whose notify ran inside the data
+        kernel (fuse_notify) and whose plan (segment bases, counts) is stored; that kernel's other receivers
+        wait for it.
     int32 expert counts [R][MAX_LOCAL_EXPERTS] at EXPERT_COUNTS_BYTE_OFFSET: row p = how many of p's
         tokens picked each of this rank's experts (p's layout.num_tokens_per_expert slice).
     int64 dispatch chunk flags [R][MAX_CHUNKS]: entry (p, c) = epoch of the dispatch whose chunk c
@@ -56,6 +59,7 @@ MAX_CHUNKS = 1024  # per source rank: at most CHUNK * MAX_CHUNKS tokens per rank
 GROUP = 8
 MAX_GROUPS = CHUNK * MAX_CHUNKS // GROUP
 COMBINE_QUEUE_BYTE_OFFSET = 2048
+NOTIFIED_BYTE_OFFSET = COMBINE_QUEUE_BYTE_OFFSET + 16
 DISPATCH_FLAGS_BYTE_OFFSET = 64 << 10
 CHUNK_RANGES_BYTE_OFFSET = DISPATCH_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
 COMBINE_FLAGS_BYTE_OFFSET = CHUNK_RANGES_BYTE_OFFSET + MAX_RANKS * MAX_CHUNKS * 8
@@ -66,7 +70,7 @@ NUM_SIGNALS = 6
 assert COMBINE_FLAGS_BYTE_OFFSET + MAX_RANKS * MAX_GROUPS * 8 <= HEADER_BYTES
 assert EXPERT_COUNTS_BYTE_OFFSET + MAX_RANKS * MAX_LOCAL_EXPERTS * 4 <= DISPATCH_FLAGS_BYTE_OFFSET
 assert NUM_SIGNALS * MAX_RANKS * 8 <= COMBINE_QUEUE_BYTE_OFFSET
-assert COMBINE_QUEUE_BYTE_OFFSET + 16 <= EXPERT_COUNTS_BYTE_OFFSET
+assert NOTIFIED_BYTE_OFFSET + 8 <= EXPERT_COUNTS_BYTE_OFFSET
 
 
 def _round_up(x: int, m: int) -> int:
@@ -114,6 +118,11 @@ class SymmetricLayout:
     def combine_queue_offset(self) -> int:
         """Offset of the combine work queue (int64 [2], local), in int64 words."""
         return COMBINE_QUEUE_BYTE_OFFSET // 8
+
+    @property
+    def notified_offset(self) -> int:
+        """Offset of the local NOTIFIED epoch (int64), in int64 words."""
+        return NOTIFIED_BYTE_OFFSET // 8
 
     @property
     def chunk_ranges_offset(self) -> int:

@@ -98,20 +98,17 @@ def column(block, j):
     return tl.sum(tl.where(js == j, block, 0), axis=1)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "epoch"])  # change every call: compile once
-def dispatch_notify_kernel(
-    buf32, buf64, peer_offsets,
-    tokens_per_rank, tokens_per_expert,  # this rank's layout: int32 [R], int32 [R * EXPERTS_PER_RANK]
-    segment_base, recv_tokens, source_tokens, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [R], [R], [E_l], [1]
-    num_tokens, rank, epoch, timeout_ns, m_alignment,
-    expert_counts_offset, notify_offset, count_offset, source_tokens_offset, error_offset,  # header offsets
+@triton.jit
+def _notify(
+    buf32, buf64, peer_offsets, tokens_per_rank, tokens_per_expert, segment_base, recv_tokens, source_tokens,
+    tokens_per_local_expert, total_rows, num_tokens, rank, epoch, timeout_ns, m_alignment,
+    expert_counts_offset, notify_offset, count_offset, source_tokens_offset, error_offset,
     NUM_RANKS: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
     MAX_LOCAL_EXPERTS: tl.constexpr,
 ):
-    """One program: publish this rank's counts on every rank, wait for every rank's, then
-    segment_base[s, e] = first output row of source s in local expert e, and copy the per-source
-    token counts out of the header (a peer's next notify may overwrite them before this call's
-    data kernel is done)."""
+    """Publish this rank's counts on every rank, wait for every rank's, then segment_base[s, e] = first output row
+    of source s in local expert e, and copy the per-source token counts out of the header (a peer's next notify may
+    overwrite them before this call's data kernel is done)."""
     e = tl.arange(0, EXPERT_BLOCK)
     in_range = e < EXPERTS_PER_RANK
     for d in tl.static_range(NUM_RANKS):
@@ -137,6 +134,29 @@ def dispatch_notify_kernel(
         base += tl.load(buf32 + expert_counts_offset + s * MAX_LOCAL_EXPERTS + e, mask=in_range, other=0)
         tl.store(recv_tokens + s, tl.load(buf64 + count_offset + s).to(tl.int32))
         tl.store(source_tokens + s, tl.load(buf64 + source_tokens_offset + s).to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["num_tokens", "epoch", "consumed_target"])  # change every call: compile once
+def dispatch_notify_kernel(
+    buf32, buf64, peer_offsets,
+    tokens_per_rank, tokens_per_expert,  # this rank's layout: int32 [R], int32 [R * EXPERTS_PER_RANK]
+    segment_base, recv_tokens, source_tokens, tokens_per_local_expert, total_rows,  # out: int32 [R, E_l], [R], [R], [E_l], [1]
+    num_tokens, rank, epoch, timeout_ns, m_alignment,
+    consumed_target,  # > 0 after a dispatch whose notify ran in its data kernel: wait for the peers' DISPATCH_CONSUMED
+    expert_counts_offset, notify_offset, count_offset, source_tokens_offset, consumed_offset, error_offset,  # header
+    NUM_RANKS: tl.constexpr, EXPERTS_PER_RANK: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
+    MAX_LOCAL_EXPERTS: tl.constexpr,
+):
+    """One program: _notify. After a dispatch with the notify fused into its data kernel, the peers' counts of that
+    call are read by one of their receivers, which this rank's data kernel did not wait for: the peers'
+    DISPATCH_CONSUMED of that call (consumed_target) says they are done. Otherwise stream order says so (this
+    rank's previous data kernel waited for every peer's chunks, sent after the peer's notify kernel)."""
+    if consumed_target > 0:
+        wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
+    _notify(buf32, buf64, peer_offsets, tokens_per_rank, tokens_per_expert, segment_base, recv_tokens, source_tokens,
+            tokens_per_local_expert, total_rows, num_tokens, rank, epoch, timeout_ns, m_alignment,
+            expert_counts_offset, notify_offset, count_offset, source_tokens_offset, error_offset,
+            NUM_RANKS, EXPERTS_PER_RANK, EXPERT_BLOCK, MAX_LOCAL_EXPERTS)
 
 
 @triton.jit
@@ -259,15 +279,20 @@ def dispatch_kernel(
     num_tokens, num_rows, rank, epoch, consumed_target, timeout_ns, slots, m_alignment,
     data_offset, meta_offset, flags_offset, ranges_offset,  # dispatch area (int32 words), chunk flags (int64), ranges (int32)
     consumed_offset, error_offset,  # int64-word offsets of header arrays
+    tokens_per_rank, tokens_per_expert,  # FUSED_NOTIFY: the notify's inputs (dispatch_notify_kernel)
+    expert_counts_offset, notify_offset, count_offset, source_tokens_offset, notified_offset,  # FUSED_NOTIFY: header
     trace,  # TRACE: int64 [grid, 4] %globaltimer ns per program (start, phase 1 done, phase 2 done, end)
     NUM_SENDERS: tl.constexpr, NUM_RANKS: tl.constexpr, TOPK: tl.constexpr, TOPK_BLOCK: tl.constexpr,
     EXPERTS_PER_RANK: tl.constexpr, A_WORDS: tl.constexpr, B_WORDS: tl.constexpr, ROW_HEAD: tl.constexpr,
     ROW_TAIL: tl.constexpr, B_BLOCK: tl.constexpr, META_WORDS: tl.constexpr, META_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr, TRACE: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr, TILE: tl.constexpr, FUSED_NOTIFY: tl.constexpr, EXPERT_BLOCK: tl.constexpr,
+    MAX_LOCAL_EXPERTS: tl.constexpr, TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then receivers. Tokens move TILE at a time (TILE divides CHUNK).
-    Phases traced: senders (waited for the peers' CONSUMED, stored every chunk), receivers (own tokens
-    expanded, peers' chunks expanded)."""
+    FUSED_NOTIFY: the first receiver runs the notify (_notify) while the senders already move rows, and the plan it
+    stores (segment_base ... total_rows) is what the other receivers wait for; otherwise dispatch_notify_kernel ran
+    before this kernel. Phases traced: senders (waited for the peers' CONSUMED, stored every chunk), receivers (own
+    tokens expanded, peers' chunks expanded)."""
     pid = tl.program_id(0)
     if TRACE:
         started = globaltimer()
@@ -304,6 +329,18 @@ def dispatch_kernel(
     else:
         receiver = pid - NUM_SENDERS
         num_receivers = tl.num_programs(0) - NUM_SENDERS
+        if FUSED_NOTIFY:
+            if receiver == 0:
+                # The peers' receivers of the previous call are done with the counts this overwrites on them.
+                wait_for_peers(consumed_offset, consumed_target, rank, buf64, peer_offsets, error_offset, timeout_ns,
+                               NUM_RANKS)
+                _notify(buf32, buf64, peer_offsets, tokens_per_rank, tokens_per_expert, segment_base, recv_tokens,
+                        source_tokens, tokens_per_local_expert, total_rows, num_tokens, rank, epoch, timeout_ns,
+                        m_alignment, expert_counts_offset, notify_offset, count_offset, source_tokens_offset,
+                        error_offset, NUM_RANKS, EXPERTS_PER_RANK, EXPERT_BLOCK, MAX_LOCAL_EXPERTS)
+                release_epoch(buf64 + notified_offset, epoch)  # the plan's stores are visible before the flag
+            else:
+                wait_at_least(buf64 + notified_offset, epoch, buf64, peer_offsets, error_offset, timeout_ns, NUM_RANKS)
         _fill_unused(receiver, num_receivers, segment_base, tokens_per_local_expert, total_rows, recv_tokens, num_rows,
                      slots, m_alignment, grouped_layout, row_weights, positions, recv_src_rank, recv_src_token,
                      NUM_RANKS, TOPK, TOPK_BLOCK, EXPERTS_PER_RANK)
