@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from mini_deepgemm.gemm_gluon_fp8_kernel import _tile_offsets
+from mini_deepgemm.gemm_gluon_fp8_kernel import _mma_of_step, _scales_ahead, _store_tile, _tile_offsets, _tile_start
 
 
 @gluon.jit
@@ -61,30 +59,17 @@ def _math(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, 
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     step = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
-        sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-        sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
+        off_m, off_n, sa_rows, sb_row, sa_next, sb_next = _tile_start(
+            tile, sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M, BLOCK_N, GROUP_M, rows_layout)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-        sa_next = gl.load(sa_rows)
-        sb_next = gl.load(sb_row)
         for k in range(num_k):
-            slot = step % STAGES
             scale = sa_next * sb_next
-            ahead = gl.minimum(k + 1, num_k - 1)
-            sa_next = gl.load(sa_rows + ahead)
-            sb_next = gl.load(sb_row + ahead)
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
-            part = warpgroup_mma_wait(0, deps=(part,))
-            mbarrier.arrive(empty.index(slot), count=1)  # both warpgroups are past their waits: the slot is free
+            sa_next, sb_next = _scales_ahead(sa_rows, sb_row, k, num_k)
+            part = warpgroup_mma_wait(0, deps=(_mma_of_step(a_ring, b_ring, ready, zero, step),))
+            mbarrier.arrive(empty.index(step % STAGES), count=1)  # both warpgroups are past their waits: slot free
             acc += part * scale[:, None]
             step += 1
-        tma.store_wait(pendings=0)
-        d_smem.store(acc.to(d_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
+        _store_tile(acc, d_desc, d_smem, off_m, off_n)
     tma.store_wait(pendings=0)
 
 

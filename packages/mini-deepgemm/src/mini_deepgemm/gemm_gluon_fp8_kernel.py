@@ -69,6 +69,48 @@ def _next_step(tile, off_m, off_n, k, num_k, M, N, BLOCK_M: gl.constexpr, BLOCK_
 
 
 @gluon.jit
+def _tile_start(tile, sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                GROUP_M: gl.constexpr, rows_layout: gl.constexpr):
+    """(off_m, off_n, sa pointers of the tile's rows [BLOCK_M] in rows_layout, sb pointer of its column block, and
+    the raw scales of step 0) of output tile `tile`. Rows past M read row M - 1 (their results are clipped by the
+    store)."""
+    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
+    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+    sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
+    return off_m, off_n, sa_rows, sb_row, gl.load(sa_rows), gl.load(sb_row)
+
+
+@gluon.jit
+def _scales_ahead(sa_rows, sb_row, k, num_k):
+    """The raw scales of step k + 1 of the tile (of step k at the last): loaded one step ahead, because a load
+    consumed in its own step stalled the warps (in order) between the step's first and second wgmma until it
+    returned from L2."""
+    ahead = gl.minimum(k + 1, num_k - 1)
+    return gl.load(sa_rows + ahead), gl.load(sb_row + ahead)
+
+
+@gluon.jit
+def _mma_of_step(a_ring, b_ring, ready, zero, step):
+    """Wait for the step's ring slot, then issue its MMA over K = 128 into a fresh fp32 tile (async; wait for it with
+    warpgroup_mma_wait)."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    slot = step % STAGES
+    mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+    return warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _store_tile(acc, d_desc, d_smem, off_m, off_n):
+    """The tile as bf16 through shared memory and one TMA store. The previous tile's store must have read d_smem
+    before it is overwritten; this one then drains under the next tile's MMAs."""
+    tma.store_wait(pendings=0)
+    d_smem.store(acc.to(d_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
+
+
+@gluon.jit
 def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
@@ -109,25 +151,14 @@ def fp8_gemm_v3_kernel(
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     step = 0
     for t in range(my_tiles):
-        off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        # Scale pointers of this tile: rows past M read row M - 1 (their results are clipped by the store).
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
-        sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-        sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
+        off_m, off_n, sa_rows, sb_row, sa_next, sb_next = _tile_start(
+            gl.program_id(0) + t * gl.num_programs(0), sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M, BLOCK_N,
+            GROUP_M, rows_layout)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-        # Scales are loaded one step ahead: a load consumed in its own step stalled the warps (in order) between the
-        # step's first and second wgmma until it returned from L2.
-        sa_next = gl.load(sa_rows)
-        sb_next = gl.load(sb_row)
         for k in range(num_k):
-            slot = step % STAGES
             scale = sa_next * sb_next
-            ahead = gl.minimum(k + 1, num_k - 1)
-            sa_next = gl.load(sa_rows + ahead)
-            sb_next = gl.load(sb_row + ahead)
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            part = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
+            sa_next, sb_next = _scales_ahead(sa_rows, sb_row, k, num_k)
+            part = _mma_of_step(a_ring, b_ring, ready, zero, step)
             # The slot of the previous step is free (both warpgroups waited for its MMA before the last barrier):
             # the step STAGES - 1 ahead, of this tile or the next, goes there while this MMA runs.
             _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (step + STAGES - 1) % STAGES, ld_m, ld_n, ld_k,
@@ -137,12 +168,7 @@ def fp8_gemm_v3_kernel(
             gl.thread_barrier()
             acc += part * scale[:, None]
             step += 1
-        # The previous tile's store must have read d_smem before it is overwritten; this one then drains under the
-        # next tile's MMAs (whose loads are already in flight).
-        tma.store_wait(pendings=0)
-        d_smem.store(acc.to(d_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
+        _store_tile(acc, d_desc, d_smem, off_m, off_n)
     tma.store_wait(pendings=0)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
