@@ -424,8 +424,8 @@ def main():
     p.add_argument("--m", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--tilelang", action="store_true", help="TileLang kernels against Triton and cuBLAS")
     p.add_argument("--graph", action="store_true",
-                   help="GPU time from CUDA graphs: under do_bench, calls of ~50-70 us at M = 4,096 wait for their host "
-                        "launch (session 10, deepgemm-gluon-v3.md)")
+                   help="GPU time from CUDA graphs: under do_bench, calls of ~50-70 us at M = 4,096 wait for their "
+                        "host launch (session 10, deepgemm-gluon-v3.md)")
     args = p.parse_args()
     global GRAPH_TIMING
     GRAPH_TIMING = args.graph

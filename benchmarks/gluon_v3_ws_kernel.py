@@ -17,7 +17,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
-from mini_deepgemm.gemm_gluon_fp8_kernel import _mma_of_step, _scales_ahead, _store_tile, _tile_offsets, _tile_start
+from mini_deepgemm.gemm_gluon_fp8_kernel import (
+    _mma_of_step, _scales_ahead, _store_tile, _tile_offsets, _tile_start, acc_layout,
+)
 
 
 @gluon.jit
@@ -51,8 +53,7 @@ def _math(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, 
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
+    mma: gl.constexpr = acc_layout(num_warps, BLOCK_N)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     num_k = K // BLOCK_K
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)

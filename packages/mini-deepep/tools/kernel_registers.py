@@ -78,7 +78,8 @@ def ptx_fingerprint(kernel, constexprs: dict[str, int], num_warps: int = 8) -> s
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
 
 
-def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int, maxnreg: int | None = None) -> tuple[int, int, int]:
+def compile_sm90(kernel, constexprs: dict[str, int], num_warps: int,
+                 maxnreg: int | None = None) -> tuple[int, int, int]:
     """(registers, spill store bytes, shared memory bytes) of `kernel` at these constexprs (and register cap)."""
     compiled = _compile(kernel, constexprs, num_warps, maxnreg)
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +102,8 @@ def fingerprints() -> None:
                                 A_WORDS=1280 if fp8 else 2560,
                                 B_WORDS=40 if fp8 else 0, ROW_HEAD=1024 if fp8 else 2048, ROW_TAIL=256 if fp8 else 512,
                                 B_BLOCK=64 if fp8 else 16, META_WORDS=19, META_BLOCK=32, TILE=8, FUSED_NOTIFY=False,
-                                EXPERT_BLOCK=triton.next_power_of_2(384 // ranks), MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS)
+                                EXPERT_BLOCK=triton.next_power_of_2(384 // ranks),
+                                MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS)
                 print(f"dispatch {'fp8' if fp8 else 'bf16'}, {ranks} ranks, trace {trace}:",
                       ptx_fingerprint(dispatch_kernel, dispatch))
             combine = dict(common, **COMBINE_UNITS, NUM_SENDERS=132, RANK_BLOCK=triton.next_power_of_2(ranks),

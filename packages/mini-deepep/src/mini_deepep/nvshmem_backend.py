@@ -197,7 +197,8 @@ class NvshmemBackend:
         num_max_recv_rows: int | None,
     ) -> DispatchResult:
         fused = num_max_recv_rows is not None and self.fuse_notify  # no host read of the row count: no notify kernel
-        notified = self.dispatch_notify(parts, topk_idx, topk_weights, layout, num_experts, m_alignment, launch=not fused)
+        notified = self.dispatch_notify(parts, topk_idx, topk_weights, layout, num_experts, m_alignment,
+                                        launch=not fused)
         return self.dispatch_data(notified, num_max_recv_rows, fused_notify=fused)
 
     def dispatch_notify(
@@ -351,8 +352,8 @@ class NvshmemBackend:
             _nonempty(y), _nonempty(row_weights), handle.positions, handle.recv_tokens_per_rank,
             _nonempty(handle.send_slot), _nonempty(out),
             handle.num_tokens, slots, self.rank, self._combine_epoch, self._combine_consumed, self.timeout_ns,
-            two_pass_from, self.layout.combine_offset, self.layout.combine_flags_offset, self._header(L.COMBINE_CONSUMED),
-            self._header(L.ERROR), self.layout.combine_queue_offset, self._trace_buffer(grid),
+            two_pass_from, self.layout.combine_offset, self.layout.combine_flags_offset,
+            self._header(L.COMBINE_CONSUMED), self._header(L.ERROR), self.layout.combine_queue_offset, self._trace_buffer(grid),
             NUM_SENDERS=senders, NUM_RANKS=R, RANK_BLOCK=triton.next_power_of_2(R), TOPK=handle.num_topk,
             TOPK_BLOCK=triton.next_power_of_2(handle.num_topk), HIDDEN=hidden, GROUP=L.GROUP, MAX_GROUPS=L.MAX_GROUPS,
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),

@@ -338,24 +338,27 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         _swapab_gemm(x, None, bq, sb, d, layout, group_arg, b_fp4, cfg)
 
 
+def _gluon_runs_on(d: torch.Tensor) -> bool:
+    """Where the Gluon kernels run: a bf16 output on Hopper (wgmma; sm_90 is where they were measured) with triton 3.6
+    (gluon_usable), not under the interpreter."""
+    return (d.is_cuda and d.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") != "1" and gluon_usable()
+            and torch.cuda.get_device_capability(d.device) == (9, 0))
+
+
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, sb: torch.Tensor, cfg: dict) -> bool:
-    """gemm_gluon_kernel covers what default_config marks GLUON (FP4 weights, grouped layouts) with a bf16 output,
-    on Hopper (wgmma; sm_90 is where it was measured) and triton 3.6 (gluon_usable), not under the interpreter; it
-    reads the scales as 32-bit words, so their base must be 4-byte aligned."""
-    return (bool(cfg.get("GLUON")) and b_fp4 and layout != _DENSE and d.is_cuda and d.dtype == torch.bfloat16
-            and os.environ.get("TRITON_INTERPRET") != "1" and gluon_usable()
-            and torch.cuda.get_device_capability(d.device) == (9, 0) and sb.data_ptr() % 4 == 0)
+    """gemm_gluon_kernel covers what default_config marks GLUON (FP4 weights, grouped layouts) where _gluon_runs_on
+    allows it; it reads the scales as 32-bit words, so their base must be 4-byte aligned."""
+    return bool(cfg.get("GLUON")) and b_fp4 and layout != _DENSE and _gluon_runs_on(d) and sb.data_ptr() % 4 == 0
 
 
 def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, recipe: Recipe) -> bool:
-    """gemm_gluon_fp8_kernel covers the dense V3 recipe (fp32 scales per 1 x 128 and 128 x 128) with a bf16 output and
-    no accumulate-into, on Hopper with triton 3.6 (gluon_usable), not under the interpreter. Its operands and output
-    go through TMA: 16-byte aligned bases and row strides (N % 8 == 0 for the bf16 output). It runs one 128 x 128
-    tile per SM at a time, so a GEMM of fewer tiles than SMs stays on gemm_kernel's 64 x 128 tiles (wkv, 4,096 x 512:
-    128 tiles, 268 against 440 TFLOP/s; docs/reports/deepgemm-gluon-v3.md)."""
+    """gemm_gluon_fp8_kernel covers the dense V3 recipe (fp32 scales per 1 x 128 and 128 x 128) without
+    accumulate-into, where _gluon_runs_on allows it. Its operands and output go through TMA: 16-byte aligned bases
+    and row strides (N % 8 == 0 for the bf16 output). It runs one 128 x 128 tile per SM at a time, so a GEMM of fewer
+    tiles than SMs stays on gemm_kernel's 64 x 128 tiles (wkv, 4,096 x 512: 128 tiles, 268 against 440 TFLOP/s with
+    host time included; docs/reports/deepgemm-gluon-v3.md)."""
     if not (recipe == V3_RECIPE and aq.dtype == torch.float8_e4m3fn and bq.dtype == torch.float8_e4m3fn and c is None
-            and d.is_cuda and d.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") != "1"
-            and gluon_usable() and torch.cuda.get_device_capability(d.device) == (9, 0)):
+            and _gluon_runs_on(d)):
         return False
     tma_ok = all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (aq, bq, d))
     tiles = cdiv(aq.shape[0], 128) * cdiv(bq.shape[0], 128)
@@ -375,8 +378,8 @@ def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two warpgroups, 64: one), K in
-    steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch
-    makes them contiguous)."""
+    steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile);
+    sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel

@@ -32,6 +32,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 
+@gluon.constexpr_function
+def acc_layout(num_warps, block_n):
+    """The fp32 accumulator's wgmma layout: num_warps / 4 warpgroups stacked along M, m64nNk32 FP8 instructions."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 32])
+
+
 @gluon.jit
 def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """(row, column) offsets of output tile `tile` in grouped order: GROUP_M row tiles share each sweep over the
@@ -125,8 +131,7 @@ def fp8_gemm_v3_kernel(
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
+    mma: gl.constexpr = acc_layout(num_warps, BLOCK_N)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
 
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)

@@ -164,11 +164,11 @@ def combine_kernel(
     TRACE: tl.constexpr,
 ):
     """Grid: NUM_SENDERS sender programs, then reducers. Senders, the reducers' pass 1 and their one-pass tiles take
-    tokens TILE at a time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in flight (when
-    launched with the register budget of its programs per SM as maxnreg, nvshmem_backend.register_budget; without
-    it ptxas issued half of them at a time) and loads a tile's slots, pair rows and weights once, as [TILE, R] and
-    [TILE, k] blocks. Pass 2 takes
-    ROW_TOKENS whole rows at a time, as two power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
+    tokens TILE at a time (TILE divides GROUP), rows COLS columns at a time: a program keeps TILE x k row pieces in
+    flight (when launched with the register budget of its programs per SM as maxnreg,
+    nvshmem_backend.register_budget; without it ptxas issued half of them at a time) and loads a tile's slots, pair
+    rows and weights once, as [TILE, R] and [TILE, k] blocks. Pass 2 takes ROW_TOKENS whole rows at a time, as two
+    power-of-two pieces (dispatch.load_rows: ROW_HEAD + ROW_TAIL).
     Phases traced: senders (waited for the peers' CONSUMED, stored every partial), reducers (own partials of the
     two-pass tiles stored, every token reduced)."""
     pid = tl.program_id(0)
@@ -260,17 +260,12 @@ def combine_kernel(
         flags = buf64 + flags_offset
         ready = tl.full([1, RANK_BLOCK], -1, tl.int32)  # per peer: the last slot group waited for
         for tile in range(reducer, num_tiles, num_reducers):
-            if ONE_PASS:
-                if tile < two_pass_from:
-                    ready = _reduce_tile_in_one_pass(
-                        tile, ready, y, row_weights, positions, send_slot, out, buf16, buf64, peer_offsets, flags,
-                        num_tokens, slots, rank, epoch, timeout_ns, combine_offset, error_offset,
-                        NUM_RANKS, RANK_BLOCK, TOPK, TOPK_BLOCK, HIDDEN, GROUP, MAX_GROUPS, TILE, COLS)
-                else:
-                    ready = _reduce_tile_second_pass(
-                        tile, ready, send_slot, out, buf16, buf64, peer_offsets, flags, num_tokens, slots, rank, epoch,
-                        timeout_ns, combine_offset, error_offset, NUM_RANKS, RANK_BLOCK, HIDDEN, GROUP, MAX_GROUPS,
-                        TILE, ROW_TOKENS, ROW_HEAD, ROW_TAIL)
+            in_one_pass = tile < two_pass_from if ONE_PASS else False  # a compile-time False without ONE_PASS
+            if in_one_pass:
+                ready = _reduce_tile_in_one_pass(
+                    tile, ready, y, row_weights, positions, send_slot, out, buf16, buf64, peer_offsets, flags,
+                    num_tokens, slots, rank, epoch, timeout_ns, combine_offset, error_offset,
+                    NUM_RANKS, RANK_BLOCK, TOPK, TOPK_BLOCK, HIDDEN, GROUP, MAX_GROUPS, TILE, COLS)
             else:
                 ready = _reduce_tile_second_pass(
                     tile, ready, send_slot, out, buf16, buf64, peer_offsets, flags, num_tokens, slots, rank, epoch,
