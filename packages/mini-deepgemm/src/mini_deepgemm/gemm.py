@@ -375,11 +375,16 @@ def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
+# Registers of the V3 Gluon kernel's TMA producer warp (it only issues copies and waits on mbarriers).
+_GLUON_V3_PRODUCER_REGS = 40
+
+
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
-    """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two warpgroups, 64: one), K in
-    steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile);
-    sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
+    """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two math warpgroups, 64: one, plus
+    the TMA producer warp), K in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per
+    SM (0: one per tile); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes
+    them contiguous)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
@@ -394,10 +399,18 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     tiles = cdiv(M, block_m) * cdiv(N, block_n)
     per_sm = cfg["GLUON_PROGRAMS_PER_SM"]  # 0: one program per tile; else persistent programs, this many per SM
     grid = (min(tiles, per_sm * torch.cuda.get_device_properties(d.device).multi_processor_count) if per_sm else tiles,)
+    # Registers per thread: the SM's 64K over the programs resident on it (persistent: per_sm; one per tile: shared
+    # memory holds one 128-row program, two 64-row ones) and their warps: the math partition's plus the producer's
+    # warpgroup (setmaxnreg works per warpgroup; the producer keeps _GLUON_V3_PRODUCER_REGS and the math warps get
+    # what its warpgroup gives back). 128 rows: 12 warps, 168 (math partition 232, no spills); at most 168, the
+    # budget measured (session 11).
+    warps = block_m // 16 + 4
+    maxnreg = min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
     fp8_gemm_v3_kernel[grid](
         desc(aq, (block_m, block_k)), desc(bq, (block_n, block_k)), desc(d, (block_m, block_n)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
-        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], num_warps=block_m // 16)
+        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], PRODUCER_REGS=_GLUON_V3_PRODUCER_REGS,
+        num_warps=block_m // 16, maxnreg=maxnreg)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:

@@ -6,19 +6,26 @@ ran at 0.54x cuBLAS per-tensor FP8 on the issue's shapes (docs/reports/deepgemm-
 this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmetic or register staging for the
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
-Schedule per program (BLOCK_M x 128 output tiles, BLOCK_M / 64 warpgroups, K in steps of 128; persistent: program p
-takes tiles p, p + grid, ..., so grid = the tile count is one tile per program):
-- a STAGES-deep TMA ring of (A [BLOCK_M, 128], B [128, 128]) FP8 tiles, each slot with an mbarrier that the
-  copies complete (expect-tx). The ring runs over the program's steps of all its tiles, so the first steps of the
-  next tile are loading while the current tile finishes and stores;
-- per step: wait for the slot, one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile (use_acc
-  false), refill the slot of the previous step with the step STAGES - 1 ahead, wait for the MMA, promote:
-  acc += part * sa[m] * sb. A slot is refilled only after a CTA barrier that follows both warpgroups' waits for the
-  MMA that read it (a warpgroup's MMA wait covers its own MMAs only). Keeping two MMAs in flight (step k's running
-  while step k - 1 is promoted, three fp32 tiles in registers) measured slower: 0.79-0.94x at 7 of 8 shapes
-  (docs/reports/deepgemm-gluon-v3.md);
-- epilogue: bf16 through shared memory and one TMA store (rows and columns past M, N are clipped by the copy),
-  waited for only before the next tile's epilogue reuses the buffer.
+Schedule per program (BLOCK_M x 128 output tiles, K in steps of 128; persistent: program p takes tiles p, p + grid,
+..., so grid = the tile count is one tile per program), in two partitions (warp specialization):
+- the producer, one warp with few registers: every step of the program's tiles, in order, by TMA into a
+  STAGES-deep ring of (A [BLOCK_M, 128], B [128, 128]) FP8 tiles, each slot with a "ready" mbarrier that the copies
+  complete (expect-tx) and an "empty" mbarrier that the math partition arrives on when the MMA that read it is done.
+  The ring runs over the steps of all the program's tiles, so the next tile's first steps load while the current
+  one finishes and stores;
+- the math partition, BLOCK_M / 64 warpgroups (the default partition, with the registers the producer gives back:
+  setmaxnreg): per step, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile
+  (use_acc false), wait for it, arrive on "empty", promote: acc += part * sa[m] * sb. Epilogue: bf16 through
+  shared memory and one TMA store (rows and columns past M, N are clipped by the copy), waited for only before the
+  next tile's epilogue reuses the buffer.
+Why two partitions: in the single-partition kernel (session 10) the math warps also issued the copies, and Gluon
+wraps each single-thread operation (the expect-tx, each of the two TMA copies, the mbarrier wait) in a CTA barrier,
+plus the barrier that made the refill safe: five CTA barriers per K step, which kept both warpgroups in lock step,
+so both promoted while the tensor core idled. With the copies in the producer the math loop has two, the producer's
+loop none; it measured 1.01-1.04x the single-partition kernel at all 8 dense shapes, bitwise equal
+(docs/reports/deepgemm-gluon-v3.md, session 11). Keeping two MMAs in flight (step k's running while step k - 1 is
+promoted, three fp32 tiles in registers) measured slower in the single-partition kernel: 0.79-0.94x at 7 of 8
+shapes.
 The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ from the reference only in order
 (and in the tensor core's own accumulation of one step's 128 products), as gemm_kernel's do.
 """
@@ -50,28 +57,13 @@ def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROU
 
 
 @gluon.jit
-def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, pred):
-    """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot` (skipped where pred
-    is false)."""
+def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k):
+    """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot`."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(b_desc, [off_n, k * BLOCK_K], bar, b_ring.index(slot), pred=pred)
-
-
-@gluon.jit
-def _next_step(tile, off_m, off_n, k, num_k, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               GROUP_M: gl.constexpr):
-    """The load cursor's next step: (tile, off_m, off_n, k). The tile's offsets are recomputed (integer divisions)
-    only when the cursor moves to the program's next tile: per step they cost as many issue slots as the promotion
-    (session 10 run 6: 0.75-0.8x)."""
-    k += 1
-    if k == num_k:
-        k = 0
-        tile += gl.num_programs(0)
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    return tile, off_m, off_n, k
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot))
+    tma.async_copy_global_to_shared(b_desc, [off_n, k * BLOCK_K], bar, b_ring.index(slot))
 
 
 @gluon.jit
@@ -117,63 +109,87 @@ def _store_tile(acc, d_desc, d_smem, off_m, off_n):
 
 
 @gluon.jit
+def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+    """One warp: every step of this program's tiles, in order, into ring slot step % STAGES once that slot is empty
+    (the first lap waits on the barriers' initial phase, which counts as complete). Its tile offsets are computed
+    once per tile, not per step (session 10 run 6: integer divisions per step cost 0.75-0.8x)."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    num_k = K // BLOCK_K
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    step = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for k in range(num_k):
+            slot = step % STAGES
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k)
+            step += 1
+
+
+@gluon.jit
+def _math(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
+          stride_sb, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """The default partition (all BLOCK_M / 64 warpgroups): MMA, release the slot, promote; each tile's epilogue."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    mma: gl.constexpr = acc_layout(num_warps, BLOCK_N)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+    num_k = K // BLOCK_K
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    step = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n, sa_rows, sb_row, sa_next, sb_next = _tile_start(
+            tile, sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M, BLOCK_N, GROUP_M, rows_layout)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+        for k in range(num_k):
+            scale = sa_next * sb_next
+            sa_next, sb_next = _scales_ahead(sa_rows, sb_row, k, num_k)
+            part = warpgroup_mma_wait(0, deps=(_mma_of_step(a_ring, b_ring, ready, zero, step),))
+            # One thread arrives, after the partition's barrier that Gluon puts before a single-thread operation:
+            # every warpgroup has waited for its own MMA (which covers only its own), so the slot is free.
+            mbarrier.arrive(empty.index(step % STAGES), count=1)
+            acc += part * scale[:, None]
+            step += 1
+        _store_tile(acc, d_desc, d_smem, off_m, off_n)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
     [BLOCK_N, 128] tiles (BLOCK_N = 128, so a tile has one B scale per step); d_desc: bf16 [M, N] in
     [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row stride
     stride_sb); K % 128 == 0. Persistent: program p computes tiles p, p + grid, ... (grid = the tile count gives one
-    tile per program)."""
+    tile per program). num_warps is the math partition's; the producer warp (PRODUCER_REGS registers) comes on top,
+    in a warpgroup of its own (setmaxnreg works per warpgroup), and the launch's maxnreg sets the registers the
+    math partition gets."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    mma: gl.constexpr = acc_layout(num_warps, BLOCK_N)
-    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
-
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-
-    num_k = K // BLOCK_K
-    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    my_tiles = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0))
-    total_steps = my_tiles * num_k
-    # The load cursor (tile, offsets, k of the next step to load) runs STAGES - 1 steps ahead of the MMAs.
-    ld_tile = gl.program_id(0)
-    ld_m, ld_n = _tile_offsets(ld_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    ld_k = 0
-    for s in gl.static_range(STAGES - 1):
-        _issue_step(a_desc, b_desc, a_ring, b_ring, ready, s, ld_m, ld_n, ld_k, s < total_steps)
-        ld_tile, ld_m, ld_n, ld_k = _next_step(ld_tile, ld_m, ld_n, ld_k, num_k, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    step = 0
-    for t in range(my_tiles):
-        off_m, off_n, sa_rows, sb_row, sa_next, sb_next = _tile_start(
-            gl.program_id(0) + t * gl.num_programs(0), sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M, BLOCK_N,
-            GROUP_M, rows_layout)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-        for k in range(num_k):
-            scale = sa_next * sb_next
-            sa_next, sb_next = _scales_ahead(sa_rows, sb_row, k, num_k)
-            part = _mma_of_step(a_ring, b_ring, ready, zero, step)
-            # The slot of the previous step is free (both warpgroups waited for its MMA before the last barrier):
-            # the step STAGES - 1 ahead, of this tile or the next, goes there while this MMA runs.
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, (step + STAGES - 1) % STAGES, ld_m, ld_n, ld_k,
-                        step + STAGES - 1 < total_steps)
-            ld_tile, ld_m, ld_n, ld_k = _next_step(ld_tile, ld_m, ld_n, ld_k, num_k, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            part = warpgroup_mma_wait(0, deps=(part,))
-            gl.thread_barrier()
-            acc += part * scale[:, None]
-            step += 1
-        _store_tile(acc, d_desc, d_smem, off_m, off_n)
-    tma.store_wait(pendings=0)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize(
+        [(_math, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
+                  stride_sb, GROUP_M, num_warps)),
+         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+        [1], [PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
