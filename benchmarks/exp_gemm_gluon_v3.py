@@ -1,17 +1,22 @@
-"""Experiment (issue 4): the Gluon dense FP8 GEMM of the V3 recipe (gemm_gluon_fp8_kernel: TMA ring, FP8 wgmma
-promoted per 128 of K, 128 x 128 tiles over two warpgroups) against gemm_kernel's Triton version and cuBLAS, same run.
+"""Experiment (issue 4): the Gluon dense FP8 GEMM of the V3 recipe (gemm_gluon_fp8_kernel: a TMA producer warp and
+two math warpgroups, FP8 wgmma promoted per 128 of K, 128 x 128 tiles) against gemm_kernel's Triton version and
+cuBLAS, same run.
 
-For each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks the Gluon output against the
-Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched directly, whatever the routing
-decides) at 128- and 64-row tiles, 4 or 3 ring stages, one program per tile or persistent, the Triton kernel at its
-shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
-$OUT/exp_gemm_gluon_v3.json and prints a table.
+It first runs one small call with a hard time limit in a child process (a producer/consumer mistake in the kernel
+hangs rather than fails). Then for each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks
+the Gluon output against the Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched
+directly, whatever the routing decides) as shipped (128-row tiles, 4 ring stages, persistent) and at 64-row tiles
+(one math warpgroup, two programs per SM), the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and
+1x128 / 128x128 blockwise (cuBLAS). Writes $OUT/exp_gemm_gluon_v3.json and prints a table.
+
+    cd benchmarks && timeout 150 python3 exp_gemm_gluon_v3.py
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import time
@@ -24,9 +29,11 @@ from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # 
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
-# (BLOCK_M, ring stages, persistent programs per SM; 0 = one program per tile). Session 10 run 5 timed one program
-# per tile at 128 rows only, and a two-MMAs-in-flight variant since removed (slower).
-VARIANTS = [(128, 4, 0), (128, 4, 1), (64, 3, 2)]
+# (BLOCK_M, ring stages, persistent programs per SM; 0 = one program per tile): the shipped config first. Session 10
+# timed the single-partition kernel of then also at one program per tile (a tie when persistent) and with two MMAs
+# in flight (slower); session 11 run 1 the warp-specialized kernel (now the shipped one) at the shipped config.
+VARIANTS = [(128, 4, 1), (64, 3, 2)]
+SMOKE_S = 60
 
 
 def ms(fn) -> float:
@@ -40,10 +47,42 @@ def ms(fn) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def smoke(result) -> None:
+    """Child process: one 256 x 256 x 512 call per variant (several laps of the ring, two tiles), bitwise against
+    the Triton kernel."""
+    op = dense_operands(256, 256, 512)
+    a, b, d = *op["v3"], op["d"]
+    base = G.gemm_kernel_config(G._DENSE, 256, 128, False)
+    want = torch.empty_like(d)
+    G._gemm(G._DENSE, a, b, want, None, None, None, False, config={**base, "GLUON": False})
+    equal = []
+    for block_m, stages, per_sm in VARIANTS:
+        G._gluon_fp8_v3_gemm(*a, *b, d, {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages,
+                                         "GLUON_PROGRAMS_PER_SM": per_sm})
+        torch.cuda.synchronize()
+        equal.append(bool(torch.equal(d.view(torch.int16), want.view(torch.int16))))
+    result.put(equal)
+
+
+def smoke_or_exit() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    child = ctx.Process(target=smoke, args=(result,))
+    child.start()
+    child.join(SMOKE_S)
+    if child.is_alive():
+        child.kill()
+        raise SystemExit(f"the Gluon V3 kernel did not finish a 256 x 256 x 512 call in {SMOKE_S} s: a hang")
+    if child.exitcode != 0:
+        raise SystemExit(f"the smoke call failed (exit code {child.exitcode})")
+    print("smoke call, bitwise equal to the Triton kernel per variant:", result.get(), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, nargs="*", default=[4096])
     args = p.parse_args()
+    smoke_or_exit()
     rows, one = [], torch.ones((), device="cuda")
     for M in args.m:
         for name, (N, K) in DENSE_SHAPES.items():

@@ -9,7 +9,14 @@ below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial ro
 128-column tile (520, 2,056: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
 stages) and V4.1 projection shapes; 128- and 64-row tiles, one program per tile and persistent programs that run
 several tiles. GPU and triton 3.6 only.
+
+The kernel is warp-specialized (a TMA producer warp and the math warpgroups handing ring slots over by mbarriers),
+so a mistake there hangs rather than fails: before the first test, one small call per variant runs in a child
+process with a time limit, and every test of the module errors if it did not finish.
 """
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +35,35 @@ SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304
 # (rows per tile, persistent programs per SM; 0 = one program per tile): the last two shapes have more tiles than
 # programs, so a persistent program runs several, with the next tile's loads issued under the current one's MMAs
 VARIANTS = [(128, 0), (128, 1), (64, 2)]
+SMOKE_S = 180  # a cold compile of each variant plus torch's start: well under a minute
+
+
+def variant_config(M: int, block_m: int, per_sm: int) -> dict:
+    cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
+    assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
+    return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": 3 if block_m == 64 else 4, "GLUON_PROGRAMS_PER_SM": per_sm}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_finishes():
+    """One 256 x 256 x 512 call per variant (two tiles, four K steps: more than a lap of the ring) in a child
+    process that must finish within SMOKE_S."""
+    code = f"""
+import torch
+from mini_deepgemm import gemm
+aq = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
+bq = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
+sa, sb = torch.rand(256, 4, device="cuda"), torch.rand(2, 4, device="cuda")
+d = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
+for cfg in {[variant_config(256, block_m, per_sm) for block_m, per_sm in VARIANTS]!r}:
+    gemm._gluon_fp8_v3_gemm(aq, sa, bq, sb, d, cfg)
+    torch.cuda.synchronize()
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SMOKE_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the Gluon V3 kernel did not finish a 256 x 256 x 512 call in {SMOKE_S} s: a hang")
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
@@ -43,10 +79,7 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
 def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m, per_sm):
     gen = torch.Generator().manual_seed(M + N + K)
     a, b = v3_operands(M, N, K, gen)
-    cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
-    assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
-    cfg = {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": 3 if block_m == 64 else 4,
-           "GLUON_PROGRAMS_PER_SM": per_sm}
+    cfg = variant_config(M, block_m, per_sm)
     got = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     gemm._gluon_fp8_v3_gemm(*a, *b, got, cfg)
     again = torch.empty_like(got)
