@@ -27,6 +27,7 @@ from mini_deepgemm.reference import fp4_fakequant
 import mini_flashmla
 from mini_flashmla import api, reference
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
 H, D, W, TOPK_C, S_Q = 64, 512, 128, 512, 4096
 CONTEXT, RATIO = 131072, 2
@@ -78,28 +79,31 @@ def bench_prefill(dev, result: dict) -> None:
     wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
     cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
     cid = cid.to(torch.int32)
-    def fn():
+    def fn():  # the public API: the Gluon kernel where _gluon_paged_runs_on, else the Triton kernel
         return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
 
     t = bench(fn)
+    result["prefill_paged_kernel"] = "gluon" if api._gluon_paged_runs_on(q, window_cache, compressed_cache) else "triton"
     result["prefill_paged_ms"] = t
     result["prefill_paged_tflops"] = flops / t / 1e9
-    # Launch-option sweep: each row format at the pipelining depth it does not ship with (1 <-> 2 stages).
-    bf16_case = lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # noqa: E731
-    for fmt, label, case in (("quantized", "paged", fn), ("bf16", "bf16", bf16_case)):
-        launch = api.ATTN_LAUNCH_64_HEADS[fmt]
-        shipped = launch["num_stages"]
-        launch["num_stages"] = other = 3 - shipped
-        try:
-            result[f"prefill_{label}_stages{other}_tflops"] = flops / bench(case) / 1e9
-        except Exception as exc:
-            result[f"prefill_{label}_stages{other}_error"] = repr(exc)[:300]
-        finally:
-            launch["num_stages"] = shipped
+    sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)
+    t = bench(lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
+    result["prefill_paged_triton_tflops"] = flops / t / 1e9
+    # Launch-option sweep of the Triton kernel: bf16 rows at the pipelining depth they do not ship with (2 -> 1).
+    launch = api.ATTN_LAUNCH_64_HEADS["bf16"]
+    shipped = launch["num_stages"]
+    launch["num_stages"] = other = 3 - shipped
+    try:
+        result[f"prefill_bf16_stages{other}_tflops"] = flops / bench(
+            lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)) / 1e9
+    finally:
+        launch["num_stages"] = shipped
     # correctness at this scale on the first 256 queries (relative L2 against the reference)
     out, _ = fn()
     ref, _ = reference.sparse_attn_paged_ref(q[:256], window_cache, compressed_cache, wid[:256], cid[:256], SCALE, sink)
     result["prefill_paged_rel_l2_first256"] = ((out[:256].float() - ref.float()).norm() / ref.float().norm()).item()
+    tri, _ = api._launch_sparse_attn(q, *sources, SCALE, sink, 1)
+    result["prefill_paged_rel_l2_vs_triton"] = ((out.float() - tri.float()).norm() / tri.float().norm()).item()
 
 
 def bench_decode(dev, result: dict) -> None:
@@ -121,6 +125,9 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_us"] = t * 1e3
         result[f"decode_b{batch}_one_split_us"] = 1e3 * bench(
             lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, 1))
+        sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)
+        result[f"decode_b{batch}_triton_one_split_us"] = 1e3 * bench(
+            lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
 
 
@@ -180,14 +187,15 @@ def print_table(result: dict) -> None:
     print("\n| metric | value | ratio to peer |\n|---|---|---|")
     pb, pc = result["bf16_matmul_tflops"], result["device_copy_gbs"]
     print(f"| bf16 cuBLAS 8192^3 | {pb:.0f} TFLOP/s | |\n| device copy | {pc:.0f} GB/s | |")
-    for k in ("prefill_bf16_tflops", "prefill_paged_tflops", "prefill_bf16_stages1_tflops",
-              "prefill_paged_stages2_tflops"):
+    for k in ("prefill_bf16_tflops", "prefill_paged_tflops", "prefill_paged_triton_tflops",
+              "prefill_bf16_stages1_tflops"):
         if k in result:
             print(f"| {k} | {result[k]:.1f} TFLOP/s | {result[k] / pb:.2f} of bf16 cuBLAS |")
     for b in (64, 128, 256):
         if f"decode_b{b}_gbs" in result:
             print(f"| decode batch {b} | {result[f'decode_b{b}_us']:.1f} us, {result[f'decode_b{b}_gbs']:.0f} GB/s "
-                  f"(one split: {result[f'decode_b{b}_one_split_us']:.1f} us) "
+                  f"(one split: {result[f'decode_b{b}_one_split_us']:.1f} us; Triton kernel, one split: "
+                  f"{result[f'decode_b{b}_triton_one_split_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "

@@ -17,7 +17,7 @@ import torch
 from mini_deepgemm.reference import fp4_fakequant
 
 import mini_flashmla
-from mini_flashmla import reference
+from mini_flashmla import api, reference
 from mini_flashmla.cache_layout import (
     pack_compressed_kv_fp4,
     pack_index_k_fp4,
@@ -132,6 +132,100 @@ def test_quantized_reads_are_bit_exact(device):
     cid[:, 5] = rows
     out, _ = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, empty_w, cid, SCALE, None, num_splits=1)
     assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
+# --------------------------------------------------------------------------- the Gluon paged kernel (sm_90, triton 3.6)
+# sparse_attn_gluon_kernel.py: the public API routes unsplit calls of whole 64-head programs there; these tests call
+# it directly and check it against the reference and the Triton kernel, with the metrics above.
+
+
+@pytest.fixture(scope="module")
+def gluon_device() -> str:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    q = torch.empty(1, 64, 512, dtype=torch.bfloat16, device="cuda")
+    if not api._gluon_paged_runs_on(q, torch.empty(1, 528, dtype=torch.uint8, device="cuda"), None):
+        pytest.skip("the Gluon kernel needs sm_90 and triton 3.6")
+    return "cuda"
+
+
+def _triton_paged(q, wc, cc, wid, cid, sink):
+    from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
+
+    source_b = (cc, cid, FORMAT_FP4_COMPRESSED.value) if cc is not None else None
+    return api._launch_sparse_attn(q, (wc, wid, FORMAT_FP8_WINDOW.value), source_b, SCALE, sink, 1)
+
+
+@pytest.mark.parametrize("s_q,h,n_w,n_c,w,topk", [
+    (6, 64, 400, 300, 128, 512),  # V4.1 prefill slots: 2 window + 8 compressed blocks
+    (5, 128, 50, 40, 100, 70),  # two head programs; partial blocks; fewer rows than slots
+    (3, 64, 1000, 2000, 64, 640),  # one window block, ten compressed
+    (4, 64, 300, 300, 1, 1),  # one slot per source
+])
+def test_gluon_paged_matches_reference_and_triton(gluon_device, s_q, h, n_w, n_c, w, topk):
+    g = torch.Generator().manual_seed(s_q * 31 + h + topk)
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, h, n_w, n_c, w, topk, gluon_device)
+    wid[0], cid[0] = -1, -1  # all-empty row
+    cid[1] = -1  # window only
+    wid[2] = -1  # compressed only
+    if topk > 1:
+        cid[s_q - 1, : topk // 2] = cid[s_q - 1, 0]  # duplicates
+        outside = torch.tensor([n_c, 10**6, -(2**31), -5], dtype=torch.int32, device=gluon_device)
+        cid[s_q - 1, topk // 2 :: 5] = outside.repeat(topk)[: cid[s_q - 1, topk // 2 :: 5].numel()]
+    for with_sink in (True, False):
+        s = sink if with_sink else None
+        out, lse = api._launch_paged_gluon(q, wc, cc, wid, cid, SCALE, s)
+        clean = torch.where((cid >= 0) & (cid < n_c), cid, -1)
+        ref_out, ref_lse = reference.sparse_attn_paged_ref(q, wc, cc, wid, clean, SCALE, s)
+        assert_attn_close(out, lse, ref_out, ref_lse)
+        tri_out, tri_lse = _triton_paged(q, wc, cc, wid, cid, s)
+        assert_attn_close(out, lse, tri_out.float(), tri_lse)
+        again, _ = api._launch_paged_gluon(q, wc, cc, wid, cid, SCALE, s)
+        assert torch.equal(out, again), "not deterministic"
+
+
+def test_gluon_paged_window_only_and_sink_extremes(gluon_device):
+    g = torch.Generator().manual_seed(5)
+    q, wc, _, wid, _, _ = _paged_case(g, 4, 64, 256, 1, 128, 1, gluon_device)
+    sink = torch.randn(64, generator=g).to(gluon_device)
+    sink[:3] = torch.tensor([float("inf"), float("-inf"), 0.0])
+    out, lse = api._launch_paged_gluon(q, wc, None, wid, None, SCALE, sink)
+    assert (out[:, 0] == 0).all()  # +inf sink takes all the mass
+    assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink))
+
+
+def test_gluon_quantized_reads_are_bit_exact(gluon_device):
+    """One valid slot per query: the output is exactly that row's dequantized value (P = 1, no sink)."""
+    g = torch.Generator().manual_seed(13)
+    s_q = 64
+    q, wc, cc, _, _, _ = _paged_case(g, s_q, 64, 64, 64, 1, 1, gluon_device)
+    empty_w = torch.full((s_q, 128), -1, dtype=torch.int32, device=gluon_device)
+    empty_c = torch.full((s_q, 512), -1, dtype=torch.int32, device=gluon_device)
+    rows = torch.arange(s_q, dtype=torch.int32, device=gluon_device)
+    wid = empty_w.clone()
+    wid[:, 77] = rows
+    out, _ = api._launch_paged_gluon(q, wc, cc, wid, empty_c, SCALE, None)
+    assert torch.equal(out, unpack_window_fp8(wc)[:, None, :].expand_as(out))
+    cid = empty_c.clone()
+    cid[:, 300] = rows
+    out, _ = api._launch_paged_gluon(q, wc, cc, empty_w, cid, SCALE, None)
+    assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
+def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    q, wc, cc, wid, cid, sink = _paged_case(g, 40, 64, 100, 100, 128, 64, gluon_device)
+    calls = []
+    launch = api._launch_paged_gluon
+    monkeypatch.setattr(api, "_launch_paged_gluon", lambda *a: calls.append(1) or launch(*a))
+    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink)  # 40 programs: unsplit by default
+    assert len(calls) == 1
+    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=2)  # split: Triton kernel + combine
+    api.sparse_mla_fwd_paged(q[:, :16].contiguous(), wc, cc, wid, cid, SCALE, sink[:16])  # 16 heads: Triton
+    assert len(calls) == 1
+    empty_ids = _random_ids(g, 40, 8, 1, empty_frac=1.0, device=gluon_device)
+    out, lse = api.sparse_mla_fwd_paged(q, wc, cc[:0], wid, empty_ids, SCALE, sink)  # no compressed rows: Triton
+    assert len(calls) == 1 and torch.isfinite(lse).all()
 
 
 def _indexer_case(g, s_q, n_rows, device, n_heads=32):

@@ -137,6 +137,8 @@ def sparse_mla_fwd_paged(
     total_slots = window_ids.shape[1] + (compressed_ids.shape[1] if compressed_ids is not None else 0)
     if num_splits is None:
         num_splits = _default_num_splits(q, total_slots)
+    if num_splits == 1 and _gluon_paged_runs_on(q, window_cache, compressed_cache):
+        return _launch_paged_gluon(q, window_cache, compressed_cache, window_ids, compressed_ids, sm_scale, attn_sink)
     return _launch_sparse_attn(q, (window_cache, window_ids, FORMAT_FP8_WINDOW.value), source_b, sm_scale,
                                attn_sink, num_splits)
 
@@ -216,6 +218,49 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
             part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
             HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, num_warps=4,
         )
+    return out, lse
+
+
+def _gluon_paged_runs_on(q: torch.Tensor, window_cache: torch.Tensor, compressed_cache: torch.Tensor | None) -> bool:
+    """Where sparse_attn_gluon_kernel takes an unsplit paged call: whole programs of 64 heads, rows in every given
+    cache (empty slots gather row 0), 16-byte aligned rows and query rows (its cp.async copies are 16 B), on Hopper
+    with triton 3.6 (mini_deepgemm's Gluon condition: the API those kernels were written against), not under the
+    interpreter."""
+    from mini_deepgemm._backend import gluon_usable
+
+    caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
+    return (q.is_cuda and not _interpreting() and q.shape[1] % MAX_ATTN_BLOCK_H == 0
+            and all(c.shape[0] > 0 and c.data_ptr() % 16 == 0 for c in caches)
+            and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
+            and gluon_usable() and torch.cuda.get_device_capability(q.device) == (9, 0))
+
+
+def _launch_paged_gluon(q, window_cache, compressed_cache, window_ids, compressed_ids, sm_scale, attn_sink):
+    """sparse_mla_fwd_paged on sparse_attn_gluon_kernel (see _gluon_paged_runs_on for when): same outputs as the
+    Triton kernel within bf16 rounding of the accumulation order."""
+    from mini_flashmla.sparse_attn_gluon_kernel import (FP4_COMPRESSED, FP8_WINDOW, LOG2E,
+                                                        sparse_mla_fwd_paged_gluon_kernel)
+
+    s_q, h, d = q.shape
+    out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
+    if s_q == 0:
+        return out, lse
+    ids = [window_ids] + ([compressed_ids] if compressed_cache is not None else [])
+    if any(i.dim() != 2 or i.shape[0] != s_q for i in ids):
+        raise ValueError(f"index tensors must be [s_q={s_q}, n], got {[tuple(i.shape) for i in ids]}")
+    w_ids = window_ids.to(torch.int32).contiguous()
+    has_b = compressed_cache is not None
+    c_cache, c_ids = (compressed_cache, compressed_ids.to(torch.int32).contiguous()) if has_b else (window_cache, w_ids)
+    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
+    sparse_mla_fwd_paged_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
+        q, q.stride(0), q.stride(1),
+        window_cache, w_ids, w_ids.stride(0), w_ids.shape[1], window_cache.shape[0],
+        c_cache, c_ids, c_ids.stride(0), c_ids.shape[1] if has_b else 0, c_cache.shape[0],
+        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
+        A_FORMAT=FP8_WINDOW.value, B_FORMAT=FP4_COMPRESSED.value, HAS_B=has_b, HAS_SINK=attn_sink is not None,
+        num_warps=8,
+    )
     return out, lse
 
 
