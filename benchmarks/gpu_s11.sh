@@ -9,7 +9,7 @@
 set -u
 export OUT=${OUT:-/tmp/gpu_s11}  # the experiments write $OUT/*.json
 mkdir -p "$OUT"
-case "${PART:-gemm}" in
+case "${PART:-gemm2}" in
 gemm)
   (cd benchmarks && timeout 200 python3 exp_gemm_gluon_v3_ws.py > "$OUT/exp_gemm_gluon_v3_ws.txt" 2>&1; echo "ws exp rc=$?")
   tail -14 "$OUT/exp_gemm_gluon_v3_ws.txt"
