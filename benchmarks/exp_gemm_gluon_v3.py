@@ -48,7 +48,7 @@ def ms(fn) -> float:
 
 
 def smoke(result) -> None:
-    """Child process: one 256 x 256 x 512 call per variant (several laps of the ring, two tiles), bitwise against
+    """Child process: one 256 x 256 x 512 call per variant (tiles of 4 K steps: a lap of the ring), bitwise against
     the Triton kernel."""
     op = dense_operands(256, 256, 512)
     a, b, d = *op["v3"], op["d"]

@@ -46,7 +46,7 @@ def variant_config(M: int, block_m: int, per_sm: int) -> dict:
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_finishes():
-    """One 256 x 256 x 512 call per variant (two tiles, four K steps: more than a lap of the ring) in a child
+    """One 256 x 256 x 512 call per variant (tiles of four K steps: a lap of the ring) in a child
     process that must finish within SMOKE_S."""
     code = f"""
 import torch
