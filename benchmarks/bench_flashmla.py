@@ -27,7 +27,7 @@ from mini_deepgemm.reference import fp4_fakequant
 import mini_flashmla
 from mini_flashmla import api, reference
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
-from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
+from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
 H, D, W, TOPK_C, S_Q = 64, 512, 128, 512, 4096
 CONTEXT, RATIO = 131072, 2
@@ -69,9 +69,13 @@ def bench_prefill(dev, result: dict) -> None:
     win = positions[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None, :]
     comp = torch.randint(0, CONTEXT - S_Q, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
     idx = torch.cat([win, comp], 1).to(torch.int32)
-    t = bench(lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink))
+    t = bench(lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink))  # Gluon where _gluon_runs_on
+    result["prefill_bf16_kernel"] = "gluon" if api._gluon_runs_on(q, kv) else "triton"
     result["prefill_bf16_ms"] = t
     result["prefill_bf16_tflops"] = flops / t / 1e9
+    bf16_source = (kv, idx, FORMAT_BF16.value)
+    t = bench(lambda: api._launch_sparse_attn(q, bf16_source, None, SCALE, sink, 1))
+    result["prefill_bf16_triton_tflops"] = flops / t / 1e9
 
     # paged quantized: one sequence in slot 0; compressed entries in contiguous blocks.
     window_cache = pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
@@ -79,11 +83,11 @@ def bench_prefill(dev, result: dict) -> None:
     wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
     cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
     cid = cid.to(torch.int32)
-    def fn():  # the public API: the Gluon kernel where _gluon_paged_runs_on, else the Triton kernel
+    def fn():  # the public API: the Gluon kernel where _gluon_runs_on, else the Triton kernel
         return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
 
     t = bench(fn)
-    result["prefill_paged_kernel"] = "gluon" if api._gluon_paged_runs_on(q, window_cache, compressed_cache) else "triton"
+    result["prefill_paged_kernel"] = "gluon" if api._gluon_runs_on(q, window_cache, compressed_cache) else "triton"
     result["prefill_paged_ms"] = t
     result["prefill_paged_tflops"] = flops / t / 1e9
     sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)
@@ -94,8 +98,8 @@ def bench_prefill(dev, result: dict) -> None:
     shipped = launch["num_stages"]
     launch["num_stages"] = other = 3 - shipped
     try:
-        result[f"prefill_bf16_stages{other}_tflops"] = flops / bench(
-            lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)) / 1e9
+        result[f"prefill_bf16_triton_stages{other}_tflops"] = flops / bench(
+            lambda: api._launch_sparse_attn(q, bf16_source, None, SCALE, sink, 1)) / 1e9
     finally:
         launch["num_stages"] = shipped
     # correctness at this scale on the first 256 queries (relative L2 against the reference)
@@ -187,8 +191,8 @@ def print_table(result: dict) -> None:
     print("\n| metric | value | ratio to peer |\n|---|---|---|")
     pb, pc = result["bf16_matmul_tflops"], result["device_copy_gbs"]
     print(f"| bf16 cuBLAS 8192^3 | {pb:.0f} TFLOP/s | |\n| device copy | {pc:.0f} GB/s | |")
-    for k in ("prefill_bf16_tflops", "prefill_paged_tflops", "prefill_paged_triton_tflops",
-              "prefill_bf16_stages1_tflops"):
+    for k in ("prefill_bf16_tflops", "prefill_bf16_triton_tflops", "prefill_paged_tflops", "prefill_paged_triton_tflops",
+              "prefill_bf16_triton_stages1_tflops"):
         if k in result:
             print(f"| {k} | {result[k]:.1f} TFLOP/s | {result[k] / pb:.2f} of bf16 cuBLAS |")
     for b in (64, 128, 256):

@@ -144,16 +144,19 @@ def gluon_device() -> str:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     q = torch.empty(1, 64, 512, dtype=torch.bfloat16, device="cuda")
-    if not api._gluon_paged_runs_on(q, torch.empty(1, 528, dtype=torch.uint8, device="cuda"), None):
+    if not api._gluon_runs_on(q, torch.empty(1, 528, dtype=torch.uint8, device="cuda")):
         pytest.skip("the Gluon kernel needs sm_90 and triton 3.6")
     return "cuda"
 
 
-def _triton_paged(q, wc, cc, wid, cid, sink):
+def _paged_sources(wc, cc, wid, cid):
     from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
-    source_b = (cc, cid, FORMAT_FP4_COMPRESSED.value) if cc is not None else None
-    return api._launch_sparse_attn(q, (wc, wid, FORMAT_FP8_WINDOW.value), source_b, SCALE, sink, 1)
+    return (wc, wid, FORMAT_FP8_WINDOW.value), (cc, cid, FORMAT_FP4_COMPRESSED.value) if cc is not None else None
+
+
+def _gluon_paged(q, wc, cc, wid, cid, sink):
+    return api._launch_gluon(q, *_paged_sources(wc, cc, wid, cid), SCALE, sink)
 
 
 @pytest.mark.parametrize("s_q,h,n_w,n_c,w,topk", [
@@ -174,13 +177,13 @@ def test_gluon_paged_matches_reference_and_triton(gluon_device, s_q, h, n_w, n_c
         cid[s_q - 1, topk // 2 :: 5] = outside.repeat(topk)[: cid[s_q - 1, topk // 2 :: 5].numel()]
     for with_sink in (True, False):
         s = sink if with_sink else None
-        out, lse = api._launch_paged_gluon(q, wc, cc, wid, cid, SCALE, s)
+        out, lse = _gluon_paged(q, wc, cc, wid, cid, s)
         clean = torch.where((cid >= 0) & (cid < n_c), cid, -1)
         ref_out, ref_lse = reference.sparse_attn_paged_ref(q, wc, cc, wid, clean, SCALE, s)
         assert_attn_close(out, lse, ref_out, ref_lse)
-        tri_out, tri_lse = _triton_paged(q, wc, cc, wid, cid, s)
+        tri_out, tri_lse = api._launch_sparse_attn(q, *_paged_sources(wc, cc, wid, cid), SCALE, s, 1)
         assert_attn_close(out, lse, tri_out.float(), tri_lse)
-        again, _ = api._launch_paged_gluon(q, wc, cc, wid, cid, SCALE, s)
+        again, _ = _gluon_paged(q, wc, cc, wid, cid, s)
         assert torch.equal(out, again), "not deterministic"
 
 
@@ -189,7 +192,7 @@ def test_gluon_paged_window_only_and_sink_extremes(gluon_device):
     q, wc, _, wid, _, _ = _paged_case(g, 4, 64, 256, 1, 128, 1, gluon_device)
     sink = torch.randn(64, generator=g).to(gluon_device)
     sink[:3] = torch.tensor([float("inf"), float("-inf"), 0.0])
-    out, lse = api._launch_paged_gluon(q, wc, None, wid, None, SCALE, sink)
+    out, lse = _gluon_paged(q, wc, None, wid, None, sink)
     assert (out[:, 0] == 0).all()  # +inf sink takes all the mass
     assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink))
 
@@ -204,11 +207,11 @@ def test_gluon_quantized_reads_are_bit_exact(gluon_device):
     rows = torch.arange(s_q, dtype=torch.int32, device=gluon_device)
     wid = empty_w.clone()
     wid[:, 77] = rows
-    out, _ = api._launch_paged_gluon(q, wc, cc, wid, empty_c, SCALE, None)
+    out, _ = _gluon_paged(q, wc, cc, wid, empty_c, None)
     assert torch.equal(out, unpack_window_fp8(wc)[:, None, :].expand_as(out))
     cid = empty_c.clone()
     cid[:, 300] = rows
-    out, _ = api._launch_paged_gluon(q, wc, cc, empty_w, cid, SCALE, None)
+    out, _ = _gluon_paged(q, wc, cc, empty_w, cid, None)
     assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
 
 
@@ -216,8 +219,8 @@ def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, wc, cc, wid, cid, sink = _paged_case(g, 40, 64, 100, 100, 128, 64, gluon_device)
     calls = []
-    launch = api._launch_paged_gluon
-    monkeypatch.setattr(api, "_launch_paged_gluon", lambda *a: calls.append(1) or launch(*a))
+    launch = api._launch_gluon
+    monkeypatch.setattr(api, "_launch_gluon", lambda *a: calls.append(1) or launch(*a))
     api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink)  # 40 programs: unsplit by default
     assert len(calls) == 1
     api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=2)  # split: Triton kernel + combine
@@ -226,6 +229,28 @@ def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
     empty_ids = _random_ids(g, 40, 8, 1, empty_frac=1.0, device=gluon_device)
     out, lse = api.sparse_mla_fwd_paged(q, wc, cc[:0], wid, empty_ids, SCALE, sink)  # no compressed rows: Triton
     assert len(calls) == 1 and torch.isfinite(lse).all()
+    kv = torch.randn(300, 512, generator=g).bfloat16().to(gluon_device)
+    api.sparse_mla_fwd(q, kv, _random_ids(g, 40, 64, 300, device=gluon_device), SCALE, sink)  # bf16 rows
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("s_q,h,n_kv,topk", [(37, 64, 1000, 640), (19, 128, 50, 100), (5, 64, 3, 64), (4, 64, 9, 1)])
+def test_gluon_bf16_rows_match_reference_and_triton(gluon_device, s_q, h, n_kv, topk):
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    g = torch.Generator().manual_seed(s_q + h + topk)
+    q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(gluon_device)
+    kv = torch.randn(n_kv, 512, generator=g).bfloat16().to(gluon_device)
+    idx = torch.randint(-1, n_kv + 3, (s_q, topk), generator=g, dtype=torch.int32).to(gluon_device)  # past the end too
+    idx[0] = -1  # all-empty row
+    idx[1, : topk // 2] = idx[1, 0]  # duplicates
+    sink = torch.randn(h, generator=g).to(gluon_device)
+    clean = torch.where(idx < n_kv, idx, -1)
+    for s in (sink, None):
+        out, lse = api._launch_gluon(q, (kv, idx, FORMAT_BF16.value), None, SCALE, s)
+        assert_attn_close(out, lse, *reference.sparse_attn_ref(q, kv, clean, SCALE, s))
+        tri_out, tri_lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, s, 1)
+        assert_attn_close(out, lse, tri_out.float(), tri_lse)
 
 
 def _indexer_case(g, s_q, n_rows, device, n_heads=32):

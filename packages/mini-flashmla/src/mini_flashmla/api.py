@@ -92,7 +92,10 @@ def sparse_mla_fwd(
     _check_attn_inputs(q, attn_sink)
     if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.dtype != torch.bfloat16:
         raise ValueError(f"kv must be bf16 [n_kv, {HEAD_DIM}], got {kv.dtype} {tuple(kv.shape)}")
-    return _launch_sparse_attn(q, (kv.contiguous(), indices, FORMAT_BF16.value), None, sm_scale, attn_sink, 1)
+    source = (kv.contiguous(), indices, FORMAT_BF16.value)
+    if _gluon_runs_on(q, source[0]):
+        return _launch_gluon(q, source, None, sm_scale, attn_sink)
+    return _launch_sparse_attn(q, source, None, sm_scale, attn_sink, 1)
 
 
 def sparse_mla_fwd_paged(
@@ -137,10 +140,10 @@ def sparse_mla_fwd_paged(
     total_slots = window_ids.shape[1] + (compressed_ids.shape[1] if compressed_ids is not None else 0)
     if num_splits is None:
         num_splits = _default_num_splits(q, total_slots)
-    if num_splits == 1 and _gluon_paged_runs_on(q, window_cache, compressed_cache):
-        return _launch_paged_gluon(q, window_cache, compressed_cache, window_ids, compressed_ids, sm_scale, attn_sink)
-    return _launch_sparse_attn(q, (window_cache, window_ids, FORMAT_FP8_WINDOW.value), source_b, sm_scale,
-                               attn_sink, num_splits)
+    source_a = (window_cache, window_ids, FORMAT_FP8_WINDOW.value)
+    if num_splits == 1 and _gluon_runs_on(q, *(c for c in (window_cache, compressed_cache) if c is not None)):
+        return _launch_gluon(q, source_a, source_b, sm_scale, attn_sink)
+    return _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits)
 
 
 def _check_attn_inputs(q: torch.Tensor, attn_sink: torch.Tensor | None) -> None:
@@ -221,45 +224,43 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     return out, lse
 
 
-def _gluon_paged_runs_on(q: torch.Tensor, window_cache: torch.Tensor, compressed_cache: torch.Tensor | None) -> bool:
-    """Where sparse_attn_gluon_kernel takes an unsplit paged call: whole programs of 64 heads, rows in every given
-    cache (empty slots gather row 0), 16-byte aligned rows and query rows (its cp.async copies are 16 B), on Hopper
-    with triton 3.6 (mini_deepgemm's Gluon condition: the API those kernels were written against), not under the
+def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
+    """Where sparse_attn_gluon_kernel takes an unsplit call: whole programs of 64 heads, rows in every given cache
+    (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are 16 B), on Hopper with
+    triton 3.6 (mini_deepgemm's Gluon condition: the API those kernels were written against), not under the
     interpreter."""
     from mini_deepgemm._backend import gluon_usable
 
-    caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
     return (q.is_cuda and not _interpreting() and q.shape[1] % MAX_ATTN_BLOCK_H == 0
             and all(c.shape[0] > 0 and c.data_ptr() % 16 == 0 for c in caches)
             and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
             and gluon_usable() and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
-def _launch_paged_gluon(q, window_cache, compressed_cache, window_ids, compressed_ids, sm_scale, attn_sink):
-    """sparse_mla_fwd_paged on sparse_attn_gluon_kernel (see _gluon_paged_runs_on for when): same outputs as the
-    Triton kernel within bf16 rounding of the accumulation order."""
-    from mini_flashmla.sparse_attn_gluon_kernel import (FP4_COMPRESSED, FP8_WINDOW, LOG2E,
-                                                        sparse_mla_fwd_paged_gluon_kernel)
+def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
+    """An unsplit call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn.
+    Same outputs as the Triton kernel within the rounding of the accumulation order."""
+    from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
     out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
     if s_q == 0:
         return out, lse
-    ids = [window_ids] + ([compressed_ids] if compressed_cache is not None else [])
-    if any(i.dim() != 2 or i.shape[0] != s_q for i in ids):
-        raise ValueError(f"index tensors must be [s_q={s_q}, n], got {[tuple(i.shape) for i in ids]}")
-    w_ids = window_ids.to(torch.int32).contiguous()
-    has_b = compressed_cache is not None
-    c_cache, c_ids = (compressed_cache, compressed_ids.to(torch.int32).contiguous()) if has_b else (window_cache, w_ids)
+    for source in (source_a, source_b):
+        if source is not None and (source[1].dim() != 2 or source[1].shape[0] != s_q):
+            raise ValueError(f"index tensors must be [s_q={s_q}, n], got {tuple(source[1].shape)}")
+    a_rows, a_ids, a_format = source_a
+    a_ids = a_ids.to(torch.int32).contiguous()
+    b_rows, b_ids, b_format = source_b if source_b is not None else (a_rows, a_ids, a_format)  # placeholders
+    b_ids = b_ids.to(torch.int32).contiguous()
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
-    sparse_mla_fwd_paged_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
+    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
         q, q.stride(0), q.stride(1),
-        window_cache, w_ids, w_ids.stride(0), w_ids.shape[1], window_cache.shape[0],
-        c_cache, c_ids, c_ids.stride(0), c_ids.shape[1] if has_b else 0, c_cache.shape[0],
+        a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
+        b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
-        A_FORMAT=FP8_WINDOW.value, B_FORMAT=FP4_COMPRESSED.value, HAS_B=has_b, HAS_SINK=attn_sink is not None,
-        num_warps=8,
+        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None, num_warps=8,
     )
     return out, lse
 
