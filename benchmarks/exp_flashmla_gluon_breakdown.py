@@ -1,0 +1,99 @@
+"""Experiment (issue 5): where a 64-slot block's time goes in the Gluon sparse-attention kernel.
+
+Builds variants of mini_flashmla/sparse_attn_gluon_kernel.py with one part of the block step removed (by editing
+its source text into a temporary module, so the package keeps one kernel), and times each through the public API at
+bench_flashmla's prefill shape (s_q 4096, h 64, 128 window + 512 compressed slots, 131k context), bf16 rows and the
+paged FP8/FP4 cache. The variants compute garbage; only their time matters. Per-block time = t x SMs / (s_q x 10).
+Writes $OUT/exp_flashmla_gluon_breakdown.json.
+
+    cd benchmarks && python3 exp_flashmla_gluon_breakdown.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+
+import mini_flashmla
+import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
+import torch
+from bench_flashmla import CONTEXT, D, H, N_COMPRESSED, RATIO, S_Q, SCALE, TOPK_C, W, bench, environment, window_ids_for
+
+ISSUE_CALL = re.compile(r"        _issue_block\(blk \+ 1,.*?B_FORMAT\)\n", re.S)
+S_MMA_CALL = re.compile(r"s = warpgroup_mma\(q_smem,.*?use_acc=False\)", re.S)
+VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
+    "full": [],
+    "no_gather": [(ISSUE_CALL, "        async_copy.commit_group()\n")],
+    "no_dequant": [(re.compile(r"_dequant_rows\(vals.index\(blk % STAGES\).*?\n"), "pass\n")],
+    "no_qk_mma": [(S_MMA_CALL, "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)")],
+    "no_pv_mma": [(re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")],
+    "no_mma": [(S_MMA_CALL, "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)"),
+               (re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")],
+    "mma_only": [(ISSUE_CALL, "        async_copy.commit_group()\n"),
+                 (re.compile(r"_dequant_rows\(vals.index\(blk % STAGES\).*?\n"), "pass\n")],
+}
+
+
+def variant_kernel(name: str, workdir: str):
+    source = open(kernel_module.__file__).read()
+    for pattern, replacement in VARIANTS[name]:
+        source, n = pattern.subn(replacement, source)
+        assert n >= 1, (name, pattern.pattern)
+    path = os.path.join(workdir, f"attn_variant_{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(f"attn_variant_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.sparse_mla_fwd_gluon_kernel
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    result = environment(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(S_Q, H, D, device=dev, generator=g).bfloat16()
+    sink = torch.randn(H, device=dev, generator=g)
+    positions = torch.arange(CONTEXT - S_Q, CONTEXT, device=dev)
+    kv = torch.randn(CONTEXT, D, device=dev, generator=g).bfloat16()
+    win = positions[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None, :]
+    comp = torch.randint(0, CONTEXT - S_Q, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
+    idx = torch.cat([win, comp], 1).to(torch.int32)
+    window_cache = mini_flashmla.cache_layout.pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
+    compressed_cache = mini_flashmla.cache_layout.pack_compressed_kv_fp4(
+        torch.randn(N_COMPRESSED, D, device=dev, generator=g))
+    wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
+    cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
+    cases = {"bf16": lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink),
+             "paged": lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid,
+                                                                 cid.to(torch.int32), SCALE, sink)}
+    blocks = S_Q * (W + TOPK_C) // 64
+    shipped = kernel_module.sparse_mla_fwd_gluon_kernel
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in VARIANTS:
+            kernel_module.sparse_mla_fwd_gluon_kernel = variant_kernel(name, workdir)
+            for case, fn in cases.items():
+                if name == "no_dequant" and case == "bf16":
+                    continue
+                try:
+                    t = bench(fn)
+                    result[f"{case}_{name}_ms"] = t
+                    result[f"{case}_{name}_us_per_block"] = t * 1e3 * sms / blocks
+                except Exception as exc:
+                    result[f"{case}_{name}_error"] = repr(exc)[:300]
+    kernel_module.sparse_mla_fwd_gluon_kernel = shipped
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_flashmla_gluon_breakdown.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    for k, v in result.items():
+        if "per_block" in k or "error" in k:
+            print(f"{k:40s} {v if isinstance(v, str) else f'{v:.3f}'}")
+
+
+if __name__ == "__main__":
+    main()
