@@ -1,5 +1,8 @@
 """Experiment (issue 5): where a 64-slot block's time goes in the Gluon sparse-attention kernel.
 
+Session 11 ran it twice: on the first, single-partition kernel (commit 9b9c405's text; the edits of this file's
+first version) and on the warp-specialized one (these edits). docs/reports/flashmla-gluon.md has both.
+
 Builds variants of mini_flashmla/sparse_attn_gluon_kernel.py with one part of the block step removed (by editing
 its source text into a temporary module, so the package keeps one kernel), and times each through the public API at
 bench_flashmla's prefill shape (s_q 4096, h 64, 128 window + 512 compressed slots, 131k context), bf16 rows and the
@@ -23,18 +26,20 @@ import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
 import torch
 from bench_flashmla import CONTEXT, D, H, N_COMPRESSED, RATIO, S_Q, SCALE, TOPK_C, W, bench, environment, window_ids_for
 
-ISSUE_CALL = re.compile(r"        _issue_block\(blk \+ 1,.*?B_FORMAT\)\n", re.S)
-S_MMA_CALL = re.compile(r"s = warpgroup_mma\(q_smem,.*?use_acc=False\)", re.S)
+GATHER = [(re.compile(r"_gather_raw\(raw_vals, raw_scales, kv_ptr,.*?FORMAT\)\n"), "pass\n"),
+          (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
+DEQUANT = [(re.compile(r"_dequant_raw\(raw_vals, raw_scales, tile.slice.*?FORMAT\)\n"), "pass\n")]
+QK_MMA = [(re.compile(r"s = warpgroup_mma\(q_smem,.*?use_acc=False\)", re.S),
+           "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)")]
+PV_MMA = [(re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],
-    "no_gather": [(ISSUE_CALL, "        async_copy.commit_group()\n")],
-    "no_dequant": [(re.compile(r"_dequant_rows\(vals.index\(blk % STAGES\).*?\n"), "pass\n")],
-    "no_qk_mma": [(S_MMA_CALL, "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)")],
-    "no_pv_mma": [(re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")],
-    "no_mma": [(S_MMA_CALL, "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)"),
-               (re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")],
-    "mma_only": [(ISSUE_CALL, "        async_copy.commit_group()\n"),
-                 (re.compile(r"_dequant_rows\(vals.index\(blk % STAGES\).*?\n"), "pass\n")],
+    "no_gather": GATHER,
+    "no_dequant": DEQUANT,
+    "no_qk_mma": QK_MMA,
+    "no_pv_mma": PV_MMA,
+    "no_mma": QK_MMA + PV_MMA,
+    "mma_only": GATHER + DEQUANT,  # the consumers alone: the producer only hands over tiles
 }
 
 
@@ -42,7 +47,7 @@ def variant_kernel(name: str, workdir: str):
     source = open(kernel_module.__file__).read()
     for pattern, replacement in VARIANTS[name]:
         source, n = pattern.subn(replacement, source)
-        assert n >= 1, (name, pattern.pattern)
+        assert n >= 1, (name, pattern.pattern)  # every edit must apply: the kernel text changed otherwise
     path = os.path.join(workdir, f"attn_variant_{name}.py")
     with open(path, "w") as f:
         f.write(source)
