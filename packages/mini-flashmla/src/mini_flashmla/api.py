@@ -260,10 +260,11 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
         a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
         b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
-        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None, num_warps=8,
-        # every thread of the 8 consumer + PRODUCER_WARPS producer warps starts with this many registers (64K per SM,
-        # multiple of 8); the partitions then trade them (setmaxnreg): consumers 200, producer PRODUCER_REGS
-        maxnreg=65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8,
+        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
+        # num_warps is the first consumer warpgroup's; the second consumer and the producer come on top. Every thread
+        # of the 12 warps starts with this many registers (64K per SM, a multiple of 8); the partitions then trade
+        # them (setmaxnreg): consumers 216 each, producer 72.
+        num_warps=4, maxnreg=65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8,
     )
     return out, lse
 
