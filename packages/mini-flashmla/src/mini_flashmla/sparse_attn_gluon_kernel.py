@@ -277,9 +277,8 @@ def sparse_mla_fwd_gluon_kernel(
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
 ):
     """Grid (s_q, h // 64), num_warps 4 (the first consumer; the second and the producer come on top). Source A's
-    blocks, then
-    source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32 [s_q, h] (natural log,
-    without the sink; -inf for a row with no valid slot)."""
+    blocks, then source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32 [s_q, h]
+    (natural log, without the sink; -inf for a row with no valid slot)."""
     sq = gl.program_id(0)
     a_ids_ptr += sq * stride_a_ids
     b_ids_ptr += sq * stride_b_ids
