@@ -57,18 +57,31 @@ def window_ids_for(positions: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     return torch.where(p >= 0, slot[:, None] * W + p % W, -1).to(torch.int32)
 
 
-def bench_prefill(dev, result: dict) -> None:
+def prefill_case(dev) -> dict:
+    """The prefill shape's inputs: q, sink; bf16 rows (one kv array of the context, window rows the last tokens, 128
+    window + 512 random earlier rows per query: kv, idx); the paged quantized cache of one sequence in slot 0 with
+    compressed entries in contiguous blocks (window_cache, compressed_cache, wid, cid)."""
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(S_Q, H, D, device=dev, generator=g).bfloat16()
     sink = torch.randn(H, device=dev, generator=g)
     positions = torch.arange(CONTEXT - S_Q, CONTEXT, device=dev)
-    flops = 2 * S_Q * H * (W + TOPK_C) * (D + D)
-
-    # bf16: one kv array of the context (window rows are the last tokens), 128 window + 512 random earlier rows.
     kv = torch.randn(CONTEXT, D, device=dev, generator=g).bfloat16()
     win = positions[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None, :]
     comp = torch.randint(0, CONTEXT - S_Q, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
     idx = torch.cat([win, comp], 1).to(torch.int32)
+    window_cache = pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
+    compressed_cache = pack_compressed_kv_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
+    wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
+    cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
+    return dict(q=q, sink=sink, kv=kv, idx=idx, window_cache=window_cache, compressed_cache=compressed_cache,
+                wid=wid, cid=cid.to(torch.int32))
+
+
+def bench_prefill(dev, result: dict) -> None:
+    c = prefill_case(dev)
+    q, sink, kv, idx = c["q"], c["sink"], c["kv"], c["idx"]
+    window_cache, compressed_cache, wid, cid = c["window_cache"], c["compressed_cache"], c["wid"], c["cid"]
+    flops = 2 * S_Q * H * (W + TOPK_C) * (D + D)
     t = bench(lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink))  # Gluon where _gluon_runs_on
     result["prefill_bf16_kernel"] = "gluon" if api._gluon_runs_on(q, kv) else "triton"
     result["prefill_bf16_ms"] = t
@@ -77,12 +90,6 @@ def bench_prefill(dev, result: dict) -> None:
     t = bench(lambda: api._launch_sparse_attn(q, bf16_source, None, SCALE, sink, 1))
     result["prefill_bf16_triton_tflops"] = flops / t / 1e9
 
-    # paged quantized: one sequence in slot 0; compressed entries in contiguous blocks.
-    window_cache = pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
-    compressed_cache = pack_compressed_kv_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
-    wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
-    cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
-    cid = cid.to(torch.int32)
     def fn():  # the public API: the Gluon kernel where _gluon_runs_on, else the Triton kernel
         return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink)
 

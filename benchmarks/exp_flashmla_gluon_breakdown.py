@@ -24,7 +24,7 @@ import tempfile
 import mini_flashmla
 import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
 import torch
-from bench_flashmla import CONTEXT, D, H, N_COMPRESSED, RATIO, S_Q, SCALE, TOPK_C, W, bench, environment, window_ids_for
+from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, environment, prefill_case
 
 GATHER = [(re.compile(r"_gather_raw\(raw_vals, raw_scales, kv_ptr,.*?FORMAT\)\n"), "pass\n"),
           (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
@@ -62,22 +62,10 @@ def main() -> None:
     dev = torch.device("cuda")
     result = environment(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(S_Q, H, D, device=dev, generator=g).bfloat16()
-    sink = torch.randn(H, device=dev, generator=g)
-    positions = torch.arange(CONTEXT - S_Q, CONTEXT, device=dev)
-    kv = torch.randn(CONTEXT, D, device=dev, generator=g).bfloat16()
-    win = positions[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None, :]
-    comp = torch.randint(0, CONTEXT - S_Q, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
-    idx = torch.cat([win, comp], 1).to(torch.int32)
-    window_cache = mini_flashmla.cache_layout.pack_window_fp8(torch.randn(W, D, device=dev, generator=g))
-    compressed_cache = mini_flashmla.cache_layout.pack_compressed_kv_fp4(
-        torch.randn(N_COMPRESSED, D, device=dev, generator=g))
-    wid = window_ids_for(positions, torch.zeros(S_Q, dtype=torch.long, device=dev))
-    cid = torch.randint(0, N_COMPRESSED - S_Q // RATIO, (S_Q, TOPK_C), device=dev, generator=g).sort(1).values
-    cases = {"bf16": lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink),
-             "paged": lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid,
-                                                                 cid.to(torch.int32), SCALE, sink)}
+    c = prefill_case(dev)
+    cases = {"bf16": lambda: mini_flashmla.sparse_mla_fwd(c["q"], c["kv"], c["idx"], SCALE, c["sink"]),
+             "paged": lambda: mini_flashmla.sparse_mla_fwd_paged(c["q"], c["window_cache"], c["compressed_cache"],
+                                                                 c["wid"], c["cid"], SCALE, c["sink"])}
     blocks = S_Q * (W + TOPK_C) // 64
     shipped = kernel_module.sparse_mla_fwd_gluon_kernel
     with tempfile.TemporaryDirectory() as workdir:

@@ -116,22 +116,30 @@ def test_sparse_mla_fwd_paged_window_only(device):
     assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink))
 
 
-def test_quantized_reads_are_bit_exact(device):
-    """One valid slot per query: the output is exactly that row's dequantized value (P = 1, no sink)."""
-    g = torch.Generator().manual_seed(12)
+def _check_quantized_reads(run, h, n_compressed_slots, compressed_slot, seed, device):
+    """One valid slot per query: run(q, wc, cc, window_ids, compressed_ids) must return exactly that row's dequantized
+    value (P = 1, no sink), for a window row and for a compressed row."""
+    g = torch.Generator().manual_seed(seed)
     s_q = 64
-    q, wc, cc, _, _, _ = _paged_case(g, s_q, 4, 64, 64, 1, 1, device)
+    q, wc, cc, _, _, _ = _paged_case(g, s_q, h, 64, 64, 1, 1, device)
     empty_w = torch.full((s_q, 128), -1, dtype=torch.int32, device=device)
-    empty_c = torch.full((s_q, 64), -1, dtype=torch.int32, device=device)
+    empty_c = torch.full((s_q, n_compressed_slots), -1, dtype=torch.int32, device=device)
     rows = torch.arange(s_q, dtype=torch.int32, device=device)
     wid = empty_w.clone()
     wid[:, 77] = rows
-    out, _ = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, wid, empty_c, SCALE, None, num_splits=1)
+    out = run(q, wc, cc, wid, empty_c)
     assert torch.equal(out, unpack_window_fp8(wc)[:, None, :].expand_as(out))
     cid = empty_c.clone()
-    cid[:, 5] = rows
-    out, _ = mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, empty_w, cid, SCALE, None, num_splits=1)
+    cid[:, compressed_slot] = rows
+    out = run(q, wc, cc, empty_w, cid)
     assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
+def test_quantized_reads_are_bit_exact(device):
+    def run(q, wc, cc, wid, cid):
+        return mini_flashmla.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, None, num_splits=1)[0]
+
+    _check_quantized_reads(run, 4, 64, 5, 12, device)
 
 
 # --------------------------------------------------------------------------- the Gluon paged kernel (sm_90, triton 3.6)
@@ -198,21 +206,7 @@ def test_gluon_paged_window_only_and_sink_extremes(gluon_device):
 
 
 def test_gluon_quantized_reads_are_bit_exact(gluon_device):
-    """One valid slot per query: the output is exactly that row's dequantized value (P = 1, no sink)."""
-    g = torch.Generator().manual_seed(13)
-    s_q = 64
-    q, wc, cc, _, _, _ = _paged_case(g, s_q, 64, 64, 64, 1, 1, gluon_device)
-    empty_w = torch.full((s_q, 128), -1, dtype=torch.int32, device=gluon_device)
-    empty_c = torch.full((s_q, 512), -1, dtype=torch.int32, device=gluon_device)
-    rows = torch.arange(s_q, dtype=torch.int32, device=gluon_device)
-    wid = empty_w.clone()
-    wid[:, 77] = rows
-    out, _ = _gluon_paged(q, wc, cc, wid, empty_c, None)
-    assert torch.equal(out, unpack_window_fp8(wc)[:, None, :].expand_as(out))
-    cid = empty_c.clone()
-    cid[:, 300] = rows
-    out, _ = _gluon_paged(q, wc, cc, empty_w, cid, None)
-    assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+    _check_quantized_reads(lambda *rows: _gluon_paged(*rows, None)[0], 64, 512, 300, 13, gluon_device)
 
 
 def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):

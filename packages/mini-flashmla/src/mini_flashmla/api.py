@@ -172,25 +172,30 @@ def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
     return max(1, min(num_sms // max(programs, 1), most))
 
 
+def _attn_outputs_and_sources(q, source_a, source_b):
+    """The outputs (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) and both sources with int32 contiguous ids, after
+    checking the index shapes; a missing source B repeats A (a placeholder the kernels do not read: HAS_B false)."""
+    s_q, h, d = q.shape
+    out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
+    for source in (source_a, source_b):
+        if source is not None and (source[1].dim() != 2 or source[1].shape[0] != s_q):
+            raise ValueError(f"index tensors must be [s_q={s_q}, n], got {tuple(source[1].shape)}")
+    a_rows, a_ids, a_format = source_a
+    source_a = (a_rows, a_ids.to(torch.int32).contiguous(), a_format)
+    if source_b is not None:
+        source_b = (source_b[0], source_b[1].to(torch.int32).contiguous(), source_b[2])
+    return out, lse, source_a, source_b if source_b is not None else source_a
+
+
 def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     """source_*: (rows tensor, ids int32 [s_q, n], FORMAT). Allocates the outputs and launches the kernel(s)."""
     from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, LOG2E, combine_splits_kernel, sparse_mla_fwd_kernel
 
     s_q, h, d = q.shape
-    out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
+    out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
     if s_q == 0 or h == 0:
         return out, lse
-    for source in (source_a, source_b):
-        if source is not None and (source[1].dim() != 2 or source[1].shape[0] != s_q):
-            raise ValueError(f"index tensors must be [s_q={s_q}, n], got {tuple(source[1].shape)}")
-    a_rows, a_ids, a_format = source_a
-    a_ids = a_ids.to(torch.int32).contiguous()
-    if source_b is None:
-        b_rows, b_ids, b_format = a_rows, a_ids, a_format  # placeholders, not read (HAS_B = False)
-    else:
-        b_rows, b_ids, b_format = source_b
-        b_ids = b_ids.to(torch.int32).contiguous()
     n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + (math.ceil(b_ids.shape[1] / ATTN_BLOCK_N)
                                                            if source_b is not None else 0)
     num_splits = max(1, min(num_splits, n_blocks))
@@ -247,17 +252,9 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, PRODUCER_WARPS, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
-    out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
+    out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
     if s_q == 0:
         return out, lse
-    for source in (source_a, source_b):
-        if source is not None and (source[1].dim() != 2 or source[1].shape[0] != s_q):
-            raise ValueError(f"index tensors must be [s_q={s_q}, n], got {tuple(source[1].shape)}")
-    a_rows, a_ids, a_format = source_a
-    a_ids = a_ids.to(torch.int32).contiguous()
-    b_rows, b_ids, b_format = source_b if source_b is not None else (a_rows, a_ids, a_format)  # placeholders
-    b_ids = b_ids.to(torch.int32).contiguous()
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
     sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
         q, q.stride(0), q.stride(1),
