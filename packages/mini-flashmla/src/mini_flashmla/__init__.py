@@ -1,5 +1,6 @@
-"""mini-flashmla: sparse MLA attention with sink over V4.1's paged quantized cache, and the indexer (SM90, Triton;
-pure-torch references on CPU). See `mini_flashmla.api` for the contracts."""
+"""mini-flashmla: sparse MLA attention with sink over V4.1's paged quantized cache, and the indexer (SM90: Triton, and
+Gluon for the attention's unsplit 64-head calls; pure-torch references on CPU). See `mini_flashmla.api` for the
+contracts."""
 
 from mini_flashmla.api import (
     candidate_block_mask,
