@@ -6,6 +6,8 @@
 #   source .devdeps/env.sh && PART=gemm2 bash benchmarks/gpu_s11.sh  (1 x H200: mini-deepgemm's GPU tests with the
 #       warp-specialized kernel routed, the V3 GEMM experiment (shipped kernel, Triton, cuBLAS), then bench_deepgemm's
 #       full table in GPU time with the copy peer by do_bench; --m covers only the dense rows, which changed too)
+#   source .devdeps/env.sh && PART=attn bash benchmarks/gpu_s11.sh   (1 x H200: mini-flashmla's GPU tests, its benchmark,
+#       then the Gluon attention breakdown with the row_sum_once candidate; written after the last run of session 11)
 set -u
 export OUT=${OUT:-/tmp/gpu_s11}  # the experiments write $OUT/*.json
 mkdir -p "$OUT"
@@ -24,5 +26,13 @@ gemm2)
   tail -12 "$OUT/exp_gemm_gluon_v3.txt"
   (cd benchmarks && timeout 330 python3 bench_deepgemm.py --graph --out "$OUT" > "$OUT/bench_deepgemm.txt" 2>&1; echo "bench rc=$?")
   tail -45 "$OUT/bench_deepgemm.txt"
+  ;;
+attn)
+  timeout 200 python3 -m pytest -q -rs -p no:cacheprovider packages/mini-flashmla/tests -m gpu > "$OUT/flashmla_tests.txt" 2>&1
+  echo "flashmla gpu tests rc=$?"; tail -3 "$OUT/flashmla_tests.txt"
+  (cd benchmarks && timeout 120 python3 bench_flashmla.py > "$OUT/bench_flashmla.txt" 2>&1; echo "bench rc=$?")
+  tail -14 "$OUT/bench_flashmla.txt"
+  (cd benchmarks && timeout 150 python3 exp_flashmla_gluon_breakdown.py > "$OUT/breakdown.txt" 2>&1; echo "breakdown rc=$?")
+  tail -16 "$OUT/breakdown.txt"
   ;;
 esac
