@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Session 11's GPU runs (docs/reports/gpu-session-2026-12-01-s11.md); files under $OUT.
-#   source .devdeps/env.sh && PART=gemm bash benchmarks/gpu_s11.sh   (1 x H200, run 1: the warp-specialized V3 GEMM
-#       experiment, then bench_deepgemm's full table in GPU time; exp_gemm_gluon_v3_ws.py is in commit d723f7d, its
-#       kernel since the package's)
+#   (run 1 ran PART=gemm of commit d723f7d: the warp-specialized V3 GEMM experiment and bench_deepgemm --graph)
 #   source .devdeps/env.sh && PART=gemm2 bash benchmarks/gpu_s11.sh  (1 x H200: mini-deepgemm's GPU tests with the
 #       warp-specialized kernel routed, the V3 GEMM experiment (shipped kernel, Triton, cuBLAS), then bench_deepgemm's
 #       full table in GPU time with the copy peer by do_bench; --m covers only the dense rows, which changed too)
@@ -12,12 +10,6 @@ set -u
 export OUT=${OUT:-/tmp/gpu_s11}  # the experiments write $OUT/*.json
 mkdir -p "$OUT"
 case "${PART:-gemm2}" in
-gemm)
-  (cd benchmarks && timeout 200 python3 exp_gemm_gluon_v3_ws.py > "$OUT/exp_gemm_gluon_v3_ws.txt" 2>&1; echo "ws exp rc=$?")
-  tail -14 "$OUT/exp_gemm_gluon_v3_ws.txt"
-  (cd benchmarks && timeout 330 python3 bench_deepgemm.py --graph --out "$OUT" > "$OUT/bench_deepgemm.txt" 2>&1; echo "bench rc=$?")
-  tail -45 "$OUT/bench_deepgemm.txt"
-  ;;
 gemm2)
   timeout 300 python3 -m pytest -q -rs -p no:cacheprovider packages/mini-deepgemm/tests -m gpu > "$OUT/pytest_deepgemm_gpu.txt" 2>&1
   echo "deepgemm gpu tests rc=$?"
