@@ -2,8 +2,9 @@
 indexer (scores, top-k, candidate blocks).
 
 Every function runs a Triton kernel when its tensors are on CUDA and Triton is importable (the attention: a Gluon
-kernel where `_gluon_runs_on` allows, on Hopper with triton 3.6), and otherwise the pure-torch reference in `mini_flashmla.reference` (same arguments, same results within the stated tolerances), so
-the CPU path is also the oracle. Shapes use FlashMLA's names: s_q query tokens (all sequences of a batch
+kernel where `_gluon_runs_on` allows, on Hopper with triton 3.6), and otherwise the pure-torch reference in
+`mini_flashmla.reference` (same arguments, same results within the stated tolerances), so the CPU path is also the
+oracle. Shapes use FlashMLA's names: s_q query tokens (all sequences of a batch
 flattened, no batch dimension), h heads, d = 512 (RoPE on the last 64 dims), topk index slots per query.
 
 Cache layouts (cache_layout.py, V41_MODEL.md section 5): rows of uint8 addressed by flat row ids.

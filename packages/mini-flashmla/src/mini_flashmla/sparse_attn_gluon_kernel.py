@@ -59,9 +59,10 @@ NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
-# Producer layouts (PRODUCER_WARPS warps). cp.async moves 16 B per copy: a window row is 32 + 1 copies, a compressed row 16 + 2.
+# Producer layouts (PRODUCER_WARPS warps). cp.async moves 16 B per copy: a window row is 32 + 1 copies, a compressed
+# row 16 + 2.
 BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [64, 512] bf16 rows
-WINDOW_COPY: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [32, 512] bytes (half a block)
+WINDOW_COPY: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [32, 512] B: half a block
 WINDOW_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PRODUCER_WARPS, 1], [1, 0])  # [32, 16] bytes
 COMPRESSED_COPY: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [PRODUCER_WARPS, 1], [1, 0])  # [64, 256] bytes
 COMPRESSED_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER_WARPS, 1], [1, 0])  # [64, 32] bytes
@@ -70,9 +71,10 @@ COMPRESSED_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER
 # by a broadcast in registers; the 2-D loads reshape to these without data movement.
 DEQUANT_ROWS: gl.constexpr = gl.constexpr(16)
 WINDOW_LOAD: gl.constexpr = gl.BlockedLayout([1, 32], [2, 16], [PRODUCER_WARPS, 1], [1, 0])  # [16, 512] bytes
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [2, 16, 1], [PRODUCER_WARPS, 1, 1], [2, 1, 0])  # [16, 16, 32]
+# [16, 16, 32] window bytes and [16, 32, 8] compressed bytes
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [2, 16, 1], [PRODUCER_WARPS, 1, 1], [2, 1, 0])
 COMPRESSED_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [PRODUCER_WARPS, 1], [1, 0])  # [16, 256] bytes
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [2, 16, 1], [PRODUCER_WARPS, 1, 1], [2, 1, 0])  # [16, 32, 8] bytes
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [2, 16, 1], [PRODUCER_WARPS, 1, 1], [2, 1, 0])
 # Consumer layouts (8 warps): both warpgroups stacked along N ([4, 2] warps), each computing all 64 heads on half of
 # the columns.
 Q_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])  # [64, 512] bf16
@@ -121,7 +123,8 @@ def _gather_raw(raw_vals, raw_scales, kv_ptr, ids_ptr, ids_len, num_rows, first,
         async_copy.async_copy_global_to_shared(raw_vals, kv_ptr + rows[:, None] * COMPRESSED_ROW + cols[None, :])
         rows = _gathered_rows(ids_ptr, ids_len, num_rows, first, 64, gl.SliceLayout(1, COMPRESSED_SCALE_COPY))
         cols = gl.arange(0, 32, gl.SliceLayout(0, COMPRESSED_SCALE_COPY))
-        async_copy.async_copy_global_to_shared(raw_scales, kv_ptr + rows[:, None] * COMPRESSED_ROW + 256 + cols[None, :])
+        async_copy.async_copy_global_to_shared(raw_scales,
+                                               kv_ptr + rows[:, None] * COMPRESSED_ROW + 256 + cols[None, :])
     async_copy.commit_group()
     async_copy.wait_group(0)
     gl.thread_barrier()
@@ -207,7 +210,8 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
     head0 = gl.program_id(1) * HEADS
     heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_COPY))
     dims = gl.arange(0, D, gl.SliceLayout(0, Q_COPY))
-    async_copy.async_copy_global_to_shared(q_smem, q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
+    async_copy.async_copy_global_to_shared(q_smem,
+                                           q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
     async_copy.commit_group()
     async_copy.wait_group(0)
     gl.thread_barrier()  # every consumer thread's part of Q has landed
