@@ -36,6 +36,13 @@ def gluon_usable() -> bool:
     return triton.__version__.startswith("3.6.") and importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
+def gluon_runs_on(t: torch.Tensor) -> bool:
+    """Where the Gluon kernels (of this package and mini-flashmla) may take tensors like t: CUDA on Hopper (wgmma;
+    sm_90 is where they were measured) with triton 3.6 (gluon_usable), not under the interpreter."""
+    return (t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and gluon_usable()
+            and torch.cuda.get_device_capability(t.device) == (9, 0))
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """True when the kernels (not the references) should handle tensors on t's device."""
     if not triton_importable():

@@ -30,12 +30,11 @@ reference.py compute the same result (up to the order of fp32 additions).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from . import reference
-from ._backend import cdiv, gluon_usable, tilelang_importable, use_triton
+from ._backend import cdiv, gluon_runs_on, tilelang_importable, use_triton
 
 __all__ = [
     "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
@@ -339,10 +338,8 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
 
 
 def _gluon_runs_on(d: torch.Tensor) -> bool:
-    """Where the Gluon kernels run: a bf16 output on Hopper (wgmma; sm_90 is where they were measured) with triton 3.6
-    (gluon_usable), not under the interpreter."""
-    return (d.is_cuda and d.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") != "1" and gluon_usable()
-            and torch.cuda.get_device_capability(d.device) == (9, 0))
+    """Where the Gluon GEMMs run: a bf16 output where _backend.gluon_runs_on allows."""
+    return d.dtype == torch.bfloat16 and gluon_runs_on(d)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, sb: torch.Tensor, cfg: dict) -> bool:

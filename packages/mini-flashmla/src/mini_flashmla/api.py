@@ -233,18 +233,16 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
 def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
     """Where sparse_attn_gluon_kernel takes an unsplit call: whole programs of 64 heads, at least one per SM, rows in
     every given cache (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are
-    16 B), on Hopper with triton 3.6 (mini_deepgemm's Gluon condition: the API those kernels were written against),
-    not under the interpreter.
+    16 B), where mini_deepgemm's Gluon platform check allows (sm_90, triton 3.6, not the interpreter).
     Below one program per SM (decode at batch 64 and 128 on H200) each program's gathers come from HBM with nothing
     else on its SM, and the Gluon kernel measured 59-64 us in one run and 125-142 us in another against the Triton
-    kernel's steady 91-100 us (docs/reports/flashmla-gluon.md), so those calls stay on the Triton kernel."""
-    from mini_deepgemm._backend import gluon_usable
+    kernel's steady 91-102 us (docs/reports/flashmla-gluon.md), so those calls stay on the Triton kernel."""
+    from mini_deepgemm._backend import gluon_runs_on
 
-    return (q.is_cuda and not _interpreting() and q.shape[1] % MAX_ATTN_BLOCK_H == 0
+    return (q.shape[1] % MAX_ATTN_BLOCK_H == 0 and gluon_runs_on(q)
             and q.shape[0] * (q.shape[1] // MAX_ATTN_BLOCK_H) >= _num_sms(q.device)
             and all(c.shape[0] > 0 and c.data_ptr() % 16 == 0 for c in caches)
-            and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
-            and gluon_usable() and torch.cuda.get_device_capability(q.device) == (9, 0))
+            and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0)
 
 
 def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
