@@ -33,6 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .gemm_gluon_fp8_kernel import _tile_offsets
 from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 
 # gemm_swapab_kernel's nibble conversion with the scale multiply folded in: $3, $4 hold the four values' bf16 scales
@@ -81,35 +82,27 @@ def fp4_grouped_gemm_kernel(
     x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     sw_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    # tile of this program: GROUP_M row tiles per sweep over the column tiles (gemm_kernel.grouped_tile)
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    tiles_per_sweep = GROUP_M * num_pid_n
-    first_m = (pid // tiles_per_sweep) * GROUP_M
-    sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_sweep) % sweep_m
-    pid_n = (pid % tiles_per_sweep) // sweep_m
+    off_m, off_n = _tile_offsets(gl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)  # grouped tile order
 
     if MASKED:
         group = gl.program_id(1)
         rows_in_group = gl.load(group_ptr + group)
-        if pid_m * BLOCK_M >= rows_in_group:
+        if off_m >= rows_in_group:
             return
         x_ptr += group.to(gl.int64) * stride_x_g
         d_ptr += group.to(gl.int64) * stride_d_g
     else:  # expert of the row tile (segments are BLOCK_M-aligned: the first row is padding only if all are)
-        group = gl.load(group_ptr + pid_m * BLOCK_M)
+        group = gl.load(group_ptr + off_m)
         if group < 0:
             return
     w_base = w_ptr + group.to(gl.int64) * stride_w_g
     sw_base = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32))
 
-    n_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, w_copy))
+    n_w = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, w_copy))
     w_ptrs = w_base + (n_w % N).to(gl.int64)[:, None] * stride_w_n + gl.arange(0, 32, gl.SliceLayout(0, w_copy))[None, :]
-    n_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, sw_copy)
+    n_s = off_n + gl.arange(0, BLOCK_N, sw_copy)
     sw_ptrs = sw_base + (n_s % N).to(gl.int64) * (stride_sw_n // 4)
-    m_x = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, x_copy))
+    m_x = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, x_copy))
     x_ptrs = x_ptr + (m_x % M).to(gl.int64)[:, None] * stride_x + gl.arange(0, 32, gl.SliceLayout(0, x_copy))[None, :]
     x_mask = (m_x < M)[:, None]
 
@@ -152,8 +145,8 @@ def fp4_grouped_gemm_kernel(
 
     out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1])  # n fastest: d rows are n-contiguous
     out = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, out_layout))
-    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, out_layout))
+    offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, out_layout))
+    offs_m = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, out_layout))
     if MASKED:
         row_ok = offs_m < rows_in_group
     else:
