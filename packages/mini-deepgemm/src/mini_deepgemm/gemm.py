@@ -372,6 +372,13 @@ def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
+def _tma_desc(t: torch.Tensor, block: tuple[int, int]):
+    """A TMA descriptor of t in `block` tiles with the swizzled shared layout the Gluon kernels allocate."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, list(block), _nvmma_layout(block, t.dtype))
+
+
 # Registers of the V3 Gluon kernel's TMA producer warp (it only issues copies and waits on mbarriers).
 _GLUON_V3_PRODUCER_REGS = 40
 
@@ -382,16 +389,11 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     the TMA producer warp), K in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per
     SM (0: one per tile); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes
     them contiguous)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
     block_m, block_n, block_k = cfg["GLUON_BLOCK_M"], 128, 128
-
-    def desc(t: torch.Tensor, block: tuple[int, int]) -> TensorDescriptor:
-        return TensorDescriptor.from_tensor(t, list(block), _nvmma_layout(block, t.dtype))
 
     tiles = cdiv(M, block_m) * cdiv(N, block_n)
     per_sm = cfg["GLUON_PROGRAMS_PER_SM"]  # 0: one program per tile; else persistent programs, this many per SM
@@ -404,10 +406,34 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     warps = block_m // 16 + 4
     maxnreg = min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
     fp8_gemm_v3_kernel[grid](
-        desc(aq, (block_m, block_k)), desc(bq, (block_n, block_k)), desc(d, (block_m, block_n)),
+        _tma_desc(aq, (block_m, block_k)), _tma_desc(bq, (block_n, block_k)), _tma_desc(d, (block_m, block_n)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
         STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], PRODUCER_REGS=_GLUON_V3_PRODUCER_REGS,
         num_warps=block_m // 16, maxnreg=maxnreg)
+
+
+def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                        block_m: int, block_n: int, stages: int, per_sm: int) -> None:
+    """gemm_gluon_fp8_kernel's dense GEMM of the V4.1 recipe: FP8 MMAs promoted every 32 of K, block_m x block_n
+    tiles (block_m 128: two math warpgroups, 64: one; block_n 128 or 32), `stages` ring steps of K = 128, per_sm
+    persistent programs per SM (0: one per tile). sa uint8 [M, K/32], sb uint8 [ceil(N/32), K/32], read as 32-bit
+    words: K % 128 == 0, 4-byte aligned bases and row strides (checked by _use_gluon_v41)."""
+    from .gemm_gluon_fp8_kernel import fp8_gemm_v41_kernel
+
+    M, K = aq.shape
+    N = bq.shape[0]
+
+    tiles = cdiv(M, block_m) * cdiv(N, block_n)
+    sms = torch.cuda.get_device_properties(d.device).multi_processor_count
+    grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
+    # registers as in _gluon_fp8_v3_gemm: the SM's 64K over the resident programs' warps (producer warpgroup included)
+    warps = block_m // 16 + 4
+    resident = per_sm or (1 if block_m == 128 else 2)
+    maxnreg = min(168, 65536 // (resident * warps * 32) // 8 * 8)
+    fp8_gemm_v41_kernel[grid](
+        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (block_m, 32)),
+        sa.view(torch.int32), sb.view(torch.int32), M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
+        STAGES=stages, GROUP_M=8, PRODUCER_REGS=_GLUON_V3_PRODUCER_REGS, num_warps=block_m // 16, maxnreg=maxnreg)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:

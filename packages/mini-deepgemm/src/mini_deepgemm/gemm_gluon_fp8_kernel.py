@@ -193,3 +193,142 @@ def fp8_gemm_v3_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+
+
+# ---- The V4.1 recipe: UE8M0 scales per 1 x 32 of A and 32 x 32 of B, promoted every 32 of K ----
+
+
+@gluon.jit
+def _ue8m0_to_f32(byte):
+    """2^(byte - 127) as fp32, exactly: byte 0 is 2^-127, an fp32 subnormal (bit 22), not byte << 23 = 0."""
+    return gl.where(byte == 0, 0x00400000, byte << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _sub_mma(a_frag, b_j, c: gl.constexpr, zero):
+    """Async MMA of the A fragment with column block c (32 rows of B, K = 32) into a fresh fp32 tile."""
+    return warpgroup_mma(a_frag, b_j.slice(32 * c, 32, dim=0).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _promote(acc, part, fa, word_b, j: gl.constexpr):
+    """acc + part * sa[m] * sb[block] for K block j of the step: the same fp32 operations, in the same order, for
+    every element whatever the tile shape (a row's result does not depend on the launch; see fp8_gemm_v41_kernel)."""
+    return acc + part * (fa * _ue8m0_to_f32((word_b >> (8 * j)) & 0xFF))[:, None]
+
+
+@gluon.jit
+def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
+              stride_sb, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """The default partition for the V4.1 recipe. Per ring step (K = 128) and per 32 of K: the A fragment loaded
+    once into registers (ldmatrix), one MMA per 32 output columns (one B scale per 32 columns, so each partial tile
+    has one scale per row: sa[m] * sb[block]), wait, one FMA per accumulator element. ptxas places a K block's FMAs
+    under the next K block's MMAs (different registers). The tile is kept as BLOCK_N / 32 accumulators of
+    [BLOCK_M, 32] and stored as that many TMA boxes."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
+    WIDE: gl.constexpr = BLOCK_N == 128
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 32, 32])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+    num_k = K // BLOCK_K
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    last_nb = (N - 1) // 32
+    zero = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+    step = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
+        sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+        nb = off_n // 32  # column blocks past the last (N not a multiple of BLOCK_N) read the last: the store clips
+        sb0 = sb_ptr + nb * stride_sb
+        sb1 = sb_ptr + gl.minimum(nb + 1, last_nb) * stride_sb
+        sb2 = sb_ptr + gl.minimum(nb + 2, last_nb) * stride_sb
+        sb3 = sb_ptr + gl.minimum(nb + 3, last_nb) * stride_sb
+        wa, wb0 = gl.load(sa_rows), gl.load(sb0)
+        wb1, wb2, wb3 = wb0, wb0, wb0
+        if WIDE:
+            wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
+        acc0 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+        acc1 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+        acc2 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+        acc3 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+        for k in range(num_k):
+            slot = step % STAGES
+            # the next step's scale words (of this step at the last), loaded a step ahead as in _scales_ahead
+            ahead = gl.minimum(k + 1, num_k - 1)
+            na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
+            nb1, nb2, nb3 = nb0, nb0, nb0
+            if WIDE:
+                nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            a_tile = a_ring.index(slot)
+            b_tile = b_ring.index(slot)
+            for j in gl.static_range(4):
+                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                b_j = b_tile.slice(32 * j, 32, dim=1)
+                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)
+                if WIDE:
+                    t0 = _sub_mma(a_frag, b_j, 0, zero)
+                    t1 = _sub_mma(a_frag, b_j, 1, zero)
+                    t2 = _sub_mma(a_frag, b_j, 2, zero)
+                    t3 = _sub_mma(a_frag, b_j, 3, zero)
+                    p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                    acc1 = _promote(acc1, p1, fa, wb1, j)
+                    acc2 = _promote(acc2, p2, fa, wb2, j)
+                    acc3 = _promote(acc3, p3, fa, wb3, j)
+                else:
+                    p0 = warpgroup_mma_wait(0, deps=(_sub_mma(a_frag, b_j, 0, zero),))
+                acc0 = _promote(acc0, p0, fa, wb0, j)
+            # every MMA that read the slot is done (each warpgroup waited for its own; see _math)
+            mbarrier.arrive(empty.index(slot), count=1)
+            wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
+            step += 1
+        tma.store_wait(pendings=0)  # the previous tile's stores have read d_smem
+        d_smem.index(0).store(acc0.to(d_desc.dtype))
+        if WIDE:
+            d_smem.index(1).store(acc1.to(d_desc.dtype))
+            d_smem.index(2).store(acc2.to(d_desc.dtype))
+            d_smem.index(3).store(acc3.to(d_desc.dtype))
+        fence_async_shared()
+        for c in gl.static_range(BLOCK_N // 32):
+            tma.async_copy_shared_to_global(d_desc, [off_m, off_n + 32 * c], d_smem.index(c))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def fp8_gemm_v41_kernel(
+    a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
+    M, N, K, stride_sa, stride_sb,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """d[m, n] = sum over 32-blocks kb of sa[m, kb] * sb[n // 32, kb] * (a[m, kb] . b[n, kb]), bf16 out.
+    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
+    [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [BLOCK_M, 32] boxes; sa_ptr: int32 view of the
+    UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words), sb_ptr: the same of
+    [ceil(N / 32), K / 32]; K % 128 == 0. Persistent and warp-specialized like fp8_gemm_v3_kernel, with its producer.
+    Every output element is computed by the same instructions in the same order whatever BLOCK_M, BLOCK_N and the
+    program count (an m64n32k32 MMA per 32 of K, then one FMA with sa * sb), so a row's result does not depend on
+    the launch that carries it."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_N // 32, BLOCK_M, 32], d_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize(
+        [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
+                      stride_sa, stride_sb, GROUP_M, num_warps)),
+         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+        [1], [PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))

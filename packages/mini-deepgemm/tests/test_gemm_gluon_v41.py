@@ -1,0 +1,124 @@
+"""The Gluon dense FP8 GEMM of the V4.1 recipe (gemm_gluon_fp8_kernel.fp8_gemm_v41_kernel: the V3 kernel's TMA ring
+and producer warp, FP8 wgmma promoted every 32 of K, one MMA per 32-column block).
+
+Against the pure-torch reference on the same quantized operands (UE8M0 scales per 1 x 32 and 32 x 32, magnitudes
+varying per scale block): DeepGEMM's diff below 1e-5 (the products are exact; only the order of the fp32 sums and
+the bf16 output rounding differ); a second call is bitwise equal. Shapes: ragged M (65, 100, 1: partial row tiles),
+N not a multiple of the 128-column tile (160, 544: a partial B tile and clamped scale blocks), K of one step and of
+many (more steps than the ring's stages), V4.1 projection shapes; 128- and 64-row tiles, 128- and 32-column tiles,
+one program per tile and persistent programs that run several tiles.
+
+The kernel claims that every output element is computed by the same instructions in the same order whatever the
+tile shape and the row count of the call: checked bitwise across the variants and against a call on a prefix of
+the rows. GPU and triton 3.6 only; a hang guard (child process with a time limit) runs first, as in
+test_gemm_gluon_fp8.py.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mini_deepgemm import gemm, reference
+from mini_deepgemm._backend import gluon_usable
+from mini_deepgemm.testing import calc_diff, random_bf16, random_fp8_weights
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(), reason="needs CUDA and triton 3.6"),
+]
+
+SHAPES = [(65, 256, 128), (100, 160, 512), (1, 544, 1280), (300, 1280, 5120), (1000, 544, 1280),
+          (257, 4608, 2304), (2048, 5120, 8192)]
+# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile)
+VARIANTS = [(128, 128, 4, 1), (128, 128, 4, 0), (64, 128, 4, 2), (64, 32, 6, 0)]
+SMOKE_S = 180
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_finishes():
+    """One 256 x 256 x 640 call per variant (five K steps: more than a lap of the ring) in a child process that
+    must finish within SMOKE_S."""
+    code = f"""
+import torch
+from mini_deepgemm import gemm
+aq = torch.randn(256, 640, device="cuda").to(torch.float8_e4m3fn)
+bq = torch.randn(256, 640, device="cuda").to(torch.float8_e4m3fn)
+sa = torch.randint(120, 134, (256, 20), dtype=torch.uint8, device="cuda")
+sb = torch.randint(120, 134, (8, 20), dtype=torch.uint8, device="cuda")
+d = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
+for variant in {VARIANTS!r}:
+    gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *variant)
+    torch.cuda.synchronize()
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SMOKE_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the Gluon V4.1 kernel did not finish a 256 x 256 x 640 call in {SMOKE_S} s: a hang")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def v41_operands(M: int, N: int, K: int, gen: torch.Generator):
+    """V4.1-recipe operands on the GPU as uint8 scale bytes: a with UE8M0 per 1 x 32, b with UE8M0 per 32 x 32 (b
+    quantized with N rounded up to the block, then cut to N rows)."""
+    aq, sa = reference.act_quant(random_bf16(M, K, generator=gen), 32, "ue8m0")
+    _, bq, sb = random_fp8_weights(N=-(-N // 32) * 32, K=K, block=32, scale_fmt="ue8m0", generator=gen)
+    return aq.cuda(), sa.view(torch.uint8).cuda(), bq[:N].contiguous().cuda(), sb.view(torch.uint8).cuda()
+
+
+def reference_out(aq, sa, bq, sb) -> torch.Tensor:
+    e8 = torch.float8_e8m0fnu
+    return reference.gemm_nt_ref(aq, sa.view(e8), bq, sb.view(e8), 32, 32)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_s%d_p%d" % v)
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_gluon_v41_matches_reference(M, N, K, variant):
+    gen = torch.Generator().manual_seed(M + N + K)
+    ops = v41_operands(M, N, K, gen)
+    got = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm._gluon_fp8_v41_gemm(*ops, got, *variant)
+    again = torch.empty_like(got)
+    gemm._gluon_fp8_v41_gemm(*ops, again, *variant)
+    assert torch.equal(got.view(torch.int16), again.view(torch.int16)), "repeated calls must be bitwise identical"
+    assert calc_diff(got, reference_out(*ops)) < 1e-5
+
+
+@pytest.mark.parametrize("M,N,K", [(300, 1280, 5120), (1000, 544, 1280)])
+def test_a_row_does_not_depend_on_the_tile_or_the_batch(M, N, K):
+    gen = torch.Generator().manual_seed(11)
+    aq, sa, bq, sb = v41_operands(M, N, K, gen)
+    outs = []
+    for variant in VARIANTS:
+        d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *variant)
+        outs.append(d)
+    for variant, d in zip(VARIANTS[1:], outs[1:]):
+        assert torch.equal(d.view(torch.int16), outs[0].view(torch.int16)), variant
+    for rows in (1, 17, 64):
+        d = torch.empty(rows, N, dtype=torch.bfloat16, device="cuda")
+        gemm._gluon_fp8_v41_gemm(aq[:rows], sa[:rows], bq, sb, d, 64, 32, 6, 0)
+        assert torch.equal(d.view(torch.int16), outs[0][:rows].view(torch.int16)), rows
+
+
+@pytest.mark.parametrize("case", ["byte_0", "wide"])
+def test_extreme_scale_bytes(case):
+    """byte_0: every A scale is byte 0 (2^-127, an fp32 subnormal) and every B scale 2^67, so each product is
+    a x b x 2^-60 (a kernel that turned byte 0 into 0 returns zeros); wide: bytes over 2^-30..2^29 on both sides.
+    Against an fp64 reference on the CPU (no flush of subnormals)."""
+    gen = torch.Generator().manual_seed(3)
+    aq, sa, bq, sb = v41_operands(128, 256, 256, gen)
+    if case == "byte_0":
+        sa, sb = torch.zeros_like(sa), torch.full_like(sb, 127 + 67)
+    else:
+        sa = torch.randint(97, 157, sa.shape, generator=gen, dtype=torch.uint8).cuda()
+        sb = torch.randint(97, 157, sb.shape, generator=gen, dtype=torch.uint8).cuda()
+    got = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, got, 128, 128, 4, 0)
+    e8 = torch.float8_e8m0fnu
+    a = reference.dequant_operand(aq.cpu(), sa.cpu().view(e8), 1, 32).double()
+    b = reference.dequant_operand(bq.cpu(), sb.cpu().view(e8), 32, 32).double()
+    want = a @ b.T
+    assert want.abs().max() > 0 and torch.isfinite(want).all()
+    assert calc_diff(got.cpu(), want) < 1e-5
