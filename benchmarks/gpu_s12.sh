@@ -24,5 +24,8 @@ v41)
   echo "v41 tests rc=$?"; tail -25 "$OUT/pytest_v41.txt"
   (cd benchmarks && timeout 240 python3 exp_gemm_gluon_v41.py > "$OUT/exp_v41.txt" 2>&1; echo "v41 exp rc=$?")
   tail -40 "$OUT/exp_v41.txt"
+  timeout 150 python3 -m pytest -q -rs -s -p no:cacheprovider integration_tests/test_model_vs_reference.py -m gpu \
+    -k 64_heads > "$OUT/model_64_heads.txt" 2>&1  # the Gluon attention case and its Triton control
+  echo "64-head model rc=$?"; grep -E "cosine|greedy|passed|failed|Error" "$OUT/model_64_heads.txt" | tail -8
   ;;
 esac
