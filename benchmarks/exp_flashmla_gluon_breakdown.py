@@ -1,7 +1,9 @@
 """Experiment (issue 5): where a 64-slot block's time goes in the Gluon sparse-attention kernel.
 
 Session 11 ran it twice: on the first, single-partition kernel (commit 9b9c405's text; the edits of this file's
-first version) and on the warp-specialized one (these edits). docs/reports/flashmla-gluon.md has both.
+first version) and on the warp-specialized one (these edits). docs/reports/flashmla-gluon.md has both. Session 12
+run 1 timed a candidate (the softmax's row sums reduced once after the walk; 0.97x per block) that the kernel
+then took.
 
 Builds variants of mini_flashmla/sparse_attn_gluon_kernel.py with one part of the block step removed (by editing
 its source text into a temporary module, so the package keeps one kernel), and times each through the public API at
@@ -32,14 +34,6 @@ DEQUANT = [(re.compile(r"_dequant_raw\(raw_vals, raw_scales, tile.slice.*?FORMAT
 QK_MMA = [(re.compile(r"s = warpgroup_mma\(q_smem,.*?use_acc=False\)", re.S),
            "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)")]
 PV_MMA = [(re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")]
-# A candidate, not a removal: the softmax's row sum kept per column as a running [64, 64] tensor (16 more registers
-# per consumer thread) and reduced across the warpgroups once after the walk instead of every block (two of the
-# eleven partition barriers per block; offline, the barriers between the two MMAs go from 9 to 6). l's fp32 sum
-# order changes, so it is timed here, not yet tested; not run on a GPU yet (session 11 ran out of device time).
-ROW_SUM_ONCE = [(re.compile(r"l_i = gl.full\(\[HEADS\], 0.0, gl.float32, gl.SliceLayout\(1, S_MMA\)\)"),
-                 "l_cols = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)"),
-                (re.compile(r"l_i = l_i \* alpha \+ gl.sum\(p, 1\)"), "l_cols = l_cols * alpha[:, None] + p"),
-                (re.compile(r"\n    has_mass = l_i > 0"), "\n    l_i = gl.sum(l_cols, 1)\n    has_mass = l_i > 0")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],
     "no_gather": GATHER,
@@ -48,7 +42,6 @@ VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "no_pv_mma": PV_MMA,
     "no_mma": QK_MMA + PV_MMA,
     "mma_only": GATHER + DEQUANT,  # the consumers alone: the producer only hands over tiles
-    "row_sum_once": ROW_SUM_ONCE,
 }
 
 

@@ -217,7 +217,11 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
     gl.thread_barrier()  # every consumer thread's part of Q has landed
 
     m_i = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_MMA))
-    l_i = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_MMA))
+    # The row sums are kept per column and reduced once after the walk: a per-block gl.sum over the columns crosses
+    # the two warpgroups (S is split by slots), two of the block's partition barriers (session 12 run 1: 3.54 ->
+    # 3.43 us per block for bf16 rows, 5.21 -> 5.05 paged). It costs 16 registers per consumer thread and changes
+    # the order of l's fp32 sums.
+    l_cols = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)
     acc = gl.full([HEADS, D], 0.0, gl.float32, O_MMA)
     for blk in range(n_blocks):
         t = blk % TILES
@@ -235,7 +239,7 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
         m_new = gl.maximum(m_i, gl.max(s, 1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        l_cols = l_cols * alpha[:, None] + p
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
         p_op = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)  # P rounded to bf16 before P.V, as the reference
@@ -244,6 +248,7 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
         # warpgroups have finished their (synchronous) MMAs on the tile.
         mbarrier.arrive(empty.index(t), count=1)
 
+    l_i = gl.sum(l_cols, 1)
     has_mass = l_i > 0
     lse = gl.where(has_mass, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
     denom = l_i
