@@ -37,8 +37,9 @@ def mma_path(request, monkeypatch, device):
         if request.param == "swap_ab" and ue8m0 and layout != gemm._DENSE:  # tiles by rows per group
             return default(layout, rows_hint, gran_k, ue8m0, n, groups, fp4)
         if request.param == "swap_ab" and ue8m0:  # few-token tiles at M <= 32, else the large-M tiles
-            return default(layout, rows_hint if rows_hint <= 32 else max(rows_hint, 4096), gran_k, ue8m0,
-                           max(n, 4608), fp4=fp4)
+            cfg = default(layout, rows_hint if rows_hint <= 32 else max(rows_hint, 4096), gran_k, ue8m0,
+                          max(n, 4608), fp4=fp4)
+            return {k: v for k, v in cfg.items() if k != "GLUON_V41"}  # the swap-AB kernel, not the Gluon one
         return {**legacy(layout, rows_hint, gran_k, ue8m0), "BF16_MMA": ue8m0 and request.param == "bf16_mma"}
 
     monkeypatch.setattr(gemm, "default_config", forced)

@@ -150,10 +150,14 @@ def test_fp4_weights_as_int8(device, gen):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["v41", "fp4"])
 def test_ue8m0_results_do_not_depend_on_the_batch(kind):
-    """A row's product is bit-identical whatever the row count and layout that carry it (dense decode tiles,
-    dense swap-AB tiles, contiguous and masked grouped layouts): every UE8M0 path feeds the same bf16 MMAs in the
-    same K order (gemm.default_config; FP4 weights always take the swap-AB kernel, whose FP4 K order differs from
-    gemm_kernel's). Data-parallel ranks and recomputation after preemption depend on it."""
+    """A row's product is bit-identical whatever the row count that carries it in a dense GEMM (1 to 4,096 rows:
+    decode and prefill tiles), and, with FP4 weights, whatever the layout (dense, contiguous, masked): data-parallel
+    ranks and recomputation after preemption depend on it. Dense GEMMs with FP8 weights run gemm_gluon_fp8_kernel's
+    V4.1 kernel at every M where it runs (sm_90, triton 3.6; each tile shape computes a row the same way), else the
+    bf16-MMA kernels; the grouped layouts with FP8 weights (no runtime caller) stay on bf16 MMAs, so they are
+    checked bitwise against the dense bf16-MMA route and by calc_diff against the routed one. Every bf16-MMA path
+    feeds the same MMAs in the same K order (gemm.default_config; FP4 weights always take the swap-AB kernel, whose
+    FP4 K order differs from gemm_kernel's)."""
     gen = torch.Generator().manual_seed(7)
     N, K = 4608, 5120
     w, bq, bs, *_ = weights(kind, N=N, K=K, device="cuda", gen=gen)
@@ -166,6 +170,14 @@ def test_ue8m0_results_do_not_depend_on_the_batch(kind):
         d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         dense((aq[:M], as_[:M]), (bq, bs), d)
         assert torch.equal(d.view(torch.int16), full[:M].view(torch.int16)), f"dense M={M}"
+    if kind == "v41":  # the grouped layouts below run bf16 MMAs: compare them with the dense bf16-MMA route
+        from mini_deepgemm import gemm
+
+        cfg = {k: v for k, v in gemm.default_config(gemm._DENSE, 4096, 32, True, N).items() if k != "GLUON_V41"}
+        bf16_route = torch.empty_like(full)
+        gemm._gemm(gemm._DENSE, (aq, as_), (bq, bs), bf16_route, None, None, None, False, config=cfg)
+        assert calc_diff(bf16_route, full) < 1e-5
+        full = bf16_route
     align = dg.get_m_alignment_for_contiguous_layout()
     layout = contiguous_layout([3, 130], align).cuda()  # group 1 holds rows 0..129 of x
     rows = torch.full((layout.numel(),), 0, dtype=torch.long)

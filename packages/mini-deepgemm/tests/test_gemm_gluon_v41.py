@@ -122,3 +122,33 @@ def test_extreme_scale_bytes(case):
     want = a @ b.T
     assert want.abs().max() > 0 and torch.isfinite(want).all()
     assert calc_diff(got.cpu(), want) < 1e-5
+
+
+def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
+    """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernel at every row count
+    (decode-sized M on 64 x 32 tiles, large M on 128 x 128); an fp32 output, accumulate-into or K % 128 != 0 do not."""
+    import mini_deepgemm as dg
+
+    tiles = []
+    launch = gemm._gluon_fp8_v41_gemm
+    monkeypatch.setattr(gemm, "_gluon_fp8_v41_gemm", lambda *args: tiles.append(args[5:]) or launch(*args))
+    gen = torch.Generator().manual_seed(5)
+    e8 = torch.float8_e8m0fnu
+    for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
+        for M, N, K, tile in ((1, 1280, 512, (64, 32, 6, 0)), (64, 4608, 256, (64, 32, 6, 0)),
+                              (300, 1280, 256, (64, 32, 6, 0)), (4096, 1280, 256, (128, 128, 4, 1))):
+            aq, sa, bq, sb = v41_operands(M, N, K, gen)
+            d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+            fn((aq, sa.view(e8)), (bq, sb.view(e8)), d)
+            assert tiles == [tile], (fn.__name__, M, N, tiles)
+            assert calc_diff(d, reference_out(aq, sa, bq, sb)) < 1e-5
+            tiles.clear()
+    aq, sa, bq, sb = v41_operands(256, 256, 256, gen)
+    d32 = torch.zeros(256, 256, dtype=torch.float32, device="cuda")
+    dg.fp8_gemm_nt((aq, sa.view(e8)), (bq, sb.view(e8)), d32)
+    dg.fp8_gemm_nt((aq, sa.view(e8)), (bq, sb.view(e8)), d32, c=d32)
+    aq, sa, bq, sb = v41_operands(256, 256, 160, gen)
+    d = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
+    dg.fp8_gemm_nt((aq, sa.view(e8)), (bq, sb.view(e8)), d)
+    assert not tiles
+    assert calc_diff(d, reference_out(aq, sa, bq, sb)) < 1e-5

@@ -229,6 +229,12 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     """Kernel, tile shape and pipeline depth, from the H200 measurements in docs/reports/deepgemm-scaling.md,
     deepgemm-swapab.md, deepgemm-fp4-ptx.md and deepgemm-masked-swapab.md.
 
+    gemm_gluon_fp8_kernel's V4.1 kernel (GLUON_V41, where _use_gluon_v41 allows it; docs/reports/deepgemm-gluon-v41.md):
+    dense GEMMs with FP8 weights at every row count, FP8 MMAs promoted every 32 of K. Session 12 run 2 (H200):
+    1.30-2.61x the swap-AB kernel at M = 4,096 on the 8 dense shapes, 1.6-3.9x at M = 1-64. Every tile shape it
+    runs computes a row the same way, so a row's result does not depend on M (the tiles below, its fallback,
+    have the same property among themselves, on bf16 MMAs). Tiles: _gluon_v41_tile.
+
     gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
     weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
     - contiguous at more than 96 rows per group, 128 x 128, 3 stages: 1.03-1.15x the swap-AB kernel at 128-1,024
@@ -265,6 +271,13 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     """
     if not ue8m0:
         return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
+    if layout == _DENSE and not fp4:
+        return {**_ue8m0_config(layout, rows_hint, gran_k, n, groups, fp4), "GLUON_V41": True}
+    return _ue8m0_config(layout, rows_hint, gran_k, n, groups, fp4)
+
+
+def _ue8m0_config(layout: int, rows_hint: int, gran_k: int, n: int, groups: int, fp4: bool) -> dict:
+    """default_config's tiles for UE8M0 scales on the Triton kernels (see there)."""
     swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True, SCALE_WORDS=True)
     if layout == _CONTIGUOUS:
         few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
@@ -283,7 +296,7 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
                     num_stages=3 if wide else 4, SCALE_WORDS=fp4)
     if fp4:  # 33-1,023 rows
         return dict(swapab, BLOCK_M=64, BLOCK_N=128, X_FP8=True)
-    return gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
+    return gemm_kernel_config(layout, rows_hint, gran_k, True)
 
 
 def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) -> dict:
@@ -360,6 +373,32 @@ def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.
     tma_ok = all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (aq, bq, d))
     tiles = cdiv(aq.shape[0], 128) * cdiv(bq.shape[0], 128)
     return tma_ok and tiles >= torch.cuda.get_device_properties(d.device).multi_processor_count
+
+
+def _use_gluon_v41(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                   c: torch.Tensor | None, recipe: Recipe) -> bool:
+    """gemm_gluon_fp8_kernel's V4.1 kernel covers dense FP8 x FP8 GEMMs of the V4.1 recipe (UE8M0 per 1 x 32 and
+    32 x 32, as uint8 here) without accumulate-into, where _gluon_runs_on allows it: K % 128 == 0 (four scales per
+    32-bit word), TMA-compatible operands and output (unit last stride, 16-byte aligned bases and row strides) and
+    4-byte aligned scale rows."""
+    if not (recipe == V41_RECIPE and aq.dtype == torch.float8_e4m3fn and bq.dtype == torch.float8_e4m3fn
+            and c is None and aq.shape[1] % 128 == 0 and _gluon_runs_on(d)):
+        return False
+    tma_ok = all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+                 for t in (aq, bq, d))
+    words_ok = all(t.stride(1) == 1 and t.data_ptr() % 4 == 0 and t.stride(0) % 4 == 0 for t in (sa, sb))
+    return tma_ok and words_ok
+
+
+def _gluon_v41_tile(M: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, stages, programs per SM) of the V4.1 kernel: 128 x 128 persistent tiles (one program per
+    SM) when they give at least half an SM's worth of tiles, else 64 x 32 tiles, one program each, so that few rows
+    or narrow N still spread over the SMs (session 12 run 2: M = 1-64, 64 x 32 read weights at 0.43-1.46 TB/s;
+    the 128 x 128 tiles ran 468-569 TFLOP/s at M = 4,096)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if M > 64 and cdiv(M, 128) * cdiv(N, 128) * 2 >= sms:
+        return 128, 128, 4, 1
+    return 64, 32, 6, 0
 
 
 @functools.cache
@@ -534,6 +573,9 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
+    if cfg.get("GLUON_V41") and _use_gluon_v41(aq, sa, bq, sb, d, c, recipe):
+        _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, d.device))
+        return
     if cfg.get("SWAP_AB"):
         _require(ue8m0, "the swap-AB kernel takes UE8M0 scales")
         if c is None and gran_k == 32 and K % (128 * cfg["SUBS"]) == 0 and (b_fp4 or gran_n == 32):
