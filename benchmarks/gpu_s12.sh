@@ -5,6 +5,10 @@
 #       breakdown with session 11's row_sum_once candidate)
 #   source .devdeps/env.sh && PART=v41 bash benchmarks/gpu_s12.sh    (1 x H200: the V4.1-recipe FP8 Gluon GEMM's tests,
 #       then its experiment against the shipped bf16-MMA route and cuBLAS)
+#   source .devdeps/env.sh && PART=suite bash benchmarks/gpu_s12.sh  (1 x H200: every single-GPU test on CUDA, -n 16,
+#       after the V4.1 GEMM route and the attention's row sums changed)
+#   source .devdeps/env.sh && PART=bench bash benchmarks/gpu_s12.sh  (1 x H200: bench_deepgemm's table in GPU time,
+#       bench_flashmla, the 1-GPU prefill step and the medium-model decode)
 set -u
 export OUT=${OUT:-/tmp/gpu_s12}
 mkdir -p "$OUT"
@@ -27,5 +31,20 @@ v41)
   timeout 150 python3 -m pytest -q -rs -s -p no:cacheprovider integration_tests/test_model_vs_reference.py -m gpu \
     -k 64_heads > "$OUT/model_64_heads.txt" 2>&1  # the Gluon attention case and its Triton control
   echo "64-head model rc=$?"; grep -E "cosine|greedy|passed|failed|Error" "$OUT/model_64_heads.txt" | tail -8
+  ;;
+suite)
+  source benchmarks/gpu_session.sh /tmp/gpu_s12
+  run tests_1gpu 520 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+    packages runtime/tests integration_tests -m "not multigpu" -n 16 --junitxml="$OUT/junit_1gpu.xml"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/tests_1gpu.txt" | tail -25
+  ;;
+bench)
+  source benchmarks/gpu_session.sh /tmp/gpu_s12
+  run deepgemm 150 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run flashmla 90 bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run decode 100 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 --out "$OUT/decode_medium_h200.json"
+  cat "$OUT/summary.txt"
+  tail -45 "$OUT/deepgemm.txt"; tail -14 "$OUT/flashmla.txt"; tail -30 "$OUT/prefill.txt"; tail -12 "$OUT/decode.txt"
   ;;
 esac
