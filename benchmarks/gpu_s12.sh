@@ -8,7 +8,8 @@
 #   source .devdeps/env.sh && PART=suite bash benchmarks/gpu_s12.sh  (1 x H200: every single-GPU test on CUDA, -n 16,
 #       after the V4.1 GEMM route and the attention's row sums changed)
 #   source .devdeps/env.sh && PART=bench bash benchmarks/gpu_s12.sh  (1 x H200: bench_deepgemm's table in GPU time,
-#       bench_flashmla, the 1-GPU prefill step and the medium-model decode)
+#       bench_flashmla, the 1-GPU prefill step, the medium-model decode, then two alternatives to the V4.1 GEMM's
+#       math partition)
 set -u
 export OUT=${OUT:-/tmp/gpu_s12}
 mkdir -p "$OUT"
@@ -44,7 +45,9 @@ bench)
   run flashmla 90 bash -c "cd benchmarks && python3 bench_flashmla.py"
   run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   run decode 100 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 --out "$OUT/decode_medium_h200.json"
+  run v41_variants 120 bash -c "cd benchmarks && python3 exp_gemm_gluon_v41_variants.py"
   cat "$OUT/summary.txt"
+  tail -6 "$OUT/v41_variants.txt"
   tail -45 "$OUT/deepgemm.txt"; tail -14 "$OUT/flashmla.txt"; tail -30 "$OUT/prefill.txt"; tail -12 "$OUT/decode.txt"
   ;;
 esac
