@@ -64,18 +64,25 @@ def smoke(result) -> None:
     result.put(equal)
 
 
-def smoke_or_exit() -> None:
+def smoke_in_child(target, seconds: float, what: str):
+    """Runs target(queue) in a spawned child with a time limit (a warp-specialized kernel's handover mistake hangs
+    rather than fails); exits the experiment if it hangs or fails, else returns what the child put."""
     ctx = multiprocessing.get_context("spawn")
     result = ctx.Queue()
-    child = ctx.Process(target=smoke, args=(result,))
+    child = ctx.Process(target=target, args=(result,))
     child.start()
-    child.join(SMOKE_S)
+    child.join(seconds)
     if child.is_alive():
         child.kill()
-        raise SystemExit(f"the Gluon V3 kernel did not finish a 256 x 256 x 512 call in {SMOKE_S} s: a hang")
+        raise SystemExit(f"{what} did not finish in {seconds} s: a hang")
     if child.exitcode != 0:
-        raise SystemExit(f"the smoke call failed (exit code {child.exitcode})")
-    print("smoke call, bitwise equal to the Triton kernel per variant:", result.get(), flush=True)
+        raise SystemExit(f"{what} failed (exit code {child.exitcode})")
+    return result.get()
+
+
+def smoke_or_exit() -> None:
+    equal = smoke_in_child(smoke, SMOKE_S, "the Gluon V3 kernel's 256 x 256 x 512 smoke call")
+    print("smoke call, bitwise equal to the Triton kernel per variant:", equal, flush=True)
 
 
 def main() -> None:

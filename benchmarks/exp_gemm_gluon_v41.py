@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import platform
 import time
@@ -26,7 +25,7 @@ import torch
 import triton
 
 from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
-from exp_gemm_gluon_v3 import ms
+from exp_gemm_gluon_v3 import ms, smoke_in_child
 from mini_deepgemm import gemm as G
 from mini_deepgemm import reference
 from mini_deepgemm.testing import calc_diff
@@ -66,17 +65,7 @@ def smoke(result) -> None:
 
 
 def smoke_or_exit() -> None:
-    ctx = multiprocessing.get_context("spawn")
-    result = ctx.Queue()
-    child = ctx.Process(target=smoke, args=(result,))
-    child.start()
-    child.join(SMOKE_S)
-    if child.is_alive():
-        child.kill()
-        raise SystemExit(f"the Gluon V4.1 kernel did not finish the smoke calls in {SMOKE_S} s: a hang")
-    if child.exitcode != 0:
-        raise SystemExit(f"the smoke calls failed (exit code {child.exitcode})")
-    for row in result.get():
+    for row in smoke_in_child(smoke, SMOKE_S, "the Gluon V4.1 kernel's smoke calls"):
         print("smoke M N K", row[:3], "variant", row[3], "diff vs reference %.2e" % row[4], "bitwise vs first:", row[5],
               flush=True)
 

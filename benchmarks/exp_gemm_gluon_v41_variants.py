@@ -32,7 +32,9 @@ import mini_deepgemm.gemm_gluon_fp8_kernel as kernel_module
 from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
-from mini_deepgemm.gemm_gluon_fp8_kernel import _producer, _tile_offsets, _ue8m0_to_f32
+from mini_deepgemm.gemm_gluon_fp8_kernel import (
+    _allocate_ring, _invalidate_ring, _producer, _tile_offsets, _ue8m0_to_f32,
+)
 from mini_deepgemm.testing import calc_diff
 
 SHAPES = ("wq_a", "wo_b", "shared_w13", "engram_wkv")
@@ -112,25 +114,15 @@ def _math_wide(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_
 @gluon.jit
 def wide_kernel(a_desc, b_desc, d_desc, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb, STAGES: gl.constexpr,
                 GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [a_desc.block_type.shape[0], b_desc.block_type.shape[0]],
+                                       d_desc.layout)
     gl.warp_specialize(
         [(_math_wide, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
                        stride_sa, stride_sb, GROUP_M, num_warps)),
          (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
         [1], [PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    _invalidate_ring(ready, empty)
 
 
 def launch(kernel, op, d, d_box: int) -> None:

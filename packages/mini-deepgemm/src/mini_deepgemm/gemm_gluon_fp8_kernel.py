@@ -109,6 +109,29 @@ def _store_tile(acc, d_desc, d_smem, off_m, off_n):
 
 
 @gluon.jit
+def _allocate_ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The STAGES-deep ring of (A, B) tiles in the descriptors' swizzled layouts, with a "ready" and an "empty"
+    mbarrier per slot (count 1 each)."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], BLOCK_K], a_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0], BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return a_ring, b_ring, ready, empty
+
+
+@gluon.jit
+def _invalidate_ring(ready, empty):
+    STAGES: gl.constexpr = ready.type.shape[0]
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+@gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr):
     """One warp: every step of this program's tiles, in order, into ring slot step % STAGES once that slot is empty
     (the first lap waits on the barriers' initial phase, which counts as complete). Its tile offsets are computed
@@ -174,25 +197,15 @@ def fp8_gemm_v3_kernel(
     tile per program). num_warps is the math partition's; the producer warp (PRODUCER_REGS registers) comes on top,
     in a warpgroup of its own (setmaxnreg works per warpgroup), and the launch's maxnreg sets the registers the
     math partition gets."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M, BLOCK_N], d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [a_desc.block_type.shape[0], b_desc.block_type.shape[0]],
+                                       d_desc.layout)
     gl.warp_specialize(
         [(_math, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
                   stride_sb, GROUP_M, num_warps)),
          (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
         [1], [PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    _invalidate_ring(ready, empty)
 
 
 # ---- The V4.1 recipe: UE8M0 scales per 1 x 32 of A and 32 x 32 of B, promoted every 32 of K ----
@@ -313,22 +326,12 @@ def fp8_gemm_v41_kernel(
     Every output element is computed by the same instructions in the same order whatever BLOCK_M, BLOCK_N and the
     program count (an m64n32k32 MMA per 32 of K, then one FMA with sa * sb), so a row's result does not depend on
     the launch that carries it."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_N // 32, BLOCK_M, 32], d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [b_desc.block_type.shape[0] // 32, a_desc.block_type.shape[0], 32],
+                                       d_desc.layout)
     gl.warp_specialize(
         [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
                       stride_sa, stride_sb, GROUP_M, num_warps)),
          (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
         [1], [PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    _invalidate_ring(ready, empty)
