@@ -117,20 +117,25 @@ def bench_prefill(dev, result: dict) -> None:
     result["prefill_paged_rel_l2_vs_triton"] = ((out.float() - tri.float()).norm() / tri.float().norm()).item()
 
 
+def decode_case(dev, batch: int, g: torch.Generator):
+    """(q, window_cache, compressed_cache, wid, cid, sink) of a decode step: one query per sequence, every sequence
+    with its own window ring and N_COMPRESSED compressed rows, TOPK_C of them picked at random."""
+    q = torch.randn(batch, H, D, device=dev, generator=g).bfloat16()
+    sink = torch.randn(H, device=dev, generator=g)
+    window_cache = pack_window_fp8(torch.randn(batch * W, D, device=dev, generator=g))
+    compressed_cache = pack_compressed_kv_fp4(torch.randn(batch * N_COMPRESSED // 8, D, device=dev, generator=g))
+    compressed_cache = compressed_cache.repeat(8, 1)  # 8x fewer random numbers to pack; the bytes are the same
+    seq = torch.arange(batch, device=dev)
+    wid = window_ids_for(torch.full((batch,), CONTEXT - 1, device=dev), seq)
+    cid = torch.stack([torch.randperm(N_COMPRESSED, device=dev, generator=g)[:TOPK_C].sort().values
+                       for _ in range(batch)]) + seq[:, None] * N_COMPRESSED
+    return q, window_cache, compressed_cache, wid, cid.to(torch.int32), sink
+
+
 def bench_decode(dev, result: dict) -> None:
     g = torch.Generator(device=dev).manual_seed(1)
     for batch in (64, 128, 256):
-        q = torch.randn(batch, H, D, device=dev, generator=g).bfloat16()
-        sink = torch.randn(H, device=dev, generator=g)
-        # every sequence owns its window ring slot and N_COMPRESSED compressed rows of its own
-        window_cache = pack_window_fp8(torch.randn(batch * W, D, device=dev, generator=g))
-        compressed_cache = pack_compressed_kv_fp4(torch.randn(batch * N_COMPRESSED // 8, D, device=dev, generator=g))
-        compressed_cache = compressed_cache.repeat(8, 1)  # 8x fewer random numbers to pack; the bytes are the same
-        seq = torch.arange(batch, device=dev)
-        wid = window_ids_for(torch.full((batch,), CONTEXT - 1, device=dev), seq)
-        cid = torch.stack([torch.randperm(N_COMPRESSED, device=dev, generator=g)[:TOPK_C].sort().values
-                           for _ in range(batch)]) + seq[:, None] * N_COMPRESSED
-        cid = cid.to(torch.int32)
+        q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)
         t = bench(lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink))
         nbytes = q.numel() * 2 + batch * (W * 528 + TOPK_C * 288) + batch * H * D * 2
         result[f"decode_b{batch}_us"] = t * 1e3

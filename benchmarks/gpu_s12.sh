@@ -10,6 +10,8 @@
 #   source .devdeps/env.sh && PART=bench bash benchmarks/gpu_s12.sh  (1 x H200: bench_deepgemm's table in GPU time,
 #       bench_flashmla, the 1-GPU prefill step, the medium-model decode, then two alternatives to the V4.1 GEMM's
 #       math partition)
+#   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s12.sh  (1 x H200: the 4 tests run 3's limit cut, and the
+#       Gluon attention's decode at batch 256 with and without this session's row-sum change)
 set -u
 export OUT=${OUT:-/tmp/gpu_s12}
 mkdir -p "$OUT"
@@ -55,5 +57,15 @@ bench)
   cat "$OUT/summary.txt"; tail -3 "$OUT/rest.txt"
   tail -6 "$OUT/v41_variants.txt"
   tail -45 "$OUT/deepgemm.txt"; tail -14 "$OUT/flashmla.txt"; tail -30 "$OUT/prefill.txt"; tail -12 "$OUT/decode.txt"
+  ;;
+final)
+  source benchmarks/gpu_session.sh /tmp/gpu_s12
+  run decode_exp 120 bash -c "cd benchmarks && python3 exp_flashmla_gluon_decode.py"
+  run tests_cut 170 python3 -m pytest -q -rs -p no:cacheprovider -n 4 \
+    "runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks" \
+    "runtime/tests/test_llm_text_and_data_parallel.py::test_text_without_a_tokenizer_is_refused_and_outputs_have_no_text" \
+    "runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine" \
+    "runtime/tests/test_reference_model.py::test_yarn_frequencies_match_the_formula"
+  cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -6 "$OUT/tests_cut.txt"
   ;;
 esac
