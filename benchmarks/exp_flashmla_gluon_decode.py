@@ -24,7 +24,7 @@ import torch
 import triton
 from bench_flashmla import SCALE, bench, decode_case
 from mini_flashmla import api
-from mini_flashmla.cache_layout import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
+from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
 PER_BLOCK_ROW_SUMS = [
     (r"l_cols = gl.full\(\[HEADS, BLOCK_N\], 0.0, gl.float32, S_MMA\)",
