@@ -12,6 +12,9 @@
 #       math partition)
 #   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s12.sh  (1 x H200: the 4 tests run 3's limit cut, and the
 #       Gluon attention's decode at batch 256 with and without this session's row-sum change)
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s12.sh   (1 x H200, written after session 12's last run, for
+#       the next session: the decode experiment that run 5 failed to import, then the warp-specialized FP4 MoE GEMM
+#       experiment)
 set -u
 export OUT=${OUT:-/tmp/gpu_s12}
 mkdir -p "$OUT"
@@ -70,5 +73,11 @@ final)
   run gemm_tests 90 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
     packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py
   cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -6 "$OUT/tests_cut.txt"; tail -4 "$OUT/gemm_tests.txt"
+  ;;
+next)
+  source benchmarks/gpu_session.sh /tmp/gpu_s12
+  run decode_exp 120 bash -c "cd benchmarks && python3 exp_flashmla_gluon_decode.py"
+  run fp4_ws 240 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py"
+  cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -8 "$OUT/fp4_ws.txt"
   ;;
 esac
