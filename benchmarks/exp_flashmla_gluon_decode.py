@@ -46,17 +46,22 @@ def main() -> None:
             q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)
             sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)
             calls = {"triton": lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1)}
-            for name in kernels:
-                calls[name] = (lambda k: lambda: (setattr(kernel_module, "sparse_mla_fwd_gluon_kernel", k),
-                                                  mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache,
-                                                                                     wid, cid, SCALE, sink, 1)))(kernels[name])
+
+            def gluon_call(kernel):
+                def call():
+                    kernel_module.sparse_mla_fwd_gluon_kernel = kernel  # _launch_gluon imports it at call time
+                    return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, 1)
+                return call
+
+            for name, kernel in kernels.items():
+                calls[name] = gluon_call(kernel)
             for rep in range(3):
                 for name, fn in calls.items():
                     result.setdefault(f"b{batch}_{name}_us", []).append(bench(fn) * 1e3)
                     result.setdefault(f"b{batch}_{name}_graph_us", []).append(
                         triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3)
-            out_a = calls["shipped"]()[1][0]
-            out_b = calls["per_block_row_sums"]()[1][0]
+            out_a = calls["shipped"]()[0]
+            out_b = calls["per_block_row_sums"]()[0]
             result[f"b{batch}_rel_l2_shipped_vs_per_block"] = ((out_a.float() - out_b.float()).norm()
                                                               / out_b.float().norm()).item()
     kernel_module.sparse_mla_fwd_gluon_kernel = shipped

@@ -60,7 +60,8 @@ def smoke(result) -> None:
             run(op, d, variant)
             torch.cuda.synchronize()
             first = d.clone() if first is None else first
-            out.append((M, N, K, variant, calc_diff(d, want), bool(torch.equal(d.view(torch.int16), first.view(torch.int16)))))
+            same = bool(torch.equal(d.view(torch.int16), first.view(torch.int16)))
+            out.append((M, N, K, variant, calc_diff(d, want), same))
     result.put(out)
 
 

@@ -100,7 +100,8 @@ def _math_wide(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_
                 f1 = _ue8m0_to_f32((wb1 >> (8 * j)) & 0xFF)
                 f2 = _ue8m0_to_f32((wb2 >> (8 * j)) & 0xFF)
                 f3 = _ue8m0_to_f32((wb3 >> (8 * j)) & 0xFF)
-                fb = gl.where(block_of_col == 0, f0, gl.where(block_of_col == 1, f1, gl.where(block_of_col == 2, f2, f3)))
+                fb = gl.where(block_of_col == 0, f0,
+                              gl.where(block_of_col == 1, f1, gl.where(block_of_col == 2, f2, f3)))
                 acc += (part * fb[None, :]) * fa[:, None]
             mbarrier.arrive(empty.index(slot), count=1)
             step += 1

@@ -132,7 +132,8 @@ def _check_cuda_kernel_path(cfg, w, min_logits_cos: float = 0.93, mean_logits_co
     step_cos = [[cos(got[i, step], ref_logits[i][step], dim=0).item() for step in range(5)] for i in range(3)]
     worst = max((got[i, s] - ref_logits[i][s]).abs().max().item() for i in range(3) for s in range(5))
     print(f"CUDA kernel path vs CPU reference: first-block cosine {[round(c, 5) for c in block_cos]}; logits cosine "
-          f"per prompt and step {[[round(c, 4) for c in row] for row in step_cos]}; max |logit diff| {worst:.4f}; mean logits cosine {sum(map(sum, step_cos)) / 15:.4f}")
+          f"per prompt and step {[[round(c, 4) for c in row] for row in step_cos]}; max |logit diff| {worst:.4f}; "
+          f"mean logits cosine {sum(map(sum, step_cos)) / 15:.4f}")
     assert min(block_cos) >= 0.999, block_cos
     assert min(min(row) for row in step_cos) >= min_logits_cos, step_cos
     assert sum(map(sum, step_cos)) / 15 >= mean_logits_cos, step_cos

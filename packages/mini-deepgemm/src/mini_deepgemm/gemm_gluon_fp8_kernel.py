@@ -244,7 +244,8 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
     WIDE: gl.constexpr = BLOCK_N == 128
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 32, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 32, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     num_k = K // BLOCK_K
