@@ -42,7 +42,7 @@ from exp_gemm_gluon import layout_for
 from exp_gemm_gluon_v3 import ms, smoke_in_child
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_gluon_fp8_kernel import _tile_offsets
-from mini_deepgemm.gemm_gluon_kernel import _SCALED_HIGH_PTX, _SCALED_LOW_PTX
+from mini_deepgemm.gemm_gluon_kernel import weights_of_step
 from mini_deepgemm.testing import calc_diff
 
 ROUTINGS = {"96x128-1024": 96, "192x128-1024": 192}
@@ -132,14 +132,7 @@ def _consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, group_ptr, num_groups
                 ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
-                shift = (i % 2) * 16
-                e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
-                e1 = ((word >> (shift + 8)) & 0xFF) << 7
-                scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
-                w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                                   is_pure=True, pack=4)
-                w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                                  is_pure=True, pack=4)
+                w_even, w_odd = weights_of_step(packed, word, i, second)
                 tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
                 tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[tok])

@@ -46,6 +46,22 @@ _SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F
 
 
 @gluon.jit
+def weights_of_step(packed, word, step, second):
+    """The bf16 weights of K step `step` (64 values) in the wgmma A-operand layout: (even, odd) values of the packed
+    bytes (packed's layout), each times its UE8M0 scale, exactly. word: the int32 scale word of each row (step's two
+    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31)."""
+    shift = (step % 2) * 16
+    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
+    e1 = ((word >> (shift + 8)) & 0xFF) << 7
+    scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                       is_pure=True, pack=4)
+    w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                      is_pure=True, pack=4)
+    return w_even, w_odd
+
+
+@gluon.jit
 def _issue_step(w_ring, sw_ring, x_ring, slot, step, w_ptrs, sw_ptrs, x_ptrs, x_mask):
     """cp.async one K step (64 values) into ring slot `slot`: 32 packed bytes per weight row, the scale word of the
     row that holds this step's two UE8M0 bytes, and the two [BLOCK_M, 32] halves of the activations."""
@@ -125,14 +141,7 @@ def fp4_grouped_gemm_kernel(
         gl.thread_barrier()  # every thread's copies of step i have landed
         packed = w_ring.index(slot).load(a_layout)
         word = sw_ring.index(slot).load(rows_a)
-        shift = (i % 2) * 16
-        e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
-        e1 = ((word >> (shift + 8)) & 0xFF) << 7
-        scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
-        w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                           is_pure=True, pack=4)
-        w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                          is_pure=True, pack=4)
+        w_even, w_odd = weights_of_step(packed, word, i, second)
         fence_async_shared()
         tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
