@@ -21,10 +21,12 @@ Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in b
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 
-On CUDA, the shape families where the TileLang kernels of gemm_tilelang.py measured faster
-(`TILELANG_FAMILIES`, docs/reports/deepgemm-tilelang.md) run there when tilelang is importable; the other
-calls run the Triton kernel in gemm_kernel.py; without CUDA or triton the pure-torch references in
-reference.py compute the same result (up to the order of fp32 additions).
+On CUDA, `default_config` picks the kernel per call: the Gluon kernels (gemm_gluon_fp8_kernel.py: dense FP8
+weights, V3 and V4.1 recipes; gemm_gluon_kernel.py: grouped FP4 weights) where they run (sm_90, triton 3.6), else
+the Triton kernels (gemm_swapab_kernel.py, gemm_kernel.py); the shape families where the TileLang kernels of
+gemm_tilelang.py measured faster (`TILELANG_FAMILIES`, none so far) run there when tilelang is importable; without
+CUDA or triton the pure-torch references in reference.py compute the same result (up to the order of fp32
+additions).
 """
 
 from __future__ import annotations
