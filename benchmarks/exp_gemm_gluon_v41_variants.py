@@ -1,4 +1,4 @@
-"""Experiment (issue 4): two alternatives to the shipped V4.1 Gluon GEMM's math partition (gemm_gluon_fp8_kernel.
+"""Experiment (issue 4): alternatives to the shipped V4.1 Gluon GEMM's math partition (gemm_gluon_fp8_kernel.
 _math_v41: per 32 of K, the A fragment in registers and four m64n32k32 MMAs, one FMA per element), timed against it
 in the same run at four dense shapes (M = 4,096, 128 x 128 tiles, 4 stages, persistent):
 
@@ -7,8 +7,12 @@ in the same run at four dense shapes (M = 4,096, 128 x 128 tiles, 4 stages, pers
   per-row A scale (two fp32 operations per element instead of one, a quarter of the MMA instructions). Written
   here (its helpers imported from the package); the package keeps one kernel unless this wins.
 
-Each variant's output is compared with the shipped kernel's (calc_diff; the wide one sums in another order per
-element: not bitwise). GPU time by CUDA-graph replay. Writes $OUT/exp_gemm_gluon_v41_variants.json.
+- pipelined (added after session 12's last GPU run, not yet measured): K block j + 1's MMAs issued before K block
+  j's are waited for, so the MMA latency is exposed once per 128-wide step instead of four times.
+
+Each variant's output is compared with the shipped kernel's (calc_diff; session 12 run 4: ss_a and wide bitwise
+equal, as power-of-two scales make every multiply exact; pipelined does the same operations per element). GPU
+time by CUDA-graph replay. Writes $OUT/exp_gemm_gluon_v41_variants.json.
 
     cd benchmarks && timeout 150 python3 exp_gemm_gluon_v41_variants.py
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import sys
 import tempfile
 
@@ -38,19 +41,55 @@ from mini_deepgemm.gemm_gluon_fp8_kernel import (
 from mini_deepgemm.testing import calc_diff
 
 SHAPES = ("wq_a", "wo_b", "shared_w13", "engram_wkv")
-SS_A = [(re.compile(r"a_frag = a_tile.slice\(32 \* j, 32, dim=1\).load\(a_op\)"),
-         "a_frag = a_tile.slice(32 * j, 32, dim=1)")]
+SS_A = [("a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)", "a_frag = a_tile.slice(32 * j, 32, dim=1)")]
 
 
-def ss_a_kernel(workdir: str):
+# pipelined: within a ring step, K block j + 1's four MMAs are issued before K block j's are waited for (wait_group
+# 4 instead of 0), so a warpgroup's MMA latency is exposed once per step instead of four times; 128-column tiles only.
+SHIPPED_STEP = """            for j in gl.static_range(4):
+                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                b_j = b_tile.slice(32 * j, 32, dim=1)
+                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)
+                if WIDE:
+                    t0 = _sub_mma(a_frag, b_j, 0, zero)
+                    t1 = _sub_mma(a_frag, b_j, 1, zero)
+                    t2 = _sub_mma(a_frag, b_j, 2, zero)
+                    t3 = _sub_mma(a_frag, b_j, 3, zero)
+                    p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+"""
+PIPELINED_STEP = """            a_frag = a_tile.slice(0, 32, dim=1).load(a_op)
+            b_j = b_tile.slice(0, 32, dim=1)
+            t0 = _sub_mma(a_frag, b_j, 0, zero)
+            t1 = _sub_mma(a_frag, b_j, 1, zero)
+            t2 = _sub_mma(a_frag, b_j, 2, zero)
+            t3 = _sub_mma(a_frag, b_j, 3, zero)
+            for j in gl.static_range(4):
+                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)
+                if WIDE:
+                    if j < 3:
+                        a_next = a_tile.slice(32 * (j + 1), 32, dim=1).load(a_op)
+                        b_next = b_tile.slice(32 * (j + 1), 32, dim=1)
+                        u0 = _sub_mma(a_next, b_next, 0, zero)
+                        u1 = _sub_mma(a_next, b_next, 1, zero)
+                        u2 = _sub_mma(a_next, b_next, 2, zero)
+                        u3 = _sub_mma(a_next, b_next, 3, zero)
+                        p0, p1, p2, p3 = warpgroup_mma_wait(4, deps=(t0, t1, t2, t3))
+                        t0, t1, t2, t3 = u0, u1, u2, u3
+                    else:
+                        p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+"""
+
+
+def source_variant(name: str, edits: list, workdir: str):
+    """fp8_gemm_v41_kernel of the package's source with `edits` (old, new) applied, from a temporary module."""
     source = open(kernel_module.__file__).read()
-    for pattern, replacement in SS_A:
-        source, n = pattern.subn(replacement, source)
-        assert n == 1, pattern.pattern
-    path = os.path.join(workdir, "v41_ss_a.py")
+    for old, new in edits:
+        assert source.count(old) == 1, (name, old[:60])
+        source = source.replace(old, new)
+    path = os.path.join(workdir, f"v41_{name}.py")
     with open(path, "w") as f:
         f.write(source)
-    spec = importlib.util.spec_from_file_location("v41_ss_a", path)
+    spec = importlib.util.spec_from_file_location(f"v41_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -141,7 +180,9 @@ def launch(kernel, op, d, d_box: int) -> None:
 def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        variants = {"shipped": (kernel_module.fp8_gemm_v41_kernel, 32), "ss_a": (ss_a_kernel(workdir), 32),
+        variants = {"shipped": (kernel_module.fp8_gemm_v41_kernel, 32),
+                    "ss_a": (source_variant("ss_a", SS_A, workdir), 32),
+                    "pipelined": (source_variant("pipelined", [(SHIPPED_STEP, PIPELINED_STEP)], workdir), 32),
                     "wide": (wide_kernel, 128)}
         for name in SHAPES:
             N, K = DENSE_SHAPES[name]
@@ -161,9 +202,10 @@ def main() -> None:
                 timing="triton.testing.do_bench_cudagraph median, rep 100")
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_v41_variants.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print("| shape | shipped | ss_a | wide |")
+    print("| shape | shipped | ss_a | wide | pipelined |")
     for r in rows:
-        print(f"| {r['name']} | {r['shipped_tflops']:.0f} | {r['ss_a_tflops']:.0f} | {r['wide_tflops']:.0f} |")
+        print(f"| {r['name']} | {r['shipped_tflops']:.0f} | {r['ss_a_tflops']:.0f} | {r['wide_tflops']:.0f} | "
+              f"{r['pipelined_tflops']:.0f} |")
 
 
 if __name__ == "__main__":

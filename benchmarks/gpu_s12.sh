@@ -14,7 +14,7 @@
 #       Gluon attention's decode at batch 256 with and without this session's row-sum change)
 #   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s12.sh   (1 x H200, written after session 12's last run, for
 #       the next session: the decode experiment that run 5 failed to import, then the warp-specialized FP4 MoE GEMM
-#       experiment)
+#       experiment, then the V4.1 math-partition variants with the pipelined one)
 set -u
 export OUT=${OUT:-/tmp/gpu_s12}
 mkdir -p "$OUT"
@@ -78,6 +78,7 @@ next)
   source benchmarks/gpu_session.sh /tmp/gpu_s12
   run decode_exp 120 bash -c "cd benchmarks && python3 exp_flashmla_gluon_decode.py"
   run fp4_ws 240 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py"
-  cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -8 "$OUT/fp4_ws.txt"
+  run v41_variants 120 bash -c "cd benchmarks && python3 exp_gemm_gluon_v41_variants.py"  # + the pipelined variant
+  cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -8 "$OUT/fp4_ws.txt"; tail -6 "$OUT/v41_variants.txt"
   ;;
 esac
