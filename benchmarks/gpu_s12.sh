@@ -80,5 +80,6 @@ next)
   run fp4_ws 240 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py"
   run v41_variants 120 bash -c "cd benchmarks && python3 exp_gemm_gluon_v41_variants.py"  # + the pipelined variant
   cat "$OUT/summary.txt"; tail -16 "$OUT/decode_exp.txt"; tail -8 "$OUT/fp4_ws.txt"; tail -6 "$OUT/v41_variants.txt"
+  pack_out
   ;;
 esac

@@ -20,3 +20,12 @@ run() {
   timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
 }
+# The device tool brings back at most 8 files of $OUT (session 12 run 4 lost 8 of its 16): pack_out leaves two,
+# summary.txt and out.tar.gz with everything else (`tar xzf out.tar.gz`). Call it last.
+pack_out() {
+  local archive
+  archive=$(mktemp --suffix=.tar.gz)
+  tar czf "$archive" -C "$OUT" --exclude=./summary.txt . || return
+  find "$OUT" -mindepth 1 ! -name summary.txt -delete
+  mv "$archive" "$OUT/out.tar.gz"
+}
