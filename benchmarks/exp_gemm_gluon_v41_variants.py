@@ -165,7 +165,7 @@ def wide_kernel(a_desc, b_desc, d_desc, sa_ptr, sb_ptr, M, N, K, stride_sa, stri
     _invalidate_ring(ready, empty)
 
 
-def launch(kernel, op, d, d_box: int) -> None:
+def launch(kernel, op, d, d_box: int, producer_regs: int = G._GLUON_V3_PRODUCER_REGS) -> None:
     (aq, sa), (bq, sb) = op["v41"]
     sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
     M, K = aq.shape
@@ -174,7 +174,7 @@ def launch(kernel, op, d, d_box: int) -> None:
     grid = (min(triton.cdiv(M, 128) * triton.cdiv(N, 128), sms),)
     kernel[grid](G._tma_desc(aq, (128, 128)), G._tma_desc(bq, (128, 128)), G._tma_desc(d, (128, d_box)),
                  sa.view(torch.int32), sb.view(torch.int32), M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
-                 STAGES=4, GROUP_M=8, PRODUCER_REGS=G._GLUON_V3_PRODUCER_REGS, num_warps=8, maxnreg=168)
+                 STAGES=4, GROUP_M=8, PRODUCER_REGS=producer_regs, num_warps=8, maxnreg=168)
 
 
 def main() -> None:
@@ -184,28 +184,31 @@ def main() -> None:
                     "ss_a": (source_variant("ss_a", SS_A, workdir), 32),
                     "pipelined": (source_variant("pipelined", [(SHIPPED_STEP, PIPELINED_STEP)], workdir), 32),
                     "wide": (wide_kernel, 128)}
+        # the pipelined variant again with a 24-register producer, so the math warpgroups get 240 (offline: spill
+        # stores 52 -> 12 bytes)
+        variants["pipelined_p24"] = (*variants["pipelined"], 24)
         for name in SHAPES:
             N, K = DENSE_SHAPES[name]
             M = 4096
             op = dense_operands(M, N, K)
             want = torch.empty_like(op["d"])
-            launch(*variants["shipped"][:1], op, want, 32)
+            launch(variants["shipped"][0], op, want, 32)
             row = dict(name=name, M=M, N=N, K=K)
-            for key, (kernel, box) in variants.items():
+            for key, (kernel, box, *regs) in variants.items():
                 d = torch.full_like(op["d"], float("nan"))
-                launch(kernel, op, d, box)
+                launch(kernel, op, d, box, *regs)
                 row[f"{key}_diff_vs_shipped"] = calc_diff(d, want)
-                row[f"{key}_tflops"] = 2 * M * N * K / 1e12 / ms(lambda: launch(kernel, op, d, box)) * 1e3
+                row[f"{key}_tflops"] = 2 * M * N * K / 1e12 / ms(lambda: launch(kernel, op, d, box, *regs)) * 1e3
             rows.append(row)
             print(row, flush=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 timing="triton.testing.do_bench_cudagraph median, rep 100")
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_v41_variants.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print("| shape | shipped | ss_a | wide | pipelined |")
+    print("| shape | shipped | ss_a | wide | pipelined | pipelined, 24-register producer |")
     for r in rows:
         print(f"| {r['name']} | {r['shipped_tflops']:.0f} | {r['ss_a_tflops']:.0f} | {r['wide_tflops']:.0f} | "
-              f"{r['pipelined_tflops']:.0f} |")
+              f"{r['pipelined_tflops']:.0f} | {r['pipelined_p24_tflops']:.0f} |")
 
 
 if __name__ == "__main__":
