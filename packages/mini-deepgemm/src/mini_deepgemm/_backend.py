@@ -50,5 +50,12 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.cache
+def sm_count(device: torch.device | int) -> int:
+    """SM count of a CUDA device, looked up once (the launchers ask on every call: get_device_properties re-checks
+    the device index and count each time)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)

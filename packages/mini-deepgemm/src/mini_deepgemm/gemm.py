@@ -36,7 +36,7 @@ import functools
 import torch
 
 from . import reference
-from ._backend import cdiv, gluon_runs_on, tilelang_importable, use_triton
+from ._backend import cdiv, gluon_runs_on, sm_count, tilelang_importable, use_triton
 
 __all__ = [
     "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
@@ -374,7 +374,7 @@ def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.
         return False
     tma_ok = all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (aq, bq, d))
     tiles = cdiv(aq.shape[0], 128) * cdiv(bq.shape[0], 128)
-    return tma_ok and tiles >= torch.cuda.get_device_properties(d.device).multi_processor_count
+    return tma_ok and tiles >= sm_count(d.device)
 
 
 def _use_gluon_v41(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -397,7 +397,7 @@ def _gluon_v41_tile(M: int, N: int, device: torch.device) -> tuple[int, int, int
     SM) when they give at least half an SM's worth of tiles, else 64 x 32 tiles, one program each, so that few rows
     or narrow N still spread over the SMs (session 12 run 2: M = 1-64, 64 x 32 read weights at 0.43-1.46 TB/s;
     the 128 x 128 tiles ran 468-569 TFLOP/s at M = 4,096)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = sm_count(device)
     if M > 64 and cdiv(M, 128) * cdiv(N, 128) * 2 >= sms:
         return 128, 128, 4, 1
     return 64, 32, 6, 0
@@ -438,7 +438,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
 
     tiles = cdiv(M, block_m) * cdiv(N, block_n)
     per_sm = cfg["GLUON_PROGRAMS_PER_SM"]  # 0: one program per tile; else persistent programs, this many per SM
-    grid = (min(tiles, per_sm * torch.cuda.get_device_properties(d.device).multi_processor_count) if per_sm else tiles,)
+    grid = (min(tiles, per_sm * sm_count(d.device)) if per_sm else tiles,)
     # Registers per thread: the SM's 64K over the programs resident on it (persistent: per_sm; one per tile: shared
     # memory holds one 128-row program, two 64-row ones) and their warps: the math partition's plus the producer's
     # warpgroup (setmaxnreg works per warpgroup; the producer keeps _GLUON_V3_PRODUCER_REGS and the math warps get
@@ -465,7 +465,7 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
     N = bq.shape[0]
 
     tiles = cdiv(M, block_m) * cdiv(N, block_n)
-    sms = torch.cuda.get_device_properties(d.device).multi_processor_count
+    sms = sm_count(d.device)
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
     # registers as in _gluon_fp8_v3_gemm: the SM's 64K over the resident programs' warps (producer warpgroup included)
     warps = block_m // 16 + 4

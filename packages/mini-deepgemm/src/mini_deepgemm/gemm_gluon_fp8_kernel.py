@@ -213,7 +213,9 @@ def fp8_gemm_v3_kernel(
 
 @gluon.jit
 def _ue8m0_to_f32(byte):
-    """2^(byte - 127) as fp32, exactly: byte 0 is 2^-127, an fp32 subnormal (bit 22), not byte << 23 = 0."""
+    """2^(byte - 127) as fp32, exactly: byte 0 is 2^-127, an fp32 subnormal (bit 22), not byte << 23 = 0. The Gluon
+    counterpart of gemm_kernel.ue8m0_to_fp32 (a Gluon kernel cannot call a triton.jit function), which leaves byte 0
+    out."""
     return gl.where(byte == 0, 0x00400000, byte << 23).to(gl.float32, bitcast=True)
 
 

@@ -22,6 +22,7 @@ import math
 import os
 
 import torch
+from mini_deepgemm._backend import gluon_runs_on, sm_count
 
 from mini_flashmla import reference
 from mini_flashmla.cache_layout import COMPRESSED_KV_ROW_BYTES, INDEX_K_ROW_BYTES, WINDOW_ROW_BYTES
@@ -59,7 +60,7 @@ def _use_kernel(*tensors: torch.Tensor) -> bool:
 
 def _num_sms(device: torch.device) -> int:
     """SM count of a CUDA device; 8 stands in for the CPU when the kernels run under the interpreter."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    return sm_count(device) if device.type == "cuda" else 8
 
 
 # --------------------------------------------------------------------------- sparse attention
@@ -237,8 +238,6 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
     Below one program per SM (decode at batch 64 and 128 on H200) each program's gathers come from HBM with nothing
     else on its SM, and the Gluon kernel measured 59-64 us in one run and 125-142 us in another against the Triton
     kernel's steady 91-102 us (docs/reports/flashmla-gluon.md), so those calls stay on the Triton kernel."""
-    from mini_deepgemm._backend import gluon_runs_on
-
     return (q.shape[1] % MAX_ATTN_BLOCK_H == 0 and gluon_runs_on(q)
             and q.shape[0] * (q.shape[1] // MAX_ATTN_BLOCK_H) >= _num_sms(q.device)
             and all(c.shape[0] > 0 and c.data_ptr() % 16 == 0 for c in caches)
