@@ -21,9 +21,9 @@ import sys
 import pytest
 import torch
 
-from mini_deepgemm import gemm, reference
+from mini_deepgemm import gemm
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import calc_diff, random_bf16, random_fp8_weights
+from mini_deepgemm.testing import block_scaled_operands, calc_diff
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,11 +67,9 @@ for cfg in {[variant_config(256, block_m, per_sm) for block_m, per_sm in VARIANT
 
 
 def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
-    """V3-recipe operands on the GPU: a with fp32 scales per 1 x 128, b with fp32 scales per 128 x 128 (b quantized
-    with N rounded up to the block, then cut to N rows: its last scale row covers a partial block)."""
-    aq, sa = reference.act_quant(random_bf16(M, K, generator=gen), 128, "fp32")
-    _, bq, sb = random_fp8_weights(N=-(-N // 128) * 128, K=K, block=128, scale_fmt="fp32", generator=gen)
-    return (aq.cuda(), sa.cuda()), (bq[:N].contiguous().cuda(), sb.cuda())
+    """V3-recipe operands on the GPU: fp32 scales per 1 x 128 and 128 x 128 (testing.block_scaled_operands)."""
+    aq, sa, bq, sb = (t.cuda() for t in block_scaled_operands(M, N, K, 128, "fp32", gen))
+    return (aq, sa), (bq, sb)
 
 
 @pytest.mark.parametrize("block_m,per_sm", VARIANTS)

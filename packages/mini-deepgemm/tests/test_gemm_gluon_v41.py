@@ -22,7 +22,7 @@ import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import calc_diff, random_bf16, random_fp8_weights
+from mini_deepgemm.testing import block_scaled_operands, calc_diff
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,11 +60,10 @@ for variant in {VARIANTS!r}:
 
 
 def v41_operands(M: int, N: int, K: int, gen: torch.Generator):
-    """V4.1-recipe operands on the GPU as uint8 scale bytes: a with UE8M0 per 1 x 32, b with UE8M0 per 32 x 32 (b
-    quantized with N rounded up to the block, then cut to N rows)."""
-    aq, sa = reference.act_quant(random_bf16(M, K, generator=gen), 32, "ue8m0")
-    _, bq, sb = random_fp8_weights(N=-(-N // 32) * 32, K=K, block=32, scale_fmt="ue8m0", generator=gen)
-    return aq.cuda(), sa.view(torch.uint8).cuda(), bq[:N].contiguous().cuda(), sb.view(torch.uint8).cuda()
+    """V4.1-recipe operands on the GPU, the UE8M0 scales as uint8 bytes: per 1 x 32 and 32 x 32
+    (testing.block_scaled_operands)."""
+    aq, sa, bq, sb = block_scaled_operands(M, N, K, 32, "ue8m0", gen)
+    return aq.cuda(), sa.view(torch.uint8).cuda(), bq.cuda(), sb.view(torch.uint8).cuda()
 
 
 def reference_out(aq, sa, bq, sb) -> torch.Tensor:

@@ -43,6 +43,17 @@ def random_fp8_weights(
     return w, q, s
 
 
+def block_scaled_operands(
+    M: int, N: int, K: int, block: int, scale_fmt: str, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(aq, sa, bq, sb) of a dense GEMM: a [M, K] quantized per 1 x block, b [N, K] per block x block (quantized with
+    N rounded up to the block, then cut to N rows: a partial last block keeps its scale row). scale_fmt as
+    reference.act_quant: "ue8m0" (V4.1, block 32) or "fp32" (V3, block 128)."""
+    aq, sa = reference.act_quant(random_bf16(M, K, generator=generator), block, scale_fmt)
+    _, bq, sb = random_fp8_weights(N=-(-N // block) * block, K=K, block=block, scale_fmt=scale_fmt, generator=generator)
+    return aq, sa, bq[:N].contiguous(), sb
+
+
 def random_fp4_weights(
     *lead: int, N: int, K: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
