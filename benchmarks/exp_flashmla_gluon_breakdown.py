@@ -16,17 +16,16 @@ Writes $OUT/exp_flashmla_gluon_breakdown.json.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
 
 import mini_flashmla
 import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
 import torch
 from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, environment, prefill_case
+from source_variants import edited_module
 
 GATHER = [(re.compile(r"_gather_raw\(raw_vals, raw_scales, kv_ptr,.*?FORMAT\)\n"), "pass\n"),
           (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
@@ -46,18 +45,7 @@ VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
 
 
 def variant_kernel(name: str, workdir: str):
-    source = open(kernel_module.__file__).read()
-    for pattern, replacement in VARIANTS[name]:
-        source, n = pattern.subn(replacement, source)
-        assert n >= 1, (name, pattern.pattern)  # every edit must apply: the kernel text changed otherwise
-    path = os.path.join(workdir, f"attn_variant_{name}.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(f"attn_variant_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.sparse_mla_fwd_gluon_kernel
+    return edited_module(kernel_module, VARIANTS[name], f"attn_variant_{name}", workdir).sparse_mla_fwd_gluon_kernel
 
 
 def main() -> None:

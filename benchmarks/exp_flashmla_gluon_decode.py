@@ -17,7 +17,6 @@ import os
 import re
 import tempfile
 
-import exp_flashmla_gluon_breakdown as breakdown
 import mini_flashmla
 import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
 import torch
@@ -25,23 +24,24 @@ import triton
 from bench_flashmla import SCALE, bench, decode_case
 from mini_flashmla import api
 from mini_flashmla.sparse_attn_kernel import FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
+from source_variants import edited_module
 
-PER_BLOCK_ROW_SUMS = [
+PER_BLOCK_ROW_SUMS = [(re.compile(a), b) for a, b in [
     (r"l_cols = gl.full\(\[HEADS, BLOCK_N\], 0.0, gl.float32, S_MMA\)",
      "l_i = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_MMA))"),
     (r"l_cols = l_cols \* alpha\[:, None\] \+ p", "l_i = l_i * alpha + gl.sum(p, 1)"),
     (r"\n    l_i = gl.sum\(l_cols, 1\)", ""),
-]
+]]
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    breakdown.VARIANTS["per_block_row_sums"] = [(re.compile(a), b) for a, b in PER_BLOCK_ROW_SUMS]
     shipped = kernel_module.sparse_mla_fwd_gluon_kernel
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     g = torch.Generator(device=dev).manual_seed(1)
     with tempfile.TemporaryDirectory() as workdir:
-        kernels = {"shipped": shipped, "per_block_row_sums": breakdown.variant_kernel("per_block_row_sums", workdir)}
+        kernels = {"shipped": shipped, "per_block_row_sums": edited_module(kernel_module, PER_BLOCK_ROW_SUMS, "attn_per_block_row_sums",
+                                                               workdir).sparse_mla_fwd_gluon_kernel}
         for batch in (132, 256):
             q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)
             sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)

@@ -43,6 +43,19 @@ def layout_for(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return layout.cuda(), ends.cuda()
 
 
+def contiguous_operands(rows: list[int], N: int, K: int, gen: torch.Generator):
+    """(a, sa, bq, sb, x, layout, ends) of a contiguous-layout FP8 x FP4 GEMM with len(rows) experts: e4m3
+    activations with UE8M0 bytes, packed FP4 weights with UE8M0 bytes, x = the bf16 activation pass (FP4 K order),
+    and layout_for(rows)."""
+    layout, ends = layout_for(rows)
+    M, Gn = layout.numel(), len(rows)
+    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+    return a, sa, bq, sb, G._dequant_activations(a, sa, True, grouped_layout=layout), layout, ends
+
+
 def gluon_gemm(x, bq, sb, d, layout, block_m, stages):
     cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "GLUON_STAGES": stages, "GROUP_M": 8}
     G._gluon_fp4_grouped_gemm(G._CONTIGUOUS, x, bq, sb, d, layout, cfg)
@@ -55,13 +68,8 @@ def triton_gemm(x, bq, sb, d, layout, rows_hint, groups):
 
 
 def case(name, N, K, rows, result, gen):
-    layout, ends = layout_for(rows)
+    a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
     M, Gn = layout.numel(), len(rows)
-    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
-    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
-    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
-    x = G._dequant_activations(a, sa, True, grouped_layout=layout)
     real = layout >= 0
     d_tri = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
     cfg = triton_gemm(x, bq, sb, d_tri, layout, M, Gn)
@@ -96,13 +104,8 @@ def case(name, N, K, rows, result, gen):
 def reference_check(result, gen):
     """Small case against the pure-torch reference: 3 experts with 77, 0 and 300 rows, N 256, K 512."""
     N, K, rows = 256, 512, [77, 0, 300]
-    layout, _ = layout_for(rows)
+    a, sa, bq, sb, x, layout, _ = contiguous_operands(rows, N, K, gen)
     M = layout.numel()
-    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
-    bq = torch.randint(0, 256, (3, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
-    sb = torch.randint(118, 126, (3, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
-    x = G._dequant_activations(a, sa, True, grouped_layout=layout)
     d = torch.zeros(M, N, dtype=torch.bfloat16, device="cuda")
     gluon_gemm(x, bq, sb, d, layout, 128, 3)
     ref = torch.zeros(M, N, dtype=torch.bfloat16)  # the public API on CPU tensors runs the pure-torch reference

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from bench_deepgemm import copy_bandwidth_gbs  # beside this script
-from exp_gemm_gluon import layout_for
+from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_gluon_fp8_kernel import _tile_offsets
@@ -206,22 +206,11 @@ def shipped_gemm(x, bq, sb, d, layout) -> None:
                               {"BLOCK_M": 128, "BLOCK_N": 128, "GLUON_STAGES": 3, "GROUP_M": 8})
 
 
-def operands(rows: list[int], N: int, K: int, gen: torch.Generator):
-    layout, ends = layout_for(rows)
-    M, Gn = layout.numel(), len(rows)
-    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    sa = torch.randint(120, 130, (M, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
-    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
-    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
-    x = G._dequant_activations(a, sa, True, grouped_layout=layout)
-    return a, sa, bq, sb, x, layout, ends
-
-
 def smoke(result) -> None:
     """Child process: 3 experts with 77, 0 and 300 rows, N 512, K 512 (more steps than stages), against the
     shipped kernel (bitwise) and the reference; padding rows untouched."""
     gen = torch.Generator(device="cuda").manual_seed(3)
-    a, sa, bq, sb, x, layout, _ = operands([77, 0, 300], 512, 512, gen)
+    a, sa, bq, sb, x, layout, _ = contiguous_operands([77, 0, 300], 512, 512, gen)
     d = torch.zeros(layout.numel(), 512, dtype=torch.bfloat16, device="cuda")
     ws_gemm(x, bq, sb, d, layout)
     want = torch.zeros_like(d)
@@ -241,7 +230,7 @@ def main() -> None:
     for routing, groups in ROUTINGS.items():
         rows = torch.randint(128, 1025, (groups,), generator=cpu).tolist()
         for name, (N, K) in SHAPES.items():
-            a, sa, bq, sb, x, layout, ends = operands(rows, N, K, gen)
+            a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
             real = layout >= 0
             flops = 2 * sum(rows) * N * K
             want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")

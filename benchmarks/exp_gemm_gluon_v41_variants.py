@@ -19,10 +19,8 @@ time by CUDA-graph replay. Writes $OUT/exp_gemm_gluon_v41_variants.json.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 
 import torch
@@ -34,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 import mini_deepgemm.gemm_gluon_fp8_kernel as kernel_module
 from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
 from exp_gemm_gluon_v3 import ms
+from source_variants import edited_module
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_gluon_fp8_kernel import (
     _allocate_ring, _invalidate_ring, _producer, _tile_offsets, _ue8m0_to_f32,
@@ -46,17 +45,14 @@ SS_A = [("a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)", "a_frag = a_tile
 
 # pipelined: within a ring step, K block j + 1's four MMAs are issued before K block j's are waited for (wait_group
 # 4 instead of 0), so a warpgroup's MMA latency is exposed once per step instead of four times; 128-column tiles only.
-SHIPPED_STEP = """            for j in gl.static_range(4):
-                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                b_j = b_tile.slice(32 * j, 32, dim=1)
-                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)
-                if WIDE:
-                    t0 = _sub_mma(a_frag, b_j, 0, zero)
-                    t1 = _sub_mma(a_frag, b_j, 1, zero)
-                    t2 = _sub_mma(a_frag, b_j, 2, zero)
-                    t3 = _sub_mma(a_frag, b_j, 3, zero)
-                    p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-"""
+def shipped_step() -> str:
+    """_math_v41's K-block loop, up to its MMAs' wait: the text the pipelined variant replaces."""
+    source = open(kernel_module.__file__).read()
+    start = source.index("            for j in gl.static_range(4):\n")
+    wait = "p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))\n"
+    return source[start:source.index(wait, start) + len(wait)]
+
+
 PIPELINED_STEP = """            a_frag = a_tile.slice(0, 32, dim=1).load(a_op)
             b_j = b_tile.slice(0, 32, dim=1)
             t0 = _sub_mma(a_frag, b_j, 0, zero)
@@ -81,19 +77,7 @@ PIPELINED_STEP = """            a_frag = a_tile.slice(0, 32, dim=1).load(a_op)
 
 
 def source_variant(name: str, edits: list, workdir: str):
-    """fp8_gemm_v41_kernel of the package's source with `edits` (old, new) applied, from a temporary module."""
-    source = open(kernel_module.__file__).read()
-    for old, new in edits:
-        assert source.count(old) == 1, (name, old[:60])
-        source = source.replace(old, new)
-    path = os.path.join(workdir, f"v41_{name}.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(f"v41_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.fp8_gemm_v41_kernel
+    return edited_module(kernel_module, edits, f"v41_{name}", workdir).fp8_gemm_v41_kernel
 
 
 @gluon.jit
@@ -182,7 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         variants = {"shipped": (kernel_module.fp8_gemm_v41_kernel, 32),
                     "ss_a": (source_variant("ss_a", SS_A, workdir), 32),
-                    "pipelined": (source_variant("pipelined", [(SHIPPED_STEP, PIPELINED_STEP)], workdir), 32),
+                    "pipelined": (source_variant("pipelined", [(shipped_step(), PIPELINED_STEP)], workdir), 32),
                     "wide": (wide_kernel, 128)}
         # the pipelined variant again with a 24-register producer, so the math warpgroups get 240 (offline: spill
         # stores 52 -> 12 bytes)
