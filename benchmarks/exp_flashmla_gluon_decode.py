@@ -40,8 +40,8 @@ def main() -> None:
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     g = torch.Generator(device=dev).manual_seed(1)
     with tempfile.TemporaryDirectory() as workdir:
-        kernels = {"shipped": shipped, "per_block_row_sums": edited_module(kernel_module, PER_BLOCK_ROW_SUMS, "attn_per_block_row_sums",
-                                                               workdir).sparse_mla_fwd_gluon_kernel}
+        per_block = edited_module(kernel_module, PER_BLOCK_ROW_SUMS, "attn_per_block_row_sums", workdir)
+        kernels = {"shipped": shipped, "per_block_row_sums": per_block.sparse_mla_fwd_gluon_kernel}
         for batch in (132, 256):
             q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)
             sources = (window_cache, wid, FORMAT_FP8_WINDOW.value), (compressed_cache, cid, FORMAT_FP4_COMPRESSED.value)
@@ -50,7 +50,8 @@ def main() -> None:
             def gluon_call(kernel):
                 def call():
                     kernel_module.sparse_mla_fwd_gluon_kernel = kernel  # _launch_gluon imports it at call time
-                    return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, 1)
+                    return mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE,
+                                                              sink, 1)
                 return call
 
             for name, kernel in kernels.items():
