@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Session 13's GPU runs (docs/reports/gpu-session-2026-12-01-s13.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=ws bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized FP4 MoE GEMM
+#       experiment that run 1 could not start (the shipped launcher's config lookup), the Gluon FP4 GEMM tests after
+#       that fix, and bench_flashmla's decode rows to check run 4's batch-256 outlier)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s13
+case "${PART:-ws}" in
+ws)
+  run fp4_ws 300 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py"
+  run gluon_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run flashmla_decode 60 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"
+  cat "$OUT/summary.txt"; tail -14 "$OUT/fp4_ws.txt"; tail -3 "$OUT/gluon_tests.txt"; tail -5 "$OUT/flashmla_decode.txt"
+  ;;
+esac
+pack_out
