@@ -3,6 +3,10 @@
 #   source .devdeps/env.sh && PART=ws bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized FP4 MoE GEMM
 #       experiment that run 1 could not start (the shipped launcher's config lookup), the Gluon FP4 GEMM tests after
 #       that fix, and bench_flashmla's decode rows to check run 4's batch-256 outlier)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized FP4 kernel moved
+#       into the package and routed (its experiment against the one-warpgroup kernel, then every mini-deepgemm GPU
+#       test), bench_flashmla's decode by graph replay with the Gluon kernel forced at every batch, the indexer's
+#       launch-tile sweep, then bench_deepgemm's table)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s13
 case "${PART:-ws}" in
@@ -11,6 +15,15 @@ ws)
   run gluon_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
   run flashmla_decode 60 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"
   cat "$OUT/summary.txt"; tail -14 "$OUT/fp4_ws.txt"; tail -3 "$OUT/gluon_tests.txt"; tail -5 "$OUT/flashmla_decode.txt"
+  ;;
+r3)
+  run fp4_ws 200 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py"
+  run deepgemm_tests 200 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run flashmla_decode 90 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"
+  run indexer_tiles 200 bash -c "cd benchmarks && python3 exp_indexer_tiles.py"
+  run deepgemm 150 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  cat "$OUT/summary.txt"; tail -6 "$OUT/fp4_ws.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -5 "$OUT/flashmla_decode.txt"
+  tail -15 "$OUT/indexer_tiles.txt"; tail -30 "$OUT/deepgemm.txt"
   ;;
 esac
 pack_out

@@ -1,11 +1,13 @@
 """The Gluon grouped FP8 x FP4 GEMM (gemm_gluon_kernel, docs/reports/deepgemm-gluon.md), contiguous and masked.
 
-It replaces the swap-AB kernel for FP4 weights (contiguous: more than 96 rows per group; masked: always) and computes
-the same products in the same order, so its output must equal that kernel's bit for bit, with the padding / unused
-rows left untouched, and the public API must route there. Against the pure-torch reference on the same operands:
-DeepGEMM's diff below 1e-5. Shapes: V4.1's w13 and w2 with ragged groups (empty groups, a one-row group, 1,024 rows;
-masked: 0, 1, 17 and all 48 rows of a group) and a K of two steps, fewer than the copy ring's stages. GPU and
-triton 3.6 only (Gluon's experimental API is pinned to the release it was measured with).
+It replaces the swap-AB kernel for FP4 weights (contiguous: more than 96 rows per group, on the warp-specialized
+kernel; masked: always) and computes the same products in the same order, so its output must equal that kernel's
+bit for bit (contiguous: both Gluon kernels), with the padding / unused rows left untouched, and the public API must
+route there. Against the pure-torch reference on the same operands: DeepGEMM's diff below 1e-5. Shapes: V4.1's w13
+and w2 with ragged groups (empty groups, a one-row group, 1,024 rows; masked: 0, 1, 17 and all 48 rows of a group;
+w13 has more tiles than SMs, so persistent programs take several), an N that leaves a partial 256-row weight tile
+(its rows come from the next group or past the last one) and a K of two steps, fewer than the copy ring's stages.
+GPU and triton 3.6 only (Gluon's experimental API is pinned to the release it was measured with).
 """
 
 import pytest
@@ -24,6 +26,7 @@ CASES = {  # rows per group, N, K
     "w13-ragged": ([300, 0, 1, 128, 1024, 77, 513, 0, 129], 4608, 5120),
     "w2": ([200, 640, 1, 250], 5120, 2304),
     "k128": ([150, 260], 256, 128),
+    "n384": ([130, 1, 0, 257], 384, 256),
 }
 
 
@@ -39,6 +42,7 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     q, s, layout = q.cuda(), s.cuda(), layout.cuda()
     cfg = gemm.default_config(gemm._CONTIGUOUS, M, 32, True, N, G, True)
     assert cfg.get("GLUON"), "more than 96 rows per group must select the Gluon kernel"
+    assert cfg.get("GLUON_WS"), "the contiguous layout runs the warp-specialized kernel"
     cfg = {**cfg, "GLUON_STAGES": stages}
     x = gemm._dequant_activations(q, s.view(torch.uint8), True, grouped_layout=layout)
     w, ws = bq.view(torch.uint8), sb.view(torch.uint8)
@@ -47,7 +51,10 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, got, layout, cfg)
     want = torch.full_like(got, 7.0)
     gemm._swapab_gemm(x, None, w, ws, want, gemm._CONTIGUOUS, layout, True, cfg)
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "warp-specialized kernel vs swap-AB kernel"
+    one_warpgroup = torch.full_like(got, 7.0)
+    gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, one_warpgroup, layout, {**cfg, "GLUON_WS": False})
+    assert torch.equal(one_warpgroup.view(torch.int16), want.view(torch.int16)), "fp4_grouped_gemm_kernel vs swap-AB"
 
     real = layout >= 0
     api = torch.full_like(got, 7.0)

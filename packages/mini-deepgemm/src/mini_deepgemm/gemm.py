@@ -239,9 +239,10 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
 
     gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
     weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
-    - contiguous at more than 96 rows per group, 128 x 128, 3 stages: 1.03-1.15x the swap-AB kernel at 128-1,024
-      rows per expert (four runs); few rows stay on the swap-AB kernel (at 64 rows per expert Gluon's 64 x 128
-      tile measured w13 1.07-1.13x, w2 0.95-1.05x: not yet routed);
+    - contiguous at more than 96 rows per group: the warp-specialized kernel (GLUON_WS; 256 weight rows x 128
+      tokens, persistent, 4 stages), 1.15-1.20x the one-warpgroup 128 x 128 kernel (session 13 run 2), which was
+      1.03-1.15x the swap-AB kernel at 128-1,024 rows per expert (four runs); few rows stay on the swap-AB kernel
+      (at 64 rows per expert the one-warpgroup 64 x 128 tile measured w13 1.07-1.13x, w2 0.95-1.05x: not routed);
     - masked at the 16- and 32-token tiles, 4 stages, after an activation pass over the used rows: 1.05-1.30x the
       swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert.
     Elsewhere (another triton release or GPU, the interpreter, an fp32 output, an unaligned scale tensor) the same
@@ -284,7 +285,7 @@ def _ue8m0_config(layout: int, rows_hint: int, gran_k: int, n: int, groups: int,
     if layout == _CONTIGUOUS:
         few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
         if fp4 and not few_rows:  # the Gluon kernel where gluon_usable(), else the swap-AB kernel at the same tile
-            return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_STAGES=3)
+            return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_WS=True, GLUON_STAGES=4)
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
     if layout == _MASKED or rows_hint <= 32:
         # masked FP4 at the measured 16- and 32-token tiles: the Gluon kernel where _use_gluon allows it
@@ -339,7 +340,7 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     Needs UE8M0 scales per 32 of K (FP8 weights: 32x32 blocks), K % 128 == 0 (the kernels load 4 scales per word)
     and no accumulate-into (checked by _launch)."""
     (aq, sa), (bq, sb) = a, b
-    if _use_gluon(layout, b_fp4, d, sb, cfg):
+    if _use_gluon(layout, b_fp4, d, bq, sb, cfg):
         if layout == _MASKED:
             x = _dequant_masked_rows(aq, sa, group_arg)
         else:
@@ -357,10 +358,14 @@ def _gluon_runs_on(d: torch.Tensor) -> bool:
     return d.dtype == torch.bfloat16 and gluon_runs_on(d)
 
 
-def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, sb: torch.Tensor, cfg: dict) -> bool:
+def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
+               cfg: dict) -> bool:
     """gemm_gluon_kernel covers what default_config marks GLUON (FP4 weights, grouped layouts) where _gluon_runs_on
-    allows it; it reads the scales as 32-bit words, so their base must be 4-byte aligned."""
-    return bool(cfg.get("GLUON")) and b_fp4 and layout != _DENSE and _gluon_runs_on(d) and sb.data_ptr() % 4 == 0
+    allows it; it reads the scales as 32-bit words, so their base must be 4-byte aligned, and the warp-specialized
+    contiguous kernel (GLUON_WS) copies the weights by TMA: a contiguous, 16-byte aligned bq."""
+    tma_ok = not cfg.get("GLUON_WS") or (bq.is_contiguous() and bq.data_ptr() % 16 == 0)
+    return (bool(cfg.get("GLUON")) and b_fp4 and layout != _DENSE and _gluon_runs_on(d) and sb.data_ptr() % 4 == 0
+            and tma_ok)
 
 
 def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, recipe: Recipe) -> bool:
@@ -409,7 +414,7 @@ def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
     descriptors are host time that small GEMMs wait for)."""
     from triton.experimental.gluon import language as gl
 
-    gl_dtype = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16}[dtype]
+    gl_dtype = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.uint8: gl.uint8}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
@@ -500,12 +505,37 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     masked = layout == _MASKED
     M, K = x.shape[-2:]
     N = bq.shape[-2]
+    if not masked and cfg.get("GLUON_WS"):
+        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"])
+        return
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
     fp4_grouped_gemm_kernel[grid](
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
         MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
         GROUP_M=cfg["GROUP_M"], num_warps=4)
+
+
+# Registers per thread of fp4_contiguous_ws_kernel's partitions after setmaxnreg: 12 warps start with 168 (64K per
+# SM); the consumers hold a 128 x 128 fp32 accumulator (128) and the converted operands, the producer only copies.
+_GLUON_WS_CONSUMER_REGS, _GLUON_WS_PRODUCER_REGS = 232, 40
+
+
+def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+                                  layout: torch.Tensor, stages: int) -> None:
+    """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
+    tokens per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from _dequant_activations. Its TMA
+    copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the pass)."""
+    from .gemm_gluon_kernel import fp4_contiguous_ws_kernel
+
+    G, N, K2 = bq.shape
+    M, K = x.shape
+    tiles = cdiv(M, 128) * cdiv(N, 256)
+    fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
+        _tma_desc(x, (128, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
+        sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
+        CONSUMER_REGS=_GLUON_WS_CONSUMER_REGS, PRODUCER_REGS=_GLUON_WS_PRODUCER_REGS, num_warps=4,
+        maxnreg=65536 // (12 * 32) // 8 * 8)
 
 
 def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

@@ -24,6 +24,19 @@ rows per expert (contiguous, 128 x 128), 1.05-1.30x for the masked decode GEMM (
 tiles copy activation rows up to the buffer's max_m, not only the group's (cheap: 16-32 rows per step). Letting
 step i's conversion run under step i-1's MMAs was slower (342 against 401 TFLOP/s): ptxas then serializes the
 wgmmas (warning C7515), even with the in-flight operands kept alive.
+
+The contiguous layout (MoE prefill) runs fp4_contiguous_ws_kernel since session 13: the same step warp-specialized
+(docs/reports/deepgemm-gluon-fp4-ws.md). One persistent CTA per SM, 256 weight rows x 128 tokens per tile:
+- a producer warp issues every copy by TMA (the two [128, 32] bf16 halves of a K step's activations, the [256, 32]
+  packed weight bytes) into a STAGES-deep ring with "ready" (expect-tx) and "empty" mbarriers;
+- two consumer warpgroups, each a partition of its own, share the activation tile (half the activation bytes per
+  FLOP of fp4_grouped_gemm_kernel's 128 x 128 CTAs) and take 128 weight rows each, converting and multiplying them
+  as above; each releases a ring slot on its own, so the two drift apart and one converts while the other's MMAs
+  run (what two co-resident CTAs of fp4_grouped_gemm_kernel did by chance).
+Session 13 run 2 (H200, 96 / 192 experts of 128-1,024 rows, w13 and w2): 480-488 against 402-419 TFLOP/s
+(1.15-1.20x), bitwise equal. On the masked layout's 16- and 32-token tiles the same structure ran 0.25-0.40x of
+fp4_grouped_gemm_kernel (one CTA per SM cannot hide the weight stream's latency there), so masked stays on it;
+its contiguous layout remains the baseline the tests and experiments compare with.
 """
 
 from __future__ import annotations
@@ -31,9 +44,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                warpgroup_mma_wait)
 
-from .gemm_gluon_fp8_kernel import _tile_offsets
+from .gemm_gluon_fp8_kernel import _invalidate_ring, _tile_offsets
 from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 
 # gemm_swapab_kernel's nibble conversion with the scale multiply folded in: $3, $4 hold the four values' bf16 scales
@@ -162,3 +176,107 @@ def fp4_grouped_gemm_kernel(
         row_ok = gl.load(group_ptr + offs_m, mask=offs_m < M, other=-1) == group
     mask = row_ok[None, :] & (offs_n < N)[:, None]
     gl.store(d_ptr + offs_m.to(gl.int64)[None, :] * stride_d + offs_n[:, None], out, mask=mask)
+
+
+@gluon.jit
+def _ws_tile(tile, layout_ptr, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(off_m, off_n, group) of persistent tile `tile` (grouped order over [M, N]), the same in every partition;
+    group is the layout's id of the tile's first row (segments are BLOCK_M-aligned; -1: padding only)."""
+    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    return off_m, off_n, gl.load(layout_ptr + off_m)
+
+
+@gluon.jit
+def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
+    """One warp: every K step (64 values) of this program's tiles that hold rows, in order, into ring slot
+    step % STAGES once both consumer warpgroups have released it."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    BLOCK_N: gl.constexpr = w_ring.type.shape[1]
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    steps = K // 64
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n, group = _ws_tile(tile, layout_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if group >= 0:
+            for i in range(steps):
+                slot = step % STAGES
+                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)  # passes at once on the first lap
+                bar = ready.index(slot)
+                mbarrier.expect(bar, 2 * x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [off_m, 64 * i], bar, x_ring.index(2 * slot))
+                tma.async_copy_global_to_shared(x_desc, [off_m, 64 * i + 32], bar, x_ring.index(2 * slot + 1))
+                tma.async_copy_global_to_shared(w_desc, [group * N + off_n, 32 * i], bar, w_ring.index(slot))
+                step += 1
+
+
+@gluon.jit
+def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
+                 HALF: gl.constexpr, GROUP_M: gl.constexpr):
+    """One warpgroup: weight rows [HALF * 128, HALF * 128 + 128) of each tile, fp4_grouped_gemm_kernel's step on
+    them, its scale word loaded from global memory a step ahead."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    BLOCK_N: gl.constexpr = w_ring.type.shape[1]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    ROWS: gl.constexpr = BLOCK_N // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1])  # n fastest: d rows n-contiguous
+    second = (gl.arange(0, 32, gl.SliceLayout(0, a_layout)) >= 16)[None, :]  # bytes 16..31: the 2nd scale
+    steps = K // 64
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n, group = _ws_tile(tile, layout_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if group >= 0:
+            n0 = off_n + HALF * ROWS
+            rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, a_layout))
+            sw_rows = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32)) \
+                + gl.minimum(rows, N - 1).to(gl.int64) * (stride_sw_n // 4)
+            word = gl.load(sw_rows)
+            acc = gl.zeros([ROWS, BLOCK_M], gl.float32, mma)
+            for i in range(steps):
+                slot = step % STAGES
+                ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)  # one word holds two steps' scales
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
+                w_even, w_odd = weights_of_step(packed, word, i, second)
+                tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
+                tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[tok])
+                mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with the slot
+                word = ahead
+                step += 1
+            out = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
+            offs_n = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, out_layout))
+            offs_m = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, out_layout))
+            row_ok = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1) == group
+            mask = row_ok[None, :] & (offs_n < N)[:, None]
+            gl.store(d_ptr + offs_m.to(gl.int64)[None, :] * stride_d + offs_n[:, None], out, mask=mask)
+
+
+@gluon.jit
+def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
+                             STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                             PRODUCER_REGS: gl.constexpr):
+    """The contiguous layout of fp4_grouped_gemm_kernel, warp-specialized: d[m, n] = sum_k x[m, k] *
+    dequant(w[layout[m]])[n, k]. x bf16 [M, K] in the FP4 K order, by x_desc in [BLOCK_M, 32] boxes; w packed e2m1
+    as uint8 [G * N, K / 2] by w_desc in [BLOCK_N = 256, 32] boxes (rows of the next group, or TMA's zeros past the
+    last, fill a partial tile; their results are not stored); sw UE8M0 [G, N, K / 32] read as int32 words (strides
+    in bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
+    not written. Launch: persistent grid of at most one program per SM, num_warps=4 (the first consumer
+    warpgroup; the second and the producer warp come from warp_specialize)."""
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    gl.warp_specialize(
+        [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
+                         stride_d, 0, GROUP_M)),
+         (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
+                         stride_d, 1, GROUP_M)),
+         (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    _invalidate_ring(ready, empty)

@@ -1,0 +1,91 @@
+"""Experiment (issue 5): launch tiles of the indexer score kernel at the benchmark's shape (4,096 queries x 32 heads x
+128 dims against 65,536 FP4 keys of one sequence, 131k context), which measured 0.59-0.60x of cuBLAS FP8 per-tensor
+scaled_mm of the same GEMM (target 0.6x). The shipped launch is BLOCK_K 128 keys x BLOCK_Q 4 queries (an MMA of
+[128 keys, 128] x [128, 4 x 32 (query, head) columns]), 8 warps, Triton's default pipelining, and enough queries per
+program for ~4 programs per SM. This sweeps the key tile, the query tile, warps, stages and queries per program;
+every candidate's scores are compared with the shipped launch's (the dot products are exact in fp32, so only the
+32-head sum's order can move a score, by one bf16 ulp). Writes $OUT/exp_indexer_tiles.json.
+
+    cd benchmarks && timeout 200 python3 exp_indexer_tiles.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+
+import torch
+import triton
+from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, environment
+from mini_deepgemm.reference import fp4_fakequant
+from mini_flashmla import api
+from mini_flashmla.cache_layout import pack_index_k_fp4
+from mini_flashmla.indexer_kernel import indexer_scores_kernel
+
+N_HEADS, D = 32, 128
+
+
+def launch(q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, programs_per_sm):
+    """indexer_scores_kernel on one shared key list, as api.indexer_scores but with every launch choice given."""
+    key_tiles = math.ceil(N_COMPRESSED / block_k)
+    query_tiles = math.ceil(S_Q / block_q)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (programs_per_sm * sms)))
+    grid = (key_tiles, math.ceil(S_Q / queries_per_program))
+    indexer_scores_kernel[grid](
+        q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], rows, 0, visible, out, out.stride(0),
+        S_Q, N_COMPRESSED, queries_per_program, H=N_HEADS, D=D, BLOCK_Q=block_q, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages)
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(2)
+    q = fp4_fakequant(torch.randn(S_Q, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
+    w = (torch.randn(S_Q, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
+    rows = api.key_range_rows(0, N_COMPRESSED, dev)
+    visible = ((torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO).to(torch.int64)
+    shipped = api.indexer_scores(q, w, cache, visible, rows)
+    result = environment(dev)
+    result["shipped_ms"] = bench(lambda: api.indexer_scores(q, w, cache, visible, rows))
+    a = torch.randn(S_Q * N_HEADS, D, device=dev).to(torch.float8_e4m3fn)
+    b = torch.randn(N_COMPRESSED, D, device=dev).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=dev)
+    result["fp8_scaled_mm_ms"] = bench(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                                out_dtype=torch.bfloat16))
+    del a, b
+    out = torch.empty_like(shipped)
+    rows_out = []
+    grid = itertools.product((4, 8), (64, 128, 256), (4, 8), (1, 2, 3), (4, 8))
+    for block_q, block_k, num_warps, num_stages, programs_per_sm in grid:
+        if block_q * block_k // num_warps > 128:
+            continue  # over 128 fp32 accumulator registers per thread (N_HEADS x block_q x block_k / threads)
+        row = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                   programs_per_sm=programs_per_sm)
+        try:
+            out.fill_(7.0)
+            args = (q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, programs_per_sm)
+            launch(*args)
+            row["mismatches_vs_shipped"] = int((out != shipped).sum())
+            row["ms"] = bench(lambda: launch(*args))
+        except Exception as exc:  # out of shared memory or registers: recorded, the sweep goes on
+            row["error"] = repr(exc)[:200]
+        rows_out.append(row)
+        print(row, flush=True)
+    result["rows"] = rows_out
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    ok = sorted((r for r in rows_out if "ms" in r), key=lambda r: r["ms"])
+    print(f"shipped {result['shipped_ms']:.3f} ms = {result['fp8_scaled_mm_ms'] / result['shipped_ms']:.3f}x of "
+          f"FP8 scaled_mm ({result['fp8_scaled_mm_ms']:.3f} ms)")
+    print("| block_q | block_k | warps | stages | programs/SM | ms | x scaled_mm | mismatches |")
+    for r in ok[:12]:
+        print(f"| {r['block_q']} | {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r['programs_per_sm']} | "
+              f"{r['ms']:.3f} | {result['fp8_scaled_mm_ms'] / r['ms']:.3f} | {r['mismatches_vs_shipped']} |")
+
+
+if __name__ == "__main__":
+    main()
