@@ -7,6 +7,10 @@
 #       into the package and routed (its experiment against the one-warpgroup kernel, then every mini-deepgemm GPU
 #       test), bench_flashmla's decode by graph replay with the Gluon kernel forced at every batch, the indexer's
 #       launch-tile sweep, then bench_deepgemm's table)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s13.sh   (1 x H200: after run 3, the Gluon attention routed
+#       for every unsplit 64-head call (decode below one program per SM) and the indexer's 64-key tiles: the Gluon FP4
+#       GEMM tests (fixed N=384 case), mini-flashmla's GPU tests, bench_flashmla, the 1-GPU prefill step and the
+#       medium-model decode)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s13
 case "${PART:-ws}" in
@@ -24,6 +28,16 @@ r3)
   run deepgemm 150 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   cat "$OUT/summary.txt"; tail -6 "$OUT/fp4_ws.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -5 "$OUT/flashmla_decode.txt"
   tail -15 "$OUT/indexer_tiles.txt"; tail -30 "$OUT/deepgemm.txt"
+  ;;
+r4)
+  run gemm_gluon 60 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run flashmla_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
+  run flashmla 60 bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run prefill 100 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run decode 90 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 \
+    --out "$OUT/decode_medium_h200.json"
+  cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -4 "$OUT/flashmla_tests.txt"; tail -12 "$OUT/flashmla.txt"
+  tail -28 "$OUT/prefill.txt"; tail -10 "$OUT/decode.txt"
   ;;
 esac
 pack_out

@@ -210,8 +210,9 @@ def test_gluon_quantized_reads_are_bit_exact(gluon_device):
 
 
 def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
-    """The public calls take the Gluon kernel for unsplit 64-head programs, at least one per SM, else the Triton
-    kernel (the two give the same results within the tolerances above, so this spies on the launcher)."""
+    """The public calls take the Gluon kernel for unsplit 64-head programs (also fewer than one per SM: decode),
+    else the Triton kernel (the two give the same results within the tolerances above, so this spies on the
+    launcher)."""
     g = torch.Generator().manual_seed(3)
     s_q = torch.cuda.get_device_properties(gluon_device).multi_processor_count  # one program per SM
     q, wc, cc, wid, cid, sink = _paged_case(g, s_q, 64, 100, 100, 128, 64, gluon_device)
@@ -222,14 +223,15 @@ def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
     assert len(calls) == 1
     api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=2)  # split: Triton kernel + combine
     api.sparse_mla_fwd_paged(q[:, :16].contiguous(), wc, cc, wid, cid, SCALE, sink[:16])  # 16 heads: Triton
-    api.sparse_mla_fwd_paged(q[:-1], wc, cc, wid[:-1], cid[:-1], SCALE, sink, num_splits=1)  # < 1 per SM: Triton
     assert len(calls) == 1
+    api.sparse_mla_fwd_paged(q[:40], wc, cc, wid[:40], cid[:40], SCALE, sink)  # < 1 per SM, unsplit: Gluon
+    assert len(calls) == 2
     empty_ids = _random_ids(g, s_q, 8, 1, empty_frac=1.0, device=gluon_device)
     out, lse = api.sparse_mla_fwd_paged(q, wc, cc[:0], wid, empty_ids, SCALE, sink)  # no compressed rows: Triton
-    assert len(calls) == 1 and torch.isfinite(lse).all()
+    assert len(calls) == 2 and torch.isfinite(lse).all()
     kv = torch.randn(300, 512, generator=g).bfloat16().to(gluon_device)
     api.sparse_mla_fwd(q, kv, _random_ids(g, s_q, 64, 300, device=gluon_device), SCALE, sink)  # bf16 rows
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("s_q,h,n_kv,topk", [(37, 64, 1000, 640), (19, 128, 50, 100), (5, 64, 3, 64), (4, 64, 9, 1)])

@@ -232,14 +232,15 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
 
 
 def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
-    """Where sparse_attn_gluon_kernel takes an unsplit call: whole programs of 64 heads, at least one per SM, rows in
-    every given cache (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are
-    16 B), where mini_deepgemm's Gluon platform check allows (sm_90, triton 3.6, not the interpreter).
-    Below one program per SM (decode at batch 64 and 128 on H200) each program's gathers come from HBM with nothing
-    else on its SM, and the Gluon kernel measured 59-64 us in one run and 125-142 us in another against the Triton
-    kernel's steady 91-102 us (docs/reports/flashmla-gluon.md), so those calls stay on the Triton kernel."""
+    """Where sparse_attn_gluon_kernel takes an unsplit call: whole programs of 64 heads, rows in every given cache
+    (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are 16 B), where
+    mini_deepgemm's Gluon platform check allows (sm_90, triton 3.6, not the interpreter).
+    Until session 13 calls of fewer programs than SMs (decode at batch 64 and 128 on H200) stayed on the Triton
+    kernel: timed with host time included (do_bench), the Gluon kernel's decode looked unstable (59-64 us in one
+    run, 125-142 us in another). By CUDA-graph replay, as the engine's decode runs, it is 49.2 / 56.3 us against the
+    Triton kernel's 82.2 / 95.7 us at batch 64 / 128 (session 13 run 3; docs/reports/flashmla-gluon.md): the
+    unstable figures were the launch's host time."""
     return (q.shape[1] % MAX_ATTN_BLOCK_H == 0 and gluon_runs_on(q)
-            and q.shape[0] * (q.shape[1] // MAX_ATTN_BLOCK_H) >= _num_sms(q.device)
             and all(c.shape[0] > 0 and c.data_ptr() % 16 == 0 for c in caches)
             and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0)
 
@@ -314,7 +315,9 @@ def indexer_scores(
     if s_q == 0 or n_keys == 0:
         return out
     block_q = 1 if per_query else max(1, 128 // n_heads)  # N side = block_q * H = 128 columns when shared
-    block_k = 128
+    # 64 keys per program when the key list is shared: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores
+    # (session 13 run 3, benchmarks/exp_indexer_tiles.py; 128 keys at 4 warps without pipelining ran 7.44 ms)
+    block_k = 128 if per_query else 64
     key_tiles = math.ceil(n_keys / block_k)
     if per_query:
         queries_per_program = 1
