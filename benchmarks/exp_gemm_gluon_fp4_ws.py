@@ -8,7 +8,12 @@ against 1,109-1,843 GB/s of weights, all bitwise equal (docs/reports/deepgemm-gl
 docs/reports/data/s13-run2/). The masked part was dropped with the move into the package.
 Checks: bitwise equality of the two kernels on the MoE shapes, padding rows untouched, and a small case against the
 pure-torch reference; times both kernels alone and torch._scaled_grouped_mm (FP8 rowwise) as the peer.
-A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json.
+Few rows (--few-rows, session 13): the 1-GPU prefill's routing, 384 experts with 32-96 rows each, which the public
+API runs on the swap-AB kernel's 128 x 64 tiles (BLOCK_M = 64); the warp-specialized kernel with 64-token tiles
+(256 x 64; a 128-aligned segment's second half, all padding, is skipped) and the one-warpgroup kernel's 128 x 64
+tile against it, bitwise, on the same activations.
+A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
+exp_gemm_gluon_fp4_ws_few_rows.json).
 
     cd benchmarks && timeout 240 python3 exp_gemm_gluon_fp4_ws.py
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 
 import torch
 import triton
@@ -32,8 +38,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4, block_m: int = 128) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, block_m)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -58,7 +64,51 @@ def smoke(result) -> None:
                     diff_vs_reference=calc_diff(d[real].float(), ref.cuda()[real].float())))
 
 
+def few_rows() -> None:
+    """384 experts of 32-96 rows (the 1-GPU prefill's ~64): the swap-AB kernel as routed (its few-rows config),
+    against the warp-specialized kernel at 64- and 128-token tiles and the one-warpgroup kernel at 64."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cpu = torch.Generator().manual_seed(1)
+    rows = torch.randint(32, 97, (384,), generator=cpu).tolist()
+    out = []
+    for name, (N, K) in SHAPES.items():
+        a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
+        real = layout >= 0
+        flops = 2 * sum(rows) * N * K
+        cfg = G.default_config(G._CONTIGUOUS, layout.numel(), 32, True, N, len(rows), True)
+        want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+        G._swapab_gemm(x, None, bq, sb, want, G._CONTIGUOUS, layout, True, cfg)
+        row = dict(name=name, N=N, K=K, rows=sum(rows), routed_block_m=cfg["BLOCK_M"],
+                   routed_gluon=bool(cfg.get("GLUON")))
+        row["swapab_tflops"] = flops / ms(lambda: G._swapab_gemm(x, None, bq, sb, want, G._CONTIGUOUS, layout, True,
+                                                                 cfg)) / 1e9
+        variants = {f"ws_m{m}_s{st}": (lambda d, m=m, st=st: ws_gemm(x, bq, sb, d, layout, st, m))
+                    for m in (64, 128) for st in (4, 6)}
+        variants["one_warpgroup_m64"] = lambda d: G._gluon_fp4_grouped_gemm(
+            G._CONTIGUOUS, x, bq, sb, d, layout, {"BLOCK_M": 64, "BLOCK_N": 128, "GLUON_STAGES": 3, "GROUP_M": 8})
+        for key, fn in variants.items():
+            d = torch.zeros_like(want)
+            fn(d)
+            row[f"{key}_bitwise"] = bool(torch.equal(d[real], want[real]))
+            row[f"{key}_tflops"] = flops / ms(lambda: fn(d)) / 1e9
+        out.append(row)
+        print(row, flush=True)
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_fp4_ws_few_rows.json"), "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       rows=out), f, indent=1)
+    keys = [k[:-7] for k in out[0] if k.endswith("_tflops")]
+    print("| shape | " + " | ".join(keys) + " |")
+    for r in out:
+        print(f"| {r['name']} | " + " | ".join(f"{r[k + '_tflops']:.0f}" + ("" if k == "swapab" or r[k + "_bitwise"]
+                                                                           else " (NOT bitwise)") for k in keys) + " |")
+
+
 def main() -> None:
+    if "--few-rows" in sys.argv:
+        print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
+        few_rows()
+        return
     print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu = torch.Generator().manual_seed(0)

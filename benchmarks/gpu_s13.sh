@@ -11,6 +11,8 @@
 #       for every unsplit 64-head call (decode below one program per SM) and the indexer's 64-key tiles: the Gluon FP4
 #       GEMM tests (fixed N=384 case), mini-flashmla's GPU tests, bench_flashmla, the 1-GPU prefill step and the
 #       medium-model decode)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized FP4 kernel at the
+#       1-GPU prefill's 32-96 rows per expert, 64- and 128-token tiles, against the swap-AB kernel routed there)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s13
 case "${PART:-ws}" in
@@ -38,6 +40,10 @@ r4)
     --out "$OUT/decode_medium_h200.json"
   cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -4 "$OUT/flashmla_tests.txt"; tail -12 "$OUT/flashmla.txt"
   tail -28 "$OUT/prefill.txt"; tail -10 "$OUT/decode.txt"
+  ;;
+r5)
+  run few_rows 240 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --few-rows"
+  cat "$OUT/summary.txt"; tail -5 "$OUT/few_rows.txt"
   ;;
 esac
 pack_out

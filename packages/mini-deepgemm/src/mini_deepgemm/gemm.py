@@ -506,7 +506,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     M, K = x.shape[-2:]
     N = bq.shape[-2]
     if not masked and cfg.get("GLUON_WS"):
-        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"])
+        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"], cfg["BLOCK_M"])
         return
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
     fp4_grouped_gemm_kernel[grid](
@@ -522,17 +522,17 @@ _GLUON_WS_CONSUMER_REGS, _GLUON_WS_PRODUCER_REGS = 232, 40
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                                  layout: torch.Tensor, stages: int) -> None:
-    """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
+                                  layout: torch.Tensor, stages: int, block_m: int = 128) -> None:
+    """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x block_m
     tokens per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from _dequant_activations. Its TMA
     copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the pass)."""
     from .gemm_gluon_kernel import fp4_contiguous_ws_kernel
 
     G, N, K2 = bq.shape
     M, K = x.shape
-    tiles = cdiv(M, 128) * cdiv(N, 256)
+    tiles = cdiv(M, block_m) * cdiv(N, 256)
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
-        _tma_desc(x, (128, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
+        _tma_desc(x, (block_m, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
         CONSUMER_REGS=_GLUON_WS_CONSUMER_REGS, PRODUCER_REGS=_GLUON_WS_PRODUCER_REGS, num_warps=4,
         maxnreg=65536 // (12 * 32) // 8 * 8)
