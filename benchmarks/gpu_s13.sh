@@ -13,6 +13,10 @@
 #       medium-model decode)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized FP4 kernel at the
 #       1-GPU prefill's 32-96 rows per expert, 64- and 128-token tiles, against the swap-AB kernel routed there)
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized kernel routed above
+#       48 rows per expert: its tests (a 33-96-row case added), then the 1-GPU prefill step)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: every single-GPU test of runtime/tests and
+#       integration_tests on CUDA (-n 16), then the offline example)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s13
 case "${PART:-ws}" in
@@ -44,6 +48,17 @@ r4)
 r5)
   run few_rows 240 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --few-rows"
   cat "$OUT/summary.txt"; tail -5 "$OUT/few_rows.txt"
+  ;;
+r6)
+  run gemm_gluon 90 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run prefill 100 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -28 "$OUT/prefill.txt"
+  ;;
+r7)
+  run tests_runtime 480 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+    runtime/tests integration_tests -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run offline 45 python3 runtime/examples/offline_inference.py
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/tests_runtime.txt" | tail -25; tail -4 "$OUT/offline.txt"
   ;;
 esac
 pack_out

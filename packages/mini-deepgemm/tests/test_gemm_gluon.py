@@ -1,11 +1,12 @@
 """The Gluon grouped FP8 x FP4 GEMM (gemm_gluon_kernel, docs/reports/deepgemm-gluon.md), contiguous and masked.
 
-It replaces the swap-AB kernel for FP4 weights (contiguous: more than 96 rows per group, on the warp-specialized
+It replaces the swap-AB kernel for FP4 weights (contiguous: more than 48 rows per group, on the warp-specialized
 kernel; masked: always) and computes the same products in the same order, so its output must equal that kernel's
 bit for bit (contiguous: both Gluon kernels), with the padding / unused rows left untouched, and the public API must
 route there. Against the pure-torch reference on the same operands: DeepGEMM's diff below 1e-5. Shapes: V4.1's w13
 and w2 with ragged groups (empty groups, a one-row group, 1,024 rows; masked: 0, 1, 17 and all 48 rows of a group;
-w13 has more tiles than SMs, so persistent programs take several), an N that leaves a partial 256-row weight tile
+w13 has more tiles than SMs, so persistent programs take several; 33-96 rows per group, the 1-GPU prefill's, where
+half of a 128-token tile is padding), an N that leaves a partial 256-row weight tile
 (its rows come from the next group or past the last one) and a K of two steps, fewer than the copy ring's stages.
 GPU and triton 3.6 only (Gluon's experimental API is pinned to the release it was measured with).
 """
@@ -27,6 +28,7 @@ CASES = {  # rows per group, N, K
     "w2": ([200, 640, 1, 250], 5120, 2304),
     "k128": ([150, 260], 256, 128),
     "n384": ([300, 1, 0, 520], 384, 256),
+    "few-rows": ([60, 90, 49, 80, 70, 64, 33, 96], 512, 512),
 }
 
 
@@ -40,8 +42,10 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     q, s = reference.act_quant(random_bf16(M, K, generator=gen), 32, "ue8m0")
     _, bq, sb = random_fp4_weights(G, N=N, K=K, device="cuda", generator=gen)
     q, s, layout = q.cuda(), s.cuda(), layout.cuda()
-    cfg = gemm.default_config(gemm._CONTIGUOUS, M, 32, True, N, G, True)
-    assert cfg.get("GLUON"), "more than 96 rows per group must select the Gluon kernel"
+    # the rows hint of the runtime's fixed-size layouts (moe.max_rows: real rows + G x 127), so the rule sees the
+    # real rows per group
+    cfg = gemm.default_config(gemm._CONTIGUOUS, sum(rows) + G * 127, 32, True, N, G, True)
+    assert cfg.get("GLUON"), "more than 48 rows per group must select the Gluon kernel"
     assert cfg.get("GLUON_WS"), "the contiguous layout runs the warp-specialized kernel"
     cfg = {**cfg, "GLUON_STAGES": stages}
     x = gemm._dequant_activations(q, s.view(torch.uint8), True, grouped_layout=layout)
@@ -59,7 +63,7 @@ def test_gluon_equals_the_swapab_kernel_and_the_reference(case, stages):
     real = layout >= 0
     api = torch.full_like(got, 7.0)
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), api, layout)
-    assert torch.equal(api.view(torch.int16), got.view(torch.int16)), "the public API must route to the Gluon kernel"
+    assert torch.equal(api.view(torch.int16), got.view(torch.int16)), "the public API must give the same bits"
     assert bool((got[~real] == 7.0).all()), "padding rows of d must be left untouched"
 
     ref = torch.zeros_like(got)

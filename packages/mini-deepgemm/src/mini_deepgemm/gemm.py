@@ -239,10 +239,13 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
 
     gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
     weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
-    - contiguous at more than 96 rows per group: the warp-specialized kernel (GLUON_WS; 256 weight rows x 128
-      tokens, persistent, 4 stages), 1.15-1.20x the one-warpgroup 128 x 128 kernel (session 13 run 2), which was
-      1.03-1.15x the swap-AB kernel at 128-1,024 rows per expert (four runs); few rows stay on the swap-AB kernel
-      (at 64 rows per expert the one-warpgroup 64 x 128 tile measured w13 1.07-1.13x, w2 0.95-1.05x: not routed);
+    - contiguous at more than 48 rows per group: the warp-specialized kernel (GLUON_WS; 256 weight rows x 128
+      tokens, persistent, 4 stages). At 128-1,024 rows per expert it runs 1.15-1.20x the one-warpgroup 128 x 128
+      kernel (session 13 runs 2 and 3), which was 1.03-1.15x the swap-AB kernel (four runs). At 32-96 rows per
+      expert (the 1-GPU prefill) it runs 1.25-1.31x the swap-AB kernel's 128 x 64 tiles, though half of each
+      128-token tile there is padding (session 13 run 5: 263-267 against 201-214 TFLOP/s). Its 64-token tiles ran
+      191-196 and the one-warpgroup 64 x 128 tile 227. At 48 rows per group or fewer (not measured) the padding share
+      grows, so those stay on the swap-AB kernel;
     - masked at the 16- and 32-token tiles, 4 stages, after an activation pass over the used rows: 1.05-1.30x the
       swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert.
     Elsewhere (another triton release or GPU, the interpreter, an fp32 output, an unaligned scale tensor) the same
@@ -283,10 +286,12 @@ def _ue8m0_config(layout: int, rows_hint: int, gran_k: int, n: int, groups: int,
     """default_config's tiles for UE8M0 scales on the Triton kernels (see there)."""
     swapab = dict(GROUP_M=8, num_warps=4, num_stages=4, SUBS=1, BF16_MMA=True, SWAP_AB=True, SCALE_WORDS=True)
     if layout == _CONTIGUOUS:
-        few_rows = rows_hint - groups * (_M_ALIGNMENT - 1) <= 96 * groups
-        if fp4 and not few_rows:  # the Gluon kernel where gluon_usable(), else the swap-AB kernel at the same tile
-            return dict(swapab, BLOCK_M=128, BLOCK_N=128, GLUON=True, GLUON_WS=True, GLUON_STAGES=4)
-        return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128)
+        rows = rows_hint - groups * (_M_ALIGNMENT - 1)  # a lower bound of the real rows (see default_config)
+        few_rows = rows <= 96 * groups
+        # FP4 above 48 rows per group: the warp-specialized Gluon kernel (its own 128-token tiles) where _use_gluon
+        # allows it, else the swap-AB kernel at BLOCK_M
+        gluon_ws = dict(GLUON=True, GLUON_WS=True, GLUON_STAGES=4) if fp4 and rows > 48 * groups else {}
+        return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128, **gluon_ws)
     if layout == _MASKED or rows_hint <= 32:
         # masked FP4 at the measured 16- and 32-token tiles: the Gluon kernel where _use_gluon allows it
         gluon = dict(GLUON=True, GLUON_STAGES=4) if layout == _MASKED and fp4 and rows_hint <= 32 else {}
@@ -506,7 +511,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     M, K = x.shape[-2:]
     N = bq.shape[-2]
     if not masked and cfg.get("GLUON_WS"):
-        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"], cfg["BLOCK_M"])
+        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"])
         return
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
     fp4_grouped_gemm_kernel[grid](
