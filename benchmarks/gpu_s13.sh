@@ -15,8 +15,10 @@
 #       1-GPU prefill's 32-96 rows per expert, 64- and 128-token tiles, against the swap-AB kernel routed there)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized kernel routed above
 #       48 rows per expert: its tests (a 33-96-row case added), then the 1-GPU prefill step)
-#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: every single-GPU test of runtime/tests and
-#       integration_tests on CUDA (-n 16), then the offline example)
+#   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
+#       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
+#       test of runtime/tests and integration_tests on CUDA (-n 16), then the offline example)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s13
 case "${PART:-ws}" in
@@ -54,8 +56,13 @@ r6)
   run prefill 100 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -28 "$OUT/prefill.txt"
   ;;
+masked)
+  run masked_tiles 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py"
+  cat "$OUT/summary.txt"; tail -6 "$OUT/masked_tiles.txt"
+  ;;
 r7)
-  run tests_runtime 480 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+  run gemm_gluon 60 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run tests_runtime 450 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
     runtime/tests integration_tests -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run offline 45 python3 runtime/examples/offline_inference.py
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/tests_runtime.txt" | tail -25; tail -4 "$OUT/offline.txt"

@@ -1,0 +1,80 @@
+"""Experiment (issue 4): the token tile of the masked FP8 x FP4 GEMM (MoE decode) on the Gluon one-warpgroup kernel.
+
+The routed tile is 16 tokens at <= 16 expected rows per expert and 32 at <= 32 (default_config). With Poisson row
+counts a tile that is smaller than an expert's rows makes that expert's weights stream once per token tile: at
+expected_m = 32 most experts have 33-50 rows, so two 32-token tiles read the weights twice, which would explain why
+the table reads 0.25 of the copy rate there against 0.39 at expected_m = 8. This times bench_deepgemm.py's masked
+case (96 experts, max_m 128, Poisson(expected_m) rows, at least 1; the whole call: activation pass + GEMM) at token
+tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed config (same products, same order).
+Writes $OUT/exp_gemm_masked_tiles.json.
+
+    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import triton
+
+from bench_deepgemm import copy_bandwidth_gbs  # beside this script
+from exp_gemm_gluon_v3 import ms
+from mini_deepgemm import gemm as G
+
+SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cpu = torch.Generator().manual_seed(0)
+    copy_gbs = copy_bandwidth_gbs()
+    rows_out = []
+    for expected_m in (8, 32):
+        for name, (N, K) in SHAPES.items():
+            Gn, max_m = 96, 128
+            masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1,
+                                   max_m).int().cuda()
+            a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+            sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+            bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+            sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+            routed = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
+            used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+
+            def call(d, cfg):
+                G._gemm(G._MASKED, (a, sa), (bq, sb), d, None, masked_m, None, True, expected_m=expected_m,
+                        config=cfg)
+
+            want = torch.zeros(Gn, max_m, N, dtype=torch.bfloat16, device="cuda")
+            call(want, routed)
+            weight_bytes = bq.numel() + sb.numel()
+            row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
+                       max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
+                       routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
+            for block_m in (16, 32, 64):
+                for stages in (3, 4):
+                    cfg = {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}
+                    d = torch.zeros_like(want)
+                    call(d, cfg)
+                    key = f"m{block_m}_s{stages}"
+                    row[f"{key}_bitwise"] = bool(torch.equal(d[used], want[used]))
+                    row[f"{key}_gbs"] = weight_bytes / ms(lambda: call(d, cfg)) / 1e6
+            rows_out.append(row)
+            print(row, flush=True)
+            torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_masked_tiles.json"), "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       timing="do_bench_cudagraph median; copy by do_bench", rows=rows_out), f, indent=1)
+    keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
+    print("| shape | expected_m | max rows | routed tile | " + " | ".join(keys) + " | best / copy |")
+    for r in rows_out:
+        best = max(r[k + "_gbs"] for k in keys)
+        print(f"| {r['name']} | {r['expected_m']} | {r['max_rows']} | {r['routed_block_m']} | "
+              + " | ".join(f"{r[k + '_gbs']:.0f}" + ("" if r[k + "_bitwise"] else " (NOT bitwise)") for k in keys)
+              + f" | {best / r['copy_gbs']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
