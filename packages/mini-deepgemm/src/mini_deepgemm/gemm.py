@@ -246,8 +246,11 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
       128-token tile there is padding (session 13 run 5: 263-267 against 201-214 TFLOP/s). Its 64-token tiles ran
       191-196 and the one-warpgroup 64 x 128 tile 227. At 48 rows per group or fewer (not measured) the padding share
       grows, so those stay on the swap-AB kernel;
-    - masked at the 16- and 32-token tiles, 4 stages, after an activation pass over the used rows: 1.05-1.30x the
-      swap-AB kernel's in-tile dequantization at 8 and 32 rows per expert.
+    - masked, after an activation pass over the used rows: 1.05-1.30x the swap-AB kernel's in-tile dequantization
+      at 8 and 32 rows per expert (session 9, 16- and 32-token tiles, 4 stages). Since session 13, 17-32 expected
+      rows take 64-token tiles at 3 stages, 1.13-1.17x the 32-token tiles at 32 rows per expert: each expert's
+      weights are read once (run 7; at 8 rows the 16-token tile stays best: 1,638-1,676 GB/s against 1,392-1,400
+      for 64 tokens). The swap-AB fallback takes the same tile there, which was not measured.
     Elsewhere (another triton release or GPU, the interpreter, an fp32 output, an unaligned scale tensor) the same
     config runs the swap-AB kernel.
 
@@ -292,8 +295,12 @@ def _ue8m0_config(layout: int, rows_hint: int, gran_k: int, n: int, groups: int,
         # allows it, else the swap-AB kernel at BLOCK_M
         gluon_ws = dict(GLUON=True, GLUON_WS=True, GLUON_STAGES=4) if fp4 and rows > 48 * groups else {}
         return dict(swapab, BLOCK_M=64 if few_rows else 128, BLOCK_N=128, **gluon_ws)
+    if layout == _MASKED and fp4 and 16 < rows_hint <= 32:
+        # one 64-token tile holds an expert's Poisson(32) rows (at most ~50), so each expert's weights stream once
+        # where two 32-token tiles read them twice (session 13 run 7: 1,301-1,304 against 1,112-1,150 GB/s)
+        return dict(swapab, BLOCK_M=64, BLOCK_N=128, X_FP8=True, GLUON=True, GLUON_STAGES=3)
     if layout == _MASKED or rows_hint <= 32:
-        # masked FP4 at the measured 16- and 32-token tiles: the Gluon kernel where _use_gluon allows it
+        # masked FP4 at the measured 16-token tile: the Gluon kernel where _use_gluon allows it
         gluon = dict(GLUON=True, GLUON_STAGES=4) if layout == _MASKED and fp4 and rows_hint <= 32 else {}
         if rows_hint <= 16:
             return dict(swapab, BLOCK_M=16, BLOCK_N=64 if layout == _DENSE else 128, X_FP8=True, **gluon)
