@@ -15,6 +15,7 @@
 #       1-GPU prefill's 32-96 rows per expert, 64- and 128-token tiles, against the swap-AB kernel routed there)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized kernel routed above
 #       48 rows per expert: its tests (a 33-96-row case added), then the 1-GPU prefill step)
+#   source .devdeps/env.sh && PART=rest bash benchmarks/gpu_s13.sh   (1 x H200: the 7 tests run 8's time limit cut)
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -66,6 +67,14 @@ r7)
     runtime/tests integration_tests -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run offline 45 python3 runtime/examples/offline_inference.py
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/tests_runtime.txt" | tail -25; tail -4 "$OUT/offline.txt"
+  ;;
+rest)
+  run rest_quick 45 python3 -m pytest -q -rs -p no:cacheprovider -n 4 runtime/tests/test_hyper_connections.py \
+    runtime/tests/test_reference_model.py::test_golden_logits_of_the_tiny_checkpoint -k "cuda-1-128 or golden"
+  run rest_dp 150 python3 -m pytest -q -rs -p no:cacheprovider -n 2 \
+    runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks \
+    runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine
+  cat "$OUT/summary.txt"; tail -3 "$OUT/rest_quick.txt"; tail -3 "$OUT/rest_dp.txt"
   ;;
 esac
 pack_out
