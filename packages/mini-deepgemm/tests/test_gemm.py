@@ -254,3 +254,27 @@ class TestValidation:
         d = torch.empty(1, 4, 64, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="masked_m must be int32"):
             dg.m_grouped_fp8_gemm_nt_masked((aq[None], as_[None]), (bq[None], bs[None]), d, torch.zeros(2, dtype=torch.int32), 4)
+
+
+@pytest.mark.parametrize("layout,rows,expected", [
+    # (layout, real rows per group or expected_m, the kernel and tile default_config must pick)
+    ("contiguous", 300, dict(GLUON_WS=True, BLOCK_M=128)),  # 1.15-1.20x the one-warpgroup kernel
+    ("contiguous", 64, dict(GLUON_WS=True, BLOCK_M=64)),  # 1.25-1.31x the swap-AB kernel (fallback tile 64)
+    ("contiguous", 40, dict(GLUON_WS=None, BLOCK_M=64)),  # not measured: stays on the swap-AB kernel
+    ("masked", 8, dict(GLUON=True, GLUON_STAGES=4, BLOCK_M=16)),
+    ("masked", 32, dict(GLUON=True, GLUON_STAGES=3, BLOCK_M=64)),  # each expert's weights streamed once
+    ("masked", 48, dict(GLUON=None, BLOCK_M=64)),  # the swap-AB kernel, in-tile dequantization
+])
+def test_fp4_grouped_routes_follow_the_h200_measurements(layout, rows, expected):
+    """The FP4 MoE GEMM routes session 13 measured (docs/reports/deepgemm-gluon-fp4-ws.md, deepgemm-gluon.md).
+    Contiguous: rows_hint as the runtime's fixed-size layouts give it (real rows + groups x (alignment - 1));
+    masked: expected_m. The Gluon kernels then run where _use_gluon allows (H200, triton 3.6), the swap-AB kernel
+    at BLOCK_M elsewhere; a config read here decides both."""
+    from mini_deepgemm import gemm
+
+    groups = 96
+    if layout == "contiguous":
+        cfg = gemm.default_config(gemm._CONTIGUOUS, rows * groups + groups * 127, 32, True, 4608, groups, True)
+    else:
+        cfg = gemm.default_config(gemm._MASKED, rows, 32, True, 4608, groups, True)
+    assert {k: cfg.get(k) for k in expected} == expected, cfg
