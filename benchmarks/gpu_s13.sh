@@ -15,7 +15,11 @@
 #       1-GPU prefill's 32-96 rows per expert, 64- and 128-token tiles, against the swap-AB kernel routed there)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s13.sh   (1 x H200: the warp-specialized kernel routed above
 #       48 rows per expert: its tests (a 33-96-row case added), then the 1-GPU prefill step)
-#   source .devdeps/env.sh && PART=rest bash benchmarks/gpu_s13.sh   (1 x H200: the 7 tests run 8's time limit cut)
+#   source .devdeps/env.sh && PART=rest bash benchmarks/gpu_s13.sh   (1 x H200: the tests run 8's time limit cut that
+#       its output names)
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s13.sh   (1 x H200, for the next session: every
+#       mini-deepgemm GPU test on the final routes (last full run: run 3, before the few-rows and masked routes), the
+#       benchmark table with the masked 64-token route, and the medium-model decode; ~3 minutes)
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -75,6 +79,13 @@ rest)
     runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks \
     runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine
   cat "$OUT/summary.txt"; tail -3 "$OUT/rest_quick.txt"; tail -3 "$OUT/rest_dp.txt"
+  ;;
+next)
+  run deepgemm_tests 200 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 150 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run decode 90 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 \
+    --out "$OUT/decode_medium_h200.json"
+  cat "$OUT/summary.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"; tail -10 "$OUT/decode.txt"
   ;;
 esac
 pack_out
