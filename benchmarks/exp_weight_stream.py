@@ -9,6 +9,9 @@ later. This times that read pattern alone, without conversion or MMAs, against t
 - `rows128`: [128 rows, 128 B] per step (four of today's steps at once) from the same layout;
 - `blocked32`: [128 rows, 32 B] per step from a step-blocked copy [G, N / 128, K / 64, 128, 32], where each step of a
   128-row tile is one contiguous 4 KB block (a layout the weights could be stored in at load time).
+Then the same question inside the kernel (`kernel_rows`): the masked Gluon GEMM as routed, against a variant that
+reads the step-blocked copy (two source edits: a tile's rows 32 B apart, a step 4 KB further), at 8 and 32 rows per
+expert on `bench_deepgemm.py`'s masked case, bitwise-checked (same values, same products).
 One program per 128-row tile (96 experts x N / 128, as the masked kernel at 8 rows per expert), `tl.range`
 pipelining at 3 and 6 stages. Each program XORs its bytes into one word. XOR does not depend on order, so the three
 patterns must give the same words: that checks the blocked copy and the indexing. Device copy (read + write, by
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import tempfile
 
 import torch
 import triton
@@ -127,6 +132,67 @@ def measure(name: str, N: int, K: int, copy_gbs: float) -> dict:
     return row
 
 
+# The masked Gluon kernel reading step-blocked weights (BLOCK_N = 128 rows per tile, N % 128 == 0): the tile starts
+# where the row-major tile does (off_n x K / 2 bytes into the group), its rows lie 32 B apart, its steps 4 KB apart.
+BLOCKED_WEIGHTS = [
+    (re.compile(r"^from \.", re.M), "from mini_deepgemm."),
+    ("w_ptrs = w_base + (n_w % N).to(gl.int64)[:, None] * stride_w_n + gl.arange(0, 32, gl.SliceLayout(0, w_copy))"
+     "[None, :]",
+     "w_ptrs = w_base + off_n.to(gl.int64) * stride_w_n + (n_w - off_n).to(gl.int64)[:, None] * 32 "
+     "+ gl.arange(0, 32, gl.SliceLayout(0, w_copy))[None, :]"),
+    ("async_copy.async_copy_global_to_shared(w_ring.index(slot), w_ptrs + 32 * step)",
+     "async_copy.async_copy_global_to_shared(w_ring.index(slot), w_ptrs + w_ring.type.shape[1] * 32 * step)"),
+]
+
+
+def kernel_rows(copy_gbs: float) -> list[dict]:
+    """The routed masked GEMM (activation pass excluded, same x) against the step-blocked variant."""
+    import mini_deepgemm.gemm_gluon_kernel as kernel_module
+    from exp_gemm_gluon_v3 import ms
+    from mini_deepgemm import gemm as G
+    from source_variants import edited_module
+
+    shipped = kernel_module.fp4_grouped_gemm_kernel
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cpu = torch.Generator().manual_seed(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        blocked = edited_module(kernel_module, BLOCKED_WEIGHTS, "masked_blocked_weights", workdir)
+        for expected_m in (8, 32):
+            for name, (N, K) in SHAPES.items():
+                Gn, max_m = EXPERTS, 128
+                masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1,
+                                       max_m).int().cuda()
+                a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+                sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+                bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+                sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+                bq_blocked = step_blocked(bq).view(Gn, N, K // 2)  # same strides as bq, bytes permuted
+                x = G._dequant_masked_rows(a, sa, masked_m)
+                cfg = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
+                used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+                outs, times = {}, {}
+                for variant, kernel, w in (("routed", shipped, bq), ("blocked", blocked.fp4_grouped_gemm_kernel,
+                                                                     bq_blocked)):
+                    kernel_module.fp4_grouped_gemm_kernel = kernel  # _gluon_fp4_grouped_gemm imports it per call
+                    try:
+                        d = torch.zeros(Gn, max_m, N, dtype=torch.bfloat16, device="cuda")
+                        G._gluon_fp4_grouped_gemm(G._MASKED, x, w, sb, d, masked_m, cfg)
+                        outs[variant] = d
+                        times[variant] = ms(lambda: G._gluon_fp4_grouped_gemm(G._MASKED, x, w, sb, d, masked_m,
+                                                                              cfg))
+                    finally:
+                        kernel_module.fp4_grouped_gemm_kernel = shipped
+                weight_bytes = bq.numel() + sb.numel()
+                row = dict(name=name, expected_m=expected_m, block_m=cfg["BLOCK_M"], copy_gbs=copy_gbs,
+                           bitwise=bool(torch.equal(outs["routed"][used], outs["blocked"][used])),
+                           **{f"{v}_gbs": weight_bytes / t / 1e6 for v, t in times.items()})
+                rows.append(row)
+                print(row, flush=True)
+                torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     from bench_deepgemm import copy_bandwidth_gbs  # beside this script
 
@@ -137,15 +203,22 @@ def main() -> None:
         rows_out.append(measure(name, N, K, copy_gbs))
         print(rows_out[-1], flush=True)
         torch.cuda.empty_cache()
+    kernel = kernel_rows(copy_gbs)
     with open(os.path.join(os.environ.get("OUT", "."), "exp_weight_stream.json"), "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       timing="do_bench_cudagraph median; copy by do_bench", rows=rows_out), f, indent=1)
+                       timing="do_bench_cudagraph median; copy by do_bench", rows=rows_out, kernel=kernel), f,
+                  indent=1)
     keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
     print("| shape | " + " | ".join(keys) + " | copy |")
     for r in rows_out:
         print(f"| {r['name']} | " + " | ".join(f"{r[k + '_gbs']:.0f} ({r[k + '_gbs'] / r['copy_gbs']:.2f})"
                                              for k in keys) + f" | {r['copy_gbs']:.0f} |")
+    print("| masked GEMM | rows per expert | routed GB/s | step-blocked weights GB/s | bitwise |")
+    for r in kernel:
+        print(f"| {r['name']} | {r['expected_m']} | {r['routed_gbs']:.0f} ({r['routed_gbs'] / r['copy_gbs']:.2f}) | "
+              f"{r['blocked_gbs']:.0f} ({r['blocked_gbs'] / r['copy_gbs']:.2f}) | {r['bitwise']} |")
 
 
 if __name__ == "__main__":
     check() if "--check" in sys.argv else main()
+
