@@ -34,9 +34,11 @@ The contiguous layout (MoE prefill) runs fp4_contiguous_ws_kernel since session 
   as above; each releases a ring slot on its own, so the two drift apart and one converts while the other's MMAs
   run (what two co-resident CTAs of fp4_grouped_gemm_kernel did by chance).
 Session 13 run 2 (H200, 96 / 192 experts of 128-1,024 rows, w13 and w2): 480-488 against 402-419 TFLOP/s
-(1.15-1.20x), bitwise equal. On the masked layout's 16- and 32-token tiles the same structure ran 0.25-0.40x of
-fp4_grouped_gemm_kernel (one CTA per SM cannot hide the weight stream's latency there), so masked stays on it;
-its contiguous layout remains the baseline the tests and experiments compare with.
+(1.15-1.20x), bitwise equal; at ~64 rows per expert (half of each 128-token tile padding) 1.25-1.31x the swap-AB
+kernel (run 5). On the masked layout's 16- and 32-token tiles the same structure ran 0.25-0.40x of
+fp4_grouped_gemm_kernel (not profiled; many small co-resident CTAs keep more weight copies in flight than one
+persistent CTA per SM), so masked stays on it; its contiguous layout remains the baseline the tests and
+experiments compare with.
 """
 
 from __future__ import annotations
