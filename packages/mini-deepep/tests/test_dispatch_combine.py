@@ -10,16 +10,21 @@ from mini_deepep.buffer import nvshmem_available
 from mini_deepep.testing import spawn_ranks
 
 
-def two_gpus_with_nvshmem(test: Callable[[], None]) -> Callable[[], None]:
-    """The marks and skips of every NVSHMEM test."""
-    for mark in (
-        pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton"),
-        pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
-        pytest.mark.multigpu,
-        pytest.mark.gpu,
-    ):
-        test = mark(test)
-    return test
+def gpus_with_nvshmem(gpus: int) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """The marks and skips of every NVSHMEM test on `gpus` GPUs."""
+    def decorate(test: Callable[[], None]) -> Callable[[], None]:
+        for mark in (
+            pytest.mark.skipif(not nvshmem_available(), reason="needs nvshmem4py and triton"),
+            pytest.mark.skipif(torch.cuda.device_count() < gpus, reason=f"needs {gpus} CUDA GPUs"),
+            pytest.mark.multigpu,
+            pytest.mark.gpu,
+        ):
+            test = mark(test)
+        return test
+    return decorate
+
+
+two_gpus_with_nvshmem = gpus_with_nvshmem(2)
 
 
 # Symmetric bytes for the largest scenario: 1024 tokens of hidden 1024 per rank, top-6, 2 ranks.
@@ -39,6 +44,12 @@ def test_torch_backend_stress_two_ranks_gloo() -> None:
 @two_gpus_with_nvshmem
 def test_nvshmem_and_torch_backends_two_gpus() -> None:
     spawn_ranks(2, ("nvshmem", "torch"), NVL_BYTES_1024, on_gpu=True)
+
+
+@gpus_with_nvshmem(4)
+def test_nvshmem_and_torch_backends_four_gpus() -> None:
+    """Issue 9's 4-rank layout: the same scenarios over 4 GPUs (tokens to 3 peers, a rank with none)."""
+    spawn_ranks(4, ("nvshmem", "torch"), Buffer.get_nvl_buffer_size_hint(1024, 1024, 6, 4), on_gpu=True)
 
 
 @two_gpus_with_nvshmem
