@@ -17,11 +17,11 @@
 #       48 rows per expert: its tests (a 33-96-row case added), then the 1-GPU prefill step)
 #   source .devdeps/env.sh && PART=rest bash benchmarks/gpu_s13.sh   (1 x H200: the tests run 8's time limit cut that
 #       its output names)
-#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s13.sh   (1 x H200, for the next session: every
-#       mini-deepgemm GPU test on the final routes (last full run: run 3, before the few-rows and masked routes), the
-#       benchmark table with the masked 64-token route, the medium-model decode, then exp_weight_stream.py (does the
-#       masked GEMM's 32-byte-per-row step cap its weight bandwidth?), bench_flashmla's decode with batch 8 and 32
-#       (the split Triton route against the Gluon kernel unsplit); ~5 minutes)
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s13.sh   (1 x H200, for the next session, ~6 minutes:
+#       exp_gemm_gluon_fp4_convert.py (the MoE GEMM's conversion in a warpgroup of its own), every mini-deepgemm GPU
+#       test on the final routes (last full run: run 3), the benchmark table with the masked 64-token route,
+#       exp_weight_stream.py (does the masked GEMM's 32-byte-per-row step cap its weight bandwidth?), and
+#       bench_flashmla's decode with batch 8 and 32 (the split Triton route against the Gluon kernel unsplit))
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -83,14 +83,13 @@ rest)
   cat "$OUT/summary.txt"; tail -3 "$OUT/rest_quick.txt"; tail -3 "$OUT/rest_dp.txt"
   ;;
 next)
-  run deepgemm_tests 200 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
-  run deepgemm 150 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
-  run decode 90 python3 benchmarks/bench_decode.py --preset medium --batches 8,64 --contexts 1024 \
-    --out "$OUT/decode_medium_h200.json"
-  run weight_stream 120 bash -c "cd benchmarks && python3 exp_weight_stream.py"
-  run flashmla_decode 60 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"  # + batch 8, 32
-  cat "$OUT/summary.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"; tail -10 "$OUT/decode.txt"
-  tail -4 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"
+  run fp4_convert 150 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_convert.py"
+  run deepgemm_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 120 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run weight_stream 90 bash -c "cd benchmarks && python3 exp_weight_stream.py"
+  run flashmla_decode 45 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"  # + batch 8, 32
+  cat "$OUT/summary.txt"; tail -8 "$OUT/fp4_convert.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"
+  tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"
   ;;
 esac
 pack_out
