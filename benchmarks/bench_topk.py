@@ -6,7 +6,8 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
   torch.topk, then one selection pass" design).
 - candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
   reference.candidate_block_mask_ref vs api.candidate_block_mask_of_scores.
-- a sweep of the kernel's loop step and warps, and scores + top-k chunked (api.indexer_topk) end to end.
+- a sweep of the kernel's loop step, warps and radix digit width (each result checked equal to the default's), and
+  scores + top-k chunked (api.indexer_topk) end to end.
 Scores are the real indexer's (random FP4 queries and keys), so ties are as common as in the engine; a second top-k
 case rounds them to a few distinct values (most of every row ties). Every new result is checked equal to the
 reference's on the full shape. Times: median of CUDA-event timings of single calls after warm-up.
@@ -34,7 +35,10 @@ N_KEYS = CONTEXT // RATIO
 BLOCK, TOPK_BLOCKS = 8, 2048
 INDEX_HEADS, INDEX_DIM = 32, 128
 WARMUP, REPS = 3, 15
-STEP_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)]
+# (loop step, warps, radix digit bits); 4- and 2-bit digits added in session 13 (not yet run): fewer histogram bins
+# per pass, more passes (topk_kernel.py)
+STEP_SWEEP = [(1024, 4, 8), (2048, 4, 8), (4096, 8, 8), (8192, 8, 8), (8192, 16, 8),
+              (2048, 4, 4), (4096, 8, 4), (8192, 8, 4), (4096, 8, 2)]
 
 
 def median_ms(fn) -> float:
@@ -79,7 +83,8 @@ def main() -> None:
         "shape": {"s_q": S_Q, "n_keys": N_KEYS, "topk": TOPK, "block": BLOCK, "n_blocks": N_KEYS // BLOCK,
                   "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
-        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS},
+        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS,
+                            "radix_bits": api.TOPK_RADIX_BITS},
     }
     q, w, cache, visible, rows = indexer_inputs(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
@@ -102,11 +107,20 @@ def main() -> None:
     out_topk = torch.empty((S_Q, TOPK), dtype=torch.int32, device=dev)
     out_mask = torch.empty((S_Q, N_KEYS), dtype=torch.uint8, device=dev)
     n_blocks = N_KEYS // BLOCK
-    for step, warps in STEP_SWEEP:
-        sweep[f"step{step}_warps{warps}"] = {
-            "topk_ms": median_ms(lambda: api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps)),
-            "blocks_ms": median_ms(lambda: api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask,
-                                                              BLOCK, True, step, warps)),
+    want_topk = api.topk_of_scores(score, TOPK)
+    want_mask = api.candidate_block_mask_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
+    for step, warps, radix in STEP_SWEEP:
+        def topk():
+            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps, radix)
+
+        def blocks():
+            api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask, BLOCK, True, step, warps, radix)
+
+        topk()
+        blocks()
+        sweep[f"step{step}_warps{warps}_radix{radix}"] = {
+            "topk_ms": median_ms(topk), "blocks_ms": median_ms(blocks),
+            "equal": torch.equal(out_topk, want_topk) and torch.equal(out_mask.bool(), want_mask),
         }
     result["kernel_step_sweep"] = sweep
 
@@ -127,7 +141,7 @@ def print_summary(r: dict) -> None:
               f"({r[f'{tag}_old_ms'] / r[f'{tag}_new_ms']:.1f}x), bit-identical {r[f'{tag}_equal']}")
     print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
     for name, t in r["kernel_step_sweep"].items():
-        print(f"  {name}: topk {t['topk_ms']:.3f} ms, blocks {t['blocks_ms']:.3f} ms")
+        print(f"  {name}: topk {t['topk_ms']:.3f} ms, blocks {t['blocks_ms']:.3f} ms, equal {t['equal']}")
     print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms; "
           f"peak {r['peak_memory_gb']:.1f} GiB")
 

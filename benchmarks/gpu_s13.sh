@@ -21,7 +21,8 @@
 #       exp_gemm_gluon_fp4_convert.py (the MoE GEMM's conversion in a warpgroup of its own), every mini-deepgemm GPU
 #       test on the final routes (last full run: run 3), the benchmark table with the masked 64-token route,
 #       exp_weight_stream.py (does the masked GEMM's 32-byte-per-row step cap its weight bandwidth?), and
-#       bench_flashmla's decode with batch 8 and 32 (the split Triton route against the Gluon kernel unsplit))
+#       bench_flashmla's decode with batch 8 and 32 (the split Triton route against the Gluon kernel unsplit), and
+#       bench_topk with 4- and 2-bit radix digits)
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -84,12 +85,13 @@ rest)
   ;;
 next)
   run fp4_convert 150 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_convert.py"
-  run deepgemm_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
-  run deepgemm 120 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run deepgemm_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   run weight_stream 90 bash -c "cd benchmarks && python3 exp_weight_stream.py"
   run flashmla_decode 45 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"  # + batch 8, 32
+  run topk 90 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"  # + 4- and 2-bit radix digits
   cat "$OUT/summary.txt"; tail -8 "$OUT/fp4_convert.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"
-  tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"
+  tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"; tail -14 "$OUT/topk.txt"
   ;;
 esac
 pack_out
