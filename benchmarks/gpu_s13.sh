@@ -84,14 +84,15 @@ rest)
   cat "$OUT/summary.txt"; tail -3 "$OUT/rest_quick.txt"; tail -3 "$OUT/rest_dp.txt"
   ;;
 next)
-  run fp4_convert 150 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_convert.py"
-  run deepgemm_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
-  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
-  run weight_stream 90 bash -c "cd benchmarks && python3 exp_weight_stream.py"
+  run fp4_convert 140 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_convert.py"
+  run deepgemm_tests 100 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 90 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run weight_stream 80 bash -c "cd benchmarks && python3 exp_weight_stream.py"
   run flashmla_decode 45 bash -c "cd benchmarks && BENCH_PARTS=decode python3 bench_flashmla.py"  # + batch 8, 32
-  run topk 90 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"  # + 4- and 2-bit radix digits
+  run topk_tests 60 python3 -m pytest -q -rs -p no:cacheprovider packages/mini-flashmla/tests/test_topk_exact.py
+  run topk 80 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"  # + 4- and 2-bit radix digits
   cat "$OUT/summary.txt"; tail -8 "$OUT/fp4_convert.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"
-  tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"; tail -14 "$OUT/topk.txt"
+  tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"; tail -3 "$OUT/topk_tests.txt"; tail -14 "$OUT/topk.txt"
   ;;
 esac
 pack_out
