@@ -8,7 +8,12 @@ stands; the dot products are exact in fp32, so only the 32-head sum's order can 
 Session 13 run 3 ran it with the old launch routed; the 64-key tile it found (7.29 against 9.65 ms, equal scores)
 ships since (docs/reports/flashmla-indexer.md). Writes $OUT/exp_indexer_tiles.json.
 
-    cd benchmarks && timeout 200 python3 exp_indexer_tiles.py
+--per-query (written in session 13 after its last GPU run, not yet run): the decode shape of the other path, one
+query per sequence (batch 64 and 256) each with its own list of 65,536 keys (api.indexer_scores' per-query path:
+one query per MMA, 128 keys, 4 warps, never swept), timed by CUDA-graph replay at key tiles 64 / 128 / 256, 4 / 8
+warps and 1-3 stages, each checked against the routed launch. Writes $OUT/exp_indexer_tiles_per_query.json.
+
+    cd benchmarks && timeout 200 python3 exp_indexer_tiles.py [--per-query]
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import itertools
 import json
 import math
 import os
+import sys
 
 import torch
-from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, environment, indexer_peer_ms
+from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, bench_graph, environment, indexer_peer_ms
 from mini_deepgemm.reference import fp4_fakequant
 from mini_flashmla import api
 from mini_flashmla.cache_layout import pack_index_k_fp4
@@ -39,6 +45,51 @@ def launch(q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_sta
         q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], rows, 0, visible, out, out.stride(0),
         S_Q, N_COMPRESSED, queries_per_program, H=N_HEADS, D=D, BLOCK_Q=block_q, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages)
+
+
+def per_query() -> None:
+    """The per-query path at decode shapes (see the module docstring)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    result = environment(dev)
+    rows_out = []
+    for batch in (64, 256):
+        q = fp4_fakequant(torch.randn(batch, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
+        w = (torch.randn(batch, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
+        cache = pack_index_k_fp4(torch.randn(batch * N_COMPRESSED // 8, D, device=dev, generator=g)).repeat(8, 1)
+        key_rows = (torch.arange(batch, device=dev, dtype=torch.int32)[:, None] * N_COMPRESSED
+                    + torch.arange(N_COMPRESSED, device=dev, dtype=torch.int32)[None, :])  # each its own keys
+        visible = torch.full((batch,), N_COMPRESSED, dtype=torch.int64, device=dev)
+        routed = api.indexer_scores(q, w, cache, visible, key_rows)
+        routed_ms = bench_graph(lambda: api.indexer_scores(q, w, cache, visible, key_rows))
+        out = torch.empty_like(routed)
+        for block_k, num_warps, num_stages in itertools.product((64, 128, 256), (4, 8), (1, 2, 3)):
+            row = dict(batch=batch, block_k=block_k, num_warps=num_warps, num_stages=num_stages, routed_ms=routed_ms,
+                       key_bytes=batch * N_COMPRESSED * 68)
+
+            def call():
+                indexer_scores_kernel[(math.ceil(N_COMPRESSED / block_k), batch)](
+                    q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], key_rows, key_rows.stride(0),
+                    visible, out, out.stride(0), batch, N_COMPRESSED, 1, H=N_HEADS, D=D, BLOCK_Q=1, BLOCK_K=block_k,
+                    num_warps=num_warps, num_stages=num_stages)
+
+            try:
+                out.fill_(7.0)
+                call()
+                row["mismatches_vs_routed"] = int((out != routed).sum())
+                row["ms"] = bench_graph(call)
+            except Exception as exc:  # out of shared memory or registers: recorded, the sweep goes on
+                row["error"] = repr(exc)[:200]
+            rows_out.append(row)
+            print(row, flush=True)
+        torch.cuda.empty_cache()
+    result["rows"] = rows_out
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles_per_query.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("| batch | block_k | warps | stages | ms | routed ms | key GB/s | mismatches |")
+    for r in sorted((r for r in rows_out if "ms" in r), key=lambda r: (r["batch"], r["ms"])):
+        print(f"| {r['batch']} | {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r['ms']:.3f} | "
+              f"{r['routed_ms']:.3f} | {r['key_bytes'] / r['ms'] / 1e6:.0f} | {r['mismatches_vs_routed']} |")
 
 
 def main() -> None:
@@ -84,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    per_query() if "--per-query" in sys.argv else main()

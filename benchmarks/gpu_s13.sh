@@ -23,6 +23,8 @@
 #       exp_weight_stream.py (does the masked GEMM's 32-byte-per-row step cap its weight bandwidth?), and
 #       bench_flashmla's decode with batch 8 and 32 (the split Triton route against the Gluon kernel unsplit), and
 #       bench_topk with 4- and 2-bit radix digits)
+#   source .devdeps/env.sh && PART=next2 bash benchmarks/gpu_s13.sh  (1 x H200, optional after next: the indexer's
+#       per-query path (decode, batch 64 / 256, 65,536 keys each) at key tiles 64-256, warps, stages; ~1 minute)
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -93,6 +95,10 @@ next)
   run topk 80 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"  # + 4- and 2-bit radix digits
   cat "$OUT/summary.txt"; tail -8 "$OUT/fp4_convert.txt"; tail -4 "$OUT/deepgemm_tests.txt"; tail -30 "$OUT/deepgemm.txt"
   tail -8 "$OUT/weight_stream.txt"; tail -6 "$OUT/flashmla_decode.txt"; tail -3 "$OUT/topk_tests.txt"; tail -14 "$OUT/topk.txt"
+  ;;
+next2)
+  run indexer_per_query 120 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  cat "$OUT/summary.txt"; tail -14 "$OUT/indexer_per_query.txt"
   ;;
 esac
 pack_out
