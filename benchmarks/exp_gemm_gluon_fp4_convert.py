@@ -39,7 +39,7 @@ from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
-from mini_deepgemm.gemm_gluon_kernel import _ws_producer, _ws_tile, weights_of_step
+from mini_deepgemm.gemm_gluon_kernel import _ws_producer, _ws_tile, scale_word_rows, weights_of_step
 
 ROUTINGS = {"96x128-1024": (96, 128, 1025), "192x128-1024": (192, 128, 1025), "384x32-96": (384, 32, 97)}
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
@@ -66,8 +66,7 @@ def _converter(w_ring, conv_ring, ready, converted, sw_ptr, layout_ptr, M, N, K,
         off_m, off_n, group = _ws_tile(tile, layout_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         if group >= 0:
             rows = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, bytes_layout))
-            sw_rows = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32)) \
-                + gl.minimum(rows, N - 1).to(gl.int64) * (stride_sw_n // 4)
+            sw_rows = scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n)
             word = gl.load(sw_rows)
             for i in range(steps):
                 slot = step % STAGES

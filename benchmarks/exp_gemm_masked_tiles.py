@@ -26,6 +26,17 @@ from mini_deepgemm import gemm as G
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
 
+def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, cpu):
+    """(masked_m, a, sa, bq, sb) of bench_deepgemm.py's masked case: Poisson(expected_m) rows per expert (at least
+    1, at most max_m), e4m3 activations with UE8M0 bytes, packed FP4 weights with UE8M0 bytes (uint8)."""
+    masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1, max_m).int().cuda()
+    a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+    return masked_m, a, sa, bq, sb
+
+
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu = torch.Generator().manual_seed(0)
@@ -34,12 +45,7 @@ def main() -> None:
     for expected_m in (8, 32):
         for name, (N, K) in SHAPES.items():
             Gn, max_m = 96, 128
-            masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1,
-                                   max_m).int().cuda()
-            a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-            sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
-            bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
-            sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+            masked_m, a, sa, bq, sb = masked_operands(Gn, max_m, N, K, expected_m, gen, cpu)
             routed = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
             used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
 

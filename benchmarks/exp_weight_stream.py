@@ -149,6 +149,7 @@ def kernel_rows(copy_gbs: float) -> list[dict]:
     """The routed masked GEMM (activation pass excluded, same x) against the step-blocked variant."""
     import mini_deepgemm.gemm_gluon_kernel as kernel_module
     from exp_gemm_gluon_v3 import ms
+    from exp_gemm_masked_tiles import masked_operands
     from mini_deepgemm import gemm as G
     from source_variants import edited_module
 
@@ -161,12 +162,7 @@ def kernel_rows(copy_gbs: float) -> list[dict]:
         for expected_m in (8, 32):
             for name, (N, K) in SHAPES.items():
                 Gn, max_m = EXPERTS, 128
-                masked_m = torch.clamp(torch.poisson(torch.full((Gn,), float(expected_m)), generator=cpu), 1,
-                                       max_m).int().cuda()
-                a = torch.randn(Gn, max_m, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-                sa = torch.randint(120, 130, (Gn, max_m, K // 32), device="cuda", dtype=torch.uint8, generator=gen)
-                bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
-                sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
+                masked_m, a, sa, bq, sb = masked_operands(Gn, max_m, N, K, expected_m, gen, cpu)
                 bq_blocked = step_blocked(bq).view(Gn, N, K // 2)  # same strides as bq, bytes permuted
                 x = G._dequant_masked_rows(a, sa, masked_m)
                 cfg = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)

@@ -189,6 +189,14 @@ def _ws_tile(tile, layout_ptr, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
+def scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n):
+    """int32 pointers to the scale words of weight rows `rows` of expert `group` (sw UE8M0 [G, N, K / 32], strides in
+    bytes; word i holds K steps 2i and 2i + 1); rows past N read row N - 1 (their results are not stored)."""
+    return (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32)) \
+        + gl.minimum(rows, N - 1).to(gl.int64) * (stride_sw_n // 4)
+
+
+@gluon.jit
 def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
     """One warp: every K step (64 values) of this program's tiles that hold rows, in order, into ring slot
     step % STAGES once both consumer warpgroups have released it."""
@@ -231,8 +239,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
         if group >= 0:
             n0 = off_n + HALF * ROWS
             rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, a_layout))
-            sw_rows = (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32)) \
-                + gl.minimum(rows, N - 1).to(gl.int64) * (stride_sw_n // 4)
+            sw_rows = scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n)
             word = gl.load(sw_rows)
             acc = gl.zeros([ROWS, BLOCK_M], gl.float32, mma)
             for i in range(steps):
