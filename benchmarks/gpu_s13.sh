@@ -24,7 +24,8 @@
 #       bench_flashmla's decode with batch 8 and 32 (the split Triton route against the Gluon kernel unsplit), and
 #       bench_topk with 4- and 2-bit radix digits)
 #   source .devdeps/env.sh && PART=next2 bash benchmarks/gpu_s13.sh  (1 x H200, optional after next: the indexer's
-#       per-query path (decode, batch 64 / 256, 65,536 keys each) at key tiles 64-256, warps, stages; ~1 minute)
+#       per-query path (decode, batch 64 / 256, 65,536 keys each) at key tiles 64-256, warps, stages, and the
+#       attention kernel with QK^T duplicated per consumer warpgroup (exp_flashmla_gluon_dup_qk.py); ~3 minutes)
 #   source .devdeps/env.sh && PART=masked bash benchmarks/gpu_s13.sh   (1 x H200: the masked FP4 GEMM's token tile,
 #       16 / 32 / 64 x 3 / 4 stages, at 8 and 32 expected rows per expert)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s13.sh   (1 x H200: test_gemm_gluon.py, then every single-GPU
@@ -98,7 +99,8 @@ next)
   ;;
 next2)
   run indexer_per_query 120 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
-  cat "$OUT/summary.txt"; tail -14 "$OUT/indexer_per_query.txt"
+  run attn_dup_qk 200 bash -c "cd benchmarks && python3 exp_flashmla_gluon_dup_qk.py"
+  cat "$OUT/summary.txt"; tail -14 "$OUT/indexer_per_query.txt"; tail -16 "$OUT/attn_dup_qk.txt"
   ;;
 esac
 pack_out
