@@ -36,9 +36,9 @@ import bench_flashmla as bench
 from exp_gemm_gluon_v3 import smoke_in_child
 from bench_flashmla import SCALE, bench_graph, decode_case, environment, prefill_case
 from mini_flashmla import api, reference
-from mini_flashmla.sparse_attn_gluon_kernel import (BF16_ROWS, BLOCK_N, D, HEADS, LN2, LOG2E, NEG_INIT,
-                                                    PRODUCER_WARPS, RAW_SHARED, TILE_SHARED, TILES, _block_source,
-                                                    _producer)
+from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
+from mini_flashmla.sparse_attn_gluon_kernel import (BLOCK_N, HEADS, LN2, LOG2E, NEG_INIT, PRODUCER_WARPS, TILES,
+                                                    _allocate_buffers, _block_source, _producer)
 from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
 # One warpgroup per consumer partition: 16 heads per warp, all 64 slots (S) or 256 output columns (O) per warpgroup.
@@ -134,20 +134,8 @@ def sparse_mla_fwd_dup_qk_kernel(
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
-    tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
-    if A_FORMAT == BF16_ROWS:
-        raw_vals = tiles  # unused
-        raw_scales = tiles
-    else:
-        raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
-        raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], RAW_SHARED)
-    full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
+    q_smem, tiles, raw_vals, raw_scales, full, empty = _allocate_buffers(A_FORMAT, 2)  # one consumer arrival each
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    for t in gl.static_range(TILES):
-        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=2)  # one arrival per consumer warpgroup
     mbarrier.init(q_ready.index(0), count=2)
     gl.warp_specialize(
         [(_consumer_wg, (q_smem, tiles, full, empty, q_ready.index(0), q_ptr, stride_q_s, stride_q_h, n_blocks,
@@ -159,9 +147,7 @@ def sparse_mla_fwd_dup_qk_kernel(
          (_producer, (tiles, raw_vals, raw_scales, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows,
                       b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_NREGS])
-    for t in gl.static_range(TILES):
-        mbarrier.invalidate(full.index(t))
-        mbarrier.invalidate(empty.index(t))
+    _invalidate_ring(full, empty)
     mbarrier.invalidate(q_ready.index(0))
 
 

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
 from mini_deepgemm import gemm as G
-from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
+from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring, _ring_barriers
 from mini_deepgemm.gemm_gluon_kernel import _ws_producer, _ws_tile, scale_word_rows, weights_of_step
 
 ROUTINGS = {"96x128-1024": (96, 128, 1025), "192x128-1024": (192, 128, 1025), "384x32-96": (384, 32, 97)}
@@ -130,13 +130,10 @@ def fp4_contiguous_convert_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, 
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
     conv_ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BLOCK_N, 32], conv_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
     converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
         mbarrier.init(converted.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
     gl.warp_specialize(
         [(_mma_consumer, (x_ring, conv_ring, ready, converted, empty, d_ptr, layout_ptr, M, N, K, stride_d, 0,
                           GROUP_M)),

@@ -9,9 +9,10 @@ docs/reports/data/s13-run2/). The masked part was dropped with the move into the
 Checks: bitwise equality of the two kernels on the MoE shapes, padding rows untouched, and a small case against the
 pure-torch reference; times both kernels alone and torch._scaled_grouped_mm (FP8 rowwise) as the peer.
 Few rows (--few-rows, session 13): the 1-GPU prefill's routing, 384 experts with 32-96 rows each, which the public
-API runs on the swap-AB kernel's 128 x 64 tiles (BLOCK_M = 64); the warp-specialized kernel with 64-token tiles
-(256 x 64; a 128-aligned segment's second half, all padding, is skipped) and the one-warpgroup kernel's 128 x 64
-tile against it, bitwise, on the same activations.
+API ran on the swap-AB kernel's 128 x 64 tiles (BLOCK_M = 64) until session 13; the warp-specialized kernel and
+the one-warpgroup kernel's 128 x 64 tile against it, bitwise, on the same activations. Session 13 run 5 also timed
+the warp-specialized kernel with 64-token tiles (191-196 against 263-267 TFLOP/s at 128 tokens); the launcher's
+token-tile argument that allowed it was removed after (commit 9821138 has it).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
 exp_gemm_gluon_fp4_ws_few_rows.json).
 
@@ -38,8 +39,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4, block_m: int = 128) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, block_m)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -82,8 +83,7 @@ def few_rows() -> None:
                    routed_gluon=bool(cfg.get("GLUON")))
         row["swapab_tflops"] = flops / ms(lambda: G._swapab_gemm(x, None, bq, sb, want, G._CONTIGUOUS, layout, True,
                                                                  cfg)) / 1e9
-        variants = {f"ws_m{m}_s{st}": (lambda d, m=m, st=st: ws_gemm(x, bq, sb, d, layout, st, m))
-                    for m in (64, 128) for st in (4, 6)}
+        variants = {f"ws_m128_s{st}": (lambda d, st=st: ws_gemm(x, bq, sb, d, layout, st)) for st in (4, 6)}
         variants["one_warpgroup_m64"] = lambda d: G._gluon_fp4_grouped_gemm(
             G._CONTIGUOUS, x, bq, sb, d, layout, {"BLOCK_M": 64, "BLOCK_N": 128, "GLUON_STAGES": 3, "GROUP_M": 8})
         for key, fn in variants.items():

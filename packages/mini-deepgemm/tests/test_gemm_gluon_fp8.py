@@ -15,15 +15,12 @@ so a mistake there hangs rather than fails: before the first test, one small cal
 process with a time limit, and every test of the module errors if it did not finish.
 """
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from mini_deepgemm import gemm
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import block_scaled_operands, calc_diff
+from mini_deepgemm.testing import block_scaled_operands, calc_diff, run_finishes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,11 +56,7 @@ for cfg in {[variant_config(256, block_m, per_sm) for block_m, per_sm in VARIANT
     gemm._gluon_fp8_v3_gemm(aq, sa, bq, sb, d, cfg)
     torch.cuda.synchronize()
 """
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SMOKE_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the Gluon V3 kernel did not finish a 256 x 256 x 512 call in {SMOKE_S} s: a hang")
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_finishes(code, SMOKE_S, "the Gluon V3 kernel on a 256 x 256 x 512 call")
 
 
 def v3_operands(M: int, N: int, K: int, gen: torch.Generator):

@@ -14,15 +14,12 @@ the rows. GPU and triton 3.6 only; a hang guard (child process with a time limit
 test_gemm_gluon_fp8.py.
 """
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import block_scaled_operands, calc_diff
+from mini_deepgemm.testing import block_scaled_operands, calc_diff, run_finishes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,11 +49,7 @@ for variant in {VARIANTS!r}:
     gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *variant)
     torch.cuda.synchronize()
 """
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SMOKE_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the Gluon V4.1 kernel did not finish a 256 x 256 x 640 call in {SMOKE_S} s: a hang")
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_finishes(code, SMOKE_S, "the Gluon V4.1 kernel on a 256 x 256 x 640 call")
 
 
 def v41_operands(M: int, N: int, K: int, gen: torch.Generator):

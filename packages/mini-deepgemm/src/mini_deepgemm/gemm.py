@@ -437,8 +437,20 @@ def _tma_desc(t: torch.Tensor, block: tuple[int, int]):
     return TensorDescriptor.from_tensor(t, list(block), _nvmma_layout(block, t.dtype))
 
 
-# Registers of the V3 Gluon kernel's TMA producer warp (it only issues copies and waits on mbarriers).
+# Registers of the dense Gluon kernels' TMA producer warp (it only issues copies and waits on mbarriers).
 _GLUON_V3_PRODUCER_REGS = 40
+
+
+def _dense_gluon_launch(tiles: int, block_m: int, per_sm: int, device: torch.device) -> tuple[tuple[int], int]:
+    """(grid, maxnreg) of gemm_gluon_fp8_kernel's dense kernels: per_sm persistent programs per SM (0: one program
+    per tile). Registers per thread: the SM's 64K over the programs resident on it (persistent: per_sm; one per
+    tile: shared memory holds one 128-row program, two 64-row ones) and their warps: the math partition's plus the
+    producer's warpgroup (setmaxnreg works per warpgroup; the producer keeps _GLUON_V3_PRODUCER_REGS and the math
+    warps get what its warpgroup gives back). 128 rows: 12 warps, 168 (math partition 232, no spills); at most 168,
+    the budget measured (session 11)."""
+    grid = (min(tiles, per_sm * sm_count(device)) if per_sm else tiles,)
+    warps = block_m // 16 + 4
+    return grid, min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
 
 
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -453,16 +465,8 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     N = bq.shape[0]
     block_m, block_n, block_k = cfg["GLUON_BLOCK_M"], 128, 128
 
-    tiles = cdiv(M, block_m) * cdiv(N, block_n)
-    per_sm = cfg["GLUON_PROGRAMS_PER_SM"]  # 0: one program per tile; else persistent programs, this many per SM
-    grid = (min(tiles, per_sm * sm_count(d.device)) if per_sm else tiles,)
-    # Registers per thread: the SM's 64K over the programs resident on it (persistent: per_sm; one per tile: shared
-    # memory holds one 128-row program, two 64-row ones) and their warps: the math partition's plus the producer's
-    # warpgroup (setmaxnreg works per warpgroup; the producer keeps _GLUON_V3_PRODUCER_REGS and the math warps get
-    # what its warpgroup gives back). 128 rows: 12 warps, 168 (math partition 232, no spills); at most 168, the
-    # budget measured (session 11).
-    warps = block_m // 16 + 4
-    maxnreg = min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
+    grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
+                                        d.device)
     fp8_gemm_v3_kernel[grid](
         _tma_desc(aq, (block_m, block_k)), _tma_desc(bq, (block_n, block_k)), _tma_desc(d, (block_m, block_n)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
@@ -480,14 +484,7 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
 
     M, K = aq.shape
     N = bq.shape[0]
-
-    tiles = cdiv(M, block_m) * cdiv(N, block_n)
-    sms = sm_count(d.device)
-    grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
-    # registers as in _gluon_fp8_v3_gemm: the SM's 64K over the resident programs' warps (producer warpgroup included)
-    warps = block_m // 16 + 4
-    resident = per_sm or (1 if block_m == 128 else 2)
-    maxnreg = min(168, 65536 // (resident * warps * 32) // 8 * 8)
+    grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, per_sm, d.device)
     fp8_gemm_v41_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (block_m, 32)),
         sa.view(torch.int32), sb.view(torch.int32), M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
@@ -534,17 +531,18 @@ _GLUON_WS_CONSUMER_REGS, _GLUON_WS_PRODUCER_REGS = 232, 40
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                                  layout: torch.Tensor, stages: int, block_m: int = 128) -> None:
-    """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x block_m
-    tokens per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from _dequant_activations. Its TMA
-    copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the pass)."""
+                                  layout: torch.Tensor, stages: int) -> None:
+    """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
+    tokens, the layout's alignment, per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from
+    _dequant_activations. Its TMA copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the
+    pass)."""
     from .gemm_gluon_kernel import fp4_contiguous_ws_kernel
 
     G, N, K2 = bq.shape
     M, K = x.shape
-    tiles = cdiv(M, block_m) * cdiv(N, 256)
+    tiles = cdiv(M, _M_ALIGNMENT) * cdiv(N, 256)
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
-        _tma_desc(x, (block_m, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
+        _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
         CONSUMER_REGS=_GLUON_WS_CONSUMER_REGS, PRODUCER_REGS=_GLUON_WS_PRODUCER_REGS, num_warps=4,
         maxnreg=65536 // (12 * 32) // 8 * 8)

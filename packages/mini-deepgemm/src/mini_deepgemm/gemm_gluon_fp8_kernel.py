@@ -109,17 +109,25 @@ def _store_tile(acc, d_desc, d_smem, off_m, off_n):
 
 
 @gluon.jit
-def _allocate_ring(a_desc, b_desc, STAGES: gl.constexpr):
-    """The STAGES-deep ring of (A, B) tiles in the descriptors' swizzled layouts, with a "ready" and an "empty"
-    mbarrier per slot (count 1 each)."""
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], BLOCK_K], a_desc.layout)
-    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0], BLOCK_K], b_desc.layout)
+def _ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """A "ready" (one arrival: the producer's expect-tx) and an "empty" (CONSUMERS arrivals) mbarrier per ring
+    slot."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
+    return ready, empty
+
+
+@gluon.jit
+def _allocate_ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The STAGES-deep ring of (A, B) tiles in the descriptors' swizzled layouts, with its barriers (one consumer
+    partition)."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], BLOCK_K], a_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0], BLOCK_K], b_desc.layout)
+    ready, empty = _ring_barriers(STAGES, 1)
     return a_ring, b_ring, ready, empty
 
 

@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .gemm_gluon_fp8_kernel import _invalidate_ring, _tile_offsets
+from .gemm_gluon_fp8_kernel import _invalidate_ring, _ring_barriers, _tile_offsets
 from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 
 # gemm_swapab_kernel's nibble conversion with the scale multiply folded in: $3, $4 hold the four values' bf16 scales
@@ -276,11 +276,7 @@ def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K,
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
     gl.warp_specialize(
         [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
                          stride_d, 0, GROUP_M)),

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 
 from . import reference
+
+
+def run_finishes(code: str, seconds: float, what: str) -> None:
+    """Runs `code` in a fresh Python process and raises AssertionError if it does not finish within `seconds` (a
+    warp-specialized kernel's handover mistake hangs rather than fails) or exits with an error."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{what} did not finish in {seconds} s: a hang") from None
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -37,6 +37,7 @@ every unsplit call of whole 64-head programs here.
 
 from __future__ import annotations
 
+from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
 from mini_deepgemm.gemm_gluon_kernel import _SCALED_HIGH_PTX, _SCALED_LOW_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -264,6 +265,27 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
     gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
 
 
+@gluon.jit
+def _allocate_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Shared memory of a program: Q, the ring of bf16 tiles, the quantized rows' staging buffer (bf16 rows: none,
+    the tiles stand in), and per tile a "full" mbarrier (bf16 rows: one cp.async arrival per producer thread; else
+    the producer's one arrival) and an "empty" one (CONSUMERS arrivals)."""
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
+    tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
+    if A_FORMAT == BF16_ROWS:
+        raw_vals = tiles  # unused
+        raw_scales = tiles
+    else:
+        raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
+        raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], RAW_SHARED)
+    full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
+    for t in gl.static_range(TILES):
+        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
+        mbarrier.init(empty.index(t), count=CONSUMERS)
+    return q_smem, tiles, raw_vals, raw_scales, full, empty
+
+
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
 # ConvertTritonGPUToLLVM, seen on H200 with one window slot): the lengths and row counts stay runtime values.
 @gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows"])
@@ -286,19 +308,7 @@ def sparse_mla_fwd_gluon_kernel(
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
-    tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
-    if A_FORMAT == BF16_ROWS:
-        raw_vals = tiles  # unused
-        raw_scales = tiles
-    else:
-        raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
-        raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], RAW_SHARED)
-    full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
-    for t in gl.static_range(TILES):
-        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=1)
+    q_smem, tiles, raw_vals, raw_scales, full, empty = _allocate_buffers(A_FORMAT, 1)
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_ids_ptr, a_len,
                       a_rows, b_ids_ptr, b_len, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
@@ -306,6 +316,4 @@ def sparse_mla_fwd_gluon_kernel(
          (_producer, (tiles, raw_vals, raw_scales, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows,
                       b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [PRODUCER_WARPS], [PRODUCER_REGS])
-    for t in gl.static_range(TILES):
-        mbarrier.invalidate(full.index(t))
-        mbarrier.invalidate(empty.index(t))
+    _invalidate_ring(full, empty)

@@ -6,13 +6,15 @@ Each fp32 value becomes an order-preserving uint32 key (negatives: all bits flip
 that holds the k-th largest key: a histogram of the next RADIX_BITS-bit digit of the keys inside the band (8 bits:
 256 bins) says which digit value holds the k-th key and how many keys lie above it. The band is final once it holds
 exactly the keys still needed, or one key value: after 32 bits, or after 16 when no key has low 16 bits of its own
-(the indexer's scores are exactly bf16), so at 8-bit digits the usual row costs 2 passes, not 4.
+(the indexer's scores are exactly bf16), so at 8-bit digits the usual row costs 2 passes, not 4. A last pass in
+position order keeps every key above the band plus the first `rem` keys inside it (`rem` = k minus the count
+above): that is the lowest-position-wins rule. It writes positions through a running prefix count, so they come out
+ascending without a sort.
+
 Digit width: tl.histogram counts a warp's values with one ballot per digit bit and, per bin a thread owns, an AND
 of those masks and a popcount, so its cost per value grows with the bins per thread (256 bins: 8 per thread;
 16 bins: at most 1). Narrower digits take more passes over the row; RADIX_BITS is a launch argument so that the
-benchmark can compare (8, the measured default, since session 3). A last pass in position order keeps every key above the
-band plus the first `rem` keys inside it (`rem` = k minus the count above): that is the lowest-position-wins rule.
-It writes positions through a running prefix count, so they come out ascending without a sort.
+benchmark can compare them (8, the measured default since session 3).
 
 An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tail padded with -inf (the candidate
 blocks: then the keep mask is written for every value of a kept block).
