@@ -8,10 +8,13 @@ stands; the dot products are exact in fp32, so only the 32-head sum's order can 
 Session 13 run 3 ran it with the old launch routed; the 64-key tile it found (7.29 against 9.65 ms, equal scores)
 ships since (docs/reports/flashmla-indexer.md). Writes $OUT/exp_indexer_tiles.json.
 
---per-query (written in session 13 after its last GPU run, not yet run): the decode shape of the other path, one
-query per sequence (batch 64 and 256) each with its own list of 65,536 keys (api.indexer_scores' per-query path:
-one query per MMA, 128 keys, 4 warps, never swept), timed by CUDA-graph replay at key tiles 64 / 128 / 256, 4 / 8
-warps and 1-3 stages, each checked against the routed launch. Writes $OUT/exp_indexer_tiles_per_query.json.
+--per-query: the decode shape of the other path, one query per sequence (batch 64 and 256) each with its own list of
+65,536 keys, timed by CUDA-graph replay. Session 14 run 2 swept the then-routed launch (indexer_scores_kernel, one
+program per query and 128 keys): 0.72-0.80 ms / 2.84-3.38 ms at batch 64 / 256, ~0.38 TB/s of keys whatever the
+tile. Since then api.indexer_scores routes it to indexer_scores_per_query_kernel (a program walks a run of its
+query's key tiles, query loaded once, loads pipelined). This times the old launch, then the new kernel at key tiles
+64 / 128, 1-3 stages, 4 / 8 warps, ~4 / 8 programs per SM, and the integer against the inline-PTX e2m1 decode, each
+checked against the routed scores (equal: same products and sums). Writes $OUT/exp_indexer_tiles_per_query.json.
 
     cd benchmarks && timeout 200 python3 exp_indexer_tiles.py [--per-query]
 """
@@ -29,7 +32,7 @@ from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, bench_graph
 from mini_deepgemm.reference import fp4_fakequant
 from mini_flashmla import api
 from mini_flashmla.cache_layout import pack_index_k_fp4
-from mini_flashmla.indexer_kernel import indexer_scores_kernel
+from mini_flashmla.indexer_kernel import indexer_scores_kernel, indexer_scores_per_query_kernel
 
 N_HEADS, D = 32, 128
 
@@ -63,16 +66,29 @@ def per_query() -> None:
         routed = api.indexer_scores(q, w, cache, visible, key_rows)
         routed_ms = bench_graph(lambda: api.indexer_scores(q, w, cache, visible, key_rows))
         out = torch.empty_like(routed)
-        for block_k, num_warps, num_stages in itertools.product((64, 128, 256), (4, 8), (1, 2, 3)):
-            row = dict(batch=batch, block_k=block_k, num_warps=num_warps, num_stages=num_stages, routed_ms=routed_ms,
-                       key_bytes=batch * N_COMPRESSED * 68)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
 
-            def call():
-                indexer_scores_kernel[(math.ceil(N_COMPRESSED / block_k), batch)](
-                    q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], key_rows, key_rows.stride(0),
-                    visible, out, out.stride(0), batch, N_COMPRESSED, 1, H=N_HEADS, D=D, BLOCK_Q=1, BLOCK_K=block_k,
-                    num_warps=num_warps, num_stages=num_stages)
+        def old_launch():  # the launch routed until session 14 run 2: indexer_scores_kernel, one query, 128 keys
+            indexer_scores_kernel[(math.ceil(N_COMPRESSED / 128), batch)](
+                q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], key_rows, key_rows.stride(0),
+                visible, out, out.stride(0), batch, N_COMPRESSED, 1, H=N_HEADS, D=D, BLOCK_Q=1, BLOCK_K=128,
+                num_warps=4)
 
+        def new_launch(block_k, num_stages, num_warps, per_sm, asm):
+            tiles = max(1, min(64, math.ceil(N_COMPRESSED / block_k) * batch // (per_sm * sms)))
+            indexer_scores_per_query_kernel[(math.ceil(N_COMPRESSED / (block_k * tiles)), batch)](
+                q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], key_rows, key_rows.stride(0),
+                visible, out, out.stride(0), N_COMPRESSED, block_k * tiles, H=N_HEADS, D=D, BLOCK_K=block_k,
+                STAGES=num_stages, ASM=asm, num_warps=num_warps)
+
+        configs = [("old", None)] + [("new", c) for c in itertools.product((64, 128), (1, 2, 3), (4,), (4,), (True,))]
+        configs += [("new", c) for c in ((128, 2, 8, 4, True), (128, 2, 4, 8, True), (64, 2, 4, 8, True),
+                                         (128, 2, 4, 4, False))]
+        for kind, cfg in configs:
+            row = dict(batch=batch, kernel=kind, routed_ms=routed_ms, key_bytes=batch * N_COMPRESSED * 68)
+            if cfg:
+                row.update(zip(("block_k", "num_stages", "num_warps", "programs_per_sm", "asm"), cfg))
+            call = old_launch if kind == "old" else (lambda cfg=cfg: new_launch(*cfg))
             try:
                 out.fill_(7.0)
                 call()
@@ -86,10 +102,11 @@ def per_query() -> None:
     result["rows"] = rows_out
     with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles_per_query.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print("| batch | block_k | warps | stages | ms | routed ms | key GB/s | mismatches |")
+    print("| batch | kernel | block_k | stages | warps | programs/SM | asm | ms | routed ms | key GB/s | mismatches |")
     for r in sorted((r for r in rows_out if "ms" in r), key=lambda r: (r["batch"], r["ms"])):
-        print(f"| {r['batch']} | {r['block_k']} | {r['num_warps']} | {r['num_stages']} | {r['ms']:.3f} | "
-              f"{r['routed_ms']:.3f} | {r['key_bytes'] / r['ms'] / 1e6:.0f} | {r['mismatches_vs_routed']} |")
+        cfg = " | ".join(str(r.get(k, "-")) for k in ("block_k", "num_stages", "num_warps", "programs_per_sm", "asm"))
+        print(f"| {r['batch']} | {r['kernel']} | {cfg} | {r['ms']:.3f} | {r['routed_ms']:.3f} | "
+              f"{r['key_bytes'] / r['ms'] / 1e6:.0f} | {r['mismatches_vs_routed']} |")
 
 
 def main() -> None:

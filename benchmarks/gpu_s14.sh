@@ -4,6 +4,11 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s14.sh   (1 x H200: the indexer's per-query path swept
 #       (decode, batch 64 / 256), the attention kernel with QK^T duplicated per consumer warpgroup, then
 #       mini-flashmla's GPU tests on the tree after session 13's review refactors)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s14.sh   (1 x H200: exp_gemm_gluon_split.py (the dense V3 and
+#       V4.1 GEMMs with one consumer partition per math warpgroup; V3 also at 128 x 256 tiles), then the V4.1 GEMM's
+#       tests (its math partition now takes a first row, PTX unchanged offline))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s14.sh   (1 x H200: the indexer's new per-query kernel:
+#       exp_indexer_tiles.py --per-query against the old launch, mini-flashmla's GPU tests, bench_flashmla's indexer)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -13,6 +18,18 @@ r2)
   run flashmla_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
   cat "$OUT/summary.txt"; tail -14 "$OUT/indexer_per_query.txt"; tail -16 "$OUT/attn_dup_qk.txt"
   tail -4 "$OUT/flashmla_tests.txt"
+  ;;
+r3)
+  run split 330 bash -c "cd benchmarks && python3 exp_gemm_gluon_split.py"
+  run v41_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py
+  cat "$OUT/summary.txt"; tail -22 "$OUT/split.txt"; tail -3 "$OUT/v41_tests.txt"
+  ;;
+r4)
+  run indexer_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  run flashmla_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
+  run flashmla_indexer 90 bash -c "cd benchmarks && BENCH_PARTS=indexer python3 bench_flashmla.py"
+  cat "$OUT/summary.txt"; tail -34 "$OUT/indexer_per_query.txt"; tail -4 "$OUT/flashmla_tests.txt"
+  tail -8 "$OUT/flashmla_indexer.txt"
   ;;
 esac
 pack_out

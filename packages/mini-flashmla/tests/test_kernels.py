@@ -280,7 +280,8 @@ def assert_topk_tie_aware(idx, ref_idx, score):
 
 
 @pytest.mark.parametrize("s_q,n_keys,n_heads,per_query",
-                         [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False), (4, 257, 24, False)])
+                         [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False), (4, 257, 24, False),
+                          (6, 2100, 32, True), (4, 1000, 24, True)])
 def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     g = torch.Generator().manual_seed(s_q + n_keys)
     q, w, cache = _indexer_case(g, s_q, 1000, device, n_heads)
@@ -298,6 +299,22 @@ def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     assert_scores_match(score, ref)
     idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 64)
     assert_topk_tie_aware(idx, reference.indexer_topk_ref(ref, 64), ref)
+
+
+def test_indexer_per_query_runs_of_key_tiles(device):
+    """The per-query kernel's programs walk runs of key tiles (more tiles than ~4 programs per SM need: a run of 9
+    on 132 SMs, 64 under the interpreter's 8), ragged at the end of the key list, with -1 rows and visibility
+    cutting runs in the middle."""
+    g = torch.Generator().manual_seed(14)
+    s_q, n_keys = 16, 40_000 if device == "cuda" else 9_000
+    q, w, cache = _indexer_case(g, s_q, 5000, device)
+    rows = torch.randint(0, 5000, (s_q, n_keys), generator=g, dtype=torch.int32)
+    rows[2, 777:] = -1
+    rows[3, ::5] = -1
+    visible = torch.randint(0, n_keys + 1, (s_q,), generator=g)
+    visible[0], visible[1] = 0, n_keys
+    score = mini_flashmla.indexer_scores(q, w, cache, visible.to(device), rows.to(device))
+    assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible.to(device), rows.to(device)))
 
 
 def test_candidate_block_mask_and_reindex(device):

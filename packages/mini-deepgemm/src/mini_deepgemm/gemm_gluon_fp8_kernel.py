@@ -242,14 +242,17 @@ def _promote(acc, part, fa, word_b, j: gl.constexpr):
 
 @gluon.jit
 def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-              stride_sb, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-    """The default partition for the V4.1 recipe. Per ring step (K = 128) and per 32 of K: the A fragment loaded
-    once into registers (ldmatrix), one MMA per 32 output columns (one B scale per 32 columns, so each partial tile
-    has one scale per row: sa[m] * sb[block]), wait, one FMA per accumulator element. ptxas places a K block's FMAs
-    under the next K block's MMAs (different registers). The tile is kept as BLOCK_N / 32 accumulators of
-    [BLOCK_M, 32] and stored as that many TMA boxes."""
+              stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr, num_warps: gl.constexpr):
+    """The math partition for the V4.1 recipe: rows [ROW0, ROW0 + 16 num_warps) of each BLOCK_M-row tile (the
+    shipped kernel: all of them, ROW0 = 0; benchmarks/exp_gemm_gluon_v3_wide.py runs one partition per warpgroup).
+    Per ring step (K = 128) and per 32 of K: the A fragment loaded once into registers (ldmatrix), one MMA per 32
+    output columns (one B scale per 32 columns, so each partial tile has one scale per row: sa[m] * sb[block]),
+    wait, one FMA per accumulator element. ptxas places a K block's FMAs under the next K block's MMAs (different
+    registers). The rows are kept as BLOCK_N / 32 accumulators of [16 num_warps, 32] and stored as that many TMA
+    boxes."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    ROWS: gl.constexpr = 16 * num_warps
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
@@ -261,11 +264,11 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
     num_k = K // BLOCK_K
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     last_nb = (N - 1) // 32
-    zero = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+    zero = gl.zeros([ROWS, 32], gl.float32, mma)
     step = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
+        offs_m = off_m + ROW0 + gl.arange(0, ROWS, layout=rows_layout)
         sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
         nb = off_n // 32  # column blocks past the last (N not a multiple of BLOCK_N) read the last: the store clips
         sb0 = sb_ptr + nb * stride_sb
@@ -276,10 +279,10 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
         wb1, wb2, wb3 = wb0, wb0, wb0
         if WIDE:
             wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
-        acc0 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
-        acc1 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
-        acc2 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
-        acc3 = gl.zeros([BLOCK_M, 32], gl.float32, mma)
+        acc0 = gl.zeros([ROWS, 32], gl.float32, mma)
+        acc1 = gl.zeros([ROWS, 32], gl.float32, mma)
+        acc2 = gl.zeros([ROWS, 32], gl.float32, mma)
+        acc3 = gl.zeros([ROWS, 32], gl.float32, mma)
         for k in range(num_k):
             slot = step % STAGES
             # the next step's scale words (of this step at the last), loaded a step ahead as in _scales_ahead
@@ -290,6 +293,8 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
                 nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             a_tile = a_ring.index(slot)
+            if ROWS < BLOCK_M:
+                a_tile = a_tile.slice(ROW0, ROWS, dim=0)
             b_tile = b_ring.index(slot)
             for j in gl.static_range(4):
                 a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
@@ -319,7 +324,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
             d_smem.index(3).store(acc3.to(d_desc.dtype))
         fence_async_shared()
         for c in gl.static_range(BLOCK_N // 32):
-            tma.async_copy_shared_to_global(d_desc, [off_m, off_n + 32 * c], d_smem.index(c))
+            tma.async_copy_shared_to_global(d_desc, [off_m + ROW0, off_n + 32 * c], d_smem.index(c))
     tma.store_wait(pendings=0)
 
 
@@ -342,7 +347,7 @@ def fp8_gemm_v41_kernel(
                                        d_desc.layout)
     gl.warp_specialize(
         [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
-                      stride_sa, stride_sb, GROUP_M, num_warps)),
+                      stride_sa, stride_sb, GROUP_M, 0, num_warps)),
          (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
         [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)

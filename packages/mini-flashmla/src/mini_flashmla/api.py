@@ -38,6 +38,13 @@ MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 use
 ATTN_LAUNCH_64_HEADS = {"bf16": {"num_warps": 8, "num_stages": 2}, "quantized": {"num_warps": 8, "num_stages": 1}}
 # Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
 INDEXER_CHUNK_BYTES = 256 << 20
+# The indexer's per-query (decode) launch: key tile, pipelining depth, warps, and programs per SM that the run
+# length of keys per program aims for (indexer_kernel.indexer_scores_per_query_kernel; benchmarks/exp_indexer_tiles.py
+# --per-query sweeps them)
+INDEXER_PER_QUERY_BLOCK_K = 128
+INDEXER_PER_QUERY_STAGES = 2
+INDEXER_PER_QUERY_WARPS = 4
+INDEXER_PER_QUERY_PROGRAMS_PER_SM = 4
 
 
 @functools.cache
@@ -297,7 +304,7 @@ def indexer_scores(
     """
     if not _use_kernel(q, weights, index_k_cache, key_rows):
         return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, key_rows)
-    from mini_flashmla.indexer_kernel import indexer_scores_kernel
+    from mini_flashmla.indexer_kernel import indexer_scores_kernel, indexer_scores_per_query_kernel
 
     s_q, n_heads, d = q.shape
     if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
@@ -310,26 +317,35 @@ def indexer_scores(
         n_heads += pad
     per_query = key_rows.dim() == 2
     key_rows = key_rows.to(torch.int32).contiguous()
+    visible = visible.to(torch.int64).contiguous()
     n_keys = key_rows.shape[-1]
     out = torch.empty((s_q, n_keys), dtype=torch.float32, device=q.device)
     if s_q == 0 or n_keys == 0:
         return out
-    block_q = 1 if per_query else max(1, 128 // n_heads)  # N side = block_q * H = 128 columns when shared
-    # 64 keys per program when the key list is shared: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores
-    # (session 13 run 3, benchmarks/exp_indexer_tiles.py; 128 keys at 4 warps without pipelining ran 7.44 ms)
-    block_k = 128 if per_query else 64
-    key_tiles = math.ceil(n_keys / block_k)
+    sms = _num_sms(q.device)
     if per_query:
-        queries_per_program = 1
-    else:  # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
-        query_tiles = math.ceil(s_q / block_q)
-        queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * _num_sms(q.device))))
-    grid = (key_tiles, math.ceil(s_q / queries_per_program))
-    indexer_scores_kernel[grid](
+        # each program walks a run of its query's keys; enough runs for ~INDEXER_PER_QUERY_PROGRAMS_PER_SM programs/SM
+        key_tiles = math.ceil(n_keys / INDEXER_PER_QUERY_BLOCK_K)
+        tiles_per_program = max(1, min(64, key_tiles * s_q // (INDEXER_PER_QUERY_PROGRAMS_PER_SM * sms)))
+        keys_per_program = INDEXER_PER_QUERY_BLOCK_K * tiles_per_program
+        indexer_scores_per_query_kernel[(math.ceil(n_keys / keys_per_program), s_q)](
+            q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
+            key_rows, key_rows.stride(0), visible, out, out.stride(0), n_keys, keys_per_program, H=n_heads, D=d,
+            BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(),
+            num_warps=INDEXER_PER_QUERY_WARPS)
+        return out
+    block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
+    # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,
+    # benchmarks/exp_indexer_tiles.py; 128 keys at 4 warps without pipelining ran 7.44 ms)
+    block_k = 64
+    key_tiles = math.ceil(n_keys / block_k)
+    # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
+    query_tiles = math.ceil(s_q / block_q)
+    queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * sms)))
+    indexer_scores_kernel[(key_tiles, math.ceil(s_q / queries_per_program))](
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
-        key_rows, key_rows.stride(0) if per_query else 0, visible.to(torch.int64).contiguous(), out, out.stride(0),
-        s_q, n_keys, queries_per_program, H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        num_warps=8 if block_q > 1 else 4,
+        key_rows, 0, visible, out, out.stride(0), s_q, n_keys, queries_per_program, H=n_heads, D=d,
+        BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
     )
     return out
 

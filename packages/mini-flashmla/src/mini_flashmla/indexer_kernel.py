@@ -24,6 +24,29 @@ INDEX_K_ROW_BYTES = tl.constexpr(68)
 
 
 @triton.jit
+def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr):
+    """(bf16 [BLOCK_K, D] keys of cache rows `rows` (int32 [BLOCK_K]), row_ok): rows that are -1 or outside the cache
+    read nothing and give zeros. ASM: the inline-PTX e2m1 decode (CUDA), else the integer one (any backend)."""
+    BLOCK_K: tl.constexpr = rows.shape[0]
+    row_ok = (rows >= 0) & (rows < num_rows)
+    row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
+    byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
+    e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
+    scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
+    even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale, ASM)
+    return tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2])), row_ok  # low = even
+
+
+@triton.jit
+def _score_tile(k, q, w, BLOCK_Q: tl.constexpr, H: tl.constexpr):
+    """bf16-valued fp32 scores [BLOCK_K, BLOCK_Q] of keys k [BLOCK_K, D] against q [BLOCK_Q * H, D] with head
+    weights w (fp32 [BLOCK_Q * H]), rounded to bf16 where the reference rounds."""
+    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
+    prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
+    return tl.sum(tl.reshape(prod, [k.shape[0], BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
 def indexer_scores_kernel(
     q_ptr, stride_q_s, stride_q_h,
     w_ptr, stride_w_s,
@@ -37,21 +60,16 @@ def indexer_scores_kernel(
     """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program)). Each program dequantizes its BLOCK_K keys once
     and scores them against queries_per_program queries, BLOCK_Q per MMA (dequantizing is the expensive part, the
     queries are cheap bf16 loads). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all queries share one
-    key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1). A key scores
-    -inf when its row id is -1 / outside the cache or t >= visible[i]."""
+    key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1; the API
+    launches indexer_scores_per_query_kernel for that). A key scores -inf when its row id is -1 / outside the cache
+    or t >= visible[i]."""
     t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     q_begin = tl.program_id(1) * queries_per_program
     t_ok = t < n_keys
 
     rows = tl.load(key_rows_ptr + q_begin * stride_key_rows_s + t, mask=t_ok, other=-1)
-    row_ok = (rows >= 0) & (rows < num_rows)
-    row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
-    byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
-    e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
-    scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
     # Integer decode (ASM False): each key is decoded once for a run of queries, so its cost is not the kernel's.
-    even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale, False)
-    k = tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2]))  # low nibble = even
+    k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, False)
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)
@@ -63,10 +81,7 @@ def indexer_scores_kernel(
         q = tl.load(q_ptr + col_q[:, None] * stride_q_s + (col % H)[:, None] * stride_q_h + d[None, :],
                     mask=col_ok[:, None], other=0.0)
         w = tl.load(w_ptr + col_q * stride_w_s + col % H, mask=col_ok, other=0.0).to(tl.float32)
-
-        s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
-        prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
-        score = tl.sum(tl.reshape(prod, [BLOCK_K, BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)
+        score = _score_tile(k, q, w, BLOCK_Q, H)
 
         qi = q0 + tl.arange(0, BLOCK_Q)
         qi_ok = qi < q_end
@@ -75,3 +90,38 @@ def indexer_scores_kernel(
         score = tl.where(seen, score, float("-inf"))
         tl.store(out_ptr + qi[None, :].to(tl.int64) * stride_out_s + t[:, None], score,
                  mask=t_ok[:, None] & qi_ok[None, :])
+
+
+@triton.jit
+def indexer_scores_per_query_kernel(
+    q_ptr, stride_q_s, stride_q_h,
+    w_ptr, stride_w_s,
+    cache_ptr, num_rows,
+    key_rows_ptr, stride_key_rows_s,
+    visible_ptr,
+    out_ptr, stride_out_s,
+    n_keys, keys_per_program,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
+):
+    """The per-query case of indexer_scores_kernel (decode: each query its own key list, key_rows int32
+    [s_q, n_keys] with row stride stride_key_rows_s). Grid (cdiv(n_keys, keys_per_program), s_q): a program loads
+    its query and head weights once and walks keys_per_program keys in BLOCK_K tiles, the tiles' loads pipelined
+    STAGES deep. Keys at or past visible[i] are not read (their row ids load as -1). Same scores, bit for bit, as
+    indexer_scores_kernel with BLOCK_Q = 1: the same products and sums per key.
+    Why a kernel of its own: one program per (query, 128 keys) reloaded the query (8 KB) for every 8.7 KB of keys
+    and could not overlap one tile's loads with the previous tile's decode; it read keys at 0.38 TB/s at batch
+    64-256, 65,536 keys each (session 14 run 2, benchmarks/exp_indexer_tiles.py --per-query)."""
+    i = tl.program_id(1).to(tl.int64)
+    first = tl.program_id(0) * keys_per_program
+    h = tl.arange(0, H)
+    q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
+    w = tl.load(w_ptr + i * stride_w_s + h).to(tl.float32)
+    visible = tl.load(visible_ptr + i)
+    end = tl.minimum(first + keys_per_program, n_keys)
+    for start in tl.range(first, end, BLOCK_K, num_stages=STAGES):
+        t = start + tl.arange(0, BLOCK_K)
+        t_ok = t < end
+        rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=t_ok & (t < visible), other=-1)
+        k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
+        score = tl.reshape(_score_tile(k, q, w, 1, H), [BLOCK_K])
+        tl.store(out_ptr + i * stride_out_s + t, tl.where(row_ok, score, float("-inf")), mask=t_ok)
