@@ -1,12 +1,14 @@
 """Experiment (issue 4): the Gluon dense FP8 GEMM of the V3 recipe (gemm_gluon_fp8_kernel: a TMA producer warp and
-two math warpgroups, FP8 wgmma promoted per 128 of K, 128 x 128 tiles) against gemm_kernel's Triton version and
-cuBLAS, same run.
+one partition per math warpgroup, FP8 wgmma promoted per 128 of K, 128 x 128 or 128 x 256 tiles) against
+gemm_kernel's Triton version and cuBLAS, same run. (Session 14 measured the per-warpgroup partitions and the
+256-column tiles against the earlier single math partition with benchmarks/exp_gemm_gluon_split.py of commit
+e8911ae; docs/reports/deepgemm-gluon-v3.md.)
 
 It first runs one small call with a hard time limit in a child process (a producer/consumer mistake in the kernel
 hangs rather than fails). Then for each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks
 the Gluon output against the Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched
-directly, whatever the routing decides) as shipped (128-row tiles, 4 ring stages, persistent) and at 64-row tiles
-(one math warpgroup, two programs per SM), the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and
+directly, whatever the routing decides) at 128 x 128 and 128 x 256 tiles (4 ring stages, persistent) and at 64-row
+tiles (one math warpgroup, two programs per SM), the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and
 1x128 / 128x128 blockwise (cuBLAS). Writes $OUT/exp_gemm_gluon_v3.json and prints a table.
 
     cd benchmarks && timeout 150 python3 exp_gemm_gluon_v3.py
@@ -29,10 +31,10 @@ from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # 
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
-# (BLOCK_M, ring stages, persistent programs per SM; 0 = one program per tile): the shipped config first. Session 10
-# timed the single-partition kernel of then also at one program per tile (a tie when persistent) and with two MMAs
-# in flight (slower); session 11 run 1 the warp-specialized kernel (now the shipped one) at the shipped config.
-VARIANTS = [(128, 4, 1), (64, 3, 2)]
+# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile). Session 10 timed the
+# single-partition kernel of then also at one program per tile (a tie when persistent) and with two MMAs in flight
+# (slower); session 11 run 1 the warp-specialized kernel; session 14 the partition per math warpgroup.
+VARIANTS = [(128, 128, 4, 1), (128, 256, 4, 1), (64, 128, 3, 2)]
 SMOKE_S = 60
 
 
@@ -56,9 +58,9 @@ def smoke(result) -> None:
     want = torch.empty_like(d)
     G._gemm(G._DENSE, a, b, want, None, None, None, False, config={**base, "GLUON": False})
     equal = []
-    for block_m, stages, per_sm in VARIANTS:
-        G._gluon_fp8_v3_gemm(*a, *b, d, {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages,
-                                         "GLUON_PROGRAMS_PER_SM": per_sm})
+    for block_m, block_n, stages, per_sm in VARIANTS:
+        G._gluon_fp8_v3_gemm(*a, *b, d, {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n,
+                                         "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm})
         torch.cuda.synchronize()
         equal.append(bool(torch.equal(d.view(torch.int16), want.view(torch.int16))))
     result.put(equal)
@@ -101,10 +103,11 @@ def main() -> None:
             G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
             tflop = 2 * M * N * K / 1e12
             row = dict(name=name, M=M, N=N, K=K)
-            for block_m, stages, per_sm in VARIANTS:
-                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm}
+            for block_m, block_n, stages, per_sm in VARIANTS:
+                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
+                       "GLUON_PROGRAMS_PER_SM": per_sm}
                 G._gluon_fp8_v3_gemm(*a, *b, d, cfg)
-                key = f"gluon_{block_m}_s{stages}_p{per_sm}"
+                key = f"gluon_{block_m}x{block_n}_s{stages}_p{per_sm}"
                 row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
                 row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
                 row[f"{key}_tflops"] = tflop / ms(lambda: G._gluon_fp8_v3_gemm(*a, *b, d, cfg)) * 1e3
@@ -116,7 +119,7 @@ def main() -> None:
             row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
             rows.append(row)
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
-                  "bitwise:", [row[f"gluon_{m}_s{s}_p{p}_bitwise_vs_triton"] for m, s, p in VARIANTS],
+                  "bitwise:", [row[f"gluon_{m}x{n}_s{s}_p{p}_bitwise_vs_triton"] for m, n, s, p in VARIANTS],
                   flush=True)
             torch.cuda.empty_cache()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -125,7 +128,7 @@ def main() -> None:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    keys = [f"gluon_{m}_s{s}_p{p}" for m, s, p in VARIANTS]
+    keys = [f"gluon_{m}x{n}_s{s}_p{p}" for m, n, s, p in VARIANTS]
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)

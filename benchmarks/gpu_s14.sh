@@ -7,8 +7,13 @@
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s14.sh   (1 x H200: exp_gemm_gluon_split.py (the dense V3 and
 #       V4.1 GEMMs with one consumer partition per math warpgroup; V3 also at 128 x 256 tiles), then the V4.1 GEMM's
 #       tests (its math partition now takes a first row, PTX unchanged offline))
-#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s14.sh   (1 x H200: the indexer's new per-query kernel:
-#       exp_indexer_tiles.py --per-query against the old launch, mini-flashmla's GPU tests, bench_flashmla's indexer)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s14.sh   (1 x H200: the V3 and V4.1 kernels with one partition
+#       per math warpgroup in the package (V3 at 128 x 256 where the waves fill): every mini-deepgemm GPU test and the
+#       bench_deepgemm table; the indexer's new per-query kernel: exp_indexer_tiles.py --per-query against the old
+#       launch, then mini-flashmla's GPU tests)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s14.sh   (1 x H200: the 1-GPU prefill step, bench_flashmla's
+#       indexer (the shared path's kernel after the helper split) and decode, and the runtime tests that run the
+#       indexer's decode path and the dense GEMMs)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -25,11 +30,12 @@ r3)
   cat "$OUT/summary.txt"; tail -22 "$OUT/split.txt"; tail -3 "$OUT/v41_tests.txt"
   ;;
 r4)
-  run indexer_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
-  run flashmla_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
-  run flashmla_indexer 90 bash -c "cd benchmarks && BENCH_PARTS=indexer python3 bench_flashmla.py"
-  cat "$OUT/summary.txt"; tail -34 "$OUT/indexer_per_query.txt"; tail -4 "$OUT/flashmla_tests.txt"
-  tail -8 "$OUT/flashmla_indexer.txt"
+  run deepgemm_tests 130 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run indexer_per_query 130 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  run flashmla_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
+  cat "$OUT/summary.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/deepgemm_tests.txt" | tail -12
+  tail -30 "$OUT/deepgemm.txt"; tail -20 "$OUT/indexer_per_query.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/flashmla_tests.txt" | tail -8
   ;;
 esac
 pack_out

@@ -278,3 +278,15 @@ def test_fp4_grouped_routes_follow_the_h200_measurements(layout, rows, expected)
     else:
         cfg = gemm.default_config(gemm._MASKED, rows, 32, True, 4608, groups, True)
     assert {k: cfg.get(k) for k in expected} == expected, cfg
+
+
+@pytest.mark.parametrize("M,N,block_n", [(4096, 1280, 128), (4096, 512, 128), (4096, 32768, 256), (4096, 5120, 256),
+                                         (4096, 4096, 256), (4096, 4608, 256), (4096, 25600, 256), (64, 4096, 128)])
+def test_v3_tile_columns_follow_the_h200_measurements(monkeypatch, M, N, block_n):
+    """The V3 Gluon kernel's 256-column tiles where session 14 run 3 measured them faster (docs/reports/
+    deepgemm-gluon-v3.md): the dense shapes whose 128 x 256 tiles fill >= 85% of the last wave on 132 SMs; wq_a
+    (N = 1,280: 160 tiles) and wkv (N = 512: 64 tiles) keep 128 columns."""
+    from mini_deepgemm import gemm
+
+    monkeypatch.setattr(gemm, "sm_count", lambda device: 132)
+    assert gemm._gluon_v3_block_n(M, N, 128 if M > 64 else 64, torch.device("cpu")) == block_n

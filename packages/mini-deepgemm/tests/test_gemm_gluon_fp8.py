@@ -7,10 +7,12 @@ pure-torch reference on the same quantized operands: DeepGEMM's diff below 1e-5 
 order of the fp32 sums and the bf16 output rounding differ); against gemm_kernel's Triton version of the same math:
 below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial row tile), N not a multiple of the
 128-column tile (520, 2,056: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
-stages) and V4.1 projection shapes; 128- and 64-row tiles, one program per tile and persistent programs that run
-several tiles. GPU and triton 3.6 only.
+stages) and V4.1 projection shapes; 128 x 128, 128 x 256 (N = 520 and 2,056: a 256-column tile with its second
+half partly or wholly past N) and 64 x 128 tiles, one program per tile and persistent programs that run several
+tiles, all bitwise equal to each other (the same MMA and promotion per element). GPU and triton 3.6 only.
 
-The kernel is warp-specialized (a TMA producer warp and the math warpgroups handing ring slots over by mbarriers),
+The kernel is warp-specialized (a TMA producer warp and one partition per math warpgroup handing ring slots over by
+mbarriers),
 so a mistake there hangs rather than fails: before the first test, one small call per variant runs in a child
 process with a time limit, and every test of the module errors if it did not finish.
 """
@@ -29,16 +31,18 @@ pytestmark = [
 
 SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (1100, 2056, 256),
           (2048, 5120, 8192)]
-# (rows per tile, persistent programs per SM; 0 = one program per tile): the last two shapes have more tiles than
-# programs, so a persistent program runs several, with the next tile's loads issued under the current one's MMAs
-VARIANTS = [(128, 0), (128, 1), (64, 2)]
+# (rows, columns per tile, persistent programs per SM; 0 = one program per tile): the last two shapes have more
+# tiles than programs, so a persistent program runs several, with the next tile's loads issued under the current
+# one's MMAs
+VARIANTS = [(128, 128, 0), (128, 128, 1), (128, 256, 1), (128, 256, 0), (64, 128, 2)]
 SMOKE_S = 180  # a cold compile of each variant plus torch's start: well under a minute
 
 
-def variant_config(M: int, block_m: int, per_sm: int) -> dict:
+def variant_config(M: int, block_m: int, block_n: int, per_sm: int) -> dict:
     cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
     assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
-    return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_STAGES": 3 if block_m == 64 else 4, "GLUON_PROGRAMS_PER_SM": per_sm}
+    return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": 3 if block_m == 64 else 4,
+            "GLUON_PROGRAMS_PER_SM": per_sm}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +56,7 @@ aq = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
 bq = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
 sa, sb = torch.rand(256, 4, device="cuda"), torch.rand(2, 4, device="cuda")
 d = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
-for cfg in {[variant_config(256, block_m, per_sm) for block_m, per_sm in VARIANTS]!r}:
+for cfg in {[variant_config(256, *variant) for variant in VARIANTS]!r}:
     gemm._gluon_fp8_v3_gemm(aq, sa, bq, sb, d, cfg)
     torch.cuda.synchronize()
 """
@@ -65,12 +69,12 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
     return (aq, sa), (bq, sb)
 
 
-@pytest.mark.parametrize("block_m,per_sm", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_p%d" % v)
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m, per_sm):
+def test_gluon_v3_matches_reference_and_triton(M, N, K, variant):
     gen = torch.Generator().manual_seed(M + N + K)
     a, b = v3_operands(M, N, K, gen)
-    cfg = variant_config(M, block_m, per_sm)
+    cfg = variant_config(M, *variant)
     got = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     gemm._gluon_fp8_v3_gemm(*a, *b, got, cfg)
     again = torch.empty_like(got)
@@ -84,6 +88,21 @@ def test_gluon_v3_matches_reference_and_triton(M, N, K, block_m, per_sm):
     ref = torch.empty_like(got)
     gemm._reference(gemm._DENSE, a, b, ref, None, None, gemm.V3_RECIPE)
     assert calc_diff(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_tile_shapes_give_the_same_bits(M, N, K):
+    """Every variant computes each element with the same MMA over the same K slices and the same promotion, so the
+    tile shape (and with it _gluon_v3_block_n's choice) cannot change a bit."""
+    gen = torch.Generator().manual_seed(M * N + K)
+    a, b = v3_operands(M, N, K, gen)
+    outs = []
+    for variant in VARIANTS:
+        d = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        gemm._gluon_fp8_v3_gemm(*a, *b, d, variant_config(M, *variant))
+        outs.append(d)
+    for variant, d in zip(VARIANTS[1:], outs[1:]):
+        assert torch.equal(d.view(torch.int16), outs[0].view(torch.int16)), variant
 
 
 def test_public_api_routes_dense_v3_to_gluon(monkeypatch):

@@ -437,41 +437,55 @@ def _tma_desc(t: torch.Tensor, block: tuple[int, int]):
     return TensorDescriptor.from_tensor(t, list(block), _nvmma_layout(block, t.dtype))
 
 
-# Registers of the dense Gluon kernels' TMA producer warp (it only issues copies and waits on mbarriers).
-_GLUON_V3_PRODUCER_REGS = 40
+# Registers per thread after setmaxnreg in the warp-specialized Gluon GEMMs (gemm_gluon_fp8_kernel's dense kernels,
+# gemm_gluon_kernel.fp4_contiguous_ws_kernel): a second math warpgroup's partition holds its fp32 accumulators and
+# a fresh MMA tile or the converted operands; the TMA producer warp only issues copies and waits on mbarriers. 12
+# warps start with 168 (64K per SM): 232 x 8 warps + 40 x 4 (the producer's warpgroup) fit.
+_GLUON_CONSUMER_REGS, _GLUON_PRODUCER_REGS = 232, 40
 
 
 def _dense_gluon_launch(tiles: int, block_m: int, per_sm: int, device: torch.device) -> tuple[tuple[int], int]:
     """(grid, maxnreg) of gemm_gluon_fp8_kernel's dense kernels: per_sm persistent programs per SM (0: one program
     per tile). Registers per thread: the SM's 64K over the programs resident on it (persistent: per_sm; one per
-    tile: shared memory holds one 128-row program, two 64-row ones) and their warps: the math partition's plus the
-    producer's warpgroup (setmaxnreg works per warpgroup; the producer keeps _GLUON_V3_PRODUCER_REGS and the math
-    warps get what its warpgroup gives back). 128 rows: 12 warps, 168 (math partition 232, no spills); at most 168,
-    the budget measured (session 11)."""
+    tile: shared memory holds one 128-row program, two 64-row ones) and their warps: one warpgroup per 64 rows plus
+    the producer's (setmaxnreg works per warpgroup; the producer keeps _GLUON_PRODUCER_REGS, a second math
+    warpgroup takes _GLUON_CONSUMER_REGS, and the first gets what is left). 128 rows: 12 warps, 168 (each math
+    warpgroup 232, no spills); at most 168, the budget measured (session 11)."""
     grid = (min(tiles, per_sm * sm_count(device)) if per_sm else tiles,)
     warps = block_m // 16 + 4
     return grid, min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
 
 
+def _gluon_v3_block_n(M: int, N: int, block_m: int, device: torch.device) -> int:
+    """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, else 128.
+    Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x the 128-column tiles at the six dense
+    shapes whose 256-wide tiles fill 87-99% of their last wave, and 0.68-0.90x at wq_a (160 tiles on 132 SMs: a
+    second wave 21% full) and wkv (64 tiles)."""
+    if block_m != 128:
+        return 128
+    tiles, sms = cdiv(M, 128) * cdiv(N, 256), sm_count(device)
+    return 256 if tiles >= 0.85 * cdiv(tiles, sms) * sms else 128
+
+
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
-    """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x 128 tiles (128: two math warpgroups, 64: one, plus
-    the TMA producer warp), K in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per
-    SM (0: one per tile); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes
-    them contiguous)."""
+    """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x block_n tiles (128 rows: two math warpgroups, 64:
+    one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
+    in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile); sa
+    fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
-    block_m, block_n, block_k = cfg["GLUON_BLOCK_M"], 128, 128
-
+    block_m = cfg["GLUON_BLOCK_M"]
+    block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](
-        _tma_desc(aq, (block_m, block_k)), _tma_desc(bq, (block_n, block_k)), _tma_desc(d, (block_m, block_n)),
+        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
-        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], PRODUCER_REGS=_GLUON_V3_PRODUCER_REGS,
-        num_warps=block_m // 16, maxnreg=maxnreg)
+        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4, maxnreg=maxnreg)
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -486,9 +500,10 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
     N = bq.shape[0]
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, per_sm, d.device)
     fp8_gemm_v41_kernel[grid](
-        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (block_m, 32)),
+        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 32)),
         sa.view(torch.int32), sb.view(torch.int32), M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
-        STAGES=stages, GROUP_M=8, PRODUCER_REGS=_GLUON_V3_PRODUCER_REGS, num_warps=block_m // 16, maxnreg=maxnreg)
+        STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS,
+        num_warps=4, maxnreg=maxnreg)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:
@@ -525,11 +540,6 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
         GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 
-# Registers per thread of fp4_contiguous_ws_kernel's partitions after setmaxnreg: 12 warps start with 168 (64K per
-# SM); the consumers hold a 128 x 128 fp32 accumulator (128) and the converted operands, the producer only copies.
-_GLUON_WS_CONSUMER_REGS, _GLUON_WS_PRODUCER_REGS = 232, 40
-
-
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                                   layout: torch.Tensor, stages: int) -> None:
     """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
@@ -544,7 +554,7 @@ def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.T
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
         _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
-        CONSUMER_REGS=_GLUON_WS_CONSUMER_REGS, PRODUCER_REGS=_GLUON_WS_PRODUCER_REGS, num_warps=4,
+        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4,
         maxnreg=65536 // (12 * 32) // 8 * 8)
 
 

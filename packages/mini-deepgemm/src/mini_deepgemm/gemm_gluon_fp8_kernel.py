@@ -6,26 +6,31 @@ ran at 0.54x cuBLAS per-tensor FP8 on the issue's shapes (docs/reports/deepgemm-
 this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmetic or register staging for the
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
-Schedule per program (BLOCK_M x 128 output tiles, K in steps of 128; persistent: program p takes tiles p, p + grid,
-..., so grid = the tile count is one tile per program), in two partitions (warp specialization):
+Schedule per program (BLOCK_M x BLOCK_N output tiles, BLOCK_M = 64 per math warpgroup (1 or 2), BLOCK_N 128 or
+256, K in steps of 128; persistent: program p takes tiles p, p + grid, ..., so grid = the tile count is one tile per
+program), in warp-specialized partitions:
 - the producer, one warp with few registers: every step of the program's tiles, in order, by TMA into a
-  STAGES-deep ring of (A [BLOCK_M, 128], B [128, 128]) FP8 tiles, each slot with a "ready" mbarrier that the copies
-  complete (expect-tx) and an "empty" mbarrier that the math partition arrives on when the MMA that read it is done.
-  The ring runs over the steps of all the program's tiles, so the next tile's first steps load while the current
-  one finishes and stores;
-- the math partition, BLOCK_M / 64 warpgroups (the default partition, with the registers the producer gives back:
-  setmaxnreg): per step, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh fp32 tile
-  (use_acc false), wait for it, arrive on "empty", promote: acc += part * sa[m] * sb. Epilogue: bf16 through
-  shared memory and one TMA store (rows and columns past M, N are clipped by the copy), waited for only before the
-  next tile's epilogue reuses the buffer.
-Why two partitions: in the single-partition kernel (session 10) the math warps also issued the copies, and Gluon
-wraps each single-thread operation (the expect-tx, each of the two TMA copies, the mbarrier wait) in a CTA barrier,
-plus the barrier that made the refill safe: five CTA barriers per K step, which kept both warpgroups in lock step,
-so both promoted while the tensor core idled. With the copies in the producer the math loop has two, the producer's
-loop none; it measured 1.01-1.04x the single-partition kernel at all 8 dense shapes, bitwise equal
-(docs/reports/deepgemm-gluon-v3.md, session 11). Keeping two MMAs in flight (step k's running while step k - 1 is
-promoted, three fp32 tiles in registers) measured slower in the single-partition kernel: 0.79-0.94x at 7 of 8
-shapes.
+  STAGES-deep ring of (A [BLOCK_M, 128], B [BLOCK_N, 128]) FP8 tiles, each slot with a "ready" mbarrier that the
+  copies complete (expect-tx) and an "empty" mbarrier that each math warpgroup arrives on when the MMAs that read
+  it are done. The ring runs over the steps of all the program's tiles, so the next tile's first steps load while
+  the current one finishes and stores;
+- one partition per math warpgroup (the first is the default partition, with the registers the producer gives back:
+  setmaxnreg). Warpgroup w owns rows [64 w, 64 w + 64) of each tile and all its columns, in 128-column halves: per
+  step and half, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh [64, 128] fp32 tile
+  (use_acc false), wait for it, promote: acc += part * sa[m] * sb[half]; after the last half, arrive on "empty".
+  Epilogue: bf16 through the warpgroup's own shared buffer and one TMA store per half (rows and columns past M, N
+  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer.
+Why one partition per warpgroup (session 14, docs/reports/deepgemm-gluon-v3.md): Gluon puts a barrier over the
+whole partition around each single-thread operation (the slot's wait and release), so two warpgroups in one
+partition ran in step and promoted at the same time while the tensor core idled. Apart, one promotes under the
+other's MMAs: 1.08-1.13x at all 8 dense shapes, bitwise equal. Why 256 columns: the A tile is read once for twice
+the MMAs (48 KB per step for 128 x 256 x 128, against 32 KB for half of it), a further 1.04-1.10x where the wider
+tiles still fill the SMs' waves. A warpgroup then holds two [64, 128] accumulators and one fresh tile (192
+registers of its 232); a fresh [64, 256] tile would need 64 more.
+Why two partitions at all (session 11): in the single-partition kernel of session 10 the math warps also issued the
+copies, with five CTA barriers per K step; the producer warp took them out of the math loop (1.01-1.04x). Keeping
+two MMAs in flight (step k's running while step k - 1 is promoted, three fp32 tiles in registers) measured slower
+in that kernel: 0.79-0.94x at 7 of 8 shapes.
 The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ from the reference only in order
 (and in the tensor core's own accumulation of one step's 128 products), as gemm_kernel's do.
 """
@@ -37,12 +42,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
-
-
-@gluon.constexpr_function
-def acc_layout(num_warps, block_n):
-    """The fp32 accumulator's wgmma layout: num_warps / 4 warpgroups stacked along M, m64nNk32 FP8 instructions."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 32])
 
 
 @gluon.jit
@@ -64,38 +63,6 @@ def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k):
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot))
     tma.async_copy_global_to_shared(b_desc, [off_n, k * BLOCK_K], bar, b_ring.index(slot))
-
-
-@gluon.jit
-def _tile_start(tile, sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                GROUP_M: gl.constexpr, rows_layout: gl.constexpr):
-    """(off_m, off_n, sa pointers of the tile's rows [BLOCK_M] in rows_layout, sb pointer of its column block, and
-    the raw scales of step 0) of output tile `tile`. Rows past M read row M - 1 (their results are clipped by the
-    store)."""
-    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows_layout)
-    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-    sb_row = sb_ptr + (off_n // BLOCK_N) * stride_sb
-    return off_m, off_n, sa_rows, sb_row, gl.load(sa_rows), gl.load(sb_row)
-
-
-@gluon.jit
-def _scales_ahead(sa_rows, sb_row, k, num_k):
-    """The raw scales of step k + 1 of the tile (of step k at the last): loaded one step ahead, because a load
-    consumed in its own step stalled the warps (in order) between the step's first and second wgmma until it
-    returned from L2."""
-    ahead = gl.minimum(k + 1, num_k - 1)
-    return gl.load(sa_rows + ahead), gl.load(sb_row + ahead)
-
-
-@gluon.jit
-def _mma_of_step(a_ring, b_ring, ready, zero, step):
-    """Wait for the step's ring slot, then issue its MMA over K = 128 into a fresh fp32 tile (async; wait for it with
-    warpgroup_mma_wait)."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    slot = step % STAGES
-    mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-    return warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -121,13 +88,13 @@ def _ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def _allocate_ring(a_desc, b_desc, STAGES: gl.constexpr):
-    """The STAGES-deep ring of (A, B) tiles in the descriptors' swizzled layouts, with its barriers (one consumer
-    partition)."""
+def _allocate_ring(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The STAGES-deep ring of (A, B) tiles in the descriptors' swizzled layouts, with its barriers ("empty": one
+    arrival per consumer partition)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], BLOCK_K], a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0], BLOCK_K], b_desc.layout)
-    ready, empty = _ring_barriers(STAGES, 1)
+    ready, empty = _ring_barriers(STAGES, CONSUMERS)
     return a_ring, b_ring, ready, empty
 
 
@@ -161,33 +128,59 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
-def _math(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-          stride_sb, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-    """The default partition (all BLOCK_M / 64 warpgroups): MMA, release the slot, promote; each tile's epilogue."""
+def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
+             ROW0: gl.constexpr, GROUP_M: gl.constexpr):
+    """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile, every column, in
+    BLOCK_N / 128 halves (module docstring); d_smem is its own [64, 128] store buffer."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    mma: gl.constexpr = acc_layout(num_warps, BLOCK_N)
+    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
+    BLOCK_N: gl.constexpr = b_ring.type.shape[1]
+    WIDE: gl.constexpr = BLOCK_N == 256
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
-    num_k = K // BLOCK_K
-    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    num_k = K // 128
+    last_sb = gl.cdiv(N, 128) - 1
+    # The fresh partial tile of every MMA (use_acc false) is the previous MMA's output registers: a new zero tile
+    # per MMA kept a second 64-register tile live at 256 columns (376 bytes of spills, offline).
+    part = gl.zeros([64, 128], gl.float32, mma)
     step = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n, sa_rows, sb_row, sa_next, sb_next = _tile_start(
-            tile, sa_ptr, sb_ptr, M, N, stride_sa, stride_sb, BLOCK_M, BLOCK_N, GROUP_M, rows_layout)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = off_m + ROW0
+        # rows past M read row M - 1 and a half past N reads the last scale block: their results are not stored
+        sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+        sb_lo = sb_ptr + (off_n // 128) * stride_sb
+        sb_hi = sb_ptr + gl.minimum(off_n // 128 + 1, last_sb) * stride_sb
+        sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows), gl.load(sb_lo), gl.load(sb_hi)
+        acc_lo = gl.zeros([64, 128], gl.float32, mma)
+        acc_hi = gl.zeros([64, 128], gl.float32, mma)
         for k in range(num_k):
-            scale = sa_next * sb_next
-            sa_next, sb_next = _scales_ahead(sa_rows, sb_row, k, num_k)
-            part = warpgroup_mma_wait(0, deps=(_mma_of_step(a_ring, b_ring, ready, zero, step),))
-            # One thread arrives, after the partition's barrier that Gluon puts before a single-thread operation:
-            # every warpgroup has waited for its own MMA (which covers only its own), so the slot is free.
-            mbarrier.arrive(empty.index(step % STAGES), count=1)
-            acc += part * scale[:, None]
+            scale_lo = sa_next * sb_lo_next
+            scale_hi = sa_next * sb_hi_next
+            # the next step's scales (this step's at the last), loaded a step ahead: a load consumed in its own
+            # step stalled the warps (in order) between the step's MMAs until it returned from L2 (session 10)
+            ahead = gl.minimum(k + 1, num_k - 1)
+            sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows + ahead), gl.load(sb_lo + ahead), gl.load(sb_hi + ahead)
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            a = a_ring.index(slot).slice(ROW0, 64, dim=0)
+            b = b_ring.index(slot)
+            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(0, 128, dim=0).permute((1, 0)), part,
+                                                             use_acc=False, is_async=True),))
+            if WIDE:
+                acc_lo += part * scale_lo[:, None]
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(128, 128, dim=0).permute((1, 0)), part,
+                                                                 use_acc=False, is_async=True),))
+                mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup's MMAs on the slot are done
+                acc_hi += part * scale_hi[:, None]
+            else:
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc_lo += part * scale_lo[:, None]
             step += 1
-        _store_tile(acc, d_desc, d_smem, off_m, off_n)
+        _store_tile(acc_lo, d_desc, d_smem, row0, off_n)
+        if WIDE:
+            if off_n + 128 < N:
+                _store_tile(acc_hi, d_desc, d_smem, row0, off_n + 128)
     tma.store_wait(pendings=0)
 
 
@@ -195,24 +188,34 @@ def _math(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, 
 def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
-    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
-    [BLOCK_N, 128] tiles (BLOCK_N = 128, so a tile has one B scale per step); d_desc: bf16 [M, N] in
-    [BLOCK_M, BLOCK_N] tiles; sa fp32 [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row stride
-    stride_sb); K % 128 == 0. Persistent: program p computes tiles p, p + grid, ... (grid = the tile count gives one
-    tile per program). num_warps is the math partition's; the producer warp (PRODUCER_REGS registers) comes on top,
-    in a warpgroup of its own (setmaxnreg works per warpgroup), and the launch's maxnreg sets the registers the
-    math partition gets."""
-    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES)
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [a_desc.block_type.shape[0], b_desc.block_type.shape[0]],
-                                       d_desc.layout)
-    gl.warp_specialize(
-        [(_math, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-                  stride_sb, GROUP_M, num_warps)),
-         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
-        [1], [PRODUCER_REGS])
+    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
+    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 128 or 256); d_desc: bf16 [M, N] in [64, 128] boxes; sa fp32
+    [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row stride stride_sb); K % 128 == 0.
+    Persistent: program p computes tiles p, p + grid, ... (grid = the tile count gives one tile per program).
+    Launch with num_warps=4 (the first math warpgroup); the second (CONSUMER_REGS registers) and the producer warp
+    (PRODUCER_REGS, in a warpgroup of its own: setmaxnreg works per warpgroup) come from warp_specialize, and the
+    launch's maxnreg sets what the first warpgroup gets. Every output element is the same MMA and promotion
+    whatever BLOCK_M and BLOCK_N, so the tile shape does not change a bit of the result."""
+    CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
+    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 0, GROUP_M)),
+             (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 64, GROUP_M)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 0, GROUP_M)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
 
 
@@ -242,23 +245,21 @@ def _promote(acc, part, fa, word_b, j: gl.constexpr):
 
 @gluon.jit
 def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-              stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr, num_warps: gl.constexpr):
-    """The math partition for the V4.1 recipe: rows [ROW0, ROW0 + 16 num_warps) of each BLOCK_M-row tile (the
-    shipped kernel: all of them, ROW0 = 0; benchmarks/exp_gemm_gluon_v3_wide.py runs one partition per warpgroup).
-    Per ring step (K = 128) and per 32 of K: the A fragment loaded once into registers (ldmatrix), one MMA per 32
-    output columns (one B scale per 32 columns, so each partial tile has one scale per row: sa[m] * sb[block]),
-    wait, one FMA per accumulator element. ptxas places a K block's FMAs under the next K block's MMAs (different
-    registers). The rows are kept as BLOCK_N / 32 accumulators of [16 num_warps, 32] and stored as that many TMA
-    boxes."""
+              stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
+    """One math warpgroup's partition for the V4.1 recipe: rows [ROW0, ROW0 + 64) of each BLOCK_M-row tile. Per ring
+    step (K = 128) and per 32 of K: the A fragment loaded once into registers (ldmatrix), one MMA per 32 output
+    columns (one B scale per 32 columns, so each partial tile has one scale per row: sa[m] * sb[block]), wait, one
+    FMA per accumulator element. ptxas places a K block's FMAs under the next K block's MMAs (different registers).
+    The rows are kept as BLOCK_N / 32 accumulators of [64, 32] and stored from d_smem, the warpgroup's own buffer,
+    as that many TMA boxes."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    ROWS: gl.constexpr = 16 * num_warps
+    ROWS: gl.constexpr = 64
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
     WIDE: gl.constexpr = BLOCK_N == 128
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, 32, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     num_k = K // BLOCK_K
@@ -332,22 +333,34 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
 def fp8_gemm_v41_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """d[m, n] = sum over 32-blocks kb of sa[m, kb] * sb[n // 32, kb] * (a[m, kb] . b[n, kb]), bf16 out.
-    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M = 16 x num_warps: 64 or 128); b_desc: e4m3 [N, K] in
-    [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [BLOCK_M, 32] boxes; sa_ptr: int32 view of the
-    UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words), sb_ptr: the same of
-    [ceil(N / 32), K / 32]; K % 128 == 0. Persistent and warp-specialized like fp8_gemm_v3_kernel, with its producer.
-    Every output element is computed by the same instructions in the same order whatever BLOCK_M, BLOCK_N and the
-    program count (an m64n32k32 MMA per 32 of K, then one FMA with sa * sb), so a row's result does not depend on
-    the launch that carries it."""
-    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES)
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [b_desc.block_type.shape[0] // 32, a_desc.block_type.shape[0], 32],
-                                       d_desc.layout)
-    gl.warp_specialize(
-        [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
-                      stride_sa, stride_sb, GROUP_M, 0, num_warps)),
-         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
-        [1], [PRODUCER_REGS])
+    a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
+    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, 32] boxes; sa_ptr: int32 view
+    of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words), sb_ptr: the same of
+    [ceil(N / 32), K / 32]; K % 128 == 0. Persistent and warp-specialized like fp8_gemm_v3_kernel, with its
+    producer and one partition per math warpgroup (session 14: 1.01-1.06x the two warpgroups in one partition,
+    bitwise equal); launch with num_warps=4. Every output element is computed by the same instructions in the same
+    order whatever BLOCK_M, BLOCK_N and the program count (an m64n32k32 MMA per 32 of K, then one FMA with
+    sa * sb), so a row's result does not depend on the launch that carries it."""
+    CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
+    a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
+    boxes: gl.constexpr = b_desc.block_type.shape[0] // 32  # [64, 32] output boxes per math warpgroup
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
+    if CONSUMERS == 2:
+        d_smem_1 = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
+        gl.warp_specialize(
+            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
+                          stride_sa, stride_sb, GROUP_M, 0)),
+             (_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem_1, sa_ptr, sb_ptr, M, N, K,
+                          stride_sa, stride_sb, GROUP_M, 64)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
+                          stride_sa, stride_sb, GROUP_M, 0)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
