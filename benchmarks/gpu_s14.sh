@@ -4,7 +4,7 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s14.sh   (1 x H200: the indexer's per-query path swept
 #       (decode, batch 64 / 256), the attention kernel with QK^T duplicated per consumer warpgroup, then
 #       mini-flashmla's GPU tests on the tree after session 13's review refactors)
-#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s14.sh   (1 x H200: exp_gemm_gluon_split.py (the dense V3 and
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s14.sh   (ran at e8911ae; 1 x H200: exp_gemm_gluon_split.py (the dense V3 and
 #       V4.1 GEMMs with one consumer partition per math warpgroup; V3 also at 128 x 256 tiles), then the V4.1 GEMM's
 #       tests (its math partition now takes a first row, PTX unchanged offline))
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s14.sh   (1 x H200: the V3 and V4.1 kernels with one partition
@@ -12,8 +12,8 @@
 #       bench_deepgemm table; the indexer's new per-query kernel: exp_indexer_tiles.py --per-query against the old
 #       launch, then mini-flashmla's GPU tests)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s14.sh   (1 x H200: the 1-GPU prefill step, bench_flashmla's
-#       indexer (the shared path's kernel after the helper split) and decode, and the runtime tests that run the
-#       indexer's decode path and the dense GEMMs)
+#       indexer (the shared path's kernel after the helper split) and decode, the indexer tests with the per-query
+#       launch at 1 stage (run 4's best), and the runtime tests that run the indexer's decode path and the dense GEMMs)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -36,6 +36,16 @@ r4)
   run flashmla_tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
   cat "$OUT/summary.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/deepgemm_tests.txt" | tail -12
   tail -30 "$OUT/deepgemm.txt"; tail -20 "$OUT/indexer_per_query.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/flashmla_tests.txt" | tail -8
+  ;;
+r5)
+  run prefill 110 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run flashmla 70 bash -c "cd benchmarks && BENCH_PARTS=indexer,decode python3 bench_flashmla.py"
+  run indexer_tests 60 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-flashmla/tests/test_kernels.py -k indexer
+  run runtime_tests 240 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; tail -28 "$OUT/prefill.txt"; tail -10 "$OUT/flashmla.txt"; tail -2 "$OUT/indexer_tests.txt"
+  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_tests.txt" | tail -15
   ;;
 esac
 pack_out

@@ -38,11 +38,13 @@ MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 use
 ATTN_LAUNCH_64_HEADS = {"bf16": {"num_warps": 8, "num_stages": 2}, "quantized": {"num_warps": 8, "num_stages": 1}}
 # Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
 INDEXER_CHUNK_BYTES = 256 << 20
-# The indexer's per-query (decode) launch: key tile, pipelining depth, warps, and programs per SM that the run
-# length of keys per program aims for (indexer_kernel.indexer_scores_per_query_kernel; benchmarks/exp_indexer_tiles.py
-# --per-query sweeps them)
+# The indexer's per-query (decode) launch: key tile, pipelining depth of the key loads, warps, and the programs per
+# SM that each program's run of keys aims for (indexer_kernel.indexer_scores_per_query_kernel). Session 14 run 4
+# (benchmarks/exp_indexer_tiles.py --per-query; batch 64 / 256, 65,536 keys each): 128 keys, no software
+# pipelining (several programs per SM hide the loads), 4 warps, 4 programs per SM: 0.270 / 0.900 ms (2 stages
+# 0.290 / 0.974, 64 keys 0.299 / 1.065, 8 warps 0.374 / 1.352; the previous launch 0.747 / 2.978).
 INDEXER_PER_QUERY_BLOCK_K = 128
-INDEXER_PER_QUERY_STAGES = 2
+INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
 INDEXER_PER_QUERY_PROGRAMS_PER_SM = 4
 

@@ -94,23 +94,22 @@ def indexer_scores_kernel(
 
 @triton.jit
 def indexer_scores_per_query_kernel(
-    q_ptr, stride_q_s, stride_q_h,
-    w_ptr, stride_w_s,
-    cache_ptr, num_rows,
-    key_rows_ptr, stride_key_rows_s,
-    visible_ptr,
-    out_ptr, stride_out_s,
-    n_keys, keys_per_program,
+    q_ptr, stride_q_s, stride_q_h, w_ptr, stride_w_s, cache_ptr, num_rows, key_rows_ptr, stride_key_rows_s,
+    visible_ptr, out_ptr, stride_out_s, n_keys, keys_per_program,
     H: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
 ):
     """The per-query case of indexer_scores_kernel (decode: each query its own key list, key_rows int32
     [s_q, n_keys] with row stride stride_key_rows_s). Grid (cdiv(n_keys, keys_per_program), s_q): a program loads
-    its query and head weights once and walks keys_per_program keys in BLOCK_K tiles, the tiles' loads pipelined
-    STAGES deep. Keys at or past visible[i] are not read (their row ids load as -1). Same scores, bit for bit, as
-    indexer_scores_kernel with BLOCK_Q = 1: the same products and sums per key.
-    Why a kernel of its own: one program per (query, 128 keys) reloaded the query (8 KB) for every 8.7 KB of keys
-    and could not overlap one tile's loads with the previous tile's decode; it read keys at 0.38 TB/s at batch
-    64-256, 65,536 keys each (session 14 run 2, benchmarks/exp_indexer_tiles.py --per-query)."""
+    its query and head weights once and walks keys_per_program keys in BLOCK_K tiles (their loads software-pipelined
+    STAGES deep; 1 measured best, the other programs on the SM hide the latency). Keys at or past visible[i] are not
+    read (their row ids load as -1). Same scores, bit for bit, as indexer_scores_kernel with BLOCK_Q = 1: the same
+    products and sums per key.
+    Why a kernel of its own: indexer_scores_kernel's per-query launch (one program per query and 128 keys) reloaded
+    the query (8 KB) for every 8.7 KB of keys and decoded e2m1 with integer ops, which pays when a key serves a run of
+    queries but not here (one query per key). It read keys at 0.38 TB/s; this kernel with the inline-PTX decode
+    reads them at 1.06-1.27 TB/s, 2.8-3.3x faster at batch 64 / 256 with 65,536 keys each (session 14 run 4,
+    benchmarks/exp_indexer_tiles.py --per-query; the integer decode alone in this kernel: 0.32-0.43 TB/s).
+    """
     i = tl.program_id(1).to(tl.int64)
     first = tl.program_id(0) * keys_per_program
     h = tl.arange(0, H)
