@@ -14,6 +14,9 @@
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s14.sh   (1 x H200: the 1-GPU prefill step, bench_flashmla's
 #       indexer (the shared path's kernel after the helper split) and decode, the indexer tests with the per-query
 #       launch at 1 stage (run 4's best), and the runtime tests that run the indexer's decode path and the dense GEMMs)
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s14.sh   (1 x H200: exp_gemm_gluon_v3_variants.py (A in
+#       registers, 16 row tiles per L2 sweep), then the runtime and integration tests that run 5 did not run, and the
+#       offline example)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -46,6 +49,16 @@ r5)
     integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; tail -28 "$OUT/prefill.txt"; tail -10 "$OUT/flashmla.txt"; tail -2 "$OUT/indexer_tests.txt"
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_tests.txt" | tail -15
+  ;;
+r6)
+  run v3_variants 130 bash -c "cd benchmarks && python3 exp_gemm_gluon_v3_variants.py"
+  run runtime_rest 360 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning \
+    runtime/tests integration_tests -m "not multigpu" -n 16 --ignore=runtime/tests/test_cuda_decode.py \
+    --ignore=runtime/tests/test_decode_path.py --ignore=integration_tests/test_model_vs_reference.py \
+    --ignore=integration_tests/test_engine_vs_reference.py --junitxml="$OUT/junit_runtime_rest.xml"
+  run offline 40 python3 runtime/examples/offline_inference.py
+  cat "$OUT/summary.txt"; tail -12 "$OUT/v3_variants.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
+  tail -3 "$OUT/offline.txt"
   ;;
 esac
 pack_out
