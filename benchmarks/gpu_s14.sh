@@ -17,6 +17,11 @@
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s14.sh   (1 x H200: exp_gemm_gluon_v3_variants.py (A in
 #       registers, 16 row tiles per L2 sweep), then the runtime and integration tests that run 5 did not run, and the
 #       offline example)
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s14.sh  (for the next session, 1 x H200, ~8 minutes, never
+#       run: test_gemm_gluon.py with the 4-consumer variant of the warp-specialized FP4 MoE GEMM, then
+#       exp_gemm_gluon_fp4_ws.py --consumers (2 vs 4 consumer warpgroups, bitwise), then the decode step of the
+#       medium model at 32k and 131k context with a profile (where the per-query indexer kernel matters; the
+#       committed decode figures are at 1,024))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -59,6 +64,13 @@ r6)
   run offline 40 python3 runtime/examples/offline_inference.py
   cat "$OUT/summary.txt"; tail -12 "$OUT/v3_variants.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   tail -3 "$OUT/offline.txt"
+  ;;
+next)
+  run gemm_gluon 120 python3 -m pytest -q -rs -p no:cacheprovider -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run consumers 180 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --consumers"
+  run decode_long 200 python3 benchmarks/bench_decode.py --preset medium --batches 8,32 --contexts 32768,131072 \
+    --profile --out "$OUT/decode_medium_long_h200.json"
+  cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -9 "$OUT/consumers.txt"; tail -30 "$OUT/decode_long.txt"
   ;;
 esac
 pack_out
