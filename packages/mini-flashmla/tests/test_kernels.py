@@ -1,4 +1,7 @@
-"""Kernels against the pure-torch references on random data (GPU; also runs on CPU under TRITON_INTERPRET=1).
+"""Kernels against the pure-torch references on random data (GPU only). Triton's interpreter (TRITON_INTERPRET=1)
+multiplies the raw bit patterns of bf16 tl.dot operands (triton-lang/triton#11584; upstream does not support bf16
+there), so every kernel here gives wrong values under it (checked with the uv-locked triton 3.9: 19 of 19 failed)
+and the module skips itself there.
 
 Metrics
 - attention out: relative L2 error ||o - r|| / ||r|| <= 5e-3 and max |o - r| <= 2^-6 * max|r| (bf16 output
@@ -11,6 +14,8 @@ Metrics
 - top-k: tie-aware, the multiset of reference scores of the chosen keys is identical.
 """
 
+
+import os
 
 import pytest
 import torch
@@ -26,7 +31,9 @@ from mini_flashmla.cache_layout import (
     unpack_window_fp8,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="triton's interpreter does not support bf16 tl.dot (triton-lang/triton#11584)")]
 SCALE = 512**-0.5
 
 
