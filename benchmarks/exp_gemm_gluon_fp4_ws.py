@@ -55,6 +55,14 @@ def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
                               {"BLOCK_M": 128, "BLOCK_N": 128, "GLUON_STAGES": 3, "GROUP_M": 8})
 
 
+def write_rows(filename: str, rows: list[dict]) -> None:
+    """$OUT/filename: the rows with the run's GPU, versions and timing method."""
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), timing="triton.testing.do_bench_cudagraph median")
+    with open(os.path.join(os.environ.get("OUT", "."), filename), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+
+
 def smoke(result) -> None:
     """Child process: 3 experts with 77, 0 and 300 rows, N 512, K 512 (more steps than stages), against the
     one-warpgroup kernel (bitwise) and the reference; padding rows untouched."""
@@ -103,9 +111,7 @@ def few_rows() -> None:
         out.append(row)
         print(row, flush=True)
         torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_fp4_ws_few_rows.json"), "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=out), f, indent=1)
+    write_rows("exp_gemm_gluon_fp4_ws_few_rows.json", out)
     keys = [k[:-7] for k in out[0] if k.endswith("_tflops")]
     print("| shape | " + " | ".join(keys) + " |")
     for r in out:
@@ -137,10 +143,7 @@ def consumers() -> None:
             out.append(row)
             print(row, flush=True)
             torch.cuda.empty_cache()
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), timing="triton.testing.do_bench_cudagraph median")
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_fp4_ws_consumers.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=out), f, indent=1)
+    write_rows("exp_gemm_gluon_fp4_ws_consumers.json", out)
     print("| routing | shape | 2 consumers (shipped) | 4 consumers, 4 stages | 6 stages | best / shipped | bitwise |")
     for r in out:
         best = max(r["c4_s4_tflops"], r["c4_s6_tflops"])
@@ -184,10 +187,7 @@ def main() -> None:
             rows_out.append(row)
             print(row, flush=True)
             torch.cuda.empty_cache()
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), timing="triton.testing.do_bench_cudagraph median")
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_fp4_ws.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows_out), f, indent=1)
+    write_rows("exp_gemm_gluon_fp4_ws.json", rows_out)
     print("| routing | shape | one warpgroup | WS 3 stages | WS 4 stages | scaled_grouped_mm FP8 | bitwise |")
     for r in rows_out:
         print(f"| {r['routing']} | {r['name']} | {r['one_warpgroup_tflops']:.0f} | {r['ws_s3_tflops']:.0f} | "
