@@ -47,6 +47,7 @@ INDEXER_PER_QUERY_BLOCK_K = 128
 INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
 INDEXER_PER_QUERY_PROGRAMS_PER_SM = 4
+MAX_GRID_Y = 65535  # CUDA's limit on a launch grid's y (and z) extent
 
 
 @functools.cache
@@ -312,12 +313,14 @@ def indexer_scores(
     if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
         raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
     _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
-    if n_heads & (n_heads - 1):  # pad heads to a power of two with zero weights: adds exact zeros to the sum
-        pad = _next_pow2(n_heads) - n_heads
-        q = torch.nn.functional.pad(q, (0, 0, 0, pad))
-        weights = torch.nn.functional.pad(weights, (0, pad))
-        n_heads += pad
     per_query = key_rows.dim() == 2
+    # Heads padded with zero weights (exact zeros added to the sum) to a power of two, and in the per-query kernel,
+    # whose MMA's N side is the heads alone, to at least the 16 columns tl.dot needs
+    heads = max(_next_pow2(n_heads), 16 if per_query else 1)
+    if heads != n_heads:
+        q = torch.nn.functional.pad(q, (0, 0, 0, heads - n_heads))
+        weights = torch.nn.functional.pad(weights, (0, heads - n_heads))
+        n_heads = heads
     key_rows = key_rows.to(torch.int32).contiguous()
     visible = visible.to(torch.int64).contiguous()
     n_keys = key_rows.shape[-1]
@@ -330,11 +333,13 @@ def indexer_scores(
         key_tiles = math.ceil(n_keys / INDEXER_PER_QUERY_BLOCK_K)
         tiles_per_program = max(1, min(64, key_tiles * s_q // (INDEXER_PER_QUERY_PROGRAMS_PER_SM * sms)))
         keys_per_program = INDEXER_PER_QUERY_BLOCK_K * tiles_per_program
-        indexer_scores_per_query_kernel[(math.ceil(n_keys / keys_per_program), s_q)](
-            q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
-            key_rows, key_rows.stride(0), visible, out, out.stride(0), n_keys, keys_per_program, H=n_heads, D=d,
-            BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(),
-            num_warps=INDEXER_PER_QUERY_WARPS)
+        for q0 in range(0, s_q, MAX_GRID_Y):  # queries are the grid's y axis: at most 65,535 per launch
+            q1 = min(s_q, q0 + MAX_GRID_Y)
+            indexer_scores_per_query_kernel[(math.ceil(n_keys / keys_per_program), q1 - q0)](
+                q[q0:q1], q.stride(0), q.stride(1), weights[q0:q1], weights.stride(0), index_k_cache,
+                index_k_cache.shape[0], key_rows[q0:q1], key_rows.stride(0), visible[q0:q1], out[q0:q1],
+                out.stride(0), n_keys, keys_per_program, H=n_heads, D=d, BLOCK_K=INDEXER_PER_QUERY_BLOCK_K,
+                STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), num_warps=INDEXER_PER_QUERY_WARPS)
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
     # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,
