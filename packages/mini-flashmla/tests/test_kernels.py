@@ -324,9 +324,9 @@ def test_indexer_per_query_runs_of_key_tiles(device):
     assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible.to(device), rows.to(device)))
 
 
-def test_indexer_per_query_beyond_one_grid_axis_and_few_heads(device):
-    """More queries than CUDA's 65,535 grid rows (the API launches twice), with 4 heads (padded to the 16 columns the
-    per-query kernel's MMA needs); each query its own 64 keys, -1 rows and visibility as a decode batch has them."""
+def test_indexer_per_query_beyond_one_grid_axis(device):
+    """More queries than CUDA's 65,535 grid rows (the API launches twice); 4 heads, as the tiny model's indexer; each
+    query its own 64 keys, -1 rows and visibility as a decode batch has them."""
     g = torch.Generator().manual_seed(15)
     s_q, n_keys = api.MAX_GRID_Y + 70, 64
     q, w, cache = _indexer_case(g, s_q, 2000, device, n_heads=4)

@@ -313,14 +313,12 @@ def indexer_scores(
     if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
         raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
     _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
+    if n_heads & (n_heads - 1):  # pad heads to a power of two with zero weights: adds exact zeros to the sum
+        pad = _next_pow2(n_heads) - n_heads
+        q = torch.nn.functional.pad(q, (0, 0, 0, pad))
+        weights = torch.nn.functional.pad(weights, (0, pad))
+        n_heads += pad
     per_query = key_rows.dim() == 2
-    # Heads padded with zero weights (exact zeros added to the sum) to a power of two, and in the per-query kernel,
-    # whose MMA's N side is the heads alone, to at least the 16 columns tl.dot needs
-    heads = max(_next_pow2(n_heads), 16 if per_query else 1)
-    if heads != n_heads:
-        q = torch.nn.functional.pad(q, (0, 0, 0, heads - n_heads))
-        weights = torch.nn.functional.pad(weights, (0, heads - n_heads))
-        n_heads = heads
     key_rows = key_rows.to(torch.int32).contiguous()
     visible = visible.to(torch.int64).contiguous()
     n_keys = key_rows.shape[-1]
