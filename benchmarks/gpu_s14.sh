@@ -22,6 +22,9 @@
 #       exp_gemm_gluon_fp4_ws.py --consumers (2 vs 4 consumer warpgroups, bitwise), then the decode step of the
 #       medium model at 32k and 131k context with a profile (where the per-query indexer kernel matters; the
 #       committed decode figures are at 1,024))
+#   source .devdeps/env.sh && PART=next2 bash benchmarks/gpu_s14.sh (for the next session, 1 x H200, ~5 minutes, never
+#       run: exp_indexer_query_stationary.py (the prefill indexer with queries held and keys streamed), then
+#       mini-flashmla's GPU tests (the per-query path's 65,535-query launches))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -71,6 +74,11 @@ next)
   run decode_long 200 python3 benchmarks/bench_decode.py --preset medium --batches 8,32 --contexts 32768,131072 \
     --profile --out "$OUT/decode_medium_long_h200.json"
   cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -9 "$OUT/consumers.txt"; tail -30 "$OUT/decode_long.txt"
+  ;;
+next2)
+  run query_stationary 240 bash -c "cd benchmarks && python3 exp_indexer_query_stationary.py"
+  run flashmla_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
+  cat "$OUT/summary.txt"; tail -24 "$OUT/query_stationary.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/flashmla_tests.txt" | tail -8
   ;;
 esac
 pack_out
