@@ -6,7 +6,7 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
   torch.topk, then one selection pass" design).
 - candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
   reference.candidate_block_mask_ref vs api.candidate_block_mask_of_scores.
-- a sweep of the kernel's loop step, warps and radix digit width (each result checked equal to the default's), and
+- a sweep of the kernel's loop step and warps (each result checked equal to the default's), and
   scores + top-k chunked (api.indexer_topk) end to end.
 Scores are the real indexer's (random FP4 queries and keys), so ties are as common as in the engine; a second top-k
 case rounds them to a few distinct values (most of every row ties). Every new result is checked equal to the
@@ -35,10 +35,9 @@ N_KEYS = CONTEXT // RATIO
 BLOCK, TOPK_BLOCKS = 8, 2048
 INDEX_HEADS, INDEX_DIM = 32, 128
 WARMUP, REPS = 3, 15
-# (loop step, warps, radix digit bits); 4- and 2-bit digits added in session 13 (not yet run): fewer histogram bins
-# per pass, more passes (topk_kernel.py)
-STEP_SWEEP = [(1024, 4, 8), (2048, 4, 8), (4096, 8, 8), (8192, 8, 8), (8192, 16, 8),
-              (2048, 4, 4), (4096, 8, 4), (8192, 8, 4), (4096, 8, 2)]
+# (loop step, warps). Session 14 run 1 also swept 4- and 2-bit radix digits: exact and 1.2-1.7x slower, so the
+# kernel's digit width went back to a fixed byte (docs/reports/flashmla-topk-exact.md).
+STEP_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)]
 
 
 def median_ms(fn) -> float:
@@ -83,8 +82,7 @@ def main() -> None:
         "shape": {"s_q": S_Q, "n_keys": N_KEYS, "topk": TOPK, "block": BLOCK, "n_blocks": N_KEYS // BLOCK,
                   "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
-        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS,
-                            "radix_bits": api.TOPK_RADIX_BITS},
+        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS},
     }
     q, w, cache, visible, rows = indexer_inputs(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
@@ -109,16 +107,16 @@ def main() -> None:
     n_blocks = N_KEYS // BLOCK
     want_topk = api.topk_of_scores(score, TOPK)
     want_mask = api.candidate_block_mask_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
-    for step, warps, radix in STEP_SWEEP:
+    for step, warps in STEP_SWEEP:
         def topk():
-            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps, radix)
+            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps)
 
         def blocks():
-            api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask, BLOCK, True, step, warps, radix)
+            api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask, BLOCK, True, step, warps)
 
         topk()
         blocks()
-        sweep[f"step{step}_warps{warps}_radix{radix}"] = {
+        sweep[f"step{step}_warps{warps}"] = {
             "topk_ms": median_ms(topk), "blocks_ms": median_ms(blocks),
             "equal": torch.equal(out_topk, want_topk) and torch.equal(out_mask.bool(), want_mask),
         }

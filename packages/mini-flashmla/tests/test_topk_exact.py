@@ -73,21 +73,6 @@ def test_candidate_block_mask_of_scores_exact(device, small_step, kind, n, compr
     assert_same(got, reference.candidate_block_mask_ref(score, compress_len, 8, topk_blocks))
 
 
-@pytest.mark.parametrize("radix_bits", [2, 4])
-@pytest.mark.parametrize("kind", ["bf16", "fp32"])
-def test_narrower_radix_digits_select_the_same(device, radix_bits, kind):
-    """The digit width is a launch choice (api.TOPK_RADIX_BITS): 2- and 4-bit digits (more passes, fewer histogram
-    bins) must select exactly what the reference does, top-k and candidate blocks ('fp32': every pass runs)."""
-    g = torch.Generator().manual_seed(radix_bits * 13 + len(kind))
-    score = tied_scores(g, 6, 300, kind)
-    got = torch.empty((6, 64), dtype=torch.int32, device=device)
-    api._launch_select(score.to(device), 300, 64, -1, got, 1, False, 64, 4, radix_bits)
-    assert_same(got, reference.indexer_topk_ref(score, 64))
-    mask = torch.empty((6, 300), dtype=torch.uint8, device=device)
-    api._launch_select(score.to(device), 38, 10, 37, mask, 8, True, 64, 4, radix_bits)
-    assert_same(mask.bool(), reference.candidate_block_mask_ref(score, 300, 8, 10))
-
-
 def test_strided_rows_and_default_step(device):
     """A view with a row stride wider than its columns (the engine slices score chunks), default loop step."""
     g = torch.Generator().manual_seed(5)

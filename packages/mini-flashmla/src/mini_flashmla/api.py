@@ -429,7 +429,6 @@ def candidate_block_mask(
 # --------------------------------------------------------------------------- selection over given scores
 TOPK_BLOCK = 4096  # items per step of the selection kernel's loops (a 64k-key row: 16 steps per pass)
 TOPK_NUM_WARPS = 8
-TOPK_RADIX_BITS = 8  # digit width of the radix select (topk_kernel.py's docstring)
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -468,15 +467,13 @@ def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block
 
 
 def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, out: torch.Tensor, group: int,
-                   mask_out: bool, block: int | None = None, num_warps: int | None = None,
-                   radix_bits: int | None = None) -> None:
-    """One topk_select_kernel program per row of score (fp32, unit column stride); block / num_warps / radix_bits
-    (None: TOPK_BLOCK / TOPK_NUM_WARPS / TOPK_RADIX_BITS) are arguments so the benchmark can sweep them."""
+                   mask_out: bool, block: int | None = None, num_warps: int | None = None) -> None:
+    """One topk_select_kernel program per row of score (fp32, unit column stride); block / num_warps (None:
+    TOPK_BLOCK / TOPK_NUM_WARPS) are arguments so the benchmark can sweep them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
     block = TOPK_BLOCK if block is None else block
     num_warps = TOPK_NUM_WARPS if num_warps is None else num_warps
-    radix_bits = TOPK_RADIX_BITS if radix_bits is None else radix_bits
 
     if score.dtype != torch.float32:
         raise ValueError(f"score must be fp32, got {score.dtype}")
@@ -485,5 +482,5 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     topk_select_kernel[(score.shape[0],)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0),
-        GROUP=group, BLOCK=block, MASK_OUT=mask_out, RADIX_BITS=radix_bits, num_warps=num_warps,
+        GROUP=group, BLOCK=block, MASK_OUT=mask_out, num_warps=num_warps,
     )

@@ -3,18 +3,14 @@ position (reference.topk_lowest_index), one program per row, no host synchronisa
 
 Each fp32 value becomes an order-preserving uint32 key (negatives: all bits flipped; non-negatives: sign bit set;
 -0.0 ranks as +0.0). A radix select on the key's bytes, most significant first, narrows a band [lo, hi] of keys
-that holds the k-th largest key: a histogram of the next RADIX_BITS-bit digit of the keys inside the band (8 bits:
-256 bins) says which digit value holds the k-th key and how many keys lie above it. The band is final once it holds
-exactly the keys still needed, or one key value: after 32 bits, or after 16 when no key has low 16 bits of its own
-(the indexer's scores are exactly bf16), so at 8-bit digits the usual row costs 2 passes, not 4. A last pass in
-position order keeps every key above the band plus the first `rem` keys inside it (`rem` = k minus the count
-above): that is the lowest-position-wins rule. It writes positions through a running prefix count, so they come out
-ascending without a sort.
-
-Digit width: tl.histogram counts a warp's values with one ballot per digit bit and, per bin a thread owns, an AND
-of those masks and a popcount, so its cost per value grows with the bins per thread (256 bins: 8 per thread;
-16 bins: at most 1). Narrower digits take more passes over the row; RADIX_BITS is a launch argument so that the
-benchmark can compare them (8, the measured default since session 3).
+that holds the k-th largest key: a 256-bin histogram of the next byte of the keys inside the band says which byte
+value holds the k-th key and how many keys lie above it. The band is final once it holds exactly the keys still
+needed, or one key value: after 4 bytes, or after 2 when no key has low 16 bits of its own (the indexer's scores
+are exactly bf16), so the usual row costs 2 passes, not 4. A last pass in position order keeps every key above the
+band plus the first `rem` keys inside it (`rem` = k minus the count above): that is the lowest-position-wins rule.
+It writes positions through a running prefix count, so they come out ascending without a sort. Narrower digits
+(16 or 4 bins: fewer histogram instructions per pass, more passes over the row) were exact and 1.2-1.7x slower on
+H200 (session 14 run 1, docs/reports/flashmla-topk-exact.md), so the digits stay bytes.
 
 An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tail padded with -inf (the candidate
 blocks: then the keep mask is written for every value of a kept block).
@@ -27,6 +23,8 @@ import triton.language as tl
 
 SIGN_BIT = tl.constexpr(0x80000000)
 LOW_HALF = tl.constexpr(0xFFFF)
+RADIX_BITS = tl.constexpr(8)
+RADIX_BINS = tl.constexpr(256)
 
 
 @triton.jit
@@ -55,16 +53,15 @@ def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: t
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
     out_ptr, stride_out,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr, RADIX_BITS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr,
 ):
     """Grid (rows,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items as in
-    _load_items; 1 <= k <= n_items; RADIX_BITS 2, 4 or 8 (a divisor of 16).
+    _load_items; 1 <= k <= n_items.
     MASK_OUT False: out int32 [rows, k] = the positions of the k selected items whose value is not -inf,
     ascending, then -1 (reference.indexer_topk_ref). MASK_OUT True: out uint8 [rows, n_values], 1 for every value
     of a selected item whose value is not -inf (reference.candidate_block_mask_ref).
     """
     row_off = tl.program_id(0).to(tl.int64) * stride_val
-    RADIX_BINS: tl.constexpr = 1 << RADIX_BITS
     offs0 = tl.arange(0, BLOCK)
     bins = tl.arange(0, RADIX_BINS)
     n_blocks = tl.cdiv(n_items, BLOCK)
@@ -75,8 +72,8 @@ def topk_select_kernel(
     rem = k + tl.zeros((), tl.int32)
     done = rem < 0  # false, as a tensor so the passes below can update it
     bf16_keys = done
-    for p in tl.static_range(32 // RADIX_BITS):
-        shift = 32 - RADIX_BITS * (p + 1)
+    for p in tl.static_range(4):
+        shift = 24 - RADIX_BITS * p
         hist = tl.zeros((RADIX_BINS,), tl.int32)
         other_low_bits = tl.zeros((), tl.int32)  # count of keys whose low 16 bits are not a bf16's (pass 0 only)
         for b in range(0, tl.where(done, 0, n_blocks)):
@@ -99,7 +96,7 @@ def topk_select_kernel(
         rem = tl.where(done, rem, new_rem)
         if p == 0:
             bf16_keys = other_low_bits == 0
-        if p == 16 // RADIX_BITS - 1:  # the top 16 bits are known: a bf16 key is final
+        if p == 1:
             done = done | bf16_keys
         done = done | band_full
 
