@@ -189,7 +189,7 @@ def _ws_tile(tile, layout_ptr, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n):
+def _scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n):
     """int32 pointers to the scale words of weight rows `rows` of expert `group` (sw UE8M0 [G, N, K / 32], strides in
     bytes; word i holds K steps 2i and 2i + 1); rows past N read row N - 1 (their results are not stored)."""
     return (sw_ptr + group.to(gl.int64) * stride_sw_g).to(gl.pointer_type(gl.int32)) \
@@ -239,7 +239,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
         if group >= 0:
             n0 = off_n + PART * ROWS
             rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, a_layout))
-            sw_rows = scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n)
+            sw_rows = _scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n)
             word = gl.load(sw_rows)
             acc = gl.zeros([ROWS, BLOCK_M], gl.float32, mma)
             for i in range(steps):
@@ -273,9 +273,8 @@ def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K,
     bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
     not written. CONSUMERS warpgroups split the tile's BLOCK_N = 256 weight rows: 2 x 128 (shipped), or 4 x 64
     (written in session 14 after its last GPU run, not yet measured: benchmarks/exp_gemm_gluon_fp4_ws.py
-    --consumers). Launch: persistent grid of at most one
-    program per SM, num_warps=4 (the first consumer warpgroup; the others and the producer warp come from
-    warp_specialize)."""
+    --consumers). Launch: persistent grid of at most one program per SM, num_warps=4 (the first consumer
+    warpgroup; the others and the producer warp come from warp_specialize)."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)

@@ -266,10 +266,10 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
 
 
 @gluon.jit
-def _allocate_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
+def _allocate_buffers(A_FORMAT: gl.constexpr):
     """Shared memory of a program: Q, the ring of bf16 tiles, the quantized rows' staging buffer (bf16 rows: none,
     the tiles stand in), and per tile a "full" mbarrier (bf16 rows: one cp.async arrival per producer thread; else
-    the producer's one arrival) and an "empty" one (CONSUMERS arrivals)."""
+    the producer's one arrival) and an "empty" one (the consumer partition's one arrival)."""
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
@@ -282,7 +282,7 @@ def _allocate_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=CONSUMERS)
+        mbarrier.init(empty.index(t), count=1)
     return q_smem, tiles, raw_vals, raw_scales, full, empty
 
 
@@ -308,7 +308,7 @@ def sparse_mla_fwd_gluon_kernel(
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
 
-    q_smem, tiles, raw_vals, raw_scales, full, empty = _allocate_buffers(A_FORMAT, 1)
+    q_smem, tiles, raw_vals, raw_scales, full, empty = _allocate_buffers(A_FORMAT)
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_ids_ptr, a_len,
                       a_rows, b_ids_ptr, b_len, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
