@@ -170,14 +170,25 @@ def bench_decode(dev, result: dict) -> None:
                                                           / out.float().norm()).item()
 
 
-def bench_indexer(dev, result: dict) -> None:
+INDEX_HEADS, INDEX_DIM = 32, 128
+
+
+def indexer_prefill_case(dev) -> tuple[torch.Tensor, ...]:
+    """(q, w, cache, visible, rows) of the indexer at the prefill shape: S_Q queries of INDEX_HEADS x INDEX_DIM (FP4
+    fake-quantized), their head weights, N_COMPRESSED packed FP4 keys of one sequence in contiguous rows, and each
+    query's visible count (causal by compressed position). Shared by bench_topk.py and the indexer experiments."""
     g = torch.Generator(device=dev).manual_seed(2)
-    n_heads, d = 32, 128
-    q = fp4_fakequant(torch.randn(S_Q, n_heads, d, device=dev, generator=g), 32, "ue8m0").bfloat16()
-    w = (torch.randn(S_Q, n_heads, device=dev, generator=g) * 0.02).bfloat16()
-    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, d, device=dev, generator=g))
+    q = fp4_fakequant(torch.randn(S_Q, INDEX_HEADS, INDEX_DIM, device=dev, generator=g), 32, "ue8m0").bfloat16()
+    w = (torch.randn(S_Q, INDEX_HEADS, device=dev, generator=g) * 0.02).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, INDEX_DIM, device=dev, generator=g))
     rows = mini_flashmla.key_range_rows(0, N_COMPRESSED, dev)
     visible = (torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO
+    return q, w, cache, visible, rows
+
+
+def bench_indexer(dev, result: dict) -> None:
+    n_heads, d = INDEX_HEADS, INDEX_DIM
+    q, w, cache, visible, rows = indexer_prefill_case(dev)
     t = bench(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
     result["indexer_scores_ms"] = t
     result["indexer_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9

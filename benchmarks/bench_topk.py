@@ -23,17 +23,14 @@ import os
 import statistics
 
 import torch
-from bench_flashmla import environment
-from mini_deepgemm.reference import fp4_fakequant
+from bench_flashmla import CONTEXT, RATIO, S_Q, environment, indexer_prefill_case
+from bench_flashmla import N_COMPRESSED as N_KEYS
 
 import mini_flashmla
 from mini_flashmla import api, reference
-from mini_flashmla.cache_layout import pack_index_k_fp4
 
-S_Q, CONTEXT, RATIO, TOPK = 4096, 131072, 2, 512
-N_KEYS = CONTEXT // RATIO
+TOPK = 512  # the shape (S_Q queries x N_KEYS keys, CONTEXT, RATIO) is bench_flashmla's indexer_prefill_case
 BLOCK, TOPK_BLOCKS = 8, 2048
-INDEX_HEADS, INDEX_DIM = 32, 128
 WARMUP, REPS = 3, 15
 # (loop step, warps). Session 14 run 1 also swept 4- and 2-bit radix digits: exact and 1.2-1.7x slower, so the
 # kernel's digit width went back to a fixed byte (docs/reports/flashmla-topk-exact.md).
@@ -55,16 +52,6 @@ def median_ms(fn) -> float:
     return statistics.median(times)
 
 
-def indexer_inputs(dev: torch.device):
-    g = torch.Generator(device=dev).manual_seed(2)
-    q = fp4_fakequant(torch.randn(S_Q, INDEX_HEADS, INDEX_DIM, device=dev, generator=g), 32, "ue8m0").bfloat16()
-    w = (torch.randn(S_Q, INDEX_HEADS, device=dev, generator=g) * 0.02).bfloat16()
-    cache = pack_index_k_fp4(torch.randn(N_KEYS, INDEX_DIM, device=dev, generator=g))
-    rows = mini_flashmla.key_range_rows(0, N_KEYS, dev)
-    visible = (torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO
-    return q, w, cache, visible, rows
-
-
 def bench_topk_level(score: torch.Tensor, tag: str, result: dict) -> None:
     result[f"{tag}_distinct_values_row0"] = int(score[0].unique().numel())
     result[f"{tag}_old_ms"] = median_ms(lambda: reference.indexer_topk_ref(score, TOPK))
@@ -84,7 +71,7 @@ def main() -> None:
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
         "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS},
     }
-    q, w, cache, visible, rows = indexer_inputs(dev)
+    q, w, cache, visible, rows = indexer_prefill_case(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
 
     bench_topk_level(score, "topk", result)

@@ -55,6 +55,14 @@ def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
                               {"BLOCK_M": 128, "BLOCK_N": 128, "GLUON_STAGES": 3, "GROUP_M": 8})
 
 
+def keep(rows: list[dict], row: dict) -> None:
+    """A finished case: kept for the JSON, printed at once (a later hang or timeout keeps what ran), and its
+    operands' cached blocks released before the next shape."""
+    rows.append(row)
+    print(row, flush=True)
+    torch.cuda.empty_cache()
+
+
 def write_rows(filename: str, rows: list[dict]) -> None:
     """$OUT/filename: the rows with the run's GPU, versions and timing method."""
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -108,9 +116,7 @@ def few_rows() -> None:
             fn(d)
             row[f"{key}_bitwise"] = bool(torch.equal(d[real], want[real]))
             row[f"{key}_tflops"] = flops / ms(lambda: fn(d)) / 1e9
-        out.append(row)
-        print(row, flush=True)
-        torch.cuda.empty_cache()
+        keep(out, row)
     write_rows("exp_gemm_gluon_fp4_ws_few_rows.json", out)
     keys = [k[:-7] for k in out[0] if k.endswith("_tflops")]
     print("| shape | " + " | ".join(keys) + " |")
@@ -140,9 +146,7 @@ def consumers() -> None:
                 ws_gemm(x, bq, sb, d, layout, stages, 4)
                 row[f"c4_s{stages}_bitwise"] = bool(torch.equal(d, want))
                 row[f"c4_s{stages}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, stages, 4)) / 1e9
-            out.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+            keep(out, row)
     write_rows("exp_gemm_gluon_fp4_ws_consumers.json", out)
     print("| routing | shape | 2 consumers (shipped) | 4 consumers, 4 stages | 6 stages | best / shipped | bitwise |")
     for r in out:
@@ -184,9 +188,7 @@ def main() -> None:
             s_a, s_b = torch.rand(layout.numel(), device="cuda") + 0.5, torch.rand(len(rows), N, device="cuda") + 0.5
             row["scaled_grouped_mm_fp8_tflops"] = flops / ms(lambda: torch._scaled_grouped_mm(
                 a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16)) / 1e9
-            rows_out.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+            keep(rows_out, row)
     write_rows("exp_gemm_gluon_fp4_ws.json", rows_out)
     print("| routing | shape | one warpgroup | WS 3 stages | WS 4 stages | scaled_grouped_mm FP8 | bitwise |")
     for r in rows_out:

@@ -41,13 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
-from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, environment, indexer_peer_ms
-from mini_deepgemm.reference import fp4_fakequant
-from mini_flashmla import api
-from mini_flashmla.cache_layout import pack_index_k_fp4
+from bench_flashmla import INDEX_DIM as D
+from bench_flashmla import INDEX_HEADS as N_HEADS
+from bench_flashmla import N_COMPRESSED, S_Q, bench
+from exp_indexer_tiles import measure, prefill_baseline
 from mini_flashmla.indexer_kernel import _dequant_keys, _score_tile
-
-N_HEADS, D = 32, 128
 
 
 @triton.jit
@@ -89,17 +87,7 @@ def launch(q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_sta
 
 
 def main() -> None:
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(2)
-    q = fp4_fakequant(torch.randn(S_Q, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
-    w = (torch.randn(S_Q, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
-    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
-    rows = api.key_range_rows(0, N_COMPRESSED, dev)
-    visible = ((torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO).to(torch.int64)
-    shipped = api.indexer_scores(q, w, cache, visible, rows)
-    result = environment(dev)
-    result["shipped_ms"] = bench(lambda: api.indexer_scores(q, w, cache, visible, rows))
-    result["fp8_scaled_mm_ms"] = indexer_peer_ms(dev, N_HEADS, D)
+    (q, w, cache, visible, rows), shipped, result = prefill_baseline(torch.device("cuda"))
     print("shipped", result["shipped_ms"], "ms; cuBLAS FP8 peer", result["fp8_scaled_mm_ms"], "ms", flush=True)
     out = torch.empty_like(shipped)
     configs = [c + (1,) for c in itertools.product((4, 8), (64, 128), (4, 8), (1, 2))]
@@ -110,18 +98,10 @@ def main() -> None:
             continue  # over 128 fp32 accumulator registers per thread
         row = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages, runs=runs)
         args = (q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, runs)
-        try:
-            out.fill_(7.0)
-            launch(*args)
-            diff = out != shipped
-            row["mismatches_vs_shipped"] = int(diff.sum())
-            finite = diff & torch.isfinite(shipped) & torch.isfinite(out)
-            row["max_abs_diff"] = float((out - shipped).abs()[finite].max()) if finite.any() else 0.0
-            row["ms"] = bench(lambda: launch(*args))
-        except Exception as exc:  # out of shared memory or registers: recorded, the sweep goes on
-            row["error"] = repr(exc)[:200]
-        rows_out.append(row)
-        print(row, flush=True)
+        rows_out.append(measure(row, lambda: launch(*args), out, shipped, "mismatches_vs_shipped", bench))
+        if row.get("mismatches_vs_shipped"):  # out still holds this configuration's scores
+            differ = (out != shipped) & torch.isfinite(shipped) & torch.isfinite(out)
+            row["max_abs_diff"] = float((out - shipped).abs()[differ].max()) if differ.any() else float("inf")
     result["rows"] = rows_out
     with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_query_stationary.json"), "w") as f:
         json.dump(result, f, indent=1)

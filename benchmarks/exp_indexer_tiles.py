@@ -28,26 +28,52 @@ import os
 import sys
 
 import torch
-from bench_flashmla import CONTEXT, N_COMPRESSED, RATIO, S_Q, bench, bench_graph, environment, indexer_peer_ms
+from bench_flashmla import INDEX_DIM as D
+from bench_flashmla import INDEX_HEADS as N_HEADS
+from bench_flashmla import N_COMPRESSED, S_Q, bench, bench_graph, environment, indexer_peer_ms, indexer_prefill_case
 from mini_deepgemm.reference import fp4_fakequant
+from mini_deepgemm._backend import sm_count
 from mini_flashmla import api
 from mini_flashmla.cache_layout import pack_index_k_fp4
 from mini_flashmla.indexer_kernel import indexer_scores_kernel, indexer_scores_per_query_kernel
-
-N_HEADS, D = 32, 128
 
 
 def launch(q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, programs_per_sm):
     """indexer_scores_kernel on one shared key list, as api.indexer_scores but with every launch choice given."""
     key_tiles = math.ceil(N_COMPRESSED / block_k)
     query_tiles = math.ceil(S_Q / block_q)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = sm_count(q.device)
     queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (programs_per_sm * sms)))
     grid = (key_tiles, math.ceil(S_Q / queries_per_program))
     indexer_scores_kernel[grid](
         q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], rows, 0, visible, out, out.stride(0),
         S_Q, N_COMPRESSED, queries_per_program, H=N_HEADS, D=D, BLOCK_Q=block_q, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages)
+
+
+def measure(row: dict, call, out: torch.Tensor, want: torch.Tensor, key: str, timer) -> dict:
+    """One sweep entry: call (which writes out) once, out's mismatches against want as row[key], then row["ms"] by
+    timer. A launch that fails (out of shared memory or registers) is recorded as row["error"] and the sweep goes
+    on. Prints the row and returns it."""
+    try:
+        out.fill_(7.0)
+        call()
+        row[key] = int((out != want).sum())
+        row["ms"] = timer(call)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        row["error"] = repr(exc)[:200]
+    print(row, flush=True)
+    return row
+
+
+def prefill_baseline(dev: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict]:
+    """(bench_flashmla's prefill indexer case, the routed API's scores on it, a result dict with the environment,
+    the routed API's time and the cuBLAS FP8 peer's)."""
+    case = indexer_prefill_case(dev)
+    result = environment(dev)
+    result["shipped_ms"] = bench(lambda: api.indexer_scores(*case))
+    result["fp8_scaled_mm_ms"] = indexer_peer_ms(dev, N_HEADS, D)
+    return case, api.indexer_scores(*case), result
 
 
 def per_query() -> None:
@@ -66,7 +92,7 @@ def per_query() -> None:
         routed = api.indexer_scores(q, w, cache, visible, key_rows)
         routed_ms = bench_graph(lambda: api.indexer_scores(q, w, cache, visible, key_rows))
         out = torch.empty_like(routed)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        sms = sm_count(dev)
 
         def old_launch():  # the launch routed until session 14 run 2: indexer_scores_kernel, one query, 128 keys
             indexer_scores_kernel[(math.ceil(N_COMPRESSED / 128), batch)](
@@ -89,15 +115,7 @@ def per_query() -> None:
             if cfg:
                 row.update(zip(("block_k", "num_stages", "num_warps", "programs_per_sm", "asm"), cfg))
             call = old_launch if kind == "old" else (lambda cfg=cfg: new_launch(*cfg))
-            try:
-                out.fill_(7.0)
-                call()
-                row["mismatches_vs_routed"] = int((out != routed).sum())
-                row["ms"] = bench_graph(call)
-            except Exception as exc:  # out of shared memory or registers: recorded, the sweep goes on
-                row["error"] = repr(exc)[:200]
-            rows_out.append(row)
-            print(row, flush=True)
+            rows_out.append(measure(row, call, out, routed, "mismatches_vs_routed", bench_graph))
         torch.cuda.empty_cache()
     result["rows"] = rows_out
     with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles_per_query.json"), "w") as f:
@@ -110,17 +128,7 @@ def per_query() -> None:
 
 
 def main() -> None:
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(2)
-    q = fp4_fakequant(torch.randn(S_Q, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
-    w = (torch.randn(S_Q, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
-    cache = pack_index_k_fp4(torch.randn(N_COMPRESSED, D, device=dev, generator=g))
-    rows = api.key_range_rows(0, N_COMPRESSED, dev)
-    visible = ((torch.arange(CONTEXT - S_Q, CONTEXT, device=dev) + 1) // RATIO).to(torch.int64)
-    shipped = api.indexer_scores(q, w, cache, visible, rows)
-    result = environment(dev)
-    result["shipped_ms"] = bench(lambda: api.indexer_scores(q, w, cache, visible, rows))
-    result["fp8_scaled_mm_ms"] = indexer_peer_ms(dev, N_HEADS, D)
+    (q, w, cache, visible, rows), shipped, result = prefill_baseline(torch.device("cuda"))
     out = torch.empty_like(shipped)
     rows_out = []
     grid = itertools.product((4, 8), (64, 128, 256), (4, 8), (1, 2, 3), (4, 8))
@@ -129,16 +137,8 @@ def main() -> None:
             continue  # over 128 fp32 accumulator registers per thread (N_HEADS x block_q x block_k / threads)
         row = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                    programs_per_sm=programs_per_sm)
-        try:
-            out.fill_(7.0)
-            args = (q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, programs_per_sm)
-            launch(*args)
-            row["mismatches_vs_shipped"] = int((out != shipped).sum())
-            row["ms"] = bench(lambda: launch(*args))
-        except Exception as exc:  # out of shared memory or registers: recorded, the sweep goes on
-            row["error"] = repr(exc)[:200]
-        rows_out.append(row)
-        print(row, flush=True)
+        args = (q, w, cache, visible, rows, out, block_q, block_k, num_warps, num_stages, programs_per_sm)
+        rows_out.append(measure(row, lambda: launch(*args), out, shipped, "mismatches_vs_shipped", bench))
     result["rows"] = rows_out
     with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
