@@ -102,7 +102,7 @@ def per_query() -> None:
 
         def new_launch(block_k, num_stages, num_warps, per_sm, asm):
             tiles = max(1, min(64, math.ceil(N_COMPRESSED / block_k) * batch // (per_sm * sms)))
-            indexer_scores_per_query_kernel[(math.ceil(N_COMPRESSED / (block_k * tiles)), batch)](
+            indexer_scores_per_query_kernel[(batch, math.ceil(N_COMPRESSED / (block_k * tiles)))](
                 q, q.stride(0), q.stride(1), w, w.stride(0), cache, cache.shape[0], key_rows, key_rows.stride(0),
                 visible, out, out.stride(0), N_COMPRESSED, block_k * tiles, H=N_HEADS, D=D, BLOCK_K=block_k,
                 STAGES=num_stages, ASM=asm, num_warps=num_warps)

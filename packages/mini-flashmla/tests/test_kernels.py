@@ -325,10 +325,10 @@ def test_indexer_per_query_runs_of_key_tiles(device):
 
 
 def test_indexer_per_query_beyond_one_grid_axis(device):
-    """More queries than CUDA's 65,535 grid rows (the API launches twice); 4 heads, as the tiny model's indexer; each
-    query its own 64 keys, -1 rows and visibility as a decode batch has them."""
+    """More queries than CUDA allows on a launch grid's y axis (65,535; the per-query kernel puts them on x); 4 heads,
+    as the tiny model's indexer; each query its own 64 keys, -1 rows and visibility as a decode batch has them."""
     g = torch.Generator().manual_seed(15)
-    s_q, n_keys = api.MAX_GRID_Y + 70, 64
+    s_q, n_keys = 65_535 + 70, 64
     q, w, cache = _indexer_case(g, s_q, 2000, device, n_heads=4)
     rows = torch.randint(0, 2000, (s_q, n_keys), generator=g, dtype=torch.int32)
     rows[::7, 40:] = -1

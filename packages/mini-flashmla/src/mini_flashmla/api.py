@@ -47,7 +47,6 @@ INDEXER_PER_QUERY_BLOCK_K = 128
 INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
 INDEXER_PER_QUERY_PROGRAMS_PER_SM = 4
-MAX_GRID_Y = 65535  # CUDA's limit on a launch grid's y (and z) extent
 
 
 @functools.cache
@@ -331,13 +330,11 @@ def indexer_scores(
         key_tiles = math.ceil(n_keys / INDEXER_PER_QUERY_BLOCK_K)
         tiles_per_program = max(1, min(64, key_tiles * s_q // (INDEXER_PER_QUERY_PROGRAMS_PER_SM * sms)))
         keys_per_program = INDEXER_PER_QUERY_BLOCK_K * tiles_per_program
-        for q0 in range(0, s_q, MAX_GRID_Y):  # queries are the grid's y axis: at most 65,535 per launch
-            q1 = min(s_q, q0 + MAX_GRID_Y)
-            indexer_scores_per_query_kernel[(math.ceil(n_keys / keys_per_program), q1 - q0)](
-                q[q0:q1], q.stride(0), q.stride(1), weights[q0:q1], weights.stride(0), index_k_cache,
-                index_k_cache.shape[0], key_rows[q0:q1], key_rows.stride(0), visible[q0:q1], out[q0:q1],
-                out.stride(0), n_keys, keys_per_program, H=n_heads, D=d, BLOCK_K=INDEXER_PER_QUERY_BLOCK_K,
-                STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), num_warps=INDEXER_PER_QUERY_WARPS)
+        indexer_scores_per_query_kernel[(s_q, math.ceil(n_keys / keys_per_program))](
+            q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
+            key_rows, key_rows.stride(0), visible, out, out.stride(0), n_keys, keys_per_program, H=n_heads, D=d,
+            BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(),
+            num_warps=INDEXER_PER_QUERY_WARPS)
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
     # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,

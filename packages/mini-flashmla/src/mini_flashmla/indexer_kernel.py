@@ -99,9 +99,11 @@ def indexer_scores_per_query_kernel(
     H: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
 ):
     """The per-query case of indexer_scores_kernel (decode: each query its own key list, key_rows int32
-    [s_q, n_keys] with row stride stride_key_rows_s). Grid (cdiv(n_keys, keys_per_program), s_q): a program loads
-    its query and head weights once and walks keys_per_program keys in BLOCK_K tiles (their loads software-pipelined
-    STAGES deep; 1 measured best, the other programs on the SM hide the latency). Keys at or past visible[i] are not
+    [s_q, n_keys] with row stride stride_key_rows_s). Grid (s_q, cdiv(n_keys, keys_per_program)): the queries on the
+    x axis, where CUDA allows 2^31 - 1 programs (65,535 on y). A program loads its query and head weights once and
+    walks keys_per_program keys in BLOCK_K tiles (their loads software-pipelined STAGES deep; 1 measured best, the
+    other programs on the SM hide the latency). Session 14 run 4 measured the grid with the axes the other way round;
+    programs share nothing but their q, so their order should not matter. Keys at or past visible[i] are not
     read (their row ids load as -1). Same scores, bit for bit, as indexer_scores_kernel with BLOCK_Q = 1: the same
     products and sums per key.
     Why a kernel of its own: indexer_scores_kernel's per-query launch (one program per query and 128 keys) reloaded
@@ -110,8 +112,8 @@ def indexer_scores_per_query_kernel(
     reads them at 1.06-1.27 TB/s, 2.8-3.3x faster at batch 64 / 256 with 65,536 keys each (session 14 run 4,
     benchmarks/exp_indexer_tiles.py --per-query; the integer decode alone in this kernel: 0.32-0.43 TB/s).
     """
-    i = tl.program_id(1).to(tl.int64)
-    first = tl.program_id(0) * keys_per_program
+    i = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * keys_per_program
     h = tl.arange(0, H)
     q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
     w = tl.load(w_ptr + i * stride_w_s + h).to(tl.float32)
