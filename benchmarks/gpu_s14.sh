@@ -23,8 +23,8 @@
 #       medium model at 32k and 131k context with a profile (where the per-query indexer kernel matters; the
 #       committed decode figures are at 1,024))
 #   source .devdeps/env.sh && PART=next2 bash benchmarks/gpu_s14.sh (for the next session, 1 x H200, ~5 minutes, never
-#       run: exp_indexer_query_stationary.py (the prefill indexer with queries held and keys streamed), then
-#       mini-flashmla's GPU tests (the per-query path's 65,535-query launches))
+#       run: exp_indexer_query_stationary.py (the prefill indexer with queries held and keys streamed), the per-query
+#       kernel again with its grid's axes swapped after run 4 (queries on x), then mini-flashmla's GPU tests)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s14
 case "${PART:-r2}" in
@@ -76,9 +76,10 @@ next)
   cat "$OUT/summary.txt"; tail -3 "$OUT/gemm_gluon.txt"; tail -9 "$OUT/consumers.txt"; tail -30 "$OUT/decode_long.txt"
   ;;
 next2)
-  run query_stationary 240 bash -c "cd benchmarks && python3 exp_indexer_query_stationary.py"
+  run query_stationary 200 bash -c "cd benchmarks && python3 exp_indexer_query_stationary.py"
+  run indexer_per_query 100 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
   run flashmla_tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 packages/mini-flashmla/tests -m gpu
-  cat "$OUT/summary.txt"; tail -24 "$OUT/query_stationary.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/flashmla_tests.txt" | tail -8
+  cat "$OUT/summary.txt"; tail -24 "$OUT/query_stationary.txt"; tail -20 "$OUT/indexer_per_query.txt"; grep -E "FAILED|ERROR|passed|failed" "$OUT/flashmla_tests.txt" | tail -8
   ;;
 esac
 pack_out
