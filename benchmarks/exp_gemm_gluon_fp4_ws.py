@@ -13,17 +13,13 @@ API ran on the swap-AB kernel's 128 x 64 tiles (BLOCK_M = 64) until session 13; 
 the one-warpgroup kernel's 128 x 64 tile against it, bitwise, on the same activations. Session 13 run 5 also timed
 the warp-specialized kernel with 64-token tiles (191-196 against 263-267 TFLOP/s at 128 tokens); the launcher's
 token-tile argument that allowed it was removed after (commit 9821138 has it).
-Consumers (--consumers, written in session 14 after its last GPU run, not yet run): the 256-row tile split over 4
-consumer warpgroups of 64 rows instead of 2 of 128. A warpgroup alternates converting its rows' FP4 weights and
-waiting for its own MMAs, and the tensor core idles when no warpgroup has MMAs in flight. With 2 warpgroups, one's
-conversion of 128 rows must fit under the other's 128-row MMAs. With 4, each converts half as many rows, and three
-others' MMAs are queued. The cost: 112 registers per consumer (20 warps), 4 bytes of spills offline, and the
-activation tile is read by four MMAs per step instead of two. At 4 and 6 stages, on the routings above and the
-few-rows one, bitwise against the shipped 2 consumers (same products, same K order).
+Consumers (--consumers, session 15 run 1): the 256-row tile split over 4 consumer warpgroups of 64 rows instead
+of 2 of 128: 0.98-1.00x, bitwise equal (docs/reports/deepgemm-gluon-fp4-ws.md); the kernel's CONSUMERS parameter
+was removed after (commit c500079 has it).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
-exp_gemm_gluon_fp4_ws_few_rows.json; consumers: exp_gemm_gluon_fp4_ws_consumers.json).
+exp_gemm_gluon_fp4_ws_few_rows.json).
 
-    cd benchmarks && timeout 240 python3 exp_gemm_gluon_fp4_ws.py [--few-rows | --consumers]
+    cd benchmarks && timeout 240 python3 exp_gemm_gluon_fp4_ws.py [--few-rows]
 """
 
 from __future__ import annotations
@@ -46,8 +42,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4, consumers: int = 2) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, consumers)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -80,12 +76,10 @@ def smoke(result) -> None:
     ws_gemm(x, bq, sb, d, layout)
     want = torch.zeros_like(d)
     one_warpgroup_gemm(x, bq, sb, want, layout)
-    d4 = torch.zeros_like(d)
-    ws_gemm(x, bq, sb, d4, layout, consumers=4)
     ref = torch.zeros(layout.numel(), 512, dtype=torch.bfloat16)
     G.m_grouped_fp8_fp4_gemm_nt_contiguous((a.cpu(), sa.cpu()), (bq.cpu(), sb.cpu()), ref, layout.cpu())
     real = layout >= 0
-    result.put(dict(bitwise_vs_one_warpgroup=bool(torch.equal(d, want)), four_consumers_bitwise=bool(torch.equal(d4, d)),
+    result.put(dict(bitwise_vs_one_warpgroup=bool(torch.equal(d, want)),
                     padding_untouched=bool((d[~real] == 0).all()),
                     diff_vs_reference=calc_diff(d[real].float(), ref.cuda()[real].float())))
 
@@ -125,41 +119,7 @@ def few_rows() -> None:
                                                                            else " (NOT bitwise)") for k in keys) + " |")
 
 
-def consumers() -> None:
-    """The shipped 2 consumer warpgroups against 4 (see the module docstring), on the prefill routings and the
-    few-rows one."""
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    cpu = torch.Generator().manual_seed(4)
-    routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}
-    out = []
-    for routing, (groups, lo, hi) in routings.items():
-        rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
-        for name, (N, K) in SHAPES.items():
-            a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
-            flops = 2 * sum(rows) * N * K
-            want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
-            ws_gemm(x, bq, sb, want, layout)
-            row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows))
-            row["shipped_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9
-            for stages in (4, 6):
-                d = torch.zeros_like(want)
-                ws_gemm(x, bq, sb, d, layout, stages, 4)
-                row[f"c4_s{stages}_bitwise"] = bool(torch.equal(d, want))
-                row[f"c4_s{stages}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, stages, 4)) / 1e9
-            keep(out, row)
-    write_rows("exp_gemm_gluon_fp4_ws_consumers.json", out)
-    print("| routing | shape | 2 consumers (shipped) | 4 consumers, 4 stages | 6 stages | best / shipped | bitwise |")
-    for r in out:
-        best = max(r["c4_s4_tflops"], r["c4_s6_tflops"])
-        print(f"| {r['routing']} | {r['name']} | {r['shipped_tflops']:.0f} | {r['c4_s4_tflops']:.0f} | "
-              f"{r['c4_s6_tflops']:.0f} | {best / r['shipped_tflops']:.2f} | {r['c4_s4_bitwise'] and r['c4_s6_bitwise']} |")
-
-
 def main() -> None:
-    if "--consumers" in sys.argv:
-        print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
-        consumers()
-        return
     if "--few-rows" in sys.argv:
         print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
         few_rows()

@@ -540,29 +540,22 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
         GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 
-# fp4_contiguous_ws_kernel's consumer warpgroups -> (registers per consumer, producer registers): 2 x 128 weight rows
-# (shipped) take _GLUON_CONSUMER_REGS in 12 warps; 4 x 64 rows (session 14, offline only: 4 bytes of spills) share
-# 20 warps' 96 registers per thread, so the producer gives back all but 24.
-_GLUON_WS_REGS = {2: (_GLUON_CONSUMER_REGS, _GLUON_PRODUCER_REGS), 4: (112, 24)}
-
-
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                                  layout: torch.Tensor, stages: int, consumers: int = 2) -> None:
+                                  layout: torch.Tensor, stages: int) -> None:
     """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
-    tokens, the layout's alignment, per persistent tile, split over `consumers` warpgroups; bitwise equal to
-    fp4_grouped_gemm_kernel) on x from _dequant_activations. Its TMA copies need 16-byte aligned x and bq (checked
-    by _use_gluon; x is allocated by the pass)."""
+    tokens, the layout's alignment, per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from
+    _dequant_activations. Its TMA copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the
+    pass)."""
     from .gemm_gluon_kernel import fp4_contiguous_ws_kernel
 
     G, N, K2 = bq.shape
     M, K = x.shape
     tiles = cdiv(M, _M_ALIGNMENT) * cdiv(N, 256)
-    consumer_regs, producer_regs = _GLUON_WS_REGS[consumers]
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
         _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
-        sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs, CONSUMERS=consumers, num_warps=4,
-        maxnreg=65536 // ((4 * consumers + 4) * 32) // 8 * 8)
+        sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
+        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4,
+        maxnreg=65536 // (12 * 32) // 8 * 8)
 
 
 def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

@@ -221,13 +221,13 @@ def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N,
 
 @gluon.jit
 def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
-                 PART: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr):
-    """One warpgroup: weight rows [PART * ROWS, PART * ROWS + ROWS) of each tile (ROWS = BLOCK_N / CONSUMERS),
-    fp4_grouped_gemm_kernel's step on them, its scale word loaded from global memory a step ahead."""
+                 HALF: gl.constexpr, GROUP_M: gl.constexpr):
+    """One warpgroup: weight rows [HALF * 128, HALF * 128 + 128) of each tile, fp4_grouped_gemm_kernel's step on
+    them, its scale word loaded from global memory a step ahead."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     BLOCK_N: gl.constexpr = w_ring.type.shape[1]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
-    ROWS: gl.constexpr = BLOCK_N // CONSUMERS
+    ROWS: gl.constexpr = BLOCK_N // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1])  # n fastest: d rows n-contiguous
@@ -237,7 +237,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         off_m, off_n, group = _ws_tile(tile, layout_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         if group >= 0:
-            n0 = off_n + PART * ROWS
+            n0 = off_n + HALF * ROWS
             rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, a_layout))
             sw_rows = _scale_word_rows(sw_ptr, group, rows, N, stride_sw_g, stride_sw_n)
             word = gl.load(sw_rows)
@@ -246,7 +246,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
                 slot = step % STAGES
                 ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)  # one word holds two steps' scales
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                packed = w_ring.index(slot).slice(PART * ROWS, ROWS, dim=0).load(a_layout)
+                packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
                 w_even, w_odd = weights_of_step(packed, word, i, second)
                 tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
                 tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
@@ -265,38 +265,24 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
 @gluon.jit
 def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
                              STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                             PRODUCER_REGS: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+                             PRODUCER_REGS: gl.constexpr):
     """The contiguous layout of fp4_grouped_gemm_kernel, warp-specialized: d[m, n] = sum_k x[m, k] *
     dequant(w[layout[m]])[n, k]. x bf16 [M, K] in the FP4 K order, by x_desc in [BLOCK_M, 32] boxes; w packed e2m1
-    as uint8 [G * N, K / 2] by w_desc in [BLOCK_N, 32] boxes (rows of the next group, or TMA's zeros past the last,
-    fill a partial tile; their results are not stored); sw UE8M0 [G, N, K / 32] read as int32 words (strides in
-    bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
-    not written. CONSUMERS warpgroups split the tile's BLOCK_N = 256 weight rows: 2 x 128 (shipped), or 4 x 64
-    (written in session 14 after its last GPU run, not yet measured: benchmarks/exp_gemm_gluon_fp4_ws.py
-    --consumers). Launch: persistent grid of at most one program per SM, num_warps=4 (the first consumer
-    warpgroup; the others and the producer warp come from warp_specialize)."""
+    as uint8 [G * N, K / 2] by w_desc in [BLOCK_N = 256, 32] boxes (rows of the next group, or TMA's zeros past the
+    last, fill a partial tile; their results are not stored); sw UE8M0 [G, N, K / 32] read as int32 words (strides
+    in bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
+    not written. Two consumer warpgroups take 128 of the tile's weight rows each (4 x 64 was a tie, session 15:
+    docs/reports/deepgemm-gluon-fp4-ws.md). Launch: persistent grid of at most one program per SM, num_warps=4 (the
+    first consumer warpgroup; the second and the producer warp come from warp_specialize)."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
-    ready, empty = _ring_barriers(STAGES, CONSUMERS)  # "empty": one arrival per consumer warpgroup
-    if CONSUMERS == 2:
-        gl.warp_specialize(
-            [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 0, 2, GROUP_M)),
-             (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 1, 2, GROUP_M)),
-             (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
-            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize(
-            [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 0, 4, GROUP_M)),
-             (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 1, 4, GROUP_M)),
-             (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 2, 4, GROUP_M)),
-             (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g,
-                             stride_sw_n, stride_d, 3, 4, GROUP_M)),
-             (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
-            [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
+    gl.warp_specialize(
+        [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
+                         stride_d, 0, GROUP_M)),
+         (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
+                         stride_d, 1, GROUP_M)),
+         (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
+        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(ready, empty)
