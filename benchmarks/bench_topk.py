@@ -7,7 +7,11 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
 - candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
   reference.candidate_block_mask_ref vs api.candidate_block_mask_of_scores.
 - a sweep of the kernel's loop step and warps (each result checked equal to the default's), and
-  scores + top-k chunked (api.indexer_topk) end to end.
+  scores + top-k chunked (api.indexer_topk) end to end;
+- decode (session 15): top-512 of 65,536 keys for 8-256 queries (the last rows of the same scores, which see every
+  key): one program per query against the chunked route at 2-16 key chunks and the routed choice, each checked
+  equal to the reference, timed as CUDA-graph replays (the engine's decode step runs in a graph, so the chunked
+  route's extra launches cost no host time there).
 Scores are the real indexer's (random FP4 queries and keys), so ties are as common as in the engine; a second top-k
 case rounds them to a few distinct values (most of every row ties). Every new result is checked equal to the
 reference's on the full shape. Times: median of CUDA-event timings of single calls after warm-up.
@@ -57,6 +61,42 @@ def bench_topk_level(score: torch.Tensor, tag: str, result: dict) -> None:
     result[f"{tag}_old_ms"] = median_ms(lambda: reference.indexer_topk_ref(score, TOPK))
     result[f"{tag}_new_ms"] = median_ms(lambda: api.topk_of_scores(score, TOPK))
     result[f"{tag}_equal"] = torch.equal(api.topk_of_scores(score, TOPK), reference.indexer_topk_ref(score, TOPK))
+
+
+DECODE_BATCHES = [8, 32, 64, 128, 256]
+DECODE_CHUNKS = [2, 4, 8, 16]
+
+
+def graph_ms(fn) -> float:
+    """median_ms of the replay of a CUDA graph holding one call of fn."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
+
+
+def decode_sweep(score: torch.Tensor) -> list[dict]:
+    rows = []
+    for batch in DECODE_BATCHES:
+        s = score[-batch:].contiguous()
+        want = reference.indexer_topk_ref(s, TOPK)
+        out = torch.empty((batch, TOPK), dtype=torch.int32, device=s.device)
+        api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)
+        row = {"batch": batch, "n_keys": N_KEYS, "one_program_per_query_ms": graph_ms(
+            lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)), "one_program_equal": torch.equal(out, want),
+            "routed_chunks": api._topk_chunks(batch, N_KEYS, TOPK, api._num_sms(s.device)),
+            "routed_ms": graph_ms(lambda: api.topk_of_scores(s, TOPK)),
+            "routed_equal": torch.equal(api.topk_of_scores(s, TOPK), want)}
+        for chunks in DECODE_CHUNKS:
+            row[f"chunks{chunks}_ms"] = graph_ms(lambda: api._chunked_topk(s, TOPK, chunks))
+            row[f"chunks{chunks}_equal"] = torch.equal(api._chunked_topk(s, TOPK, chunks), want)
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -109,6 +149,8 @@ def main() -> None:
         }
     result["kernel_step_sweep"] = sweep
 
+    result["decode"] = decode_sweep(score)
+
     result["scores_ms"] = median_ms(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
     result["indexer_topk_chunked_ms"] = median_ms(lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, TOPK))
     result["peak_memory_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -127,6 +169,13 @@ def print_summary(r: dict) -> None:
     print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
     for name, t in r["kernel_step_sweep"].items():
         print(f"  {name}: topk {t['topk_ms']:.3f} ms, blocks {t['blocks_ms']:.3f} ms, equal {t['equal']}")
+    print("| queries | one program per query ms | " + " | ".join(f"{c} chunks ms" for c in DECODE_CHUNKS)
+          + " | routed (chunks) ms | all equal |")
+    for d in r["decode"]:
+        equal = d["one_program_equal"] and d["routed_equal"] and all(d[f"chunks{c}_equal"] for c in DECODE_CHUNKS)
+        print(f"| {d['batch']} | {d['one_program_per_query_ms']:.4f} | "
+              + " | ".join(f"{d[f'chunks{c}_ms']:.4f}" for c in DECODE_CHUNKS)
+              + f" | {d['routed_ms']:.4f} ({d['routed_chunks']}) | {equal} |")
     print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms; "
           f"peak {r['peak_memory_gb']:.1f} GiB")
 

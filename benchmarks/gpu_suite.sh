@@ -25,7 +25,7 @@ wait
 run offline 60 python3 runtime/examples/offline_inference.py
 if [ "${SUITE_BENCH:-1}" = 1 ]; then
   run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
-  run sampler 40 python3 benchmarks/mini_deepinfer_sampler.py --out "$OUT/sampler.json"
+  run sampler 40 python3 benchmarks/bench_logits_sampler.py --out "$OUT/sampler.json"
 fi
 cat "$OUT/env.txt" "$OUT/summary.txt"
 for f in tests_1gpu tests_2gpu; do echo "--- $f"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/$f.txt" | tail -25; done

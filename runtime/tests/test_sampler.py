@@ -131,10 +131,32 @@ def test_triton_kernel_is_bit_identical_to_the_torch_reference(rows, vocab):
     torch_cpu = gumbel_argmax_torch(logits.cpu(), temps.cpu(), keys.cpu())
     assert torch.equal(triton_tokens, torch_cuda)
     assert torch.equal(triton_tokens.cpu(), torch_cpu)
+    # the vocabulary slices per program do not change a token: 2,048 (many slices), one slice per row
+    for vocab_slice in (2048, -(-vocab // 2048) * 2048):
+        sliced = gumbel_argmax_triton(logits, temps, keys, torch.empty_like(out), vocab_slice=vocab_slice)
+        assert torch.equal(sliced, torch_cuda), vocab_slice
     # a row alone gives the same token as in the batch
     for r in range(min(rows, 3)):
         alone = gumbel_argmax_triton(logits[r : r + 1], temps[r : r + 1], keys[r : r + 1], out[:1].clone())
         assert int(alone) == int(triton_tokens[r])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernel_ties_across_vocabulary_slices_go_to_the_lowest_id():
+    from mini_deepinfer.layers.sampler import VOCAB_SLICE, gumbel_argmax_triton
+
+    vocab = 129280
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(4)).cuda()
+    logits[0, [VOCAB_SLICE + 5, 3 * VOCAB_SLICE + 1]] = 50.0  # tie in two later slices
+    logits[1, [vocab - 1, 2]] = 50.0  # tie between the last slice and the first
+    logits[2] = float("-inf")  # slices of only -inf (they report id 0) around a tie in slices 1 and 2
+    logits[2, [VOCAB_SLICE, 2 * VOCAB_SLICE]] = 1.0
+    temps = torch.zeros(3, dtype=torch.float64, device="cuda")
+    keys = sample_keys(torch.arange(3, device="cuda"), torch.zeros(3, dtype=torch.int64, device="cuda"))
+    got = gumbel_argmax_triton(logits, temps, keys, torch.empty(3, dtype=torch.int64, device="cuda"))
+    assert got.tolist() == [VOCAB_SLICE + 5, 2, VOCAB_SLICE]
+    assert torch.equal(got, gumbel_argmax_torch(logits, temps, keys))
 
 
 @pytest.mark.gpu

@@ -58,6 +58,25 @@ def test_topk_of_scores_exact(device, small_step, kind, n, k):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
+@pytest.mark.parametrize("n,k,chunks", [(1000, 100, 2), (1000, 100, 16), (300, 64, 3), (129, 1, 4), (40, 40, 3)])
+def test_chunked_topk_exact(device, small_step, kind, n, k, chunks):
+    """The decode route's two passes (per-chunk candidates, then the selection among them), including chunks
+    shorter than k (1,000 keys in 16 chunks of 63) and a k equal to the row length."""
+    g = torch.Generator().manual_seed(n * 13 + k + chunks)
+    score = tied_scores(g, 6, n, kind)
+    assert_same(api._chunked_topk(score.to(device), k, chunks), reference.indexer_topk_ref(score, k))
+
+
+def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
+    monkeypatch.setattr(api, "TOPK_MIN_CHUNK_KEYS", 16)
+    sms = api._num_sms(torch.device(device))
+    assert api._topk_chunks(6, 1000, 100, sms) > 1 and api._topk_chunks(6 * 4 * sms, 1000, 100, sms) == 1
+    g = torch.Generator().manual_seed(8)
+    score = tied_scores(g, 6, 1000, "few")
+    assert_same(api.topk_of_scores(score.to(device), 100), reference.indexer_topk_ref(score, 100))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
 @pytest.mark.parametrize("n,compress_len,topk_blocks", [
     (300, 300, 10),  # the newest entry's block forced
     (301, 1, 10),  # n not a multiple of 8; the first block forced
@@ -93,7 +112,8 @@ def test_empty_shapes(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="prefill row length: CUDA only")
 def test_prefill_shape_exact_without_sync():
     """64 queries x 65,536 keys, top-512 and top-2048 of 8,192 blocks, causal -inf tails and few distinct values,
-    with CUDA's sync debug mode raising on any host synchronisation."""
+    with CUDA's sync debug mode raising on any host synchronisation. At 64 queries the top-k takes the chunked
+    route (8 chunks on an H200)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     n = 65536
     score = (torch.randn(64, n, device="cuda", generator=g) * 0.25).bfloat16().float()

@@ -426,6 +426,13 @@ def candidate_block_mask(
 # --------------------------------------------------------------------------- selection over given scores
 TOPK_BLOCK = 4096  # items per step of the selection kernel's loops (a 64k-key row: 16 steps per pass)
 TOPK_NUM_WARPS = 8
+# Decode: with one program per query, batch 32 at 131k context (65,536 keys) ran 215 us per layer in session 15's
+# profile of the medium model, on 32 of 132 SMs. topk_of_scores splits each query's keys into chunks (a power of
+# two, at most TOPK_MAX_CHUNKS, each of at least TOPK_MIN_CHUNK_KEYS keys) until there are TOPK_PROGRAMS_PER_SM
+# programs per SM, then selects among the chunks' candidates (bench_topk.py --decode sweeps the chunk count).
+TOPK_PROGRAMS_PER_SM = 2
+TOPK_MIN_CHUNK_KEYS = 8192
+TOPK_MAX_CHUNKS = 16
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -433,15 +440,48 @@ def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
     the top-k (the lowest position wins ties), -1 for selected keys that score -inf, then -1 fill.
 
     score: fp32 [s_q, n_keys], no NaN. On CUDA a radix select (topk_kernel.py), one program per query, with no
-    host synchronisation; the engine calls this on scores it also uses for the candidate mask.
+    host synchronisation; the engine calls this on scores it also uses for the candidate mask. With too few queries
+    to fill the SMs (decode), each query's keys are split into chunks first (_topk_chunks, _chunked_topk).
     """
     s_q, n_keys = score.shape
     k = min(topk, n_keys)
     if not _use_kernel(score) or k == 0 or s_q == 0:
         return reference.indexer_topk_ref(score, topk)
+    chunks = _topk_chunks(s_q, n_keys, k, _num_sms(score.device))
+    if chunks > 1:
+        return _chunked_topk(score, k, chunks)
     out = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
     _launch_select(score, n_keys, k, -1, out, group=1, mask_out=False)
     return out
+
+
+def _topk_chunks(s_q: int, n_keys: int, k: int, sms: int) -> int:
+    """Key chunks per query for topk_of_scores: doubled while the programs (s_q x chunks) are fewer than
+    TOPK_PROGRAMS_PER_SM per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k."""
+    chunks = 1
+    while (s_q * chunks < TOPK_PROGRAMS_PER_SM * sms
+           and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k) and chunks < TOPK_MAX_CHUNKS):
+        chunks *= 2
+    return chunks
+
+
+def _chunked_topk(score: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
+    """topk_of_scores in two passes, bit for bit the same. Pass 1: the top k of each of a row's `chunks` key chunks
+    (positions in the row, ascending, -1 past the chunk's finite keys). The row's top k (value descending, then
+    position ascending: a total order) are among these candidates, and the candidates stand in position order, so
+    pass 2, the same selection over the candidates' values, picks the same keys and breaks ties the same way."""
+    s_q, n_keys = score.shape
+    if score.stride(1) != 1:
+        score = score.contiguous()
+    chunk_len = -(-n_keys // chunks)
+    candidates = torch.empty((s_q, chunks * k), dtype=torch.int32, device=score.device)
+    _launch_select(score, n_keys, k, -1, candidates.view(s_q * chunks, k), group=1, mask_out=False, chunks=chunks,
+                   chunk_len=chunk_len)
+    taken = candidates >= 0
+    values = score.gather(1, candidates.clamp(min=0).long()).masked_fill_(~taken, float("-inf"))
+    picked = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
+    _launch_select(values, chunks * k, k, -1, picked, group=1, mask_out=False)
+    return torch.where(picked >= 0, candidates.gather(1, picked.clamp(min=0).long()), -1).to(torch.int32)
 
 
 def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int
@@ -464,9 +504,11 @@ def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block
 
 
 def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, out: torch.Tensor, group: int,
-                   mask_out: bool, block: int | None = None, num_warps: int | None = None) -> None:
-    """One topk_select_kernel program per row of score (fp32, unit column stride); block / num_warps (None:
-    TOPK_BLOCK / TOPK_NUM_WARPS) are arguments so the benchmark can sweep them."""
+                   mask_out: bool, block: int | None = None, num_warps: int | None = None, chunks: int = 1,
+                   chunk_len: int = 0) -> None:
+    """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
+    (chunks > 1: out has chunks rows per score row); block / num_warps (None: TOPK_BLOCK / TOPK_NUM_WARPS) are
+    arguments so the benchmark can sweep them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
     block = TOPK_BLOCK if block is None else block
@@ -477,7 +519,7 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     if score.stride(1) != 1:
         score = score.contiguous()
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
-    topk_select_kernel[(score.shape[0],)](
-        score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0),
-        GROUP=group, BLOCK=block, MASK_OUT=mask_out, num_warps=num_warps,
+    topk_select_kernel[(score.shape[0] * chunks,)](
+        score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
+        GROUP=group, BLOCK=block, MASK_OUT=mask_out, CHUNKS=chunks, num_warps=num_warps,
     )

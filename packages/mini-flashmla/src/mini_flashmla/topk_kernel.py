@@ -52,16 +52,27 @@ def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: t
 @triton.jit
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
-    out_ptr, stride_out,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr,
+    out_ptr, stride_out, chunk_len,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr, CHUNKS: tl.constexpr,
 ):
-    """Grid (rows,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items as in
-    _load_items; 1 <= k <= n_items.
+    """Grid (rows * CHUNKS,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items
+    as in _load_items; 1 <= k <= n_items.
     MASK_OUT False: out int32 [rows, k] = the positions of the k selected items whose value is not -inf,
     ascending, then -1 (reference.indexer_topk_ref). MASK_OUT True: out uint8 [rows, n_values], 1 for every value
     of a selected item whose value is not -inf (reference.candidate_block_mask_ref).
+    CHUNKS > 1 (GROUP 1, MASK_OUT False, no forced item): program row * CHUNKS + c selects among the row's items
+    [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
+    row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
     """
-    row_off = tl.program_id(0).to(tl.int64) * stride_val
+    row_off = (tl.program_id(0) // CHUNKS).to(tl.int64) * stride_val
+    first = 0
+    k_select = k  # out rows hold k slots; a chunk shorter than k selects all its items
+    if CHUNKS > 1:  # the chunk as a row of its own: the value pointer moves, positions are offset back at the store
+        first = (tl.program_id(0) % CHUNKS) * chunk_len
+        val_ptr += first
+        n_items = tl.minimum(n_items - first, chunk_len)
+        n_values = n_items
+        k_select = tl.minimum(k, n_items)
     offs0 = tl.arange(0, BLOCK)
     bins = tl.arange(0, RADIX_BINS)
     n_blocks = tl.cdiv(n_items, BLOCK)
@@ -69,7 +80,7 @@ def topk_select_kernel(
     # radix select: [lo, hi] holds the k-th largest key; rem of the keys in the band are still to be taken
     lo = tl.full((), 0, tl.uint32)
     hi = ~lo
-    rem = k + tl.zeros((), tl.int32)
+    rem = k_select + tl.zeros((), tl.int32)
     done = rem < 0  # false, as a tensor so the passes below can update it
     bf16_keys = done
     for p in tl.static_range(4):
@@ -119,7 +130,7 @@ def topk_select_kernel(
                 tl.store(out_row + entry, flags, mask=entry < n_values)
         else:
             slot = written + tl.cumsum(keep.to(tl.int32), 0) - 1
-            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs, mask=keep)
+            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs + first, mask=keep)
         written += tl.sum(keep.to(tl.int32))
         band_seen += tl.sum(in_band)
     if not MASK_OUT:

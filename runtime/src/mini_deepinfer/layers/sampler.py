@@ -11,7 +11,11 @@ preemption all draw the same token. Everything up to `u` is integer arithmetic o
 wrap-around, a logical shift emulated by masking), identical on CPU and CUDA; the noise and the scores are float64.
 
 Two implementations of the same formula: `gumbel_argmax_torch` (any device; the reference) and
-`gumbel_argmax_triton` (CUDA, one program per row streaming the vocabulary, no [rows, vocab] temporaries).
+`gumbel_argmax_triton` (CUDA, no [rows, vocab] temporaries): a program per (row, 8,192-entry slice of the
+vocabulary) keeps the slice's best (score, id), a second kernel picks each row's best slice. The split is exact (a
+max, ties to the lowest id in both stages), so it does not change any token. One program per row streaming the
+whole vocabulary left most SMs idle at decode batch sizes: 596 us per step at batch 32 in session 15's profile of
+the medium model's decode (docs/reports/runtime-decode.md).
 On one GPU they are meant to agree bit for bit (both use the CUDA float64 `log`; test_sampler.py checks it on
 CUDA, the Triton interpreter agreed on CPU); across CPU and GPU only a 1-ulp difference of float64 `log` could flip
 an exact near-tie.
@@ -92,13 +96,17 @@ if triton is not None:
         return z ^ _shr_tl(z, 31)
 
     @triton.jit
-    def _gumbel_argmax_kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    def _gumbel_argmax_slice_kernel(logits_ptr, row_stride, temps_ptr, keys_ptr, best_val_ptr, best_idx_ptr, vocab,
+                                    SLICE: tl.constexpr, BLOCK: tl.constexpr):
+        """Grid (rows, slices): the best (score, id) of vocabulary entries [slice * SLICE, (slice + 1) * SLICE) of a
+        row into best_val / best_idx [rows, slices] (float64 / int64); a slice of only -inf keeps (-inf, 0)."""
         row = tl.program_id(0)
+        part = tl.program_id(1)
         temp = tl.load(temps_ptr + row)
         key = tl.load(keys_ptr + row)
         best_val = tl.full([], float("-inf"), tl.float64)
         best_idx = tl.full([], 0, tl.int64)
-        for start in tl.range(0, vocab, BLOCK):
+        for start in tl.range(part * SLICE, part * SLICE + SLICE, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             in_vocab = cols < vocab
             x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + cols, mask=in_vocab, other=float("-inf"))
@@ -113,20 +121,48 @@ if triton is not None:
             better = block_best > best_val  # strict: an equal score in a later block keeps the lower id
             best_idx = tl.where(better, block_idx, best_idx)
             best_val = tl.where(better, block_best, best_val)
-        tl.store(out_ptr + row, best_idx)
+        n_slices = tl.num_programs(1)
+        tl.store(best_val_ptr + row * n_slices + part, best_val)
+        tl.store(best_idx_ptr + row * n_slices + part, best_idx)
+
+    @triton.jit
+    def _best_slice_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_slices, SLICES_POW2: tl.constexpr):
+        """Grid (rows,): out[row] = the id of the row's best slice score, the lowest id among equal scores."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, SLICES_POW2)
+        valid = offs < n_slices
+        vals = tl.load(best_val_ptr + row * n_slices + offs, mask=valid, other=float("-inf"))
+        ids = tl.load(best_idx_ptr + row * n_slices + offs, mask=valid, other=0)
+        best = tl.max(vals, axis=0)
+        ids = tl.where(valid & (vals == best), ids, 9223372036854775807)
+        tl.store(out_ptr + row, tl.min(ids, axis=0))
+
+
+VOCAB_SLICE = 8192  # 16 slices of V4.1's 129,280 entries: 512 programs at batch 32
 
 
 def gumbel_argmax_triton(
-    logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor, out: torch.Tensor, block: int = 2048
+    logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor, out: torch.Tensor,
+    vocab_slice: int = VOCAB_SLICE, block: int = 2048,
 ) -> torch.Tensor:
-    """Same contract as `gumbel_argmax_torch`, written into the caller's `out` (int64 [R], CUDA)."""
+    """Same contract as `gumbel_argmax_torch`, written into the caller's `out` (int64 [R], CUDA).
+
+    vocab_slice (a multiple of block): vocabulary entries per program; any value gives the same tokens (the
+    benchmark passes the vocabulary size to time one program per row)."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         raise ValueError("gumbel_argmax_triton: logits rows must be contiguous")
     if triton is None:
         raise RuntimeError("gumbel_argmax_triton needs Triton; use gumbel_argmax_torch")
+    if vocab_slice % block:
+        raise ValueError(f"gumbel_argmax_triton: vocab_slice {vocab_slice} is not a multiple of block {block}")
     if rows:
-        _gumbel_argmax_kernel[(rows,)](logits, logits.stride(0), temperatures, keys, out, vocab, BLOCK=block)
+        slices = max(1, -(-vocab // vocab_slice))
+        best_val = torch.empty(rows, slices, dtype=torch.float64, device=logits.device)
+        best_idx = torch.empty(rows, slices, dtype=torch.int64, device=logits.device)
+        _gumbel_argmax_slice_kernel[(rows, slices)](logits, logits.stride(0), temperatures, keys, best_val, best_idx,
+                                                    vocab, SLICE=vocab_slice, BLOCK=block)
+        _best_slice_kernel[(rows,)](best_val, best_idx, out, slices, SLICES_POW2=triton.next_power_of_2(slices))
     return out
 
 

@@ -22,6 +22,7 @@ from mini_deepgemm.reference import (
 )
 
 from mini_deepinfer.layers import hyper_connections as hcf
+from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
 from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 
 Weights = dict[str, torch.Tensor]
@@ -36,6 +37,15 @@ class KernelWeights(dict):
 
 
 # --------------------------------------------------------------------------- basics
+def fp32_matmul(x: torch.Tensor, w: Weights, name: str) -> torch.Tensor:
+    """fp32 x @ w[name]^T of bf16 operands (the head and the MoE gate): the reference's fp32 matmul, or for the
+    engine model (KernelWeights) layers/linear_fp32.py's kernel (the same exact products summed in another order,
+    without an fp32 copy of the weight)."""
+    if isinstance(w, KernelWeights):
+        return linear_fp32(x, w[name])
+    return linear_fp32_ref(x, w[name])
+
+
 def gather_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """t[rows] for any dtype: 1-byte types (FP8, UE8M0 scales) move as bytes, because index kernels need not
     support the float8 dtypes on every backend."""
@@ -222,7 +232,7 @@ def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: st
 def moe_route(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
     """sqrt(softplus) scores, biased top-k, unbiased normalised weights x route scale.
     Returns (expert ids int64 [T, k], weights fp32 [T, k])."""
-    s = F.softplus(x.float() @ w[f"{p}.gate.weight"].float().T / cfg.gate_temp).sqrt()
+    s = F.softplus(fp32_matmul(x, w, f"{p}.gate.weight") / cfg.gate_temp).sqrt()
     idx = (s + w[f"{p}.gate.bias"].float()).topk(cfg.num_experts_per_tok, dim=-1).indices
     wt = s.gather(1, idx)
     wt = wt / (wt.sum(-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
@@ -317,8 +327,9 @@ def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torc
 
 # --------------------------------------------------------------------------- head
 def final_logits(H: torch.Tensor, pre: torch.Tensor, w: Weights, cfg: V41Config) -> torch.Tensor:
+    """fp32 logits [T, vocab]."""
     y = rmsnorm(hc_collapse(H, pre), w["norm.weight"], cfg.rms_norm_eps)
-    return y.float() @ w["head.weight"].float().T
+    return fp32_matmul(y, w, "head.weight")
 
 
 def prepare_weights(w: Weights) -> Weights:
