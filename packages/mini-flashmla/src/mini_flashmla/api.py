@@ -428,11 +428,12 @@ TOPK_BLOCK = 4096  # items per step of the selection kernel's loops (a 64k-key r
 TOPK_NUM_WARPS = 8
 # Decode: with one program per query, batch 32 at 131k context (65,536 keys) ran 215 us per layer in session 15's
 # profile of the medium model, on 32 of 132 SMs. topk_of_scores splits each query's keys into chunks (a power of
-# two, at most TOPK_MAX_CHUNKS, each of at least TOPK_MIN_CHUNK_KEYS keys) until there are TOPK_PROGRAMS_PER_SM
-# programs per SM, then selects among the chunks' candidates (bench_topk.py --decode sweeps the chunk count).
-TOPK_PROGRAMS_PER_SM = 2
+# two, each of at least TOPK_MIN_CHUNK_KEYS keys) while the grid stays within one program per SM, then selects
+# among the chunks' candidates. Session 15 run 3 (bench_topk.py's decode sweep, 65,536 keys, graph replay, us):
+# one program per query 144 at 8-128 queries, 253 at 256; best chunked 69 (8 queries, 8-16 chunks), 80 (32, 4-8),
+# 105 (64, 4), and slower than one program per query from 128 queries on (165+ / 289+): the second pass and the
+# gathers then cost more than the idle SMs did.
 TOPK_MIN_CHUNK_KEYS = 8192
-TOPK_MAX_CHUNKS = 16
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -456,11 +457,10 @@ def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 def _topk_chunks(s_q: int, n_keys: int, k: int, sms: int) -> int:
-    """Key chunks per query for topk_of_scores: doubled while the programs (s_q x chunks) are fewer than
-    TOPK_PROGRAMS_PER_SM per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k."""
+    """Key chunks per query for topk_of_scores: doubled while the doubled grid (s_q x chunks) still fits one
+    program per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k."""
     chunks = 1
-    while (s_q * chunks < TOPK_PROGRAMS_PER_SM * sms
-           and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k) and chunks < TOPK_MAX_CHUNKS):
+    while s_q * chunks * 2 <= sms and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k):
         chunks *= 2
     return chunks
 
