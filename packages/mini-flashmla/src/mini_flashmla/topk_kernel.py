@@ -1,5 +1,6 @@
 """Triton kernel of the indexer's exact top-k: the k largest items of each row, equal values ranked by ascending
-position (reference.topk_lowest_index), one program per row, no host synchronisation.
+position (reference.topk_lowest_index), one program per row (or per key chunk of a row: the decode route's first
+pass, api._chunked_topk), no host synchronisation.
 
 Each fp32 value becomes an order-preserving uint32 key (negatives: all bits flipped; non-negatives: sign bit set;
 -0.0 ranks as +0.0). A radix select on the key's bytes, most significant first, narrows a band [lo, hi] of keys
