@@ -10,9 +10,9 @@
 #       MMAs, over the test's 1e-6), the decode top-k's chunk rule from run 3's sweep)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s15.sh   (1 x H200: every other runtime and integration
 #       test, the offline example)
-#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s15.sh   (1 x H200: the tests run 5's 420 s limit did not
-#       reach, by name (run 5's JUnit against the collection): the hyper-connection cases at 1 token x 128 and the
-#       two data-parallel-rank tests)
+#   Run 6 ran a by-name selection of run 5's unreached tests that collected nothing (commit 96e7bc5 has it; see the log).
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s15.sh   (1 x H200: the 1-GPU prefill step (the MoE gate on
+#       the fp32-linear kernel at 4,096 tokens per layer), then the medium model's decode at batch 64, 131k)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s15
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -40,15 +40,11 @@ r5)
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   tail -3 "$OUT/offline.txt"
   ;;
-r6)
-  run runtime_unreached 300 $PYTEST -n 6 --junitxml="$OUT/junit_runtime_unreached.xml" \
-    "runtime/tests/test_hyper_connections.py::test_fused_mixes_match_the_reference[cuda-1-128-default-bf16x3]" \
-    "runtime/tests/test_hyper_connections.py::test_fused_mixes_match_the_reference[cuda-1-128-ieee]" \
-    "runtime/tests/test_hyper_connections.py::test_fused_mixes_match_the_reference[cuda-1-128-small-slices]" \
-    "runtime/tests/test_hyper_connections.py::test_fused_collapse_and_expand_match_the_references[cuda-1-128]" \
-    runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks \
-    runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine
-  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_unreached.txt" | tail -10
+r7)
+  run prefill 130 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run decode_b64 100 python3 benchmarks/bench_decode.py --preset medium --batches 64 --contexts 131072 \
+    --out "$OUT/decode_medium_b64_h200.json"
+  cat "$OUT/summary.txt"; tail -28 "$OUT/prefill.txt"; grep -E "ms/step" "$OUT/decode_b64.txt"
   ;;
 esac
 pack_out
