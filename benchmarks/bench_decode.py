@@ -142,6 +142,7 @@ def run_variant(engine: LLMEngine, graphs, batch: int, zos: bool, use_graphs: bo
     for _ in range(warmup):
         engine.step()
     timers = HostTimers(engine, device.type == "cuda")
+    preemptions = engine.scheduler.num_preemptions
     synchronize(device)
     with timers.installed():
         t0 = time.perf_counter()
@@ -149,12 +150,24 @@ def run_variant(engine: LLMEngine, graphs, batch: int, zos: bool, use_graphs: bo
             engine.step()
         synchronize(device)
         wall = time.perf_counter() - t0
+    full_batch_steps(engine, batch, preemptions, "a timed variant")
     host = {k: 1e3 * v / steps for k, v in timers.seconds.items()}
     host["process"] -= host["wait"]  # _process includes the wait; keep only its own work
     ms = 1e3 * wall / steps
     return {"zos": zos, "cuda_graphs": use_graphs, "ms_per_step": ms, "output_tok_s": batch * steps / wall,
             "host_ms_per_step": host, "host_busy_ms": host["schedule"] + host["execute"] + host["process"],
             "gpu_ms_per_step": timers.gpu_ms()}
+
+
+def full_batch_steps(engine: LLMEngine, batch: int, preemptions_before: int, what: str) -> None:
+    """Fail unless all `batch` sequences are running and none was preempted since `preemptions_before`: tok/s is
+    computed from the requested batch, so a KV budget too small for batch x context would report a smaller batch's
+    steps as this one's (session 15 run 7: batch 64 at 131k in the default 4 GB, 7.20 ms/step, below batch 8)."""
+    running = len(engine.scheduler.running)
+    preempted = engine.scheduler.num_preemptions - preemptions_before
+    if running != batch or preempted:
+        raise SystemExit(f"bench_decode: {what} ran {running} of {batch} sequences with {preempted} preemptions: "
+                         f"batch x context does not fit the KV budget; raise --kv-cache-gb")
 
 
 def profile_eager_steps(engine: LLMEngine, steps: int) -> list[dict]:
@@ -183,7 +196,7 @@ def bench_engine(model: V41Model, batch: int, context: int, args, device: torch.
     max_tokens = per_variant * len(variants) + 4 * args.warmup + 8
     max_model_len = context + max_tokens + 1
     cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=batch, max_num_batched_tokens=batch * max_model_len,
-                       chunked_prefill=False, kv_cache_memory_gb=KV_CACHE_GB)
+                       chunked_prefill=False, kv_cache_memory_gb=args.kv_cache_gb)
     engine = LLMEngine(model, V41Cache, cfg, device)
     graphs = engine.runner.graphs
     gen = torch.Generator().manual_seed(batch * 7919 + context)
@@ -194,6 +207,7 @@ def bench_engine(model: V41Model, batch: int, context: int, args, device: torch.
     while engine.scheduler.waiting or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
         engine.step()  # the synthetic prefill
     synchronize(device)
+    full_batch_steps(engine, batch, 0, "the context fill")
     out = {"batch": batch, "context": context, "prefill_fill_s": time.perf_counter() - t0,
            "warmup_steps": args.warmup, "timed_steps": args.steps, "variants": []}
     for zos, use_graphs in variants:
@@ -228,6 +242,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--profile", action="store_true", help="profile eager steps of the largest batch and context")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB, help="the engine's KV budget")
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if key != "config" and getattr(args, key) is None:
@@ -244,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
            "dtype": "weights in the checkpoint formats (FP8 e4m3 blocks, packed FP4 experts), bf16 activations, "
                     "cache FP8 window / FP4 compressed KV and index keys, fp32 logits",
            "workload": {"batches": list(args.batches), "contexts": list(args.contexts), "warmup_steps": args.warmup,
-                        "timed_steps": args.steps, "sampling": "greedy, ignore_eos"},
+                        "timed_steps": args.steps, "sampling": "greedy, ignore_eos",
+                        "kv_cache_gb": args.kv_cache_gb},
            "results": []}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
