@@ -13,6 +13,8 @@
 #   Run 6 ran a by-name selection of run 5's unreached tests that collected nothing (commit 96e7bc5 has it; see the log).
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s15.sh   (1 x H200: the 1-GPU prefill step (the MoE gate on
 #       the fp32-linear kernel at 4,096 tokens per layer), then the medium model's decode at batch 64, 131k)
+#   source .devdeps/env.sh && PART=r8 bash benchmarks/gpu_s15.sh   (1 x H200: decode at batch 32 and 64, 131k, with
+#       an 8 GB KV budget and bench_decode's new full-batch guard: run 7's batch 64 again, valid this time)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s15
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -45,6 +47,11 @@ r7)
   run decode_b64 100 python3 benchmarks/bench_decode.py --preset medium --batches 64 --contexts 131072 \
     --out "$OUT/decode_medium_b64_h200.json"
   cat "$OUT/summary.txt"; tail -28 "$OUT/prefill.txt"; grep -E "ms/step" "$OUT/decode_b64.txt"
+  ;;
+r8)
+  run decode_b32_b64 150 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --out "$OUT/decode_medium_b32_b64_h200.json"
+  cat "$OUT/summary.txt"; grep -E "ms/step|bench_decode:" "$OUT/decode_b32_b64.txt"
   ;;
 esac
 pack_out
