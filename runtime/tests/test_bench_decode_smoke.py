@@ -5,8 +5,10 @@ variant is timed, and the JSON records what the GPU runs need (environment, conf
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import bench_decode as bench  # benchmarks/ is on the path (conftest.py)
+import pytest
 
 
 def test_decode_benchmark_smoke_run(tmp_path):
@@ -26,6 +28,19 @@ def test_decode_benchmark_smoke_run(tmp_path):
         assert set(v["host_ms_per_step"]) == {"schedule", "execute", "process", "wait"}
         assert v["host_busy_ms"] <= v["ms_per_step"] * 1.05
     assert set(run["zos_hidden_ms_per_step"]) == {"eager"}
+
+
+def test_a_run_below_the_requested_batch_is_refused():
+    """tok/s counts the requested batch, so fewer running sequences or a preemption must stop the benchmark
+    (session 15 run 7: batch 64 at 131k did not fit the KV budget and reported 7.20 ms/step)."""
+    def engine(running: int, preemptions: int) -> SimpleNamespace:
+        return SimpleNamespace(scheduler=SimpleNamespace(running=[object()] * running, num_preemptions=preemptions))
+
+    bench.full_batch_steps(engine(3, 5), 3, 5, "a variant")  # the whole batch, no new preemption: passes
+    with pytest.raises(SystemExit, match="ran 2 of 3 sequences with 0 preemptions"):
+        bench.full_batch_steps(engine(2, 5), 3, 5, "a variant")
+    with pytest.raises(SystemExit, match="ran 3 of 3 sequences with 1 preemptions"):
+        bench.full_batch_steps(engine(3, 5), 3, 4, "a variant")
 
 
 def test_synthetic_prefill_leaves_what_decode_needs():
