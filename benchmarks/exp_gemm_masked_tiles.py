@@ -8,13 +8,22 @@ case (96 experts, max_m 128, Poisson(expected_m) rows, at least 1; the whole cal
 tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed config (same products, same order).
 Writes $OUT/exp_gemm_masked_tiles.json.
 
-    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py
+Conversion (--convert; written in session 15 after its last GPU run, not yet run): the same calls at the routed
+tile with the kernel's weight conversion in the byte-pair form (GLUON_PAIRS: one asm per 2 bytes of a row, the
+16-bit load used as is; exact) and with the 2^126 multiply folded into the scale (GLUON_FOLD: exact for UE8M0
+weight bytes <= 128; the data's are 118-125). Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop goes
+from 364 SASS instructions per warp to 316 (pairs) and 285 (pairs + fold), the 64-token tile's from 385 to 337 / 306
+(docs/reports/deepgemm-gluon.md). Each variant is checked bitwise against the shipped conversion. Writes
+$OUT/exp_gemm_masked_convert.json.
+
+    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 import triton
@@ -37,42 +46,86 @@ def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, c
     return masked_m, a, sa, bq, sb
 
 
+def routed_case(expected_m: int, N: int, K: int, gen, cpu):
+    """bench_deepgemm.py's masked case (96 experts, max_m 128) at expected_m: (call(d, cfg), want from the routed
+    config, routed config, used-row mask, masked_m, weight bytes, sb)."""
+    Gn, max_m = 96, 128
+    masked_m, a, sa, bq, sb = masked_operands(Gn, max_m, N, K, expected_m, gen, cpu)
+    routed = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
+    used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+
+    def call(d, cfg):
+        G._gemm(G._MASKED, (a, sa), (bq, sb), d, None, masked_m, None, True, expected_m=expected_m, config=cfg)
+
+    want = torch.zeros(Gn, max_m, N, dtype=torch.bfloat16, device="cuda")
+    call(want, routed)
+    return call, want, routed, used, masked_m, bq.numel() + sb.numel(), sb
+
+
+def bitwise_and_gbs(call, want, used, cfg: dict, weight_bytes: int) -> tuple[bool, float]:
+    """One config: its output's used rows bitwise equal to want's, and its weight bytes per second."""
+    d = torch.zeros_like(want)
+    call(d, cfg)
+    return bool(torch.equal(d[used], want[used])), weight_bytes / ms(lambda: call(d, cfg)) / 1e6
+
+
+def write_rows(filename: str, rows: list[dict]) -> None:
+    with open(os.path.join(os.environ.get("OUT", "."), filename), "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       timing="do_bench_cudagraph median; copy by do_bench", rows=rows), f, indent=1)
+
+
+def convert() -> None:
+    """The routed tile with the shipped, the byte-pair and the folded conversion (module docstring)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cpu = torch.Generator().manual_seed(1)
+    copy_gbs = copy_bandwidth_gbs()
+    variants = {"pairs": {"GLUON_PAIRS": True}, "pairs_fold": {"GLUON_PAIRS": True, "GLUON_FOLD": True}}
+    rows_out = []
+    for expected_m in (8, 32):
+        for name, (N, K) in SHAPES.items():
+            call, want, routed, used, masked_m, weight_bytes, sb = routed_case(expected_m, N, K, gen, cpu)
+            assert int(sb.max()) <= 128, "GLUON_FOLD is exact only for UE8M0 weight bytes <= 128"
+            row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"], copy_gbs=copy_gbs,
+                       shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
+            for key, extra in variants.items():
+                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **extra},
+                                                                           weight_bytes)
+            rows_out.append(row)
+            print(row, flush=True)
+            torch.cuda.empty_cache()
+    write_rows("exp_gemm_masked_convert.json", rows_out)
+    print("| shape | expected_m | tile | shipped GB/s | pairs | pairs + fold | best / shipped | best / copy | bitwise |")
+    for r in rows_out:
+        best = max(r["pairs_gbs"], r["pairs_fold_gbs"])
+        print(f"| {r['name']} | {r['expected_m']} | {r['routed_block_m']} | {r['shipped_gbs']:.0f} | {r['pairs_gbs']:.0f} | "
+              f"{r['pairs_fold_gbs']:.0f} | {best / r['shipped_gbs']:.2f} | {best / r['copy_gbs']:.2f} | "
+              f"{r['pairs_bitwise'] and r['pairs_fold_bitwise']} |")
+
+
 def main() -> None:
+    if "--convert" in sys.argv:
+        convert()
+        return
     gen = torch.Generator(device="cuda").manual_seed(0)
     cpu = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
     for expected_m in (8, 32):
         for name, (N, K) in SHAPES.items():
-            Gn, max_m = 96, 128
-            masked_m, a, sa, bq, sb = masked_operands(Gn, max_m, N, K, expected_m, gen, cpu)
-            routed = G.default_config(G._MASKED, expected_m, 32, True, N, Gn, True)
-            used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
-
-            def call(d, cfg):
-                G._gemm(G._MASKED, (a, sa), (bq, sb), d, None, masked_m, None, True, expected_m=expected_m,
-                        config=cfg)
-
-            want = torch.zeros(Gn, max_m, N, dtype=torch.bfloat16, device="cuda")
-            call(want, routed)
-            weight_bytes = bq.numel() + sb.numel()
+            call, want, routed, used, masked_m, weight_bytes, _ = routed_case(expected_m, N, K, gen, cpu)
             row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
                        max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
                        routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
             for block_m in (16, 32, 64):
                 for stages in (3, 4):
-                    cfg = {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}
-                    d = torch.zeros_like(want)
-                    call(d, cfg)
                     key = f"m{block_m}_s{stages}"
-                    row[f"{key}_bitwise"] = bool(torch.equal(d[used], want[used]))
-                    row[f"{key}_gbs"] = weight_bytes / ms(lambda: call(d, cfg)) / 1e6
+                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
+                        call, want, used, {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, weight_bytes)
             rows_out.append(row)
             print(row, flush=True)
             torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_masked_tiles.json"), "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       timing="do_bench_cudagraph median; copy by do_bench", rows=rows_out), f, indent=1)
+    write_rows("exp_gemm_masked_tiles.json", rows_out)
     keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
     print("| shape | expected_m | max rows | routed tile | " + " | ".join(keys) + " | best / copy |")
     for r in rows_out:

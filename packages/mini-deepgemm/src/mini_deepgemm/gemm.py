@@ -537,7 +537,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
         MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
-        GROUP_M=cfg["GROUP_M"], num_warps=4)
+        GROUP_M=cfg["GROUP_M"], PAIRS=cfg.get("GLUON_PAIRS", False), FOLD=cfg.get("GLUON_FOLD", False), num_warps=4)
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

@@ -61,19 +61,52 @@ _SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F
 _SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
 
 
+# The byte-pair form (PAIRS, an experiment's variant since session 15, not routed): one asm per 2 packed bytes of a
+# row, loaded as one 16-bit value ($2), giving both nibbles' bf16x2 ($0 even, $1 odd); prmt spreads the two bytes to
+# the register's 16-bit halves. The 4-byte form above takes 2 + 2 bytes of two rows, which Triton assembles from
+# 16-bit loads with ~40 PRMT per K step (SASS, docs/reports/deepgemm-gluon.md). $3 holds the pair's scale as a
+# duplicated bf16x2 (an int32 per element; the pair shares a row and a 32-value half). FOLD: $3 is 2^(e - 1), the
+# scale times 2^126, so one multiply makes the value (exact only for UE8M0 bytes e <= 128, scales <= 2).
+_PAIR_PTX = """
+{
+.reg .b32 w, b01, u, two126;
+mov.b32 two126, 0x7E807E80;
+cvt.u32.u16 w, $2;
+prmt.b32 b01, w, w, 0x3130;
+and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; MUL_EVEN
+and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; MUL_ODD
+}
+"""
+_PAIR_EXACT_PTX: gl.constexpr = gl.constexpr(
+    _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
+    .replace("MUL_ODD", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;"))
+_PAIR_FOLD_PTX: gl.constexpr = gl.constexpr(
+    _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 $0, u, $3;").replace("MUL_ODD", "mul.rn.bf16x2 $1, u, $3;"))
+
+
 @gluon.jit
-def weights_of_step(packed, word, step, second):
+def weights_of_step(packed, word, step, second, PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False):
     """The bf16 weights of K step `step` (64 values) in the wgmma A-operand layout: (even, odd) values of the packed
     bytes (packed's layout), each times its UE8M0 scale, exactly. word: the int32 scale word of each row (step's two
-    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31)."""
+    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31).
+    PAIRS / FOLD: the byte-pair conversion above (FOLD needs PAIRS and UE8M0 bytes <= 128)."""
     shift = (step % 2) * 16
-    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
-    e1 = ((word >> (shift + 8)) & 0xFF) << 7
-    scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                       is_pure=True, pack=4)
-    w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                      is_pure=True, pack=4)
+    if PAIRS:
+        bias: gl.constexpr = 126 if FOLD else 0  # FOLD: 2^(e - 1), else 2^(e - 127), as bf16 bits
+        e0 = (((word >> shift) & 0xFF) + bias) << 7
+        e1 = (((word >> (shift + 8)) & 0xFF) + bias) << 7
+        pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
+        ptx: gl.constexpr = _PAIR_FOLD_PTX if FOLD else _PAIR_EXACT_PTX
+        w_even, w_odd = gl.inline_asm_elementwise(ptx, "=r,=r,h,r,r", [packed, pair_scale],
+                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
+    else:
+        e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
+        e1 = ((word >> (shift + 8)) & 0xFF) << 7
+        scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                           is_pure=True, pack=4)
+        w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                          is_pure=True, pack=4)
     return w_even, w_odd
 
 
@@ -94,12 +127,15 @@ def fp4_grouped_gemm_kernel(
     M, N, K,
     stride_x_g, stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d_g, stride_d,
     MASKED: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False,
 ):
     """d[m, n] = sum_k x[m, k] * dequant(w[group])[n, k]: x bf16 in the FP4 K order, w packed e2m1 [G, N, K / 2]
     (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0).
     Contiguous (MASKED false): x [M, K], d [M, N], group_ptr the int32 layout [M] (-1 = padding; segments aligned to
     BLOCK_M); rows whose id is -1 are not written. Masked: x [G, M, K], d [G, M, N], group_ptr masked_m int32 [G],
-    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written."""
+    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written.
+    PAIRS / FOLD (default off, the measured kernel): weights_of_step's byte-pair conversion, an experiment's variant
+    (benchmarks/exp_gemm_masked_tiles.py --convert; FOLD only for UE8M0 weight bytes <= 128)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_a: gl.constexpr = gl.SliceLayout(1, a_layout)
@@ -157,7 +193,7 @@ def fp4_grouped_gemm_kernel(
         gl.thread_barrier()  # every thread's copies of step i have landed
         packed = w_ring.index(slot).load(a_layout)
         word = sw_ring.index(slot).load(rows_a)
-        w_even, w_odd = weights_of_step(packed, word, i, second)
+        w_even, w_odd = weights_of_step(packed, word, i, second, PAIRS, FOLD)
         fence_async_shared()
         tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
