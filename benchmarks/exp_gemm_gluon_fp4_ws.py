@@ -16,10 +16,14 @@ token-tile argument that allowed it was removed after (commit 9821138 has it).
 Consumers (--consumers, session 15 run 1): the 256-row tile split over 4 consumer warpgroups of 64 rows instead
 of 2 of 128: 0.98-1.00x, bitwise equal (docs/reports/deepgemm-gluon-fp4-ws.md); the kernel's CONSUMERS parameter
 was removed after (commit c500079 has it).
+Conversion (--convert, written in session 15 after its last GPU run, not yet run): the shipped weight conversion
+against the byte-pair form (PAIRS) and the folded scale (FOLD) of gemm_gluon_kernel.weights_of_step, at 4 stages,
+bitwise (the data's UE8M0 weight bytes are 118-125; FOLD is exact up to 128). Offline (triton 3.6, sm_90a) the
+consumers' K-step loop goes from 347 SASS instructions per warp to 300 and 269 (docs/reports/deepgemm-gluon.md).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
-exp_gemm_gluon_fp4_ws_few_rows.json).
+exp_gemm_gluon_fp4_ws_few_rows.json; conversion: exp_gemm_gluon_fp4_ws_convert.json).
 
-    cd benchmarks && timeout 240 python3 exp_gemm_gluon_fp4_ws.py [--few-rows]
+    cd benchmarks && timeout 240 python3 exp_gemm_gluon_fp4_ws.py [--few-rows | --convert]
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4, pairs: bool = False, fold: bool = False) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, pairs, fold)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -119,7 +123,44 @@ def few_rows() -> None:
                                                                            else " (NOT bitwise)") for k in keys) + " |")
 
 
+def convert() -> None:
+    """The shipped weight conversion against the byte-pair form and the folded scale (the kernel's PAIRS / FOLD
+    options), at the prefill routings and the few-rows one, bitwise (module docstring)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cpu = torch.Generator().manual_seed(5)
+    routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}
+    variants = {"pairs": (True, False), "pairs_fold": (True, True)}
+    out = []
+    for routing, (groups, lo, hi) in routings.items():
+        rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
+        for name, (N, K) in SHAPES.items():
+            a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
+            assert int(sb.max()) <= 128, "FOLD is exact only for UE8M0 weight bytes <= 128"
+            flops = 2 * sum(rows) * N * K
+            want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+            ws_gemm(x, bq, sb, want, layout)
+            row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
+                       shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
+            for key, (pairs, fold) in variants.items():
+                d = torch.zeros_like(want)
+                ws_gemm(x, bq, sb, d, layout, 4, pairs, fold)
+                row[f"{key}_bitwise"] = bool(torch.equal(d, want))
+                row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, 4, pairs, fold)) / 1e9
+            keep(out, row)
+    write_rows("exp_gemm_gluon_fp4_ws_convert.json", out)
+    print("| routing | shape | shipped | pairs | pairs + fold | best / shipped | bitwise |")
+    for r in out:
+        best = max(r["pairs_tflops"], r["pairs_fold_tflops"])
+        print(f"| {r['routing']} | {r['name']} | {r['shipped_tflops']:.0f} | {r['pairs_tflops']:.0f} | "
+              f"{r['pairs_fold_tflops']:.0f} | {best / r['shipped_tflops']:.2f} | "
+              f"{r['pairs_bitwise'] and r['pairs_fold_bitwise']} |")
+
+
 def main() -> None:
+    if "--convert" in sys.argv:
+        print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
+        convert()
+        return
     if "--few-rows" in sys.argv:
         print("smoke:", smoke_in_child(smoke, SMOKE_S, "the warp-specialized FP4 kernel's smoke call"), flush=True)
         few_rows()

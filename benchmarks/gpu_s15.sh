@@ -13,10 +13,11 @@
 #   Run 6 ran a by-name selection of run 5's unreached tests that collected nothing (commit 96e7bc5 has it; see the log).
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s15.sh   (1 x H200: the 1-GPU prefill step (the MoE gate on
 #       the fp32-linear kernel at 4,096 tokens per layer), then the medium model's decode at batch 64, 131k)
-#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s15.sh (for the next session, 1 x H200, ~4 minutes, never
-#       run: exp_gemm_masked_tiles.py --convert (the masked FP4 GEMM's conversion in the byte-pair and folded-scale
-#       forms, bitwise against the shipped one), then every mini-deepgemm GPU test (the kernel's defaults are
-#       PTX-equal to the measured kernel offline))
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s15.sh (for the next session, 1 x H200, ~6 minutes, never
+#       run: exp_gemm_masked_tiles.py --convert and exp_gemm_gluon_fp4_ws.py --convert (the FP4 GEMMs' weight
+#       conversion in the byte-pair and folded-scale forms, bitwise against the shipped one, masked decode and
+#       warp-specialized prefill), then every mini-deepgemm GPU test (the kernels' defaults are PTX-equal to the
+#       measured kernels offline))
 #   source .devdeps/env.sh && PART=r8 bash benchmarks/gpu_s15.sh   (1 x H200: decode at batch 32 and 64, 131k, with
 #       an 8 GB KV budget and bench_decode's new full-batch guard: run 7's batch 64 again, valid this time)
 set -u
@@ -59,8 +60,10 @@ r8)
   ;;
 next)
   run convert 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --convert"
+  run convert_ws 180 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --convert"
   run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
-  cat "$OUT/summary.txt"; tail -6 "$OUT/convert.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
+  cat "$OUT/summary.txt"; tail -6 "$OUT/convert.txt"; tail -8 "$OUT/convert_ws.txt"
+  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
   ;;
 esac
 pack_out

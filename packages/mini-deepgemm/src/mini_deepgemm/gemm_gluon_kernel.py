@@ -257,7 +257,7 @@ def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N,
 
 @gluon.jit
 def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
-                 HALF: gl.constexpr, GROUP_M: gl.constexpr):
+                 HALF: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr, FOLD: gl.constexpr):
     """One warpgroup: weight rows [HALF * 128, HALF * 128 + 128) of each tile, fp4_grouped_gemm_kernel's step on
     them, its scale word loaded from global memory a step ahead."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
@@ -283,7 +283,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
                 ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)  # one word holds two steps' scales
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
-                w_even, w_odd = weights_of_step(packed, word, i, second)
+                w_even, w_odd = weights_of_step(packed, word, i, second, PAIRS, FOLD)
                 tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
                 tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[tok])
@@ -301,24 +301,25 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
 @gluon.jit
 def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
                              STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                             PRODUCER_REGS: gl.constexpr):
+                             PRODUCER_REGS: gl.constexpr, PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False):
     """The contiguous layout of fp4_grouped_gemm_kernel, warp-specialized: d[m, n] = sum_k x[m, k] *
     dequant(w[layout[m]])[n, k]. x bf16 [M, K] in the FP4 K order, by x_desc in [BLOCK_M, 32] boxes; w packed e2m1
     as uint8 [G * N, K / 2] by w_desc in [BLOCK_N = 256, 32] boxes (rows of the next group, or TMA's zeros past the
     last, fill a partial tile; their results are not stored); sw UE8M0 [G, N, K / 32] read as int32 words (strides
     in bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
     not written. Two consumer warpgroups take 128 of the tile's weight rows each (4 x 64 was a tie, session 15:
-    docs/reports/deepgemm-gluon-fp4-ws.md). Launch: persistent grid of at most one program per SM, num_warps=4 (the
-    first consumer warpgroup; the second and the producer warp come from warp_specialize)."""
+    docs/reports/deepgemm-gluon-fp4-ws.md). PAIRS / FOLD: fp4_grouped_gemm_kernel's experiment options (default
+    off). Launch: persistent grid of at most one program per SM, num_warps=4 (the first consumer warpgroup; the
+    second and the producer warp come from warp_specialize)."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
     ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
     gl.warp_specialize(
         [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 0, GROUP_M)),
+                         stride_d, 0, GROUP_M, PAIRS, FOLD)),
          (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 1, GROUP_M)),
+                         stride_d, 1, GROUP_M, PAIRS, FOLD)),
          (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(ready, empty)
