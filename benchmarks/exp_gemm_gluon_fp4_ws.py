@@ -38,6 +38,7 @@ import triton
 
 from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
+from exp_gemm_masked_tiles import CONVERSIONS, print_conversion_table
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
@@ -46,8 +47,11 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4, pairs: bool = False, fold: bool = False) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, pairs, fold)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4, conversion: dict | None = None) -> None:
+    """The package's warp-specialized kernel; conversion: one of CONVERSIONS (None: the shipped conversion)."""
+    conversion = conversion or {}
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, conversion.get("GLUON_PAIRS", False),
+                                    conversion.get("GLUON_FOLD", False))
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -129,7 +133,6 @@ def convert() -> None:
     gen = torch.Generator(device="cuda").manual_seed(5)
     cpu = torch.Generator().manual_seed(5)
     routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}
-    variants = {"pairs": (True, False), "pairs_fold": (True, True)}
     out = []
     for routing, (groups, lo, hi) in routings.items():
         rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
@@ -141,20 +144,14 @@ def convert() -> None:
             ws_gemm(x, bq, sb, want, layout)
             row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
                        shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
-            for key, (pairs, fold) in variants.items():
+            for key, conversion in CONVERSIONS.items():
                 d = torch.zeros_like(want)
-                ws_gemm(x, bq, sb, d, layout, 4, pairs, fold)
+                ws_gemm(x, bq, sb, d, layout, 4, conversion)
                 row[f"{key}_bitwise"] = bool(torch.equal(d, want))
-                row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, 4, pairs, fold)) / 1e9
+                row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, 4, conversion)) / 1e9
             keep(out, row)
     write_rows("exp_gemm_gluon_fp4_ws_convert.json", out)
-    print("| routing | shape | shipped | pairs | pairs + fold | best / shipped | bitwise |")
-    for r in out:
-        best = max(r["pairs_tflops"], r["pairs_fold_tflops"])
-        print(f"| {r['routing']} | {r['name']} | {r['shipped_tflops']:.0f} | {r['pairs_tflops']:.0f} | "
-              f"{r['pairs_fold_tflops']:.0f} | {best / r['shipped_tflops']:.2f} | "
-              f"{r['pairs_bitwise'] and r['pairs_fold_bitwise']} |")
-
+    print_conversion_table(out, ["routing", "name"], "tflops")
 
 def main() -> None:
     if "--convert" in sys.argv:

@@ -33,6 +33,8 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
+# --convert's variants of the FP4 kernels' weight conversion, as config keys (exp_gemm_gluon_fp4_ws.py uses them too)
+CONVERSIONS = {"pairs": {"GLUON_PAIRS": True}, "pairs_fold": {"GLUON_PAIRS": True, "GLUON_FOLD": True}}
 
 
 def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, cpu):
@@ -44,6 +46,17 @@ def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, c
     bq = torch.randint(0, 256, (Gn, N, K // 2), dtype=torch.uint8, device="cuda", generator=gen)
     sb = torch.randint(118, 126, (Gn, N, K // 32), dtype=torch.uint8, device="cuda", generator=gen)
     return masked_m, a, sa, bq, sb
+
+
+def cases(seed: int):
+    """(name, N, K, expected_m, routed_case(...)) for both shapes at expected_m 8 and 32, cached blocks released
+    after each."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cpu = torch.Generator().manual_seed(seed)
+    for expected_m in (8, 32):
+        for name, (N, K) in SHAPES.items():
+            yield name, N, K, expected_m, routed_case(expected_m, N, K, gen, cpu)
+            torch.cuda.empty_cache()
 
 
 def routed_case(expected_m: int, N: int, K: int, gen, cpu):
@@ -75,57 +88,51 @@ def write_rows(filename: str, rows: list[dict]) -> None:
                        timing="do_bench_cudagraph median; copy by do_bench", rows=rows), f, indent=1)
 
 
+def print_conversion_table(rows: list[dict], labels: list[str], rate: str) -> None:
+    """A --convert table: the label columns, the shipped conversion's rate and each of CONVERSIONS' (rate: the rows'
+    key suffix, "gbs" or "tflops"), the best over shipped, and whether every variant was bitwise equal."""
+    print("| " + " | ".join(labels) + f" | shipped {rate} | " + " | ".join(CONVERSIONS) + " | best / shipped | bitwise |")
+    for r in rows:
+        shipped, rates = r[f"shipped_{rate}"], [r[f"{k}_{rate}"] for k in CONVERSIONS]
+        print("| " + " | ".join(f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c]) for c in labels)
+              + f" | {shipped:.0f} | " + " | ".join(f"{v:.0f}" for v in rates)
+              + f" | {max(rates) / shipped:.2f} | {all(r[f'{k}_bitwise'] for k in CONVERSIONS)} |")
+
+
 def convert() -> None:
     """The routed tile with the shipped, the byte-pair and the folded conversion (module docstring)."""
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    cpu = torch.Generator().manual_seed(1)
     copy_gbs = copy_bandwidth_gbs()
-    variants = {"pairs": {"GLUON_PAIRS": True}, "pairs_fold": {"GLUON_PAIRS": True, "GLUON_FOLD": True}}
     rows_out = []
-    for expected_m in (8, 32):
-        for name, (N, K) in SHAPES.items():
-            call, want, routed, used, masked_m, weight_bytes, sb = routed_case(expected_m, N, K, gen, cpu)
-            assert int(sb.max()) <= 128, "GLUON_FOLD is exact only for UE8M0 weight bytes <= 128"
-            row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                       copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
-            for key, extra in variants.items():
-                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **extra},
-                                                                           weight_bytes)
-            rows_out.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
+        assert int(sb.max()) <= 128, "GLUON_FOLD is exact only for UE8M0 weight bytes <= 128"
+        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
+                   copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
+        for key, extra in CONVERSIONS.items():
+            row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **extra},
+                                                                       weight_bytes)
+        rows_out.append(row)
+        print(row, flush=True)
     write_rows("exp_gemm_masked_convert.json", rows_out)
-    print("| shape | expected_m | tile | shipped GB/s | pairs | pairs + fold | best / shipped | best / copy | bitwise |")
-    for r in rows_out:
-        best = max(r["pairs_gbs"], r["pairs_fold_gbs"])
-        print(f"| {r['name']} | {r['expected_m']} | {r['routed_block_m']} | {r['shipped_gbs']:.0f} | "
-              f"{r['pairs_gbs']:.0f} | {r['pairs_fold_gbs']:.0f} | {best / r['shipped_gbs']:.2f} | "
-              f"{best / r['copy_gbs']:.2f} | "
-              f"{r['pairs_bitwise'] and r['pairs_fold_bitwise']} |")
+    print_conversion_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs")
 
 
 def main() -> None:
     if "--convert" in sys.argv:
         convert()
         return
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cpu = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
-    for expected_m in (8, 32):
-        for name, (N, K) in SHAPES.items():
-            call, want, routed, used, masked_m, weight_bytes, _ = routed_case(expected_m, N, K, gen, cpu)
-            row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
-                       max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
-                       routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
-            for block_m in (16, 32, 64):
-                for stages in (3, 4):
-                    key = f"m{block_m}_s{stages}"
-                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
-                        call, want, used, {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, weight_bytes)
-            rows_out.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, _) in cases(0):
+        row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
+                   max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
+                   routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
+        for block_m in (16, 32, 64):
+            for stages in (3, 4):
+                key = f"m{block_m}_s{stages}"
+                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
+                    call, want, used, {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, weight_bytes)
+        rows_out.append(row)
+        print(row, flush=True)
     write_rows("exp_gemm_masked_tiles.json", rows_out)
     keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
     print("| shape | expected_m | max rows | routed tile | " + " | ".join(keys) + " | best / copy |")
