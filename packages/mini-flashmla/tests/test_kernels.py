@@ -310,10 +310,9 @@ def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
 
 def test_indexer_per_query_runs_of_key_tiles(device):
     """The per-query kernel's programs walk runs of key tiles (more tiles than ~4 programs per SM need: a run of 9
-    on 132 SMs, 64 under the interpreter's 8), ragged at the end of the key list, with -1 rows and visibility
-    cutting runs in the middle."""
+    on 132 SMs), ragged at the end of the key list, with -1 rows and visibility cutting runs in the middle."""
     g = torch.Generator().manual_seed(14)
-    s_q, n_keys = 16, 40_000 if device == "cuda" else 9_000
+    s_q, n_keys = 16, 40_000
     q, w, cache = _indexer_case(g, s_q, 5000, device)
     rows = torch.randint(0, 5000, (s_q, n_keys), generator=g, dtype=torch.int32)
     rows[2, 777:] = -1

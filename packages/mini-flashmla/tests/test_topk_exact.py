@@ -67,6 +67,13 @@ def test_chunked_topk_exact(device, small_step, kind, n, k, chunks):
     assert_same(api._chunked_topk(score.to(device), k, chunks), reference.indexer_topk_ref(score, k))
 
 
+def test_chunked_topk_on_strided_rows(device, small_step):
+    """The chunked route on a view whose row stride is wider than its columns (the engine slices score chunks)."""
+    g = torch.Generator().manual_seed(9)
+    wide = tied_scores(g, 5, 700, "bf16")
+    assert_same(api._chunked_topk(wide.to(device)[:, :650], 96, 4), reference.indexer_topk_ref(wide[:, :650], 96))
+
+
 def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
     monkeypatch.setattr(api, "TOPK_MIN_CHUNK_KEYS", 16)
     sms = api._num_sms(torch.device(device))

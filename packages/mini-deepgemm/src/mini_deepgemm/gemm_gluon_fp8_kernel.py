@@ -286,7 +286,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
         acc3 = gl.zeros([ROWS, 32], gl.float32, mma)
         for k in range(num_k):
             slot = step % STAGES
-            # the next step's scale words (of this step at the last), loaded a step ahead as in _scales_ahead
+            # the next step's scale words (of this step at the last), loaded a step ahead as in _math_v3
             ahead = gl.minimum(k + 1, num_k - 1)
             na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
             nb1, nb2, nb3 = nb0, nb0, nb0

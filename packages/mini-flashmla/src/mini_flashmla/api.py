@@ -42,7 +42,8 @@ INDEXER_CHUNK_BYTES = 256 << 20
 # SM that each program's run of keys aims for (indexer_kernel.indexer_scores_per_query_kernel). Session 14 run 4
 # (benchmarks/exp_indexer_tiles.py --per-query; batch 64 / 256, 65,536 keys each): 128 keys, no software
 # pipelining (several programs per SM hide the loads), 4 warps, 4 programs per SM: 0.270 / 0.900 ms (2 stages
-# 0.290 / 0.974, 64 keys 0.299 / 1.065, 8 warps 0.374 / 1.352; the previous launch 0.747 / 2.978).
+# 0.290 / 0.974, 64 keys 0.299 / 1.065, 8 warps 0.374 / 1.352; the previous launch 0.747 / 2.978). Session 15
+# run 2, with the queries on the grid's x axis: 0.235 / 0.912 ms, the same ranking.
 INDEXER_PER_QUERY_BLOCK_K = 128
 INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
@@ -471,8 +472,6 @@ def _chunked_topk(score: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
     position ascending: a total order) are among these candidates, and the candidates stand in position order, so
     pass 2, the same selection over the candidates' values, picks the same keys and breaks ties the same way."""
     s_q, n_keys = score.shape
-    if score.stride(1) != 1:
-        score = score.contiguous()
     chunk_len = -(-n_keys // chunks)
     candidates = torch.empty((s_q, chunks * k), dtype=torch.int32, device=score.device)
     _launch_select(score, n_keys, k, -1, candidates.view(s_q * chunks, k), group=1, mask_out=False, chunks=chunks,
@@ -481,7 +480,7 @@ def _chunked_topk(score: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
     values = score.gather(1, candidates.clamp(min=0).long()).masked_fill_(~taken, float("-inf"))
     picked = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
     _launch_select(values, chunks * k, k, -1, picked, group=1, mask_out=False)
-    return torch.where(picked >= 0, candidates.gather(1, picked.clamp(min=0).long()), -1).to(torch.int32)
+    return torch.where(picked >= 0, candidates.gather(1, picked.clamp(min=0).long()), -1)  # int32
 
 
 def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int
