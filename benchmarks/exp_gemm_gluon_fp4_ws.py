@@ -17,8 +17,8 @@ Consumers (--consumers, session 15 run 1): the 256-row tile split over 4 consume
 of 2 of 128: 0.98-1.00x, bitwise equal (docs/reports/deepgemm-gluon-fp4-ws.md); the kernel's CONSUMERS parameter
 was removed after (commit c500079 has it).
 Conversion (--convert, written in session 15 after its last GPU run, not yet run): the shipped weight conversion
-against the byte-pair form (PAIRS) and the folded scale (FOLD) of gemm_gluon_kernel.weights_of_step, at 4 stages,
-bitwise (the data's UE8M0 weight bytes are 118-125; FOLD is exact up to 128). Offline (triton 3.6, sm_90a) the
+against the byte-pair form and the folded scale (exp_gemm_masked_tiles.py's CONVERSIONS, edited copies of
+gemm_gluon_kernel), at 4 stages, bitwise (the data's UE8M0 weight bytes are 118-125; the fold is exact up to 128). Offline (triton 3.6, sm_90a) the
 consumers' K-step loop goes from 347 SASS instructions per warp to 300 and 269 (docs/reports/deepgemm-gluon.md).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
 exp_gemm_gluon_fp4_ws_few_rows.json; conversion: exp_gemm_gluon_fp4_ws_convert.json).
@@ -32,13 +32,14 @@ import json
 import os
 import platform
 import sys
+import tempfile
 
 import torch
 import triton
 
 from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
-from exp_gemm_masked_tiles import CONVERSIONS, print_conversion_table
+from exp_gemm_masked_tiles import conversion_modules, kernels_of, print_conversion_table
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
@@ -47,11 +48,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4, conversion: dict | None = None) -> None:
-    """The package's warp-specialized kernel; conversion: one of CONVERSIONS (None: the shipped conversion)."""
-    conversion = conversion or {}
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, conversion.get("GLUON_PAIRS", False),
-                                    conversion.get("GLUON_FOLD", False))
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -128,28 +126,31 @@ def few_rows() -> None:
 
 
 def convert() -> None:
-    """The shipped weight conversion against the byte-pair form and the folded scale (the kernel's PAIRS / FOLD
-    options), at the prefill routings and the few-rows one, bitwise (module docstring)."""
+    """The shipped weight conversion against the byte-pair form and the folded scale (exp_gemm_masked_tiles.py's
+    CONVERSIONS), at the prefill routings and the few-rows one, bitwise (module docstring)."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     cpu = torch.Generator().manual_seed(5)
     routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}
     out = []
-    for routing, (groups, lo, hi) in routings.items():
-        rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
-        for name, (N, K) in SHAPES.items():
-            a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
-            assert int(sb.max()) <= 128, "FOLD is exact only for UE8M0 weight bytes <= 128"
-            flops = 2 * sum(rows) * N * K
-            want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
-            ws_gemm(x, bq, sb, want, layout)
-            row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
-                       shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
-            for key, conversion in CONVERSIONS.items():
-                d = torch.zeros_like(want)
-                ws_gemm(x, bq, sb, d, layout, 4, conversion)
-                row[f"{key}_bitwise"] = bool(torch.equal(d, want))
-                row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, 4, conversion)) / 1e9
-            keep(out, row)
+    with tempfile.TemporaryDirectory() as workdir:
+        variants = conversion_modules(workdir)
+        for routing, (groups, lo, hi) in routings.items():
+            rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
+            for name, (N, K) in SHAPES.items():
+                a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
+                assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
+                flops = 2 * sum(rows) * N * K
+                want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+                ws_gemm(x, bq, sb, want, layout)
+                row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
+                           shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
+                for key, variant in variants.items():
+                    d = torch.zeros_like(want)
+                    with kernels_of(variant):
+                        ws_gemm(x, bq, sb, d, layout)
+                        row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout)) / 1e9
+                    row[f"{key}_bitwise"] = bool(torch.equal(d, want))
+                keep(out, row)
     write_rows("exp_gemm_gluon_fp4_ws_convert.json", out)
     print_conversion_table(out, ["routing", "name"], "tflops")
 

@@ -9,9 +9,10 @@ tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed con
 Writes $OUT/exp_gemm_masked_tiles.json.
 
 Conversion (--convert; written in session 15 after its last GPU run, not yet run): the same calls at the routed
-tile with the kernel's weight conversion in the byte-pair form (GLUON_PAIRS: one asm per 2 bytes of a row, the
-16-bit load used as is; exact) and with the 2^126 multiply folded into the scale (GLUON_FOLD: exact for UE8M0
-weight bytes <= 128; the data's are 118-125). Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop goes
+tile with the kernel's weight conversion in the byte-pair form (pairs: one asm per 2 bytes of a row, the 16-bit
+load used as is; exact) and with the 2^126 multiply folded into the scale (pairs_fold: exact for UE8M0 weight bytes
+<= 128; the data's are 118-125), each an edited copy of gemm_gluon_kernel (source_variants.py; CONVERSIONS below)
+swapped in for the package's kernels during its calls. Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop goes
 from 364 SASS instructions per warp to 316 (pairs) and 285 (pairs + fold), the 64-token tile's from 385 to 337 / 306
 (docs/reports/deepgemm-gluon.md). Each variant is checked bitwise against the shipped conversion. Writes
 $OUT/exp_gemm_masked_convert.json.
@@ -21,9 +22,12 @@ $OUT/exp_gemm_masked_convert.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
+import tempfile
 
 import torch
 import triton
@@ -31,10 +35,74 @@ import triton
 from bench_deepgemm import copy_bandwidth_gbs  # beside this script
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
+from mini_deepgemm import gemm_gluon_kernel as kernel_module
+from source_variants import absolute_imports, edited_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
-# --convert's variants of the FP4 kernels' weight conversion, as config keys (exp_gemm_gluon_fp4_ws.py uses them too)
-CONVERSIONS = {"pairs": {"GLUON_PAIRS": True}, "pairs_fold": {"GLUON_PAIRS": True, "GLUON_FOLD": True}}
+
+# --convert: the FP4 kernels' weight conversion (gemm_gluon_kernel.weights_of_step) in the byte-pair form: one asm per
+# 2 packed bytes of a row, on the 16-bit value Triton loads them as ($2), giving both nibbles' bf16x2 ($0 even, $1
+# odd); prmt spreads the two bytes to the register's 16-bit halves. The shipped 4-byte form takes 2 + 2 bytes of two
+# rows, which Triton assembles from those 16-bit loads with ~40 PRMT per K step (docs/reports/deepgemm-gluon.md).
+# $3 holds the pair's scale as a duplicated bf16x2 (an int32 per element; a pair shares a row and a 32-value half).
+# The fold: $3 is 2^(e - 1), the scale times 2^126, so one multiply makes the value (exact for UE8M0 bytes e <= 128).
+_PAIR_PTX = """
+{
+.reg .b32 w, b01, u, two126;
+mov.b32 two126, 0x7E807E80;
+cvt.u32.u16 w, $2;
+prmt.b32 b01, w, w, 0x3130;
+and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; MUL_EVEN
+and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; MUL_ODD
+}
+"""
+# the shipped conversion in weights_of_step: from the scale bytes to both asm calls (the edit fails if it changed)
+_SHIPPED_CONVERSION = re.compile(r"    e0 = \(\(word >> shift\).*?pack=4\)\n(?=    return w_even, w_odd)", re.S)
+
+
+def pair_conversion(fold: bool) -> list:
+    """edited_module edits of gemm_gluon_kernel: weights_of_step in the byte-pair form (fold: with the folded scale).
+    Every FP4 kernel of the module calls it, the masked and the warp-specialized one."""
+    if fold:
+        ptx = _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 $0, u, $3;").replace("MUL_ODD", "mul.rn.bf16x2 $1, u, $3;")
+    else:
+        ptx = (_PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
+               .replace("MUL_ODD", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;"))
+    bias = 126 if fold else 0  # fold: 2^(e - 1), else 2^(e - 127), as bf16 bits
+    body = f"""    e0 = (((word >> shift) & 0xFF) + {bias}) << 7
+    e1 = (((word >> (shift + 8)) & 0xFF) + {bias}) << 7
+    pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
+    w_even, w_odd = gl.inline_asm_elementwise(_PAIR_PTX, "=r,=r,h,r,r", [packed, pair_scale],
+                                              dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
+"""
+    return [absolute_imports("mini_deepgemm"),
+            ("@gluon.jit\ndef weights_of_step(", f"_PAIR_PTX: gl.constexpr = gl.constexpr({ptx!r})\n\n\n"
+                                                 "@gluon.jit\ndef weights_of_step("),
+            (_SHIPPED_CONVERSION, body)]
+
+
+CONVERSIONS = {"pairs": pair_conversion(False), "pairs_fold": pair_conversion(True)}
+_FP4_KERNELS = ("fp4_grouped_gemm_kernel", "fp4_contiguous_ws_kernel")
+
+
+def conversion_modules(workdir: str) -> dict:
+    """gemm_gluon_kernel with each of CONVERSIONS applied, by name."""
+    return {name: edited_module(kernel_module, edits, f"fp4_conversion_{name}", workdir)
+            for name, edits in CONVERSIONS.items()}
+
+
+@contextlib.contextmanager
+def kernels_of(variant):
+    """The package's FP4 kernels replaced by variant's for the duration (the launchers in gemm.py import them per
+    call), so a call through the package runs the variant."""
+    shipped = {k: getattr(kernel_module, k) for k in _FP4_KERNELS}
+    for k in _FP4_KERNELS:
+        setattr(kernel_module, k, getattr(variant, k))
+    try:
+        yield
+    finally:
+        for k, kernel in shipped.items():
+            setattr(kernel_module, k, kernel)
 
 
 def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, cpu):
@@ -103,15 +171,17 @@ def convert() -> None:
     """The routed tile with the shipped, the byte-pair and the folded conversion (module docstring)."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
-    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
-        assert int(sb.max()) <= 128, "GLUON_FOLD is exact only for UE8M0 weight bytes <= 128"
-        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                   copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
-        for key, extra in CONVERSIONS.items():
-            row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **extra},
-                                                                       weight_bytes)
-        rows_out.append(row)
-        print(row, flush=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        variants = conversion_modules(workdir)
+        for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
+            assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
+            row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
+                       copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
+            for key, variant in variants.items():
+                with kernels_of(variant):
+                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, routed, weight_bytes)
+            rows_out.append(row)
+            print(row, flush=True)
     write_rows("exp_gemm_masked_convert.json", rows_out)
     print_conversion_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs")
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 
 import torch
 import triton
 import triton.language as tl
+from source_variants import absolute_imports, edited_module  # beside this script
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 EXPERTS = 96
@@ -135,7 +135,7 @@ def measure(name: str, N: int, K: int, copy_gbs: float) -> dict:
 # The masked Gluon kernel reading step-blocked weights (BLOCK_N = 128 rows per tile, N % 128 == 0): the tile starts
 # where the row-major tile does (off_n x K / 2 bytes into the group), its rows lie 32 B apart, its steps 4 KB apart.
 BLOCKED_WEIGHTS = [
-    (re.compile(r"^from \.", re.M), "from mini_deepgemm."),
+    absolute_imports("mini_deepgemm"),
     ("w_ptrs = w_base + (n_w % N).to(gl.int64)[:, None] * stride_w_n + gl.arange(0, 32, gl.SliceLayout(0, w_copy))"
      "[None, :]",
      "w_ptrs = w_base + off_n.to(gl.int64) * stride_w_n + (n_w - off_n).to(gl.int64)[:, None] * 32 "
@@ -151,7 +151,6 @@ def kernel_rows(copy_gbs: float) -> list[dict]:
     from exp_gemm_gluon_v3 import ms
     from exp_gemm_masked_tiles import masked_operands
     from mini_deepgemm import gemm as G
-    from source_variants import edited_module
 
     shipped = kernel_module.fp4_grouped_gemm_kernel
     gen = torch.Generator(device="cuda").manual_seed(0)

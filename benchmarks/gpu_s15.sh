@@ -16,8 +16,8 @@
 #   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s15.sh (for the next session, 1 x H200, ~6 minutes, never
 #       run: exp_gemm_masked_tiles.py --convert and exp_gemm_gluon_fp4_ws.py --convert (the FP4 GEMMs' weight
 #       conversion in the byte-pair and folded-scale forms, bitwise against the shipped one, masked decode and
-#       warp-specialized prefill), then every mini-deepgemm GPU test (the kernels' defaults are PTX-equal to the
-#       measured kernels offline))
+#       warp-specialized prefill; edited copies of gemm_gluon_kernel, the package unchanged), then every
+#       mini-deepgemm GPU test)
 #   source .devdeps/env.sh && PART=r8 bash benchmarks/gpu_s15.sh   (1 x H200: decode at batch 32 and 64, 131k, with
 #       an 8 GB KV budget and bench_decode's new full-batch guard: run 7's batch 64 again, valid this time)
 set -u

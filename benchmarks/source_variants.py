@@ -1,6 +1,6 @@
 """Kernel variants for experiments: a kernel module's source with edits applied, loaded as a temporary module, so the
 package keeps one kernel and each variant is a stated difference from it (exp_flashmla_gluon_breakdown.py,
-exp_flashmla_gluon_decode.py, exp_gemm_gluon_v3_variants.py)."""
+exp_flashmla_gluon_decode.py, exp_gemm_gluon_v3_variants.py, exp_weight_stream.py, exp_gemm_masked_tiles.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ import os
 import re
 import sys
 from types import ModuleType
+
+
+def absolute_imports(package: str) -> tuple:
+    """The edit that makes a package module's relative imports absolute, so its edited copy loads on its own."""
+    return re.compile(r"^from \.", re.M), f"from {package}."
 
 
 def edited_module(module: ModuleType, edits: list, name: str, workdir: str) -> ModuleType:

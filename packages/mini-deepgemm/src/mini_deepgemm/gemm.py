@@ -530,23 +530,22 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     M, K = x.shape[-2:]
     N = bq.shape[-2]
     if not masked and cfg.get("GLUON_WS"):
-        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"], cfg.get("GLUON_PAIRS", False),
-                                      cfg.get("GLUON_FOLD", False))
+        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"])
         return
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
     fp4_grouped_gemm_kernel[grid](
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
         MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
-        GROUP_M=cfg["GROUP_M"], PAIRS=cfg.get("GLUON_PAIRS", False), FOLD=cfg.get("GLUON_FOLD", False), num_warps=4)
+        GROUP_M=cfg["GROUP_M"], num_warps=4)
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                                  layout: torch.Tensor, stages: int, pairs: bool = False, fold: bool = False) -> None:
+                                  layout: torch.Tensor, stages: int) -> None:
     """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
     tokens, the layout's alignment, per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from
     _dequant_activations. Its TMA copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the
-    pass). pairs / fold: the kernel's experiment options (off in every routed config)."""
+    pass)."""
     from .gemm_gluon_kernel import fp4_contiguous_ws_kernel
 
     G, N, K2 = bq.shape
@@ -555,7 +554,7 @@ def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.T
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
         _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
-        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, PAIRS=pairs, FOLD=fold, num_warps=4,
+        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4,
         maxnreg=65536 // (12 * 32) // 8 * 8)
 
 

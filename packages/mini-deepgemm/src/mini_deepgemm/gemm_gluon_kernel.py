@@ -61,52 +61,19 @@ _SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F
 _SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
 
 
-# The byte-pair form (PAIRS, an experiment's variant since session 15, not routed): one asm per 2 packed bytes of a
-# row, loaded as one 16-bit value ($2), giving both nibbles' bf16x2 ($0 even, $1 odd); prmt spreads the two bytes to
-# the register's 16-bit halves. The 4-byte form above takes 2 + 2 bytes of two rows, which Triton assembles from
-# 16-bit loads with ~40 PRMT per K step (SASS, docs/reports/deepgemm-gluon.md). $3 holds the pair's scale as a
-# duplicated bf16x2 (an int32 per element; the pair shares a row and a 32-value half). FOLD: $3 is 2^(e - 1), the
-# scale times 2^126, so one multiply makes the value (exact only for UE8M0 bytes e <= 128, scales <= 2).
-_PAIR_PTX = """
-{
-.reg .b32 w, b01, u, two126;
-mov.b32 two126, 0x7E807E80;
-cvt.u32.u16 w, $2;
-prmt.b32 b01, w, w, 0x3130;
-and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; MUL_EVEN
-and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; MUL_ODD
-}
-"""
-_PAIR_EXACT_PTX: gl.constexpr = gl.constexpr(
-    _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
-    .replace("MUL_ODD", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;"))
-_PAIR_FOLD_PTX: gl.constexpr = gl.constexpr(
-    _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 $0, u, $3;").replace("MUL_ODD", "mul.rn.bf16x2 $1, u, $3;"))
-
-
 @gluon.jit
-def weights_of_step(packed, word, step, second, PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False):
+def weights_of_step(packed, word, step, second):
     """The bf16 weights of K step `step` (64 values) in the wgmma A-operand layout: (even, odd) values of the packed
     bytes (packed's layout), each times its UE8M0 scale, exactly. word: the int32 scale word of each row (step's two
-    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31).
-    PAIRS / FOLD: the byte-pair conversion above (FOLD needs PAIRS and UE8M0 bytes <= 128)."""
+    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31)."""
     shift = (step % 2) * 16
-    if PAIRS:
-        bias: gl.constexpr = 126 if FOLD else 0  # FOLD: 2^(e - 1), else 2^(e - 127), as bf16 bits
-        e0 = (((word >> shift) & 0xFF) + bias) << 7
-        e1 = (((word >> (shift + 8)) & 0xFF) + bias) << 7
-        pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
-        ptx: gl.constexpr = _PAIR_FOLD_PTX if FOLD else _PAIR_EXACT_PTX
-        w_even, w_odd = gl.inline_asm_elementwise(ptx, "=r,=r,h,r,r", [packed, pair_scale],
-                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
-    else:
-        e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
-        e1 = ((word >> (shift + 8)) & 0xFF) << 7
-        scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
-        w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                           is_pure=True, pack=4)
-        w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                          is_pure=True, pack=4)
+    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
+    e1 = ((word >> (shift + 8)) & 0xFF) << 7
+    scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                       is_pure=True, pack=4)
+    w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
+                                      is_pure=True, pack=4)
     return w_even, w_odd
 
 
@@ -127,15 +94,12 @@ def fp4_grouped_gemm_kernel(
     M, N, K,
     stride_x_g, stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d_g, stride_d,
     MASKED: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-    PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False,
 ):
     """d[m, n] = sum_k x[m, k] * dequant(w[group])[n, k]: x bf16 in the FP4 K order, w packed e2m1 [G, N, K / 2]
     (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0).
     Contiguous (MASKED false): x [M, K], d [M, N], group_ptr the int32 layout [M] (-1 = padding; segments aligned to
     BLOCK_M); rows whose id is -1 are not written. Masked: x [G, M, K], d [G, M, N], group_ptr masked_m int32 [G],
-    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written.
-    PAIRS / FOLD (default off, the measured kernel): weights_of_step's byte-pair conversion, an experiment's variant
-    (benchmarks/exp_gemm_masked_tiles.py --convert; FOLD only for UE8M0 weight bytes <= 128)."""
+    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_a: gl.constexpr = gl.SliceLayout(1, a_layout)
@@ -193,7 +157,7 @@ def fp4_grouped_gemm_kernel(
         gl.thread_barrier()  # every thread's copies of step i have landed
         packed = w_ring.index(slot).load(a_layout)
         word = sw_ring.index(slot).load(rows_a)
-        w_even, w_odd = weights_of_step(packed, word, i, second, PAIRS, FOLD)
+        w_even, w_odd = weights_of_step(packed, word, i, second)
         fence_async_shared()
         tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
@@ -257,7 +221,7 @@ def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N,
 
 @gluon.jit
 def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
-                 HALF: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr, FOLD: gl.constexpr):
+                 HALF: gl.constexpr, GROUP_M: gl.constexpr):
     """One warpgroup: weight rows [HALF * 128, HALF * 128 + 128) of each tile, fp4_grouped_gemm_kernel's step on
     them, its scale word loaded from global memory a step ahead."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
@@ -283,7 +247,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
                 ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)  # one word holds two steps' scales
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
-                w_even, w_odd = weights_of_step(packed, word, i, second, PAIRS, FOLD)
+                w_even, w_odd = weights_of_step(packed, word, i, second)
                 tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
                 tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[tok])
@@ -301,25 +265,24 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
 @gluon.jit
 def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
                              STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                             PRODUCER_REGS: gl.constexpr, PAIRS: gl.constexpr = False, FOLD: gl.constexpr = False):
+                             PRODUCER_REGS: gl.constexpr):
     """The contiguous layout of fp4_grouped_gemm_kernel, warp-specialized: d[m, n] = sum_k x[m, k] *
     dequant(w[layout[m]])[n, k]. x bf16 [M, K] in the FP4 K order, by x_desc in [BLOCK_M, 32] boxes; w packed e2m1
     as uint8 [G * N, K / 2] by w_desc in [BLOCK_N = 256, 32] boxes (rows of the next group, or TMA's zeros past the
     last, fill a partial tile; their results are not stored); sw UE8M0 [G, N, K / 32] read as int32 words (strides
     in bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
     not written. Two consumer warpgroups take 128 of the tile's weight rows each (4 x 64 was a tie, session 15:
-    docs/reports/deepgemm-gluon-fp4-ws.md). PAIRS / FOLD: fp4_grouped_gemm_kernel's experiment options (default
-    off). Launch: persistent grid of at most one program per SM, num_warps=4 (the first consumer warpgroup; the
-    second and the producer warp come from warp_specialize)."""
+    docs/reports/deepgemm-gluon-fp4-ws.md). Launch: persistent grid of at most one program per SM, num_warps=4 (the
+    first consumer warpgroup; the second and the producer warp come from warp_specialize)."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
     ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
     gl.warp_specialize(
         [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 0, GROUP_M, PAIRS, FOLD)),
+                         stride_d, 0, GROUP_M)),
          (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 1, GROUP_M, PAIRS, FOLD)),
+                         stride_d, 1, GROUP_M)),
          (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(ready, empty)
