@@ -10,8 +10,9 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
   scores + top-k chunked (api.indexer_topk) end to end;
 - decode (session 15): top-512 of 65,536 keys for 8-256 queries (the last rows of the same scores, which see every
   key): one program per query against the chunked route at 2-16 key chunks and the routed choice, each checked
-  equal to the reference, timed as CUDA-graph replays (the engine's decode step runs in a graph, so the chunked
-  route's extra launches cost no host time there).
+  equal to the reference, timed as CUDA-graph replays (bench_flashmla.bench_graph; the engine's decode step runs in
+  a graph, so the chunked route's extra launches cost no host time there). Session 15 runs 3-4 timed it with a
+  15-replay median of a graph captured here, which the review replaced with bench_graph.
 Scores are the real indexer's (random FP4 queries and keys), so ties are as common as in the engine; a second top-k
 case rounds them to a few distinct values (most of every row ties). Every new result is checked equal to the
 reference's on the full shape. Times: median of CUDA-event timings of single calls after warm-up.
@@ -27,7 +28,7 @@ import os
 import statistics
 
 import torch
-from bench_flashmla import CONTEXT, RATIO, S_Q, environment, indexer_prefill_case
+from bench_flashmla import CONTEXT, RATIO, S_Q, bench_graph, environment, indexer_prefill_case
 from bench_flashmla import N_COMPRESSED as N_KEYS
 
 import mini_flashmla
@@ -67,19 +68,6 @@ DECODE_BATCHES = [8, 32, 64, 128, 256]
 DECODE_CHUNKS = [2, 4, 8, 16]
 
 
-def graph_ms(fn) -> float:
-    """median_ms of the replay of a CUDA graph holding one call of fn."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return median_ms(graph.replay)
-
-
 def decode_sweep(score: torch.Tensor) -> list[dict]:
     rows = []
     for batch in DECODE_BATCHES:
@@ -87,13 +75,13 @@ def decode_sweep(score: torch.Tensor) -> list[dict]:
         want = reference.indexer_topk_ref(s, TOPK)
         out = torch.empty((batch, TOPK), dtype=torch.int32, device=s.device)
         api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)
-        row = {"batch": batch, "n_keys": N_KEYS, "one_program_per_query_ms": graph_ms(
+        row = {"batch": batch, "n_keys": N_KEYS, "one_program_per_query_ms": bench_graph(
             lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)), "one_program_equal": torch.equal(out, want),
             "routed_chunks": api._topk_chunks(batch, N_KEYS, TOPK, api._num_sms(s.device)),
-            "routed_ms": graph_ms(lambda: api.topk_of_scores(s, TOPK)),
+            "routed_ms": bench_graph(lambda: api.topk_of_scores(s, TOPK)),
             "routed_equal": torch.equal(api.topk_of_scores(s, TOPK), want)}
         for chunks in DECODE_CHUNKS:
-            row[f"chunks{chunks}_ms"] = graph_ms(lambda: api._chunked_topk(s, TOPK, chunks))
+            row[f"chunks{chunks}_ms"] = bench_graph(lambda: api._chunked_topk(s, TOPK, chunks))
             row[f"chunks{chunks}_equal"] = torch.equal(api._chunked_topk(s, TOPK, chunks), want)
         rows.append(row)
     return rows
