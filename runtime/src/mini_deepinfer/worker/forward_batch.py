@@ -13,12 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
-def host_to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """One tensor from host values, copied to `device` without blocking the host (from pinned memory on CUDA)."""
+def host_to_device(values: list | np.ndarray, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """One tensor from host values, copied to `device` without blocking the host (from pinned memory on CUDA).
+    A numpy array converts without a Python-level loop: torch.tensor on a list costs ~150 ns per element."""
     pin = torch.device(device).type == "cuda"
+    if isinstance(values, np.ndarray):
+        host = torch.from_numpy(values).to(dtype)
+        return (host.pin_memory() if pin else host.clone()).to(device, non_blocking=True)
     return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
 
 
@@ -35,15 +40,23 @@ class StepTensors:
     def build(batch: "ForwardBatch", device: torch.device, width: int | None = None) -> "StepTensors":
         """width: block-table columns (default: the longest table). A fixed width gives every step of a kind the
         same shapes, which the decode path's CUDA graphs need."""
-        B, T = len(batch.query_lens), batch.num_tokens
+        B, T, R = len(batch.query_lens), batch.num_tokens, len(batch.sample_rows)
         longest = max((len(t) for t in batch.block_tables), default=0)
         width = longest if width is None else width
         if width < longest:
             raise ValueError(f"StepTensors: block-table width {width} < the longest table ({longest})")
-        flat = [p for c, q in zip(batch.context_lens, batch.query_lens) for p in range(c, c + q)]
-        for t in batch.block_tables:
-            flat += list(t) + [0] * (width - len(t))
-        dev = host_to_device(flat + batch.slots + batch.sample_rows, torch.int64, device)
+        # one int64 host array, filled row by row by numpy: at 131k context a decode step's tables are ~1,000
+        # blocks per sequence, and building them as one Python list for torch.tensor took 12 ms per step at batch
+        # 64 (session 15, docs/reports/runtime-decode.md)
+        host = np.zeros(T + B * width + B + R, dtype=np.int64)
+        if T:
+            host[:T] = np.concatenate([np.arange(c, c + q) for c, q in zip(batch.context_lens, batch.query_lens)])
+        tables = host[T: T + B * width].reshape(B, width)
+        for row, t in zip(tables, batch.block_tables):
+            row[: len(t)] = t
+        host[T + B * width: T + B * width + B] = batch.slots
+        host[T + B * width + B:] = batch.sample_rows
+        dev = host_to_device(host, torch.int64, device)
         return StepTensors(dev[:T], dev[T: T + B * width].view(B, width), dev[T + B * width: T + B * width + B],
                            dev[T + B * width + B:])
 
