@@ -16,10 +16,11 @@ token-tile argument that allowed it was removed after (commit 9821138 has it).
 Consumers (--consumers, session 15 run 1): the 256-row tile split over 4 consumer warpgroups of 64 rows instead
 of 2 of 128: 0.98-1.00x, bitwise equal (docs/reports/deepgemm-gluon-fp4-ws.md); the kernel's CONSUMERS parameter
 was removed after (commit c500079 has it).
-Conversion (--convert, written in session 15 after its last GPU run, not yet run): the shipped weight conversion
-against the byte-pair form and the folded scale (exp_gemm_masked_tiles.py's CONVERSIONS, edited copies of
-gemm_gluon_kernel), at 4 stages, bitwise (the data's UE8M0 weight bytes are 118-125; the fold is exact up to 128). Offline (triton 3.6, sm_90a) the
-consumers' K-step loop goes from 347 SASS instructions per warp to 300 and 269 (docs/reports/deepgemm-gluon.md).
+Conversion (--convert): the shipped weight conversion against exp_gemm_masked_tiles.py's CONVERSIONS (edited copies
+of gemm_gluon_kernel), at 4 stages, bitwise (the data's UE8M0 weight bytes are 118-125; the fold is exact up to
+128). Session 16 run 1, against the 4-byte form shipped then: the byte-pair form 1.02-1.04x (shipped since), the
+folded scale 1.06-1.09x; offline (triton 3.6, sm_90a) the consumers' K-step loop has 347 SASS instructions per warp in
+the 4-byte form, 300 in pairs and 269 folded (docs/reports/deepgemm-gluon.md).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
 exp_gemm_gluon_fp4_ws_few_rows.json; conversion: exp_gemm_gluon_fp4_ws_convert.json).
 
@@ -126,8 +127,8 @@ def few_rows() -> None:
 
 
 def convert() -> None:
-    """The shipped weight conversion against the byte-pair form and the folded scale (exp_gemm_masked_tiles.py's
-    CONVERSIONS), at the prefill routings and the few-rows one, bitwise (module docstring)."""
+    """The shipped weight conversion against exp_gemm_masked_tiles.py's CONVERSIONS (the folded scale), at the
+    prefill routings and the few-rows one, bitwise (module docstring)."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     cpu = torch.Generator().manual_seed(5)
     routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}

@@ -8,14 +8,14 @@ case (96 experts, max_m 128, Poisson(expected_m) rows, at least 1; the whole cal
 tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed config (same products, same order).
 Writes $OUT/exp_gemm_masked_tiles.json.
 
-Conversion (--convert; written in session 15 after its last GPU run, not yet run): the same calls at the routed
-tile with the kernel's weight conversion in the byte-pair form (pairs: one asm per 2 bytes of a row, the 16-bit
-load used as is; exact) and with the 2^126 multiply folded into the scale (pairs_fold: exact for UE8M0 weight bytes
-<= 128; the data's are 118-125), each an edited copy of gemm_gluon_kernel (source_variants.py; CONVERSIONS below)
-swapped in for the package's kernels during its calls. Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop goes
-from 364 SASS instructions per warp to 316 (pairs) and 285 (pairs + fold), the 64-token tile's from 385 to 337 / 306
-(docs/reports/deepgemm-gluon.md). Each variant is checked bitwise against the shipped conversion. Writes
-$OUT/exp_gemm_masked_convert.json.
+Conversion (--convert): the same calls at the routed tile with the kernel's weight conversion as an edited copy of
+gemm_gluon_kernel (source_variants.py; CONVERSIONS below) swapped in for the package's kernels during its calls, each
+checked bitwise against the shipped conversion. Session 16 run 1 measured two forms against the 4-byte one shipped
+then: the byte-pair form (one asm per 2 bytes of a row, the 16-bit load used as is; exact) at 1.06-1.11x, since
+shipped, and with the 2^126 multiply folded into the scale (pairs_fold: exact for UE8M0 weight bytes <= 128; the
+data's are 118-125) at 1.09-1.17x; pairs_fold is the variant that remains. Offline (triton 3.6, sm_90a) the 16-token
+tile's K-step loop has 316 SASS instructions per warp in the pair form and 285 folded (364 in the 4-byte form)
+(docs/reports/deepgemm-gluon.md). Writes $OUT/exp_gemm_masked_convert.json.
 
     cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
@@ -40,48 +40,18 @@ from source_variants import absolute_imports, edited_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
-# --convert: the FP4 kernels' weight conversion (gemm_gluon_kernel.weights_of_step) in the byte-pair form: one asm per
-# 2 packed bytes of a row, on the 16-bit value Triton loads them as ($2), giving both nibbles' bf16x2 ($0 even, $1
-# odd); prmt spreads the two bytes to the register's 16-bit halves. The shipped 4-byte form takes 2 + 2 bytes of two
-# rows, which Triton assembles from those 16-bit loads with ~40 PRMT per K step (docs/reports/deepgemm-gluon.md).
-# $3 holds the pair's scale as a duplicated bf16x2 (an int32 per element; a pair shares a row and a 32-value half).
-# The fold: $3 is 2^(e - 1), the scale times 2^126, so one multiply makes the value (exact for UE8M0 bytes e <= 128).
-_PAIR_PTX = """
-{
-.reg .b32 w, b01, u, two126;
-mov.b32 two126, 0x7E807E80;
-cvt.u32.u16 w, $2;
-prmt.b32 b01, w, w, 0x3130;
-and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; MUL_EVEN
-and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; MUL_ODD
-}
-"""
-# the shipped conversion in weights_of_step: from the scale bytes to both asm calls (the edit fails if it changed)
-_SHIPPED_CONVERSION = re.compile(r"    e0 = \(\(word >> shift\).*?pack=4\)\n(?=    return w_even, w_odd)", re.S)
-
-
-def pair_conversion(fold: bool) -> list:
-    """edited_module edits of gemm_gluon_kernel: weights_of_step in the byte-pair form (fold: with the folded scale).
-    Every FP4 kernel of the module calls it, the masked and the warp-specialized one."""
-    if fold:
-        ptx = _PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 $0, u, $3;").replace("MUL_ODD", "mul.rn.bf16x2 $1, u, $3;")
-    else:
-        ptx = (_PAIR_PTX.replace("MUL_EVEN", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
-               .replace("MUL_ODD", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;"))
-    bias = 126 if fold else 0  # fold: 2^(e - 1), else 2^(e - 127), as bf16 bits
-    body = f"""    e0 = (((word >> shift) & 0xFF) + {bias}) << 7
-    e1 = (((word >> (shift + 8)) & 0xFF) + {bias}) << 7
-    pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
-    w_even, w_odd = gl.inline_asm_elementwise(_PAIR_PTX, "=r,=r,h,r,r", [packed, pair_scale],
-                                              dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
-"""
-    return [absolute_imports("mini_deepgemm"),
-            ("@gluon.jit\ndef weights_of_step(", f"_PAIR_PTX: gl.constexpr = gl.constexpr({ptx!r})\n\n\n"
-                                                 "@gluon.jit\ndef weights_of_step("),
-            (_SHIPPED_CONVERSION, body)]
-
-
-CONVERSIONS = {"pairs": pair_conversion(False), "pairs_fold": pair_conversion(True)}
+# --convert: the fold. The shipped byte-pair conversion (gemm_gluon_kernel._PAIR_PTX) builds each value as code x
+# 2^-126, multiplies by 2^126, then by the scale 2^(e - 127); folded, the scale operand is 2^(e - 1) (the scale times
+# 2^126) and one multiply remains. Exact while 2^(e - 1) is a finite bf16, i.e. UE8M0 bytes e <= 128; byte 0 then
+# gives 2^-127 x code (the shipped form's bf16 scale bits 0 << 7 make it 0).
+FOLD = [
+    absolute_imports("mini_deepgemm"),
+    (re.compile(r"mul\.rn\.bf16x2 u, u, two126; (mul\.rn\.bf16x2 \$[01], u, \$3;)"), r"\1"),
+    ("    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits\n",
+     "    e0 = (((word >> shift) & 0xFF) + 126) << 7  # folded: 2^(e-1) as bf16 bits\n"),
+    ("    e1 = ((word >> (shift + 8)) & 0xFF) << 7\n", "    e1 = (((word >> (shift + 8)) & 0xFF) + 126) << 7\n"),
+]
+CONVERSIONS = {"pairs_fold": FOLD}
 _FP4_KERNELS = ("fp4_grouped_gemm_kernel", "fp4_contiguous_ws_kernel")
 
 

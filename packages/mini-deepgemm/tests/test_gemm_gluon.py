@@ -106,3 +106,34 @@ def test_masked_gluon_equals_the_swapab_kernel_and_the_reference(case):
     ref = torch.zeros_like(got)
     gemm._reference(gemm._MASKED, (q, s), (bq, sb), ref, None, masked_m, gemm.FP4_RECIPE)
     assert calc_diff(got[used], ref[used]) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_weight_conversion_is_exact_at_every_code_and_scale_byte(layout):
+    """The kernels' in-register e2m1 -> bf16 conversion (gemm_gluon_kernel._PAIR_PTX), isolated: one-hot activation
+    rows (row m is 1 at K position m, in the FP4 K order) make d[m, n] = dequant(w)[n, m] with a single nonzero
+    product, so d must equal the reference dequantization exactly. Every byte value (both nibbles, -0 included)
+    with scale bytes 7-252: from the smallest scale whose values stay fp32-normal in the tensor core to the largest
+    whose 6 x 2^(e - 127) is still a finite bf16. (Byte 0 is left out: the kernels read it as scale 0, not 2^-127,
+    docs/reports/deepgemm-gluon.md.)"""
+    N = K = 256
+    gen = torch.Generator().manual_seed(6)
+    bq = torch.randperm(N * K // 2, generator=gen).remainder(256).to(torch.uint8).view(1, N, K // 2)
+    sb = torch.randint(7, 253, (1, N, K // 32), generator=gen, dtype=torch.uint8)
+    eye = torch.eye(K, dtype=torch.bfloat16).view(K, K // 64, 32, 2)
+    x = torch.cat([eye[..., 0], eye[..., 1]], dim=-1).view(K, K).cuda()  # FP4 K order: [32 even | 32 odd] per 64
+    want = reference.fp4_dequant(bq[0], sb[0].view(torch.float8_e8m0fnu)).t().to(torch.bfloat16)
+    w, ws = bq.cuda(), sb.cuda()
+    if layout == "masked":
+        cfg = gemm.default_config(gemm._MASKED, 8, 32, True, N, 1, True)
+        got = torch.full((1, K, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm._gluon_fp4_grouped_gemm(gemm._MASKED, x[None], w, ws, got, torch.tensor([K], device="cuda",
+                                     dtype=torch.int32), cfg)
+        got = got[0]
+    else:
+        cfg = gemm.default_config(gemm._CONTIGUOUS, K + 127, 32, True, N, 1, True)
+        assert cfg.get("GLUON_WS")
+        got = torch.full((K, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, got, torch.zeros(K, device="cuda",
+                                     dtype=torch.int32), cfg)
+    assert torch.equal(got.cpu().float(), want.float())

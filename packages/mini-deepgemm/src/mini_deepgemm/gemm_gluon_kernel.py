@@ -52,13 +52,32 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .gemm_gluon_fp8_kernel import _invalidate_ring, _ring_barriers, _tile_offsets
 from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 
-# gemm_swapab_kernel's nibble conversion with the scale multiply folded in: $3, $4 hold the four values' bf16 scales
-# (bf16x2 pairs), so the result leaves the asm already packed as the MMA's bf16x2 operand registers
+# gemm_swapab_kernel's nibble conversion with the scale multiply folded in, over 4 packed bytes: $3, $4 hold the four
+# values' bf16 scales (bf16x2 pairs), so the result leaves the asm already packed as bf16x2 operand registers. The
+# GEMMs here used it until session 16; mini_flashmla's sparse attention kernel still does (compressed KV rows, whose
+# bytes it loads 4 to a register).
 _SCALED = _FP4_NIBBLE_PTX.replace("mul.rn.bf16x2 $0, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
 _SCALED = _SCALED.replace("mul.rn.bf16x2 $1, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $4;")
 assert _SCALED.count("$3;") == 1 and _SCALED.count("$4;") == 1, "gemm_swapab_kernel's FP4 PTX changed: re-derive"
 _SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F").replace("SHIFTS", "0x1040"))
 _SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
+# The GEMMs' byte-pair form of it (session 16): Triton loads a row's packed bytes into the A-operand layout as 16-bit
+# pairs ($2), and the 4-byte form above took 2 + 2 bytes of two rows, which ptxas reassembled with ~40 PRMT per K step.
+# Here one asm takes one pair: prmt spreads its two bytes to the register's 16-bit halves, giving both nibbles'
+# bf16x2 (even values $0, odd $1). $3 is the pair's scale as a duplicated bf16x2 (a pair shares a row and a 32-value
+# half; $4, the second element's copy, is unused). 364 -> 316 SASS instructions per warp and K step of the masked
+# kernel; session 16 run 1: 1.06-1.11x (masked decode), 1.02-1.04x (warp-specialized prefill), bitwise equal
+# (docs/reports/deepgemm-gluon.md).
+_PAIR_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 w, b01, u, two126;
+mov.b32 two126, 0x7E807E80;
+cvt.u32.u16 w, $2;
+prmt.b32 b01, w, w, 0x3130;
+and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;
+and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;
+}
+""")
 
 
 @gluon.jit
@@ -69,12 +88,9 @@ def weights_of_step(packed, word, step, second):
     shift = (step % 2) * 16
     e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
     e1 = ((word >> (shift + 8)) & 0xFF) << 7
-    scale = gl.where(second, e1[:, None], e0[:, None]).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    w_even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                       is_pure=True, pack=4)
-    w_odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                      is_pure=True, pack=4)
-    return w_even, w_odd
+    pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
+    return gl.inline_asm_elementwise(_PAIR_PTX, "=r,=r,h,r,r", [packed, pair_scale], dtype=(gl.bfloat16, gl.bfloat16),
+                                     is_pure=True, pack=2)
 
 
 @gluon.jit
