@@ -5,9 +5,11 @@
 #       conversions, edited copies of gemm_gluon_kernel, bitwise against the shipped one), every mini-deepgemm GPU
 #       test, and test_topk_exact.py (session 15's review change to _chunked_topk, its strided test))
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s16.sh   (1 x H200: exp_gemm_gluon_v41_waits.py (the V4.1
-#       kernel's staggered and rolling MMA waits, bitwise against the shipped kernel); the numpy StepTensors.build
-#       (branch host-block-tables, cherry-picked) under the CUDA runtime's decode tests and both integration files,
-#       bench_step_tensors.py on that machine's CPU, then the medium model's decode at batch 32 and 64, 131k, 8 GB KV)
+#       kernel's staggered and rolling MMA waits, bitwise against the shipped kernel); the FP4 GEMMs' byte-pair
+#       conversion, shipped after run 1: every mini-deepgemm GPU test (with the new conversion-exactness test) and
+#       bench_deepgemm.py --graph; the numpy StepTensors.build (branch host-block-tables, cherry-picked) and the
+#       new conversion under the CUDA runtime's decode tests and both integration files; bench_step_tensors.py on
+#       that machine's CPU)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -22,15 +24,15 @@ r1)
   ;;
 r2)
   run v41_waits 200 bash -c "cd benchmarks && python3 exp_gemm_gluon_v41_waits.py"
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   run runtime_decode 200 $PYTEST runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py \
     integration_tests/test_model_vs_reference.py integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime_decode.xml"
   run step_tensors 30 python3 benchmarks/bench_step_tensors.py
-  run decode_b32_b64 150 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-    --kv-cache-gb 8 --profile --out "$OUT/decode_medium_b32_b64_h200.json"
   cat "$OUT/summary.txt"; tail -10 "$OUT/v41_waits.txt"
-  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_decode.txt" | tail -10
-  tail -6 "$OUT/step_tensors.txt"; grep -E "ms/step|bench_decode:" "$OUT/decode_b32_b64.txt"
+  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_decode.txt" | tail -12
+  grep -E "masked|contiguous|geomean" "$OUT/deepgemm.txt" | tail -12; tail -6 "$OUT/step_tensors.txt"
   ;;
 esac
 pack_out
