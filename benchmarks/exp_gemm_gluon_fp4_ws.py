@@ -16,11 +16,11 @@ token-tile argument that allowed it was removed after (commit 9821138 has it).
 Consumers (--consumers, session 15 run 1): the 256-row tile split over 4 consumer warpgroups of 64 rows instead
 of 2 of 128: 0.98-1.00x, bitwise equal (docs/reports/deepgemm-gluon-fp4-ws.md); the kernel's CONSUMERS parameter
 was removed after (commit c500079 has it).
-Conversion (--convert): the shipped weight conversion against exp_gemm_masked_tiles.py's CONVERSIONS (edited copies
-of gemm_gluon_kernel), at 4 stages, bitwise (the data's UE8M0 weight bytes are 118-125; the fold is exact up to
-128). Session 16 run 1, against the 4-byte form shipped then: the byte-pair form 1.02-1.04x (shipped since), the
-folded scale 1.06-1.09x; offline (triton 3.6, sm_90a) the consumers' K-step loop has 347 SASS instructions per warp in
-the 4-byte form, 300 in pairs and 269 folded (docs/reports/deepgemm-gluon.md).
+Conversion (--convert): the kernel without and with the folded scale (FOLD_SCALE), at 4 stages, bitwise (the
+data's UE8M0 weight bytes are 118-125; the fold is exact up to 128). Session 16 run 1 measured both as edited copies
+against the 4-byte form shipped then: the byte-pair form 1.02-1.04x, the folded scale 1.06-1.09x; both are in the
+package since. Offline (triton 3.6, sm_90a) the consumers' K-step loop has 347 SASS instructions per warp in the
+4-byte form, 300 in pairs and 269 folded (docs/reports/deepgemm-gluon.md).
 A hang guard runs first (child process). Writes $OUT/exp_gemm_gluon_fp4_ws.json (few rows:
 exp_gemm_gluon_fp4_ws_few_rows.json; conversion: exp_gemm_gluon_fp4_ws_convert.json).
 
@@ -33,14 +33,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 
 import torch
 import triton
 
 from exp_gemm_gluon import contiguous_operands
 from exp_gemm_gluon_v3 import ms, smoke_in_child
-from exp_gemm_masked_tiles import conversion_modules, kernels_of, print_conversion_table
+from exp_gemm_masked_tiles import print_variant_table
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
@@ -49,8 +48,8 @@ SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 SMOKE_S = 120
 
 
-def ws_gemm(x, bq, sb, d, layout, stages: int = 4) -> None:
-    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages)
+def ws_gemm(x, bq, sb, d, layout, stages: int = 4, fold: bool = False) -> None:
+    G._gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, layout, stages, fold)
 
 
 def one_warpgroup_gemm(x, bq, sb, d, layout) -> None:
@@ -127,33 +126,30 @@ def few_rows() -> None:
 
 
 def convert() -> None:
-    """The shipped weight conversion against exp_gemm_masked_tiles.py's CONVERSIONS (the folded scale), at the
-    prefill routings and the few-rows one, bitwise (module docstring)."""
+    """The shipped kernel with and without the folded scale (FOLD_SCALE), at the prefill routings and the few-rows
+    one, bitwise (module docstring)."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     cpu = torch.Generator().manual_seed(5)
     routings = {**{k: (g, 128, 1025) for k, g in ROUTINGS.items()}, "384x32-96": (384, 32, 97)}
     out = []
-    with tempfile.TemporaryDirectory() as workdir:
-        variants = conversion_modules(workdir)
-        for routing, (groups, lo, hi) in routings.items():
-            rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
-            for name, (N, K) in SHAPES.items():
-                a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
-                assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
-                flops = 2 * sum(rows) * N * K
-                want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
-                ws_gemm(x, bq, sb, want, layout)
-                row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
-                           shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
-                for key, variant in variants.items():
-                    d = torch.zeros_like(want)
-                    with kernels_of(variant):
-                        ws_gemm(x, bq, sb, d, layout)
-                        row[f"{key}_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout)) / 1e9
-                    row[f"{key}_bitwise"] = bool(torch.equal(d, want))
-                keep(out, row)
+    for routing, (groups, lo, hi) in routings.items():
+        rows = torch.randint(lo, hi, (groups,), generator=cpu).tolist()
+        for name, (N, K) in SHAPES.items():
+            a, sa, bq, sb, x, layout, ends = contiguous_operands(rows, N, K, gen)
+            assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
+            flops = 2 * sum(rows) * N * K
+            want = torch.zeros(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+            ws_gemm(x, bq, sb, want, layout)
+            row = dict(routing=routing, name=name, N=N, K=K, rows=sum(rows),
+                       shipped_tflops=flops / ms(lambda: ws_gemm(x, bq, sb, want, layout)) / 1e9)
+            d = torch.zeros_like(want)
+            ws_gemm(x, bq, sb, d, layout, fold=True)
+            row["fold_tflops"] = flops / ms(lambda: ws_gemm(x, bq, sb, d, layout, fold=True)) / 1e9
+            row["fold_bitwise"] = bool(torch.equal(d, want))
+            keep(out, row)
     write_rows("exp_gemm_gluon_fp4_ws_convert.json", out)
-    print_conversion_table(out, ["routing", "name"], "tflops")
+    print_variant_table(out, ["routing", "name"], "tflops", ["fold"])
+
 
 def main() -> None:
     if "--convert" in sys.argv:

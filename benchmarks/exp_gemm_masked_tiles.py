@@ -8,14 +8,16 @@ case (96 experts, max_m 128, Poisson(expected_m) rows, at least 1; the whole cal
 tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed config (same products, same order).
 Writes $OUT/exp_gemm_masked_tiles.json.
 
-Conversion (--convert): the same calls at the routed tile with the kernel's weight conversion as an edited copy of
-gemm_gluon_kernel (source_variants.py; CONVERSIONS below) swapped in for the package's kernels during its calls, each
-checked bitwise against the shipped conversion. Session 16 run 1 measured two forms against the 4-byte one shipped
-then: the byte-pair form (one asm per 2 bytes of a row, the 16-bit load used as is; exact) at 1.06-1.11x, since
-shipped, and with the 2^126 multiply folded into the scale (pairs_fold: exact for UE8M0 weight bytes <= 128; the
-data's are 118-125) at 1.09-1.17x; pairs_fold is the variant that remains. Offline (triton 3.6, sm_90a) the 16-token
-tile's K-step loop has 316 SASS instructions per warp in the pair form and 285 folded (364 in the 4-byte form)
-(docs/reports/deepgemm-gluon.md). Writes $OUT/exp_gemm_masked_convert.json.
+Variants (--convert): the same calls at the routed tile with each of VARIANTS below (a config, or an edited copy of
+gemm_gluon_kernel built by source_variants.py and swapped in for the package's kernels during its calls), each
+checked bitwise against the shipped kernel. Session 16 run 1 measured two weight conversions as edited copies
+against the 4-byte form shipped then: the byte-pair form (one asm per 2 bytes of a row, the 16-bit load used as is;
+exact) at 1.06-1.11x, and with the 2^126 multiply folded into the scale (exact for UE8M0 weight bytes <= 128; the
+data's are 118-125) at 1.09-1.17x. Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop has 316 SASS
+instructions per warp in the pair form and 285 folded (364 in the 4-byte form; docs/reports/deepgemm-gluon.md). Both
+are in the package since, the fold as an option that the caller enables by bounding the scale bytes. VARIANTS now:
+the fold, and the ring slot refilled before each step's conversion instead of after its MMAs, alone and with the
+fold. Writes $OUT/exp_gemm_masked_convert.json.
 
     cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import sys
 import tempfile
 
@@ -40,25 +41,29 @@ from source_variants import absolute_imports, edited_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
-# --convert: the fold. The shipped byte-pair conversion (gemm_gluon_kernel._PAIR_PTX) builds each value as code x
-# 2^-126, multiplies by 2^126, then by the scale 2^(e - 127); folded, the scale operand is 2^(e - 1) (the scale times
-# 2^126) and one multiply remains. Exact while 2^(e - 1) is a finite bf16, i.e. UE8M0 bytes e <= 128; byte 0 then
-# gives 2^-127 x code (the shipped form's bf16 scale bits 0 << 7 make it 0).
-FOLD = [
-    absolute_imports("mini_deepgemm"),
-    (re.compile(r"mul\.rn\.bf16x2 u, u, two126; (mul\.rn\.bf16x2 \$[01], u, \$3;)"), r"\1"),
-    ("    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits\n",
-     "    e0 = (((word >> shift) & 0xFF) + 126) << 7  # folded: 2^(e-1) as bf16 bits\n"),
-    ("    e1 = ((word >> (shift + 8)) & 0xFF) << 7\n", "    e1 = (((word >> (shift + 8)) & 0xFF) + 126) << 7\n"),
-]
-CONVERSIONS = {"pairs_fold": FOLD}
+# --convert. The fold is the package's own option now (gemm_gluon_kernel.weights_of_step FOLD, cfg GLUON_FOLD, routed
+# when the caller bounds the scale bytes at 128), so it is a config, not an edit. The schedule: fp4_grouped_gemm_kernel
+# refills ring slot (i - 1) % STAGES with step i + STAGES - 1 after step i's conversion and MMAs; every thread already
+# finished step i - 1 (its MMA wait) before step i's barrier, so the refill can go right after that barrier: one more
+# step's copies in flight during each conversion, the same products in the same order (bitwise equal). The
+# warp-specialized kernel (TMA, mbarriers) is untouched.
+_REFILL = """        nxt = i + STAGES - 1
+        if nxt < steps:
+            _issue_step(w_ring, sw_ring, x_ring, nxt % STAGES, nxt, w_ptrs, sw_ptrs, x_ptrs, x_mask)
+        else:
+            async_copy.commit_group()
+"""
+_BARRIER = "        gl.thread_barrier()  # every thread's copies of step i have landed\n"
+EARLY_REFILL = [absolute_imports("mini_deepgemm"), (_REFILL, ""), (_BARRIER, _BARRIER + _REFILL)]
+# name: (edits of gemm_gluon_kernel, fold the scale)
+VARIANTS = {"fold": ([], True), "early_refill": (EARLY_REFILL, False), "early_refill_fold": (EARLY_REFILL, True)}
 _FP4_KERNELS = ("fp4_grouped_gemm_kernel", "fp4_contiguous_ws_kernel")
 
 
-def conversion_modules(workdir: str) -> dict:
-    """gemm_gluon_kernel with each of CONVERSIONS applied, by name."""
-    return {name: edited_module(kernel_module, edits, f"fp4_conversion_{name}", workdir)
-            for name, edits in CONVERSIONS.items()}
+def variant_modules(workdir: str) -> dict:
+    """Each of VARIANTS as (kernel module: gemm_gluon_kernel or its edited copy, fold), by name."""
+    return {name: (edited_module(kernel_module, edits, f"fp4_variant_{name}", workdir) if edits else kernel_module,
+                   fold) for name, (edits, fold) in VARIANTS.items()}
 
 
 @contextlib.contextmanager
@@ -126,34 +131,35 @@ def write_rows(filename: str, rows: list[dict]) -> None:
                        timing="do_bench_cudagraph median; copy by do_bench", rows=rows), f, indent=1)
 
 
-def print_conversion_table(rows: list[dict], labels: list[str], rate: str) -> None:
-    """A --convert table: the label columns, the shipped conversion's rate and each of CONVERSIONS' (rate: the rows'
-    key suffix, "gbs" or "tflops"), the best over shipped, and whether every variant was bitwise equal."""
-    print("| " + " | ".join(labels) + f" | shipped {rate} | " + " | ".join(CONVERSIONS) + " | best / shipped | bitwise |")
+def print_variant_table(rows: list[dict], labels: list[str], rate: str, variants: list[str]) -> None:
+    """A variants table: the label columns, the shipped kernel's rate and each variant's (rate: the rows' key
+    suffix, "gbs" or "tflops"), the best over shipped, and whether every variant was bitwise equal."""
+    print("| " + " | ".join(labels) + f" | shipped {rate} | " + " | ".join(variants) + " | best / shipped | bitwise |")
     for r in rows:
-        shipped, rates = r[f"shipped_{rate}"], [r[f"{k}_{rate}"] for k in CONVERSIONS]
+        shipped, rates = r[f"shipped_{rate}"], [r[f"{k}_{rate}"] for k in variants]
         print("| " + " | ".join(f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c]) for c in labels)
               + f" | {shipped:.0f} | " + " | ".join(f"{v:.0f}" for v in rates)
-              + f" | {max(rates) / shipped:.2f} | {all(r[f'{k}_bitwise'] for k in CONVERSIONS)} |")
+              + f" | {max(rates) / shipped:.2f} | {all(r[f'{k}_bitwise'] for k in variants)} |")
 
 
 def convert() -> None:
-    """The routed tile with the shipped, the byte-pair and the folded conversion (module docstring)."""
+    """The routed tile with the shipped kernel and each of VARIANTS (module docstring)."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
     with tempfile.TemporaryDirectory() as workdir:
-        variants = conversion_modules(workdir)
+        variants = variant_modules(workdir)
         for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
             assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
             row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
                        copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
-            for key, variant in variants.items():
-                with kernels_of(variant):
-                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, routed, weight_bytes)
+            for key, (module, fold) in variants.items():
+                with kernels_of(module):
+                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
+                        call, want, used, {**routed, "GLUON_FOLD": fold}, weight_bytes)
             rows_out.append(row)
             print(row, flush=True)
     write_rows("exp_gemm_masked_convert.json", rows_out)
-    print_conversion_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs")
+    print_variant_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs", list(VARIANTS))
 
 
 def main() -> None:

@@ -116,6 +116,20 @@ def test_expert_views_share_the_stacks(tiny_weights) -> None:
     assert ws[f"{p}.0.w1.weight"].untyped_storage().data_ptr() == ws[f"{p}.w13.weight"].untyped_storage().data_ptr()
 
 
+def test_kernel_weights_bound_each_expert_scale_stack(tiny_weights) -> None:
+    """KernelWeights reads each stacked FP4 expert scale tensor's largest byte once, the bound the grouped GEMMs
+    get (their folded conversion needs <= 128, which the checkpoint's amax / 6 scales give); replacing a tensor
+    drops its bound."""
+    cfg, w = tiny_weights
+    ws = ops.KernelWeights(engine_weights(w, "cpu"))
+    scales = [n for n in ws if n.endswith((".experts.w13.scale", ".experts.w2.scale"))]
+    assert scales and sorted(ws.fp4_scale_max) == sorted(scales)
+    for name in scales:
+        assert ws.fp4_scale_max[name] == int(ws[name].view(torch.uint8).max()) <= 128
+    ws[scales[0]] = ws[scales[0]].clone()
+    assert scales[0] not in ws.fp4_scale_max
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("T", [1, 37, 64, 65, 300, 2048])

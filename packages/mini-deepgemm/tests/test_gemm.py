@@ -244,6 +244,14 @@ class TestValidation:
         with pytest.raises(ValueError, match="multiple of the scale granularity"):
             dg.fp8_gemm_nt((aq, as_), (bq, torch.ones(1, 1)), torch.empty(4, 64, dtype=torch.bfloat16))
 
+    def test_weight_scale_max_out_of_range(self):
+        a, _, d = self.operands()
+        pq, ps = reference.fp4_quant(torch.randn(64, 128))
+        for bad in (-1, 256, 128.0):
+            with pytest.raises(ValueError, match="weight_scale_max"):
+                dg.m_grouped_fp8_fp4_gemm_nt_contiguous(a, (pq[None], ps[None]), d, torch.zeros(4, dtype=torch.int32),
+                                                        weight_scale_max=bad)
+
     def test_grouped_layout_dtype(self):
         a, (bq, bs), d = self.operands()
         with pytest.raises(ValueError, match="grouped_layout must be int32"):

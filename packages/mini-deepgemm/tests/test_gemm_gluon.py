@@ -108,32 +108,67 @@ def test_masked_gluon_equals_the_swapab_kernel_and_the_reference(case):
     assert calc_diff(got[used], ref[used]) < 1e-5
 
 
+def one_hot_conversion(layout: str, bq: torch.Tensor, sb: torch.Tensor, fold: bool) -> torch.Tensor:
+    """bf16 [K, N]: the Gluon FP4 kernel (masked, or the warp-specialized contiguous one) on one-hot activation rows
+    (row m is 1 at K position m, in the FP4 K order), so d[m, n] = dequant(w)[n, m] from a single nonzero product:
+    the kernel's in-register e2m1 -> bf16 conversion, isolated. bq uint8 [1, N, K/2], sb uint8 [1, N, K/32]."""
+    N, K = bq.shape[1], 2 * bq.shape[2]
+    eye = torch.eye(K, dtype=torch.bfloat16).view(K, K // 64, 32, 2)
+    x = torch.cat([eye[..., 0], eye[..., 1]], dim=-1).view(K, K).cuda()  # FP4 K order: [32 even | 32 odd] per 64
+    w, ws = bq.cuda(), sb.cuda()
+    if layout == "masked":
+        cfg = {**gemm.default_config(gemm._MASKED, 8, 32, True, N, 1, True), "GLUON_FOLD": fold}
+        got = torch.full((1, K, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        rows = torch.tensor([K], device="cuda", dtype=torch.int32)
+        gemm._gluon_fp4_grouped_gemm(gemm._MASKED, x[None], w, ws, got, rows, cfg)
+        return got[0].cpu()
+    cfg = {**gemm.default_config(gemm._CONTIGUOUS, K + 127, 32, True, N, 1, True), "GLUON_FOLD": fold}
+    assert cfg.get("GLUON_WS")
+    got = torch.full((K, N), 7.0, dtype=torch.bfloat16, device="cuda")
+    gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, got, torch.zeros(K, device="cuda", dtype=torch.int32), cfg)
+    return got.cpu()
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["unfolded", "folded"])
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
-def test_weight_conversion_is_exact_at_every_code_and_scale_byte(layout):
-    """The kernels' in-register e2m1 -> bf16 conversion (gemm_gluon_kernel._PAIR_PTX), isolated: one-hot activation
-    rows (row m is 1 at K position m, in the FP4 K order) make d[m, n] = dequant(w)[n, m] with a single nonzero
-    product, so d must equal the reference dequantization exactly. Every byte value (both nibbles, -0 included)
-    with scale bytes 7-252: from the smallest scale whose values stay fp32-normal in the tensor core to the largest
-    whose 6 x 2^(e - 127) is still a finite bf16. (Byte 0 is left out: the kernels read it as scale 0, not 2^-127,
-    docs/reports/deepgemm-gluon.md.)"""
+def test_weight_conversion_is_exact_at_every_code_and_scale_byte(layout, fold):
+    """The kernels' conversion (gemm_gluon_kernel.weights_of_step) against the reference dequantization, exactly:
+    every byte value (both nibbles, -0 included) with scale bytes from 7 (the smallest whose values stay fp32-normal
+    in the tensor core) to 252 (the largest whose 6 x 2^(e - 127) is a finite bf16); folded, up to its bound, 128.
+    Then the folded conversion against the unfolded one, bitwise, at every scale byte it takes, 0-128: byte 0 is
+    scale 0 in both (the reference's is 2^-127, docs/reports/deepgemm-gluon.md), and the smallest bytes give bf16
+    subnormals."""
     N = K = 256
     gen = torch.Generator().manual_seed(6)
     bq = torch.randperm(N * K // 2, generator=gen).remainder(256).to(torch.uint8).view(1, N, K // 2)
-    sb = torch.randint(7, 253, (1, N, K // 32), generator=gen, dtype=torch.uint8)
-    eye = torch.eye(K, dtype=torch.bfloat16).view(K, K // 64, 32, 2)
-    x = torch.cat([eye[..., 0], eye[..., 1]], dim=-1).view(K, K).cuda()  # FP4 K order: [32 even | 32 odd] per 64
+    sb = torch.randint(7, 129 if fold else 253, (1, N, K // 32), generator=gen, dtype=torch.uint8)
     want = reference.fp4_dequant(bq[0], sb[0].view(torch.float8_e8m0fnu)).t().to(torch.bfloat16)
-    w, ws = bq.cuda(), sb.cuda()
-    if layout == "masked":
-        cfg = gemm.default_config(gemm._MASKED, 8, 32, True, N, 1, True)
-        got = torch.full((1, K, N), 7.0, dtype=torch.bfloat16, device="cuda")
-        gemm._gluon_fp4_grouped_gemm(gemm._MASKED, x[None], w, ws, got, torch.tensor([K], device="cuda",
-                                     dtype=torch.int32), cfg)
-        got = got[0]
-    else:
-        cfg = gemm.default_config(gemm._CONTIGUOUS, K + 127, 32, True, N, 1, True)
-        assert cfg.get("GLUON_WS")
-        got = torch.full((K, N), 7.0, dtype=torch.bfloat16, device="cuda")
-        gemm._gluon_fp4_grouped_gemm(gemm._CONTIGUOUS, x, w, ws, got, torch.zeros(K, device="cuda",
-                                     dtype=torch.int32), cfg)
-    assert torch.equal(got.cpu().float(), want.float())
+    assert torch.equal(one_hot_conversion(layout, bq, sb, fold).float(), want.float())
+    if fold:
+        every = torch.arange(N * K // 32).remainder(129).to(torch.uint8).view(1, N, K // 32)
+        folded = one_hot_conversion(layout, bq, every, True)
+        assert torch.equal(folded.view(torch.int16), one_hot_conversion(layout, bq, every, False).view(torch.int16))
+
+
+def test_public_api_folds_only_under_a_stated_bound(monkeypatch):
+    """weight_scale_max <= 128 routes the folded conversion (the same bits on real-looking scales); the default
+    (no bound stated) and a bound above 128 keep the unfolded one, which is exact for every byte."""
+    launched = []
+    kernel = gemm._gluon_fp4_grouped_gemm
+    monkeypatch.setattr(gemm, "_gluon_fp4_grouped_gemm",
+                        lambda *args: launched.append(bool(args[-1].get("GLUON_FOLD"))) or kernel(*args))
+    counts, max_m, N, K = [3, 17, 0, 9], 32, 512, 256
+    gen = torch.Generator().manual_seed(8)
+    G = len(counts)
+    q, s = reference.act_quant(random_bf16(G, max_m, K, generator=gen), 32, "ue8m0")
+    _, bq, sb = random_fp4_weights(G, N=N, K=K, device="cuda", generator=gen)
+    a, masked_m = (q.cuda(), s.cuda()), torch.tensor(counts, dtype=torch.int32, device="cuda")
+    bound = int(sb.view(torch.uint8).max())
+    assert bound <= 128
+    outs = []
+    for weight_scale_max in (255, 129, bound):
+        d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm.m_grouped_fp8_fp4_gemm_nt_masked(a, (bq, sb), d, masked_m, 8, weight_scale_max=weight_scale_max)
+        outs.append(d)
+    assert launched == [False, False, True]
+    assert torch.equal(outs[0].view(torch.int16), outs[2].view(torch.int16))

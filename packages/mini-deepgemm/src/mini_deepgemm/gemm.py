@@ -21,6 +21,14 @@ Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in b
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 
+FP4 weights' scale bound (the grouped `fp8_fp4_*` functions): weight_scale_max, the caller's upper bound on b's
+UE8M0 scale bytes (default 255: none known). At <= 128 (scales <= 2; a checkpoint's FP4 scales are amax / 6, bytes
+near 120) the Gluon kernels fold the e2m1 conversion's 2^126 multiply into the scale: bitwise the same result,
+1.02-1.06x on the masked GEMM and 1.03-1.04x on the contiguous one (session 16 run 1, docs/reports/deepgemm-gluon.md).
+Read it once per weight tensor (`int(sb.view(torch.uint8).max())`, a host sync) when the weights are loaded, not
+per call; a byte above the stated bound makes its values inf or NaN. Every FP4 kernel reads scale byte 0 as 0 (the
+reference: 2^-127).
+
 On CUDA, `default_config` picks the kernel per call: the Gluon kernels (gemm_gluon_fp8_kernel.py: dense FP8
 weights, V3 and V4.1 recipes; gemm_gluon_kernel.py: grouped FP4 weights) where they run (sm_90, triton 3.6), else
 the Triton kernels (gemm_swapab_kernel.py, gemm_kernel.py); the shape families where the TileLang kernels of
@@ -86,10 +94,12 @@ def m_grouped_fp8_gemm_nt_contiguous(
 
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(
-    a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None
+    a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None,
+    *, weight_scale_max: int = 255,
 ) -> None:
-    """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32]."""
-    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True)
+    """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
+    weight_scale_max: an upper bound on sb's bytes (module docstring)."""
+    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, weight_scale_max=weight_scale_max)
 
 
 def m_grouped_fp8_gemm_nt_masked(
@@ -102,10 +112,12 @@ def m_grouped_fp8_gemm_nt_masked(
 
 def m_grouped_fp8_fp4_gemm_nt_masked(
     a: FP8Operand, b: FP8Operand, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-    recipe: Recipe | None = None,
+    recipe: Recipe | None = None, *, weight_scale_max: int = 255,
 ) -> None:
-    """As `m_grouped_fp8_gemm_nt_masked`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32]."""
-    _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=True, expected_m=expected_m)
+    """As `m_grouped_fp8_gemm_nt_masked`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
+    weight_scale_max: an upper bound on sb's bytes (module docstring)."""
+    _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=True, expected_m=expected_m,
+          weight_scale_max=weight_scale_max)
 
 
 # --------------------------------------------------------------------------- validation
@@ -177,9 +189,12 @@ def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: tor
 # --------------------------------------------------------------------------- dispatch
 def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
           group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool, expected_m: int | None = None,
-          config: dict | None = None, backend: str | None = None) -> None:
+          config: dict | None = None, backend: str | None = None, weight_scale_max: int = 255) -> None:
     """backend: None picks (TileLang for TILELANG_FAMILIES, else Triton, else the reference); "tilelang" or
-    "triton" force one (tests and benchmarks; "tilelang" raises if the call is outside its coverage)."""
+    "triton" force one (tests and benchmarks; "tilelang" raises if the call is outside its coverage).
+    weight_scale_max: the caller's bound on FP4 scale bytes (module docstring)."""
+    _require(isinstance(weight_scale_max, int) and 0 <= weight_scale_max <= 255,
+             f"weight_scale_max must be an int in [0, 255] (a bound on UE8M0 bytes), got {weight_scale_max!r}")
     recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
     if d.numel() == 0:
         return
@@ -189,7 +204,7 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
         _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4), "this call is outside the TileLang kernels' coverage")
         gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4)
     elif use_triton(d):
-        _launch(layout, a, b, d, c, group_arg, recipe, b_fp4, expected_m, config)
+        _launch(layout, a, b, d, c, group_arg, recipe, b_fp4, expected_m, config, b_fp4 and weight_scale_max <= 128)
     else:
         _reference(layout, a, b, d, c, group_arg, recipe)
 
@@ -530,18 +545,18 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
     M, K = x.shape[-2:]
     N = bq.shape[-2]
     if not masked and cfg.get("GLUON_WS"):
-        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"])
+        _gluon_fp4_contiguous_ws_gemm(x, bq, sb, d, group_arg, cfg["GLUON_STAGES"], bool(cfg.get("GLUON_FOLD")))
         return
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), x.shape[0] if masked else 1)
     fp4_grouped_gemm_kernel[grid](
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
         MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
-        GROUP_M=cfg["GROUP_M"], num_warps=4)
+        GROUP_M=cfg["GROUP_M"], FOLD_SCALE=bool(cfg.get("GLUON_FOLD")), num_warps=4)
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                                  layout: torch.Tensor, stages: int) -> None:
+                                  layout: torch.Tensor, stages: int, fold: bool = False) -> None:
     """gemm_gluon_kernel.fp4_contiguous_ws_kernel (the contiguous layout warp-specialized: 256 weight rows x 128
     tokens, the layout's alignment, per persistent tile; bitwise equal to fp4_grouped_gemm_kernel) on x from
     _dequant_activations. Its TMA copies need 16-byte aligned x and bq (checked by _use_gluon; x is allocated by the
@@ -554,7 +569,7 @@ def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.T
     fp4_contiguous_ws_kernel[(min(tiles, sm_count(x.device)),)](
         _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
-        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4,
+        CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, FOLD_SCALE=fold, num_warps=4,
         maxnreg=65536 // (12 * 32) // 8 * 8)
 
 
@@ -606,7 +621,8 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
 
 def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
             group_arg: torch.Tensor | None, recipe: Recipe, b_fp4: bool, expected_m: int | None,
-            config: dict | None) -> None:
+            config: dict | None, fold_scales: bool = False) -> None:
+    """fold_scales: every FP4 scale byte is <= 128, so the Gluon FP4 kernels may fold (cfg GLUON_FOLD)."""
     from .gemm_kernel import scaled_gemm_nt_kernel
 
     (aq, sa), (bq, sb) = a, b
@@ -622,6 +638,8 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     rows_hint = expected_m if layout == _MASKED else rows
     groups = bq.shape[0] if layout == _CONTIGUOUS else 1
     cfg = config or default_config(layout, rows_hint, gran_k, ue8m0, N, groups, b_fp4)
+    if fold_scales:
+        cfg = {**cfg, "GLUON_FOLD": True}
     _require(ue8m0 or not cfg["BF16_MMA"], "the bf16 MMA path needs UE8M0 scales")
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")

@@ -78,19 +78,37 @@ and.b32 u, b01, 0x000F000F; mul.lo.u32 u, u, 0x1040; and.b32 u, u, 0x81C081C0; m
 and.b32 u, b01, 0x00F000F0; mul.lo.u32 u, u, 0x104; and.b32 u, u, 0x81C081C0; mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $3;
 }
 """)
+# The same with the 2^126 multiply folded into the scale: $3 holds 2^(e - 1), the scale times 2^126, so one multiply
+# per 2 values remains (HMUL2 64 -> 32 per step). Exact while 2^(e - 1) is a finite bf16: UE8M0 bytes e <= 128
+# (scales <= 2; an FP4 checkpoint's are amax / 6), which the caller states (gemm.py: weight_scale_max).
+# Session 16 run 1: 1.02-1.06x the pair form on the masked GEMM, 1.03-1.04x on the prefill one.
+_PAIR_FOLDED_PTX: gl.constexpr = gl.constexpr(_PAIR_PTX.value.replace("mul.rn.bf16x2 u, u, two126; ", ""))
 
 
 @gluon.jit
-def weights_of_step(packed, word, step, second):
+def weights_of_step(packed, word, step, second, FOLD: gl.constexpr):
     """The bf16 weights of K step `step` (64 values) in the wgmma A-operand layout: (even, odd) values of the packed
     bytes (packed's layout), each times its UE8M0 scale, exactly. word: the int32 scale word of each row (step's two
-    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31)."""
+    scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31). FOLD: the
+    folded conversion (_PAIR_FOLDED_PTX; every scale byte <= 128), bitwise equal to the unfolded one there. Byte 0
+    gives scale 0 in both (not 2^-127), as in every FP4 path of the package, so that all routes give the same bits."""
     shift = (step % 2) * 16
-    e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
-    e1 = ((word >> (shift + 8)) & 0xFF) << 7
+    if FOLD:  # 2^(e-1) as bf16 bits
+        b0 = (word >> shift) & 0xFF
+        e0 = gl.where(b0 == 0, 0, (b0 + 126) << 7)
+        b1 = (word >> (shift + 8)) & 0xFF
+        e1 = gl.where(b1 == 0, 0, (b1 + 126) << 7)
+    else:
+        e0 = ((word >> shift) & 0xFF) << 7  # 2^(e-127) as bf16 bits
+        e1 = ((word >> (shift + 8)) & 0xFF) << 7
     pair_scale = gl.where(second, (e1 | (e1 << 16))[:, None], (e0 | (e0 << 16))[:, None])
-    return gl.inline_asm_elementwise(_PAIR_PTX, "=r,=r,h,r,r", [packed, pair_scale], dtype=(gl.bfloat16, gl.bfloat16),
-                                     is_pure=True, pack=2)
+    if FOLD:
+        w_even, w_odd = gl.inline_asm_elementwise(_PAIR_FOLDED_PTX, "=r,=r,h,r,r", [packed, pair_scale],
+                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
+    else:
+        w_even, w_odd = gl.inline_asm_elementwise(_PAIR_PTX, "=r,=r,h,r,r", [packed, pair_scale],
+                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
+    return w_even, w_odd
 
 
 @gluon.jit
@@ -110,12 +128,14 @@ def fp4_grouped_gemm_kernel(
     M, N, K,
     stride_x_g, stride_x, stride_w_g, stride_w_n, stride_sw_g, stride_sw_n, stride_d_g, stride_d,
     MASKED: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    FOLD_SCALE: gl.constexpr,
 ):
     """d[m, n] = sum_k x[m, k] * dequant(w[group])[n, k]: x bf16 in the FP4 K order, w packed e2m1 [G, N, K / 2]
     (low nibble = even k), sw UE8M0 [G, N, K / 32] read as int32 words (K % 128 == 0).
     Contiguous (MASKED false): x [M, K], d [M, N], group_ptr the int32 layout [M] (-1 = padding; segments aligned to
     BLOCK_M); rows whose id is -1 are not written. Masked: x [G, M, K], d [G, M, N], group_ptr masked_m int32 [G],
-    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written."""
+    grid axis 1 the group; rows past masked_m[g] are neither read as results nor written. FOLD_SCALE: every byte of
+    sw is <= 128, so the conversion may fold its 2^126 into the scale (weights_of_step; bitwise equal results)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_a: gl.constexpr = gl.SliceLayout(1, a_layout)
@@ -173,7 +193,7 @@ def fp4_grouped_gemm_kernel(
         gl.thread_barrier()  # every thread's copies of step i have landed
         packed = w_ring.index(slot).load(a_layout)
         word = sw_ring.index(slot).load(rows_a)
-        w_even, w_odd = weights_of_step(packed, word, i, second)
+        w_even, w_odd = weights_of_step(packed, word, i, second, FOLD_SCALE)
         fence_async_shared()
         tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
@@ -237,7 +257,7 @@ def _ws_producer(x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N,
 
 @gluon.jit
 def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
-                 HALF: gl.constexpr, GROUP_M: gl.constexpr):
+                 HALF: gl.constexpr, GROUP_M: gl.constexpr, FOLD_SCALE: gl.constexpr):
     """One warpgroup: weight rows [HALF * 128, HALF * 128 + 128) of each tile, fp4_grouped_gemm_kernel's step on
     them, its scale word loaded from global memory a step ahead."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
@@ -263,7 +283,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
                 ahead = gl.load(sw_rows + gl.minimum(i + 1, steps - 1) // 2)  # one word holds two steps' scales
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 packed = w_ring.index(slot).slice(HALF * ROWS, ROWS, dim=0).load(a_layout)
-                w_even, w_odd = weights_of_step(packed, word, i, second)
+                w_even, w_odd = weights_of_step(packed, word, i, second, FOLD_SCALE)
                 tok = warpgroup_mma(w_even, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
                 tok = warpgroup_mma(w_odd, x_ring.index(2 * slot + 1).permute((1, 0)), tok, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[tok])
@@ -281,7 +301,7 @@ def _ws_consumer(x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, 
 @gluon.jit
 def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n, stride_d,
                              STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                             PRODUCER_REGS: gl.constexpr):
+                             PRODUCER_REGS: gl.constexpr, FOLD_SCALE: gl.constexpr):
     """The contiguous layout of fp4_grouped_gemm_kernel, warp-specialized: d[m, n] = sum_k x[m, k] *
     dequant(w[layout[m]])[n, k]. x bf16 [M, K] in the FP4 K order, by x_desc in [BLOCK_M, 32] boxes; w packed e2m1
     as uint8 [G * N, K / 2] by w_desc in [BLOCK_N = 256, 32] boxes (rows of the next group, or TMA's zeros past the
@@ -289,16 +309,17 @@ def fp4_contiguous_ws_kernel(x_desc, w_desc, sw_ptr, d_ptr, layout_ptr, M, N, K,
     in bytes, K % 128 == 0); layout_ptr int32 [M] (-1 = padding, segments BLOCK_M-aligned): rows whose id is -1 are
     not written. Two consumer warpgroups take 128 of the tile's weight rows each (4 x 64 was a tie, session 15:
     docs/reports/deepgemm-gluon-fp4-ws.md). Launch: persistent grid of at most one program per SM, num_warps=4 (the
-    first consumer warpgroup; the second and the producer warp come from warp_specialize)."""
+    first consumer warpgroup; the second and the producer warp come from warp_specialize). FOLD_SCALE: as
+    fp4_grouped_gemm_kernel's."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, x_desc.block_type.shape[0], 32], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 32], w_desc.layout)
     ready, empty = _ring_barriers(STAGES, 2)  # "empty": one arrival per consumer warpgroup
     gl.warp_specialize(
         [(_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 0, GROUP_M)),
+                         stride_d, 0, GROUP_M, FOLD_SCALE)),
          (_ws_consumer, (x_ring, w_ring, ready, empty, sw_ptr, d_ptr, layout_ptr, M, N, K, stride_sw_g, stride_sw_n,
-                         stride_d, 1, GROUP_M)),
+                         stride_d, 1, GROUP_M, FOLD_SCALE)),
          (_ws_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, layout_ptr, M, N, K, GROUP_M))],
         [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(ready, empty)

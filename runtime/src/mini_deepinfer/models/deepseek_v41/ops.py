@@ -33,7 +33,22 @@ class KernelWeights(dict):
 
     The engine model uses it; the reference keeps a plain dict, so the oracle never depends on a kernel. On CPU
     mini-deepgemm falls back to its own references (same math, fp32 sums possibly in another order).
+
+    fp4_scale_max: the largest UE8M0 byte of each stacked FP4 expert scale tensor (`*.experts.w13.scale`,
+    `*.experts.w2.scale`), read once here (a host sync at load, none per step) and passed to the grouped GEMMs as
+    their weight_scale_max, which lets the kernels fold the conversion's 2^126 into the scale (mini_deepgemm.gemm).
+    Replacing a weight drops its entry (the GEMM then assumes nothing); changing a weight tensor in place is not
+    supported.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in self.items()
+                              if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self.fp4_scale_max.pop(name, None)
+        super().__setitem__(name, value)
 
 
 # --------------------------------------------------------------------------- basics
