@@ -10,6 +10,11 @@
 #       bench_deepgemm.py --graph; the numpy StepTensors.build (branch host-block-tables, cherry-picked) and the
 #       new conversion under the CUDA runtime's decode tests and both integration files; bench_step_tensors.py on
 #       that machine's CPU)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s16.sh   (1 x H200: the folded FP4 conversion, shipped after
+#       run 2 as an option (weight_scale_max): exp_gemm_masked_tiles.py --convert (fold, early ring refill, both),
+#       exp_gemm_gluon_fp4_ws.py --convert (fold), every mini-deepgemm GPU test, the runtime's MoE GPU tests (the
+#       engine passes its load-time bound, so it folds) and decode tests, then the medium model's decode at batch 32
+#       and 64, 131k, 8 GB KV)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -33,6 +38,19 @@ r2)
   cat "$OUT/summary.txt"; tail -10 "$OUT/v41_waits.txt"
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_decode.txt" | tail -12
   grep -E "masked|contiguous|geomean" "$OUT/deepgemm.txt" | tail -12; tail -6 "$OUT/step_tensors.txt"
+  ;;
+r3)
+  run convert 120 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --convert"
+  run convert_ws 120 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --convert"
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
+    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run decode_b32_b64 150 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --profile --out "$OUT/decode_medium_b32_b64_h200.json"
+  cat "$OUT/summary.txt"; tail -6 "$OUT/convert.txt"; tail -8 "$OUT/convert_ws.txt"
+  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | tail -12
+  grep -E "ms/step|bench_decode:" "$OUT/decode_b32_b64.txt"
   ;;
 esac
 pack_out
