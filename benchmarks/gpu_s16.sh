@@ -15,6 +15,10 @@
 #       exp_gemm_gluon_fp4_ws.py --convert (fold), every mini-deepgemm GPU test, the runtime's MoE GPU tests (the
 #       engine passes its load-time bound, so it folds) and decode tests, then the medium model's decode at batch 32
 #       and 64, 131k, 8 GB KV)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s16.sh   (1 x H200: test_gemm_gluon.py after its fix (run 3's
+#       failure was the test's own data: scale bytes up to 131 under a <= 128 assertion), bench_deepgemm.py --graph
+#       with checkpoint-like FP4 scales and the stated bound (the engine's folded path), the 1-GPU prefill step, the
+#       offline example)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -51,6 +55,14 @@ r3)
   cat "$OUT/summary.txt"; tail -6 "$OUT/convert.txt"; tail -8 "$OUT/convert_ws.txt"
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | tail -12
   grep -E "ms/step|bench_decode:" "$OUT/decode_b32_b64.txt"
+  ;;
+r4)
+  run gluon_tests 90 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_gluon.py
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run offline 60 python3 runtime/examples/offline_inference.py
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/gluon_tests.txt" | tail -6
+  grep -E "MoE|w13|w2|geomean" "$OUT/deepgemm/table.md" | tail -11; tail -28 "$OUT/prefill.txt"; tail -3 "$OUT/offline.txt"
   ;;
 esac
 pack_out

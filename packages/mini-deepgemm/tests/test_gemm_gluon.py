@@ -162,9 +162,10 @@ def test_public_api_folds_only_under_a_stated_bound(monkeypatch):
     G = len(counts)
     q, s = reference.act_quant(random_bf16(G, max_m, K, generator=gen), 32, "ue8m0")
     _, bq, sb = random_fp4_weights(G, N=N, K=K, device="cuda", generator=gen)
+    # random_bf16's spread reaches bytes above 128 (131 at this seed); a checkpoint's amax / 6 scales stay near 120
+    sb = sb.view(torch.uint8).clamp(max=128).view(sb.dtype)
     a, masked_m = (q.cuda(), s.cuda()), torch.tensor(counts, dtype=torch.int32, device="cuda")
     bound = int(sb.view(torch.uint8).max())
-    assert bound <= 128
     outs = []
     for weight_scale_max in (255, 129, bound):
         d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
