@@ -8,27 +8,23 @@ case (96 experts, max_m 128, Poisson(expected_m) rows, at least 1; the whole cal
 tiles 16 / 32 / 64 and 3 / 4 stages, each checked bitwise against the routed config (same products, same order).
 Writes $OUT/exp_gemm_masked_tiles.json.
 
-Variants (--convert): the same calls at the routed tile with each of VARIANTS below (a config, or an edited copy of
-gemm_gluon_kernel built by source_variants.py and swapped in for the package's kernels during its calls), each
-checked bitwise against the shipped kernel. Session 16 run 1 measured two weight conversions as edited copies
+Variants (--convert): the same calls at the routed tile with each of VARIANTS below (a config), each checked bitwise
+against the shipped kernel. Session 16 run 1 measured two weight conversions as edited copies
 against the 4-byte form shipped then: the byte-pair form (one asm per 2 bytes of a row, the 16-bit load used as is;
 exact) at 1.06-1.11x, and with the 2^126 multiply folded into the scale (exact for UE8M0 weight bytes <= 128; the
 data's are 118-125) at 1.09-1.17x. Offline (triton 3.6, sm_90a) the 16-token tile's K-step loop has 316 SASS
 instructions per warp in the pair form and 285 folded (364 in the 4-byte form; docs/reports/deepgemm-gluon.md). Both
-are in the package since, the fold as an option that the caller enables by bounding the scale bytes. VARIANTS now:
-the fold, and the ring slot refilled before each step's conversion instead of after its MMAs, alone and with the
-fold. Writes $OUT/exp_gemm_masked_convert.json.
+are in the package since, the fold as an option that the caller enables by bounding the scale bytes; VARIANTS now
+holds the fold alone (run 3: 1.03x). Writes $OUT/exp_gemm_masked_convert.json.
 
     cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import triton
@@ -36,48 +32,15 @@ import triton
 from bench_deepgemm import copy_bandwidth_gbs  # beside this script
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
-from mini_deepgemm import gemm_gluon_kernel as kernel_module
-from source_variants import absolute_imports, edited_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
 # --convert. The fold is the package's own option now (gemm_gluon_kernel.weights_of_step FOLD, cfg GLUON_FOLD, routed
-# when the caller bounds the scale bytes at 128), so it is a config, not an edit. The schedule: fp4_grouped_gemm_kernel
-# refills ring slot (i - 1) % STAGES with step i + STAGES - 1 after step i's conversion and MMAs; every thread already
-# finished step i - 1 (its MMA wait) before step i's barrier, so the refill can go right after that barrier: one more
-# step's copies in flight during each conversion, the same products in the same order (bitwise equal). The
-# warp-specialized kernel (TMA, mbarriers) is untouched.
-_REFILL = """        nxt = i + STAGES - 1
-        if nxt < steps:
-            _issue_step(w_ring, sw_ring, x_ring, nxt % STAGES, nxt, w_ptrs, sw_ptrs, x_ptrs, x_mask)
-        else:
-            async_copy.commit_group()
-"""
-_BARRIER = "        gl.thread_barrier()  # every thread's copies of step i have landed\n"
-EARLY_REFILL = [absolute_imports("mini_deepgemm"), (_REFILL, ""), (_BARRIER, _BARRIER + _REFILL)]
-# name: (edits of gemm_gluon_kernel, fold the scale)
-VARIANTS = {"fold": ([], True), "early_refill": (EARLY_REFILL, False), "early_refill_fold": (EARLY_REFILL, True)}
-_FP4_KERNELS = ("fp4_grouped_gemm_kernel", "fp4_contiguous_ws_kernel")
-
-
-def variant_modules(workdir: str) -> dict:
-    """Each of VARIANTS as (kernel module: gemm_gluon_kernel or its edited copy, fold), by name."""
-    return {name: (edited_module(kernel_module, edits, f"fp4_variant_{name}", workdir) if edits else kernel_module,
-                   fold) for name, (edits, fold) in VARIANTS.items()}
-
-
-@contextlib.contextmanager
-def kernels_of(variant):
-    """The package's FP4 kernels replaced by variant's for the duration (the launchers in gemm.py import them per
-    call), so a call through the package runs the variant."""
-    shipped = {k: getattr(kernel_module, k) for k in _FP4_KERNELS}
-    for k in _FP4_KERNELS:
-        setattr(kernel_module, k, getattr(variant, k))
-    try:
-        yield
-    finally:
-        for k, kernel in shipped.items():
-            setattr(kernel_module, k, kernel)
+# when the caller bounds the scale bytes at 128), so it is a config, not an edit. Session 16 run 3 also timed the ring
+# slot refilled right after each step's barrier instead of after its MMAs (an edited copy; 1.00-1.03x, with the fold
+# 1.00-1.01x: not shipped, commit 8d491ec has it).
+# name: the config keys the variant sets on the routed config
+VARIANTS = {"fold": {"GLUON_FOLD": True}}
 
 
 def masked_operands(Gn: int, max_m: int, N: int, K: int, expected_m: int, gen, cpu):
@@ -146,18 +109,15 @@ def convert() -> None:
     """The routed tile with the shipped kernel and each of VARIANTS (module docstring)."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
-    with tempfile.TemporaryDirectory() as workdir:
-        variants = variant_modules(workdir)
-        for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
-            assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
-            row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                       copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
-            for key, (module, fold) in variants.items():
-                with kernels_of(module):
-                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
-                        call, want, used, {**routed, "GLUON_FOLD": fold}, weight_bytes)
-            rows_out.append(row)
-            print(row, flush=True)
+    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
+        assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
+        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
+                   copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
+        for key, keys in VARIANTS.items():
+            row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **keys},
+                                                                       weight_bytes)
+        rows_out.append(row)
+        print(row, flush=True)
     write_rows("exp_gemm_masked_convert.json", rows_out)
     print_variant_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs", list(VARIANTS))
 

@@ -1,6 +1,6 @@
 """Kernel variants for experiments: a kernel module's source with edits applied, loaded as a temporary module, so the
 package keeps one kernel and each variant is a stated difference from it (exp_flashmla_gluon_breakdown.py,
-exp_flashmla_gluon_decode.py, exp_gemm_gluon_v3_variants.py, exp_weight_stream.py, exp_gemm_masked_tiles.py)."""
+exp_flashmla_gluon_decode.py, exp_gemm_gluon_v3_variants.py, exp_weight_stream.py)."""
 
 from __future__ import annotations
 
