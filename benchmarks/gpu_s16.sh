@@ -19,6 +19,8 @@
 #       failure was the test's own data: scale bytes up to 131 under a <= 128 assertion), bench_deepgemm.py --graph
 #       with checkpoint-like FP4 scales and the stated bound (the engine's folded path), the 1-GPU prefill step, the
 #       offline example)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s16.sh   (1 x H200: exp_gemm_masked_tiles.py --weight-tiles: the
+#       masked GEMM at 64 / 128 weight rows per CTA and 3-6 stages, folded, bitwise against the routed config)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -63,6 +65,10 @@ r4)
   run offline 60 python3 runtime/examples/offline_inference.py
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/gluon_tests.txt" | tail -6
   grep -E "MoE|w13|w2|geomean" "$OUT/deepgemm/table.md" | tail -11; tail -28 "$OUT/prefill.txt"; tail -3 "$OUT/offline.txt"
+  ;;
+r5)
+  run weight_tiles 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --weight-tiles"
+  cat "$OUT/summary.txt"; tail -5 "$OUT/weight_tiles.txt"
   ;;
 esac
 pack_out
