@@ -17,15 +17,10 @@ instructions per warp in the pair form and 285 folded (364 in the 4-byte form; d
 are in the package since, the fold as an option that the caller enables by bounding the scale bytes; VARIANTS now
 holds the fold alone (run 3: 1.03x). Writes $OUT/exp_gemm_masked_convert.json.
 
-Weight tiles (--weight-tiles, session 16): at the routed token tile and with the folded conversion (the engine's
-path), 64 or 128 weight rows per CTA and 3-6 ring stages. Why: after the pair form and the fold the kernel issues
-292 instructions per warp and K step but streams at ~58% of the bound that count sets, and refilling the ring
-earlier did not help (run 3), so the remaining suspects are the CTAs per SM (registers: 77 per thread at 128 rows,
-50 at 64) and the waves (w13: 36 column tiles x 96 experts = 4.4 waves of 6 CTAs per SM). 64-row CTAs halve each
-CTA's bytes per step and double the CTAs. Every element keeps its products and their order, so outputs are bitwise
-equal to the routed config. Writes $OUT/exp_gemm_masked_weight_tiles.json.
+Weight tiles (--weight-tiles, session 16 run 5): 64 / 128 weight rows per CTA and 3-6 stages, folded: the routed
+tiles were within 2% of the best (docs/reports/deepgemm-gluon.md); the mode was removed after (commit 570e5c2).
 
-    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert | --weight-tiles]
+    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
 
 from __future__ import annotations
@@ -130,25 +125,6 @@ def convert() -> None:
     print_variant_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs", list(VARIANTS))
 
 
-def weight_tiles() -> None:
-    """The routed token tile, folded, at BLOCK_N 64 / 128 and 3-6 stages (module docstring)."""
-    copy_gbs = copy_bandwidth_gbs()
-    rows_out = []
-    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(2):
-        assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
-        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                   routed_block_n=routed["BLOCK_N"], routed_stages=routed["GLUON_STAGES"], copy_gbs=copy_gbs)
-        for block_n in (64, 128):
-            for stages in (3, 4, 5, 6):
-                key = f"n{block_n}_s{stages}"
-                cfg = {**routed, "BLOCK_N": block_n, "GLUON_STAGES": stages, "GLUON_FOLD": True}
-                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, cfg, weight_bytes)
-        rows_out.append(row)
-        print(row, flush=True)
-    write_rows("exp_gemm_masked_weight_tiles.json", rows_out)
-    print_tile_table(rows_out)
-
-
 def print_tile_table(rows_out: list[dict]) -> None:
     keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
     print("| shape | expected_m | routed tile | " + " | ".join(keys) + " | best / copy |")
@@ -162,9 +138,6 @@ def print_tile_table(rows_out: list[dict]) -> None:
 def main() -> None:
     if "--convert" in sys.argv:
         convert()
-        return
-    if "--weight-tiles" in sys.argv:
-        weight_tiles()
         return
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
