@@ -21,6 +21,8 @@
 #       offline example)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s16.sh   (1 x H200: exp_gemm_masked_tiles.py --weight-tiles: the
 #       masked GEMM at 64 / 128 weight rows per CTA and 3-6 stages, folded, bitwise against the routed config)
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s16.sh   (1 x H200: every runtime and integration test that run
+#       3 did not run, on the final tree: the engine folds its FP4 MoE conversion and builds step tensors with numpy)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -69,6 +71,15 @@ r4)
 r5)
   run weight_tiles 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --weight-tiles"
   cat "$OUT/summary.txt"; tail -5 "$OUT/weight_tiles.txt"
+  ;;
+r6)
+  ignores=""
+  for f in runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py runtime/tests/test_cuda_decode.py \
+      runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+      integration_tests/test_engine_vs_reference.py; do ignores="$ignores --ignore=$f"; done
+  run runtime_rest 450 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
+    --junitxml="$OUT/junit_runtime_rest.xml"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   ;;
 esac
 pack_out

@@ -91,7 +91,7 @@ def weights_of_step(packed, word, step, second, FOLD: gl.constexpr):
     bytes (packed's layout), each times its UE8M0 scale, exactly. word: the int32 scale word of each row (step's two
     scales at bits (step % 2) * 16); second: the byte columns that take the step's second scale (16..31). FOLD: the
     folded conversion (_PAIR_FOLDED_PTX; every scale byte <= 128), bitwise equal to the unfolded one there. Byte 0
-    gives scale 0 in both (not 2^-127), as in every FP4 path of the package, so that all routes give the same bits."""
+    gives scale 0 in both (not 2^-127), as in every FP4 kernel of the package, so that all routes give the same bits."""
     shift = (step % 2) * 16
     if FOLD:  # 2^(e-1) as bf16 bits
         b0 = (word >> shift) & 0xFF
