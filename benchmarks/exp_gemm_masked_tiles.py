@@ -20,11 +20,21 @@ holds the fold alone (run 3: 1.03x). Writes $OUT/exp_gemm_masked_convert.json.
 Weight tiles (--weight-tiles, session 16 run 5): 64 / 128 weight rows per CTA and 3-6 stages, folded: the routed
 tiles were within 2% of the best (docs/reports/deepgemm-gluon.md); the mode was removed after (commit 570e5c2).
 
-    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
+Occupancy (--occupancy; written in session 16 after its last GPU run, never run): run 5 found 5-6 stages up to 33%
+slower at 16 tokens although the kernel's registers (77 per thread, allocated as 80: 6 CTAs of 4 warps per SM)
+and shared memory (26 KB at 4 stages, 33 KB at 5, 6 x 33 = 198 KB) should still allow 6 CTAs per SM. One reading:
+the shared-memory carve-out the driver picks then fits fewer CTAs (e.g. 164 KB holds 4 of 33 KB), and the kernel is
+that sensitive to CTAs per SM. If so, more CTAs per SM should help: this caps ptxas's registers (maxnreg 72: 7 CTAs,
+16 bytes of spill offline; 64: 8 CTAs, 32-36 bytes) at 3 and 4 stages, folded, at the routed token tile, bitwise
+against the routed config. Writes $OUT/exp_gemm_masked_occupancy.json.
+
+    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert | --occupancy]
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -35,6 +45,7 @@ import triton
 from bench_deepgemm import copy_bandwidth_gbs  # beside this script
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
+from mini_deepgemm import gemm_gluon_kernel as kernel_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
@@ -135,9 +146,56 @@ def print_tile_table(rows_out: list[dict]) -> None:
               + f" | {best / r['copy_gbs']:.2f} |")
 
 
+class _CappedKernel:
+    """fp4_grouped_gemm_kernel whose launches carry ptxas's register cap (maxnreg), so that gemm.py's launcher runs
+    it unchanged: kernel[grid](...) becomes kernel[grid](..., maxnreg=cap)."""
+
+    def __init__(self, kernel, cap: int) -> None:
+        self.kernel, self.cap = kernel, cap
+
+    def __getitem__(self, grid):
+        return functools.partial(self.kernel[grid], maxnreg=self.cap)
+
+
+@contextlib.contextmanager
+def register_cap(cap: int | None):
+    """The package's masked kernel launched with maxnreg=cap for the duration (None: as shipped; the launcher imports
+    the kernel from its module per call)."""
+    shipped = kernel_module.fp4_grouped_gemm_kernel
+    if cap is not None:
+        kernel_module.fp4_grouped_gemm_kernel = _CappedKernel(shipped, cap)
+    try:
+        yield
+    finally:
+        kernel_module.fp4_grouped_gemm_kernel = shipped
+
+
+def occupancy() -> None:
+    """The routed token tile, folded, at register caps None / 72 / 64 and 3 / 4 stages (module docstring)."""
+    copy_gbs = copy_bandwidth_gbs()
+    rows_out = []
+    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(3):
+        assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
+        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
+                   routed_stages=routed["GLUON_STAGES"], copy_gbs=copy_gbs)
+        for cap in (None, 72, 64):
+            for stages in (3, 4):
+                key = f"r{cap or 'auto'}_s{stages}"
+                with register_cap(cap):
+                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
+                        call, want, used, {**routed, "GLUON_STAGES": stages, "GLUON_FOLD": True}, weight_bytes)
+        rows_out.append(row)
+        print(row, flush=True)
+    write_rows("exp_gemm_masked_occupancy.json", rows_out)
+    print_tile_table(rows_out)
+
+
 def main() -> None:
     if "--convert" in sys.argv:
         convert()
+        return
+    if "--occupancy" in sys.argv:
+        occupancy()
         return
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []

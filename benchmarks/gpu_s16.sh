@@ -23,6 +23,9 @@
 #       masked GEMM at 64 / 128 weight rows per CTA and 3-6 stages, folded, bitwise against the routed config)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s16.sh   (1 x H200: every runtime and integration test that run
 #       3 did not run, on the final tree: the engine folds its FP4 MoE conversion and builds step tensors with numpy)
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s16.sh (for the next session, 1 x H200, ~2 minutes, never
+#       run: exp_gemm_masked_tiles.py --occupancy: the masked FP4 GEMM with ptxas register caps 72 / 64 (7 / 8 CTAs
+#       per SM instead of 6) at 3 and 4 stages, folded, bitwise against the routed config)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -80,6 +83,10 @@ r6)
   run runtime_rest 450 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
     --junitxml="$OUT/junit_runtime_rest.xml"
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
+  ;;
+next)
+  run occupancy 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --occupancy"
+  cat "$OUT/summary.txt"; tail -5 "$OUT/occupancy.txt"
   ;;
 esac
 pack_out
