@@ -24,9 +24,10 @@ Occupancy (--occupancy; written in session 16 after its last GPU run, never run)
 slower at 16 tokens although the kernel's registers (77 per thread, allocated as 80: 6 CTAs of 4 warps per SM)
 and shared memory (26 KB at 4 stages, 33 KB at 5, 6 x 33 = 198 KB) should still allow 6 CTAs per SM. One reading:
 the shared-memory carve-out the driver picks then fits fewer CTAs (e.g. 164 KB holds 4 of 33 KB), and the kernel is
-that sensitive to CTAs per SM. If so, more CTAs per SM should help: this caps ptxas's registers (maxnreg 72: 7 CTAs,
-16 bytes of spill offline; 64: 8 CTAs, 32-36 bytes) at 3 and 4 stages, folded, at the routed token tile, bitwise
-against the routed config. Writes $OUT/exp_gemm_masked_occupancy.json.
+that sensitive to CTAs per SM. If so, more CTAs per SM should help: this caps ptxas's registers (OCCUPANCY_CAPS; 16
+tokens: maxnreg 72 gives 7 CTAs with 16 bytes of spill offline, 64 gives 8 with 32-36; 64 tokens, 127 registers and
+4 CTAs: 96 gives 5 with 76 bytes) at 3 and 4 stages, folded, at the routed token tile, bitwise against the routed
+config. Writes $OUT/exp_gemm_masked_occupancy.json.
 
     cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert | --occupancy]
 """
@@ -137,9 +138,13 @@ def convert() -> None:
 
 
 def print_tile_table(rows_out: list[dict]) -> None:
-    keys = [k[:-4] for k in rows_out[0] if k.endswith("_gbs") and k != "copy_gbs"]
-    print("| shape | expected_m | routed tile | " + " | ".join(keys) + " | best / copy |")
+    """GB/s per config column, one table per set of columns (rows may time different configs)."""
+    header = None
     for r in rows_out:
+        keys = [k[:-4] for k in r if k.endswith("_gbs") and k != "copy_gbs"]
+        if keys != header:
+            header = keys
+            print("| shape | expected_m | routed tile | " + " | ".join(keys) + " | best / copy |")
         best = max(r[k + "_gbs"] for k in keys)
         print(f"| {r['name']} | {r['expected_m']} | {r['routed_block_m']} | "
               + " | ".join(f"{r[k + '_gbs']:.0f}" + ("" if r[k + "_bitwise"] else " (NOT bitwise)") for k in keys)
@@ -170,15 +175,18 @@ def register_cap(cap: int | None):
         kernel_module.fp4_grouped_gemm_kernel = shipped
 
 
+OCCUPANCY_CAPS = {16: (None, 72, 64), 64: (None, 96)}  # token tile: ptxas register caps (None: as compiled)
+
+
 def occupancy() -> None:
-    """The routed token tile, folded, at register caps None / 72 / 64 and 3 / 4 stages (module docstring)."""
+    """The routed token tile, folded, at its OCCUPANCY_CAPS and 3 / 4 stages (module docstring)."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
     for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(3):
         assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
         row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
                    routed_stages=routed["GLUON_STAGES"], copy_gbs=copy_gbs)
-        for cap in (None, 72, 64):
+        for cap in OCCUPANCY_CAPS[routed["BLOCK_M"]]:
             for stages in (3, 4):
                 key = f"r{cap or 'auto'}_s{stages}"
                 with register_cap(cap):
