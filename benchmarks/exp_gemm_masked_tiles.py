@@ -120,20 +120,30 @@ def print_variant_table(rows: list[dict], labels: list[str], rate: str, variants
               + f" | {max(rates) / shipped:.2f} | {all(r[f'{k}_bitwise'] for k in variants)} |")
 
 
-def convert() -> None:
-    """The routed tile with the shipped kernel and each of VARIANTS (module docstring)."""
+def timed_rows(seed: int, configs, filename: str) -> list[dict]:
+    """cases(seed), each call timed at every (key, config, register cap) of configs(routed) and checked bitwise
+    against the routed config; one row per case, also written to $OUT/filename."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
-    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(1):
+    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(seed):
         assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
-        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                   copy_gbs=copy_gbs, shipped_gbs=weight_bytes / ms(lambda: call(want, routed)) / 1e6)
-        for key, keys in VARIANTS.items():
-            row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, {**routed, **keys},
-                                                                       weight_bytes)
+        row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
+                   max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
+                   routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
+        for key, cfg, cap in configs(routed):
+            with register_cap(cap):
+                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, cfg, weight_bytes)
         rows_out.append(row)
         print(row, flush=True)
-    write_rows("exp_gemm_masked_convert.json", rows_out)
+    write_rows(filename, rows_out)
+    return rows_out
+
+
+def convert() -> None:
+    """The routed tile with the shipped kernel and each of VARIANTS (module docstring)."""
+    rows_out = timed_rows(1, lambda routed: [("shipped", routed, None)]
+                          + [(key, {**routed, **keys}, None) for key, keys in VARIANTS.items()],
+                          "exp_gemm_masked_convert.json")
     print_variant_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs", list(VARIANTS))
 
 
@@ -180,22 +190,9 @@ OCCUPANCY_CAPS = {16: (None, 72, 64), 64: (None, 96)}  # token tile: ptxas regis
 
 def occupancy() -> None:
     """The routed token tile, folded, at its OCCUPANCY_CAPS and 3 / 4 stages (module docstring)."""
-    copy_gbs = copy_bandwidth_gbs()
-    rows_out = []
-    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, sb) in cases(3):
-        assert int(sb.max()) <= 128, "the folded conversion is exact only for UE8M0 weight bytes <= 128"
-        row = dict(name=name, N=N, K=K, expected_m=expected_m, routed_block_m=routed["BLOCK_M"],
-                   routed_stages=routed["GLUON_STAGES"], copy_gbs=copy_gbs)
-        for cap in OCCUPANCY_CAPS[routed["BLOCK_M"]]:
-            for stages in (3, 4):
-                key = f"r{cap or 'auto'}_s{stages}"
-                with register_cap(cap):
-                    row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
-                        call, want, used, {**routed, "GLUON_STAGES": stages, "GLUON_FOLD": True}, weight_bytes)
-        rows_out.append(row)
-        print(row, flush=True)
-    write_rows("exp_gemm_masked_occupancy.json", rows_out)
-    print_tile_table(rows_out)
+    print_tile_table(timed_rows(3, lambda routed: [
+        (f"r{cap or 'auto'}_s{stages}", {**routed, "GLUON_STAGES": stages, "GLUON_FOLD": True}, cap)
+        for cap in OCCUPANCY_CAPS[routed["BLOCK_M"]] for stages in (3, 4)], "exp_gemm_masked_occupancy.json"))
 
 
 def main() -> None:
@@ -205,21 +202,9 @@ def main() -> None:
     if "--occupancy" in sys.argv:
         occupancy()
         return
-    copy_gbs = copy_bandwidth_gbs()
-    rows_out = []
-    for name, N, K, expected_m, (call, want, routed, used, masked_m, weight_bytes, _) in cases(0):
-        row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
-                   max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
-                   routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
-        for block_m in (16, 32, 64):
-            for stages in (3, 4):
-                key = f"m{block_m}_s{stages}"
-                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(
-                    call, want, used, {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, weight_bytes)
-        rows_out.append(row)
-        print(row, flush=True)
-    write_rows("exp_gemm_masked_tiles.json", rows_out)
-    print_tile_table(rows_out)
+    print_tile_table(timed_rows(0, lambda routed: [
+        (f"m{block_m}_s{stages}", {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, None)
+        for block_m in (16, 32, 64) for stages in (3, 4)], "exp_gemm_masked_tiles.json"))
 
 
 if __name__ == "__main__":
