@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 17's GPU runs (docs/reports/gpu-session-2026-12-01-s17.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s17.sh   (1 x H200: session 16's prepared
+#       exp_gemm_masked_tiles.py --occupancy, then the first Nsight Compute profiles of the hot kernels
+#       (profile_ncu.py's cases: full section set, SASS-level stall sampling; text exports of each report))
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s17
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+# profile CASE...: one report per case under $OUT/ncu (the clocks left alone, as the device notes ask), exported as
+# text: the sections' details, the per-SASS-instruction source page (stall samples) and every raw metric
+profile() {
+  mkdir -p "$OUT/ncu"
+  for c in "$@"; do
+    run "ncu_$c" 180 bash -c "cd benchmarks && $NCU --profile-from-start off --clock-control none --set full \
+      -f -o $OUT/ncu/$c python3 profile_ncu.py $c"
+    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1
+    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/${c}_sass.csv" 2>&1
+    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page raw --csv > "$OUT/ncu/${c}_raw.csv" 2>&1
+  done
+}
+case "${PART:-r1}" in
+r1)
+  "$NCU" --version > "$OUT/ncu_version.txt" 2>&1
+  run occupancy 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --occupancy"
+  profile v41 cublas_fp8 v3 moe_w13 masked_w13 sparse_prefill sparse_decode indexer
+  cat "$OUT/summary.txt" "$OUT/ncu_version.txt"; tail -5 "$OUT/occupancy.txt"
+  ls -la "$OUT/ncu"; grep -h -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$OUT"/ncu/*_details.txt | head -60
+  # the reports themselves in their own archive, so that a large one cannot cost the text exports
+  mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
+  ;;
+esac
+pack_out
+if [ -d /tmp/ncu_reps ]; then tar czf "$OUT/ncu_reps.tar.gz" -C /tmp/ncu_reps . && ls -la "$OUT"; fi

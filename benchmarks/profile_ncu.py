@@ -1,0 +1,95 @@
+"""One call of a hot kernel under Nsight Compute: where each kernel's time goes (issue 4 and 5 reports).
+
+Usage (GPU machine, from benchmarks/): ncu --profile-from-start off ... python3 profile_ncu.py CASE
+(gpu_s17.sh wraps it). Each case builds the benchmark's own operands (bench_deepgemm.py, bench_flashmla.py),
+calls the routed public entry point three times (JIT compile and warm-up, outside the profiled range), then opens
+the profiler range around exactly one more call, so the report holds that call's kernels and nothing else.
+
+Cases (the shapes of the issue's tables):
+- v41, v3: dense FP8 GEMM wo_b (N 5,120, K 8,192), M 4,096, V4.1 recipe (1x32 / 32x32 UE8M0) and V3 recipe;
+- cublas_fp8: torch._scaled_mm per-tensor at the same shape (the peer: what the tensor-core pipe looks like full);
+- moe_w13: grouped FP8 x FP4 contiguous, 96 experts, w13 4,608 x 5,120, 128-1,024 rows each (seed 0);
+- masked_w13: grouped FP8 x FP4 masked, 96 experts, Poisson(8) rows, w13, folded conversion (scale bound 128);
+- sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
+- sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
+- indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import bench_deepgemm as bd  # beside this script
+import bench_flashmla as bf
+import mini_flashmla
+from mini_deepgemm import gemm as G
+
+WO_B = (4096, 5120, 8192)  # M, N, K
+
+
+def dense(recipe: str):
+    op = bd.dense_operands(*WO_B)
+    return lambda: G._gemm(G._DENSE, *op[recipe], op["d"], None, None, None, False)
+
+
+def cublas_fp8():
+    op = bd.dense_operands(*WO_B)
+    one = torch.ones((), device="cuda")
+    return lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)
+
+
+def moe_w13():
+    _, layout, _, _, a, b, d = bd.contiguous_operands(96, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
+    return lambda: G._gemm(G._CONTIGUOUS, a, b, d, None, layout, None, True, weight_scale_max=bd.FP4_SCALE_BOUND)
+
+
+def masked_w13():
+    g, max_m, expected_m = torch.Generator().manual_seed(0), 128, 8
+    N, K = bd.MOE_SHAPES["w13"]
+    masked_m = torch.clamp(torch.poisson(torch.full((96,), float(expected_m)), generator=g), 1, max_m).int().cuda()
+    a = (bd.rand_fp8(96, max_m, K), bd.rand_ue8m0(96, max_m, K // 32))
+    b = (torch.randint(0, 256, (96, N, K // 2), dtype=torch.uint8, device="cuda"), bd.rand_fp4_weight_scales(96, N, K // 32))
+    d = torch.empty(96, max_m, N, dtype=torch.bfloat16, device="cuda")
+    return lambda: G._gemm(G._MASKED, a, b, d, None, masked_m, None, True, expected_m=expected_m,
+                           weight_scale_max=bd.FP4_SCALE_BOUND)
+
+
+def sparse_prefill():
+    c = bf.prefill_case(torch.device("cuda"))
+    return lambda: mini_flashmla.sparse_mla_fwd_paged(c["q"], c["window_cache"], c["compressed_cache"], c["wid"],
+                                                      c["cid"], bf.SCALE, c["sink"])
+
+
+def sparse_decode():
+    q, window_cache, compressed_cache, wid, cid, sink = bf.decode_case(torch.device("cuda"), 64,
+                                                                       torch.Generator(device="cuda").manual_seed(1))
+    return lambda: mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, bf.SCALE, sink)
+
+
+def indexer():
+    q, w, cache, visible, rows = bf.indexer_prefill_case(torch.device("cuda"))
+    return lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows)
+
+
+CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
+         "masked_w13": masked_w13, "sparse_prefill": sparse_prefill, "sparse_decode": sparse_decode,
+         "indexer": indexer}
+
+
+def main() -> None:
+    (case,) = sys.argv[1:]
+    call = CASES[case]()
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profile_ncu: {case} profiled")
+
+
+if __name__ == "__main__":
+    main()
