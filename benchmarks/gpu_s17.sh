@@ -3,6 +3,10 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s17.sh   (1 x H200: session 16's prepared
 #       exp_gemm_masked_tiles.py --occupancy, then the first Nsight Compute profiles of the hot kernels
 #       (profile_ncu.py's cases: full section set, SASS-level stall sampling; text exports of each report))
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s17.sh   (1 x H200: the activation pass of session 17
+#       (programs of unused rows return, masked counts read in the kernel, FP4 order read as 2-byte pairs):
+#       exp_activation_pass.py against session 16's, every mini-deepgemm GPU test, bench_deepgemm.py --graph, and
+#       the masked and contiguous calls profiled again)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -27,6 +31,17 @@ r1)
   cat "$OUT/summary.txt" "$OUT/ncu_version.txt"; tail -5 "$OUT/occupancy.txt"
   ls -la "$OUT/ncu"; grep -h -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$OUT"/ncu/*_details.txt | head -60
   # the reports themselves in their own archive, so that a large one cannot cost the text exports
+  mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
+  ;;
+r2)
+  run activation_pass 120 bash -c "cd benchmarks && python3 exp_activation_pass.py"
+  run deepgemm_tests 180 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  profile masked_w13 moe_w13
+  cat "$OUT/summary.txt"; grep -E "speedup" "$OUT/activation_pass.txt" | cut -c1-330
+  grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
+  grep -E "MoE|masked|w13|w2|geomean" "$OUT/deepgemm/table.md" | tail -14
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" masked_w13 moe_w13 | head -8
   mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
   ;;
 esac

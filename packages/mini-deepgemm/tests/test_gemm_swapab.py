@@ -22,7 +22,8 @@ import triton.language as tl  # noqa: E402  (after the importorskip)
 
 from mini_deepgemm import gemm  # noqa: E402
 from mini_deepgemm._backend import cdiv  # noqa: E402
-from mini_deepgemm.gemm_swapab_kernel import dequant_act_kernel, fp4_bytes_to_bf16, fp4_to_bf16_scaled  # noqa: E402
+from mini_deepgemm.gemm_swapab_kernel import (LAYOUT_ROWS, MASKED_ROWS, dequant_act_kernel,  # noqa: E402
+                                              fp4_bytes_to_bf16, fp4_to_bf16_scaled)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,10 +119,34 @@ def test_activation_pass_skips_padding_rows(permute):
     every_row = gemm._dequant_activations(q, s, permute)
     assert torch.equal(gemm._dequant_activations(q, s, permute, grouped_layout=layout)[real], every_row[real])
     out = torch.full((M, K), 7.0, dtype=torch.bfloat16, device=DEVICE)
-    dequant_act_kernel[(cdiv(M, 8), cdiv(K, 512))](q, s, out, layout, M, K, q.stride(0), s.stride(0), out.stride(0),
-                                                   PERMUTE_FP4=permute, SKIP_PADDING=True, BLOCK_M=8, BLOCK_K=512)
+    dequant_act_kernel[(cdiv(M, 8), cdiv(K, 512))](q, s, out, layout, M, K, 1, q.stride(0), s.stride(0),
+                                                   out.stride(0), PERMUTE_FP4=permute, ROW_FILTER=LAYOUT_ROWS,
+                                                   BLOCK_M=8, BLOCK_K=512)
     assert torch.equal(out[real], every_row[real])
     assert bool((out[~real] == 7.0).all()), "padding rows must be left unwritten"
+
+
+@needs_a_runner
+@pytest.mark.parametrize("permute", [False, True], ids=["natural", "fp4-order"])
+def test_activation_pass_writes_only_the_used_rows_of_masked_groups(permute):
+    """The masked layout's pass (counts read on the device): every used row as the pass over all rows writes it, no
+    row past a group's count. 5 groups of 13 rows (8-row programs straddle groups) using 0, 1, 13, 8 and 12 rows;
+    K = 2.25 tiles of 512. Unused rows hold the NaN codes, so reading one would show."""
+    gen = torch.Generator().manual_seed(13)
+    G, rows_per_group, K = 5, 13, 1152
+    counts = torch.tensor([0, 1, 13, 8, 12], dtype=torch.int32)
+    used = (torch.arange(rows_per_group)[None, :] < counts[:, None]).flatten()
+    q, s = padded_activations(torch.where(used, 0, -1), K, gen)
+    q, s, counts, used = q.to(DEVICE), s.to(DEVICE), counts.to(DEVICE), used.to(DEVICE)
+    every_row = gemm._dequant_activations(q, s, permute)
+    out = torch.full((G * rows_per_group, K), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    dequant_act_kernel[(cdiv(G * rows_per_group, 8), cdiv(K, 512))](
+        q, s, out, counts, G * rows_per_group, K, rows_per_group, q.stride(0), s.stride(0), out.stride(0),
+        PERMUTE_FP4=permute, ROW_FILTER=MASKED_ROWS, BLOCK_M=8, BLOCK_K=512)
+    assert torch.equal(out[used], every_row[used])
+    assert bool((out[~used] == 7.0).all()), "rows past a group's count must be left unwritten"
+    through_api = gemm._dequant_activations(q, s, permute, masked_m=(counts, rows_per_group))
+    assert torch.equal(through_api[used], every_row[used])
 
 
 @pytest.mark.gpu

@@ -527,9 +527,7 @@ def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Ten
     has the whole capacity, as the GEMM addresses a row by its position (deepgemm-gluon.md: 252 MB at the engine's
     64-token decode)."""
     G, max_m, K = aq.shape
-    used = torch.arange(max_m, device=aq.device)[None, :] < masked_m[:, None]
-    ids = torch.where(used, torch.arange(G, device=aq.device, dtype=torch.int32)[:, None], -1).flatten()
-    x = _dequant_activations(aq.reshape(G * max_m, K), sa.reshape(G * max_m, -1), True, grouped_layout=ids)
+    x = _dequant_activations(aq.reshape(G * max_m, K), sa.reshape(G * max_m, -1), True, masked_m=(masked_m, max_m))
     return x.view(G, max_m, K)
 
 
@@ -600,22 +598,29 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
 
 
 def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, block_m: int = 8, block_k: int = 512,
-                         num_warps: int = 4, grouped_layout: torch.Tensor | None = None) -> torch.Tensor:
+                         num_warps: int = 4, grouped_layout: torch.Tensor | None = None,
+                         masked_m: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """bf16 [M, K] = aq * 2^(sa - 127) (sa: UE8M0 bytes as uint8), in the FP4 kernel's K order if fp4_order.
-    The default 8 x 512 tiles ran at 1.9 (FP4 order) and 3.0 TB/s on H200, against 0.58 and 1.96 for 32 x 128
-    (deepgemm-swapab.md).
-    grouped_layout (int32 [M]; the contiguous layout, or _dequant_masked_rows' row map): its rows marked -1 are left
-    unwritten (any bits, NaN included). The swap-AB and Gluon GEMMs are safe with that: output row m depends on row m
-    of x alone (one MMA column) and they store no such row. All M rows are still allocated, because the GEMMs address
-    a row by its position."""
-    from .gemm_swapab_kernel import dequant_act_kernel
+    8 x 512 tiles (deepgemm-swapab.md; the FP4 order's contiguous pair loads: deepgemm-activation-pass.md).
+    Rows left unwritten (any bits, NaN included): with grouped_layout (int32 [M], the contiguous layout) those marked
+    -1; with masked_m = (counts, rows_per_group) (int32 [M / rows_per_group] on the device: the masked layout's
+    masked_m) the rows of each group past its count. The swap-AB and Gluon GEMMs are safe with that: output row m
+    depends on row m of x alone (one MMA column) and they store no such row. All M rows are still allocated, because
+    the GEMMs address a row by its position."""
+    from .gemm_swapab_kernel import ALL_ROWS, LAYOUT_ROWS, MASKED_ROWS, dequant_act_kernel
 
     M, K = aq.shape
+    if fp4_order and (aq.stride(0) % 2 or aq.data_ptr() % 2):
+        aq = aq.contiguous()  # the FP4 order reads q as 2-byte pairs
     x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
+    rows, rows_per_group, row_filter = aq, 1, ALL_ROWS
+    if grouped_layout is not None:
+        rows, row_filter = grouped_layout, LAYOUT_ROWS
+    if masked_m is not None:
+        (rows, rows_per_group), row_filter = masked_m, MASKED_ROWS
     dequant_act_kernel[(cdiv(M, block_m), cdiv(K, block_k))](
-        aq, sa, x, aq if grouped_layout is None else grouped_layout, M, K, aq.stride(0), sa.stride(0), x.stride(0),
-        PERMUTE_FP4=fp4_order, SKIP_PADDING=grouped_layout is not None, BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=num_warps)
+        aq, sa, x, rows, M, K, rows_per_group, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=fp4_order,
+        ROW_FILTER=row_filter, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps)
     return x
 
 

@@ -95,30 +95,52 @@ def fp8_to_bf16_scaled(q, e):
     return (q.to(tl.float32) * ue8m0_to_fp32(e)).to(tl.bfloat16)
 
 
+# dequant_act_kernel's ROW_FILTER: which rows of q the pass writes
+ALL_ROWS, LAYOUT_ROWS, MASKED_ROWS = 0, 1, 2
+
+
 @triton.jit
-def dequant_act_kernel(q_ptr, s_ptr, out_ptr, group_ptr, M, K, stride_q, stride_s, stride_out,
-                       PERMUTE_FP4: tl.constexpr, SKIP_PADDING: tl.constexpr, BLOCK_M: tl.constexpr,
+def dequant_act_kernel(q_ptr, s_ptr, out_ptr, rows_ptr, M, K, rows_per_group, stride_q, stride_s, stride_out,
+                       PERMUTE_FP4: tl.constexpr, ROW_FILTER: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """out[m, k] = q[m, src(k)] * 2^(s[m, src(k) // 32] - 127) in bf16; src(k) = k, or with PERMUTE_FP4 the
-    [even | odd] order inside each 64-block (out's k < 32 of a block holds q's even columns). The permutation
-    is on the load side so the stores stay contiguous.
-    SKIP_PADDING: rows whose contiguous-layout id (group_ptr, int32 [M]) is -1 are neither read nor written; the
-    grouped GEMM stores no output for them, and at 1-GPU prefill routing they are two thirds of the layout."""
+    [even | odd] order inside each 64-block (out's k < 32 of a block holds q's even columns).
+    ROW_FILTER: ALL_ROWS; LAYOUT_ROWS: rows_ptr is the contiguous layout (int32 [M]) and rows whose id is -1 are
+    neither read nor written (the grouped GEMM stores no output for them; at 1-GPU prefill routing they are two thirds
+    of the layout); MASKED_ROWS: q holds groups of rows_per_group rows and rows_ptr their used counts (masked_m, int32
+    [M / rows_per_group]), rows past a group's count are skipped the same way. A program whose rows are all skipped
+    returns at once: at decode (~8 of 128 rows per expert) the pass otherwise spent ~50 us on address arithmetic for
+    rows it never touched (session 17 profile, docs/reports/deepgemm-activation-pass.md).
+    PERMUTE_FP4 reads q as int16 pairs (columns 2p, 2p + 1: both go to the 64-block of column 2p, at its positions p %
+    32 and 32 + p % 32, and share one scale), so the loads are contiguous; q's rows must be 2-byte aligned (K even)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    if PERMUTE_FP4:
-        j = offs_k % 64
-        src = offs_k - j + tl.where(j < 32, 2 * j, 2 * (j - 32) + 1)
-    else:
-        src = offs_k
     row_ok = offs_m < M
-    if SKIP_PADDING:
-        row_ok = row_ok & (tl.load(group_ptr + offs_m, mask=row_ok, other=-1) >= 0)
-    mask = row_ok[:, None] & (offs_k < K)[None, :]
+    if ROW_FILTER == LAYOUT_ROWS:
+        row_ok = row_ok & (tl.load(rows_ptr + offs_m, mask=row_ok, other=-1) >= 0)
+    if ROW_FILTER == MASKED_ROWS:
+        used = tl.load(rows_ptr + offs_m // rows_per_group, mask=row_ok, other=0)
+        row_ok = row_ok & (offs_m % rows_per_group < used)
+    if ROW_FILTER != ALL_ROWS:
+        if tl.max(row_ok.to(tl.int32), axis=0) == 0:
+            return
     rows = offs_m.to(tl.int64)[:, None]
-    q = tl.load(q_ptr + rows * stride_q + src[None, :], mask=mask, other=0.0)
-    e = tl.load(s_ptr + rows * stride_s + (src // 32)[None, :], mask=mask, other=127).to(tl.int32)
-    tl.store(out_ptr + rows * stride_out + offs_k[None, :], fp8_to_bf16_scaled(q, e), mask=mask)
+    if PERMUTE_FP4:
+        offs_p = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # column pairs
+        mask = row_ok[:, None] & (offs_p < K // 2)[None, :]
+        pair = tl.load(q_ptr.to(tl.pointer_type(tl.int16)) + rows * (stride_q // 2) + offs_p[None, :], mask=mask,
+                       other=0)
+        e = tl.load(s_ptr + rows * stride_s + (offs_p // 16)[None, :], mask=mask, other=127).to(tl.int32)
+        even = (pair & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        odd = ((pair >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        dst = out_ptr + rows * stride_out + (offs_p + (offs_p // 32) * 32)[None, :]
+        tl.store(dst, fp8_to_bf16_scaled(even, e), mask=mask)
+        tl.store(dst + 32, fp8_to_bf16_scaled(odd, e), mask=mask)
+    else:
+        offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = row_ok[:, None] & (offs_k < K)[None, :]
+        q = tl.load(q_ptr + rows * stride_q + offs_k[None, :], mask=mask, other=0.0)
+        e = tl.load(s_ptr + rows * stride_s + (offs_k // 32)[None, :], mask=mask, other=127).to(tl.int32)
+        tl.store(out_ptr + rows * stride_out + offs_k[None, :], fp8_to_bf16_scaled(q, e), mask=mask)
 
 
 @triton.jit

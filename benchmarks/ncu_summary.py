@@ -1,0 +1,99 @@
+"""Summaries of the Nsight Compute exports that gpu_s17.sh writes (profile_ncu.py's cases): per kernel, where the
+cycles go (issue slots and pipes, from CASE_raw.csv) and what the warps execute and wait for (per-opcode counts
+and stall samples, from CASE_sass.csv). Runs anywhere (no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
+
+Pipe figures are ncu's "% of peak sustained elapsed": issue = sm__issue_active (one instruction per scheduler and
+cycle), tensor = sm__pipe_tensor_cycles_active, fma / alu / uniform = sm__inst_executed_pipe_*. Stall samples
+exclude warps parked at a CTA barrier for the whole kernel (the padding warps of Gluon's warp specialization,
+which sit on one NOP): they are counted apart as "idle"."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import os
+import sys
+
+PIPES = {"issue %": "sm__issue_active.avg.pct_of_peak_sustained_elapsed",
+         "tensor %": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+         "fma %": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_elapsed",
+         "alu %": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_elapsed",
+         "uniform %": "sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_elapsed",
+         "dram %": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"}
+SKIP = ("elementwise", "arange", "Fill", "where_kernel")  # torch's small set-up kernels inside a profiled call
+
+
+def pipe_rows(path: str) -> list[dict]:
+    rows = list(csv.reader(open(path)))
+    head, units = rows[0], rows[1]
+    out = []
+    for r in rows[2:]:
+        name = r[head.index("Kernel Name")]
+        if any(s in name for s in SKIP):
+            continue
+        row = {"kernel": name.split("(")[0][:40],
+               "us": float(r[head.index("gpu__time_duration.sum")].replace(",", ""))
+               * (1e-3 if units[head.index("gpu__time_duration.sum")] == "ns" else 1.0)}
+        for label, metric in PIPES.items():
+            row[label] = float(r[head.index(metric)].replace(",", "")) if metric in head else float("nan")
+        out.append(row)
+    return out
+
+
+def sass_kernels(path: str) -> list[tuple[str, list[dict]]]:
+    blocks, cur = [], None
+    for line in open(path).read().splitlines():
+        if line.startswith('"Kernel Name"'):
+            cur = [line.split(",")[1].strip('"'), []]
+            blocks.append(cur)
+        elif cur is not None:
+            cur[1].append(line)
+    return [(name, list(csv.DictReader(io.StringIO("\n".join(lines))))) for name, lines in blocks]
+
+
+def opcode(source: str) -> str:
+    parts = source.split()
+    op = parts[1] if parts[0].startswith("@") else parts[0]
+    return op.split(".")[0]
+
+
+def sass_summary(name: str, rows: list[dict], top: int = 14) -> str:
+    ops, stalls, idle = collections.Counter(), collections.Counter(), 0
+    for r in rows:
+        if not r["Source"].strip():
+            continue
+        op = opcode(r["Source"].strip())
+        ops[op] += int(r["Instructions Executed"] or 0)
+        reasons = {k[6:]: int(v) for k, v in r.items()
+                   if k and k.startswith("stall_") and "Not Issued" not in k and v not in ("", "0")}
+        if op == "NOP" and reasons.get("barrier", 0) > 0.9 * sum(reasons.values()):
+            idle += sum(reasons.values())
+            continue
+        stalls.update(reasons)
+    total, samples = sum(ops.values()), sum(stalls.values()) or 1
+    mix = "  ".join(f"{op} {n / total:.1%}" for op, n in ops.most_common(top))
+    why = "  ".join(f"{k} {v / samples:.1%}" for k, v in stalls.most_common(8))
+    return (f"{name[:40]}: {total / 1e6:.1f}M warp instructions; {mix}\n"
+            f"  stall samples of working warps ({samples}; idle padding warps {idle} more): {why}")
+
+
+def main() -> None:
+    folder, cases = sys.argv[1], sys.argv[2:]
+    if not cases:
+        cases = sorted(f[:-8] for f in os.listdir(folder) if f.endswith("_raw.csv"))
+    print("| case | kernel | us | " + " | ".join(PIPES) + " |")
+    print("|---|---|---:|" + "---:|" * len(PIPES))
+    for case in cases:
+        for row in pipe_rows(os.path.join(folder, f"{case}_raw.csv")):
+            print(f"| {case} | {row['kernel']} | {row['us']:.1f} | "
+                  + " | ".join(f"{row[k]:.1f}" for k in PIPES) + " |")
+    print()
+    for case in cases:
+        for name, rows in sass_kernels(os.path.join(folder, f"{case}_sass.csv")):
+            if not any(s in name for s in SKIP):
+                print(f"[{case}] " + sass_summary(name, rows))
+
+
+if __name__ == "__main__":
+    main()
