@@ -32,9 +32,9 @@ def pipe_rows(path: str) -> list[dict]:
         name = r[head.index("Kernel Name")]
         if any(s in name for s in SKIP):
             continue
+        t = head.index("gpu__time_duration.sum")
         row = {"kernel": name.split("(")[0][:40],
-               "us": float(r[head.index("gpu__time_duration.sum")].replace(",", ""))
-               * (1e-3 if units[head.index("gpu__time_duration.sum")] == "ns" else 1.0)}
+               "us": float(r[t].replace(",", "")) * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[units[t]]}
         for label, metric in PIPES.items():
             row[label] = float(r[head.index(metric)].replace(",", "")) if metric in head else float("nan")
         out.append(row)
