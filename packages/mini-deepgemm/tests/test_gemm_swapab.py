@@ -120,7 +120,7 @@ def test_activation_pass_skips_padding_rows(permute):
     assert torch.equal(gemm._dequant_activations(q, s, permute, grouped_layout=layout)[real], every_row[real])
     out = torch.full((M, K), 7.0, dtype=torch.bfloat16, device=DEVICE)
     dequant_act_kernel[(cdiv(M, 8), cdiv(K, 512))](q, s, out, layout, M, K, 1, q.stride(0), s.stride(0),
-                                                   out.stride(0), PERMUTE_FP4=permute, ROW_FILTER=LAYOUT_ROWS,
+                                                   out.stride(0), PERMUTE_FP4=permute, ROW_FILTER=LAYOUT_ROWS.value,
                                                    BLOCK_M=8, BLOCK_K=512)
     assert torch.equal(out[real], every_row[real])
     assert bool((out[~real] == 7.0).all()), "padding rows must be left unwritten"
@@ -142,7 +142,7 @@ def test_activation_pass_writes_only_the_used_rows_of_masked_groups(permute):
     out = torch.full((G * rows_per_group, K), 7.0, dtype=torch.bfloat16, device=DEVICE)
     dequant_act_kernel[(cdiv(G * rows_per_group, 8), cdiv(K, 512))](
         q, s, out, counts, G * rows_per_group, K, rows_per_group, q.stride(0), s.stride(0), out.stride(0),
-        PERMUTE_FP4=permute, ROW_FILTER=MASKED_ROWS, BLOCK_M=8, BLOCK_K=512)
+        PERMUTE_FP4=permute, ROW_FILTER=MASKED_ROWS.value, BLOCK_M=8, BLOCK_K=512)
     assert torch.equal(out[used], every_row[used])
     assert bool((out[~used] == 7.0).all()), "rows past a group's count must be left unwritten"
     through_api = gemm._dequant_activations(q, s, permute, masked_m=(counts, rows_per_group))

@@ -613,11 +613,11 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
     if fp4_order and (aq.stride(0) % 2 or aq.data_ptr() % 2):
         aq = aq.contiguous()  # the FP4 order reads q as 2-byte pairs
     x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
-    rows, rows_per_group, row_filter = aq, 1, ALL_ROWS
+    rows, rows_per_group, row_filter = aq, 1, ALL_ROWS.value
     if grouped_layout is not None:
-        rows, row_filter = grouped_layout, LAYOUT_ROWS
+        rows, row_filter = grouped_layout, LAYOUT_ROWS.value
     if masked_m is not None:
-        (rows, rows_per_group), row_filter = masked_m, MASKED_ROWS
+        (rows, rows_per_group), row_filter = masked_m, MASKED_ROWS.value
     dequant_act_kernel[(cdiv(M, block_m), cdiv(K, block_k))](
         aq, sa, x, rows, M, K, rows_per_group, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=fp4_order,
         ROW_FILTER=row_filter, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps)

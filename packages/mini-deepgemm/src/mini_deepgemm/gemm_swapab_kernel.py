@@ -96,7 +96,9 @@ def fp8_to_bf16_scaled(q, e):
 
 
 # dequant_act_kernel's ROW_FILTER: which rows of q the pass writes
-ALL_ROWS, LAYOUT_ROWS, MASKED_ROWS = 0, 1, 2
+ALL_ROWS: tl.constexpr = tl.constexpr(0)
+LAYOUT_ROWS: tl.constexpr = tl.constexpr(1)
+MASKED_ROWS: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
