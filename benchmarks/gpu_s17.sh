@@ -7,6 +7,9 @@
 #       (programs of unused rows return, masked counts read in the kernel, FP4 order read as 2-byte pairs):
 #       exp_activation_pass.py against session 16's, every mini-deepgemm GPU test, bench_deepgemm.py --graph, and
 #       the masked and contiguous calls profiled again)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s17.sh   (1 x H200: the engine over the new activation pass:
+#       the runtime's MoE and decode GPU tests with both integration files, the 1-GPU prefill step, the medium
+#       model's decode at batch 32 and 64, 131k)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -41,8 +44,18 @@ r2)
   cat "$OUT/summary.txt"; grep -E "speedup" "$OUT/activation_pass.txt" | cut -c1-330
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
   grep -E "MoE|masked|w13|w2|geomean" "$OUT/deepgemm/table.md" | tail -14
-  python3 benchmarks/ncu_summary.py "$OUT/ncu" masked_w13 moe_w13 | head -8
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" masked_w13 moe_w13 > "$OUT/ncu_summary.txt"; head -8 "$OUT/ncu_summary.txt"
   mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
+  ;;
+r4)
+  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
+    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run decode_b32_b64 130 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --profile --out "$OUT/decode_medium_b32_b64_h200.json"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_tests.txt" | tail -10
+  tail -28 "$OUT/prefill.txt"; grep -E "ms/step|bench_decode:" "$OUT/decode_b32_b64.txt"
   ;;
 esac
 pack_out
