@@ -12,7 +12,7 @@ row map), and the FP4 order is read as contiguous 2-byte pairs whose two values 
 
 Cases: the masked layout (96 groups x 128 rows, Poisson(8) and Poisson(32) used rows, at least 1, K 5,120 and 2,304:
 bench_deepgemm's masked rows) and the contiguous layout (bench_deepgemm's: 96 experts of 128-1,024 rows; and one
-as 1-GPU prefill routes: 4,096 tokens x 6 of 256 experts, segments 128-aligned, ~2/3 padding). Device time by
+as 1-GPU prefill routes: 4,096 tokens x 6 of 256 experts, segments 128-aligned, a quarter padding). Device time by
 CUDA-graph replay. Writes $OUT/exp_activation_pass.json.
 
     cd benchmarks && timeout 200 python3 exp_activation_pass.py

@@ -108,8 +108,8 @@ def dequant_act_kernel(q_ptr, s_ptr, out_ptr, rows_ptr, M, K, rows_per_group, st
     """out[m, k] = q[m, src(k)] * 2^(s[m, src(k) // 32] - 127) in bf16; src(k) = k, or with PERMUTE_FP4 the
     [even | odd] order inside each 64-block (out's k < 32 of a block holds q's even columns).
     ROW_FILTER: ALL_ROWS; LAYOUT_ROWS: rows_ptr is the contiguous layout (int32 [M]) and rows whose id is -1 are
-    neither read nor written (the grouped GEMM stores no output for them; at 1-GPU prefill routing they are two thirds
-    of the layout); MASKED_ROWS: q holds groups of rows_per_group rows and rows_ptr their used counts (masked_m, int32
+    neither read nor written (the grouped GEMM stores no output for them; 4,096 tokens routed to 6 of 256 experts
+    in 128-row segments leave a quarter of the rows padding); MASKED_ROWS: q holds groups of rows_per_group rows and rows_ptr their used counts (masked_m, int32
     [M / rows_per_group]), rows past a group's count are skipped the same way. A program whose rows are all skipped
     returns at once: at decode (~8 of 128 rows per expert) the pass otherwise spent ~50 us on address arithmetic for
     rows it never touched (session 17 profile, docs/reports/deepgemm-activation-pass.md).
