@@ -6,7 +6,8 @@ varying per scale block): DeepGEMM's diff below 1e-5 (the products are exact; on
 the bf16 output rounding differ); a second call is bitwise equal. Shapes: ragged M (65, 100, 1: partial row tiles),
 N not a multiple of the 128-column tile (160, 544: a partial B tile and clamped scale blocks), K of one step and of
 many (more steps than the ring's stages), V4.1 projection shapes; 128- and 64-row tiles, 128- and 32-column tiles,
-one program per tile and persistent programs that run several tiles.
+one program per tile and persistent programs that run several tiles; the scales as UE8M0 words read by the math
+warps, or as fp32 brought through the ring by the producer (session 17).
 
 The kernel claims that every output element is computed by the same instructions in the same order whatever the
 tile shape and the row count of the call: checked bitwise across the variants and against a call on a prefix of
@@ -28,8 +29,9 @@ pytestmark = [
 
 SHAPES = [(65, 256, 128), (100, 160, 512), (1, 544, 1280), (300, 1280, 5120), (1000, 544, 1280),
           (257, 4608, 2304), (2048, 5120, 8192)]
-# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile)
-VARIANTS = [(128, 128, 4, 1), (128, 128, 4, 0), (64, 128, 4, 2), (64, 32, 6, 0)]
+# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM (0 = one program per tile), fp32 scales through the ring)
+VARIANTS = [(128, 128, 4, 1, False), (128, 128, 4, 0, False), (64, 128, 4, 2, False), (64, 32, 6, 0, False),
+            (128, 128, 4, 1, True), (64, 128, 4, 2, True)]
 SMOKE_S = 180
 
 
@@ -64,7 +66,7 @@ def reference_out(aq, sa, bq, sb) -> torch.Tensor:
     return reference.gemm_nt_ref(aq, sa.view(e8), bq, sb.view(e8), 32, 32)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_s%d_p%d" % v)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_s%d_p%d_ring%d" % v)
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_gluon_v41_matches_reference(M, N, K, variant):
     gen = torch.Generator().manual_seed(M + N + K)
@@ -94,8 +96,9 @@ def test_a_row_does_not_depend_on_the_tile_or_the_batch(M, N, K):
         assert torch.equal(d.view(torch.int16), outs[0][:rows].view(torch.int16)), rows
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["words", "ring"])
 @pytest.mark.parametrize("case", ["byte_0", "wide"])
-def test_extreme_scale_bytes(case):
+def test_extreme_scale_bytes(case, ring):
     """byte_0: every A scale is byte 0 (2^-127, an fp32 subnormal) and every B scale 2^67, so each product is
     a x b x 2^-60 (a kernel that turned byte 0 into 0 returns zeros); wide: bytes over 2^-30..2^29 on both sides.
     Against an fp64 reference on the CPU (no flush of subnormals)."""
@@ -107,7 +110,7 @@ def test_extreme_scale_bytes(case):
         sa = torch.randint(97, 157, sa.shape, generator=gen, dtype=torch.uint8).cuda()
         sb = torch.randint(97, 157, sb.shape, generator=gen, dtype=torch.uint8).cuda()
     got = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
-    gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, got, 128, 128, 4, 0)
+    gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, got, 128, 128, 4, 0, ring)
     e8 = torch.float8_e8m0fnu
     a = reference.dequant_operand(aq.cpu(), sa.cpu().view(e8), 1, 32).double()
     b = reference.dequant_operand(bq.cpu(), sb.cpu().view(e8), 32, 32).double()
@@ -118,7 +121,8 @@ def test_extreme_scale_bytes(case):
 
 def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernel at every row count
-    (decode-sized M on 64 x 32 tiles, large M on 128 x 128); an fp32 output, accumulate-into or K % 128 != 0 do not."""
+    (decode-sized M on 64 x 32 tiles, large M on 128 x 128, from _V41_RING_MIN_M rows with the scales through the
+    ring); an fp32 output, accumulate-into or K % 128 != 0 do not."""
     import mini_deepgemm as dg
 
     tiles = []
@@ -127,8 +131,10 @@ def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     e8 = torch.float8_e8m0fnu
     for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
-        for M, N, K, tile in ((1, 1280, 512, (64, 32, 6, 0)), (64, 4608, 256, (64, 32, 6, 0)),
-                              (300, 1280, 256, (64, 32, 6, 0)), (4096, 1280, 256, (128, 128, 4, 1))):
+        for M, N, K, tile in ((1, 1280, 512, (64, 32, 6, 0, False)), (64, 4608, 256, (64, 32, 6, 0, False)),
+                              (300, 1280, 256, (64, 32, 6, 0, False)),
+                              (1000, 4608, 256, (128, 128, 4, 1, 1000 >= gemm._V41_RING_MIN_M)),
+                              (4096, 1280, 256, (128, 128, 4, 1, 4096 >= gemm._V41_RING_MIN_M))):
             aq, sa, bq, sb = v41_operands(M, N, K, gen)
             d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
             fn((aq, sa.view(e8)), (bq, sb.view(e8)), d)

@@ -1,6 +1,7 @@
 """The swap-AB kernel's two exact conversions, bit for bit against the references: the FP4 -> bf16 conversion with
 the scale folded into the exponent, and the activation pass (gemm._dequant_activations: FP8 x UE8M0 -> bf16,
-natural or FP4 K order).
+natural or FP4 K order); and the UE8M0 -> fp32 scale conversion that feeds the V4.1 Gluon kernel's scales-in-ring
+(gemm._f32_scales_transposed).
 
 The GEMM itself is tested in test_gemm.py (strategy `swap_ab`, GPU only: the interpreter computes bf16 tl.dot on
 raw bits). These conversions have no dot, so they also run on CPU under TRITON_INTERPRET=1, which CI does through
@@ -190,10 +191,22 @@ def test_contiguous_gemm_real_rows_ignore_the_padding_rows_of_x(fp4):
         assert bool((got[~real] == 7.0).all()), "padding rows of d must be left untouched"
 
 
+@needs_a_runner
+@pytest.mark.parametrize("R,C", [(1, 4), (100, 160), (257, 40)])
+def test_v41_scales_to_fp32_transposed(R, C):
+    """Every UE8M0 byte (0..255 cycled, 0 included: the subnormal 2^-127) becomes the fp32 2^(e - 127), transposed,
+    bit for bit against torch.ldexp; the view's row stride is 16-byte aligned (rows padded to a multiple of 4)."""
+    s = (torch.arange(R * C, dtype=torch.int64) * 37 % 256).to(torch.uint8).view(R, C)
+    got = gemm._f32_scales_transposed(s.to(DEVICE))
+    assert got.shape == (C, R) and got.stride(0) % 4 == 0
+    want = torch.ldexp(torch.ones(R, C, dtype=torch.float64), s.to(torch.int64) - 127).to(torch.float32).t()
+    assert torch.equal(got.cpu().view(torch.int32), want.contiguous().view(torch.int32))
+
+
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
 def test_conversions_run_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's conversion tests once under TRITON_INTERPRET=1."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                           env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "9 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "14 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

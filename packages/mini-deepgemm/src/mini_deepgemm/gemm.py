@@ -424,15 +424,41 @@ def _use_gluon_v41(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: tor
     return tma_ok and words_ok
 
 
-def _gluon_v41_tile(M: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, stages, programs per SM) of the V4.1 kernel: 128 x 128 persistent tiles (one program per
-    SM) when they give at least half an SM's worth of tiles, else 64 x 32 tiles, one program each, so that few rows
-    or narrow N still spread over the SMs (session 12 run 2: M = 1-64, 64 x 32 read weights at 0.43-1.46 TB/s;
-    the 128 x 128 tiles ran 468-569 TFLOP/s at M = 4,096)."""
+def _gluon_v41_tile(M: int, N: int, device: torch.device) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, stages, programs per SM, scales in the ring) of the V4.1 kernel: 128 x 128 persistent
+    tiles (one program per SM) when they give at least half an SM's worth of tiles, else 64 x 32 tiles, one program
+    each, so that few rows or narrow N still spread over the SMs (session 12 run 2: M = 1-64, 64 x 32 read weights
+    at 0.43-1.46 TB/s; the 128 x 128 tiles ran 468-569 TFLOP/s at M = 4,096). The 128 x 128 tiles take their scales
+    through the ring as fp32 from _V41_RING_MIN_M rows (_gluon_fp8_v41_gemm)."""
     sms = sm_count(device)
     if M > 64 and cdiv(M, 128) * cdiv(N, 128) * 2 >= sms:
-        return 128, 128, 4, 1
-    return 64, 32, 6, 0
+        return 128, 128, 4, 1, M >= _V41_RING_MIN_M
+    return 64, 32, 6, 0, False
+
+
+# Rows from which the V4.1 kernel's 128 x 128 tiles take fp32 scales through the ring (two conversion launches per
+# call; docs/reports/deepgemm-gluon-v41.md, session 17).
+_V41_RING_MIN_M = 1024
+
+
+@functools.cache
+def _unswizzled_f32_layout():
+    """The shared layout of the V4.1 kernel's fp32 scale boxes: row-major (the kernel reads rows of them)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _f32_scales_transposed(s: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes [R, C] -> fp32 [C, R] (a view of [C, R rounded up to 4]: 16-byte row strides for TMA), the values
+    the kernels convert to (byte 0: 2^-127)."""
+    from .gemm_gluon_fp8_kernel import ue8m0_to_f32_transposed_kernel
+
+    R, C = s.shape
+    out = torch.empty(C, cdiv(R, 4) * 4, dtype=torch.float32, device=s.device)
+    ue8m0_to_f32_transposed_kernel[(cdiv(R, 64), cdiv(C, 64))](s, out, R, C, s.stride(0), out.stride(0), BLOCK_R=64,
+                                                               BLOCK_C=64)
+    return out[:, :R]
 
 
 @functools.cache
@@ -504,21 +530,28 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                        block_m: int, block_n: int, stages: int, per_sm: int) -> None:
+                        block_m: int, block_n: int, stages: int, per_sm: int, scales_in_ring: bool = False) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM of the V4.1 recipe: FP8 MMAs promoted every 32 of K, block_m x block_n
     tiles (block_m 128: two math warpgroups, 64: one; block_n 128 or 32), `stages` ring steps of K = 128, per_sm
-    persistent programs per SM (0: one per tile). sa uint8 [M, K/32], sb uint8 [ceil(N/32), K/32], read as 32-bit
-    words: K % 128 == 0, 4-byte aligned bases and row strides (checked by _use_gluon_v41)."""
+    persistent programs per SM (0: one per tile). sa uint8 [M, K/32], sb uint8 [ceil(N/32), K/32]: read as 32-bit
+    words (K % 128 == 0, 4-byte aligned bases and row strides: checked by _use_gluon_v41), or with scales_in_ring
+    (block_n 128) first converted to fp32, A's M-major, and brought by the kernel's producer with the operands (the
+    same values: bitwise the same output)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v41_kernel
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     M, K = aq.shape
     N = bq.shape[0]
+    sa_desc = sb_desc = None
+    if scales_in_ring:
+        sa_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sa), [4, block_m], _unswizzled_f32_layout())
+        sb_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sb), [4, 4], _unswizzled_f32_layout())
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, per_sm, d.device)
     fp8_gemm_v41_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 32)),
-        sa.view(torch.int32), sb.view(torch.int32), M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
+        sa.view(torch.int32), sb.view(torch.int32), sa_desc, sb_desc, M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
         STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS,
-        num_warps=4, maxnreg=maxnreg)
+        SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:

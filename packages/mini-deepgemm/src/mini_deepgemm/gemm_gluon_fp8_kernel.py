@@ -37,6 +37,8 @@ The products are exact (e4m3 x e4m3 in the tensor core); the fp32 sums differ fr
 
 from __future__ import annotations
 
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -56,11 +58,21 @@ def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROU
 
 
 @gluon.jit
-def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k):
-    """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot`."""
+def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring, sb_ring,
+                SCALES: gl.constexpr):
+    """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot`; with SCALES (the
+    V4.1 kernel's SCALES_IN_RING) also the step's fp32 scales, A's [4, BLOCK_M] of the M-major [K / 32, M] scales
+    and B's [4, 4] of [K / 32, ceil(N / 32)] (past the tensors TMA reads zeros; those outputs are clipped by the
+    store). Without SCALES the scale arguments are unused stand-ins (warp_specialize takes no None)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    if not SCALES:
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+                        + sb_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(sa_desc, [4 * k, off_m], bar, sa_ring.index(slot))
+        tma.async_copy_global_to_shared(sb_desc, [4 * k, off_n // 32], bar, sb_ring.index(slot))
     tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot))
     tma.async_copy_global_to_shared(b_desc, [off_n, k * BLOCK_K], bar, b_ring.index(slot))
 
@@ -107,10 +119,12 @@ def _invalidate_ring(ready, empty):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr, sa_desc, sb_desc, sa_ring,
+              sb_ring, SCALES: gl.constexpr):
     """One warp: every step of this program's tiles, in order, into ring slot step % STAGES once that slot is empty
     (the first lap waits on the barriers' initial phase, which counts as complete). Its tile offsets are computed
-    once per tile, not per step (session 10 run 6: integer divisions per step cost 0.75-0.8x)."""
+    once per tile, not per step (session 10 run 6: integer divisions per step cost 0.75-0.8x). sa_desc, sb_desc,
+    sa_ring, sb_ring, SCALES: the scales' copies of _issue_step."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -123,7 +137,8 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
         for k in range(num_k):
             slot = step % STAGES
             mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k)
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring, sb_ring,
+                        SCALES)
             step += 1
 
 
@@ -208,13 +223,15 @@ def fp8_gemm_v3_kernel(
                          stride_sb, 0, GROUP_M)),
              (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K, stride_sa,
                          stride_sb, 64, GROUP_M)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring, b_ring,
+                          False))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
                          stride_sb, 0, GROUP_M)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring, b_ring,
+                          False))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
 
@@ -230,6 +247,20 @@ def _ue8m0_to_f32(byte):
     return gl.where(byte == 0, 0x00400000, byte << 23).to(gl.float32, bitcast=True)
 
 
+@triton.jit
+def ue8m0_to_f32_transposed_kernel(src_ptr, dst_ptr, R, C, stride_src, stride_dst, BLOCK_R: tl.constexpr,
+                                   BLOCK_C: tl.constexpr):
+    """dst[c, r] = 2^(src[r, c] - 127) as fp32, the bits _ue8m0_to_f32 builds (byte 0: the subnormal 2^-127):
+    UE8M0 bytes [R, C] -> fp32 [C, R] (row stride stride_dst). Feeds fp8_gemm_v41_kernel's SCALES_IN_RING: A's
+    scales M-major, B's per K block."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r < R)[:, None] & (c < C)[None, :]
+    e = tl.load(src_ptr + r.to(tl.int64)[:, None] * stride_src + c[None, :], mask=mask, other=127).to(tl.int32)
+    bits = tl.where(e == 0, 0x00400000, e << 23)
+    tl.store(dst_ptr + c.to(tl.int64)[None, :] * stride_dst + r[:, None], bits.to(tl.float32, bitcast=True), mask=mask)
+
+
 @gluon.jit
 def _sub_mma(a_frag, b_j, c: gl.constexpr, zero):
     """Async MMA of the A fragment with column block c (32 rows of B, K = 32) into a fresh fp32 tile."""
@@ -237,21 +268,43 @@ def _sub_mma(a_frag, b_j, c: gl.constexpr, zero):
 
 
 @gluon.jit
-def _promote(acc, part, fa, word_b, j: gl.constexpr):
-    """acc + part * sa[m] * sb[block] for K block j of the step: the same fp32 operations, in the same order, for
-    every element whatever the tile shape (a row's result does not depend on the launch; see fp8_gemm_v41_kernel)."""
-    return acc + part * (fa * _ue8m0_to_f32((word_b >> (8 * j)) & 0xFF))[:, None]
+def _promote(acc, part, fa, fb):
+    """acc + part * (sa[m] * sb[block]): the same fp32 operations, in the same order, for every element whatever the
+    tile shape and where the scales come from (a row's result does not depend on the launch; see
+    fp8_gemm_v41_kernel)."""
+    return acc + part * (fa * fb)[:, None]
 
 
 @gluon.jit
-def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-              stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
+def _word_scale(word, j: gl.constexpr):
+    """K block j's scale(s) of a step from its UE8M0 word(s), as fp32."""
+    return _ue8m0_to_f32((word >> (8 * j)) & 0xFF)
+
+
+@gluon.jit
+def _ring_scale(ring, slot, j: gl.constexpr, first: gl.constexpr, count: gl.constexpr, layout: gl.constexpr):
+    """K block j's fp32 scales [first, first + count) from ring slot `slot` ([4, n] per slot: K block, row or column
+    block; unswizzled, so row-major), in `layout`. Read through a view as STAGES * 4 rows of n: Gluon (triton 3.6)
+    indexes a buffer down to one dimension only when its shared layout has one dimension less than the buffer, which
+    the TMA layout (rank 2 for the [4, n] boxes) does not."""
+    STAGES: gl.constexpr = ring.type.shape[0]
+    n: gl.constexpr = ring.type.shape[2]
+    rows = ring._reinterpret(gl.float32, [STAGES * 4, n], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    return rows.index(slot * 4 + j).slice(first, count).load(layout)
+
+
+@gluon.jit
+def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N,
+              K, stride_sa, stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SCALES_IN_RING: gl.constexpr):
     """One math warpgroup's partition for the V4.1 recipe: rows [ROW0, ROW0 + 64) of each BLOCK_M-row tile. Per ring
     step (K = 128) and per 32 of K: the A fragment loaded once into registers (ldmatrix), one MMA per 32 output
     columns (one B scale per 32 columns, so each partial tile has one scale per row: sa[m] * sb[block]), wait, one
     FMA per accumulator element. ptxas places a K block's FMAs under the next K block's MMAs (different registers).
     The rows are kept as BLOCK_N / 32 accumulators of [64, 32] and stored from d_smem, the warpgroup's own buffer,
-    as that many TMA boxes."""
+    as that many TMA boxes.
+    Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
+    sb_ring [4, 4]: the producer's TMA), read with a shared-memory load each; else the UE8M0 words are loaded from
+    global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     ROWS: gl.constexpr = 64
@@ -259,6 +312,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
     WIDE: gl.constexpr = BLOCK_N == 128
+    gl.static_assert(WIDE or not SCALES_IN_RING, "scales in the ring: 4 column blocks (a 16-byte TMA box of B's)")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
@@ -269,29 +323,31 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
     step = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = off_m + ROW0 + gl.arange(0, ROWS, layout=rows_layout)
-        sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-        nb = off_n // 32  # column blocks past the last (N not a multiple of BLOCK_N) read the last: the store clips
-        sb0 = sb_ptr + nb * stride_sb
-        sb1 = sb_ptr + gl.minimum(nb + 1, last_nb) * stride_sb
-        sb2 = sb_ptr + gl.minimum(nb + 2, last_nb) * stride_sb
-        sb3 = sb_ptr + gl.minimum(nb + 3, last_nb) * stride_sb
-        wa, wb0 = gl.load(sa_rows), gl.load(sb0)
-        wb1, wb2, wb3 = wb0, wb0, wb0
-        if WIDE:
-            wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
+        if not SCALES_IN_RING:
+            offs_m = off_m + ROW0 + gl.arange(0, ROWS, layout=rows_layout)
+            sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+            nb = off_n // 32  # column blocks past the last (N not a multiple of BLOCK_N) read the last: the store clips
+            sb0 = sb_ptr + nb * stride_sb
+            sb1 = sb_ptr + gl.minimum(nb + 1, last_nb) * stride_sb
+            sb2 = sb_ptr + gl.minimum(nb + 2, last_nb) * stride_sb
+            sb3 = sb_ptr + gl.minimum(nb + 3, last_nb) * stride_sb
+            wa, wb0 = gl.load(sa_rows), gl.load(sb0)
+            wb1, wb2, wb3 = wb0, wb0, wb0
+            if WIDE:
+                wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
         acc0 = gl.zeros([ROWS, 32], gl.float32, mma)
         acc1 = gl.zeros([ROWS, 32], gl.float32, mma)
         acc2 = gl.zeros([ROWS, 32], gl.float32, mma)
         acc3 = gl.zeros([ROWS, 32], gl.float32, mma)
         for k in range(num_k):
             slot = step % STAGES
-            # the next step's scale words (of this step at the last), loaded a step ahead as in _math_v3
-            ahead = gl.minimum(k + 1, num_k - 1)
-            na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
-            nb1, nb2, nb3 = nb0, nb0, nb0
-            if WIDE:
-                nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
+            if not SCALES_IN_RING:
+                # the next step's scale words (of this step at the last), loaded a step ahead as in _math_v3
+                ahead = gl.minimum(k + 1, num_k - 1)
+                na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
+                nb1, nb2, nb3 = nb0, nb0, nb0
+                if WIDE:
+                    nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             a_tile = a_ring.index(slot)
             if ROWS < BLOCK_M:
@@ -300,22 +356,33 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
             for j in gl.static_range(4):
                 a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
                 b_j = b_tile.slice(32 * j, 32, dim=1)
-                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)
+                if SCALES_IN_RING:
+                    fa = _ring_scale(sa_ring, slot, j, ROW0, ROWS, rows_layout)
+                else:
+                    fa = _word_scale(wa, j)
                 if WIDE:
                     t0 = _sub_mma(a_frag, b_j, 0, zero)
                     t1 = _sub_mma(a_frag, b_j, 1, zero)
                     t2 = _sub_mma(a_frag, b_j, 2, zero)
                     t3 = _sub_mma(a_frag, b_j, 3, zero)
                     p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-                    acc1 = _promote(acc1, p1, fa, wb1, j)
-                    acc2 = _promote(acc2, p2, fa, wb2, j)
-                    acc3 = _promote(acc3, p3, fa, wb3, j)
+                    if SCALES_IN_RING:
+                        acc0 = _promote(acc0, p0, fa, _ring_scale(sb_ring, slot, j, 0, 1, rows_layout))
+                        acc1 = _promote(acc1, p1, fa, _ring_scale(sb_ring, slot, j, 1, 1, rows_layout))
+                        acc2 = _promote(acc2, p2, fa, _ring_scale(sb_ring, slot, j, 2, 1, rows_layout))
+                        acc3 = _promote(acc3, p3, fa, _ring_scale(sb_ring, slot, j, 3, 1, rows_layout))
+                    else:
+                        acc1 = _promote(acc1, p1, fa, _word_scale(wb1, j))
+                        acc2 = _promote(acc2, p2, fa, _word_scale(wb2, j))
+                        acc3 = _promote(acc3, p3, fa, _word_scale(wb3, j))
+                        acc0 = _promote(acc0, p0, fa, _word_scale(wb0, j))
                 else:
                     p0 = warpgroup_mma_wait(0, deps=(_sub_mma(a_frag, b_j, 0, zero),))
-                acc0 = _promote(acc0, p0, fa, wb0, j)
+                    acc0 = _promote(acc0, p0, fa, _word_scale(wb0, j))
             # every MMA that read the slot is done (each warpgroup waited for its own; see _math)
             mbarrier.arrive(empty.index(slot), count=1)
-            wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
+            if not SCALES_IN_RING:
+                wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
             step += 1
         tma.store_wait(pendings=0)  # the previous tile's stores have read d_smem
         d_smem.index(0).store(acc0.to(d_desc.dtype))
@@ -331,36 +398,54 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_p
 
 @gluon.jit
 def fp8_gemm_v41_kernel(
-    a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
+    a_desc, b_desc, d_desc, sa_ptr, sb_ptr, sa_desc, sb_desc,
     M, N, K, stride_sa, stride_sb,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SCALES_IN_RING: gl.constexpr,
 ):
     """d[m, n] = sum over 32-blocks kb of sa[m, kb] * sb[n // 32, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
-    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, 32] boxes; sa_ptr: int32 view
-    of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words), sb_ptr: the same of
-    [ceil(N / 32), K / 32]; K % 128 == 0. Persistent and warp-specialized like fp8_gemm_v3_kernel, with its
-    producer and one partition per math warpgroup (session 14: 1.01-1.06x the two warpgroups in one partition,
-    bitwise equal); launch with num_warps=4. Every output element is computed by the same instructions in the same
-    order whatever BLOCK_M, BLOCK_N and the program count (an m64n32k32 MMA per 32 of K, then one FMA with
-    sa * sb), so a row's result does not depend on the launch that carries it."""
+    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, 32] boxes; K % 128 == 0.
+    Scales, one of two forms:
+    - SCALES_IN_RING (BLOCK_N 128): sa_desc, sb_desc: TMA descriptors of the scales as fp32 (the values
+      _ue8m0_to_f32 gives), A's M-major [K / 32, M] in [4, BLOCK_M] boxes, B's [K / 32, ceil(N / 32)] in [4, 4]
+      boxes; sa_ptr, sb_ptr unused. The producer brings them into the ring with each step's operands, and the math
+      warps neither load nor convert scales (session 17: those were ~130 of the ~565 instructions per warp and K step
+      of this issue-bound loop; docs/reports/profile-ncu-s17.md);
+    - else: sa_ptr: int32 view of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words),
+      sb_ptr: the same of [ceil(N / 32), K / 32]; sa_desc, sb_desc unused (None).
+    Persistent and warp-specialized like fp8_gemm_v3_kernel, with its producer and one partition per math warpgroup
+    (session 14: 1.01-1.06x the two warpgroups in one partition, bitwise equal); launch with num_warps=4. Every
+    output element is computed by the same instructions in the same order whatever BLOCK_M, BLOCK_N, the program
+    count and the scales' form (an m64n32k32 MMA per 32 of K, then one FMA with sa * sb, the same fp32 values), so a
+    row's result does not depend on the launch that carries it."""
     CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
     a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
+    # warp_specialize takes no None: without SCALES_IN_RING the operands' descriptors and rings stand in (unused)
+    sa_ring = a_ring
+    sb_ring = b_ring
+    scale_descs = (a_desc, b_desc)
+    if SCALES_IN_RING:
+        scale_descs = (sa_desc, sb_desc)
+        sa_ring = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 4, sa_desc.block_type.shape[1]], sa_desc.layout)
+        sb_ring = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 4, 4], sb_desc.layout)
     boxes: gl.constexpr = b_desc.block_type.shape[0] // 32  # [64, 32] output boxes per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
     if CONSUMERS == 2:
         d_smem_1 = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
         gl.warp_specialize(
-            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
-                          stride_sa, stride_sb, GROUP_M, 0)),
-             (_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem_1, sa_ptr, sb_ptr, M, N, K,
-                          stride_sa, stride_sb, GROUP_M, 64)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
+                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
+             (_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem_1, sa_ptr,
+                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 64, SCALES_IN_RING)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
+                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
-            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N, K,
-                          stride_sa, stride_sb, GROUP_M, 0)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M))],
+            [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
+                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
+                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
