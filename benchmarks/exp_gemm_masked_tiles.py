@@ -20,22 +20,14 @@ holds the fold alone (run 3: 1.03x). Writes $OUT/exp_gemm_masked_convert.json.
 Weight tiles (--weight-tiles, session 16 run 5): 64 / 128 weight rows per CTA and 3-6 stages, folded: the routed
 tiles were within 2% of the best (docs/reports/deepgemm-gluon.md); the mode was removed after (commit 570e5c2).
 
-Occupancy (--occupancy; written in session 16 after its last GPU run, never run): run 5 found 5-6 stages up to 33%
-slower at 16 tokens although the kernel's registers (77 per thread, allocated as 80: 6 CTAs of 4 warps per SM)
-and shared memory (26 KB at 4 stages, 33 KB at 5, 6 x 33 = 198 KB) should still allow 6 CTAs per SM. One reading:
-the shared-memory carve-out the driver picks then fits fewer CTAs (e.g. 164 KB holds 4 of 33 KB), and the kernel is
-that sensitive to CTAs per SM. If so, more CTAs per SM should help: this caps ptxas's registers (OCCUPANCY_CAPS; 16
-tokens: maxnreg 72 gives 7 CTAs with 16 bytes of spill offline, 64 gives 8 with 32-36; 64 tokens, 127 registers and
-4 CTAs: 96 gives 5 with 76 bytes) at 3 and 4 stages, folded, at the routed token tile, bitwise against the routed
-config. Writes $OUT/exp_gemm_masked_occupancy.json.
+Occupancy (--occupancy, session 17 run 1): ptxas register caps for more CTAs per SM were 0.50-0.92x, bitwise equal:
+the kernel is issue-bound (docs/reports/profile-ncu-s17.md); the mode was removed after (commit a8c1404 has it).
 
-    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert | --occupancy]
+    cd benchmarks && timeout 200 python3 exp_gemm_masked_tiles.py [--convert]
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
 import sys
@@ -46,7 +38,6 @@ import triton
 from bench_deepgemm import copy_bandwidth_gbs  # beside this script
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
-from mini_deepgemm import gemm_gluon_kernel as kernel_module
 
 SHAPES = {"w13": (4608, 5120), "w2": (5120, 2304)}
 
@@ -121,7 +112,7 @@ def print_variant_table(rows: list[dict], labels: list[str], rate: str, variants
 
 
 def timed_rows(seed: int, configs, filename: str) -> list[dict]:
-    """cases(seed), each call timed at every (key, config, register cap) of configs(routed) and checked bitwise
+    """cases(seed), each call timed at every (key, config) of configs(routed) and checked bitwise
     against the routed config; one row per case, also written to $OUT/filename."""
     copy_gbs = copy_bandwidth_gbs()
     rows_out = []
@@ -130,9 +121,8 @@ def timed_rows(seed: int, configs, filename: str) -> list[dict]:
         row = dict(name=name, N=N, K=K, expected_m=expected_m, rows=int(masked_m.sum()),
                    max_rows=int(masked_m.max()), routed_block_m=routed["BLOCK_M"],
                    routed_stages=routed.get("GLUON_STAGES"), copy_gbs=copy_gbs)
-        for key, cfg, cap in configs(routed):
-            with register_cap(cap):
-                row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, cfg, weight_bytes)
+        for key, cfg in configs(routed):
+            row[f"{key}_bitwise"], row[f"{key}_gbs"] = bitwise_and_gbs(call, want, used, cfg, weight_bytes)
         rows_out.append(row)
         print(row, flush=True)
     write_rows(filename, rows_out)
@@ -141,8 +131,8 @@ def timed_rows(seed: int, configs, filename: str) -> list[dict]:
 
 def convert() -> None:
     """The routed tile with the shipped kernel and each of VARIANTS (module docstring)."""
-    rows_out = timed_rows(1, lambda routed: [("shipped", routed, None)]
-                          + [(key, {**routed, **keys}, None) for key, keys in VARIANTS.items()],
+    rows_out = timed_rows(1, lambda routed: [("shipped", routed)]
+                          + [(key, {**routed, **keys}) for key, keys in VARIANTS.items()],
                           "exp_gemm_masked_convert.json")
     print_variant_table(rows_out, ["name", "expected_m", "routed_block_m", "copy_gbs"], "gbs", list(VARIANTS))
 
@@ -161,49 +151,12 @@ def print_tile_table(rows_out: list[dict]) -> None:
               + f" | {best / r['copy_gbs']:.2f} |")
 
 
-class _CappedKernel:
-    """fp4_grouped_gemm_kernel whose launches carry ptxas's register cap (maxnreg), so that gemm.py's launcher runs
-    it unchanged: kernel[grid](...) becomes kernel[grid](..., maxnreg=cap)."""
-
-    def __init__(self, kernel, cap: int) -> None:
-        self.kernel, self.cap = kernel, cap
-
-    def __getitem__(self, grid):
-        return functools.partial(self.kernel[grid], maxnreg=self.cap)
-
-
-@contextlib.contextmanager
-def register_cap(cap: int | None):
-    """The package's masked kernel launched with maxnreg=cap for the duration (None: as shipped; the launcher imports
-    the kernel from its module per call)."""
-    shipped = kernel_module.fp4_grouped_gemm_kernel
-    if cap is not None:
-        kernel_module.fp4_grouped_gemm_kernel = _CappedKernel(shipped, cap)
-    try:
-        yield
-    finally:
-        kernel_module.fp4_grouped_gemm_kernel = shipped
-
-
-OCCUPANCY_CAPS = {16: (None, 72, 64), 64: (None, 96)}  # token tile: ptxas register caps (None: as compiled)
-
-
-def occupancy() -> None:
-    """The routed token tile, folded, at its OCCUPANCY_CAPS and 3 / 4 stages (module docstring)."""
-    print_tile_table(timed_rows(3, lambda routed: [
-        (f"r{cap or 'auto'}_s{stages}", {**routed, "GLUON_STAGES": stages, "GLUON_FOLD": True}, cap)
-        for cap in OCCUPANCY_CAPS[routed["BLOCK_M"]] for stages in (3, 4)], "exp_gemm_masked_occupancy.json"))
-
-
 def main() -> None:
     if "--convert" in sys.argv:
         convert()
         return
-    if "--occupancy" in sys.argv:
-        occupancy()
-        return
     print_tile_table(timed_rows(0, lambda routed: [
-        (f"m{block_m}_s{stages}", {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages}, None)
+        (f"m{block_m}_s{stages}", {**routed, "BLOCK_M": block_m, "GLUON_STAGES": stages})
         for block_m in (16, 32, 64) for stages in (3, 4)], "exp_gemm_masked_tiles.json"))
 
 
