@@ -5,7 +5,7 @@ Why (docs/reports/profile-ncu-s17.md): the 128 x 128 kernel is issue-bound (issu
 and of its ~565 instructions per warp and K step ~130 load, address and convert the scales: 16 UE8M0 -> fp32
 conversions of B's scales on the uniform datapath (extract, shift, mask, compare, select), 8 of A's, the words'
 loads a step ahead. With SCALES_IN_RING the producer brings each step's fp32 scales with the operands (A's [4, 128]
-of an M-major copy, B's [4, 4]) and the math warps read them from shared memory: 450 instructions per step offline
+of an M-major copy, B's [4, 8]) and the math warps read them from shared memory: 450 instructions per step offline
 (triton 3.6, sm_90a), 8 bytes of spill outside the loop. The fp32 copies cost two conversion launches per call
 (gemm._f32_scales_transposed), timed here on their own and inside the call.
 

@@ -545,7 +545,7 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
     sa_desc = sb_desc = None
     if scales_in_ring:
         sa_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sa), [4, block_m], _unswizzled_f32_layout())
-        sb_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sb), [4, 4], _unswizzled_f32_layout())
+        sb_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sb), [4, 8], _unswizzled_f32_layout())
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, per_sm, d.device)
     fp8_gemm_v41_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 32)),

@@ -62,8 +62,9 @@ def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa
                 SCALES: gl.constexpr):
     """TMA the K = k * BLOCK_K step of the tile at (off_m, off_n), A and B, into ring slot `slot`; with SCALES (the
     V4.1 kernel's SCALES_IN_RING) also the step's fp32 scales, A's [4, BLOCK_M] of the M-major [K / 32, M] scales
-    and B's [4, 4] of [K / 32, ceil(N / 32)] (past the tensors TMA reads zeros; those outputs are clipped by the
-    store). Without SCALES the scale arguments are unused stand-ins (warp_specialize takes no None)."""
+    and B's [4, 8] of [K / 32, ceil(N / 32)] (8 column blocks for the tile's 4: a TMA destination must be 128-byte
+    aligned, so a ring slot of B's scales is 128 bytes; past the tensors TMA reads zeros; those outputs are clipped
+    by the store). Without SCALES the scale arguments are unused stand-ins (warp_specialize takes no None)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     bar = ready.index(slot)
     if not SCALES:
@@ -303,7 +304,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     The rows are kept as BLOCK_N / 32 accumulators of [64, 32] and stored from d_smem, the warpgroup's own buffer,
     as that many TMA boxes.
     Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
-    sb_ring [4, 4]: the producer's TMA), read with a shared-memory load each; else the UE8M0 words are loaded from
+    sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load each; else the UE8M0 words are loaded from
     global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -408,8 +409,8 @@ def fp8_gemm_v41_kernel(
     [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, 32] boxes; K % 128 == 0.
     Scales, one of two forms:
     - SCALES_IN_RING (BLOCK_N 128): sa_desc, sb_desc: TMA descriptors of the scales as fp32 (the values
-      _ue8m0_to_f32 gives), A's M-major [K / 32, M] in [4, BLOCK_M] boxes, B's [K / 32, ceil(N / 32)] in [4, 4]
-      boxes; sa_ptr, sb_ptr unused. The producer brings them into the ring with each step's operands, and the math
+      _ue8m0_to_f32 gives), A's M-major [K / 32, M] in [4, BLOCK_M] boxes, B's [K / 32, ceil(N / 32)] in [4, 8]
+      boxes (128 bytes: TMA's shared-memory alignment); sa_ptr, sb_ptr unused. The producer brings them into the ring with each step's operands, and the math
       warps neither load nor convert scales (session 17: those were ~130 of the ~565 instructions per warp and K step
       of this issue-bound loop; docs/reports/profile-ncu-s17.md);
     - else: sa_ptr: int32 view of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words),
@@ -428,7 +429,7 @@ def fp8_gemm_v41_kernel(
     if SCALES_IN_RING:
         scale_descs = (sa_desc, sb_desc)
         sa_ring = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 4, sa_desc.block_type.shape[1]], sa_desc.layout)
-        sb_ring = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 4, 4], sb_desc.layout)
+        sb_ring = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 4, 8], sb_desc.layout)
     boxes: gl.constexpr = b_desc.block_type.shape[0] // 32  # [64, 32] output boxes per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
     if CONSUMERS == 2:
