@@ -15,6 +15,8 @@
 #       the V4.1 and swap-AB test files, the v41 profile again and bench_deepgemm.py --graph. Run 5 stopped at the
 #       smoke: misaligned address (B's [4, 4] scale boxes made 64-byte ring slots; a TMA destination must be
 #       128-byte aligned); run 6 is the same part after the fix)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s17.sh   (1 x H200: the final routing of the V4.1 scales
+#       (through the ring from 2e10 FLOPs): the V4.1 test file, the 1-GPU prefill step, bench_deepgemm.py --graph)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -75,6 +77,13 @@ r5)
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/v41_ring.txt" | tail -26; tail -20 "$OUT/v41_ring.txt" | grep -i error
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/v41_tests.txt" | tail -8
   grep -E "geomean|MoE|masked" "$OUT/deepgemm/table.md" | tail -4
+  ;;
+r7)
+  run v41_tests 90 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py
+  run prefill 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run deepgemm 90 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/v41_tests.txt" | tail -6
+  grep -E "40-layer|projections|moe experts" "$OUT/prefill.txt"; grep -E "wkv|geomean" "$OUT/deepgemm/table.md"
   ;;
 esac
 pack_out
