@@ -138,8 +138,8 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
         for k in range(num_k):
             slot = step % STAGES
             mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring, sb_ring,
-                        SCALES)
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring,
+                        sb_ring, SCALES)
             step += 1
 
 
@@ -224,15 +224,15 @@ def fp8_gemm_v3_kernel(
                          stride_sb, 0, GROUP_M)),
              (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K, stride_sa,
                          stride_sb, 64, GROUP_M)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring, b_ring,
-                          False))],
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
+                          b_ring, False))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
                          stride_sb, 0, GROUP_M)),
-             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring, b_ring,
-                          False))],
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
+                          b_ring, False))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
 
@@ -304,8 +304,8 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     The rows are kept as BLOCK_N / 32 accumulators of [64, 32] and stored from d_smem, the warpgroup's own buffer,
     as that many TMA boxes.
     Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
-    sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load each; else the UE8M0 words are loaded from
-    global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
+    sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load
+    each; else the UE8M0 words are loaded from global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     ROWS: gl.constexpr = 64
@@ -410,9 +410,10 @@ def fp8_gemm_v41_kernel(
     Scales, one of two forms:
     - SCALES_IN_RING (BLOCK_N 128): sa_desc, sb_desc: TMA descriptors of the scales as fp32 (the values
       _ue8m0_to_f32 gives), A's M-major [K / 32, M] in [4, BLOCK_M] boxes, B's [K / 32, ceil(N / 32)] in [4, 8]
-      boxes (128 bytes: TMA's shared-memory alignment); sa_ptr, sb_ptr unused. The producer brings them into the ring with each step's operands, and the math
-      warps neither load nor convert scales (session 17: those were ~130 of the ~565 instructions per warp and K step
-      of this issue-bound loop; docs/reports/profile-ncu-s17.md);
+      boxes (128 bytes: TMA's shared-memory alignment); sa_ptr, sb_ptr unused. The producer brings them into the
+      ring with each step's operands, and the math warps neither load nor convert scales (session 17: those were
+      ~115 of the ~565 instructions per warp and K step of this issue-bound loop, now 450; the kernel 1.10x;
+      docs/reports/profile-ncu-s17.md, deepgemm-gluon-v41.md);
     - else: sa_ptr: int32 view of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words),
       sb_ptr: the same of [ceil(N / 32), K / 32]; sa_desc, sb_desc unused (None).
     Persistent and warp-specialized like fp8_gemm_v3_kernel, with its producer and one partition per math warpgroup
