@@ -437,8 +437,8 @@ def _gluon_v41_tile(M: int, N: int, K: int, device: torch.device) -> tuple[int, 
 
 
 # FLOPs from which the V4.1 kernel's 128 x 128 tiles take fp32 scales through the ring: the kernel is ~1.08x faster,
-# but its two conversion launches add ~3 us, which smaller calls do not earn back (session 17 run 6: 1.04-1.08x
-# from 2.4e10 FLOPs, 0.84-1.02x below 1.4e10; docs/reports/deepgemm-gluon-v41.md).
+# but its two conversion launches add ~3 us, which smaller calls do not earn back (session 17 run 6, whole calls:
+# 0.99-1.08x from 2e10 FLOPs, 0.84-1.02x below 1.4e10; docs/reports/deepgemm-gluon-v41.md).
 _V41_RING_MIN_FLOP = 2e10
 
 
