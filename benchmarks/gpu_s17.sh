@@ -6,7 +6,8 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s17.sh   (1 x H200: the activation pass of session 17
 #       (programs of unused rows return, masked counts read in the kernel, FP4 order read as 2-byte pairs):
 #       exp_activation_pass.py against session 16's, every mini-deepgemm GPU test, bench_deepgemm.py --graph, and
-#       the masked and contiguous calls profiled again)
+#       the masked and contiguous calls profiled again. Run 2 failed to compile (ROW_FILTER values were plain
+#       globals); run 3 is the same part after the fix)
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s17.sh   (1 x H200: the engine over the new activation pass:
 #       the runtime's MoE and decode GPU tests with both integration files, the 1-GPU prefill step, the medium
 #       model's decode at batch 32 and 64, 131k)
@@ -15,8 +16,10 @@
 #       the V4.1 and swap-AB test files, the v41 profile again and bench_deepgemm.py --graph. Run 5 stopped at the
 #       smoke: misaligned address (B's [4, 4] scale boxes made 64-byte ring slots; a TMA destination must be
 #       128-byte aligned); run 6 is the same part after the fix)
-#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s17.sh   (1 x H200: the final routing of the V4.1 scales
-#       (through the ring from 2e10 FLOPs): the V4.1 test file, the 1-GPU prefill step, bench_deepgemm.py --graph)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s17.sh   (1 x H200, refused: no device time left. For the
+#       next session, on branch v41-ring-flop-threshold (the ring from 2e10 FLOPs): the V4.1 test file, the 1-GPU
+#       prefill step, bench_deepgemm.py --graph; on main (the ring from 1,024 rows) the same part measures the
+#       shipped routing)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
