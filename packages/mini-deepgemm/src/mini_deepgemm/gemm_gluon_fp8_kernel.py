@@ -313,7 +313,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
     WIDE: gl.constexpr = BLOCK_N == 128
-    gl.static_assert(WIDE or not SCALES_IN_RING, "scales in the ring: 4 column blocks (a 16-byte TMA box of B's)")
+    gl.static_assert(WIDE or not SCALES_IN_RING, "scales in the ring: BLOCK_N 128 (4 column blocks)")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
