@@ -1,6 +1,7 @@
 """Summaries of the Nsight Compute exports that gpu_s17.sh writes (profile_ncu.py's cases): per kernel, where the
 cycles go (issue slots and pipes, from CASE_raw.csv) and what the warps execute and wait for (per-opcode counts
 and stall samples, from CASE_sass.csv). Runs anywhere (no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
+The exports may be gzipped (CASE_raw.csv.gz, as committed under docs/reports/data/).
 
 Pipe figures are ncu's "% of peak sustained elapsed": issue = sm__issue_active (one instruction per scheduler and
 cycle), tensor = sm__pipe_tensor_cycles_active, fma / alu / uniform = sm__inst_executed_pipe_*. Stall samples
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import gzip
 import io
 import os
 import sys
@@ -24,8 +26,17 @@ PIPES = {"issue %": "sm__issue_active.avg.pct_of_peak_sustained_elapsed",
 SKIP = ("elementwise", "arange", "Fill", "where_kernel")  # torch's small set-up kernels inside a profiled call
 
 
-def pipe_rows(path: str) -> list[dict]:
-    rows = list(csv.reader(open(path)))
+def read_export(folder: str, name: str) -> str:
+    """The text of export `name` in folder, plain or gzipped."""
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+        return open(path).read()
+    with gzip.open(path + ".gz", "rt") as f:
+        return f.read()
+
+
+def pipe_rows(text: str) -> list[dict]:
+    rows = list(csv.reader(io.StringIO(text)))
     head, units = rows[0], rows[1]
     out = []
     for r in rows[2:]:
@@ -41,9 +52,9 @@ def pipe_rows(path: str) -> list[dict]:
     return out
 
 
-def sass_kernels(path: str) -> list[tuple[str, list[dict]]]:
+def sass_kernels(text: str) -> list[tuple[str, list[dict]]]:
     blocks, cur = [], None
-    for line in open(path).read().splitlines():
+    for line in text.splitlines():
         if line.startswith('"Kernel Name"'):
             cur = [line.split(",")[1].strip('"'), []]
             blocks.append(cur)
@@ -81,16 +92,16 @@ def sass_summary(name: str, rows: list[dict], top: int = 14) -> str:
 def main() -> None:
     folder, cases = sys.argv[1], sys.argv[2:]
     if not cases:
-        cases = sorted(f[:-8] for f in os.listdir(folder) if f.endswith("_raw.csv"))
+        cases = sorted(f.split("_raw.csv")[0] for f in os.listdir(folder) if "_raw.csv" in f)
     print("| case | kernel | us | " + " | ".join(PIPES) + " |")
     print("|---|---|---:|" + "---:|" * len(PIPES))
     for case in cases:
-        for row in pipe_rows(os.path.join(folder, f"{case}_raw.csv")):
+        for row in pipe_rows(read_export(folder, f"{case}_raw.csv")):
             print(f"| {case} | {row['kernel']} | {row['us']:.1f} | "
                   + " | ".join(f"{row[k]:.1f}" for k in PIPES) + " |")
     print()
     for case in cases:
-        for name, rows in sass_kernels(os.path.join(folder, f"{case}_sass.csv")):
+        for name, rows in sass_kernels(read_export(folder, f"{case}_sass.csv")):
             if not any(s in name for s in SKIP):
                 print(f"[{case}] " + sass_summary(name, rows))
 
