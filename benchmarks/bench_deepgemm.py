@@ -239,14 +239,20 @@ def copy_bandwidth_gbs() -> float:
     return 2 * x.numel() / t / 1e6  # read + write
 
 
-def bench_masked(rec, G_, expected_m, name, N, K, cfg, copy_gbs, gen):
-    max_m = 128
+def masked_operands(G_, expected_m, N, K, gen, max_m=128):
+    """The masked case's operands: Poisson(expected_m) used rows per group (at least 1, at most max_m; on the CPU and
+    as the device's masked_m), FP8 rows [G, max_m, K] with UE8M0 scales, packed FP4 weights with checkpoint-like
+    scales, a bf16 output. Returns (masked, masked_m, (a, sa), (bq, bs), d)."""
     masked = torch.clamp(torch.poisson(torch.full((G_,), float(expected_m)), generator=gen), 1, max_m).int()
     a, sa = rand_fp8(G_, max_m, K), rand_ue8m0(G_, max_m, K // 32)
     bq = torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda")
     bs = rand_fp4_weight_scales(G_, N, K // 32)
     d = torch.empty(G_, max_m, N, dtype=torch.bfloat16, device="cuda")
-    masked_m = masked.cuda()
+    return masked, masked.cuda(), (a, sa), (bq, bs), d
+
+
+def bench_masked(rec, G_, expected_m, name, N, K, cfg, copy_gbs, gen):
+    masked, masked_m, (a, sa), (bq, bs), d = masked_operands(G_, expected_m, N, K, gen)
     t = ms(lambda: G._gemm(G._MASKED, (a, sa), (bq, bs), d, None, masked_m, None, True, expected_m=expected_m, config=cfg,
                            weight_scale_max=FP4_SCALE_BOUND))
     weight_bytes = bq.numel() + bs.numel()

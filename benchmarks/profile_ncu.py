@@ -46,13 +46,8 @@ def moe_w13():
 
 
 def masked_w13():
-    g, max_m, expected_m = torch.Generator().manual_seed(0), 128, 8
-    N, K = bd.MOE_SHAPES["w13"]
-    masked_m = torch.clamp(torch.poisson(torch.full((96,), float(expected_m)), generator=g), 1, max_m).int().cuda()
-    a = (bd.rand_fp8(96, max_m, K), bd.rand_ue8m0(96, max_m, K // 32))
-    b = (torch.randint(0, 256, (96, N, K // 2), dtype=torch.uint8, device="cuda"),
-         bd.rand_fp4_weight_scales(96, N, K // 32))
-    d = torch.empty(96, max_m, N, dtype=torch.bfloat16, device="cuda")
+    expected_m = 8
+    _, masked_m, a, b, d = bd.masked_operands(96, expected_m, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
     return lambda: G._gemm(G._MASKED, a, b, d, None, masked_m, None, True, expected_m=expected_m,
                            weight_scale_max=bd.FP4_SCALE_BOUND)
 
