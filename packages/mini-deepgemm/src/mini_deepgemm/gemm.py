@@ -646,7 +646,8 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
 
     M, K = aq.shape
     if fp4_order and (aq.stride(0) % 2 or aq.data_ptr() % 2):
-        aq = aq.contiguous()  # the FP4 order reads q as 2-byte pairs
+        # the FP4 order reads q as 2-byte pairs; a fresh copy is aligned (contiguous() would keep an odd offset)
+        aq = aq.clone(memory_format=torch.contiguous_format)
     x = torch.empty(M, K, dtype=torch.bfloat16, device=aq.device)
     rows, rows_per_group, row_filter = aq, 1, ALL_ROWS.value
     if grouped_layout is not None:
