@@ -550,7 +550,7 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
         sb_desc = TensorDescriptor.from_tensor(_f32_scales_transposed(sb), [4, 8], _unswizzled_f32_layout())
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, per_sm, d.device)
     fp8_gemm_v41_kernel[grid](
-        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 32)),
+        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, block_n)),
         sa.view(torch.int32), sb.view(torch.int32), sa_desc, sb_desc, M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
         STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS,
         SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)

@@ -263,17 +263,15 @@ def ue8m0_to_f32_transposed_kernel(src_ptr, dst_ptr, R, C, stride_src, stride_ds
 
 
 @gluon.jit
-def _sub_mma(a_frag, b_j, c: gl.constexpr, zero):
-    """Async MMA of the A fragment with column block c (32 rows of B, K = 32) into a fresh fp32 tile."""
-    return warpgroup_mma(a_frag, b_j.slice(32 * c, 32, dim=0).permute((1, 0)), zero, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _promote(acc, part, fa, fb):
-    """acc + part * (sa[m] * sb[block]): the same fp32 operations, in the same order, for every element whatever the
-    tile shape and where the scales come from (a row's result does not depend on the launch; see
-    fp8_gemm_v41_kernel)."""
-    return acc + part * (fa * fb)[:, None]
+def _promote(acc, part, fa, fb0, fb1, fb2, fb3):
+    """acc + part * (sa[m] * sb[block]) for a partial tile [64, 32 c] of c = 1 or 4 column blocks: fa the rows' A
+    scales, fb0..fb3 the blocks' B scales (c = 1: fb0). A column's block is a constant of the register that holds it
+    in the MMA layout (columns 32 b .. 32 b + 31 are n8 groups 4 b .. 4 b + 3 of every thread), so the selects fold
+    away and a thread multiplies its 2 rows x c blocks scale products once. The same fp32 operations for every
+    element whatever the tile shape and where the scales come from (see fp8_gemm_v41_kernel)."""
+    blk = (gl.arange(0, acc.type.shape[1], gl.SliceLayout(0, acc.type.layout)) // 32)[None, :]
+    high = gl.where(blk == 2, (fa * fb2)[:, None], (fa * fb3)[:, None])
+    return acc + part * gl.where(blk == 0, (fa * fb0)[:, None], gl.where(blk == 1, (fa * fb1)[:, None], high))
 
 
 @gluon.jit
@@ -297,12 +295,13 @@ def _ring_scale(ring, slot, j: gl.constexpr, first: gl.constexpr, count: gl.cons
 @gluon.jit
 def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N,
               K, stride_sa, stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SCALES_IN_RING: gl.constexpr):
-    """One math warpgroup's partition for the V4.1 recipe: rows [ROW0, ROW0 + 64) of each BLOCK_M-row tile. Per ring
-    step (K = 128) and per 32 of K: the A fragment loaded once into registers (ldmatrix), one MMA per 32 output
-    columns (one B scale per 32 columns, so each partial tile has one scale per row: sa[m] * sb[block]), wait, one
-    FMA per accumulator element. ptxas places a K block's FMAs under the next K block's MMAs (different registers).
-    The rows are kept as BLOCK_N / 32 accumulators of [64, 32] and stored from d_smem, the warpgroup's own buffer,
-    as that many TMA boxes.
+    """One math warpgroup's partition for the V4.1 recipe: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile. Per
+    ring step (K = 128) and per 32 of K: the A fragment loaded into registers (ldmatrix), one m64nBLOCK_Nk32 MMA into
+    a fresh fp32 tile, wait, one FMA per accumulator element (_promote). ptxas places a K block's FMAs under the next
+    K block's MMA (different registers). The tile is stored from d_smem, the warpgroup's own buffer, as one TMA box.
+    One MMA per K block, not one per 32-column block (sessions 12-17): Triton builds each MMA's shared-memory
+    descriptors afresh, and in this issue-bound loop 16 MMAs per step cost ~80 uniform instructions (128 x 128
+    tiles: 565 -> 484 instructions per warp and step with the scale words, 450 -> 368 with the ring; session 18).
     Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
     sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load
     each; else the UE8M0 words are loaded from global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
@@ -314,13 +313,14 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     gl.static_assert((BLOCK_N == 32 or BLOCK_N == 128) and BLOCK_K == 128, "1 or 4 column blocks, 4 K blocks a step")
     WIDE: gl.constexpr = BLOCK_N == 128
     gl.static_assert(WIDE or not SCALES_IN_RING, "scales in the ring: BLOCK_N 128 (4 column blocks)")
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     num_k = K // BLOCK_K
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     last_nb = (N - 1) // 32
-    zero = gl.zeros([ROWS, 32], gl.float32, mma)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
     step = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -336,10 +336,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
             wb1, wb2, wb3 = wb0, wb0, wb0
             if WIDE:
                 wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
-        acc0 = gl.zeros([ROWS, 32], gl.float32, mma)
-        acc1 = gl.zeros([ROWS, 32], gl.float32, mma)
-        acc2 = gl.zeros([ROWS, 32], gl.float32, mma)
-        acc3 = gl.zeros([ROWS, 32], gl.float32, mma)
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
         for k in range(num_k):
             slot = step % STAGES
             if not SCALES_IN_RING:
@@ -356,44 +353,26 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
             b_tile = b_ring.index(slot)
             for j in gl.static_range(4):
                 a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                b_j = b_tile.slice(32 * j, 32, dim=1)
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True),))
                 if SCALES_IN_RING:
-                    fa = _ring_scale(sa_ring, slot, j, ROW0, ROWS, rows_layout)
+                    acc = _promote(acc, part, _ring_scale(sa_ring, slot, j, ROW0, ROWS, rows_layout),
+                                   _ring_scale(sb_ring, slot, j, 0, 1, rows_layout),
+                                   _ring_scale(sb_ring, slot, j, 1, 1, rows_layout),
+                                   _ring_scale(sb_ring, slot, j, 2, 1, rows_layout),
+                                   _ring_scale(sb_ring, slot, j, 3, 1, rows_layout))
                 else:
-                    fa = _word_scale(wa, j)
-                if WIDE:
-                    t0 = _sub_mma(a_frag, b_j, 0, zero)
-                    t1 = _sub_mma(a_frag, b_j, 1, zero)
-                    t2 = _sub_mma(a_frag, b_j, 2, zero)
-                    t3 = _sub_mma(a_frag, b_j, 3, zero)
-                    p0, p1, p2, p3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-                    if SCALES_IN_RING:
-                        acc0 = _promote(acc0, p0, fa, _ring_scale(sb_ring, slot, j, 0, 1, rows_layout))
-                        acc1 = _promote(acc1, p1, fa, _ring_scale(sb_ring, slot, j, 1, 1, rows_layout))
-                        acc2 = _promote(acc2, p2, fa, _ring_scale(sb_ring, slot, j, 2, 1, rows_layout))
-                        acc3 = _promote(acc3, p3, fa, _ring_scale(sb_ring, slot, j, 3, 1, rows_layout))
-                    else:
-                        acc1 = _promote(acc1, p1, fa, _word_scale(wb1, j))
-                        acc2 = _promote(acc2, p2, fa, _word_scale(wb2, j))
-                        acc3 = _promote(acc3, p3, fa, _word_scale(wb3, j))
-                        acc0 = _promote(acc0, p0, fa, _word_scale(wb0, j))
-                else:
-                    p0 = warpgroup_mma_wait(0, deps=(_sub_mma(a_frag, b_j, 0, zero),))
-                    acc0 = _promote(acc0, p0, fa, _word_scale(wb0, j))
-            # every MMA that read the slot is done (each warpgroup waited for its own; see _math)
+                    acc = _promote(acc, part, _word_scale(wa, j), _word_scale(wb0, j), _word_scale(wb1, j),
+                                   _word_scale(wb2, j), _word_scale(wb3, j))
+            # every MMA that read the slot is done (each warpgroup waited for its own; see _math_v3)
             mbarrier.arrive(empty.index(slot), count=1)
             if not SCALES_IN_RING:
                 wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
             step += 1
-        tma.store_wait(pendings=0)  # the previous tile's stores have read d_smem
-        d_smem.index(0).store(acc0.to(d_desc.dtype))
-        if WIDE:
-            d_smem.index(1).store(acc1.to(d_desc.dtype))
-            d_smem.index(2).store(acc2.to(d_desc.dtype))
-            d_smem.index(3).store(acc3.to(d_desc.dtype))
+        tma.store_wait(pendings=0)  # the previous tile's store has read d_smem
+        d_smem.store(acc.to(d_desc.dtype))
         fence_async_shared()
-        for c in gl.static_range(BLOCK_N // 32):
-            tma.async_copy_shared_to_global(d_desc, [off_m + ROW0, off_n + 32 * c], d_smem.index(c))
+        tma.async_copy_shared_to_global(d_desc, [off_m + ROW0, off_n], d_smem)
     tma.store_wait(pendings=0)
 
 
@@ -406,21 +385,22 @@ def fp8_gemm_v41_kernel(
 ):
     """d[m, n] = sum over 32-blocks kb of sa[m, kb] * sb[n // 32, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
-    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, 32] boxes; K % 128 == 0.
+    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 32 or 128); d_desc: bf16 [M, N] in [64, BLOCK_N] boxes; K % 128 == 0.
     Scales, one of two forms:
     - SCALES_IN_RING (BLOCK_N 128): sa_desc, sb_desc: TMA descriptors of the scales as fp32 (the values
       _ue8m0_to_f32 gives), A's M-major [K / 32, M] in [4, BLOCK_M] boxes, B's [K / 32, ceil(N / 32)] in [4, 8]
       boxes (128 bytes: TMA's shared-memory alignment); sa_ptr, sb_ptr unused. The producer brings them into the
       ring with each step's operands, and the math warps neither load nor convert scales (session 17: those were
-      ~115 of the ~565 instructions per warp and K step of this issue-bound loop, now 450; the kernel 1.10x;
+      ~115 of the ~565 instructions per warp and K step of this issue-bound loop; the kernel 1.10x;
       docs/reports/profile-ncu-s17.md, deepgemm-gluon-v41.md);
     - else: sa_ptr: int32 view of the UE8M0 bytes [M, K / 32] (four scales per word; row stride stride_sa words),
       sb_ptr: the same of [ceil(N / 32), K / 32]; sa_desc, sb_desc unused (None).
     Persistent and warp-specialized like fp8_gemm_v3_kernel, with its producer and one partition per math warpgroup
     (session 14: 1.01-1.06x the two warpgroups in one partition, bitwise equal); launch with num_warps=4. Every
-    output element is computed by the same instructions in the same order whatever BLOCK_M, BLOCK_N, the program
-    count and the scales' form (an m64n32k32 MMA per 32 of K, then one FMA with sa * sb, the same fp32 values), so a
-    row's result does not depend on the launch that carries it."""
+    output element is computed the same way whatever BLOCK_M, BLOCK_N, the program count and the scales' form (per 32
+    of K an MMA over its 32 products, m64n32k32 or m64n128k32, then one FMA with sa * sb, the same fp32 values; that
+    the two MMA widths give an element the same bits is checked on the H200 by test_gemm_gluon_v41.py), so a row's
+    result does not depend on the launch that carries it."""
     CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
     a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
     # warp_specialize takes no None: without SCALES_IN_RING the operands' descriptors and rings stand in (unused)
@@ -431,10 +411,9 @@ def fp8_gemm_v41_kernel(
         scale_descs = (sa_desc, sb_desc)
         sa_ring = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 4, sa_desc.block_type.shape[1]], sa_desc.layout)
         sb_ring = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 4, 8], sb_desc.layout)
-    boxes: gl.constexpr = b_desc.block_type.shape[0] // 32  # [64, 32] output boxes per math warpgroup
-    d_smem = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [64, b_desc.block_type.shape[0]], d_desc.layout)
     if CONSUMERS == 2:
-        d_smem_1 = gl.allocate_shared_memory(d_desc.dtype, [boxes, 64, 32], d_desc.layout)
+        d_smem_1 = gl.allocate_shared_memory(d_desc.dtype, [64, b_desc.block_type.shape[0]], d_desc.layout)
         gl.warp_specialize(
             [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
                           sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
