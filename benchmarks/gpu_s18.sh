@@ -4,6 +4,9 @@
 #       62bf345:packages/mini-deepgemm/src/mini_deepgemm/gemm_gluon_fp8_kernel.py: the V4.1 kernel's one
 #       m64n128k32 MMA per 32 of K: the V4.1 / GEMM / swap-AB test files, exp_gemm_v41_one_mma.py against session
 #       17's kernel, the v41 profile again, bench_deepgemm.py --graph)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s18.sh   (1 x H200: the ring from 8e10 FLOPs per call: every
+#       mini-deepgemm GPU test, the runtime's MoE / decode GPU tests with both integration files, the 1-GPU prefill
+#       step, bench_deepgemm.py --graph)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -33,6 +36,17 @@ r1)
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/v41_tests.txt" | tail -8
   grep -E "^smoke|^\| " "$OUT/one_mma.txt" | cut -c1-400 | tail -26; tail -5 "$OUT/one_mma.txt" | grep -i -E "error|differs"
   head -6 "$OUT/ncu_summary.txt"; grep -E "geomean" "$OUT/deepgemm/table.md" | tail -4
+  ;;
+r2)
+  run deepgemm_tests 180 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
+    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+  cat "$OUT/summary.txt"
+  for f in deepgemm_tests runtime_tests; do grep -E " (FAILED|ERROR) |passed|failed" "$OUT/$f.txt" | tail -6; done
+  tail -28 "$OUT/prefill.txt"; grep -E "geomean" "$OUT/deepgemm/table.md" | tail -4
   ;;
 esac
 pack_out

@@ -121,8 +121,8 @@ def test_extreme_scale_bytes(case, ring):
 
 def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernel at every row count
-    (decode-sized M on 64 x 32 tiles, large M on 128 x 128, from _V41_RING_MIN_M rows with the scales through the
-    ring); an fp32 output, accumulate-into or K % 128 != 0 do not."""
+    (decode-sized M on 64 x 32 tiles, large M on 128 x 128, in calls of at least _V41_RING_MIN_FLOP with the
+    scales through the ring); an fp32 output, accumulate-into or K % 128 != 0 do not."""
     import mini_deepgemm as dg
 
     tiles = []
@@ -133,8 +133,8 @@ def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
         for M, N, K, tile in ((1, 1280, 512, (64, 32, 6, 0, False)), (64, 4608, 256, (64, 32, 6, 0, False)),
                               (300, 1280, 256, (64, 32, 6, 0, False)),
-                              (1000, 4608, 256, (128, 128, 4, 1, 1000 >= gemm._V41_RING_MIN_M)),
-                              (4096, 1280, 256, (128, 128, 4, 1, 4096 >= gemm._V41_RING_MIN_M))):
+                              (1000, 4608, 256, (128, 128, 4, 1, False)), (4096, 1280, 256, (128, 128, 4, 1, False)),
+                              (4096, 4608, 2560, (128, 128, 4, 1, True))):
             aq, sa, bq, sb = v41_operands(M, N, K, gen)
             d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
             fn((aq, sa.view(e8)), (bq, sb.view(e8)), d)

@@ -424,23 +424,23 @@ def _use_gluon_v41(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: tor
     return tma_ok and words_ok
 
 
-def _gluon_v41_tile(M: int, N: int, device: torch.device) -> tuple[int, int, int, int, bool]:
+def _gluon_v41_tile(M: int, N: int, K: int, device: torch.device) -> tuple[int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, stages, programs per SM, scales in the ring) of the V4.1 kernel: 128 x 128 persistent
     tiles (one program per SM) when they give at least half an SM's worth of tiles, else 64 x 32 tiles, one program
     each, so that few rows or narrow N still spread over the SMs (session 12 run 2: M = 1-64, 64 x 32 read weights
     at 0.43-1.46 TB/s; the 128 x 128 tiles ran 468-569 TFLOP/s at M = 4,096). The 128 x 128 tiles take their scales
-    through the ring as fp32 from _V41_RING_MIN_M rows (_gluon_fp8_v41_gemm)."""
+    through the ring as fp32 in calls of at least _V41_RING_MIN_FLOP (_gluon_fp8_v41_gemm)."""
     sms = sm_count(device)
     if M > 64 and cdiv(M, 128) * cdiv(N, 128) * 2 >= sms:
-        return 128, 128, 4, 1, M >= _V41_RING_MIN_M
+        return 128, 128, 4, 1, 2 * M * N * K >= _V41_RING_MIN_FLOP
     return 64, 32, 6, 0, False
 
 
-# Rows from which the V4.1 kernel's 128 x 128 tiles take fp32 scales through the ring: the kernel is ~1.10x faster,
-# but its two conversion launches add ~3 us per call (session 17 run 6, whole calls at the 8 dense shapes: 0.95-1.08x
-# at 1,024 rows, 0.99-1.07x at 4,096; at 512 rows 0.84-1.07x; docs/reports/deepgemm-gluon-v41.md). A threshold on
-# the call's FLOPs fits the data better (branch v41-ring-flop-threshold; not run on a GPU).
-_V41_RING_MIN_M = 1024
+# FLOPs from which the V4.1 kernel's 128 x 128 tiles take fp32 scales through the ring: whole calls (the ring's two
+# conversion launches, ~3 us, included) against the UE8M0 words, both with one MMA per K block (session 18 run 1, 8
+# dense shapes x M 512 / 1,024 / 4,096): 1.02-1.05x at the 9 calls from 8e10 FLOPs, 0.80-1.01x below (wkv and
+# idx_wq_b lose most; docs/reports/deepgemm-gluon-v41.md).
+_V41_RING_MIN_FLOP = 8e10
 
 
 @functools.cache
@@ -685,7 +685,7 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("GLUON_V41") and _use_gluon_v41(aq, sa, bq, sb, d, c, recipe):
-        _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, d.device))
+        _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, aq.shape[1], d.device))
         return
     if cfg.get("SWAP_AB"):
         _require(ue8m0, "the swap-AB kernel takes UE8M0 scales")
