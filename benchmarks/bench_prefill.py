@@ -201,25 +201,31 @@ class SlotSnapshot:
 # --------------------------------------------------------------------------- timing
 class Clock:
     """Time marks on the GPU timeline (CUDA events: no synchronisation while marking) or, on CPU, where every op
-    completes before the next starts, the host clock."""
+    completes before the next starts, the host clock; and the host clock at each mark in both cases (how long the
+    host took to issue each interval's work: where it is as long as the GPU time, the GPU waited for the host)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: list = []
+        self.host_marks: list[float] = []
 
     def mark(self) -> None:
+        self.host_marks.append(time.perf_counter())
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append(event)
         else:
-            self.marks.append(time.perf_counter())
+            self.marks.append(self.host_marks[-1])
 
     def intervals_ms(self) -> list[float]:
         if self.cuda:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) for a, b in itertools.pairwise(self.marks)]
         return [(b - a) * 1e3 for a, b in itertools.pairwise(self.marks)]
+
+    def host_intervals_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in itertools.pairwise(self.host_marks)]
 
 
 class TimedRoles(list):
@@ -242,12 +248,12 @@ class TimedRoles(list):
 
 
 def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot
-             ) -> tuple[list[float], torch.Tensor]:
-    """One forward from the cached context. Returns (ms of [outside before, layer 0, ..., layer L-1, outside
-    after], logits)."""
+             ) -> tuple[list[float], list[float], torch.Tensor]:
+    """One forward from the cached context. Returns (GPU ms of [outside before, layer 0, ..., layer L-1, outside
+    after], the host ms of the same intervals, logits)."""
     clock = model.roles.clock
     snapshot.restore()
-    clock.marks = []
+    clock.marks, clock.host_marks = [], []
     clock.mark()
     logits = model(batch, cache)
     clock.mark()
@@ -255,7 +261,27 @@ def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: Sl
     if len(ms) != len(model.roles) + 2:
         raise RuntimeError(f"expected {len(model.roles) + 3} time marks per step, got {len(ms) + 1}: the model no "
                            "longer iterates self.roles exactly once per forward; update TimedRoles")
-    return ms, logits
+    return ms, clock.host_intervals_ms(), logits
+
+
+def sync_report(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot) -> dict:
+    """One extra step under torch.cuda.set_sync_debug_mode("warn"): every operation that makes the host wait for
+    the GPU (a device-to-host copy, .item(), a data-dependent shape), counted by the source line that called it. A
+    layer whose host time (host_ms_mean) reaches its GPU time has the GPU waiting for launches; these lines say
+    where the host stopped to wait."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_step(model, cache, batch, snapshot)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
+                    if "synchroniz" in str(w.message))
+    return {"method": "torch.cuda.set_sync_debug_mode('warn') over one step; warnings counted by source line",
+            "synchronizing_calls": sum(sites.values()), "by_line": dict(sites.most_common())}
 
 
 # --------------------------------------------------------------------------- per-stage profile
@@ -370,10 +396,11 @@ def print_table(res: dict) -> None:
     hw = res["environment"]["hardware"]
     print(f"\nprefill  {hw.get('gpu', hw.get('cpu'))}  preset {w['preset']}  tokens {w['tokens']}  context "
           f"{w['context']} ({w['cached']} cached)  {w['steps']} steps after {w['warmup']} warm-up")
-    print(f"{'layer':>5} {'mode':<14} {'ms mean':>9} {'ms min':>9} {'TFLOP':>8} {'TFLOP/s':>8} {'x40':>4}")
+    print(f"{'layer':>5} {'mode':<14} {'ms mean':>9} {'ms min':>9} {'host ms':>8} {'TFLOP':>8} {'TFLOP/s':>8} "
+          f"{'x40':>4}")
     for lay in res["layers"]:
         print(f"{lay['layer_id']:>5} {lay['name']:<14} {lay['ms_mean']:>9.2f} {lay['ms_min']:>9.2f} "
-              f"{lay['tflop']:>8.3f} {lay['tflops_per_s']:>8.1f} {lay['count_in_40']:>4}")
+              f"{lay['host_ms_mean']:>8.2f} {lay['tflop']:>8.3f} {lay['tflops_per_s']:>8.1f} {lay['count_in_40']:>4}")
     print(f"{'':>5} {OUTSIDE:<14} {res['outside_layers_ms']:>9.2f}")
     run = res["step_as_run"]
     print(f"step as run ({len(res['layers'])} layers): {run['ms_mean']:.1f} ms, {run['tokens_per_s']:,.0f} tok/s")
@@ -385,6 +412,11 @@ def print_table(res: dict) -> None:
               f"{eq['ms_per_step']:.1f} ms/step, {eq['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
               f"{eq['tflops_per_s']:.1f} TFLOP/s = {100 * eq['fraction_of_fp8_rate']:.1f}% of _scaled_mm "
               f"{fp8['tflops']:.1f} TFLOP/s")
+    report = res.get("sync_report")
+    if report:
+        print(f"host-synchronizing calls in one step: {report['synchronizing_calls']}")
+        for line, n in list(report["by_line"].items())[:12]:
+            print(f"  {n:>5}  {line}")
     stages = res.get("stages")
     if stages:
         print(f"{'stage (profiled step)':<24} {'ms as run':>10} {'ms x40':>10}")
@@ -413,6 +445,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--engram-vocab", type=int, help="engram_vocab_size of the Engram layer (real 100000)")
     ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (real 8192)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    ap.add_argument("--sync-report", action="store_true",
+                    help="CUDA: one extra step counting the host-synchronizing calls by source line (sync_report)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", type=lambda v: [int(t) for t in v.split(",")], default=[],
                     help="comma list of uncached token counts for the Pareto sweep (after the main run)")
@@ -477,12 +511,12 @@ def bounded_replay_run(args: argparse.Namespace, model: V41Model, cache: V41Cach
                        snapshot: SlotSnapshot, res: dict, keep: int) -> dict:
     """The main workload with decoder bounded replay (model.prefill_keep_tokens = keep): per-layer times and the
     40-layer equivalent, and how far the last token's logits move from full replay's (max |diff|)."""
-    full = run_step(model, cache, batch, snapshot)[1]
+    full = run_step(model, cache, batch, snapshot)[2]
     model.prefill_keep_tokens = keep
     try:
         part = {"fp8_matmul": res["fp8_matmul"]}
         time_steps(args, model, cache, batch, snapshot, part)
-        bounded = run_step(model, cache, batch, snapshot)[1]
+        bounded = run_step(model, cache, batch, snapshot)[2]
     finally:
         model.prefill_keep_tokens = None
     eq = part["forty_layer_equivalent"]
@@ -524,26 +558,29 @@ def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device
 def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch: ForwardBatch,
                snapshot: SlotSnapshot, res: dict) -> None:
     """Warm-up and timed steps; per-layer times, the 40-layer equivalent and FLOP rates into `res`."""
-    steps_ms, logits = [], []
+    steps_ms, host_ms, logits = [], [], []
     res["warmup_step_ms"] = []  # the first includes Triton compilation
     for i in range(args.warmup + args.steps):
-        ms, out = run_step(model, cache, batch, snapshot)
+        ms, host, out = run_step(model, cache, batch, snapshot)
         log(f"{'warm-up' if i < args.warmup else 'timed'} step {i}: {sum(ms):.1f} ms")
         if i < args.warmup:
             res["warmup_step_ms"].append(sum(ms))
         else:
             steps_ms.append(ms)
+            host_ms.append(host)
             logits.append(out)
     cfg, roles, cached = model.config, list(model.roles), args.context - args.tokens
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]
     per_step = torch.tensor(steps_ms)  # [steps, 1 + layers + 1]: outside before, layers, outside after
     mean = per_step.mean(0).tolist()
+    host_mean = torch.tensor(host_ms).mean(0).tolist()
     outside = mean[0] + mean[-1]
     by_part = [layer_flops(cfg, r, args.tokens, cached) for r in roles]
     flops = {n: sum(parts.values()) for n, parts in zip(names, by_part)}
     res["layers"] = [{
         "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
+        "host_ms_mean": host_mean[1 + i],
         "ms_per_step": per_step[:, 1 + i].tolist(), "flops": parts,
         "tflop": flops[n] / 1e12, "tflops_per_s": flops[n] / mean[1 + i] / 1e9, "count_in_40": counts.get(n, 0),
     } for i, (n, r, parts) in enumerate(zip(names, roles, by_part))]
@@ -615,6 +652,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         if not args.no_main:
             time_steps(args, model, cache, batch, snapshot, res)
             write_json(args.out, res)
+            if args.sync_report and device.type == "cuda":
+                res["sync_report"] = sync_report(model, cache, batch, snapshot)
+                write_json(args.out, res)
             if not args.no_profile:
                 log("profiled step")
                 res["stages"] = profile_step(model, cache, batch, snapshot, device.type == "cuda")

@@ -7,6 +7,9 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s18.sh   (1 x H200: the ring from 8e10 FLOPs per call: every
 #       mini-deepgemm GPU test, the runtime's MoE / decode GPU tests with both integration files, the 1-GPU prefill
 #       step, bench_deepgemm.py --graph)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step again with host times
+#       per layer and --sync-report (run 2's layers 0 and 2 ran 4.5-6.5 ms over their kernel time), then
+#       exp_gemm_v41_stages.py (a 5-deep ring))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -47,6 +50,11 @@ r2)
   cat "$OUT/summary.txt"
   for f in deepgemm_tests runtime_tests; do grep -E " (FAILED|ERROR) |passed|failed" "$OUT/$f.txt" | tail -6; done
   tail -28 "$OUT/prefill.txt"; grep -E "geomean" "$OUT/deepgemm/table.md" | tail -4
+  ;;
+r3)
+  run prefill 150 python3 benchmarks/bench_prefill.py --sync-report --out "$OUT/prefill_h200.json"
+  run stages 150 bash -c "cd benchmarks && python3 exp_gemm_v41_stages.py"
+  cat "$OUT/summary.txt"; tail -48 "$OUT/prefill.txt"; grep -E "^\| " "$OUT/stages.txt"; tail -3 "$OUT/stages.txt"
   ;;
 esac
 pack_out
