@@ -64,7 +64,8 @@ from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
-from prefill_stages import LAYER_RANGE, OUTSIDE, attribute_profile, stage_ranges, stage_summary
+from prefill_stages import (LAYER_RANGE, OUTSIDE, attribute_profile, host_by_stage, host_summary, stage_ranges,
+                            stage_summary)
 
 # One sample layer per layer mode, in model order; a name is mode_key(role) plus "+engram" for the Engram layer.
 SAMPLE_LAYERS = ("window", "window+engram", "r2-full", "r2-reuse", "r1-full", "r1-reindex", "r1-reuse")
@@ -294,13 +295,15 @@ def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
             run_step(model, cache, batch, snapshot)
     finally:
         model.roles.ranges = False
-    charged, kernels = attribute_profile(prof.events(), cuda)
+    events = prof.events()
+    charged, kernels = attribute_profile(events, cuda)
     counts, n_engram = real_layer_counts()
     return {
         "method": ("one extra step under torch.profiler; record_function ranges around the model's building blocks; "
                    "CUDA kernel time (CPU: self CPU time) charged to the ranges open when the kernel was launched"),
         "ranges_not_found": missing,
         "summary": stage_summary(charged, counts, n_engram),
+        "host_as_run": host_summary(host_by_stage(events)),
         "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3
                                  for (layer, path), us in sorted(charged.items(), key=lambda kv: -kv[1])},
         "kernels": kernels,
@@ -419,9 +422,11 @@ def print_table(res: dict) -> None:
             print(f"  {n:>5}  {line}")
     stages = res.get("stages")
     if stages:
-        print(f"{'stage (profiled step)':<24} {'ms as run':>10} {'ms x40':>10}")
+        host = stages.get("host_as_run", {"host_ms": {}, "launches": {}})
+        print(f"{'stage (profiled step)':<24} {'ms as run':>10} {'ms x40':>10} {'host ms':>8} {'launches':>8}")
         for g, ms in stages["summary"]["profiled_step_ms"].items():
-            print(f"{g:<24} {ms:>10.2f} {stages['summary']['forty_layer_ms'][g]:>10.2f}")
+            print(f"{g:<24} {ms:>10.2f} {stages['summary']['forty_layer_ms'][g]:>10.2f} "
+                  f"{host['host_ms'].get(g, 0.0):>8.2f} {host['launches'].get(g, 0):>8}")
 
 
 def write_json(path: Path, res: dict) -> None:

@@ -10,6 +10,8 @@
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step again with host times
 #       per layer and --sync-report (run 2's layers 0 and 2 ran 4.5-6.5 ms over their kernel time), then
 #       exp_gemm_v41_stages.py (a 5-deep ring))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step with the profile's host
+#       time and kernel launches per stage)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -55,6 +57,10 @@ r3)
   run prefill 150 python3 benchmarks/bench_prefill.py --sync-report --out "$OUT/prefill_h200.json"
   run stages 150 bash -c "cd benchmarks && python3 exp_gemm_v41_stages.py"
   cat "$OUT/summary.txt"; tail -48 "$OUT/prefill.txt"; grep -E "^\| " "$OUT/stages.txt"; tail -3 "$OUT/stages.txt"
+  ;;
+r4)
+  run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
+  cat "$OUT/summary.txt"; tail -30 "$OUT/prefill.txt"
   ;;
 esac
 pack_out

@@ -155,6 +155,48 @@ def attribute_profile(events, cuda: bool) -> tuple[dict[tuple[str, str], float],
     return dict(charged), summary
 
 
+def host_by_stage(events) -> dict[tuple[str, str], dict[str, float]]:
+    """Host side of the same trace: per (layer, stage path), the host time spent in that stage's ranges outside
+    its nested stage ranges ("host_us"; a layer's time outside every stage range goes to path "other") and the
+    kernel launch calls made there ("launches": CUDA runtime / driver calls named *Launch*). Where a stage's host
+    time exceeds its kernels' time, the GPU can only keep up while earlier work is queued. The profiler's own
+    overhead inflates host times: compare stages with each other, not with the timed steps."""
+    from torch.autograd import DeviceType
+
+    ranges: list[tuple[float, float, str]] = []
+    launches: list[tuple[float, float, str]] = []
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            continue
+        if e.name.startswith((LAYER_RANGE, STAGE_RANGE)):
+            ranges.append((e.time_range.start, e.time_range.end, e.name))
+        elif e.name.startswith("cu") and "Launch" in e.name:
+            launches.append((e.time_range.start, 0.0, e.name))
+    out: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: {"host_us": 0.0, "launches": 0})
+    for key, _, _ in _ranges_at(ranges, launches):
+        out[key]["launches"] += 1
+    # inclusive host time per (layer, path) from the ranges' nesting (a parent sorts before a child that starts
+    # with it: longer first); a path's exclusive time is that less its direct children's
+    inclusive: dict[tuple[str, str], float] = defaultdict(float)
+    stack: list[tuple[float, str, str]] = []  # (end, layer, path) of the open ranges
+    for start, end, name in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        layer, path = (stack[-1][1], stack[-1][2]) if stack else (OUTSIDE, "")
+        if name.startswith(LAYER_RANGE):
+            layer, path = name[len(LAYER_RANGE):], ""
+        else:
+            path = f"{path}/{name[len(STAGE_RANGE):]}" if path else name[len(STAGE_RANGE):]
+        inclusive[(layer, path)] += end - start
+        stack.append((end, layer, path))
+    for (layer, path), us in inclusive.items():
+        children = sum(v for (lay, p), v in inclusive.items()
+                       if lay == layer and p.count("/") == (path.count("/") + 1 if path else 0) and p != path
+                       and (not path or p.startswith(path + "/")))
+        out[(layer, path or "other")]["host_us"] += us - children
+    return dict(out)
+
+
 def _ranges_at(ranges: list[tuple[float, float, str]], items: list[tuple[float, float, str]]
                ) -> Iterator[tuple[tuple[str, str], float, str]]:
     """For each item (time, us, name): ((layer, stage path) of the ranges open at `time`, us, name). Ranges of
@@ -193,3 +235,14 @@ def stage_summary(charged: dict[tuple[str, str], float], counts: Counter, n_engr
             forty[group] += counts.get(layer, 0) * ms
     order = sorted(as_run, key=lambda g: -forty.get(g, 0.0))
     return {"profiled_step_ms": {g: as_run[g] for g in order}, "forty_layer_ms": {g: forty[g] for g in order}}
+
+
+def host_summary(host: dict[tuple[str, str], dict[str, float]]) -> dict:
+    """host_by_stage per headline stage, for the profiled step as run: host ms and kernel launches."""
+    ms: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    for (_, path), v in host.items():
+        group = summary_group(path)
+        ms[group] += v["host_us"] / 1e3
+        launches[group] += int(v["launches"])
+    return {"host_ms": dict(ms), "launches": dict(launches)}

@@ -134,6 +134,31 @@ def test_cuda_kernels_are_charged_to_the_ranges_open_at_their_launch():
     assert weighted["forty_layer_ms"]["moe dispatch/combine"] == pytest.approx(2 * 3e-3 + 2 * 5e-3)
 
 
+def test_host_time_and_launches_are_charged_to_the_innermost_stage():
+    """A stage's host time excludes its nested stages' (a child starting with its parent included); a layer's time
+    outside every stage is "other"; launch calls count where they are made; time outside the layers is OUTSIDE."""
+    cpu = DeviceType.CPU
+    events = [
+        _event("layer::window", cpu, 0, 100),
+        _event("stage::moe", cpu, 10, 60),
+        _event("stage::linear", cpu, 10, 30),  # starts with its parent
+        _event("stage::linear", cpu, 40, 45),
+        _event("cudaLaunchKernel", cpu, 12, 13),
+        _event("cuLaunchKernelEx", cpu, 50, 51),
+        _event("cudaLaunchKernel", cpu, 70, 71),
+        _event("cudaMemcpyAsync", cpu, 72, 73),  # not a launch
+        _event("stage::head", cpu, 100, 110),  # starts as the layer ends: outside it
+        _event("cudaLaunchKernel", cpu, 105, 106),
+    ]
+    host = stages.host_by_stage(events)
+    assert host == {("window", "moe/linear"): {"host_us": 25, "launches": 1},
+                    ("window", "moe"): {"host_us": 25, "launches": 1},
+                    ("window", "other"): {"host_us": 50, "launches": 1},
+                    (stages.OUTSIDE, "head"): {"host_us": 10, "launches": 1}}
+    summary = stages.host_summary(host)
+    assert summary["launches"]["moe dispatch/combine"] == 2 and summary["host_ms"]["other"] == pytest.approx(0.05)
+
+
 def test_tiny_preset_end_to_end(tmp_path):
     """The CLI as CI runs it: every sample layer timed, the 40-layer combination, a profile, the FP8 rate, and
     the snapshot restore (the two timed steps give bit-identical logits)."""
