@@ -18,8 +18,12 @@ uncached input tokens/s per GPU and mean ms per step, over the measured steps af
   query_len = tokens). The per-slot state a step changes (window rings, compressor tails, Engram history, index-key
   publisher) is restored from a snapshot before every step, so every step sees the same context.
 - Per-layer times: model.roles is replaced by a list whose iterator marks each layer boundary of the model's layer
-  loop (`for role in self.roles`) with a CUDA event (host clock on CPU, where execution is synchronous); the model
-  itself is unchanged. Embedding, final norm and head make up the "outside layers" time.
+  loop (`for role in self.roles`) with a CUDA event (host clock on CPU, where execution is synchronous) and the host
+  clock; the model itself is unchanged. Embedding, final norm and head make up the "outside layers" time. The
+  timed steps run back to back, as under the engine's asynchronous scheduling: the host issues step i + 1 while the
+  GPU runs step i, so a layer's time is its GPU time wherever the host keeps ahead (host_ms_mean per layer says how
+  long the host took to issue it). --sync-steps waits for each step before the next (sessions <= 17), which
+  starts every step on an idle GPU and charges the host's launch time of its first layers to them.
 - 40-layer equivalent: sum over layer modes of (number of such layers in V41Config()) x (this run's time of the
   mode's sample layer), plus 2 x the Engram cost (window+engram layer minus window layer; the real model has
   Engram on layers 1 and 14), plus the outside-layers time.
@@ -248,21 +252,35 @@ class TimedRoles(list):
         self.clock.mark()
 
 
+class StepMarks:
+    """One step's marks (Clock's, taken over): read as intervals once the GPU has passed them."""
+
+    def __init__(self, clock: Clock):
+        self.clock = Clock.__new__(Clock)
+        self.clock.cuda, self.clock.marks, self.clock.host_marks = clock.cuda, clock.marks, clock.host_marks
+
+    def ms(self) -> list[float]:
+        """GPU ms of [outside before, layer 0, ..., layer L-1, outside after] (waits for the GPU)."""
+        return self.clock.intervals_ms()
+
+    def host_ms(self) -> list[float]:
+        """Host ms of the same intervals: how long the host took to issue each."""
+        return self.clock.host_intervals_ms()
+
+
 def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot
-             ) -> tuple[list[float], list[float], torch.Tensor]:
-    """One forward from the cached context. Returns (GPU ms of [outside before, layer 0, ..., layer L-1, outside
-    after], the host ms of the same intervals, logits)."""
+             ) -> tuple[StepMarks, torch.Tensor]:
+    """One forward from the cached context, issued and not waited for. Returns (its time marks, logits)."""
     clock = model.roles.clock
     snapshot.restore()
     clock.marks, clock.host_marks = [], []
     clock.mark()
     logits = model(batch, cache)
     clock.mark()
-    ms = clock.intervals_ms()
-    if len(ms) != len(model.roles) + 2:
-        raise RuntimeError(f"expected {len(model.roles) + 3} time marks per step, got {len(ms) + 1}: the model no "
-                           "longer iterates self.roles exactly once per forward; update TimedRoles")
-    return ms, clock.host_intervals_ms(), logits
+    if len(clock.marks) != len(model.roles) + 3:
+        raise RuntimeError(f"expected {len(model.roles) + 3} time marks per step, got {len(clock.marks)}: the model "
+                           "no longer iterates self.roles exactly once per forward; update TimedRoles")
+    return StepMarks(clock), logits
 
 
 def sync_report(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot) -> dict:
@@ -276,9 +294,10 @@ def sync_report(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run_step(model, cache, batch, snapshot)
+            step = run_step(model, cache, batch, snapshot)[0]
         finally:
             torch.cuda.set_sync_debug_mode("default")
+    step.ms()  # the GPU done with it before the next phase
     sites = Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
                     if "synchroniz" in str(w.message))
     return {"method": "torch.cuda.set_sync_debug_mode('warn') over one step; warnings counted by source line",
@@ -292,7 +311,7 @@ def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
     model.roles.ranges = True
     try:
         with stage_ranges(model) as missing, torch.profiler.profile(activities=activities) as prof:
-            run_step(model, cache, batch, snapshot)
+            run_step(model, cache, batch, snapshot)[0].ms()  # waits: every kernel inside the profile
     finally:
         model.roles.ranges = False
     events = prof.events()
@@ -450,6 +469,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--engram-vocab", type=int, help="engram_vocab_size of the Engram layer (real 100000)")
     ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (real 8192)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    ap.add_argument("--sync-steps", action="store_true",
+                    help="wait for each timed step before issuing the next (the method of sessions <= 17)")
     ap.add_argument("--sync-report", action="store_true",
                     help="CUDA: one extra step counting the host-synchronizing calls by source line (sync_report)")
     ap.add_argument("--seed", type=int, default=0)
@@ -516,12 +537,12 @@ def bounded_replay_run(args: argparse.Namespace, model: V41Model, cache: V41Cach
                        snapshot: SlotSnapshot, res: dict, keep: int) -> dict:
     """The main workload with decoder bounded replay (model.prefill_keep_tokens = keep): per-layer times and the
     40-layer equivalent, and how far the last token's logits move from full replay's (max |diff|)."""
-    full = run_step(model, cache, batch, snapshot)[2]
+    full = run_step(model, cache, batch, snapshot)[1]
     model.prefill_keep_tokens = keep
     try:
         part = {"fp8_matmul": res["fp8_matmul"]}
         time_steps(args, model, cache, batch, snapshot, part)
-        bounded = run_step(model, cache, batch, snapshot)[2]
+        bounded = run_step(model, cache, batch, snapshot)[1]
     finally:
         model.prefill_keep_tokens = None
     eq = part["forty_layer_equivalent"]
@@ -563,17 +584,26 @@ def sweep_tokens(args: argparse.Namespace, model: V41Model, device: torch.device
 def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch: ForwardBatch,
                snapshot: SlotSnapshot, res: dict) -> None:
     """Warm-up and timed steps; per-layer times, the 40-layer equivalent and FLOP rates into `res`."""
-    steps_ms, host_ms, logits = [], [], []
     res["warmup_step_ms"] = []  # the first includes Triton compilation
-    for i in range(args.warmup + args.steps):
-        ms, host, out = run_step(model, cache, batch, snapshot)
-        log(f"{'warm-up' if i < args.warmup else 'timed'} step {i}: {sum(ms):.1f} ms")
-        if i < args.warmup:
-            res["warmup_step_ms"].append(sum(ms))
-        else:
-            steps_ms.append(ms)
-            host_ms.append(host)
-            logits.append(out)
+    for i in range(args.warmup):
+        res["warmup_step_ms"].append(sum(run_step(model, cache, batch, snapshot)[0].ms()))
+        log(f"warm-up step {i}: {res['warmup_step_ms'][-1]:.1f} ms")
+    # Timed steps back to back (the host issues step i + 1 while the GPU runs step i, as the engine's asynchronous
+    # scheduling does), or with --sync-steps each waited for before the next is issued (sessions <= 17: every
+    # step then starts on an idle GPU, so its first layers wait for the host's launches)
+    steps_ms, host_ms, logits = [], [], []
+    marks = []
+    for i in range(args.steps):
+        step, out = run_step(model, cache, batch, snapshot)
+        if args.sync_steps:
+            steps_ms.append(step.ms())
+        marks.append(step)
+        logits.append(out)
+    for i, step in enumerate(marks):
+        if not args.sync_steps:
+            steps_ms.append(step.ms())
+        host_ms.append(step.host_ms())
+        log(f"timed step {args.warmup + i}: {sum(steps_ms[i]):.1f} ms (host {sum(host_ms[i]):.1f} ms)")
     cfg, roles, cached = model.config, list(model.roles), args.context - args.tokens
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]

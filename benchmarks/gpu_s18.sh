@@ -12,6 +12,8 @@
 #       exp_gemm_v41_stages.py (a 5-deep ring))
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step with the profile's host
 #       time and kernel launches per stage)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step with its timed steps
+#       back to back (the new default), then waited for one by one (--sync-steps, sessions <= 17), same machine)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -61,6 +63,12 @@ r3)
 r4)
   run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   cat "$OUT/summary.txt"; tail -30 "$OUT/prefill.txt"
+  ;;
+r5)
+  run prefill 150 python3 benchmarks/bench_prefill.py --sync-report --out "$OUT/prefill_h200.json"
+  run prefill_sync_steps 150 python3 benchmarks/bench_prefill.py --sync-steps --no-profile \
+    --out "$OUT/prefill_sync_steps_h200.json"
+  cat "$OUT/summary.txt"; tail -32 "$OUT/prefill.txt"; tail -14 "$OUT/prefill_sync_steps.txt"
   ;;
 esac
 pack_out
