@@ -14,6 +14,8 @@
 #       time and kernel launches per stage)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s18.sh   (1 x H200: the prefill step with its timed steps
 #       back to back (the new default), then waited for one by one (--sync-steps, sessions <= 17), same machine)
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s18.sh   (1 x H200: the runtime GPU tests that runs 2 did not
+#       run (session 16 run 6's runtime_rest: ~470 s))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -69,6 +71,15 @@ r5)
   run prefill_sync_steps 150 python3 benchmarks/bench_prefill.py --sync-steps --no-profile \
     --out "$OUT/prefill_sync_steps_h200.json"
   cat "$OUT/summary.txt"; tail -32 "$OUT/prefill.txt"; tail -14 "$OUT/prefill_sync_steps.txt"
+  ;;
+r6)
+  ignores=""
+  for f in runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py runtime/tests/test_cuda_decode.py \
+      runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
+      integration_tests/test_engine_vs_reference.py; do ignores="$ignores --ignore=$f"; done
+  run runtime_rest 520 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
+    --junitxml="$OUT/junit_runtime_rest.xml"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   ;;
 esac
 pack_out
