@@ -1,5 +1,6 @@
 """The Gluon dense FP8 GEMM of the V4.1 recipe (gemm_gluon_fp8_kernel.fp8_gemm_v41_kernel: the V3 kernel's TMA ring
-and producer warp, FP8 wgmma promoted every 32 of K, one MMA per 32-column block).
+and producer warp, FP8 wgmma promoted every 32 of K: one m64n32k32 MMA per K block on the 64 x 32 tiles, one
+m64n128k32 on the 128 x 128 tiles, each column block's scale picked per register).
 
 Against the pure-torch reference on the same quantized operands (UE8M0 scales per 1 x 32 and 32 x 32, magnitudes
 varying per scale block): DeepGEMM's diff below 1e-5 (the products are exact; only the order of the fp32 sums and
@@ -9,9 +10,9 @@ many (more steps than the ring's stages), V4.1 projection shapes; 128- and 64-ro
 one program per tile and persistent programs that run several tiles; the scales as UE8M0 words read by the math
 warps, or as fp32 brought through the ring by the producer (session 17).
 
-The kernel claims that every output element is computed by the same instructions in the same order whatever the
-tile shape and the row count of the call: checked bitwise across the variants and against a call on a prefix of
-the rows. GPU and triton 3.6 only; a hang guard (child process with a time limit) runs first, as in
+The kernel claims that every output element is computed the same way whatever the tile shape and the row count of
+the call (an MMA over its 32 products per K block, m64n32k32 or m64n128k32, then the same fp32 FMA): checked bitwise
+across the variants and against a call on a prefix of the rows. GPU and triton 3.6 only; a hang guard (child process with a time limit) runs first, as in
 test_gemm_gluon_fp8.py.
 """
 
