@@ -24,38 +24,23 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-# profile CASE...: one report per case under $OUT/ncu (the clocks left alone, as the device notes ask), exported as
-# text: the sections' details, the per-SASS-instruction source page (stall samples) and every raw metric
-profile() {
-  mkdir -p "$OUT/ncu"
-  for c in "$@"; do
-    run "ncu_$c" 180 bash -c "cd benchmarks && $NCU --profile-from-start off --clock-control none --set full \
-      -f -o $OUT/ncu/$c python3 profile_ncu.py $c"
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/${c}_sass.csv" 2>&1
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page raw --csv > "$OUT/ncu/${c}_raw.csv" 2>&1
-  done
-}
 case "${PART:-r1}" in
 r1)
   "$NCU" --version > "$OUT/ncu_version.txt" 2>&1
   run occupancy 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --occupancy"
-  profile v41 cublas_fp8 v3 moe_w13 masked_w13 sparse_prefill sparse_decode indexer
+  ncu_profile v41 cublas_fp8 v3 moe_w13 masked_w13 sparse_prefill sparse_decode indexer
   cat "$OUT/summary.txt" "$OUT/ncu_version.txt"; tail -5 "$OUT/occupancy.txt"
   ls -la "$OUT/ncu"; grep -h -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$OUT"/ncu/*_details.txt | head -60
-  # the reports themselves in their own archive, so that a large one cannot cost the text exports
-  mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
   ;;
 r2)
   run activation_pass 120 bash -c "cd benchmarks && python3 exp_activation_pass.py"
   run deepgemm_tests 180 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
   run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
-  profile masked_w13 moe_w13
+  ncu_profile masked_w13 moe_w13
   cat "$OUT/summary.txt"; grep -E "speedup" "$OUT/activation_pass.txt" | cut -c1-330
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
   grep -E "MoE|masked|w13|w2|geomean" "$OUT/deepgemm/table.md" | tail -14
   python3 benchmarks/ncu_summary.py "$OUT/ncu" masked_w13 moe_w13 > "$OUT/ncu_summary.txt"; head -8 "$OUT/ncu_summary.txt"
-  mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
   ;;
 r4)
   run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
@@ -72,10 +57,9 @@ r5)
   if grep -q "^v41_ring rc=0" "$OUT/summary.txt"; then
     run v41_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
       packages/mini-deepgemm/tests/test_gemm_swapab.py packages/mini-deepgemm/tests/test_gemm.py -m gpu
-    profile v41
+    ncu_profile v41
     python3 benchmarks/ncu_summary.py "$OUT/ncu" v41 > "$OUT/ncu_summary.txt"; head -4 "$OUT/ncu_summary.txt"
-    mkdir -p /tmp/ncu_reps && mv "$OUT"/ncu/*.ncu-rep /tmp/ncu_reps/
-    run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
+      run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   fi
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/v41_ring.txt" | tail -26; tail -20 "$OUT/v41_ring.txt" | grep -i error
   grep -E " (FAILED|ERROR) |passed|failed" "$OUT/v41_tests.txt" | tail -8
@@ -90,4 +74,3 @@ r7)
   ;;
 esac
 pack_out
-if [ -d /tmp/ncu_reps ]; then tar czf "$OUT/ncu_reps.tar.gz" -C /tmp/ncu_reps . && ls -la "$OUT"; fi

@@ -19,26 +19,12 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-# profile CASE...: one report per case under $OUT/ncu (clocks left alone), exported as text (details, per-SASS
-# source page, raw metrics) and gzipped; the binary reports are dropped (regenerate with profile_ncu.py)
-profile() {
-  mkdir -p "$OUT/ncu"
-  for c in "$@"; do
-    run "ncu_$c" 180 bash -c "cd benchmarks && $NCU --profile-from-start off --clock-control none --set full \
-      -f -o $OUT/ncu/$c python3 profile_ncu.py $c"
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/${c}_sass.csv" 2>&1
-    "$NCU" --import "$OUT/ncu/$c.ncu-rep" --page raw --csv > "$OUT/ncu/${c}_raw.csv" 2>&1
-    rm -f "$OUT/ncu/$c.ncu-rep"
-  done
-}
 case "${PART:-r1}" in
 r1)
   run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
     packages/mini-deepgemm/tests/test_gemm_swapab.py packages/mini-deepgemm/tests/test_gemm.py -m gpu
   run one_mma 200 bash -c "cd benchmarks && python3 exp_gemm_v41_one_mma.py --before ../out/v41_s17.py"
-  profile v41
+  ncu_profile v41
   python3 benchmarks/ncu_summary.py "$OUT/ncu" v41 > "$OUT/ncu_summary.txt"
   gzip "$OUT"/ncu/*.txt "$OUT"/ncu/*.csv
   run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"

@@ -1,7 +1,8 @@
 # Shared set-up of the GPU session scripts (gpu_suite.sh, gpu_prefill_round.sh, gpu_final_check.sh); sourced, with
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
-# path, the environment recorded in $OUT/env.txt, and `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
-# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt).
+# path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
+# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `ncu_profile CASE...` and
+# `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -19,6 +20,23 @@ run() {
   local t0=$SECONDS
   timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
+}
+# ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
+# alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
+# samples) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
+# regenerates one in ~20 s); benchmarks/ncu_summary.py reads the exports, plain or gzipped.
+ncu_profile() {
+  local ncu c
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  mkdir -p "$OUT/ncu"
+  for c in "$@"; do
+    run "ncu_$c" 180 bash -c "cd benchmarks && $ncu --profile-from-start off --clock-control none --set full \
+      -f -o $OUT/ncu/$c python3 profile_ncu.py $c"
+    "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1
+    "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/${c}_sass.csv" 2>&1
+    "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page raw --csv > "$OUT/ncu/${c}_raw.csv" 2>&1
+    rm -f "$OUT/ncu/$c.ncu-rep"
+  done
 }
 # The device tool brings back at most 8 files of $OUT (session 12 run 4 lost 8 of its 16): pack_out leaves two,
 # summary.txt and out.tar.gz with everything else (`tar xzf out.tar.gz`). Call it last.
