@@ -29,7 +29,8 @@ r1)
   gzip "$OUT"/ncu/*.txt "$OUT"/ncu/*.csv
   run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/v41_tests.txt" | tail -8
-  grep -E "^smoke|^\| " "$OUT/one_mma.txt" | cut -c1-400 | tail -26; tail -5 "$OUT/one_mma.txt" | grep -i -E "error|differs"
+  grep -E "^smoke|^\| " "$OUT/one_mma.txt" | cut -c1-400 | tail -26
+  tail -5 "$OUT/one_mma.txt" | grep -i -E "error|differs"
   head -6 "$OUT/ncu_summary.txt"; grep -E "geomean" "$OUT/deepgemm/table.md" | tail -4
   ;;
 r2)

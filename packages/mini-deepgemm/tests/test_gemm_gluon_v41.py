@@ -12,8 +12,8 @@ warps, or as fp32 brought through the ring by the producer (session 17).
 
 The kernel claims that every output element is computed the same way whatever the tile shape and the row count of
 the call (an MMA over its 32 products per K block, m64n32k32 or m64n128k32, then the same fp32 FMA): checked bitwise
-across the variants and against a call on a prefix of the rows. GPU and triton 3.6 only; a hang guard (child process with a time limit) runs first, as in
-test_gemm_gluon_fp8.py.
+across the variants and against a call on a prefix of the rows. GPU and triton 3.6 only; a hang guard (child process
+with a time limit) runs first, as in test_gemm_gluon_fp8.py.
 """
 
 import pytest

@@ -301,7 +301,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     K block's MMA (different registers). The tile is stored from d_smem, the warpgroup's own buffer, as one TMA box.
     One MMA per K block, not one per 32-column block (sessions 12-17): Triton builds each MMA's shared-memory
     descriptors afresh, and in this issue-bound loop 16 MMAs per step cost ~80 uniform instructions (128 x 128
-    tiles: 565 -> 484 instructions per warp and step with the scale words, 450 -> 368 with the ring; session 18).
+    tiles: 565 -> 481 instructions per warp and step with the scale words, 450 -> 369 with the ring; session 18).
     Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
     sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load
     each; else the UE8M0 words are loaded from global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
