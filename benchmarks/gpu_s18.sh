@@ -16,6 +16,8 @@
 #       back to back (the new default), then waited for one by one (--sync-steps, sessions <= 17), same machine)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s18.sh   (1 x H200: the runtime GPU tests that runs 2 did not
 #       run (session 16 run 6's runtime_rest: ~470 s))
+#   source .devdeps/env.sh && PART=next bash benchmarks/gpu_s18.sh   (1 x H200, prepared, not run: the V4.1 kernel with
+#       the producer as the default partition, A from registers or shared memory, exp_gemm_v41_partitions.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -67,6 +69,10 @@ r6)
   run runtime_rest 520 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
     --junitxml="$OUT/junit_runtime_rest.xml"
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
+  ;;
+next)
+  run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"
+  cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/partitions.txt" | cut -c1-300 | tail -36
   ;;
 esac
 pack_out
