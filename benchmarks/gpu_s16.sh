@@ -54,9 +54,7 @@ r3)
   run convert 120 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --convert"
   run convert_ws 120 bash -c "cd benchmarks && python3 exp_gemm_gluon_fp4_ws.py --convert"
   run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
-  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
-    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
-    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run decode_b32_b64 150 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
     --kv-cache-gb 8 --profile --out "$OUT/decode_medium_b32_b64_h200.json"
   cat "$OUT/summary.txt"; tail -6 "$OUT/convert.txt"; tail -8 "$OUT/convert_ws.txt"
@@ -76,11 +74,7 @@ r5)
   cat "$OUT/summary.txt"; tail -5 "$OUT/weight_tiles.txt"
   ;;
 r6)
-  ignores=""
-  for f in runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py runtime/tests/test_cuda_decode.py \
-      runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
-      integration_tests/test_engine_vs_reference.py; do ignores="$ignores --ignore=$f"; done
-  run runtime_rest 450 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
+  run runtime_rest 450 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $RUNTIME_CORE_IGNORES \
     --junitxml="$OUT/junit_runtime_rest.xml"
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   ;;

@@ -43,9 +43,7 @@ r2)
   python3 benchmarks/ncu_summary.py "$OUT/ncu" masked_w13 moe_w13 > "$OUT/ncu_summary.txt"; head -8 "$OUT/ncu_summary.txt"
   ;;
 r4)
-  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
-    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
-    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   run decode_b32_b64 130 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
     --kv-cache-gb 8 --profile --out "$OUT/decode_medium_b32_b64_h200.json"

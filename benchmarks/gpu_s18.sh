@@ -37,9 +37,7 @@ r1)
   ;;
 r2)
   run deepgemm_tests 180 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
-  run runtime_tests 200 $PYTEST runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py \
-    runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
-    integration_tests/test_engine_vs_reference.py -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run prefill 150 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_h200.json"
   run deepgemm 100 bash -c "cd benchmarks && python3 bench_deepgemm.py --graph --out $OUT/deepgemm"
   cat "$OUT/summary.txt"
@@ -62,11 +60,7 @@ r5)
   cat "$OUT/summary.txt"; tail -32 "$OUT/prefill.txt"; tail -14 "$OUT/prefill_sync_steps.txt"
   ;;
 r6)
-  ignores=""
-  for f in runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py runtime/tests/test_cuda_decode.py \
-      runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py \
-      integration_tests/test_engine_vs_reference.py; do ignores="$ignores --ignore=$f"; done
-  run runtime_rest 520 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $ignores \
+  run runtime_rest 520 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $RUNTIME_CORE_IGNORES \
     --junitxml="$OUT/junit_runtime_rest.xml"
   cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -15
   ;;

@@ -21,6 +21,14 @@ run() {
   timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? (${secs}s limit, took $((SECONDS - t0))s)" >> "$OUT/summary.txt"
 }
+# The runtime's GPU tests of the MoE GEMMs, decode and the model / engine against the reference: the set a
+# mini-deepgemm change runs first (`$PYTEST $RUNTIME_CORE_TESTS ...`); `$RUNTIME_CORE_IGNORES` leaves them out of a
+# run over runtime/tests and integration_tests (the rest of the runtime suite, ~470 s with -n 16 on one H200).
+RUNTIME_CORE_TESTS="runtime/tests/test_moe_grouped.py runtime/tests/test_moe_kernels.py
+  runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py
+  integration_tests/test_engine_vs_reference.py"
+RUNTIME_CORE_IGNORES=""
+for f in $RUNTIME_CORE_TESTS; do RUNTIME_CORE_IGNORES="$RUNTIME_CORE_IGNORES --ignore=$f"; done
 # ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
 # alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
 # samples) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
