@@ -72,6 +72,31 @@ def variants(before) -> dict:
             "ring_after": lambda op, d: launch(after, op, d, True, 128)}
 
 
+def variant_rows(calls: dict, reference: str, Ms) -> list[dict]:
+    """Per M x bench_deepgemm dense shape: every call (name -> fn(op, d)) timed as TFLOP/s (CUDA-graph replay) and its
+    output checked bitwise against calls[reference]'s, with cuBLAS per-tensor FP8 of the same shape as the peer. The
+    V4.1 experiments of sessions 18 on share it (exp_gemm_v41_stages.py, exp_gemm_v41_partitions.py)."""
+    rows, one = [], torch.ones((), device="cuda")
+    for M in Ms:
+        for name, (N, K) in DENSE_SHAPES.items():
+            op = dense_operands(M, N, K)
+            d, want = op["d"], torch.empty_like(op["d"])
+            calls[reference](op, want)
+            tflop = 2 * M * N * K / 1e12
+            row = dict(name=name, M=M, N=N, K=K, bitwise=True)
+            for variant, call in calls.items():
+                d.fill_(float("nan"))
+                call(op, d)
+                row["bitwise"] &= bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
+                row[variant + "_tflops"] = tflop / ms(lambda: call(op, d)) * 1e3
+            row["cublas_fp8_tensor_tflops"] = tflop / ms(lambda: torch._scaled_mm(
+                op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
+            rows.append(row)
+            print(row, flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
 def smoke(result, before_path: str) -> None:
     """Child process: ragged calls (partial row tiles, partial column blocks), every variant bitwise against the
     session-17 words."""
@@ -97,25 +122,8 @@ def main() -> None:
     print("smoke, bitwise equal to session 17's words:", smoke_rows, flush=True)
     if not all(r[-1] for r in smoke_rows):
         raise SystemExit("an output differs from session 17's: not timed")
-    calls = variants(load_before(args.before))
-    result, rows, one = environment(torch.device("cuda")), [], torch.ones((), device="cuda")
-    for M in (512, 1024, 4096):
-        for name, (N, K) in DENSE_SHAPES.items():
-            op = dense_operands(M, N, K)
-            d, want = op["d"], torch.empty_like(op["d"])
-            calls["words_before"](op, want)
-            tflop = 2 * M * N * K / 1e12
-            row = dict(name=name, M=M, N=N, K=K, bitwise=True)
-            for variant, call in calls.items():
-                d.fill_(float("nan"))
-                call(op, d)
-                row["bitwise"] &= bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
-                row[variant + "_tflops"] = tflop / ms(lambda: call(op, d)) * 1e3
-            row["cublas_fp8_tensor_tflops"] = tflop / ms(lambda: torch._scaled_mm(
-                op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
-            rows.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+    result = environment(torch.device("cuda"))
+    rows = variant_rows(variants(load_before(args.before)), "words_before", (512, 1024, 4096))
     result["rows"] = rows
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_v41_one_mma.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -25,16 +25,17 @@ CUDA-graph replay, every output bitwise against the shipped kernel's. Writes $OU
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 
 import torch
 
-from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
+from bench_deepgemm import dense_operands  # beside this script
 from bench_flashmla import environment
-from exp_gemm_gluon_v3 import ms, smoke_in_child
-from exp_gemm_v41_one_mma import launch
+from exp_gemm_gluon_v3 import smoke_in_child
+from exp_gemm_v41_one_mma import launch, variant_rows
 from source_variants import absolute_imports, edited_module
 
 SMOKE_S = 150
@@ -95,26 +96,11 @@ def main() -> None:
     print("smoke, bitwise equal to the shipped kernel:", smoke_rows, flush=True)
     if not all(r[-1] for r in smoke_rows):
         raise SystemExit("a variant's output differs from the shipped kernel's: not timed")
-    result, rows = environment(torch.device("cuda")), []
+    result = environment(torch.device("cuda"))
     with tempfile.TemporaryDirectory() as workdir:
-        kernels = kernel_variants(workdir)
-        for M in (1024, 4096):
-            for shape, (N, K) in DENSE_SHAPES.items():
-                op = dense_operands(M, N, K)
-                d, want = op["d"], torch.empty_like(op["d"])
-                launch(kernels["shipped"], op, want, False, 128)
-                tflop = 2 * M * N * K / 1e12
-                row = dict(name=shape, M=M, N=N, K=K, bitwise=True)
-                for name, module in kernels.items():
-                    for ring in (False, True):
-                        d.fill_(float("nan"))
-                        launch(module, op, d, ring, 128)
-                        row["bitwise"] &= bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
-                        row[f"{name}_{'ring' if ring else 'words'}_tflops"] = tflop / ms(
-                            lambda: launch(module, op, d, ring, 128)) * 1e3
-                rows.append(row)
-                print(row, flush=True)
-                torch.cuda.empty_cache()
+        calls = {f"{name}_{'ring' if ring else 'words'}": functools.partial(launch, module, ring=ring, d_box=128)
+                 for name, module in kernel_variants(workdir).items() for ring in (False, True)}
+        rows = variant_rows(calls, "shipped_words", (1024, 4096))
     result["rows"] = rows
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_v41_partitions.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -6,21 +6,22 @@ wo_b at M = 4,096, docs/reports/data/s18-run1/): issue slots 52% busy, 13% of st
 math warps wait on the ring (the producer's TMA copies), a deeper ring hides more of it. Shared memory per program:
 4 stages 164 KB (words) / 169 KB (ring), 5 stages 196 / 203 KB (of 227 KB); 6 do not fit with the ring.
 
-M = 1,024 and 4,096 at bench_deepgemm's 8 dense shapes, persistent tiles, GPU time by CUDA-graph replay.
+M = 1,024 and 4,096 at bench_deepgemm's 8 dense shapes, persistent tiles, GPU time by CUDA-graph replay
+(exp_gemm_v41_one_mma.variant_rows; cuBLAS per-tensor FP8 as the peer since the review after run 3).
 
     cd benchmarks && timeout 200 python3 exp_gemm_v41_stages.py
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import torch
 
-from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
-from bench_flashmla import environment
-from exp_gemm_gluon_v3 import ms
+from bench_flashmla import environment  # beside this script
+from exp_gemm_v41_one_mma import variant_rows
 from mini_deepgemm import gemm as G
 
 
@@ -30,24 +31,10 @@ def call(op, d, stages: int, ring: bool) -> None:
 
 
 def main() -> None:
-    result, rows = environment(torch.device("cuda")), []
-    for M in (1024, 4096):
-        for name, (N, K) in DENSE_SHAPES.items():
-            op = dense_operands(M, N, K)
-            d, want = op["d"], torch.empty_like(op["d"])
-            call(op, want, 4, False)
-            tflop = 2 * M * N * K / 1e12
-            row = dict(name=name, M=M, N=N, K=K, bitwise=True)
-            for ring in (False, True):
-                for stages in (4, 5):
-                    d.fill_(float("nan"))
-                    call(op, d, stages, ring)
-                    row["bitwise"] &= bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
-                    row[f"{'ring' if ring else 'words'}_s{stages}_tflops"] = tflop / ms(
-                        lambda: call(op, d, stages, ring)) * 1e3
-            rows.append(row)
-            print(row, flush=True)
-            torch.cuda.empty_cache()
+    result = environment(torch.device("cuda"))
+    calls = {f"{'ring' if ring else 'words'}_s{stages}": functools.partial(call, stages=stages, ring=ring)
+             for ring in (False, True) for stages in (4, 5)}
+    rows = variant_rows(calls, "words_s4", (1024, 4096))
     result["rows"] = rows
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_v41_stages.json"), "w") as f:
         json.dump(result, f, indent=1)
