@@ -252,35 +252,19 @@ class TimedRoles(list):
         self.clock.mark()
 
 
-class StepMarks:
-    """One step's marks (Clock's, taken over): read as intervals once the GPU has passed them."""
-
-    def __init__(self, clock: Clock):
-        self.clock = Clock.__new__(Clock)
-        self.clock.cuda, self.clock.marks, self.clock.host_marks = clock.cuda, clock.marks, clock.host_marks
-
-    def ms(self) -> list[float]:
-        """GPU ms of [outside before, layer 0, ..., layer L-1, outside after] (waits for the GPU)."""
-        return self.clock.intervals_ms()
-
-    def host_ms(self) -> list[float]:
-        """Host ms of the same intervals: how long the host took to issue each."""
-        return self.clock.host_intervals_ms()
-
-
 def run_step(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot
-             ) -> tuple[StepMarks, torch.Tensor]:
-    """One forward from the cached context, issued and not waited for. Returns (its time marks, logits)."""
-    clock = model.roles.clock
+             ) -> tuple[Clock, torch.Tensor]:
+    """One forward from the cached context, issued and not waited for. Returns (a clock of its own holding the step's
+    marks: GPU / host ms of [outside before, layer 0, ..., layer L-1, outside after], logits)."""
+    clock = model.roles.clock = Clock(batch.input_ids.device)
     snapshot.restore()
-    clock.marks, clock.host_marks = [], []
     clock.mark()
     logits = model(batch, cache)
     clock.mark()
     if len(clock.marks) != len(model.roles) + 3:
         raise RuntimeError(f"expected {len(model.roles) + 3} time marks per step, got {len(clock.marks)}: the model "
                            "no longer iterates self.roles exactly once per forward; update TimedRoles")
-    return StepMarks(clock), logits
+    return clock, logits
 
 
 def sync_report(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot: SlotSnapshot) -> dict:
@@ -297,7 +281,7 @@ def sync_report(model: V41Model, cache: V41Cache, batch: ForwardBatch, snapshot:
             step = run_step(model, cache, batch, snapshot)[0]
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    step.ms()  # the GPU done with it before the next phase
+    step.intervals_ms()  # the GPU done with it before the next phase
     sites = Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
                     if "synchroniz" in str(w.message))
     return {"method": "torch.cuda.set_sync_debug_mode('warn') over one step; warnings counted by source line",
@@ -311,7 +295,7 @@ def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
     model.roles.ranges = True
     try:
         with stage_ranges(model) as missing, torch.profiler.profile(activities=activities) as prof:
-            run_step(model, cache, batch, snapshot)[0].ms()  # waits: every kernel inside the profile
+            run_step(model, cache, batch, snapshot)[0].intervals_ms()  # waits: every kernel inside the profile
     finally:
         model.roles.ranges = False
     events = prof.events()
@@ -586,24 +570,22 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
     """Warm-up and timed steps; per-layer times, the 40-layer equivalent and FLOP rates into `res`."""
     res["warmup_step_ms"] = []  # the first includes Triton compilation
     for i in range(args.warmup):
-        res["warmup_step_ms"].append(sum(run_step(model, cache, batch, snapshot)[0].ms()))
+        res["warmup_step_ms"].append(sum(run_step(model, cache, batch, snapshot)[0].intervals_ms()))
         log(f"warm-up step {i}: {res['warmup_step_ms'][-1]:.1f} ms")
     # Timed steps back to back (the host issues step i + 1 while the GPU runs step i, as the engine's asynchronous
     # scheduling does), or with --sync-steps each waited for before the next is issued (sessions <= 17: every
     # step then starts on an idle GPU, so its first layers wait for the host's launches)
-    steps_ms, host_ms, logits = [], [], []
-    marks = []
-    for i in range(args.steps):
+    clocks, logits = [], []
+    for _ in range(args.steps):
         step, out = run_step(model, cache, batch, snapshot)
         if args.sync_steps:
-            steps_ms.append(step.ms())
-        marks.append(step)
+            step.intervals_ms()  # waits for the step
+        clocks.append(step)
         logits.append(out)
-    for i, step in enumerate(marks):
-        if not args.sync_steps:
-            steps_ms.append(step.ms())
-        host_ms.append(step.host_ms())
-        log(f"timed step {args.warmup + i}: {sum(steps_ms[i]):.1f} ms (host {sum(host_ms[i]):.1f} ms)")
+    steps_ms = [step.intervals_ms() for step in clocks]
+    host_ms = [step.host_intervals_ms() for step in clocks]
+    for i, (ms, host) in enumerate(zip(steps_ms, host_ms)):
+        log(f"timed step {args.warmup + i}: {sum(ms):.1f} ms (host {sum(host):.1f} ms)")
     cfg, roles, cached = model.config, list(model.roles), args.context - args.tokens
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]
