@@ -2,6 +2,9 @@
 # Session 19's GPU runs (docs/reports/gpu-session-2026-12-02-s19.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s19.sh   (1 x H200: exp_gemm_v41_partitions.py, prepared in
 #       session 18: the V4.1 kernel with the producer as the default partition, A from registers or shared memory)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s19.sh   (1 x H200: run 1's experiment again (its smoke stopped
+#       on a harness assertion), then exp_gemm_fp8_moe.py: the MoE prefill GEMM on FP8 MMAs with the weights
+#       converted to e4m3 in shared memory)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -10,6 +13,12 @@ r1)
   run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/partitions.txt" | cut -c1-300 | tail -36
   tail -4 "$OUT/partitions.txt"
+  ;;
+r2)
+  run fp8_moe 240 bash -c "cd benchmarks && python3 exp_gemm_fp8_moe.py"
+  run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"
+  cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-300; tail -4 "$OUT/fp8_moe.txt"
+  grep -E "^smoke|^\| " "$OUT/partitions.txt" | cut -c1-300 | tail -36; tail -4 "$OUT/partitions.txt"
   ;;
 esac
 pack_out
