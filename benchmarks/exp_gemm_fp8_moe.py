@@ -262,6 +262,34 @@ def shipped_call(a, sa, bq, sb, layout, d):
                            weight_scale_max=FP4_SCALE_BOUND)
 
 
+def shipped_gemm_only(a, sa, bq, sb, layout, d):
+    """The shipped call's GEMM without its activation pass (bf16 activations made once, outside the timing)."""
+    from mini_deepgemm import gemm as G
+
+    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0])
+    x = G._dequant_activations(a, sa.view(torch.uint8), True, grouped_layout=layout)
+    return lambda: G._gluon_fp4_contiguous_ws_gemm(x, bq, sb.view(torch.uint8), d, layout, cfg["GLUON_STAGES"], True)
+
+
+# Breakdown variants (timed only; their outputs are wrong by construction): the converter stores each row's table
+# words instead of converting (the weight loads and the conversion drop out), or the math warpgroups skip their MMAs
+# and promotion (they only wait for each slot and release it).
+NO_CONVERT = ("\n                tile_words = gl.reshape(gl.join(q03, q47), [128, 32])",
+              "\n                tile_words = gl.reshape(gl.join(lo, hi), [128, 32])")
+NO_MATH = ("for j in gl.static_range(4):\n                    a_frag",
+           "for j in gl.static_range(0):\n                    a_frag")
+
+
+def breakdown_variants(workdir: str) -> dict:
+    import sys
+
+    from source_variants import edited_module
+
+    this = sys.modules[__name__]
+    return {"no_convert": edited_module(this, [NO_CONVERT], "fp8_moe_no_convert", workdir),
+            "no_math": edited_module(this, [NO_MATH], "fp8_moe_no_math", workdir)}
+
+
 def valid_diff(x: torch.Tensor, y: torch.Tensor, layout: torch.Tensor) -> float:
     from mini_deepgemm.testing import calc_diff
 
@@ -285,6 +313,8 @@ def smoke(queue) -> None:
 
 
 def main() -> None:
+    import tempfile
+
     from bench_flashmla import environment
     from exp_gemm_gluon_v3 import ms, smoke_in_child
 
@@ -292,6 +322,8 @@ def main() -> None:
     first = smoke_in_child(smoke, 150, "the FP8-MMA MoE kernel's smoke case")
     print("smoke:", first, flush=True)
     result = {"environment": environment(torch.device("cuda")), "smoke": first, "rows": []}
+    workdir = tempfile.mkdtemp()
+    variants = breakdown_variants(workdir)
     for G_ in (96, 192):
         for name, N, K in (("w13", 4608, 5120), ("w2", 5120, 2304)):
             rows, layout, ends, M, a, sa, bq, sb, d = moe_case(G_, N, K, 7)
@@ -304,23 +336,28 @@ def main() -> None:
             torch.cuda.synchronize()
             row = {"G": G_, "name": name, "N": N, "K": K, "rows": sum(rows), "padded_rows": M,
                    "diff_vs_shipped": valid_diff(d, d_ship, layout)}
-            t = {"fp8mma": ms(ours), "shipped": ms(shipped)}
+            t = {"fp8mma": ms(ours), "shipped": ms(shipped),
+                 "shipped_gemm_only": ms(shipped_gemm_only(a, sa, bq, sb, layout, torch.empty_like(d)))}
+            for vname, module in variants.items():
+                t[vname] = ms(lambda: module.fp8_fp4_contiguous_fp8mma(a, sa, bq, folded, layout, d))
             w8 = (torch.randn(G_, N, K, device="cuda") * 4).to(torch.float8_e4m3fn)
             s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(G_, N, device="cuda") + 0.5
             t["scaled_grouped_mm_fp8"] = ms(lambda: torch._scaled_grouped_mm(
                 a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
             w8 = None  # frees it before the next case (a rebinding: the timed lambda has run)
             row.update({f"tflops_{k}": flops / v / 1e9 for k, v in t.items()})
+            row.update({f"us_{k}": v * 1e3 for k, v in t.items()})
             row["speedup_vs_shipped"] = t["shipped"] / t["fp8mma"]
             row["ratio_vs_scaled_grouped_mm"] = t["scaled_grouped_mm_fp8"] / t["fp8mma"]
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
-    print("| experts | GEMM | rows | TFLOP/s fp8mma | shipped | scaled_grouped_mm | speed-up | ratio to scaled_grouped_mm"
-          " | diff vs shipped |")
+    print("| experts | GEMM | rows | TFLOP/s fp8mma | shipped | shipped GEMM alone | scaled_grouped_mm | speed-up | "
+          "ratio to scaled_grouped_mm | diff vs shipped | us: fp8mma / no_convert / no_math |")
     for r in result["rows"]:
         print(f"| {r['G']} | {r['name']} | {r['rows']} | {r['tflops_fp8mma']:.0f} | {r['tflops_shipped']:.0f} | "
-              f"{r['tflops_scaled_grouped_mm_fp8']:.0f} | {r['speedup_vs_shipped']:.2f} | "
-              f"{r['ratio_vs_scaled_grouped_mm']:.2f} | {r['diff_vs_shipped']:.1e} |")
+              f"{r['tflops_shipped_gemm_only']:.0f} | {r['tflops_scaled_grouped_mm_fp8']:.0f} | "
+              f"{r['speedup_vs_shipped']:.2f} | {r['ratio_vs_scaled_grouped_mm']:.2f} | {r['diff_vs_shipped']:.1e} | "
+              f"{r['us_fp8mma']:.0f} / {r['us_no_convert']:.0f} / {r['us_no_math']:.0f} |")
     with open(os.path.join(out_dir, "exp_gemm_fp8_moe.json"), "w") as f:
         json.dump(result, f, indent=1)
 
