@@ -257,7 +257,7 @@ def shipped_call(a, sa, bq, sb, layout, d):
     from bench_deepgemm import FP4_SCALE_BOUND
     from mini_deepgemm import gemm as G
 
-    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0])
+    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0], fp4=True)
     return lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, sb), d, None, layout, None, True, config=cfg,
                            weight_scale_max=FP4_SCALE_BOUND)
 
@@ -266,7 +266,7 @@ def shipped_gemm_only(a, sa, bq, sb, layout, d):
     """The shipped call's GEMM without its activation pass (bf16 activations made once, outside the timing)."""
     from mini_deepgemm import gemm as G
 
-    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0])
+    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0], fp4=True)
     x = G._dequant_activations(a, sa.view(torch.uint8), True, grouped_layout=layout)
     return lambda: G._gluon_fp4_contiguous_ws_gemm(x, bq, sb.view(torch.uint8), d, layout, cfg["GLUON_STAGES"], True)
 
