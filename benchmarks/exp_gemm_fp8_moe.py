@@ -12,14 +12,20 @@ words built with two integer multiply-adds per row and 32 of K (below -5 the 0.5
 the arithmetic). A weight tensor with a wider row goes to the shipped bf16 kernel (checked once, at load).
 
 How (one persistent CTA per SM, 128 x 128 output tiles, K in steps of 128, a 4-deep ring):
-- the default partition (4 warps) converts: per step it loads the tile's 128 weight rows x 64 packed bytes as
-  int32 words (one row per thread, a step ahead) and the rows' offset bytes, waits for the ring slot, issues the
-  activation tile's TMA, converts 8 values per word (inline PTX: two byte permutes through the row's table for the
-  magnitudes, two more for the signs) and stores the e4m3 tile into the slot (128-byte swizzle, the layout the TMA
-  would give), fences, and arrives on the slot's "ready" barrier (2 arrivals: the TMA's expect-tx and this);
+- a producer warp issues, per step and once the ring slot is empty, the activation tile [128, 128] and the tile's
+  packed weight rows [128, 64 bytes] by TMA;
+- the default partition (4 warps) converts: per step it waits for the slot's packed weights, loads them from shared
+  memory as int32 words (one row per thread), builds each row's table from its offset byte (loaded from global
+  memory two steps ahead), converts 8 values per word (inline PTX: two byte permutes through the row's table for the
+  magnitudes, two more for the signs), stores the e4m3 tile into the slot (128-byte swizzle, the layout the TMA
+  would give), fences, and arrives on the slot's "ready" barrier (2 arrivals: the activation TMA's expect-tx and
+  this);
 - two math warpgroups (workers), 64 rows each, as the V4.1 dense kernel: per 32 of K an m64n128k32 MMA (A fragment
   from shared memory by ldmatrix, B the converted tile) into a fresh tile, then acc += part * sa[m, kb]; the
   epilogue multiplies by the columns' 2^(ref - 127) and stores by TMA.
+Version 1 (run 4, commit 2331496) had no producer warp: the converter loaded the weights from global memory one step
+ahead and issued the activation TMA itself. It ran 0.71-0.72x the shipped kernel, and its converter alone (the math
+warpgroups only waiting) took 85% of its time: the loads' latency, one step ahead, was not hidden.
 Every product is exact (e4m3 x e4m3); against the reference (bf16 dequantization, fp32 sums) the sums differ in
 order and in the tensor core's accumulation of 32 products, as the V4.1 kernel's. The shipped FP4 kernels are
 bitwise equal across layouts (decode and prefill); this one is not equal to them, so shipping it would mean moving
@@ -48,7 +54,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring, _tile_offsets, _ue8m0_to_f32
+from mini_deepgemm.gemm_gluon_fp8_kernel import _tile_offsets, _ue8m0_to_f32
 
 # e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) for d = -5: a step of d adds 8
 # (one exponent step) to every byte but the zero's.
@@ -57,6 +63,9 @@ LUT_LO_STEP: gl.constexpr = gl.constexpr(0x08080800)
 LUT_HI_BASE: gl.constexpr = gl.constexpr(0x24201C18)
 LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
 D_MIN, D_MAX = -5, 6
+# the packed weight tiles [128 rows, 64 bytes]: a 64-byte swizzle, so the converter's row-per-thread 16-byte loads
+# hit distinct banks
+RAW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
 
 # $2: 8 packed e2m1 values (value i in bits 4i..4i+3), $3 / $4: the row's table -> $0: values 0-3 as e4m3 bytes, $1:
 # values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}; the magnitudes index the table, the signs (shifted
@@ -82,12 +91,34 @@ or.b32 $1, $1, t;
 
 
 @gluon.jit
-def _convert_partition(a_desc, a_ring, b_ring, ready, empty, w_ptr, sd_ptr, layout_ptr, M, N, K,
-                       GROUP_M: gl.constexpr):
-    """The default partition: the activation tiles by TMA and the weight tiles converted into the ring (module
-    docstring). w_ptr: int32 words of the packed weights [G, N, K / 8]; sd_ptr: int32 words of the offset bytes
-    d + 5 [G, N, K / 128]."""
+def _load_partition(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+                    GROUP_M: gl.constexpr):
+    """One warp: per step of this program's tiles, once the ring slot is empty, the activation tile [128, 128] (into
+    "ready", with the converter's arrival) and the packed weight rows [128, 64 bytes] (into "raw_ready") by TMA."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
+    num_k = K // 128
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
+        g = gl.load(layout_ptr + off_m)
+        if g >= 0:
+            for k in range(num_k):
+                slot = step % STAGES
+                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+                mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
+                                                raw_ring.index(slot))
+                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
+                step += 1
+
+
+@gluon.jit
+def _convert_partition(raw_words, b_ring, ready, raw_ready, sd_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
+    """The default partition (4 warps): per step, once its packed weights are in the ring, converts them into the
+    slot's e4m3 tile and arrives on "ready" (module docstring). raw_words: the packed slot as int32 [128, 16];
+    sd_ptr: int32 words of the offset bytes d + 5 [G, N, K / 128], loaded two steps ahead."""
+    STAGES: gl.constexpr = raw_words.type.shape[0]
     words: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])  # a thread: one row's 16 words a step
     rows_layout: gl.constexpr = gl.SliceLayout(1, words)
     num_k = K // 128
@@ -99,13 +130,10 @@ def _convert_partition(a_desc, a_ring, b_ring, ready, empty, w_ptr, sd_ptr, layo
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
         g = gl.load(layout_ptr + off_m)
         if g >= 0:
-            row = (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64)
-            w_rows = w_ptr + row[:, None] * (K // 8) + col
-            sd_rows = sd_ptr + row * (K // 128)
-            w, sd = gl.load(w_rows), gl.load(sd_rows)
+            sd_rows = sd_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
+            sd, sd_next = gl.load(sd_rows), gl.load(sd_rows + gl.minimum(1, num_k - 1))
             for k in range(num_k):
-                ahead = gl.minimum(k + 1, num_k - 1)
-                w_next, sd_next = gl.load(w_rows + ahead * 16), gl.load(sd_rows + ahead)
+                sd_after = gl.load(sd_rows + gl.minimum(k + 2, num_k - 1))
                 lo0 = LUT_LO_BASE + (sd & 0xFF) * LUT_LO_STEP
                 lo1 = LUT_LO_BASE + ((sd >> 8) & 0xFF) * LUT_LO_STEP
                 lo2 = LUT_LO_BASE + ((sd >> 16) & 0xFF) * LUT_LO_STEP
@@ -118,18 +146,17 @@ def _convert_partition(a_desc, a_ring, b_ring, ready, empty, w_ptr, sd_ptr, layo
                                                                    gl.where(for_k32 == 2, lo2[:, None], lo3[:, None])))
                 hi = gl.where(for_k32 == 0, hi0[:, None], gl.where(for_k32 == 1, hi1[:, None],
                                                                    gl.where(for_k32 == 2, hi2[:, None], hi3[:, None])))
+                slot = step % STAGES
+                mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
+                w = raw_words.index(slot).load(words)
                 q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [w, lo, hi],
                                                      dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
                 tile_words = gl.reshape(gl.join(q03, q47), [128, 32])
-                slot = step % STAGES
-                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, a_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], bar, a_ring.index(slot))
+                # the slot's B tile is free: the producer waited for "empty" before this step's weights
                 b_ring.index(slot).store(tile_words)
                 fence_async_shared()
-                mbarrier.arrive(bar, count=1)
-                w, sd = w_next, sd_next
+                mbarrier.arrive(ready.index(slot), count=1)
+                sd, sd_next = sd_next, sd_after
                 step += 1
 
 
@@ -176,31 +203,43 @@ def _math_partition(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, colsca
 
 
 @gluon.jit
-def fp8_fp4_contiguous_fp8mma_kernel(a_desc, d_desc, w_ptr, sd_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+def fp8_fp4_contiguous_fp8mma_kernel(a_desc, w_desc, d_desc, sd_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
                                      stride_sa, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                                     CONSUMER_REGS: gl.constexpr):
+                                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]), g = layout[m], w'
     the e4m3 conversion of the packed e2m1 weights with 2^(d[g, n, kb]) folded in. a_desc: e4m3 [M, K] in
-    [128, 128] boxes; d_desc: bf16 [M, N] in [64, 128] boxes; K % 128 == 0; launch with num_warps=4 (the converter,
-    the default partition) and maxnreg 168; the math warpgroups get CONSUMER_REGS."""
+    [128, 128] boxes; w_desc: the packed weights as uint8 [G * N, K / 2] in [128, 64] boxes (64-byte swizzle);
+    d_desc: bf16 [M, N] in [64, 128] boxes; K % 128 == 0. Launch with num_warps=4 (the converter, the default
+    partition) and maxnreg 128 (16 warps: the producer warp takes a warpgroup of its own); the math warpgroups get
+    CONSUMER_REGS, the producer PRODUCER_REGS, the converter what is left."""
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
+    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    raw_words = raw_ring._reinterpret(gl.int32, [STAGES, 128, 16],
+                                      gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2))
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
     b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=2)  # the TMA's expect-tx and the converter's arrival
+        mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
+        mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     gl.warp_specialize(
-        [(_convert_partition, (a_desc, a_ring, b_ring, ready, empty, w_ptr, sd_ptr, layout_ptr, M, N, K, GROUP_M)),
+        [(_convert_partition, (raw_words, b_ring, ready, raw_ready, sd_ptr, layout_ptr, M, N, K, GROUP_M)),
          (_math_partition, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), sa_ptr, colscale_ptr,
                             layout_ptr, M, N, K, stride_sa, GROUP_M, 0)),
          (_math_partition, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), sa_ptr, colscale_ptr,
-                            layout_ptr, M, N, K, stride_sa, GROUP_M, 64))],
-        [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
-    _invalidate_ring(ready, empty)
+                            layout_ptr, M, N, K, stride_sa, GROUP_M, 64)),
+         (_load_partition, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+                            GROUP_M))],
+        [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(raw_ready.index(s))
+        mbarrier.invalidate(empty.index(s))
 
 
 # ---------------------------------------------------------------------------------------------------- host side
@@ -225,18 +264,21 @@ def fold_weight_scales(sb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_fp4_contiguous_fp8mma(a: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, folded, layout: torch.Tensor,
                               d: torch.Tensor, stages: int = 4, consumer_regs: int = 192) -> None:
     """d = the contiguous grouped GEMM of e4m3 a [M, K] (UE8M0 sa [M, K / 32]) and packed e2m1 bq [G, N, K / 2]
-    with fold_weight_scales' `folded`."""
+    (contiguous) with fold_weight_scales' `folded`."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
     from mini_deepgemm import gemm as G
     from mini_deepgemm._backend import cdiv, sm_count
 
     M, K = a.shape
-    N = bq.shape[1]
+    G_, N, K2 = bq.shape
     sd, colscale = folded
     tiles = cdiv(M, 128) * cdiv(N, 128)
+    w_desc = TensorDescriptor.from_tensor(bq.view(G_ * N, K2), [128, 64], RAW_LAYOUT)
     fp8_fp4_contiguous_fp8mma_kernel[(min(tiles, sm_count(a.device)),)](
-        G._tma_desc(a, (128, 128)), G._tma_desc(d, (64, 128)), bq.view(torch.int32), sd,
-        sa.view(torch.uint8).view(torch.int32), colscale, layout, M, N, K, K // 128,
-        STAGES=stages, GROUP_M=8, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=168)
+        G._tma_desc(a, (128, 128)), w_desc, G._tma_desc(d, (64, 128)), sd, sa.view(torch.uint8).view(torch.int32),
+        colscale, layout, M, N, K, K // 128, STAGES=stages, GROUP_M=8, CONSUMER_REGS=consumer_regs,
+        PRODUCER_REGS=24, num_warps=4, maxnreg=128)
 
 
 # ---------------------------------------------------------------------------------------------------- measurement
