@@ -11,6 +11,8 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s19.sh   (1 x H200: run 3 with the config fixed)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s19.sh   (1 x H200: exp_gemm_fp8_moe.py, version 2: a TMA
 #       producer warp brings the packed weights into the ring, the converter reads them from shared memory)
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s19.sh   (1 x H200: version 2 with the signs from two constant
+#       byte permutes: 284 -> 221 SASS instructions per converter warp and step)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -26,7 +28,7 @@ r2)
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-300; tail -4 "$OUT/fp8_moe.txt"
   grep -E "^smoke|^\| " "$OUT/partitions.txt" | cut -c1-300 | tail -36; tail -4 "$OUT/partitions.txt"
   ;;
-r3|r4|r5)
+r3|r4|r5|r6)
   run fp8_moe 300 bash -c "cd benchmarks && python3 exp_gemm_fp8_moe.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-400; tail -3 "$OUT/fp8_moe.txt" | cut -c1-300
   ;;
