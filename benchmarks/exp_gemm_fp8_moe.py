@@ -295,11 +295,18 @@ def moe_case(G_, N, K, seed):
     return rows, layout, ends, M, a, sa, bq, sb, d
 
 
+def shipped_config(a, bq) -> dict:
+    """The config the package routes this FP4 contiguous call to (the warp-specialized bf16-MMA Gluon kernel)."""
+    from mini_deepgemm import gemm as G
+
+    return G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0], fp4=True)
+
+
 def shipped_call(a, sa, bq, sb, layout, d):
     from bench_deepgemm import FP4_SCALE_BOUND
     from mini_deepgemm import gemm as G
 
-    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0], fp4=True)
+    cfg = shipped_config(a, bq)
     return lambda: G._gemm(G._CONTIGUOUS, (a, sa), (bq, sb), d, None, layout, None, True, config=cfg,
                            weight_scale_max=FP4_SCALE_BOUND)
 
@@ -308,14 +315,14 @@ def shipped_gemm_only(a, sa, bq, sb, layout, d):
     """The shipped call's GEMM without its activation pass (bf16 activations made once, outside the timing)."""
     from mini_deepgemm import gemm as G
 
-    cfg = G.default_config(G._CONTIGUOUS, a.shape[0], 32, True, n=bq.shape[1], groups=bq.shape[0], fp4=True)
+    cfg = shipped_config(a, bq)
     x = G._dequant_activations(a, sa.view(torch.uint8), True, grouped_layout=layout)
     return lambda: G._gluon_fp4_contiguous_ws_gemm(x, bq, sb.view(torch.uint8), d, layout, cfg["GLUON_STAGES"], True)
 
 
 # Breakdown variants (timed only; their outputs are wrong by construction): the converter stores each row's table
-# words instead of converting (the weight loads and the conversion drop out), or the math warpgroups skip their MMAs
-# and promotion (they only wait for each slot and release it).
+# words instead of converting (its shared-memory loads and the conversion drop out; the producer still brings the
+# bytes), or the math warpgroups skip their MMAs and promotion (they only wait for each slot and release it).
 NO_CONVERT = ("\n                tile_words = gl.reshape(gl.join(q03, q47), [128, 32])",
               "\n                tile_words = gl.reshape(gl.join(lo, hi), [128, 32])")
 NO_MATH = ("for j in gl.static_range(4):\n                    a_frag",

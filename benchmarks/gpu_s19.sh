@@ -13,9 +13,10 @@
 #       producer warp brings the packed weights into the ring, the converter reads them from shared memory)
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s19.sh   (1 x H200: version 2 with the signs from two constant
 #       byte permutes: 284 -> 221 SASS instructions per converter warp and step)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s19.sh   (1 x H200: run 6 again on the reviewed harness: the
+#       shipped config named once)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 case "${PART:-r1}" in
 r1)
   run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"
@@ -28,7 +29,7 @@ r2)
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-300; tail -4 "$OUT/fp8_moe.txt"
   grep -E "^smoke|^\| " "$OUT/partitions.txt" | cut -c1-300 | tail -36; tail -4 "$OUT/partitions.txt"
   ;;
-r3|r4|r5|r6)
+r3|r4|r5|r6|r7)
   run fp8_moe 300 bash -c "cd benchmarks && python3 exp_gemm_fp8_moe.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-400; tail -3 "$OUT/fp8_moe.txt" | cut -c1-300
   ;;
