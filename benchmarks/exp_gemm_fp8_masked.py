@@ -172,9 +172,32 @@ def block_m_for(expected_m: int) -> int:
     return 16 if expected_m <= 8 else 64
 
 
+def as_contiguous(a: torch.Tensor, sa: torch.Tensor, masked: torch.Tensor):
+    """The masked case's used rows in the contiguous layout (each expert's segment padded to 128 rows with -1):
+    (a, sa, layout, index of each used masked row in it)."""
+    segments, rows = [], []
+    for g, m in enumerate(masked.tolist()):
+        start = sum(segments)
+        rows += [start + i for i in range(m)]
+        segments.append(-(-m // 128) * 128)
+    layout = torch.full((sum(segments),), -1, dtype=torch.int32)
+    for g, m in enumerate(masked.tolist()):
+        layout[sum(segments[:g]): sum(segments[:g]) + m] = g
+    where = torch.tensor(rows, device="cuda")
+    used = torch.arange(a.shape[1])[None, :] < masked[:, None]
+    a_c = torch.zeros(layout.numel(), a.shape[2], device="cuda").to(torch.float8_e4m3fn)
+    sa_c = torch.full((layout.numel(), sa.shape[2]), 127, dtype=torch.uint8, device="cuda")
+    a_c[where] = a[used.cuda()]
+    sa_c[where] = sa.view(torch.uint8)[used.cuda()]
+    return a_c, sa_c.view(torch.float8_e8m0fnu), layout.cuda(), where
+
+
 def smoke(queue) -> None:
-    """A small ragged case against the reference (in a child: a hang would not stop the run)."""
+    """Small ragged cases (in a child: a hang would not stop the run): against the reference, unused rows left
+    untouched, and every used row bitwise against exp_gemm_fp8_moe's contiguous kernel on the same rows (the two
+    kernels put the operands on opposite sides of the MMA: does the tensor core give A.B and B.A the same bits?)."""
     from bench_deepgemm import masked_operands
+    from exp_gemm_fp8_moe import fp8_fp4_contiguous_fp8mma
     from mini_deepgemm import reference
     from mini_deepgemm.testing import calc_diff
 
@@ -183,12 +206,18 @@ def smoke(queue) -> None:
     for expected_m in (8, 32):
         masked, masked_m, (a, sa), (bq, _), d = masked_operands(4, expected_m, 384, 512, gen, max_m=96)
         sb = torch.randint(118, 129, (4, 384, 16), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+        folded = fold_weight_scales(sb)
         d.zero_()
-        fp8_fp4_masked_fp8mma(a, sa, bq, fold_weight_scales(sb), masked_m, d, block_m_for(expected_m))
+        fp8_fp4_masked_fp8mma(a, sa, bq, folded, masked_m, d, block_m_for(expected_m))
         ref = reference.m_grouped_gemm_nt_masked_ref(a, sa, bq, sb, masked_m, 1, 32)
         used = torch.arange(96, device="cuda")[None, :] < masked_m[:, None]
         out[f"diff_vs_reference_m{expected_m}"] = float(calc_diff(d[used].float(), ref[used].float()))
         out[f"unused_rows_untouched_m{expected_m}"] = bool((d[~used] == 0).all())
+        a_c, sa_c, layout, where = as_contiguous(a, sa, masked)
+        d_c = torch.empty(layout.numel(), 384, dtype=torch.bfloat16, device="cuda")
+        fp8_fp4_contiguous_fp8mma(a_c, sa_c, bq, folded, layout, d_c)
+        out[f"bitwise_vs_contiguous_m{expected_m}"] = bool(torch.equal(d[used].view(torch.int16),
+                                                                       d_c[where].view(torch.int16)))
     queue.put(out)
 
 
