@@ -56,12 +56,15 @@ def _issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
 
 @gluon.jit
 def fp8_fp4_masked_fp8mma_kernel(w_desc, x_desc, d_ptr, sd_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                                 stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr):
+                                 stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
+                                 TOKENS_FASTEST: gl.constexpr):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]. w_desc: packed weights uint8 [G * N, K / 2] in [128, 64] boxes (RAW_LAYOUT); x_desc: e4m3
     [G * max_m, K] in [BLOCK_M, 128] boxes; sd_ptr: int32 words of the offset bytes d + 5 [G * N, K / 128]; sa_ptr:
     int32 words of the UE8M0 bytes [G * max_m, K / 32] (row stride stride_sa words); colscale fp32 [G * N]; d bf16
-    [G, max_m, N]. N % 128 == 0, K % 128 == 0. Grid (N / 128, G, cdiv(max_m, BLOCK_M)), num_warps=4."""
+    [G, max_m, N]. N % 128 == 0, K % 128 == 0. Grid (N / 128, G, cdiv(max_m, BLOCK_M)), num_warps=4; with
+    TOKENS_FASTEST (cdiv(max_m, BLOCK_M), N / 128, G), so that the token tiles of one weight tile run side by side
+    and read its bytes from L2 once one of them has brought them from memory."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     raw_words = w_ring._reinterpret(gl.int32, [STAGES, 128, 16],
@@ -75,9 +78,14 @@ def fp8_fp4_masked_fp8mma_kernel(w_desc, x_desc, d_ptr, sd_ptr, sa_ptr, colscale
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
 
-    n0 = gl.program_id(0) * 128
-    g = gl.program_id(1)
-    m0 = gl.program_id(2) * BLOCK_M
+    if TOKENS_FASTEST:
+        m0 = gl.program_id(0) * BLOCK_M
+        n0 = gl.program_id(1) * 128
+        g = gl.program_id(2)
+    else:
+        n0 = gl.program_id(0) * 128
+        g = gl.program_id(1)
+        m0 = gl.program_id(2) * BLOCK_M
     rows_used = gl.load(masked_m_ptr + g)
     if m0 < rows_used:
         num_k = K // 128
@@ -149,9 +157,11 @@ def fp8_fp4_masked_fp8mma_kernel(w_desc, x_desc, d_ptr, sd_ptr, sa_ptr, colscale
 
 
 def fp8_fp4_masked_fp8mma(a: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, folded, masked_m: torch.Tensor,
-                          d: torch.Tensor, block_m: int, stages: int = 6) -> None:
+                          d: torch.Tensor, block_m: int, stages: int = 2, maxnreg: int | None = None,
+                          tokens_fastest: bool = False) -> None:
     """d = the masked grouped GEMM of e4m3 a [G, max_m, K] (UE8M0 sa [G, max_m, K / 32]) and packed e2m1 bq
-    [G, N, K / 2] with exp_gemm_fp8_moe.fold_weight_scales' `folded`; block_m tokens per tile."""
+    [G, N, K / 2] with exp_gemm_fp8_moe.fold_weight_scales' `folded`; block_m tokens per tile; maxnreg: a register
+    cap for more resident CTAs (None: ptxas's choice)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from mini_deepgemm import gemm as G
@@ -161,20 +171,20 @@ def fp8_fp4_masked_fp8mma(a: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, f
     N = bq.shape[1]
     sd, colscale = folded
     w_desc = TensorDescriptor.from_tensor(bq.view(G_ * N, K // 2), [128, 64], RAW_LAYOUT)
-    fp8_fp4_masked_fp8mma_kernel[(N // 128, G_, cdiv(max_m, block_m))](
+    grid = (cdiv(max_m, block_m), N // 128, G_) if tokens_fastest else (N // 128, G_, cdiv(max_m, block_m))
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
+    fp8_fp4_masked_fp8mma_kernel[grid](
         w_desc, G._tma_desc(a.view(G_ * max_m, K), (block_m, 128)), d, sd, sa.view(torch.uint8).view(torch.int32),
-        colscale, masked_m, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, num_warps=4)
+        colscale, masked_m, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages,
+        TOKENS_FASTEST=tokens_fastest, num_warps=4, **extra)
 
 
-# (tokens per tile, ring stages) timed per case; run 8 measured (16, 6) and (64, 6), whose 78 / 115 KB of shared
-# memory (and 255 registers at 64 tokens) leave 2 CTAs per SM
-TILE_VARIANTS = {8: ((16, 2), (16, 3), (16, 4), (16, 6)), 32: ((64, 2), (64, 3), (32, 2), (32, 3), (32, 4))}
-
-
-def block_m_for(expected_m: int) -> int:
-    """Tokens per tile: one tile holds an expert's Poisson(expected_m) rows (as the shipped masked route's 16- and
-    64-token tiles)."""
-    return 16 if expected_m <= 8 else 64
+# (tokens per tile, ring stages, register cap, token tiles fastest) timed per case. Run 8 measured (16, 6) and
+# (64, 6), whose 78 / 115 KB of shared memory (and 255 registers at 64 tokens) leave 2 CTAs per SM; run 9 found 2
+# stages best at every tile (16 tokens: 97 registers, so 5 CTAs per SM; 80 would give 6).
+TILE_VARIANTS = {8: ((16, 2, None, False), (16, 2, 80, False), (16, 3, 80, False), (16, 2, None, True)),
+                 32: ((16, 2, None, True), (16, 2, 80, True), (32, 2, None, False), (32, 2, None, True),
+                      (64, 2, None, False))}
 
 
 def as_contiguous(a: torch.Tensor, sa: torch.Tensor, masked: torch.Tensor):
@@ -213,7 +223,8 @@ def smoke(queue) -> None:
         sb = torch.randint(118, 129, (4, 384, 16), dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
         folded = fold_weight_scales(sb)
         d.zero_()
-        fp8_fp4_masked_fp8mma(a, sa, bq, folded, masked_m, d, block_m_for(expected_m))
+        # 16-token tiles; at ~32 rows an expert spans several, in the token-fastest grid
+        fp8_fp4_masked_fp8mma(a, sa, bq, folded, masked_m, d, 16, tokens_fastest=expected_m == 32)
         ref = reference.m_grouped_gemm_nt_masked_ref(a, sa, bq, sb, masked_m, 1, 32)
         used = torch.arange(96, device="cuda")[None, :] < masked_m[:, None]
         out[f"diff_vs_reference_m{expected_m}"] = float(calc_diff(d[used].float(), ref[used].float()))
@@ -246,8 +257,9 @@ def main() -> None:
             folded = fold_weight_scales(sb)
             cfg = G.default_config(G._MASKED, expected_m, 32, True, n=N, groups=96, fp4=True)
             d_ship = torch.zeros_like(d)
-            t = {f"fp8mma_b{bm}_s{st}": ms(lambda: fp8_fp4_masked_fp8mma(a, sa, bq, folded, masked_m, d, bm, st))
-                 for bm, st in TILE_VARIANTS[expected_m]}
+            t = {f"fp8mma_b{bm}_s{st}_r{reg or 0}{'_tf' if tf else ''}": ms(
+                lambda: fp8_fp4_masked_fp8mma(a, sa, bq, folded, masked_m, d, bm, st, reg, tf))
+                for bm, st, reg, tf in TILE_VARIANTS[expected_m]}
             best = min(t, key=t.get)
             t["fp8mma"] = t[best]
             t["shipped"] = ms(lambda: G._gemm(G._MASKED, (a, sa), (bq, sb), d_ship, None, masked_m, None, True,

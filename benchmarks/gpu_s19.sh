@@ -19,6 +19,8 @@
 #       GEMM on FP8 MMAs with the same conversion; a refused start first)
 #   source .devdeps/env.sh && PART=r9 bash benchmarks/gpu_s19.sh   (1 x H200: run 8 with tiles and ring depths swept:
 #       run 8's 6 stages left 2 CTAs per SM)
+#   source .devdeps/env.sh && PART=r10 bash benchmarks/gpu_s19.sh   (1 x H200: run 9 with an 80-register cap and a grid
+#       with the token tiles fastest (16-token tiles at ~32 rows per expert))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
 case "${PART:-r1}" in
@@ -37,7 +39,7 @@ r3|r4|r5|r6|r7)
   run fp8_moe 300 bash -c "cd benchmarks && python3 exp_gemm_fp8_moe.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_moe.txt" | cut -c1-400; tail -3 "$OUT/fp8_moe.txt" | cut -c1-300
   ;;
-r8|r9)
+r8|r9|r10)
   run fp8_masked 300 bash -c "cd benchmarks && python3 exp_gemm_fp8_masked.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_masked.txt" | cut -c1-400; tail -3 "$OUT/fp8_masked.txt" | cut -c1-300
   ;;
