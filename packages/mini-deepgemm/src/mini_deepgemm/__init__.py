@@ -7,9 +7,11 @@ quantizers. Without CUDA or triton every function falls back to the pure-torch r
 
 from .gemm import (
     FP4_RECIPE,
+    FoldedFP4Scales,
     V3_RECIPE,
     V41_RECIPE,
     fp8_fp4_gemm_nt,
+    fold_fp4_weight_scales,
     fp8_gemm_nt,
     get_m_alignment_for_contiguous_layout,
     m_grouped_fp8_fp4_gemm_nt_contiguous,
@@ -26,7 +28,7 @@ __all__ = [
     "fp8_gemm_nt", "fp8_fp4_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
-    "get_m_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout", "FoldedFP4Scales", "fold_fp4_weight_scales",
     "per_token_group_quant_fp8", "per_token_group_quant_fp4", "pack_fp4", "unpack_fp4", "weight_quant_fp8",
     "calc_diff",
 ]

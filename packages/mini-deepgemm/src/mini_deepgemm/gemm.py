@@ -29,6 +29,14 @@ Read it once per weight tensor (`int(sb.view(torch.uint8).max())`, a host sync) 
 per call; a byte above the stated bound makes its values inf or NaN. Every FP4 kernel reads scale byte 0 as 0 (the
 reference: 2^-127).
 
+FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4_weight_scales(sb)`, once per
+weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion. Given to a call, the Gluon
+kernels of gemm_gluon_fp4_e4m3_kernel.py run it: no activation pass, the conversion 9 instructions per 8 values
+(docs/reports/deepgemm-fp8-moe.md; H200: prefill 1.03-1.06x, decode at ~8 rows per expert 1.28-1.37x and 0.60-0.64
+of the copy rate, at ~32 rows 0.84-0.86x). Its rows differ from the bf16 route's by rounding and agree bitwise
+between the two layouts, so pass `folded` for a weight tensor in every call or in none. Where the Gluon kernels do
+not run, `folded` is ignored (the Triton kernels or the references, the same in every layout).
+
 On CUDA, `default_config` picks the kernel per call: the Gluon kernels (gemm_gluon_fp8_kernel.py: dense FP8
 weights, V3 and V4.1 recipes; gemm_gluon_kernel.py: grouped FP4 weights) where they run (sm_90, triton 3.6), else
 the Triton kernels (gemm_swapab_kernel.py, gemm_kernel.py); the shape families where the TileLang kernels of
@@ -40,6 +48,7 @@ additions).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -51,6 +60,7 @@ __all__ = [
     "fp8_gemm_nt", "fp8_fp4_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
+    "FoldedFP4Scales", "fold_fp4_weight_scales",
 ]
 
 V41_RECIPE = (1, 32, 32)
@@ -95,11 +105,13 @@ def m_grouped_fp8_gemm_nt_contiguous(
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(
     a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None,
-    *, weight_scale_max: int = 255,
+    *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None,
 ) -> None:
     """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
-    weight_scale_max: an upper bound on sb's bytes (module docstring)."""
-    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, weight_scale_max=weight_scale_max)
+    weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weight_scales(sb), for the FP8-MMA route
+    (module docstring)."""
+    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, weight_scale_max=weight_scale_max,
+          folded=folded)
 
 
 def m_grouped_fp8_gemm_nt_masked(
@@ -112,12 +124,41 @@ def m_grouped_fp8_gemm_nt_masked(
 
 def m_grouped_fp8_fp4_gemm_nt_masked(
     a: FP8Operand, b: FP8Operand, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-    recipe: Recipe | None = None, *, weight_scale_max: int = 255,
+    recipe: Recipe | None = None, *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None,
 ) -> None:
     """As `m_grouped_fp8_gemm_nt_masked`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
-    weight_scale_max: an upper bound on sb's bytes (module docstring)."""
+    weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weight_scales(sb), for the FP8-MMA route
+    (module docstring)."""
     _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=True, expected_m=expected_m,
-          weight_scale_max=weight_scale_max)
+          weight_scale_max=weight_scale_max, folded=folded)
+
+
+class FoldedFP4Scales(NamedTuple):
+    """FP4 weight scales folded for the FP8-MMA route (fold_fp4_weight_scales)."""
+
+    offsets: torch.Tensor  # int32 [G, N, K / 128]: per weight row and 32-block, e - ref + 5 in [0, 11], 4 per word
+    column_scales: torch.Tensor  # fp32 [G, N]: 2^(ref - 127), ref = the row's largest scale exponent - 6
+
+
+# e2m1 x 2^d is exact in e4m3 for d in [-8, 6]; the kernels' two-word tables are exact for d in [-5, 6]
+_FOLD_D_MIN, _FOLD_D_MAX = -5, 6
+
+
+def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
+    """The FP8-MMA route's form of FP4 weight scales sb (UE8M0 [G, N, K / 32], K % 128 == 0): each weight row's
+    values become e4m3 x 2^(e - ref) with ref = its largest scale exponent - 6, and 2^(ref - 127) scales its
+    outputs. None (keep the bf16 route) when a row's scale bytes span more than 11 or a ref would leave fp32's
+    normal range. Once per weight tensor, at load: it reads every scale byte and syncs with the host."""
+    _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES, f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} "
+             f"{tuple(sb.shape)}")
+    _require(sb.shape[-1] % 4 == 0, f"K = {32 * sb.shape[-1]} must be a multiple of 128")
+    e = sb.view(torch.uint8).to(torch.int32)
+    ref = e.amax(-1) - _FOLD_D_MAX
+    d = e - ref[..., None]
+    if int(d.min()) < _FOLD_D_MIN or int(ref.min()) < 1:
+        return None
+    column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
+    return FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
 
 
 # --------------------------------------------------------------------------- validation
@@ -189,16 +230,22 @@ def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: tor
 # --------------------------------------------------------------------------- dispatch
 def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
           group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool, expected_m: int | None = None,
-          config: dict | None = None, backend: str | None = None, weight_scale_max: int = 255) -> None:
+          config: dict | None = None, backend: str | None = None, weight_scale_max: int = 255,
+          folded: FoldedFP4Scales | None = None) -> None:
     """backend: None picks (TileLang for TILELANG_FAMILIES, else Triton, else the reference); "tilelang" or
     "triton" force one (tests and benchmarks; "tilelang" raises if the call is outside its coverage).
-    weight_scale_max: the caller's bound on FP4 scale bytes (module docstring)."""
+    weight_scale_max: the caller's bound on FP4 scale bytes; folded: the FP8-MMA route's scales (module
+    docstring)."""
     _require(isinstance(weight_scale_max, int) and 0 <= weight_scale_max <= 255,
              f"weight_scale_max must be an int in [0, 255] (a bound on UE8M0 bytes), got {weight_scale_max!r}")
     recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
+    if folded is not None:
+        _validate_folded(layout, a, b, d, folded, b_fp4)
     if d.numel() == 0:
         return
-    if backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
+    if folded is not None and backend is None and _gluon_runs_on(d):
+        _fp4_e4m3_gemm(layout, a, b, d, group_arg, folded, expected_m)
+    elif backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
         from . import gemm_tilelang
 
         _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4), "this call is outside the TileLang kernels' coverage")
@@ -383,6 +430,63 @@ def _launch_swapab(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
 def _gluon_runs_on(d: torch.Tensor) -> bool:
     """Where the Gluon GEMMs run: a bf16 output where _backend.gluon_runs_on allows."""
     return d.dtype == torch.bfloat16 and gluon_runs_on(d)
+
+
+def _validate_folded(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, folded: FoldedFP4Scales,
+                     b_fp4: bool) -> None:
+    """What the FP8-MMA route needs besides _validate's checks. Checked everywhere, so that a call never takes
+    another route (other bits) on one machine than on another for a reason the caller could have seen."""
+    (aq, sa), (bq, _) = a, b
+    _require(b_fp4 and layout != _DENSE, "folded FP4 scales are for the grouped fp8_fp4_* GEMMs with packed FP4 "
+             "weights")
+    G, N, K = bq.shape[0], bq.shape[1], aq.shape[-1]
+    _require(N % 128 == 0 and K % 128 == 0, f"the FP8-MMA route needs N and K multiples of 128, got N={N}, K={K}")
+    _require(tuple(folded.offsets.shape) == (G, N, K // 128) and folded.offsets.dtype == torch.int32,
+             f"folded.offsets must be int32 {(G, N, K // 128)}, got {folded.offsets.dtype} "
+             f"{tuple(folded.offsets.shape)}")
+    _require(tuple(folded.column_scales.shape) == (G, N) and folded.column_scales.dtype == torch.float32,
+             f"folded.column_scales must be float32 {(G, N)}, got {folded.column_scales.dtype} "
+             f"{tuple(folded.column_scales.shape)}")
+    _require(all(t.is_contiguous() for t in (aq, sa, bq, d, *folded)),
+             "the FP8-MMA route needs contiguous a, sa, b, d and folded scales")
+    _require(d.dtype == torch.bfloat16, f"the FP8-MMA route writes bf16, got d {d.dtype}")
+
+
+@functools.cache
+def _packed_fp4_layout():
+    """The shared layout of the FP8-MMA route's packed weight tiles [128 rows, 64 bytes]: a 64-byte swizzle, so the
+    converter's row-per-thread 16-byte loads hit distinct banks."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+
+
+def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
+                   folded: FoldedFP4Scales, expected_m: int | None) -> None:
+    """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
+    persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, 16 tokens at
+    expected_m <= 16 and 32 above, with a 2-deep ring (session 19 runs 9-10: fewer stages, more resident CTAs)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .gemm_gluon_fp4_e4m3_kernel import fp4_e4m3_contiguous_kernel, fp4_e4m3_masked_kernel
+
+    (aq, sa), (bq, _) = a, b
+    G, N, K2 = bq.shape
+    K = aq.shape[-1]
+    w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
+    sa_words = sa.view(torch.uint8).view(torch.int32)
+    if layout == _CONTIGUOUS:
+        M = aq.shape[0]
+        fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
+            _tma_desc(aq, (128, 128)), w_desc, d, folded.offsets, sa_words, folded.column_scales, group_arg, M, N, K,
+            K // 128, d.stride(0), STAGES=4, GROUP_M=8, CONSUMER_REGS=192, PRODUCER_REGS=24, num_warps=4,
+            maxnreg=128)
+        return
+    max_m = aq.shape[1]
+    block_m = 16 if (expected_m or max_m) <= 16 else 32
+    fp4_e4m3_masked_kernel[(N // 128, G, cdiv(max_m, block_m))](
+        w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
+        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=2, num_warps=4)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

@@ -1,0 +1,311 @@
+"""Gluon kernels of the grouped FP8 x FP4 GEMMs on FP8 tensor cores: the FP4 weights converted to e4m3 in shared
+memory with their per-32 scales folded per weight row, the FP8 activations fed to the MMA as they are.
+
+Why (docs/reports/deepgemm-fp8-moe.md, session 19): the bf16-MMA kernels of gemm_gluon_kernel.py spend 2.5-3
+instructions per weight value on the FP4 -> bf16 conversion and need an activation pass in front. e2m1 x 2^d is
+exact in e4m3 for d in [-8, 6], so a weight row n takes one reference exponent ref[n] = max over K of its scale
+exponent - 6, its values become e4m3 x 2^(e - ref[n]), and 2^(ref[n] - 127) multiplies the row's outputs once. With
+d in [-5, 6] (a row's scale bytes span at most 11; gemm.fold_fp4_weight_scales checks it) the 8-entry table of a row
+and 32-block is two words built by integer multiply-adds, and the conversion is 9 instructions per 8 values. The
+activations' per-32 scales stay in the loop: one FMA per accumulator element and 32 of K after an m64nXk32 MMA.
+Measured on H200 (same report): prefill 1.03-1.06x the bf16 route, decode at ~8 rows per expert 0.60-0.64 of the
+device-copy rate (1.28-1.37x), at ~32 rows 0.84-0.86x.
+
+Both kernels compute every output element the same way (an FP8 MMA over one 32-block, then acc += part *
+sa[token, kb], then times the row's 2^(ref - 127), rounded to bf16), with the weights as the MMA's B operand
+(contiguous) or its A operand (masked, swap-AB); the H200 gives both the same bits, so a token's row does not
+depend on the layout that carries it (tests/test_gemm_fp4_e4m3.py). The bf16 route's rows differ from these by
+rounding, so one weight tensor takes one route in every layout (gemm.py routes on the folded scales alone).
+
+- Contiguous (prefill): fp4_e4m3_contiguous_kernel, one persistent CTA per SM, 128 x 128 output tiles, K in steps
+  of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
+  partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
+  warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores the used rows only.
+- Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
+  ring, the conversion into a shared tile, swap-AB MMAs of m64nBLOCK_Mk32; the used tokens' rows are stored.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                warpgroup_mma_wait)
+
+from .gemm_gluon_fp8_kernel import _tile_offsets, _ue8m0_to_f32
+
+# e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) at d = -5; one step of d adds
+# 8 (an exponent step) to every byte but the zero's. The offset bytes hold d + 5, in [0, 11].
+LUT_LO_BASE: gl.constexpr = gl.constexpr(0x14100800)
+LUT_LO_STEP: gl.constexpr = gl.constexpr(0x08080800)
+LUT_HI_BASE: gl.constexpr = gl.constexpr(0x24201C18)
+LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
+
+# $2: 8 packed e2m1 values (value i in bits 4i..4i+3), $3 / $4: the row's table -> $0: values 0-3 as e4m3 bytes, $1:
+# values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign bits cleared) index the table.
+# The signs, bit 4i + 3, must become bit 7 of byte i: w << 4 holds the even values' signs at its bytes' top bits and
+# w the odd values', so a byte permute with a constant selector interleaves them and an AND-OR adds them.
+_E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 m, t, w4;
+and.b32 m, $2, 0x77777777;
+prmt.b32 $0, $3, $4, m;
+shr.u32 m, m, 16;
+prmt.b32 $1, $3, $4, m;
+shl.b32 w4, $2, 4;
+prmt.b32 t, w4, $2, 0x5140;
+and.b32 t, t, 0x80808080;
+or.b32 $0, $0, t;
+prmt.b32 t, w4, $2, 0x7362;
+and.b32 t, t, 0x80808080;
+or.b32 $1, $1, t;
+}
+""")
+
+# a thread converts one weight row: its 16 words (128 values) of a K step
+_ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _convert_rows(words, offsets):
+    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows; offsets: int32 [128], each row's 4 offset
+    bytes of the step -> the e4m3 tile as int32 [128, 32] (4 values per word, K order kept)."""
+    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4  # a constant of each register
+    lo = gl.where(for_k32 == 0, (LUT_LO_BASE + (offsets & 0xFF) * LUT_LO_STEP)[:, None],
+                  gl.where(for_k32 == 1, (LUT_LO_BASE + ((offsets >> 8) & 0xFF) * LUT_LO_STEP)[:, None],
+                           gl.where(for_k32 == 2, (LUT_LO_BASE + ((offsets >> 16) & 0xFF) * LUT_LO_STEP)[:, None],
+                                    (LUT_LO_BASE + ((offsets >> 24) & 0xFF) * LUT_LO_STEP)[:, None])))
+    hi = gl.where(for_k32 == 0, (LUT_HI_BASE + (offsets & 0xFF) * LUT_HI_STEP)[:, None],
+                  gl.where(for_k32 == 1, (LUT_HI_BASE + ((offsets >> 8) & 0xFF) * LUT_HI_STEP)[:, None],
+                           gl.where(for_k32 == 2, (LUT_HI_BASE + ((offsets >> 16) & 0xFF) * LUT_HI_STEP)[:, None],
+                                    (LUT_HI_BASE + ((offsets >> 24) & 0xFF) * LUT_HI_STEP)[:, None])))
+    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    return gl.reshape(gl.join(q03, q47), [128, 32])
+
+
+@gluon.jit
+def _raw_words(raw_ring, STAGES: gl.constexpr):
+    """The packed weight ring [STAGES, 128, 64] uint8 (64-byte swizzle) read as int32 [STAGES, 128, 16]."""
+    return raw_ring._reinterpret(gl.int32, [STAGES, 128, 16],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2))
+
+
+# ---- contiguous layout (prefill) ----
+
+
+@gluon.jit
+def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+                      GROUP_M: gl.constexpr):
+    """The producer warp: per step of the program's tiles, once the slot is empty, the activation tile (into "ready",
+    with the converter's arrival) and the packed weight rows (into "raw_ready") by TMA."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
+        g = gl.load(layout_ptr + off_m)
+        if g >= 0:  # an all-padding tile (first row -1: segments are 128-aligned) is skipped by every partition
+            for k in range(K // 128):
+                slot = step % STAGES
+                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+                mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
+                                                raw_ring.index(slot))
+                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
+                step += 1
+
+
+@gluon.jit
+def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
+    """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
+    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
+    STAGES: gl.constexpr = raw_ring.type.shape[0]
+    raw_words = _raw_words(raw_ring, STAGES)
+    num_k = K // 128
+    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
+        g = gl.load(layout_ptr + off_m)
+        if g >= 0:
+            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
+            offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
+            for k in range(num_k):
+                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
+                slot = step % STAGES
+                mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
+                tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
+                # the slot's B tile is free: the producer waited for "empty" before this step's weights
+                b_ring.index(slot).store(tile_words)
+                fence_async_shared()
+                mbarrier.arrive(ready.index(slot), count=1)
+                offsets, offsets_next = offsets_next, offsets_after
+                step += 1
+
+
+@gluon.jit
+def _contiguous_math(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K, stride_sa,
+                     stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
+    """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
+    acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
+    not -1 (padding rows stay untouched). sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa
+    words)."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    num_k = K // 128
+    zero = gl.zeros([64, 128], gl.float32, mma)
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
+        g = gl.load(layout_ptr + off_m)
+        if g >= 0:
+            offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+            sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+            wa = gl.load(sa_rows)
+            acc = gl.zeros([64, 128], gl.float32, mma)
+            for k in range(num_k):
+                wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
+                slot = step % STAGES
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+                b_tile = b_ring.index(slot)
+                for j in gl.static_range(4):
+                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True),))
+                    acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+                mbarrier.arrive(empty.index(slot), count=1)
+                wa = wa_next
+                step += 1
+            cols = off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma))
+            acc = acc * gl.load(colscale_ptr + g * N + gl.minimum(cols, N - 1))[None, :]
+            used = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1) >= 0
+            gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
+                     mask=used[:, None] & (cols < N)[None, :])
+
+
+@gluon.jit
+def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+                               stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
+    >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
+    [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d); offsets int32 [G * N, K / 128]; sa int32
+    words [M, K / 128] (row stride stride_sa); colscale fp32 [G * N]; layout int32 [M], segments 128-aligned;
+    K % 128 == 0. Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
+    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
+        mbarrier.init(raw_ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
+    gl.warp_specialize(
+        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+                             stride_sa, stride_d, GROUP_M, 0)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+                             stride_sa, stride_d, GROUP_M, 64)),
+         (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+                              GROUP_M))],
+        [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(raw_ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+# ---- masked layout (decode) ----
+
+
+@gluon.jit
+def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
+    """TMA step k's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] into ring slot k % STAGES."""
+    slot = k % w_ring.type.shape[0]
+    mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(w_desc, [w_row, k * 64], ready.index(slot), w_ring.index(slot))
+    tma.async_copy_global_to_shared(x_desc, [x_row, k * 128], ready.index(slot), x_ring.index(slot))
+
+
+@gluon.jit
+def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr):
+    """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
+    m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
+    swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
+    [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
+    K % 128 == 0. Grid (N / 128, G, cdiv(max_m, BLOCK_M)); num_warps=4. Per step: the ring slot's weights
+    converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
+    64-127 as A, the activations as B) and acc += part * sa[token, kb]."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    raw_words = _raw_words(w_ring, STAGES)
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
+    w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+    w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+
+    n0 = gl.program_id(0) * 128
+    g = gl.program_id(1)
+    m0 = gl.program_id(2) * BLOCK_M
+    rows_used = gl.load(masked_m_ptr + g)
+    if m0 < rows_used:
+        num_k = K // 128
+        w_row = g * N + n0
+        x_row = g * max_m + m0
+        for s in gl.static_range(STAGES - 1):
+            if s < num_k:
+                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
+        row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) \
+            * (K // 128)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_M, 32])
+        tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+        sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
+        zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
+        for k in range(num_k):
+            # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
+            if k + STAGES - 1 < num_k:
+                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+            ahead = gl.minimum(k + 1, num_k - 1)
+            offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
+            slot = k % STAGES
+            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
+            x_tile = x_ring.index(slot)
+            for j in gl.static_range(4):
+                b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
+                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero, use_acc=False,
+                                       is_async=True)
+                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero, use_acc=False,
+                                       is_async=True)
+                part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
+                acc_lo = acc_lo + part_lo * fa
+                acc_hi = acc_hi + part_hi * fa
+            offsets, wa = offsets_next, wa_next
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+        keep = (tokens < rows_used)[None, :]
+        out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
+        scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
+        scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
+        gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
+        gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))

@@ -1,0 +1,178 @@
+"""The FP8-MMA route of the grouped FP8 x FP4 GEMMs (gemm.fold_fp4_weight_scales, gemm_gluon_fp4_e4m3_kernel;
+docs/reports/deepgemm-fp8-moe.md).
+
+CPU: the folded scales (each row's exponents recovered exactly, the span rule), the kernels' e2m1 -> e4m3 byte
+permutes emulated bit for bit against torch's e4m3 for every code and offset, the argument checks, and the reference
+fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference on random data (DeepGEMM's diff
+below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
+layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
+equal. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 16- and 32-token
+masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several.
+"""
+
+import pytest
+import torch
+
+from mini_deepgemm import gemm, reference
+from mini_deepgemm._backend import gluon_usable
+from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16
+
+needs_gluon = pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(),
+                                 reason="needs CUDA and triton 3.6")
+
+
+def foldable_fp4_weights(G: int, N: int, K: int, gen: torch.Generator, device: str = "cpu"):
+    """Packed FP4 weights [G, N, K/2] and UE8M0 scales whose per-32 magnitudes vary over 2^-3..2^3 (a row's scale
+    bytes then span at most ~8, inside the route's 11)."""
+    spread = torch.exp2(torch.randint(-3, 4, (G, N, K // 32), generator=gen).float()).repeat_interleave(32, -1)
+    q, s = reference.fp4_quant((torch.randn(G, N, K, generator=gen) * spread).to(torch.bfloat16), 32, "ue8m0")
+    return q.to(device), s.to(device)
+
+
+def test_folded_scales_recover_every_exponent():
+    _, sb = foldable_fp4_weights(3, 256, 640, torch.Generator().manual_seed(0))
+    folded = gemm.fold_fp4_weight_scales(sb)
+    assert folded is not None
+    e = sb.view(torch.uint8).long()
+    offsets = folded.offsets.view(torch.uint8).view(3, 256, 20).long()
+    assert int(offsets.min()) >= 0 and int(offsets.max()) <= 11
+    ref = e.amax(-1) - 6
+    assert torch.equal(offsets - 5 + ref[..., None], e), "offset + ref must give back each scale exponent"
+    assert torch.equal(folded.column_scales, torch.exp2((ref - 127).double()).float())
+
+
+def test_a_row_spanning_more_than_11_is_refused():
+    sb = torch.full((1, 128, 8), 120, dtype=torch.uint8)
+    sb[0, 5, 3] = 132  # one row spans 12
+    assert gemm.fold_fp4_weight_scales(sb.view(torch.float8_e8m0fnu)) is None
+    sb[0, 5, 3] = 131
+    assert gemm.fold_fp4_weight_scales(sb.view(torch.float8_e8m0fnu)) is not None
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte (nibble i of the selector) of {b, a}, or that
+    byte's sign replicated when the nibble's bit 3 is set."""
+    source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = source[nibble & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if nibble & 8 else byte) << (8 * i)
+    return out
+
+
+def test_the_byte_permute_conversion_is_exact():
+    """The kernels' _E2M1_TO_E4M3_PTX, step by step, for all 16 codes at each of the 8 positions of a word and every
+    offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts them (+0 and -0 alike)."""
+    k = pytest.importorskip("mini_deepgemm.gemm_gluon_fp4_e4m3_kernel")
+    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    for offset in range(12):
+        lo = (k.LUT_LO_BASE.value + offset * k.LUT_LO_STEP.value) & 0xFFFFFFFF
+        hi = (k.LUT_HI_BASE.value + offset * k.LUT_HI_STEP.value) & 0xFFFFFFFF
+        for code in range(16):
+            for pos in range(8):
+                w = code << (4 * pos)
+                m = w & 0x77777777
+                r0, r1 = _prmt(lo, hi, m), _prmt(lo, hi, m >> 16)
+                w4 = (w << 4) & 0xFFFFFFFF
+                r0 |= _prmt(w4, w, 0x5140) & 0x80808080
+                r1 |= _prmt(w4, w, 0x7362) & 0x80808080
+                got = ((r1 << 32 | r0) >> (8 * pos)) & 0xFF
+                value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
+                want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()
+                assert got == want or (code & 7 == 0 and got in (0x00, 0x80)), (offset, code, pos, got, want)
+
+
+def _contiguous_case(rows, N, K, gen, device="cpu"):
+    layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
+    q, s = reference.act_quant(random_bf16(layout.numel(), K, generator=gen), 32, "ue8m0")
+    bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
+    return q.to(device), s.to(device), bq.to(device), sb.to(device), layout.to(device)
+
+
+def test_folded_on_the_cpu_is_the_reference():
+    gen = torch.Generator().manual_seed(1)
+    q, s, bq, sb, layout = _contiguous_case([5, 0, 130], 256, 256, gen)
+    folded = gemm.fold_fp4_weight_scales(sb)
+    d, want = (torch.full((layout.numel(), 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), want, layout)
+    assert torch.equal(d.view(torch.int16), want.view(torch.int16))
+
+
+def test_folded_argument_errors_name_the_problem():
+    gen = torch.Generator().manual_seed(2)
+    q, s, bq, sb, layout = _contiguous_case([3], 256, 256, gen)
+    folded = gemm.fold_fp4_weight_scales(sb)
+    d = torch.empty(layout.numel(), 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq[:, :192].contiguous(), sb[:, :192].contiguous()),
+                                                  d[:, :192].contiguous(), layout, folded=folded)
+    with pytest.raises(ValueError, match="folded.offsets must be int32"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout,
+                                                  folded=gemm.FoldedFP4Scales(folded.offsets[:, :128],
+                                                                              folded.column_scales))
+    with pytest.raises(ValueError, match="writes bf16"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d.float(), layout, folded=folded)
+
+
+CONTIGUOUS_CASES = {  # rows per group, N, K
+    "ragged": ([300, 0, 1, 128, 1024, 77, 129], 512, 640),
+    "one-step": ([150, 260], 256, 128),
+    "n384": ([300, 1, 0, 520], 384, 256),
+}
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case):
+    rows, N, K = CONTIGUOUS_CASES[case]
+    gen = torch.Generator().manual_seed(3)
+    q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda")
+    folded = gemm.fold_fp4_weight_scales(sb)
+    assert folded is not None
+    d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded)
+    want = reference.m_grouped_gemm_nt_contiguous_ref(q, s, bq, sb, layout, 1, 32)
+    used = layout >= 0
+    assert calc_diff(d[used].float(), want[used]) < 1e-5
+    assert bool((d[~used] == 7.0).all()), "padding rows must stay untouched"
+    again = torch.full_like(d, 7.0)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), again, layout, folded=folded)
+    assert torch.equal(again.view(torch.int16), d.view(torch.int16)), "repeated calls must give the same bits"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("expected_m", [8, 32])  # 16- and 32-token tiles
+def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m):
+    G, N, K, max_m = 6, 384, 640, 64
+    masked = [0, 1, 17, max_m, 5, 40]
+    gen = torch.Generator().manual_seed(4)
+    q, s = reference.act_quant(random_bf16(G * max_m, K, generator=gen), 32, "ue8m0")
+    q, s = q.view(G, max_m, K).cuda(), s.view(G, max_m, K // 32).cuda()
+    bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
+    folded = gemm.fold_fp4_weight_scales(sb)
+    assert folded is not None
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), d, masked_m, expected_m, folded=folded)
+    want = reference.m_grouped_gemm_nt_masked_ref(q, s, bq, sb, masked_m, 1, 32)
+    used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+    assert calc_diff(d[used].float(), want[used]) < 1e-5
+    assert bool((d[~used] == 7.0).all()), "rows past masked_m must stay untouched"
+
+    # the same token rows in the contiguous layout: the same bits
+    layout = contiguous_layout(masked, gemm.get_m_alignment_for_contiguous_layout()).cuda()
+    starts = [0]
+    for m in masked:
+        starts.append(starts[-1] + -(-m // 128) * 128)
+    where = torch.tensor([starts[g] + i for g, m in enumerate(masked) for i in range(m)], device="cuda")
+    q_c = torch.zeros(layout.numel(), K, device="cuda").to(torch.float8_e4m3fn)
+    s_c = torch.full((layout.numel(), K // 32), 127, dtype=torch.uint8, device="cuda")  # index_put has no e8m0
+    q_c[where], s_c[where] = q[used], s.view(torch.uint8)[used]
+    s_c = s_c.view(torch.float8_e8m0fnu)
+    d_c = torch.empty(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q_c, s_c), (bq, sb), d_c, layout, folded=folded)
+    assert torch.equal(d[used].view(torch.int16), d_c[where].view(torch.int16)), "masked vs contiguous rows"
