@@ -21,8 +21,11 @@
 #       run 8's 6 stages left 2 CTAs per SM)
 #   source .devdeps/env.sh && PART=r10 bash benchmarks/gpu_s19.sh   (1 x H200: run 9 with an 80-register cap and a grid
 #       with the token tiles fastest (16-token tiles at ~32 rows per expert))
+#   source .devdeps/env.sh && PART=r11 bash benchmarks/gpu_s19.sh   (1 x H200, branch fp8-fp4-route: the route in the
+#       package: every mini-deepgemm GPU test (with test_gemm_fp4_e4m3.py), then bench_fp4_e4m3_route.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 case "${PART:-r1}" in
 r1)
   run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"
@@ -42,6 +45,12 @@ r3|r4|r5|r6|r7)
 r8|r9|r10)
   run fp8_masked 300 bash -c "cd benchmarks && python3 exp_gemm_fp8_masked.py"
   cat "$OUT/summary.txt"; grep -E "^smoke|^\| " "$OUT/fp8_masked.txt" | cut -c1-400; tail -3 "$OUT/fp8_masked.txt" | cut -c1-300
+  ;;
+r11)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run route_bench 90 bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" | tail -8
+  grep -E "^\| " "$OUT/route_bench.txt"; tail -3 "$OUT/route_bench.txt" | cut -c1-300
   ;;
 esac
 pack_out

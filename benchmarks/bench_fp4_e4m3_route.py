@@ -1,0 +1,120 @@
+"""The grouped FP8 x FP4 GEMMs on their FP8-MMA route (`folded=`, gemm_gluon_fp4_e4m3_kernel.py) against the bf16
+route (the package's default) in the same process, at bench_deepgemm's MoE shapes (docs/reports/deepgemm-fp8-moe.md).
+
+- Prefill (contiguous): 96 experts of 128-1,024 rows, w13 4,608 x 5,120 and w2 5,120 x 2,304: TFLOP/s over the
+  real rows, the ratio to the bf16 route's whole call (activation pass + GEMM) and to `torch._scaled_grouped_mm`
+  (FP8 rowwise; the issue's peer).
+- Decode (masked): 96 experts of Poisson(8) and Poisson(32) rows: weight bytes per second as a fraction of the device
+  copy (`bench_deepgemm.copy_bandwidth_gbs`, same process), and the ratio to the bf16 route.
+Both routes get the same weights. Their scale bytes are drawn from 118-128 (a row spans at most 10; the route takes
+11; bench_deepgemm draws 116-128). GPU time by CUDA-graph replay (`exp_gemm_gluon_v3.ms`). Every valid row of the
+two routes is compared (calc_diff). Writes $OUT/bench_fp4_e4m3_route.json.
+
+    cd benchmarks && timeout 300 python3 bench_fp4_e4m3_route.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from bench_deepgemm import FP4_SCALE_BOUND, contiguous_operands, copy_bandwidth_gbs, masked_operands  # beside this
+from bench_flashmla import environment
+from exp_gemm_gluon_v3 import ms
+from mini_deepgemm import gemm as G
+from mini_deepgemm.testing import calc_diff
+
+MOE_SHAPES = (("w13", 4608, 5120), ("w2", 5120, 2304))
+
+
+def foldable_scales(*shape: int) -> torch.Tensor:
+    return torch.randint(118, 129, shape, dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
+
+
+def prefill_rows(gen) -> list[dict]:
+    rows_out = []
+    for groups in (96,):
+        for name, N, K in MOE_SHAPES:
+            rows, layout, ends, M, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen)
+            sb = foldable_scales(groups, N, K // 32)
+            folded = G.fold_fp4_weight_scales(sb)
+            d_bf16 = torch.empty_like(d)
+            calls = {
+                "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
+                    (a, sa), (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                "bf16_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
+                    (a, sa), (bq, sb), d_bf16, layout, weight_scale_max=FP4_SCALE_BOUND),
+            }
+            t = {k: ms(fn) for k, fn in calls.items()}
+            w8 = (torch.randn(groups, N, K, device="cuda") * 4).to(torch.float8_e4m3fn)
+            s_a, s_b = torch.rand(M, device="cuda") + 0.5, torch.rand(groups, N, device="cuda") + 0.5
+            t["scaled_grouped_mm_fp8"] = ms(lambda: torch._scaled_grouped_mm(
+                a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
+            w8 = None  # frees it before the next case (a rebinding: the timed lambda has run)
+            used = layout >= 0
+            flops = 2 * sum(rows) * N * K
+            row = {"layout": "contiguous", "groups": groups, "name": name, "N": N, "K": K, "rows": sum(rows),
+                   "diff_routes": float(calc_diff(d[used].float(), d_bf16[used].float())),
+                   **{f"us_{k}": v * 1e3 for k, v in t.items()},
+                   **{f"tflops_{k}": flops / v / 1e9 for k, v in t.items()}}
+            row["fp8_over_bf16_route"] = t["bf16_route"] / t["fp8_route"]
+            row["fp8_over_scaled_grouped_mm"] = t["scaled_grouped_mm_fp8"] / t["fp8_route"]
+            print(json.dumps(row), flush=True)
+            rows_out.append(row)
+            torch.cuda.empty_cache()
+    return rows_out
+
+
+def decode_rows(gen, copy_gbs: float) -> list[dict]:
+    rows_out = []
+    for expected_m in (8, 32):
+        for name, N, K in MOE_SHAPES:
+            masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
+            sb = foldable_scales(96, N, K // 32)
+            folded = G.fold_fp4_weight_scales(sb)
+            d_bf16 = torch.empty_like(d)
+            calls = {
+                "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
+                    (a, sa), (bq, sb), d, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                "bf16_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
+                    (a, sa), (bq, sb), d_bf16, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND),
+            }
+            t = {k: ms(fn) for k, fn in calls.items()}
+            used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
+            weight_bytes = bq.numel() + sb.numel()
+            row = {"layout": "masked", "groups": 96, "expected_m": expected_m, "name": name, "N": N, "K": K,
+                   "rows": int(masked.sum()), "copy_gbs": copy_gbs,
+                   "diff_routes": float(calc_diff(d[used].float(), d_bf16[used].float())),
+                   **{f"us_{k}": v * 1e3 for k, v in t.items()},
+                   **{f"frac_of_copy_{k}": weight_bytes / v / 1e6 / copy_gbs for k, v in t.items()}}
+            row["fp8_over_bf16_route"] = t["bf16_route"] / t["fp8_route"]
+            print(json.dumps(row), flush=True)
+            rows_out.append(row)
+            torch.cuda.empty_cache()
+    return rows_out
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    result = {"environment": environment(torch.device("cuda")), "rows": prefill_rows(gen)}
+    copy_gbs = copy_bandwidth_gbs()
+    torch.cuda.empty_cache()
+    result["rows"] += decode_rows(gen, copy_gbs)
+    with open(os.path.join(os.environ.get("OUT", "."), "bench_fp4_e4m3_route.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("| layout | experts | GEMM | rows | FP8 route | bf16 route | x bf16 route | peer | diff between routes |")
+    for r in result["rows"]:
+        if r["layout"] == "contiguous":
+            print(f"| contiguous | {r['groups']} | {r['name']} | {r['rows']} | {r['tflops_fp8_route']:.0f} TFLOP/s | "
+                  f"{r['tflops_bf16_route']:.0f} | {r['fp8_over_bf16_route']:.2f} | "
+                  f"{r['fp8_over_scaled_grouped_mm']:.2f}x scaled_grouped_mm | {r['diff_routes']:.1e} |")
+        else:
+            print(f"| masked ~{r['expected_m']} | 96 | {r['name']} | {r['rows']} | "
+                  f"{r['frac_of_copy_fp8_route']:.2f} of copy | {r['frac_of_copy_bf16_route']:.2f} | "
+                  f"{r['fp8_over_bf16_route']:.2f} | copy {r['copy_gbs']:.0f} GB/s | {r['diff_routes']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
