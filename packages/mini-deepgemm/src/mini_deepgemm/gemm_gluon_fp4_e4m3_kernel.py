@@ -8,8 +8,9 @@ exponent - 6, its values become e4m3 x 2^(e - ref[n]), and 2^(ref[n] - 127) mult
 d in [-5, 6] (a row's scale bytes span at most 11; gemm.fold_fp4_weight_scales checks it) the 8-entry table of a row
 and 32-block is two words built by integer multiply-adds, and the conversion is 9 instructions per 8 values. The
 activations' per-32 scales stay in the loop: one FMA per accumulator element and 32 of K after an m64nXk32 MMA.
-Measured on H200 (same report): prefill 1.03-1.06x the bf16 route, decode at ~8 rows per expert 0.60-0.64 of the
-device-copy rate (1.28-1.37x), at ~32 rows 0.84-0.86x.
+Measured on H200 (same report, run 11), against the bf16 route: prefill 0.95-1.01x (the experiment's TMA-stored
+tiles, which also wrote padding rows, ran 1.03-1.06x), decode at ~8 rows per expert 1.28-1.35x and 0.59 of the
+device-copy rate, at ~32 rows 0.87-0.88x.
 
 Both kernels compute every output element the same way (an FP8 MMA over one 32-block, then acc += part *
 sa[token, kb], then times the row's 2^(ref - 127), rounded to bf16), with the weights as the MMA's B operand
