@@ -68,18 +68,23 @@ _ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
 
 
 @gluon.jit
+def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
+    """One table word ([128, 16] in _ROW_WORDS) per packed word: BASE + STEP x the offset byte of the word's 32-block
+    (offsets: int32 [128], a row's 4 bytes of the step). The block is a constant of each register, so the selects
+    fold away and a thread computes its row's 4 words once."""
+    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4
+    return gl.where(for_k32 == 0, (BASE + (offsets & 0xFF) * STEP)[:, None],
+                    gl.where(for_k32 == 1, (BASE + ((offsets >> 8) & 0xFF) * STEP)[:, None],
+                             gl.where(for_k32 == 2, (BASE + ((offsets >> 16) & 0xFF) * STEP)[:, None],
+                                      (BASE + ((offsets >> 24) & 0xFF) * STEP)[:, None])))
+
+
+@gluon.jit
 def _convert_rows(words, offsets):
     """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows; offsets: int32 [128], each row's 4 offset
     bytes of the step -> the e4m3 tile as int32 [128, 32] (4 values per word, K order kept)."""
-    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4  # a constant of each register
-    lo = gl.where(for_k32 == 0, (LUT_LO_BASE + (offsets & 0xFF) * LUT_LO_STEP)[:, None],
-                  gl.where(for_k32 == 1, (LUT_LO_BASE + ((offsets >> 8) & 0xFF) * LUT_LO_STEP)[:, None],
-                           gl.where(for_k32 == 2, (LUT_LO_BASE + ((offsets >> 16) & 0xFF) * LUT_LO_STEP)[:, None],
-                                    (LUT_LO_BASE + ((offsets >> 24) & 0xFF) * LUT_LO_STEP)[:, None])))
-    hi = gl.where(for_k32 == 0, (LUT_HI_BASE + (offsets & 0xFF) * LUT_HI_STEP)[:, None],
-                  gl.where(for_k32 == 1, (LUT_HI_BASE + ((offsets >> 8) & 0xFF) * LUT_HI_STEP)[:, None],
-                           gl.where(for_k32 == 2, (LUT_HI_BASE + ((offsets >> 16) & 0xFF) * LUT_HI_STEP)[:, None],
-                                    (LUT_HI_BASE + ((offsets >> 24) & 0xFF) * LUT_HI_STEP)[:, None])))
+    lo = _table_words(offsets, LUT_LO_BASE, LUT_LO_STEP)
+    hi = _table_words(offsets, LUT_HI_BASE, LUT_HI_STEP)
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     return gl.reshape(gl.join(q03, q47), [128, 32])
