@@ -33,9 +33,10 @@ FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4
 weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion. Given to a call, the Gluon
 kernels of gemm_gluon_fp4_e4m3_kernel.py run it: no activation pass, the conversion 9 instructions per 8 values
 (docs/reports/deepgemm-fp8-moe.md; H200, session 19 run 11, against the bf16 route: prefill 0.95-1.01x, decode at
-~8 rows per expert 1.28-1.35x and 0.59 of the copy rate, at ~32 rows 0.87-0.88x). Its rows differ from the bf16 route's by rounding and agree bitwise
-between the two layouts, so pass `folded` for a weight tensor in every call or in none. Where the Gluon kernels do
-not run, `folded` is ignored (the Triton kernels or the references, the same in every layout).
+~8 rows per expert 1.28-1.35x and 0.59 of the copy rate, at ~32 rows 0.87-0.88x). Its rows differ from the bf16
+route's by rounding and agree bitwise between the two layouts, so pass `folded` for a weight tensor in every call or
+in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton kernels or the references, the same in
+every layout).
 
 On CUDA, `default_config` picks the kernel per call: the Gluon kernels (gemm_gluon_fp8_kernel.py: dense FP8
 weights, V3 and V4.1 recipes; gemm_gluon_kernel.py: grouped FP4 weights) where they run (sm_90, triton 3.6), else
@@ -155,7 +156,7 @@ def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
     e = sb.view(torch.uint8).to(torch.int32)
     ref = e.amax(-1) - _FOLD_D_MAX
     d = e - ref[..., None]
-    if int(d.min()) < _FOLD_D_MIN or int(ref.min()) < 1:
+    if not bool((d.amin() >= _FOLD_D_MIN) & (ref.amin() >= 1)):  # one host sync
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
     return FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
