@@ -20,7 +20,8 @@ import os
 
 import torch
 
-from bench_deepgemm import FP4_SCALE_BOUND, contiguous_operands, copy_bandwidth_gbs, masked_operands  # beside this
+from bench_deepgemm import (FP4_SCALE_BOUND, contiguous_operands, copy_bandwidth_gbs, masked_operands,  # beside this
+                            rand_fp4_weight_scales)
 from bench_flashmla import environment
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
@@ -29,16 +30,12 @@ from mini_deepgemm.testing import calc_diff
 MOE_SHAPES = (("w13", 4608, 5120), ("w2", 5120, 2304))
 
 
-def foldable_scales(*shape: int) -> torch.Tensor:
-    return torch.randint(118, 129, shape, dtype=torch.uint8, device="cuda").view(torch.float8_e8m0fnu)
-
-
 def prefill_rows(gen) -> list[dict]:
     rows_out = []
     for groups in (96,):
         for name, N, K in MOE_SHAPES:
             rows, layout, ends, M, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen)
-            sb = foldable_scales(groups, N, K // 32)
+            sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
             d_bf16 = torch.empty_like(d)
             calls = {
@@ -72,7 +69,7 @@ def decode_rows(gen, copy_gbs: float) -> list[dict]:
     for expected_m in (8, 32):
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
-            sb = foldable_scales(96, N, K // 32)
+            sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
             d_bf16 = torch.empty_like(d)
             calls = {

@@ -15,7 +15,7 @@ import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16
+from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16, random_fp4_weights
 
 needs_gluon = pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(),
                                  reason="needs CUDA and triton 3.6")
@@ -24,9 +24,8 @@ needs_gluon = pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usab
 def foldable_fp4_weights(G: int, N: int, K: int, gen: torch.Generator, device: str = "cpu"):
     """Packed FP4 weights [G, N, K/2] and UE8M0 scales whose per-32 magnitudes vary over 2^-3..2^3 (a row's scale
     bytes then span at most ~8, inside the route's 11)."""
-    spread = torch.exp2(torch.randint(-3, 4, (G, N, K // 32), generator=gen).float()).repeat_interleave(32, -1)
-    q, s = reference.fp4_quant((torch.randn(G, N, K, generator=gen) * spread).to(torch.bfloat16), 32, "ue8m0")
-    return q.to(device), s.to(device)
+    _, q, s = random_fp4_weights(G, N=N, K=K, device=device, generator=gen, max_exponent=3)
+    return q, s
 
 
 def test_folded_scales_recover_every_exponent():

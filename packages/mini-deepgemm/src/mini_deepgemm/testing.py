@@ -31,14 +31,16 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def random_bf16(
-    *shape: int, row_block: int = 1, device: str | torch.device = "cpu", generator: torch.Generator | None = None
+    *shape: int, row_block: int = 1, device: str | torch.device = "cpu", generator: torch.Generator | None = None,
+    max_exponent: int = 4,
 ) -> torch.Tensor:
-    """Gaussian values whose magnitude varies per row_block x 32 block over 2^-4..2^4, so neighbouring scale
-    groups get different scales (a kernel that mixes them up fails). row_block: the rows sharing one scale
-    (1 for activations and FP4 weights, the block size for FP8 block-scaled weights)."""
+    """Gaussian values whose magnitude varies per row_block x 32 block over 2^-max_exponent..2^max_exponent, so
+    neighbouring scale groups get different scales (a kernel that mixes them up fails). row_block: the rows sharing
+    one scale (1 for activations and FP4 weights, the block size for FP8 block-scaled weights)."""
     *lead, rows, cols = shape
     x = torch.randn(*shape, generator=generator)
-    exps = torch.randint(-4, 5, (*lead, -(-rows // row_block), cols // 32), generator=generator).float()
+    exps = torch.randint(-max_exponent, max_exponent + 1, (*lead, -(-rows // row_block), cols // 32),
+                         generator=generator).float()
     spread = torch.exp2(exps).repeat_interleave(row_block, -2)[..., :rows, :].repeat_interleave(32, -1)
     return (x * spread).to(torch.bfloat16).to(device)
 
@@ -68,10 +70,12 @@ def block_scaled_operands(
 
 
 def random_fp4_weights(
-    *lead: int, N: int, K: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None
+    *lead: int, N: int, K: int, device: str | torch.device = "cpu", generator: torch.Generator | None = None,
+    max_exponent: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(w bf16 [*lead, N, K], packed e2m1 uint8 [*lead, N, K/2], UE8M0 scale [*lead, N, K/32])."""
-    w = random_bf16(*lead, N, K, generator=generator).to(device)
+    """(w bf16 [*lead, N, K], packed e2m1 uint8 [*lead, N, K/2], UE8M0 scale [*lead, N, K/32]); max_exponent: as
+    random_bf16's."""
+    w = random_bf16(*lead, N, K, generator=generator, max_exponent=max_exponent).to(device)
     q, s = reference.fp4_quant(w, 32, "ue8m0")
     return w, q, s
 
