@@ -75,7 +75,8 @@ def variants(before) -> dict:
 def variant_rows(calls: dict, reference: str, Ms) -> list[dict]:
     """Per M x bench_deepgemm dense shape: every call (name -> fn(op, d)) timed as TFLOP/s (CUDA-graph replay) and its
     output checked bitwise against calls[reference]'s, with cuBLAS per-tensor FP8 of the same shape as the peer. The
-    V4.1 experiments of sessions 18 on share it (exp_gemm_v41_stages.py, exp_gemm_v41_partitions.py)."""
+    V4.1 experiments of sessions 18-19 shared it (exp_gemm_v41_stages.py, exp_gemm_v41_partitions.py; commit
+    3bc147e)."""
     rows, one = [], torch.ones((), device="cuda")
     for M in Ms:
         for name, (N, K) in DENSE_SHAPES.items():

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 18's GPU runs (docs/reports/gpu-session-2026-12-01-s18.md); files under $OUT, packed by pack_out.
+# exp_gemm_v41_stages.py and exp_gemm_v41_partitions.py were removed in session 19: commit 3bc147e has them.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s18.sh   (1 x H200, carry out/v41_s17.py = git show
 #       62bf345:packages/mini-deepgemm/src/mini_deepgemm/gemm_gluon_fp8_kernel.py: the V4.1 kernel's one
 #       m64n128k32 MMA per 32 of K: the V4.1 / GEMM / swap-AB test files, exp_gemm_v41_one_mma.py against session

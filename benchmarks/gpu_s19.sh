@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 19's GPU runs (docs/reports/gpu-session-2026-12-02-s19.md); files under $OUT, packed by pack_out. Runs 2-10's
 # experiment scripts (exp_gemm_fp8_moe.py, exp_gemm_fp8_masked.py) moved into the package after run 10 and were
-# removed: those parts run from commit 6860ff7.
+# removed: those parts run from commit 6860ff7; runs 1-2's exp_gemm_v41_partitions.py from commit 3bc147e.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s19.sh   (1 x H200: exp_gemm_v41_partitions.py, prepared in
 #       session 18: the V4.1 kernel with the producer as the default partition, A from registers or shared memory)
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s19.sh   (1 x H200: run 1's experiment again (its smoke stopped
