@@ -194,15 +194,17 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
     def gemm(x: tuple[torch.Tensor, torch.Tensor], name: str, n: int) -> torch.Tensor:
         out = torch.empty(M, n, dtype=torch.bfloat16, device=row_weight.device)
         b = (w[f"{name}.weight"], w[f"{name}.scale"])
-        # the same bound for both layouts, so a token's rows get the same bits in prefill and decode
-        bound = w.fp4_scale_max.get(f"{name}.scale", 255) if isinstance(w, ops.KernelWeights) else 255
+        # the same bound and route for both layouts, so a token's rows get the same bits in prefill and decode
+        kernel_weights = isinstance(w, ops.KernelWeights)
+        bound = w.fp4_scale_max.get(f"{name}.scale", 255) if kernel_weights else 255
+        folded = w.fp4_folded.get(f"{name}.scale") if kernel_weights else None
         if masked_m is None:
-            m_grouped_fp8_fp4_gemm_nt_contiguous(x, b, out, grouped_layout, weight_scale_max=bound)
+            m_grouped_fp8_fp4_gemm_nt_contiguous(x, b, out, grouped_layout, weight_scale_max=bound, folded=folded)
         else:
             G = masked_m.shape[0]
             shaped = tuple(t.view(G, M // G, t.shape[-1]) for t in x)
             m_grouped_fp8_fp4_gemm_nt_masked(shaped, b, out.view(G, M // G, n), masked_m, expected_m,
-                                             weight_scale_max=bound)
+                                             weight_scale_max=bound, folded=folded)
         return out
 
     h13 = gemm(a, w13, 2 * inter)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from mini_deepgemm import fold_fp4_weight_scales
 from mini_deepgemm.reference import (
     fp4_fakequant,
     fp4_linear_ref,
@@ -37,17 +38,29 @@ class KernelWeights(dict):
     fp4_scale_max: the largest UE8M0 byte of each stacked FP4 expert scale tensor (`*.experts.w13.scale`,
     `*.experts.w2.scale`), read once here (a host sync at load, none per step) and passed to the grouped GEMMs as
     their weight_scale_max, which lets the kernels fold the conversion's 2^126 into the scale (mini_deepgemm.gemm).
-    Replacing a weight drops its entry (the GEMM then assumes nothing); changing a weight tensor in place is not
+    fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weight_scales`, also once
+    here), passed as `folded` in every layout so that prefill and decode share its numerics; absent where the
+    route does not apply (N or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route).
+    Replacing a weight drops its entries (the GEMM then assumes nothing); changing a weight tensor in place is not
     supported.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in self.items()
-                              if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
+        scales = {name: t for name, t in self.items()
+                  if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
+        self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
+        self.fp4_folded = {}
+        for name, t in scales.items():
+            weight = self.get(name.removesuffix(".scale") + ".weight")
+            fits = t.shape[1] % 128 == 0 and t.shape[2] % 4 == 0 and weight is not None and weight.is_contiguous()
+            folded = fold_fp4_weight_scales(t.contiguous()) if fits else None
+            if folded is not None:
+                self.fp4_folded[name] = folded
 
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
         self.fp4_scale_max.pop(name, None)
+        self.fp4_folded.pop(name, None)
         super().__setitem__(name, value)
 
 
