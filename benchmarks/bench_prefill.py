@@ -65,6 +65,7 @@ from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.engram import engram_table_sizes
 from mini_deepinfer.models.deepseek_v41.model import V41Model
+from mini_deepinfer.models.deepseek_v41.ops import KernelWeights
 from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
@@ -110,6 +111,17 @@ def real_layer_counts(config: V41Config | None = None) -> tuple[Counter, int]:
     r1-full 1, r1-reindex 4, r1-reuse 15; Engram 2."""
     config = config or V41Config()
     return Counter(mode_key(r) for r in config.layer_roles), len(config.engram_layer_ids)
+
+
+MOE_ROUTES = ("fp8", "bf16")
+
+
+def select_moe_route(model: V41Model, route: str) -> None:
+    """--moe-route: "fp8" keeps the engine's default, the FP4 experts on mini-deepgemm's FP8-MMA route where their
+    scales fold (KernelWeights.fp4_folded); "bf16" drops the folded scales, so the experts' GEMMs take the bf16-MMA
+    route the engine used before session 20 (the before of docs/reports/deepgemm-fp8-moe.md's end-to-end rows)."""
+    if route == "bf16" and isinstance(model.w, KernelWeights):
+        model.w.fp4_folded.clear()
 
 
 def trimmed_config(base: V41Config, layers: Sequence[str], engram_vocab: int | None) -> V41Config:
@@ -458,6 +470,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sync-report", action="store_true",
                     help="CUDA: one extra step counting the host-synchronizing calls by source line (sync_report)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
+                    help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
     ap.add_argument("--sweep", type=lambda v: [int(t) for t in v.split(",")], default=[],
                     help="comma list of uncached token counts for the Pareto sweep (after the main run)")
     ap.add_argument("--no-main", action="store_true", help="skip the main run (with --sweep: the sweep only)")
@@ -490,6 +504,7 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     else:  # EP x DP: this rank keeps its routed experts; the MoE dispatches and combines over the group
         model = ExpertParallelV41Model(cfg, weights, args.buffer, device)
     del weights
+    select_moe_route(model, args.moe_route)
     model.roles = TimedRoles(model.roles, Clock(device))
     t1 = time.perf_counter()
     cache, batch, snapshot = build_context(args, model, device)
@@ -659,7 +674,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     res: dict = {"environment": environment(device), "workload": {
         "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": args.context - args.tokens,
         "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
-        "layers": args.layers.split(","),
+        "layers": args.layers.split(","), "moe_route": args.moe_route,
     }}
     try:  # the JSON is rewritten after every phase, so a failure or a timeout keeps what was measured
         log(f"FP8 matmul rate at {args.fp8_size}^3")

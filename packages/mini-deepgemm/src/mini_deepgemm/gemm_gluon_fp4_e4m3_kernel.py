@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .gemm_gluon_fp8_kernel import _tile_offsets, _ue8m0_to_f32
+from .gemm_gluon_fp8_kernel import _store_tile, _tile_offsets, _ue8m0_to_f32
 
 # e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) at d = -5; one step of d adds
 # 8 (an exponent step) to every byte but the zero's. The offset bytes hold d + 5, in [0, 11].
@@ -151,12 +151,13 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
 
 
 @gluon.jit
-def _contiguous_math(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K, stride_sa,
-                     stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
+def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+                     stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
     """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
     acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
-    not -1 (padding rows stay untouched). sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa
-    words)."""
+    not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
+    that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile).
+    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -186,21 +187,26 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, colscale_ptr, 
                 wa = wa_next
                 step += 1
             cols = off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma))
-            acc = acc * gl.load(colscale_ptr + g * N + gl.minimum(cols, N - 1))[None, :]
-            used = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1) >= 0
-            gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
-                     mask=used[:, None] & (cols < N)[None, :])
+            acc = acc * gl.load(colscale_ptr + g * N + cols)[None, :]
+            row_groups = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1)
+            if gl.min(row_groups, axis=0) >= 0:
+                _store_tile(acc, d_desc, d_smem, off_m + ROW0, off_n)
+            else:
+                gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
+                         mask=(row_groups >= 0)[:, None])
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
+def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
                                stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
-    [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d); offsets int32 [G * N, K / 128]; sa int32
-    words [M, K / 128] (row stride stride_sa); colscale fp32 [G * N]; layout int32 [M], segments 128-aligned;
-    K % 128 == 0. Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes;
+    offsets int32 [G * N, K / 128]; sa int32 words [M, K / 128] (row stride stride_sa); colscale fp32 [G * N];
+    layout int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM;
+    launch with num_warps=4 (the converter) and maxnreg 128."""
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
@@ -213,12 +219,13 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_ptr, offsets_ptr, sa_ptr, colsc
         mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
         mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
+    d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     gl.warp_specialize(
         [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M)),
-         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                             stride_sa, stride_d, GROUP_M, 0)),
-         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                             stride_sa, stride_d, GROUP_M, 64)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
+                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
+                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
                               GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

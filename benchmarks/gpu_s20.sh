@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 20's GPU runs (docs/reports/gpu-session-2026-12-02-s20.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s20.sh   (1 x H200: the runtime's FP4 experts on
+#       mini-deepgemm's FP8-MMA route, the contiguous kernel's TMA-store epilogue: the route's GPU tests, its bench
+#       against the bf16 route, the runtime's core GPU tests, then bench_prefill and bench_decode with --moe-route fp8
+#       and bf16 in the same run)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s20.sh   (1 x H200: the rest of the runtime suite on the
+#       route)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s20
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
+case "${PART:-r1}" in
+r1)
+  run route_tests 120 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
+  run route_bench 120 bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for route in fp8 bf16; do
+    run "prefill_$route" 120 python3 benchmarks/bench_prefill.py --moe-route $route --out "$OUT/prefill_${route}_h200.json"
+    run "decode_$route" 120 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+      --kv-cache-gb 8 --profile --moe-route $route --out "$OUT/decode_${route}_h200.json"
+  done
+  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/route_tests.txt" "$OUT/runtime_tests.txt" | tail -12
+  grep -E "^\| " "$OUT/route_bench.txt"; tail -2 "$OUT/route_bench.txt" | cut -c1-300
+  for route in fp8 bf16; do
+    echo "== prefill $route"; grep -E "tok/s|MoE|moe|expert" "$OUT/prefill_$route.txt" | cut -c1-200 | head -12
+    echo "== decode $route"; grep -E "ms/step|bench_decode:" "$OUT/decode_$route.txt" | cut -c1-200
+  done
+  ;;
+r2)
+  run runtime_rest 590 $PYTEST runtime/tests integration_tests -m "not multigpu" -n 16 $RUNTIME_CORE_IGNORES \
+    --junitxml="$OUT/junit_rest.xml"
+  cat "$OUT/summary.txt"; grep -E " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest.txt" | tail -12
+  ;;
+esac
+pack_out
