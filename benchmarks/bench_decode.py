@@ -39,8 +39,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from bench_prefill import (MOE_ROUTES, environment, fill_cached_context, log, select_moe_route, trimmed_config,
-                           write_json)
+from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, environment, fill_cached_context, log, select_moe_route,
+                           trimmed_config, write_json)
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
@@ -245,6 +245,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
                     help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
+    ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold",
+                    help="the dense FP8 linears: fold (the engine's, V3-recipe GEMMs) or v41 (before session 20)")
     ap.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB, help="the engine's KV budget")
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
@@ -263,11 +265,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "cache FP8 window / FP4 compressed KV and index keys, fp32 logits",
            "workload": {"batches": list(args.batches), "contexts": list(args.contexts), "warmup_steps": args.warmup,
                         "timed_steps": args.steps, "sampling": "greedy, ignore_eos",
-                        "kv_cache_gb": args.kv_cache_gb, "moe_route": args.moe_route},
+                        "kv_cache_gb": args.kv_cache_gb, "moe_route": args.moe_route,
+                        "dense_route": args.dense_route},
            "results": []}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
-    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device)
+    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
+                     fold_dense_fp8=args.dense_route == "fold")
     select_moe_route(model, args.moe_route)
     synthetic_prefill(model, torch.Generator(device=device).manual_seed(args.seed))
     res["setup_s"] = {"weights_and_model": time.perf_counter() - t0}

@@ -114,6 +114,9 @@ def real_layer_counts(config: V41Config | None = None) -> tuple[Counter, int]:
 
 
 MOE_ROUTES = ("fp8", "bf16")
+# --dense-route: "fold" (the engine's default: dense FP8 linears on the V3-recipe GEMMs, ops.KernelWeights) or "v41"
+# (the V4.1 kernels, as before session 20)
+DENSE_ROUTES = ("fold", "v41")
 
 
 def select_moe_route(model: V41Model, route: str) -> None:
@@ -472,6 +475,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
                     help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
+    ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold",
+                    help="the dense FP8 linears: fold (the engine's, V3-recipe GEMMs) or v41 (before session 20)")
     ap.add_argument("--sweep", type=lambda v: [int(t) for t in v.split(",")], default=[],
                     help="comma list of uncached token counts for the Pareto sweep (after the main run)")
     ap.add_argument("--no-main", action="store_true", help="skip the main run (with --sweep: the sweep only)")
@@ -499,10 +504,11 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
     weights = build_random_weights(cfg, seed=args.seed, device=device)  # every rank the same (same seed)
+    fold = args.dense_route == "fold"
     if args.buffer is None:
-        model = V41Model(cfg, weights, device)
+        model = V41Model(cfg, weights, device, fold_dense_fp8=fold)
     else:  # EP x DP: this rank keeps its routed experts; the MoE dispatches and combines over the group
-        model = ExpertParallelV41Model(cfg, weights, args.buffer, device)
+        model = ExpertParallelV41Model(cfg, weights, args.buffer, device, fold_dense_fp8=fold)
     del weights
     select_moe_route(model, args.moe_route)
     model.roles = TimedRoles(model.roles, Clock(device))
@@ -675,6 +681,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": args.context - args.tokens,
         "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
         "layers": args.layers.split(","), "moe_route": args.moe_route,
+        "dense_route": args.dense_route,
     }}
     try:  # the JSON is rewritten after every phase, so a failure or a timeout keeps what was measured
         log(f"FP8 matmul rate at {args.fp8_size}^3")

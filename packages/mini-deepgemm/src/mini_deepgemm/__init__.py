@@ -12,6 +12,7 @@ from .gemm import (
     V41_RECIPE,
     fp8_fp4_gemm_nt,
     fold_fp4_weight_scales,
+    fold_fp8_weight_scales,
     fp8_gemm_nt,
     get_m_alignment_for_contiguous_layout,
     m_grouped_fp8_fp4_gemm_nt_contiguous,
@@ -29,6 +30,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
     "get_m_alignment_for_contiguous_layout", "FoldedFP4Scales", "fold_fp4_weight_scales",
+    "fold_fp8_weight_scales",
     "per_token_group_quant_fp8", "per_token_group_quant_fp4", "pack_fp4", "unpack_fp4", "weight_quant_fp8",
     "calc_diff",
 ]

@@ -38,6 +38,12 @@ route's by rounding and agree bitwise between the two layouts, so pass `folded` 
 in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton kernels or the references, the same in
 every layout).
 
+V4.1 FP8 GEMMs on the V3 recipe's kernels: `fold_fp8_weight_scales(bq, sb)` (once per weight tensor, at load) and
+`per_token_group_quant_fp8(x, 32, "ue8m0", fold_128=True)` give V4.1's quantized operands with power-of-two fp32
+scales per 128 x 128 and 1 x 128 (reference.fold_ue8m0_to_128: values re-expressed under each block's largest
+scale, exact but for values that fall below e4m3's normal range there); `fp8_gemm_nt` multiplies them as a V3-recipe
+call, promoted every 128 of K instead of every 32 (docs/reports/deepgemm-v41-fold.md).
+
 On CUDA, `default_config` picks the kernel per call: the Gluon kernels (gemm_gluon_fp8_kernel.py: dense FP8
 weights, V3 and V4.1 recipes; gemm_gluon_kernel.py: grouped FP4 weights) where they run (sm_90, triton 3.6), else
 the Triton kernels (gemm_swapab_kernel.py, gemm_kernel.py); the shape families where the TileLang kernels of
@@ -61,7 +67,7 @@ __all__ = [
     "fp8_gemm_nt", "fp8_fp4_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
-    "FoldedFP4Scales", "fold_fp4_weight_scales",
+    "FoldedFP4Scales", "fold_fp4_weight_scales", "fold_fp8_weight_scales",
 ]
 
 V41_RECIPE = (1, 32, 32)
@@ -160,6 +166,16 @@ def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
     return FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
+
+
+def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:
+    """V4.1 FP8 weights (e4m3 [N, K], UE8M0 sb [N/32, K/32], N and K multiples of 128) in the V3 recipe's form:
+    (e4m3 [N, K], fp32 [N/128, K/128] powers of two), reference.fold_ue8m0_to_128. Once per weight tensor, at load
+    (no host sync; a temporary fp32 copy of the weights)."""
+    _require(bq.dim() == 2 and bq.dtype == torch.float8_e4m3fn and sb.dtype in _UE8M0_DTYPES,
+             f"fold_fp8_weight_scales takes e4m3 [N, K] weights with UE8M0 scales, got {bq.dtype} "
+             f"{tuple(bq.shape)}, {sb.dtype}")
+    return reference.fold_ue8m0_to_128(bq, sb, 32)
 
 
 # --------------------------------------------------------------------------- validation

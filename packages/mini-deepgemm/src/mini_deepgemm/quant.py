@@ -20,7 +20,7 @@ _GROUPS_PER_PROGRAM = 16
 
 
 def per_token_group_quant_fp8(
-    x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0"
+    x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0", *, fold_128: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations to FP8 e4m3 per row and per `group_size` columns.
 
@@ -29,6 +29,10 @@ def per_token_group_quant_fp8(
     "fp32" (V3 recipe, group 128): scale amax/448 as fp32.
     Returns (q float8_e4m3fn [..., K], scale [..., K/group_size]) with row-major scales, the layout
     `fp8_gemm_nt` and the grouped GEMMs read. Bit-exact with reference.act_quant.
+    fold_128 (group 32, "ue8m0", K % 128 == 0): V4.1's quantization in the V3 recipe's form, bit-exact with
+    reference.fold_ue8m0_to_128 of reference.act_quant: q re-expressed under the largest scale of each 128
+    columns, scale fp32 [..., K/128] (powers of two), the operand `fp8_gemm_nt` multiplies with weights from
+    `gemm.fold_fp8_weight_scales` on its V3-recipe kernels.
     """
     if scale_fmt not in ("ue8m0", "fp32"):
         raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'fp32')")
@@ -37,8 +41,15 @@ def per_token_group_quant_fp8(
         raise ValueError(f"last dim {K} is not a multiple of group_size {group_size}")
     if group_size & (group_size - 1) or group_size < 16:
         raise ValueError(f"group_size must be a power of two >= 16, got {group_size}")
+    if fold_128 and (group_size != 32 or scale_fmt != "ue8m0" or K % 128):
+        raise ValueError(f"fold_128 folds V4.1's groups (group_size 32, 'ue8m0') four at a time: K % 128 == 0; got "
+                         f"group_size {group_size}, scale_fmt {scale_fmt!r}, K {K}")
     if not use_triton(x) or x.numel() == 0:
-        return reference.act_quant(x, group_size, scale_fmt)
+        q, s = reference.act_quant(x, group_size, scale_fmt)
+        if not fold_128:
+            return q, s
+        q, s = reference.fold_ue8m0_to_128(q.reshape(-1, K), s.reshape(-1, K // 32), 1)
+        return q.reshape(x.shape), s.reshape(*x.shape[:-1], K // 128)
 
     from .quant_kernel import act_quant_fp8_kernel
 
@@ -48,15 +59,16 @@ def per_token_group_quant_fp8(
     M, num_groups = x2.shape[0], K // group_size
     q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
     ue8m0 = scale_fmt == "ue8m0"
-    s = torch.empty(M, num_groups, dtype=torch.uint8 if ue8m0 else torch.float32, device=x.device)
+    num_scales = num_groups // 4 if fold_128 else num_groups
+    s = torch.empty(M, num_scales, dtype=torch.uint8 if ue8m0 and not fold_128 else torch.float32, device=x.device)
     grid = (M, cdiv(num_groups, _GROUPS_PER_PROGRAM))
     act_quant_fp8_kernel[grid](
         x2, q, s, num_groups, x2.stride(0), q.stride(0), s.stride(0),
-        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=ue8m0,
+        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=ue8m0, FOLD_128=fold_128,
     )
-    if ue8m0:
+    if s.dtype == torch.uint8:
         s = s.view(torch.float8_e8m0fnu)
-    return q.reshape(x.shape), s.reshape(*x.shape[:-1], num_groups)
+    return q.reshape(x.shape), s.reshape(*x.shape[:-1], num_scales)
 
 
 def per_token_group_quant_fp4(

@@ -42,12 +42,29 @@ def act_quant_fp8_kernel(
     GROUP: tl.constexpr,
     GROUPS_PER_PROGRAM: tl.constexpr,
     UE8M0: tl.constexpr,
+    FOLD_128: tl.constexpr = False,
 ):
+    """FOLD_128 (GROUP 32, UE8M0, num_groups % 4 == 0): the values re-expressed under the largest exponent of each
+    128 columns and that power of two stored as fp32 per 128 (reference.fold_ue8m0_to_128)."""
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = groups[:, None] < num_groups
     x = tl.load(x_ptr + row * stride_x_m + cols, mask=mask, other=0.0).to(tl.float32)
     q, s = quantize_groups(x, UE8M0)
-    tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
+    if FOLD_128:
+        FOLDS: tl.constexpr = GROUPS_PER_PROGRAM // 4
+        e = s.to(tl.int32)
+        e_max = tl.max(tl.reshape(e, [FOLDS, 4]), axis=1)
+        # 2^-shift from its bits; a shift past 20 takes every e4m3 value (< 2^9) below half the smallest
+        # subnormal 2^-9, so clamping it at 30 rounds to the same zero
+        shift = tl.minimum(tl.reshape(tl.broadcast_to(e_max[:, None], [FOLDS, 4]), [GROUPS_PER_PROGRAM]) - e, 30)
+        factor = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        q = (q.to(tl.float32) * factor[:, None]).to(tl.float8e4nv)
+        folds = tl.program_id(1) * FOLDS + tl.arange(0, FOLDS)
+        # 2^(e_max - 127): e_max is its fp32 biased exponent (>= 1: amax >= 1e-4)
+        tl.store(s_ptr + row * stride_s_m + folds, (e_max << 23).to(tl.float32, bitcast=True),
+                 mask=folds < num_groups // 4)
+    else:
+        tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
     tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)

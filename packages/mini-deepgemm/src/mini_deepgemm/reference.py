@@ -116,6 +116,34 @@ def weight_dequant_fp8(q: torch.Tensor, scale: torch.Tensor, block: int = 32) ->
     return q.float() * s
 
 
+def fold_ue8m0_to_128(q: torch.Tensor, scale: torch.Tensor, gran_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A V4.1 FP8 operand in the V3 recipe's form: one power-of-two fp32 scale per 1 x 128 (activations) or
+    128 x 128 (weights) block instead of UE8M0 per 1 x 32 or 32 x 32.
+
+    q e4m3 [R, K] with scale UE8M0 [R / gran_rows, K / 32], gran_rows 1 (activations) or 32 (weights; R % 128 ==
+    0); K % 128 == 0. Each output block takes its largest exponent e_max (2^(e_max - 127), fp32 [R, K / 128] or
+    [R / 128, K / 128]) and every value is re-expressed under it: q' = e4m3(q x 2^(e - e_max)), rounded to nearest
+    even, where e is the value's own 32-block exponent. Exact unless the shift takes a value below e4m3's smallest
+    normal 2^-6, i.e. a value under 2^(e_max - e - 6) in its group's units (whose largest is >= 224): that rounds to
+    the subnormal grid 2^-9, an error of at most 2^-10 x 2^(e_max - 127) (docs/reports/deepgemm-v41-fold.md)."""
+    if gran_rows not in (1, 32):
+        raise ValueError(f"gran_rows must be 1 (activations) or 32 (weights), got {gran_rows}")
+    R, K = q.shape
+    out_rows = 1 if gran_rows == 1 else 128
+    if K % 128 or R % out_rows or tuple(scale.shape) != (R // gran_rows, K // 32):
+        raise ValueError(f"need K % 128 == 0, R % {out_rows} == 0 and scale [{R // gran_rows}, {K // 32}], got q "
+                         f"{tuple(q.shape)}, scale {tuple(scale.shape)}")
+    e = (scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale).to(torch.int32)
+    per = out_rows // gran_rows  # scale rows per output block: 1 or 4
+    blocks = e.view(R // out_rows, per, K // 128, 4)
+    e_max = blocks.amax(dim=(1, 3))
+    shift = (e_max[:, None, :, None] - blocks).reshape(R // gran_rows, K // 32)
+    factor = torch.ldexp(torch.ones_like(shift, dtype=torch.float32), -shift.to(torch.float32))
+    factor = factor.repeat_interleave(gran_rows, 0).repeat_interleave(32, 1)
+    folded = (q.float() * factor).to(torch.float8_e4m3fn)
+    return folded, torch.ldexp(torch.ones_like(e_max, dtype=torch.float32), (e_max - 127).to(torch.float32))
+
+
 # --------------------------------------------------------------------------- FP4 (e2m1)
 def e2m1_code(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Magnitude code 0..7 of a = |x| on the grid s * e2m1 (round half to even, saturating at 6).

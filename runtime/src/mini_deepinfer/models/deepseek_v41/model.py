@@ -100,17 +100,18 @@ def engine_weights(weights: dict[str, torch.Tensor], device: torch.device | str)
 class V41Model(torch.nn.Module):
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
                  token_map: torch.Tensor | None = None, use_kernels: bool | None = None,
-                 prefill_keep_tokens: int | None = None):
+                 prefill_keep_tokens: int | None = None, fold_dense_fp8: bool = True):
         """use_kernels: run FP8/FP4 linears through mini-deepgemm (default: on CUDA). Attention and the indexer
         always go through mini-flashmla's API, which picks its Triton kernels on CUDA and its references on CPU.
-        prefill_keep_tokens: bounded replay (None = full replay); see the property."""
+        prefill_keep_tokens: bounded replay (None = full replay); see the property.
+        fold_dense_fp8: with the kernels, the dense FP8 linears on the V3-recipe GEMMs (ops.KernelWeights)."""
         super().__init__()
         self.config = config
         self.device = torch.device(device)
         w = engine_weights(weights, self.device)
         if use_kernels is None:
             use_kernels = self.device.type == "cuda"
-        self.w = ops.KernelWeights(w) if use_kernels else w
+        self.w = ops.KernelWeights(w, fold_dense_fp8=fold_dense_fp8) if use_kernels else w
         self.roles = config.layer_roles
         self.freqs = [ops.rope_freqs(config, r).to(self.device) for r in self.roles]
         self.token_map = (token_map if token_map is not None else compressed_token_map(config)).to(self.device)

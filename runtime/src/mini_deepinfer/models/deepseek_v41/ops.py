@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from mini_deepgemm import fold_fp4_weight_scales
+from mini_deepgemm import fold_fp4_weight_scales, fold_fp8_weight_scales
 from mini_deepgemm.reference import (
     fp4_fakequant,
     fp4_linear_ref,
@@ -43,10 +43,24 @@ class KernelWeights(dict):
     route does not apply (N or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route).
     Replacing a weight drops its entries (the GEMM then assumes nothing); changing a weight tensor in place is not
     supported.
+    fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
+    of 128) is replaced by its V3-recipe form (`fold_fp8_weight_scales`: fp32 scales per 128 x 128, no extra
+    memory), and `linear` quantizes its activations with fold_128 to match: the GEMMs promote every 128 of K
+    instead of 32, within calc_diff ~1e-12 of the V4.1 product (docs/reports/deepgemm-v41-fold.md). False keeps the
+    V4.1 kernels, bitwise the V4.1 recipe.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, fold_dense_fp8: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if fold_dense_fp8:
+            for name in [n for n in self if n.endswith(".weight")]:
+                w, s = self[name], self.get(name.removesuffix(".weight") + ".scale")
+                if (w.dtype == torch.float8_e4m3fn and w.dim() == 2 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0
+                        and s is not None and s.dtype == torch.float8_e8m0fnu
+                        and tuple(s.shape) == (w.shape[0] // 32, w.shape[1] // 32)):
+                    folded, scale = fold_fp8_weight_scales(w, s)
+                    super().__setitem__(name, folded)
+                    super().__setitem__(name.removesuffix(".weight") + ".scale", scale)
         scales = {name: t for name, t in self.items()
                   if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
         self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
@@ -111,8 +125,10 @@ def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bl
 
     x2 = x.reshape(-1, x.shape[-1])
     out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
+    folded = w_scale.dtype == torch.float32  # KernelWeights' V3-recipe form of a dense FP8 weight
     if x2.shape[0]:
-        fp8_fp4_gemm_nt(per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0"), (w, w_scale), out)
+        a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=folded)
+        fp8_fp4_gemm_nt(a, (w, w_scale), out)
     return out.view(*x.shape[:-1], w.shape[0])
 
 

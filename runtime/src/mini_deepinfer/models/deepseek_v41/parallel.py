@@ -87,14 +87,16 @@ class ExpertParallelV41Model(V41Model):
     buffer: the mini_deepep.Buffer of the group ("torch" backend on gloo/NCCL, "nvshmem" on GPUs).
     exact_moe: add the routed outputs exactly as ops.moe does (bit-identical, num_topk combines per MoE layer)
         instead of one weighted combine (two extra bf16 roundings of the routed sum).
+    fold_dense_fp8: as V41Model's.
     forward is collective: every rank calls it once per step, with an empty ForwardBatch when it has no tokens.
     """
 
     def __init__(self, config: V41Config, weights: dict[str, torch.Tensor], buffer: Buffer,
                  device: str | torch.device = "cpu", token_map: torch.Tensor | None = None,
-                 use_kernels: bool | None = None, exact_moe: bool = False):
+                 use_kernels: bool | None = None, exact_moe: bool = False, fold_dense_fp8: bool = True):
         rank, world_size = buffer.rank, buffer.num_ranks
-        super().__init__(config, shard_weights(weights, config, rank, world_size), device, token_map, use_kernels)
+        super().__init__(config, shard_weights(weights, config, rank, world_size), device, token_map, use_kernels,
+                         fold_dense_fp8=fold_dense_fp8)
         self.buffer = buffer
         self.exact_moe = exact_moe
         self.rank, self.world_size = rank, world_size
