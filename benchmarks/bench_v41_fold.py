@@ -13,11 +13,12 @@ UE8M0 32 x 32 scales, the weights folded once outside the timing): GPU time by C
 - quantizer + GEMM, as the runtime's linear runs them;
 and the folded output against the V4.1 one (calc_diff; both bf16). Writes $OUT/bench_v41_fold.json.
 
-    cd benchmarks && timeout 300 python3 bench_v41_fold.py
+    cd benchmarks && timeout 300 python3 bench_v41_fold.py [--rows 64,4096]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -29,7 +30,7 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import fold_fp8_weight_scales, fp8_gemm_nt, per_token_group_quant_fp8
 from mini_deepgemm.testing import calc_diff
 
-MS = (64, 4096, 16384)
+MS = (64, 256, 1024, 4096, 16384)
 
 
 def spread_activations(M: int, K: int) -> torch.Tensor:
@@ -66,9 +67,13 @@ def shape_row(M: int, name: str, N: int, K: int) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=lambda v: tuple(int(t) for t in v.split(",")), default=MS,
+                        help="row counts M (comma list)")
+    Ms = parser.parse_args().rows
     result = environment(torch.device("cuda"))
     result["rows"] = []
-    for M in MS:
+    for M in Ms:
         for name, (N, K) in DENSE_SHAPES.items():
             result["rows"].append(shape_row(M, name, N, K))
             torch.cuda.empty_cache()
@@ -82,7 +87,7 @@ def main() -> None:
               f"{t['gemm_fold'] / t['gemm_v41']:.2f} | {t['gemm_v41'] / t['cublas_fp8_tensor']:.2f} | "
               f"{t['gemm_fold'] / t['cublas_fp8_tensor']:.2f} | {us['quant_v41']:.1f} / {us['quant_fold']:.1f} | "
               f"{us['linear_v41'] / us['linear_fold']:.2f}x | {r['calc_diff_fold_vs_v41']:.1e} |")
-    for M in MS:
+    for M in Ms:
         rows = [r for r in result["rows"] if r["M"] == M]
         print(f"M = {M}: geomean vs cuBLAS per-tensor: V4.1 {geomean_vs_cublas(rows, 'gemm_v41'):.3f}, fold "
               f"{geomean_vs_cublas(rows, 'gemm_fold'):.3f}")

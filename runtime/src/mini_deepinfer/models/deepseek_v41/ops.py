@@ -44,23 +44,30 @@ class KernelWeights(dict):
     Replacing a weight drops its entries (the GEMM then assumes nothing); changing a weight tensor in place is not
     supported.
     fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
-    of 128) is replaced by its V3-recipe form (`fold_fp8_weight_scales`: fp32 scales per 128 x 128, no extra
-    memory), and `linear` quantizes its activations with fold_128 to match: the GEMMs promote every 128 of K
-    instead of 32, within calc_diff ~1e-12 of the V4.1 product (docs/reports/deepgemm-v41-fold.md). False keeps the
-    V4.1 kernels, bitwise the V4.1 recipe.
+    of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
+    block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
+    with both scale forms: `.scale` UE8M0 [N/32, K/32] (each 128 x 128 block's one exponent, repeated) and
+    `.scale_128` fp32 [N/128, K/128]. `linear` runs calls of more than DENSE_FOLD_MAX_DECODE_ROWS rows on the
+    V3-recipe GEMMs (activations quantized with fold_128, promotion every 128 of K: 1.5-1.7x at 4,096 rows) and
+    smaller ones on the V4.1 kernels with `.scale`. No extra memory. False keeps the weights as loaded.
     """
 
     def __init__(self, *args, fold_dense_fp8: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if fold_dense_fp8:
+            # a weight folded before (engram_dense's copy under EP x DP) carries its .scale_128 and is left alone
             for name in [n for n in self if n.endswith(".weight")]:
-                w, s = self[name], self.get(name.removesuffix(".weight") + ".scale")
-                if (w.dtype == torch.float8_e4m3fn and w.dim() == 2 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0
-                        and s is not None and s.dtype == torch.float8_e8m0fnu
-                        and tuple(s.shape) == (w.shape[0] // 32, w.shape[1] // 32)):
-                    folded, scale = fold_fp8_weight_scales(w, s)
+                base = name.removesuffix(".weight")
+                w, s = self[name], self.get(f"{base}.scale")
+                dense_fp8 = (w.dtype == torch.float8_e4m3fn and w.dim() == 2 and s is not None and s.dtype ==
+                             torch.float8_e8m0fnu and tuple(s.shape) == (w.shape[0] // 32, w.shape[1] // 32))
+                if dense_fp8 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0 and f"{base}.scale_128" not in self:
+                    folded, scale_128 = fold_fp8_weight_scales(w, s)
+                    exponents = (scale_128.view(torch.int32) >> 23).to(torch.uint8)  # 2^(e - 127) in fp32 bits
                     super().__setitem__(name, folded)
-                    super().__setitem__(name.removesuffix(".weight") + ".scale", scale)
+                    super().__setitem__(f"{base}.scale", exponents.repeat_interleave(4, 0).repeat_interleave(4, 1)
+                                        .view(torch.float8_e8m0fnu))
+                    super().__setitem__(f"{base}.scale_128", scale_128)
         scales = {name: t for name, t in self.items()
                   if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
         self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
@@ -75,6 +82,8 @@ class KernelWeights(dict):
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
         self.fp4_scale_max.pop(name, None)
         self.fp4_folded.pop(name, None)
+        if name.endswith((".weight", ".scale")):  # a replaced dense FP8 weight or scale: its V3 form is stale
+            super().pop(name.rsplit(".", 1)[0] + ".scale_128", None)
         super().__setitem__(name, value)
 
 
@@ -110,7 +119,7 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
     """
     w = weights[f"{name}.weight"]
     if isinstance(weights, KernelWeights) and w.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8):
-        return _deepgemm_linear(x, w, weights[f"{name}.scale"], block)
+        return _deepgemm_linear(x, w, weights[f"{name}.scale"], weights.get(f"{name}.scale_128"), block)
     if w.dtype == torch.float8_e4m3fn:
         return fp8_linear_ref(x, w, weights[f"{name}.scale"], block)
     if w.dtype in (torch.int8, torch.uint8):
@@ -120,15 +129,23 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
     return F.linear(x.to(w.dtype), w)
 
 
-def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int) -> torch.Tensor:
+# Dense FP8 calls of up to this many rows (decode batches) stay on the V4.1 kernels with folded weights: at 64 rows
+# the V3-recipe route ran 0.77-0.95x of them at 6 of the 8 dense shapes (few 128 x 128 tiles take the Triton
+# kernel), at 4,096 rows 1.10-1.71x (session 20 run 2, docs/reports/deepgemm-v41-fold.md).
+DENSE_FOLD_MAX_DECODE_ROWS = 64
+
+
+def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_scale_128: torch.Tensor | None,
+                     block: int) -> torch.Tensor:
+    """w_scale_128: a folded dense FP8 weight's V3-recipe scales (KernelWeights), used above the decode rows."""
     from mini_deepgemm import fp8_fp4_gemm_nt, per_token_group_quant_fp8
 
     x2 = x.reshape(-1, x.shape[-1])
     out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
-    folded = w_scale.dtype == torch.float32  # KernelWeights' V3-recipe form of a dense FP8 weight
+    v3_form = w_scale_128 is not None and x2.shape[0] > DENSE_FOLD_MAX_DECODE_ROWS
     if x2.shape[0]:
-        a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=folded)
-        fp8_fp4_gemm_nt(a, (w, w_scale), out)
+        a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form)
+        fp8_fp4_gemm_nt(a, (w, w_scale_128 if v3_form else w_scale), out)
     return out.view(*x.shape[:-1], w.shape[0])
 
 
