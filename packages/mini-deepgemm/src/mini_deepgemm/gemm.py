@@ -32,8 +32,8 @@ reference: 2^-127).
 FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4_weight_scales(sb)`, once per
 weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion. Given to a call, the Gluon
 kernels of gemm_gluon_fp4_e4m3_kernel.py run it: no activation pass, the conversion 9 instructions per 8 values
-(docs/reports/deepgemm-fp8-moe.md; H200, session 19 run 11, against the bf16 route: prefill 0.95-1.01x, decode at
-~8 rows per expert 1.28-1.35x and 0.59 of the copy rate, at ~32 rows 0.87-0.88x). Its rows differ from the bf16
+(docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route: prefill 1.03-1.05x, decode at
+~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its rows differ from the bf16
 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a weight tensor in every call or
 in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton kernels or the references, the same in
 every layout).

@@ -8,9 +8,8 @@ exponent - 6, its values become e4m3 x 2^(e - ref[n]), and 2^(ref[n] - 127) mult
 d in [-5, 6] (a row's scale bytes span at most 11; gemm.fold_fp4_weight_scales checks it) the 8-entry table of a row
 and 32-block is two words built by integer multiply-adds, and the conversion is 9 instructions per 8 values. The
 activations' per-32 scales stay in the loop: one FMA per accumulator element and 32 of K after an m64nXk32 MMA.
-Measured on H200 (same report, run 11), against the bf16 route: prefill 0.95-1.01x (the experiment's TMA-stored
-tiles, which also wrote padding rows, ran 1.03-1.06x), decode at ~8 rows per expert 1.28-1.35x and 0.59 of the
-device-copy rate, at ~32 rows 0.87-0.88x.
+Measured on H200 (same report, session 20 run 1), against the bf16 route: prefill 1.03-1.05x at 128-1,024 rows
+per expert, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the device-copy rate, at ~32 rows 0.85-0.87x.
 
 Both kernels compute every output element the same way (an FP8 MMA over one 32-block, then acc += part *
 sa[token, kb], then times the row's 2^(ref - 127), rounded to bf16), with the weights as the MMA's B operand
@@ -21,7 +20,8 @@ rounding, so one weight tensor takes one route in every layout (gemm.py routes o
 - Contiguous (prefill): fp4_e4m3_contiguous_kernel, one persistent CTA per SM, 128 x 128 output tiles, K in steps
   of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
   partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
-  warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores the used rows only.
+  warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
+  when none is padding, else the used rows by masked pointer stores.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
   ring, the conversion into a shared tile, swap-AB MMAs of m64nBLOCK_Mk32; the used tokens' rows are stored.
 """
