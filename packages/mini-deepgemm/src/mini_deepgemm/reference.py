@@ -139,8 +139,9 @@ def fold_ue8m0_to_128(q: torch.Tensor, scale: torch.Tensor, gran_rows: int) -> t
     e_max = blocks.amax(dim=(1, 3))
     shift = (e_max[:, None, :, None] - blocks).reshape(R // gran_rows, K // 32)
     factor = torch.ldexp(torch.ones_like(shift, dtype=torch.float32), -shift.to(torch.float32))
-    factor = factor.repeat_interleave(gran_rows, 0).repeat_interleave(32, 1)
-    folded = (q.float() * factor).to(torch.float8_e4m3fn)
+    # broadcast over each scale block rather than expanded to [R, K]: one fp32 copy of q at load, not two
+    blocked = q.float().view(R // gran_rows, gran_rows, K // 32, 32) * factor[:, None, :, None]
+    folded = blocked.to(torch.float8_e4m3fn).view(R, K)
     return folded, torch.ldexp(torch.ones_like(e_max, dtype=torch.float32), (e_max - 127).to(torch.float32))
 
 
