@@ -22,16 +22,27 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s20
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
+# decode_bench NAME [FLAG ROUTE]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, into $OUT/NAME*
+decode_bench() {
+  local name=$1; shift
+  run "$name" 120 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --profile "$@" --out "$OUT/${name}_h200.json"
+}
+# route_benches FLAG ROUTE...: bench_prefill and decode_bench once per route of FLAG (--moe-route, --dense-route)
+route_benches() {
+  local flag=$1 route; shift
+  for route in "$@"; do
+    run "prefill_$route" 120 python3 benchmarks/bench_prefill.py "$flag" "$route" \
+      --out "$OUT/prefill_${route}_h200.json"
+    decode_bench "decode_$route" "$flag" "$route"
+  done
+}
 case "${PART:-r1}" in
 r1)
   run route_tests 120 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
   run route_bench 120 bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
   run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  for route in fp8 bf16; do
-    run "prefill_$route" 120 python3 benchmarks/bench_prefill.py --moe-route $route --out "$OUT/prefill_${route}_h200.json"
-    run "decode_$route" 120 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-      --kv-cache-gb 8 --profile --moe-route $route --out "$OUT/decode_${route}_h200.json"
-  done
+  route_benches --moe-route fp8 bf16
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/route_tests.txt" "$OUT/runtime_tests.txt" | tail -12
   grep -E "^\| " "$OUT/route_bench.txt"; tail -2 "$OUT/route_bench.txt" | cut -c1-300
   for route in fp8 bf16; do
@@ -44,11 +55,7 @@ r2)
     -m gpu
   run fold_bench 150 bash -c "cd benchmarks && python3 bench_v41_fold.py"
   run runtime_tests 200 $PYTEST -s $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  for route in fold v41; do
-    run "prefill_$route" 120 python3 benchmarks/bench_prefill.py --dense-route $route --out "$OUT/prefill_${route}_h200.json"
-    run "decode_$route" 120 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-      --kv-cache-gb 8 --profile --dense-route $route --out "$OUT/decode_${route}_h200.json"
-  done
+  route_benches --dense-route fold v41
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/fold_tests.txt" "$OUT/runtime_tests.txt" | tail -12
   grep -hE "^E  .*(Error|assert)" "$OUT/fold_tests.txt" "$OUT/runtime_tests.txt" | cut -c1-250 | head -8
   grep -E "engine vs reference|model vs reference|cosine" "$OUT/runtime_tests.txt" | cut -c1-200 | head -16
@@ -62,8 +69,7 @@ r4)
   run fold_tests 150 $PYTEST -n 4 packages/mini-deepgemm/tests/test_v41_fold.py runtime/tests/test_dense_fp8_fold.py -m gpu
   run fold_bench 150 bash -c "cd benchmarks && python3 bench_v41_fold.py --rows 256,1024"
   run runtime_tests 200 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  run decode 120 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-    --kv-cache-gb 8 --profile --out "$OUT/decode_h200.json"
+  decode_bench decode
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/fold_tests.txt" "$OUT/runtime_tests.txt" | tail -12
   grep -hE "^E  .*(Error|assert)" "$OUT/fold_tests.txt" "$OUT/runtime_tests.txt" | cut -c1-250 | head -8
   grep -E "^\| |^M = " "$OUT/fold_bench.txt"; tail -2 "$OUT/fold_bench.txt" | cut -c1-300
