@@ -36,6 +36,13 @@ RUNTIME_REST_A="runtime/tests/test_bounded_replay.py runtime/tests/test_hyper_co
   runtime/tests/test_parallel.py runtime/tests/test_bench_prefill_smoke.py runtime/tests/test_reference_model.py"
 RUNTIME_REST_B_IGNORES=$RUNTIME_CORE_IGNORES
 for f in $RUNTIME_REST_A; do RUNTIME_REST_B_IGNORES="$RUNTIME_REST_B_IGNORES --ignore=$f"; done
+# Same-run A/B against another commit: here, `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`
+# (ignored; name it in carry). Then `run NAME SECS env PYTHONPATH="$BASE_PYTHONPATH" CMD...` runs CMD with REV's
+# src folders ahead of the tree's: the same benchmark script, the baseline's kernels and runtime.
+if [ -f .ab-base.tar.gz ]; then
+  mkdir -p /tmp/ab-base && tar xzf .ab-base.tar.gz -C /tmp/ab-base
+  BASE_PYTHONPATH=$(ls -d /tmp/ab-base/packages/*/src /tmp/ab-base/runtime/src | tr '\n' ':')$PYTHONPATH
+fi
 # ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
 # alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
 # samples) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
