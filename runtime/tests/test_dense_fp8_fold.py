@@ -1,8 +1,8 @@
 """The engine's dense FP8 linears on folded weights (ops.KernelWeights fold_dense_fp8, ops.linear;
 docs/reports/deepgemm-v41-fold.md): the fold happens once at load with both scale forms, is not redone when a
 KernelWeights is rebuilt from a folded one (engram_dense under EP x DP), a replaced weight drops its stale V3 form,
-and `linear` matches the V4.1 reference on either side of DENSE_FOLD_MAX_DECODE_ROWS (CPU through mini-deepgemm's
-references; GPU through the V4.1 kernel below it and the V3-recipe kernels above).
+and `linear` matches the V4.1 reference on either side of DENSE_FOLD_MIN_TILES (CPU through mini-deepgemm's
+references; GPU through the V4.1 kernel below it and the V3-recipe kernels from it).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ def test_fold_keeps_both_scale_forms_and_only_touches_dense_linears():
     assert "proj.scale_128" not in kw, "replacing the weight drops its V3 form"
 
 
-@pytest.mark.parametrize("rows", [ops.DENSE_FOLD_MAX_DECODE_ROWS, ops.DENSE_FOLD_MAX_DECODE_ROWS + 1])
+@pytest.mark.parametrize("rows", [64, 128 * (ops.DENSE_FOLD_MIN_TILES // 8)])  # 8 column tiles: 8 and 64 tiles
 def test_linear_on_folded_weights_matches_the_v41_reference_on_cpu(rows):
-    w = fp8_linear_weights(seed=rows)
-    x = random_bf16(rows, 512, generator=torch.Generator().manual_seed(rows))
+    w = fp8_linear_weights(N=1024, K=256, seed=rows)
+    x = random_bf16(rows, 256, generator=torch.Generator().manual_seed(rows))
     got = ops.linear(x, ops.KernelWeights(w), "proj")
     assert calc_diff(got.float(), fp8_linear_ref(x, w["proj.weight"], w["proj.scale"]).float()) < 1e-5
 
@@ -49,5 +49,5 @@ def test_linear_on_folded_weights_matches_the_v41_reference_on_gpu():
     kw = ops.KernelWeights(w)
     x = random_bf16(4096, 5120, generator=torch.Generator().manual_seed(3)).cuda()
     want = fp8_linear_ref(x, w["proj.weight"], w["proj.scale"]).float()
-    for rows in (1, ops.DENSE_FOLD_MAX_DECODE_ROWS, ops.DENSE_FOLD_MAX_DECODE_ROWS + 1, 300, 4096):
+    for rows in (1, 64, 65, 300, 4096):  # 36 column tiles: 36 to 1,152 tiles
         assert calc_diff(ops.linear(x[:rows], kw, "proj").float(), want[:rows]) < 1e-5, rows

@@ -47,7 +47,7 @@ class KernelWeights(dict):
     of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
     block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
     with both scale forms: `.scale` UE8M0 [N/32, K/32] (each 128 x 128 block's one exponent, repeated) and
-    `.scale_128` fp32 [N/128, K/128]. `linear` runs calls of more than DENSE_FOLD_MAX_DECODE_ROWS rows on the
+    `.scale_128` fp32 [N/128, K/128]. `linear` runs calls of at least DENSE_FOLD_MIN_TILES output tiles on the
     V3-recipe GEMMs (activations quantized with fold_128, promotion every 128 of K: 1.5-1.7x at 4,096 rows) and
     smaller ones on the V4.1 kernels with `.scale`. No extra memory. False keeps the weights as loaded.
     """
@@ -129,20 +129,21 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
     return F.linear(x.to(w.dtype), w)
 
 
-# Dense FP8 calls of up to this many rows (decode batches) stay on the V4.1 kernels with folded weights: at 64 rows
-# the V3-recipe route ran 0.77-0.95x of them at 6 of the 8 dense shapes (few 128 x 128 tiles take the Triton
-# kernel), at 4,096 rows 1.10-1.71x (session 20 run 2, docs/reports/deepgemm-v41-fold.md).
-DENSE_FOLD_MAX_DECODE_ROWS = 64
+# Dense FP8 calls of at least this many 128 x 128 output tiles take the V3-recipe route, smaller ones the V4.1 kernels
+# with the folded weights: every measured loss of the V3 route was below 64 tiles (4-40 tiles: 0.77-0.96x), every
+# call from 64 tiles gained (1.10-1.84x), at 64 to 16,384 rows (session 20 runs 2 and 4,
+# docs/reports/deepgemm-v41-fold.md). Not GPU-run as a rule (branch dense-fold-tile-rule).
+DENSE_FOLD_MIN_TILES = 64
 
 
 def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_scale_128: torch.Tensor | None,
                      block: int) -> torch.Tensor:
-    """w_scale_128: a folded dense FP8 weight's V3-recipe scales (KernelWeights), used above the decode rows."""
+    """w_scale_128: a folded dense FP8 weight's V3-recipe scales (KernelWeights), used from DENSE_FOLD_MIN_TILES."""
     from mini_deepgemm import fp8_fp4_gemm_nt, per_token_group_quant_fp8
 
     x2 = x.reshape(-1, x.shape[-1])
     out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
-    v3_form = w_scale_128 is not None and x2.shape[0] > DENSE_FOLD_MAX_DECODE_ROWS
+    v3_form = w_scale_128 is not None and -(-x2.shape[0] // 128) * -(-w.shape[0] // 128) >= DENSE_FOLD_MIN_TILES
     if x2.shape[0]:
         a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form)
         fp8_fp4_gemm_nt(a, (w, w_scale_128 if v3_form else w_scale), out)
