@@ -479,10 +479,12 @@ def _packed_fp4_layout():
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
-                   folded: FoldedFP4Scales, expected_m: int | None) -> None:
+                   folded: FoldedFP4Scales, expected_m: int | None, sa_per_128: bool = False) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, 16 tokens at
-    expected_m <= 16 and 32 above, with a 2-deep ring (session 19 runs 9-10: fewer stages, more resident CTAs)."""
+    expected_m <= 16 and 32 above, with a 2-deep ring (session 19 runs 9-10: fewer stages, more resident CTAs).
+    sa_per_128 (an experiment, not checked here: benchmarks/exp_moe_fold_128.py): a's scales are fp32
+    [..., K / 128] of activations folded per 128 (quant's fold_128), promoted once per K step."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .gemm_gluon_fp4_e4m3_kernel import fp4_e4m3_contiguous_kernel, fp4_e4m3_masked_kernel
@@ -491,7 +493,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     G, N, K2 = bq.shape
     K = aq.shape[-1]
     w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
-    sa_words = sa.view(torch.uint8).view(torch.int32)
+    sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
         M = aq.shape[0]
         # registers: the converter keeps 80, the producer 24, each math warpgroup 200 (80 + 2 x 200 + 24 <= 512 per
@@ -499,13 +501,13 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (128, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), STAGES=4, GROUP_M=8, CONSUMER_REGS=200,
-            PRODUCER_REGS=24, num_warps=4, maxnreg=128)
+            PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
     block_m = 16 if (expected_m or max_m) <= 16 else 32
     fp4_e4m3_masked_kernel[(N // 128, G, cdiv(max_m, block_m))](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
-        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=2, num_warps=4)
+        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=2, SA_PER_128=sa_per_128, num_warps=4)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

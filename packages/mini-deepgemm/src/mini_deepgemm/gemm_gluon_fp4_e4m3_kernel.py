@@ -152,12 +152,14 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
 
 @gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                     stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr):
+                     stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
     """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
     acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
     not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
     that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile).
-    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words)."""
+    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 (an
+    experiment, benchmarks/exp_moe_fold_128.py) fp32 scales [M, K / 128] of activations folded per 128
+    (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from shared memory and one FMA per element per K step."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -178,11 +180,17 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
                 b_tile = b_ring.index(slot)
-                for j in gl.static_range(4):
-                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                if SA_PER_128:
                     part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True),))
-                    acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+                        a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                    acc = acc + part * wa[:, None]
+                else:
+                    for j in gl.static_range(4):
+                        a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                            a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                            is_async=True),))
+                        acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
                 mbarrier.arrive(empty.index(slot), count=1)
                 wa = wa_next
                 step += 1
@@ -200,7 +208,8 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 @gluon.jit
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
                                stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                               SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
     [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes;
@@ -223,9 +232,9 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     gl.warp_specialize(
         [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0)),
+                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64)),
+                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
                               GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -249,7 +258,7 @@ def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
 
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr):
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
     swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
@@ -302,16 +311,24 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
             fence_async_shared()
             gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
             x_tile = x_ring.index(slot)
-            for j in gl.static_range(4):
-                b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
-                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero, use_acc=False,
-                                       is_async=True)
-                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero, use_acc=False,
-                                       is_async=True)
+            if SA_PER_128:  # the experiment of _contiguous_math's SA_PER_128: one MMA per half and K step
+                b = x_tile.permute((1, 0))
+                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
+                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)
                 part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-                fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
-                acc_lo = acc_lo + part_lo * fa
-                acc_hi = acc_hi + part_hi * fa
+                acc_lo = acc_lo + part_lo * wa[None, :]
+                acc_hi = acc_hi + part_hi * wa[None, :]
+            else:
+                for j in gl.static_range(4):
+                    b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
+                    lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+                    fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
+                    acc_lo = acc_lo + part_lo * fa
+                    acc_hi = acc_hi + part_hi * fa
             offsets, wa = offsets_next, wa_next
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
         keep = (tokens < rows_used)[None, :]
