@@ -14,6 +14,7 @@ Metrics:
   flip a bf16 rounding at a tie, and would show here first). The exact-match fractions are printed.
   Under the interpreter (tl.exp instead of libdevice, fp32 -> bf16 truncated, an e4m3 cast that mis-rounds some
   values) only loose bounds hold: scales equal on >= 99%, dequantized rel. L2 <= 5e-2 (measured ~2e-2).
+- The same with fold_128 (scales folded per 128 columns: float32 [rows, width / 128]) where the width allows it.
 - moe_grouped with the kernels vs with the torch chains (CUDA, tiny checkpoint): rel. L2 <= 1e-3, exact-match
   fraction printed (bit-identical whenever the SwiGLU bytes are, as the GEMMs are row-local and deterministic).
 """
@@ -97,8 +98,9 @@ def _compare_quant(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Ten
     qr, sr = (t.view(torch.uint8)[real].cpu() for t in want)
     assert q.shape == qr.shape and s.shape == sr.shape
     q_eq, s_eq = (q == qr).float().mean().item(), (s == sr).float().mean().item()
-    a = act_dequant(q.view(torch.float8_e4m3fn), s.view(torch.float8_e8m0fnu))
-    b = act_dequant(qr.view(torch.float8_e4m3fn), sr.view(torch.float8_e8m0fnu))
+    scale_dtype, block = (torch.float32, 128) if got[1].dtype == torch.float32 else (torch.float8_e8m0fnu, 32)
+    a = act_dequant(q.view(torch.float8_e4m3fn), s.view(scale_dtype), block)
+    b = act_dequant(qr.view(torch.float8_e4m3fn), sr.view(scale_dtype), block)
     rel = ((a - b).norm() / b.norm()).item()
     print(f"swiglu_weight_quant vs torch chain: bytes equal {100 * q_eq:.4f}%, scales equal {100 * s_eq:.4f}%, "
           f"dequantized rel L2 {rel:.2e}")
@@ -111,38 +113,51 @@ def _compare_quant(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Ten
 
 @kernel_test
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the reference quantizes the NaN padding rows
-@pytest.mark.parametrize("tile", [(mk.SWIGLU_BLOCK_M, mk.SWIGLU_GROUPS_PER_PROGRAM), (1, 2)], ids=["default", "1x2"])
+@pytest.mark.parametrize("tile", [(mk.SWIGLU_BLOCK_M, mk.SWIGLU_GROUPS_PER_PROGRAM), (1, 2), (1, 4)],
+                         ids=["default", "1x2", "1x4"])
 @pytest.mark.parametrize("counts,align,tail,inter", CONTIGUOUS)
-def test_swiglu_weight_quant_contiguous_matches_the_torch_chain(counts, align, tail, inter, tile) -> None:
+@pytest.mark.parametrize("fold_128", [False, True], ids=["per32", "fold128"])
+def test_swiglu_weight_quant_contiguous_matches_the_torch_chain(counts, align, tail, inter, tile, fold_128) -> None:
+    if fold_128 and (inter % 128 or tile[1] % 4):
+        pytest.skip("fold_128 needs I % 128 == 0 and groups in fours")
     layout = _contiguous_layout(counts, align, tail)
     real = layout >= 0
     h13, w = _swiglu_inputs(real, inter, seed=len(layout) + inter)
     got = mk.swiglu_weight_quant(h13, w, LIMIT, grouped_layout=layout.to(DEVICE), block_m=tile[0],
-                                 groups_per_program=tile[1])
-    assert got[0].dtype == torch.float8_e4m3fn and got[1].dtype == torch.float8_e8m0fnu
-    assert got[0].shape == (len(layout), inter) and got[1].shape == (len(layout), inter // 32)
-    _compare_quant(got, moe.swiglu_weight_quant_torch(h13, w, LIMIT), real)
+                                 groups_per_program=tile[1], fold_128=fold_128)
+    assert got[0].dtype == torch.float8_e4m3fn
+    assert got[1].dtype == (torch.float32 if fold_128 else torch.float8_e8m0fnu)
+    assert got[0].shape == (len(layout), inter) and got[1].shape == (len(layout), inter // (128 if fold_128 else 32))
+    _compare_quant(got, moe.swiglu_weight_quant_torch(h13, w, LIMIT, fold_128), real)
 
 
 @kernel_test
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the reference quantizes the NaN padding rows
 @pytest.mark.parametrize("counts,rows,inter", MASKED)
-def test_swiglu_weight_quant_masked_matches_the_torch_chain(counts, rows, inter) -> None:
+@pytest.mark.parametrize("fold_128", [False, True], ids=["per32", "fold128"])
+def test_swiglu_weight_quant_masked_matches_the_torch_chain(counts, rows, inter, fold_128) -> None:
+    if fold_128 and inter % 128:
+        pytest.skip("fold_128 needs I % 128 == 0")
     masked_m = torch.tensor(counts, dtype=torch.int32)
     real = (torch.arange(rows)[None, :] < masked_m[:, None]).flatten()
     h13, w = _swiglu_inputs(real, inter, seed=rows + inter)
     listed = real.nonzero().flatten()[torch.randperm(int(real.sum()), generator=_gen(rows))]  # any order
-    _compare_quant(mk.swiglu_weight_quant(h13, w, LIMIT, rows=listed.to(DEVICE)), moe.swiglu_weight_quant_torch(
-        h13, w, LIMIT), real)
+    _compare_quant(mk.swiglu_weight_quant(h13, w, LIMIT, rows=listed.to(DEVICE), fold_128=fold_128),
+                   moe.swiglu_weight_quant_torch(h13, w, LIMIT, fold_128), real)
 
 
-def test_swiglu_weight_quant_needs_one_validity_form() -> None:
+def test_swiglu_weight_quant_needs_one_validity_form_and_foldable_widths() -> None:
     h13 = torch.zeros(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError):
         mk.swiglu_weight_quant(h13, torch.ones(4), LIMIT)
     with pytest.raises(ValueError):
         mk.swiglu_weight_quant(h13, torch.ones(4), LIMIT, torch.zeros(4, dtype=torch.int32),
                                torch.arange(4))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        mk.swiglu_weight_quant(h13, torch.ones(4), LIMIT, rows=torch.arange(4), fold_128=True)
+    with pytest.raises(ValueError, match="groups_per_program"):
+        mk.swiglu_weight_quant(torch.zeros(4, 256, dtype=torch.bfloat16), torch.ones(4), LIMIT, rows=torch.arange(4),
+                               groups_per_program=2, fold_128=True)
 
 
 def _routing(T: int, k: int, E: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,16 +176,17 @@ def _plans() -> list:
 
 @kernel_test
 @pytest.mark.parametrize("T,k,E,masked", _plans())
-def test_quant_scatter_writes_every_pair_row_as_quant_gather(T, k, E, masked) -> None:
-    D = 5120 if DEVICE == "cuda" else 96
+@pytest.mark.parametrize("fold_128", [False, True], ids=["per32", "fold128"])
+def test_quant_scatter_writes_every_pair_row_as_quant_gather(T, k, E, masked, fold_128) -> None:
+    D = 5120 if DEVICE == "cuda" else 128 if fold_128 else 96
     idx, wt = _routing(T, k, E, seed=T * k + E)
     plan = (moe.masked_plan if masked else moe.contiguous_plan)(idx.to(DEVICE), wt.to(DEVICE), E)
     x = torch.randn(T, D, generator=_gen(T)) * torch.logspace(-3, 3, T)[:, None]
     x[T // 2] = 0.0  # a row of amax 0
     x = x.to(torch.bfloat16).to(DEVICE)
     M = plan.row_weight.shape[0]
-    q, s = mk.quant_scatter(x, plan.pair_row, M)
-    qr, sr = moe.quant_gather_torch(x, plan.row_token)
+    q, s = mk.quant_scatter(x, plan.pair_row, M, fold_128)
+    qr, sr = moe.quant_gather_torch(x, plan.row_token, fold_128)
     assert q.shape == qr.shape and s.shape == sr.shape and s.dtype == sr.dtype
     rows = plan.pair_row.flatten()
     assert torch.equal(q.view(torch.uint8)[rows], qr.view(torch.uint8)[rows])

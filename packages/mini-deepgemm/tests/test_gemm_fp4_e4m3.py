@@ -7,7 +7,9 @@ fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference 
 below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
 layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
 equal. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 16- and 32-token
-masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several.
+masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with the
+activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
+then multiplies the folded operands exactly).
 """
 
 import pytest
@@ -82,11 +84,56 @@ def test_the_byte_permute_conversion_is_exact():
                 assert got == want or (code & 7 == 0 and got in (0x00, 0x80)), (offset, code, pos, got, want)
 
 
-def _contiguous_case(rows, N, K, gen, device="cpu"):
+def _contiguous_case(rows, N, K, gen, device="cpu", activations="per_32"):
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
-    q, s = reference.act_quant(random_bf16(layout.numel(), K, generator=gen), 32, "ue8m0")
+    q, s = _activations(random_bf16(layout.numel(), K, generator=gen), activations)
     bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
     return q.to(device), s.to(device), bq.to(device), sb.to(device), layout.to(device)
+
+
+def _activations(x: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] quantized per 32 (UE8M0 scales) or folded per 128 (float32 scales [..., K / 128])."""
+    q, s = reference.act_quant(x, 32, "ue8m0")
+    if form == "per_32":
+        return q, s
+    K = x.shape[-1]
+    q, s = reference.fold_ue8m0_to_128(q.reshape(-1, K), s.reshape(-1, K // 32), 1)
+    return q.view(x.shape), s.view(*x.shape[:-1], K // 128)
+
+
+def _per_32(s: torch.Tensor) -> torch.Tensor:
+    """The reference's form of either activation scales: folded ones as UE8M0 per 32 (exact)."""
+    return reference.ue8m0_from_fold_128(s) if s.dtype == torch.float32 else s
+
+
+def test_folded_activations_are_their_per_32_form_everywhere_but_the_fp8_mma_route():
+    """Activations folded per 128 (float32 scales) multiply as the same values given as UE8M0 per 32 (each scale
+    repeated four times): bitwise, on the CPU, in both grouped layouts."""
+    gen = torch.Generator().manual_seed(5)
+    q, s, bq, sb, layout = _contiguous_case([5, 0, 130], 256, 384, gen, activations="per_128")
+    assert s.dtype == torch.float32 and tuple(s.shape) == (layout.numel(), 3)
+    assert torch.equal(reference.act_dequant(q, s, 128), reference.act_dequant(q, _per_32(s), 32))
+    d, want = (torch.full((layout.numel(), 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=gemm.fold_fp4_weight_scales(sb))
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, _per_32(s)), (bq, sb), want, layout)
+    assert torch.equal(d.view(torch.int16), want.view(torch.int16))
+    G, max_m = 3, 40
+    qm, sm = _activations(random_bf16(G * max_m, 384, generator=gen).view(G, max_m, 384), "per_128")
+    masked_m = torch.tensor([0, 1, 40], dtype=torch.int32)
+    d, want = (torch.full((G, max_m, 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((qm, sm), (bq, sb), d, masked_m, 16)
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((qm, _per_32(sm)), (bq, sb), want, masked_m, 16)
+    assert torch.equal(d.view(torch.int16), want.view(torch.int16))
+
+
+def test_folded_activation_errors_name_the_problem():
+    gen = torch.Generator().manual_seed(6)
+    q, s, bq, sb, layout = _contiguous_case([3], 256, 256, gen, activations="per_128")
+    d = torch.empty(layout.numel(), 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="folded per 128"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s[:, :1].contiguous()), (bq, sb), d, layout)
+    with pytest.raises(ValueError, match="FP4 weights need UE8M0 scales"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb.float()), d, layout)
 
 
 def test_folded_on_the_cpu_is_the_reference():
@@ -124,16 +171,17 @@ CONTIGUOUS_CASES = {  # rows per group, N, K
 
 @pytest.mark.gpu
 @needs_gluon
+@pytest.mark.parametrize("activations", ["per_32", "per_128"])
 @pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
-def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case):
+def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, activations):
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(3)
-    q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda")
+    q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", activations)
     folded = gemm.fold_fp4_weight_scales(sb)
     assert folded is not None
     d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded)
-    want = reference.m_grouped_gemm_nt_contiguous_ref(q, s, bq, sb, layout, 1, 32)
+    want = reference.m_grouped_gemm_nt_contiguous_ref(q, _per_32(s), bq, sb, layout, 1, 32)
     used = layout >= 0
     assert calc_diff(d[used].float(), want[used]) < 1e-5
     assert bool((d[~used] == 7.0).all()), "padding rows must stay untouched"
@@ -144,20 +192,21 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case)
 
 @pytest.mark.gpu
 @needs_gluon
+@pytest.mark.parametrize("activations", ["per_32", "per_128"])
 @pytest.mark.parametrize("expected_m", [8, 32])  # 16- and 32-token tiles
-def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m):
+def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m, activations):
     G, N, K, max_m = 6, 384, 640, 64
     masked = [0, 1, 17, max_m, 5, 40]
     gen = torch.Generator().manual_seed(4)
-    q, s = reference.act_quant(random_bf16(G * max_m, K, generator=gen), 32, "ue8m0")
-    q, s = q.view(G, max_m, K).cuda(), s.view(G, max_m, K // 32).cuda()
+    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
+    q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
     folded = gemm.fold_fp4_weight_scales(sb)
     assert folded is not None
     masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
     d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
     gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), d, masked_m, expected_m, folded=folded)
-    want = reference.m_grouped_gemm_nt_masked_ref(q, s, bq, sb, masked_m, 1, 32)
+    want = reference.m_grouped_gemm_nt_masked_ref(q, _per_32(s), bq, sb, masked_m, 1, 32)
     used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
     assert calc_diff(d[used].float(), want[used]) < 1e-5
     assert bool((d[~used] == 7.0).all()), "rows past masked_m must stay untouched"
@@ -169,9 +218,13 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
         starts.append(starts[-1] + -(-m // 128) * 128)
     where = torch.tensor([starts[g] + i for g, m in enumerate(masked) for i in range(m)], device="cuda")
     q_c = torch.zeros(layout.numel(), K, device="cuda").to(torch.float8_e4m3fn)
-    s_c = torch.full((layout.numel(), K // 32), 127, dtype=torch.uint8, device="cuda")  # index_put has no e8m0
-    q_c[where], s_c[where] = q[used], s.view(torch.uint8)[used]
-    s_c = s_c.view(torch.float8_e8m0fnu)
+    if activations == "per_128":
+        s_c = torch.ones(layout.numel(), K // 128, device="cuda")
+        q_c[where], s_c[where] = q[used], s[used]
+    else:
+        s_c = torch.full((layout.numel(), K // 32), 127, dtype=torch.uint8, device="cuda")  # index_put: no e8m0
+        q_c[where], s_c[where] = q[used], s.view(torch.uint8)[used]
+        s_c = s_c.view(torch.float8_e8m0fnu)
     d_c = torch.empty(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q_c, s_c), (bq, sb), d_c, layout, folded=folded)
     assert torch.equal(d[used].view(torch.int16), d_c[where].view(torch.int16)), "masked vs contiguous rows"

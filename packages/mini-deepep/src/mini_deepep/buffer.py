@@ -96,7 +96,9 @@ class Buffer:
         """Send every token to the ranks that hold its experts, grouped by local expert on arrival.
 
         x: bf16 [num_tokens, hidden], or (e4m3 [num_tokens, hidden], float8_e8m0fnu
-            [num_tokens, hidden / 32]) as mini_deepgemm.reference.act_quant(x, 32) returns.
+            [num_tokens, hidden / 32]) as mini_deepgemm.reference.act_quant(x, 32) returns, or with float32
+            scales [num_tokens, hidden / 128] (mini-deepgemm's per_token_group_quant_fp8(..., fold_128=True); the
+            same bytes per row). Scales travel as bytes, unread.
             num_tokens may differ between ranks and may be 0.
         topk_idx: int64 [num_tokens, num_topk] global expert ids, -1 = no expert.
         topk_weights: float32 [num_tokens, num_topk].
@@ -107,7 +109,7 @@ class Buffer:
             check handle.num_recv_rows), or None for exactly the rows needed (one host read).
 
         Returns DispatchResult(recv_x, grouped_layout, recv_topk_weights, num_recv_tokens_per_expert,
-        handle): recv_x [M, hidden] (a tuple with scales [M, hidden / 32] for FP8) holds one row per
+        handle): recv_x [M, hidden] (a tuple with the scales in the form sent, for FP8) holds one row per
         (token, k) pair routed here, sorted by local expert, then source rank, then source token;
         grouped_layout int32 [M] is the local expert id per row (-1 for padding rows, whose data is
         unspecified); recv_topk_weights float32 [M] the pair's weight (0 for padding);

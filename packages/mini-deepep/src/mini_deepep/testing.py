@@ -41,6 +41,7 @@ class Scenario:
     num_experts: int = 384
     num_topk: int = 6
     fp8: bool = False
+    fold_128: bool = False  # with fp8: float32 scales per 128 (mini-deepgemm's fold_128) instead of UE8M0 per 32
     m_alignment: int = 128
     fixed_rows: bool = False  # pass num_max_recv_rows (the no-host-sync path)
     seed: int = 0
@@ -57,6 +58,7 @@ def cpu_scenarios(num_ranks: int) -> list[Scenario]:
     return [
         Scenario("uneven bf16", tokens(97, 203), seed=1),
         Scenario("fp8 payload", tokens(150, 61), fp8=True, seed=2),
+        Scenario("fp8 payload folded per 128", tokens(83, 120), fp8=True, fold_128=True, seed=9),
         Scenario("rank with zero tokens", (0,) + tokens(75)[1:], seed=3),
         Scenario("fixed rows, alignment 8", tokens(64, 40), m_alignment=8, fixed_rows=True, seed=4),
     ]
@@ -69,6 +71,8 @@ def gpu_scenarios(num_ranks: int) -> list[Scenario]:
         # Not a power of two: every row is two pieces with data in both (dispatch.load_rows).
         Scenario("bf16, hidden 640", tuple(700 - 173 * r for r in range(num_ranks)), hidden=640, seed=7),
         Scenario("fp8, hidden 640", tuple(640 - 111 * r for r in range(num_ranks)), hidden=640, fp8=True, seed=8),
+        Scenario("fp8 folded per 128, hidden 640", tuple(640 - 111 * r for r in range(num_ranks)), hidden=640,
+                 fp8=True, fold_128=True, seed=10),
     ]
 
 
@@ -129,7 +133,8 @@ def _payload_rows(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return parts[0].float()
     from mini_deepgemm.reference import act_dequant
 
-    return act_dequant(*parts)
+    q, scales = parts
+    return act_dequant(q, scales, 128 if scales.dtype == torch.float32 else 32)  # float32: folded per 128
 
 
 @dataclass
@@ -137,16 +142,18 @@ class ScenarioData:
     """A scenario's inputs for every rank (CPU), regenerated from the seed on each rank."""
 
     inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (x, topk_idx, topk_weights) per rank
-    payloads: list[tuple[torch.Tensor, ...]]  # what each rank sends: (x,) or act_quant(x, 32)
+    payloads: list[tuple[torch.Tensor, ...]]  # what each rank sends: (x,), act_quant(x, 32) or that folded per 128
     source_rows: list[torch.Tensor]  # fp32 rows the experts see of each rank's tokens
 
 
 def scenario_data(s: Scenario, num_ranks: int) -> ScenarioData:
     inputs = [make_inputs(s, r, num_ranks) for r in range(num_ranks)]
     if s.fp8:
-        from mini_deepgemm.reference import act_quant
+        from mini_deepgemm.reference import act_quant, fold_ue8m0_to_128
 
         payloads = [tuple(act_quant(inp[0], 32)) for inp in inputs]
+        if s.fold_128:
+            payloads = [fold_ue8m0_to_128(q, scales, 1) for q, scales in payloads]
     else:
         payloads = [(inp[0],) for inp in inputs]
     return ScenarioData(inputs, payloads, [_payload_rows(p) for p in payloads])

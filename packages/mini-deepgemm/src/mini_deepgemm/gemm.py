@@ -12,7 +12,8 @@ Operands (NT: both K-major, last dim contiguous)
 Recipes (rows of A per scale, rows of B per scale, K per scale)
 - V4.1 (default for UE8M0 scales): (1, 32, 32), sa and sb float8_e8m0fnu.
 - DeepSeek-V3 (default for fp32 scales): (1, 128, 128), sa and sb float32.
-- FP4 weights: (1, 1, 32) with UE8M0 scales, fixed.
+- FP4 weights: (1, 1, 32) with UE8M0 scales, fixed. Their activations may instead come folded per 128: sa
+  float32 [M, K/128] powers of two (`per_token_group_quant_fp8(x, 32, "ue8m0", fold_128=True)`, below).
 
 Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in between)
 - Contiguous (prefill): rows sorted by local expert, each expert's segment starting at a multiple of
@@ -37,6 +38,12 @@ kernels of gemm_gluon_fp4_e4m3_kernel.py run it: no activation pass, the convers
 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a weight tensor in every call or
 in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton kernels or the references, the same in
 every layout).
+With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
+columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
+FMA per element instead of four of each: 1.28-1.29x at prefill, 1.08-1.27x at decode (H200, session 21 run 1,
+docs/reports/deepgemm-moe-fold-128.md). Every other route takes them as UE8M0 per 32 (each power of two repeated
+four times: `reference.ue8m0_from_fold_128`, exact). A folded product differs from the per-32 one by the fold's
+rounding (values under ~2^-6 of their 128 columns' largest scale).
 
 V4.1 FP8 GEMMs on the V3 recipe's kernels: `fold_fp8_weight_scales(bq, sb)` (once per weight tensor, at load) and
 `per_token_group_quant_fp8(x, 32, "ue8m0", fold_128=True)` give V4.1's quantized operands with power-of-two fp32
@@ -187,12 +194,12 @@ def _require(cond: bool, msg: str) -> None:
 def _resolve_recipe(sa: torch.Tensor, sb: torch.Tensor, b_fp4: bool, recipe: Recipe | None) -> Recipe:
     ue8m0 = sa.dtype in _UE8M0_DTYPES
     _require(ue8m0 or sa.dtype == torch.float32, f"sa must be float8_e8m0fnu/uint8 (UE8M0) or float32, got {sa.dtype}")
-    _require((sb.dtype in _UE8M0_DTYPES) == ue8m0 and (ue8m0 or sb.dtype == torch.float32),
-             f"sa ({sa.dtype}) and sb ({sb.dtype}) must both be UE8M0 or both float32")
-    if b_fp4:
-        _require(ue8m0, "FP4 weights need UE8M0 scales")
+    if b_fp4:  # sa float32: activations folded per 128 (module docstring)
+        _require(sb.dtype in _UE8M0_DTYPES, f"FP4 weights need UE8M0 scales, got {sb.dtype}")
         _require(recipe in (None, FP4_RECIPE), f"FP4 weights use recipe {FP4_RECIPE}, got {recipe}")
         return FP4_RECIPE
+    _require((sb.dtype in _UE8M0_DTYPES) == ue8m0 and (ue8m0 or sb.dtype == torch.float32),
+             f"sa ({sa.dtype}) and sb ({sb.dtype}) must both be UE8M0 or both float32")
     if recipe is None:
         return V41_RECIPE if ue8m0 else V3_RECIPE
     _require(len(recipe) == 3 and recipe[0] == 1, f"recipe must be (1, gran_n, gran_k), got {recipe}")
@@ -217,9 +224,12 @@ def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: tor
     _require(bq.shape[-1] == (K // 2 if b_fp4 else K),
              f"b's last dim {bq.shape[-1]} does not match K={K}" + (" (packed FP4: K/2)" if b_fp4 else ""))
     gran_rows, gran_n, gran_k = recipe = _resolve_recipe(sa, sb, b_fp4, recipe)
-    _require(K % gran_k == 0, f"K={K} is not a multiple of the scale granularity {gran_k}")
-    _require(tuple(sa.shape) == (*aq.shape[:-1], K // gran_k),
-             f"sa must be {(*aq.shape[:-1], K // gran_k)}, got {tuple(sa.shape)}")
+    sa_gran_k = 128 if _folded_per_128(a, b_fp4) else gran_k
+    _require(K % sa_gran_k == 0, f"K={K} is not a multiple of the scale granularity {sa_gran_k}")
+    _require(tuple(sa.shape) == (*aq.shape[:-1], K // sa_gran_k),
+             f"sa must be {(*aq.shape[:-1], K // sa_gran_k)}"
+             + (" (float32 scales of activations folded per 128)" if sa_gran_k != gran_k else "")
+             + f", got {tuple(sa.shape)}")
     _require(tuple(sb.shape) == (*bq.shape[:-2], cdiv(N, gran_n), K // gran_k),
              f"sb must be {(*bq.shape[:-2], cdiv(N, gran_n), K // gran_k)}, got {tuple(sb.shape)}")
     out_shape = (*aq.shape[:-1], N)
@@ -244,6 +254,11 @@ def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: tor
     return recipe, b_fp4
 
 
+def _folded_per_128(a: FP8Operand, b_fp4: bool) -> bool:
+    """Whether a is an FP4 call's activations folded per 128 (float32 sa; module docstring)."""
+    return b_fp4 and a[1].dtype == torch.float32
+
+
 # --------------------------------------------------------------------------- dispatch
 def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
           group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool, expected_m: int | None = None,
@@ -262,7 +277,10 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
         return
     if folded is not None and backend is None and _gluon_runs_on(d):
         _fp4_e4m3_gemm(layout, a, b, d, group_arg, folded, expected_m)
-    elif backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
+        return
+    if _folded_per_128(a, b_fp4):  # the other routes take the folded scales as UE8M0 per 32, exactly
+        a = (a[0], reference.ue8m0_from_fold_128(a[1]))
+    if backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
         from . import gemm_tilelang
 
         _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4), "this call is outside the TileLang kernels' coverage")
@@ -479,12 +497,11 @@ def _packed_fp4_layout():
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
-                   folded: FoldedFP4Scales, expected_m: int | None, sa_per_128: bool = False) -> None:
+                   folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, 16 tokens at
     expected_m <= 16 and 32 above, with a 2-deep ring (session 19 runs 9-10: fewer stages, more resident CTAs).
-    sa_per_128 (an experiment, not checked here: benchmarks/exp_moe_fold_128.py): a's scales are fp32
-    [..., K / 128] of activations folded per 128 (quant's fold_128), promoted once per K step."""
+    Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .gemm_gluon_fp4_e4m3_kernel import fp4_e4m3_contiguous_kernel, fp4_e4m3_masked_kernel
@@ -493,6 +510,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     G, N, K2 = bq.shape
     K = aq.shape[-1]
     w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
+    sa_per_128 = sa.dtype == torch.float32
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
         M = aq.shape[0]

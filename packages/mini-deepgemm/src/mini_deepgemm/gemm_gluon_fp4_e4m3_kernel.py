@@ -11,6 +11,11 @@ activations' per-32 scales stay in the loop: one FMA per accumulator element and
 Measured on H200 (same report, session 20 run 1), against the bf16 route: prefill 1.03-1.05x at 128-1,024 rows
 per expert, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the device-copy rate, at ~32 rows 0.85-0.87x.
 
+SA_PER_128 (the engine's form since session 21, docs/reports/deepgemm-moe-fold-128.md): activations folded per 128
+(fp32 power-of-two scales per 128 of K) let a K step be one 128-deep MMA chain and one FMA per accumulator element,
+where per-32 scales need four of each. The math loop was issue-bound (offline: 367 -> 118 SASS instructions per math
+warp and K step); H200, session 21 run 1: 1.28-1.29x at prefill, 1.08-1.27x at decode.
+
 Both kernels compute every output element the same way (an FP8 MMA over one 32-block, then acc += part *
 sa[token, kb], then times the row's 2^(ref - 127), rounded to bf16), with the weights as the MMA's B operand
 (contiguous) or its A operand (masked, swap-AB); the H200 gives both the same bits, so a token's row does not
@@ -157,9 +162,9 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
     not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
     that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile).
-    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 (an
-    experiment, benchmarks/exp_moe_fold_128.py) fp32 scales [M, K / 128] of activations folded per 128
-    (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from shared memory and one FMA per element per K step."""
+    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 fp32
+    scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from
+    shared memory and one FMA per element per K step."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -213,9 +218,10 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
     [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes;
-    offsets int32 [G * N, K / 128]; sa int32 words [M, K / 128] (row stride stride_sa); colscale fp32 [G * N];
-    layout int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM;
-    launch with num_warps=4 (the converter) and maxnreg 128."""
+    offsets int32 [G * N, K / 128]; sa int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32
+    [M, K / 128] (activations folded per 128); colscale fp32 [G * N]; layout int32 [M], segments 128-aligned;
+    N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM; launch with num_warps=4 (the converter) and
+    maxnreg 128."""
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
@@ -265,7 +271,8 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
     K % 128 == 0. Grid (N / 128, G, cdiv(max_m, BLOCK_M)); num_warps=4. Per step: the ring slot's weights
     converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
-    64-127 as A, the activations as B) and acc += part * sa[token, kb]."""
+    64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
+    (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     raw_words = _raw_words(w_ring, STAGES)
@@ -311,7 +318,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
             fence_async_shared()
             gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
             x_tile = x_ring.index(slot)
-            if SA_PER_128:  # the experiment of _contiguous_math's SA_PER_128: one MMA per half and K step
+            if SA_PER_128:  # as _contiguous_math's SA_PER_128: one MMA per half and K step
                 b = x_tile.permute((1, 0))
                 lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
                 hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)

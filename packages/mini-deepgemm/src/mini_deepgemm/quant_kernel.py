@@ -35,6 +35,24 @@ def quantize_groups(x, UE8M0: tl.constexpr):
 
 
 @triton.jit
+def fold_groups_to_128(q, s, GROUPS: tl.constexpr):
+    """quantize_groups' UE8M0 output for GROUPS consecutive 32-column groups (q e4m3 [GROUPS, 32], s biased
+    exponents [GROUPS]; every 4 in a row one 128-column block of one row) folded per 128 as
+    reference.fold_ue8m0_to_128 does: (q re-expressed under each block's largest exponent e_max, fp32 2^(e_max - 127)
+    [GROUPS / 4]). Shared with the runtime's fused MoE kernels, like quantize_groups."""
+    FOLDS: tl.constexpr = GROUPS // 4
+    e = s.to(tl.int32)
+    e_max = tl.max(tl.reshape(e, [FOLDS, 4]), axis=1)
+    # 2^-shift from its bits; a shift past 20 takes every e4m3 value (< 2^9) below half the smallest subnormal 2^-9,
+    # so clamping it at 30 rounds to the same zero
+    shift = tl.minimum(tl.reshape(tl.broadcast_to(e_max[:, None], [FOLDS, 4]), [GROUPS]) - e, 30)
+    factor = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    q = (q.to(tl.float32) * factor[:, None]).to(tl.float8e4nv)
+    # 2^(e_max - 127): e_max is its fp32 biased exponent (>= 1: amax >= 1e-4)
+    return q, (e_max << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def act_quant_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
     num_groups,  # groups per row (K / GROUP)
@@ -53,18 +71,9 @@ def act_quant_fp8_kernel(
     x = tl.load(x_ptr + row * stride_x_m + cols, mask=mask, other=0.0).to(tl.float32)
     q, s = quantize_groups(x, UE8M0)
     if FOLD_128:
-        FOLDS: tl.constexpr = GROUPS_PER_PROGRAM // 4
-        e = s.to(tl.int32)
-        e_max = tl.max(tl.reshape(e, [FOLDS, 4]), axis=1)
-        # 2^-shift from its bits; a shift past 20 takes every e4m3 value (< 2^9) below half the smallest
-        # subnormal 2^-9, so clamping it at 30 rounds to the same zero
-        shift = tl.minimum(tl.reshape(tl.broadcast_to(e_max[:, None], [FOLDS, 4]), [GROUPS_PER_PROGRAM]) - e, 30)
-        factor = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-        q = (q.to(tl.float32) * factor[:, None]).to(tl.float8e4nv)
-        folds = tl.program_id(1) * FOLDS + tl.arange(0, FOLDS)
-        # 2^(e_max - 127): e_max is its fp32 biased exponent (>= 1: amax >= 1e-4)
-        tl.store(s_ptr + row * stride_s_m + folds, (e_max << 23).to(tl.float32, bitcast=True),
-                 mask=folds < num_groups // 4)
+        q, folded_scale = fold_groups_to_128(q, s, GROUPS_PER_PROGRAM)
+        folds = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
+        tl.store(s_ptr + row * stride_s_m + folds, folded_scale, mask=folds < num_groups // 4)
     else:
         tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
     tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)

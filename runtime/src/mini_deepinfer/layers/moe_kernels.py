@@ -19,6 +19,10 @@ How, one pass each:
   T rows, writes T*k, never touches a padding row (the torch chain quantizes, then gathers all M rows).
 - `combine`: y[t] = bf16(sum_j out[pair_row[t, j]] + shared[t]), in fp32, in one pass.
 
+With fold_128 the two quantizing kernels also fold each row's scales per 128 columns (mini-deepgemm's
+`fold_groups_to_128`, as `per_token_group_quant_fp8(..., fold_128=True)`): fp32 [rows, width/128] powers of two,
+the form the FP8-MMA expert GEMMs run fastest on (docs/reports/deepgemm-moe-fold-128.md).
+
 Padding rows of the FP8 outputs are left unwritten (unspecified bytes, possibly NaN codes). Every consumer ignores
 them: the grouped GEMMs compute a row from that row alone (per-row activation scales), so a padding row's garbage
 stays in its own output row, and the combines (`combine` here, mini-deepep's Buffer.combine) read only real rows.
@@ -40,12 +44,13 @@ import torch
 try:
     import triton
     import triton.language as tl
-    from mini_deepgemm.quant_kernel import quantize_groups
+    from mini_deepgemm.quant_kernel import fold_groups_to_128, quantize_groups
     from triton.language.extra.cuda import libdevice
 except ImportError:  # CPU-only installs: the torch chains in moe.py run instead
     triton = None
 
 QUANT_GROUP = 32  # UE8M0 scale granularity of V4.1's activations (moe.QUANT_BLOCK)
+FOLD = 128  # columns per folded scale (fold_128)
 SWIGLU_BLOCK_M = 8
 SWIGLU_GROUPS_PER_PROGRAM = 8
 SCATTER_GROUPS_PER_PROGRAM = 32
@@ -57,7 +62,7 @@ if triton is not None:
     @triton.jit
     def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, limit, LISTED: tl.constexpr,
                                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
-                                   LIBDEVICE_EXP: tl.constexpr):
+                                   LIBDEVICE_EXP: tl.constexpr, FOLD_128: tl.constexpr):
         # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
         pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
         slot = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
@@ -84,12 +89,25 @@ if triton is not None:
         weight = tl.load(w_ptr + row, mask=live, other=0.0)
         h = (weight[:, None] * (silu * up)).to(tl.bfloat16).to(tl.float32)  # the chain's bf16 h, then its quant
         q, s = quantize_groups(h, True)
+        if FOLD_128:
+            q, s = fold_groups_to_128(q, s, BLOCK_M * GROUPS_PER_PROGRAM)
+            _store_folded_scales(s, s_ptr, row, grp, live, num_groups, BLOCK_M * GROUPS_PER_PROGRAM)
+        else:
+            tl.store(s_ptr + row * num_groups + grp, s, mask=live)
         tl.store(q_ptr + row[:, None] * I + col, q, mask=live[:, None])
-        tl.store(s_ptr + row * num_groups + grp, s, mask=live)
+
+    @triton.jit
+    def _store_folded_scales(s, s_ptr, row, grp, live, num_groups, PAIRS: tl.constexpr):
+        """Folded scales s [PAIRS / 4] of (row, group) pairs whose every 4 in a row share a row and a 128-column
+        block (aligned runs of 4 groups) into s_ptr fp32 [rows, num_groups / 4]."""
+        row = tl.max(tl.reshape(row, [PAIRS // 4, 4]), axis=1)
+        fold = tl.min(tl.reshape(grp, [PAIRS // 4, 4]), axis=1) // 4
+        live = tl.max(tl.reshape(live.to(tl.int32), [PAIRS // 4, 4]), axis=1) > 0
+        tl.store(s_ptr + row * (num_groups // 4) + fold, s, mask=live)
 
     @triton.jit
     def quant_scatter_kernel(x_ptr, rows_ptr, q_ptr, s_ptr, D, K: tl.constexpr, GROUP: tl.constexpr,
-                             GROUPS_PER_PROGRAM: tl.constexpr):
+                             GROUPS_PER_PROGRAM: tl.constexpr, FOLD_128: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         grp = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
         num_groups = D // GROUP
@@ -97,10 +115,16 @@ if triton is not None:
         col = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         x = tl.load(x_ptr + t * D + col, mask=gm[:, None], other=0.0).to(tl.float32)
         q, s = quantize_groups(x, True)
+        if FOLD_128:
+            q, s = fold_groups_to_128(q, s, GROUPS_PER_PROGRAM)
         for j in tl.static_range(K):  # the token's k rows in the layout
             r = tl.load(rows_ptr + t * K + j)
             tl.store(q_ptr + r * D + col, q, mask=gm[:, None])
-            tl.store(s_ptr + r * num_groups + grp, s, mask=gm)
+            if FOLD_128:
+                folds = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
+                tl.store(s_ptr + r * (num_groups // 4) + folds, s, mask=folds < num_groups // 4)
+            else:
+                tl.store(s_ptr + r * num_groups + grp, s, mask=gm)
 
     @triton.jit
     def combine_kernel(out_ptr, rows_ptr, shared_ptr, y_ptr, T, D, K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -122,28 +146,42 @@ def available(t: torch.Tensor) -> bool:
     return triton is not None and t.is_cuda
 
 
-def _fp8_rows(num_rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (e4m3 [num_rows, width], UE8M0 bytes [num_rows, width / 32]): only real rows get written."""
+def _fp8_rows(num_rows: int, width: int, device: torch.device, fold_128: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (e4m3 [num_rows, width], UE8M0 bytes [num_rows, width / 32] or with fold_128 fp32
+    [num_rows, width / 128]): only real rows get written."""
+    if width % (FOLD if fold_128 else QUANT_GROUP):
+        raise ValueError(f"width {width} is not a multiple of {FOLD if fold_128 else QUANT_GROUP}"
+                         + (" (fold_128)" if fold_128 else ""))
     q = torch.empty(num_rows, width, dtype=torch.float8_e4m3fn, device=device)
+    if fold_128:
+        return q, torch.empty(num_rows, width // FOLD, dtype=torch.float32, device=device)
     return q, torch.empty(num_rows, width // QUANT_GROUP, dtype=torch.uint8, device=device)
+
+
+def _scales_out(s: torch.Tensor) -> torch.Tensor:
+    """_fp8_rows' scales as the quantizers return them: UE8M0 bytes as float8_e8m0fnu, folded ones as they are."""
+    return s if s.dtype == torch.float32 else s.view(torch.float8_e8m0fnu)
 
 
 def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: float,
                         grouped_layout: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                        block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM,
+                        fold_128: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """moe.swiglu_weight_quant_torch in one pass over the real rows. h13 bf16 [M, 2I] (gate | up), row_weight fp32
     [M]; the real rows given by exactly one of rows int64 [n] (their indices in any order, e.g. ExpertRows.pair_row:
     the grid covers only them, whatever the layout) or grouped_layout int32 [M] (-1 padding; the grid covers every
     row, for callers with no list, such as the EP path). Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu
-    [M, I/32]); padding rows are unspecified. block_m, groups_per_program: the tile (benchmarks sweep them; powers
-    of two)."""
+    [M, I/32], or with fold_128 fp32 [M, I/128]); padding rows are unspecified. block_m, groups_per_program: the
+    tile (benchmarks sweep them; powers of two, groups_per_program >= 4)."""
     if (grouped_layout is None) == (rows is None):
         raise ValueError("give exactly one of grouped_layout (contiguous layout) and rows (the real rows)")
     M, inter = h13.shape[0], h13.shape[1] // 2
-    if h13.shape[1] != 2 * inter or inter % QUANT_GROUP:
-        raise ValueError(f"h13 must be [M, 2I] with I a multiple of {QUANT_GROUP}, got {tuple(h13.shape)}")
-    q, s = _fp8_rows(M, inter, h13.device)
+    if h13.shape[1] != 2 * inter:
+        raise ValueError(f"h13 must be [M, 2I], got {tuple(h13.shape)}")
+    q, s = _fp8_rows(M, inter, h13.device, fold_128)
+    if fold_128 and groups_per_program % 4:
+        raise ValueError(f"fold_128 folds groups four at a time: groups_per_program {groups_per_program} must be a "
+                         "multiple of 4")
     listed = rows is not None
     valid = (rows if listed else grouped_layout).reshape(-1).contiguous()
     slots = valid.numel() if listed else M
@@ -151,23 +189,24 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: floa
         grid = (triton.cdiv(slots, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
         swiglu_weight_quant_kernel[grid](
             h13.contiguous(), row_weight.float().contiguous(), valid, q, s, slots, inter, float(limit), LISTED=listed,
-            GROUP=QUANT_GROUP, BLOCK_M=block_m, GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda)
-    return q, s.view(torch.float8_e8m0fnu)
+            GROUP=QUANT_GROUP, BLOCK_M=block_m, GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda,
+            FOLD_128=fold_128)
+    return q, _scales_out(s)
 
 
-def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int, fold_128: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """moe.quant_gather_torch without padding rows: x bf16 [T, D] quantized per row (FP8 e4m3, UE8M0 per 32) and
     each token's row written to its k rows pair_row int64 [T, k] of a [num_rows, D] layout. Returns (e4m3
-    [num_rows, D], float8_e8m0fnu [num_rows, D/32]); rows no pair maps to are unspecified."""
+    [num_rows, D], float8_e8m0fnu [num_rows, D/32], or with fold_128 fp32 [num_rows, D/128]); rows no pair maps to
+    are unspecified."""
     T, D = x.shape
-    if D % QUANT_GROUP:
-        raise ValueError(f"hidden size {D} is not a multiple of {QUANT_GROUP}")
-    q, s = _fp8_rows(num_rows, D, x.device)
+    q, s = _fp8_rows(num_rows, D, x.device, fold_128)
     if T:
         grid = (T, triton.cdiv(D // QUANT_GROUP, SCATTER_GROUPS_PER_PROGRAM))
         quant_scatter_kernel[grid](x.contiguous(), pair_row.contiguous(), q, s, D, K=pair_row.shape[1],
-                                   GROUP=QUANT_GROUP, GROUPS_PER_PROGRAM=SCATTER_GROUPS_PER_PROGRAM)
-    return q, s.view(torch.float8_e8m0fnu)
+                                   GROUP=QUANT_GROUP, GROUPS_PER_PROGRAM=SCATTER_GROUPS_PER_PROGRAM, FOLD_128=fold_128)
+    return q, _scales_out(s)
 
 
 def combine(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:

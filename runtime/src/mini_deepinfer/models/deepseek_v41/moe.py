@@ -21,6 +21,11 @@ computes the same function for the engine model:
 
 Padding rows (-1 in the layout) are skipped by the GEMMs and never read back.
 
+Where a stacked expert weight takes mini-deepgemm's FP8-MMA route (ops.KernelWeights.fp4_folded), its activations
+are quantized folded per 128 (`folds_activations`): fp32 scales per 128 columns instead of UE8M0 per 32, on which
+that route's kernels run 1.1-1.3x faster (docs/reports/deepgemm-moe-fold-128.md); the fold rounds values under
+~2^-6 of their 128 columns' largest scale.
+
 On CUDA the elementwise steps around the GEMMs (3., the SwiGLU + quantization of 4., 5.) run as fused Triton kernels
 that skip padding rows (layers/moe_kernels.py, bit-identical); the torch chains below (`*_torch`) are the CPU path
 and the kernels' references.
@@ -147,22 +152,31 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
     return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
 
 
+def folds_activations(w: Weights, name: str) -> bool:
+    """Whether the activations of stacked expert weight `name` (`{p}.experts.w13` / `.w2`) are quantized folded per
+    128: when its GEMMs take the FP8-MMA route (module docstring)."""
+    return isinstance(w, ops.KernelWeights) and f"{name}.scale" in w.fp4_folded
+
+
 # --------------------------------------------------------------------------- elementwise steps (torch references)
-def quant_gather_torch(x: torch.Tensor, row_token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_gather_torch(x: torch.Tensor, row_token: torch.Tensor, fold_128: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The T token rows quantized once (per-row quantization commutes with the row gather, so this is bit-identical
-    to quantizing each expert's gathered rows), then gathered into the layout: (e4m3 [M, D], UE8M0 [M, D/32])."""
-    xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0")
+    to quantizing each expert's gathered rows), then gathered into the layout: (e4m3 [M, D], UE8M0 [M, D/32], or
+    with fold_128 fp32 [M, D/128])."""
+    xq, xs = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0", fold_128=fold_128)
     return ops.gather_rows(xq, row_token), ops.gather_rows(xs, row_token)
 
 
-def swiglu_weight_quant_torch(h13: torch.Tensor, row_weight: torch.Tensor, limit: float
+def swiglu_weight_quant_torch(h13: torch.Tensor, row_weight: torch.Tensor, limit: float, fold_128: bool = False
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clamped SwiGLU of h13 bf16 [M, 2I] (gate | up) times the routing weight, in fp32, rounded to bf16, then
-    w2's activation quant (as ops.swiglu_expert): (e4m3 [M, I], UE8M0 [M, I/32])."""
+    w2's activation quant (as ops.swiglu_expert): (e4m3 [M, I], UE8M0 [M, I/32], or with fold_128 fp32
+    [M, I/128])."""
     inter = h13.shape[1] // 2
     h = F.silu(h13[:, :inter].float().clamp(max=limit)) * h13[:, inter:].float().clamp(-limit, limit)
     h = (row_weight[:, None] * h).to(torch.bfloat16)
-    return per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0")
+    return per_token_group_quant_fp8(h, QUANT_BLOCK, "ue8m0", fold_128=fold_128)
 
 
 def combine_torch(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
@@ -180,7 +194,8 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
                        cfg: V41Config, grouped_layout: torch.Tensor | None = None,
                        masked_m: torch.Tensor | None = None, expected_m: int = 0,
                        real_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32]) quantized rows;
+    """The routed experts on expert-sorted rows. a: (e4m3 [M, D], UE8M0 scales [M, D/32], or fp32 [M, D/128] when
+    folds_activations(w, w13)) quantized rows;
     row_weight: fp32 [M]; the rows' experts (groups = indices into the layer's stacked experts) as either
     grouped_layout int32 [M] (contiguous, -1 padding) or masked_m int32 [E] with M = E * max_m (masked).
     real_rows: indices of the non-padding rows (ExpertRows.pair_row), which the fused SwiGLU's grid covers; needed
@@ -208,12 +223,13 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
         return out
 
     h13 = gemm(a, w13, 2 * inter)
+    fold = folds_activations(w, w2)
     if moe_kernels.available(h13):  # padding rows of hq stay unwritten: the w2 GEMM skips them
         listed = real_rows is not None
         hq = moe_kernels.swiglu_weight_quant(h13, row_weight, cfg.swiglu_limit, None if listed else grouped_layout,
-                                             real_rows)
+                                             real_rows, fold_128=fold)
     else:
-        hq = swiglu_weight_quant_torch(h13, row_weight, cfg.swiglu_limit)
+        hq = swiglu_weight_quant_torch(h13, row_weight, cfg.swiglu_limit, fold)
     return gemm(hq, w2, D)
 
 
@@ -224,10 +240,11 @@ def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Te
     num_groups = w[f"{p}.experts.w13.weight"].shape[0]
     plan = (masked_plan if x.shape[0] <= MASKED_MAX_TOKENS else contiguous_plan)(idx, wt, num_groups)
     fused = moe_kernels.available(x)
+    fold = folds_activations(w, f"{p}.experts.w13")
     if fused:
-        a = moe_kernels.quant_scatter(x, plan.pair_row, plan.row_weight.shape[0])
+        a = moe_kernels.quant_scatter(x, plan.pair_row, plan.row_weight.shape[0], fold)
     else:
-        a = quant_gather_torch(x, plan.row_token)
+        a = quant_gather_torch(x, plan.row_token, fold)
     out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m,
                              plan.pair_row)
     shared = ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg)

@@ -132,8 +132,10 @@ class ExpertParallelV41Model(V41Model):
         cfg = self.config
         topk_idx, topk_weights = ops.moe_route(v, self.w, p, cfg)
         # tokens travel quantized (half the bytes of bf16); per-row quantization commutes with the dispatch's row
-        # moves, so the experts see exactly the FP8 rows the single-process grouped MoE gathers
-        send = per_token_group_quant_fp8(v.contiguous(), moe.QUANT_BLOCK, "ue8m0")
+        # moves, so the experts see exactly the FP8 rows the single-process grouped MoE gathers (folded per 128 the
+        # same way: fp32 [n, hidden / 128], the bytes of UE8M0 per 32)
+        send = per_token_group_quant_fp8(v.contiguous(), moe.QUANT_BLOCK, "ue8m0",
+                                         fold_128=moe.folds_activations(self.w, f"{p}.experts.w13"))
         recv = self.buffer.dispatch(send, topk_idx, topk_weights, cfg.n_routed_experts,
                                     m_alignment=get_m_alignment_for_contiguous_layout())
         # received rows are one 128-aligned segment per local expert (grouped_layout: local expert, -1 padding);

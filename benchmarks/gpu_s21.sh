@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Session 21's GPU runs (docs/reports/gpu-session-2026-12-02-s21.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s21.sh   (1 x H200, tree = main + the three branches of
+#       session 20, baseline = main's src folders in .ab-base.tar.gz: the pipelined attention producer's mini-flashmla
+#       GPU tests and bench_flashmla (prefill, decode) against main's kernel; exp_moe_fold_128.py; the dense fold's
+#       tile rule: its GPU tests and bench_decode against main's row rule; the attention breakdown last)
+#       Outcome: the pipelined producer 0.89x on the paged prefill (negative, not merged); the per-128 MoE kernels
+#       1.08-1.29x; the tile rule neutral end to end (merged).
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s21.sh   (1 x H200, tree = the MoE experts on activations
+#       folded per 128, baseline = main before it (.ab-base.tar.gz): every mini-deepgemm GPU test; the runtime's core
+#       GPU tests (the fused glue's fold_128 bytes among them); bench_fp4_e4m3_route.py; bench_prefill and
+#       bench_decode against the baseline in the same run)
+#   source .devdeps/env.sh && PART=rest_a bash benchmarks/gpu_s21.sh   (the rest of the runtime suite, part A)
+#   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s21.sh   (part B)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s21
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
+# decode_bench NAME [ARGS]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, into $OUT/NAME*
+decode_bench() {
+  local name=$1; shift
+  run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
+}
+case "${PART:-r1}" in
+r1)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  for side in new base; do
+    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH
+    run "flashmla_$side" 120 env PYTHONPATH="$pp" BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_$side.json" \
+      bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  run moe_fold_128 300 bash -c "cd benchmarks && python3 exp_moe_fold_128.py"
+  run dense_tests 120 $PYTEST -n 4 runtime/tests/test_dense_fp8_fold.py -m gpu
+  decode_bench decode_new env
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  run breakdown 150 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  cat "$OUT/summary.txt"
+  grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/flashmla_tests.txt" "$OUT/dense_tests.txt" | tail -8
+  grep -hE "^E  .*(Error|assert)" "$OUT/flashmla_tests.txt" "$OUT/dense_tests.txt" | cut -c1-250 | head -6
+  for side in new base; do echo "== flashmla $side"; grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"; done
+  grep -E "^\||smoke" "$OUT/moe_fold_128.txt"; tail -2 "$OUT/moe_fold_128.txt" | cut -c1-300
+  for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
+  cat "$OUT/breakdown.txt" | tail -14
+  ;;
+r2)
+  run deepgemm_tests 200 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 200 $PYTEST -s $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run route_bench 150 bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  for side in new base; do
+    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH
+    run "prefill_$side" 120 env PYTHONPATH="$pp" python3 benchmarks/bench_prefill.py --out "$OUT/prefill_${side}_h200.json"
+    decode_bench "decode_$side" env PYTHONPATH="$pp"
+  done
+  cat "$OUT/summary.txt"
+  grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | tail -12
+  grep -hE "^E  .*(Error|assert)" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | cut -c1-250 | head -8
+  grep -E "engine vs reference|model vs reference|cosine|moe_grouped kernels" "$OUT/runtime_tests.txt" | cut -c1-200 | head -16
+  grep -E "^\| " "$OUT/route_bench.txt"; tail -2 "$OUT/route_bench.txt" | cut -c1-300
+  for side in new base; do
+    echo "== prefill $side"; grep -E "tok/s|experts|projections" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6
+    echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200
+  done
+  ;;
+rest_a)
+  run runtime_rest_a 590 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_a.txt" | tail -12
+  grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_a.txt" | cut -c1-250 | head -8
+  ;;
+rest_b)
+  run runtime_rest_b 590 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest_b.xml"
+  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_b.txt" | tail -12
+  grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_b.txt" | cut -c1-250 | head -8
+  ;;
+esac
+pack_out
