@@ -10,6 +10,11 @@
 #       folded per 128, baseline = main before it (.ab-base.tar.gz): every mini-deepgemm GPU test; the runtime's core
 #       GPU tests (the fused glue's fold_128 bytes among them); bench_fp4_e4m3_route.py; bench_prefill and
 #       bench_decode against the baseline in the same run)
+#       Outcome: 175 mini-deepgemm and 109 runtime core GPU tests passed; the route 1.28-1.29x / 1.10-1.31x; prefill
+#       step 653.8 -> 605.6 ms, decode 1.03-1.04x.
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s21.sh   (1 x H200: Nsight Compute on the folded MoE
+#       kernels, contiguous and masked at ~32 rows; exp_moe_masked_tiles.py; then the rest of the runtime suite,
+#       part A)
 #   source .devdeps/env.sh && PART=rest_a bash benchmarks/gpu_s21.sh   (the rest of the runtime suite, part A)
 #   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s21.sh   (part B)
 set -u
@@ -61,8 +66,15 @@ r2)
     echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200
   done
   ;;
+r3)
+  ncu_profile moe_w13_fold128 masked32_w13_fold128
+  run masked_tiles 150 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
+  cat "$OUT/summary.txt"; grep -E "^\| " "$OUT/masked_tiles.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" moe_w13_fold128 masked32_w13_fold128 2>&1 | head -60
+  REST_A_SECS=$((560 - SECONDS))
+  ;&
 rest_a)
-  run runtime_rest_a 590 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  run runtime_rest_a "${REST_A_SECS:-590}" $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_a.txt" | tail -12
   grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_a.txt" | cut -c1-250 | head -8
   ;;

@@ -10,6 +10,8 @@ Cases (the shapes of the issue's tables):
 - cublas_fp8: torch._scaled_mm per-tensor at the same shape (the peer: what the tensor-core pipe looks like full);
 - moe_w13: grouped FP8 x FP4 contiguous, 96 experts, w13 4,608 x 5,120, 128-1,024 rows each (seed 0);
 - masked_w13: grouped FP8 x FP4 masked, 96 experts, Poisson(8) rows, w13, folded conversion (scale bound 128);
+- moe_w13_fold128, masked32_w13_fold128: the engine's route since session 21, the FP8-MMA kernels with folded weights
+  and activations folded per 128, at moe_w13's shape and at Poisson(32) rows (the masked case below its target);
 - sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
 - sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
 - indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128.
@@ -52,6 +54,30 @@ def masked_w13():
                            weight_scale_max=bd.FP4_SCALE_BOUND)
 
 
+def _fold128(a, b):
+    """The FP8-MMA route's operands: folded weight scales, activations folded per 128 (weight scales drawn as
+    bench_fp4_e4m3_route does, bytes 118-128, so that they fold)."""
+    from bench_fp4_e4m3_route import per_128
+
+    sb = bd.rand_fp4_weight_scales(*b[1].shape, low=118)
+    return per_128(*a), (b[0], sb), G.fold_fp4_weight_scales(sb)
+
+
+def moe_w13_fold128():
+    _, layout, _, _, a, b, d = bd.contiguous_operands(96, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
+    a, b, folded = _fold128(a, b)
+    return lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, layout, weight_scale_max=bd.FP4_SCALE_BOUND,
+                                                          folded=folded)
+
+
+def masked32_w13_fold128():
+    expected_m = 32
+    _, masked_m, a, b, d = bd.masked_operands(96, expected_m, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
+    a, b, folded = _fold128(a, b)
+    return lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m,
+                                                      weight_scale_max=bd.FP4_SCALE_BOUND, folded=folded)
+
+
 def sparse_prefill():
     c = bf.prefill_case(torch.device("cuda"))
     return lambda: mini_flashmla.sparse_mla_fwd_paged(c["q"], c["window_cache"], c["compressed_cache"], c["wid"],
@@ -70,8 +96,8 @@ def indexer():
 
 
 CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
-         "masked_w13": masked_w13, "sparse_prefill": sparse_prefill, "sparse_decode": sparse_decode,
-         "indexer": indexer}
+         "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
+         "sparse_prefill": sparse_prefill, "sparse_decode": sparse_decode, "indexer": indexer}
 
 
 def main() -> None:

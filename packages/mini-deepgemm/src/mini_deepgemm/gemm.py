@@ -522,10 +522,16 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
-    block_m = 16 if (expected_m or max_m) <= 16 else 32
+    block_m = _masked_token_tile(expected_m or max_m)
     fp4_e4m3_masked_kernel[(N // 128, G, cdiv(max_m, block_m))](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=2, SA_PER_128=sa_per_128, num_warps=4)
+
+
+def _masked_token_tile(expected_m: int) -> int:
+    """Tokens per tile of the FP8-MMA masked kernel (session 19 runs 9-10, per-32 activations; session 21 re-sweeps
+    it on folded ones: benchmarks/exp_moe_masked_tiles.py)."""
+    return 16 if expected_m <= 16 else 32
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
