@@ -40,7 +40,7 @@ in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton ker
 every layout).
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
-FMA per element instead of four of each: 1.28-1.29x at prefill, 1.08-1.27x at decode (H200, session 21 run 1,
+FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,
 docs/reports/deepgemm-moe-fold-128.md). Every other route takes them as UE8M0 per 32 (each power of two repeated
 four times: `reference.ue8m0_from_fold_128`, exact). A folded product differs from the per-32 one by the fold's
 rounding (values under ~2^-6 of their 128 columns' largest scale).

@@ -115,16 +115,16 @@ if triton is not None:
         col = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         x = tl.load(x_ptr + t * D + col, mask=gm[:, None], other=0.0).to(tl.float32)
         q, s = quantize_groups(x, True)
-        if FOLD_128:
+        if FOLD_128:  # one scale per 4 groups
             q, s = fold_groups_to_128(q, s, GROUPS_PER_PROGRAM)
+            scale_col = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
+            scales_per_row = num_groups // 4
+        else:
+            scale_col, scales_per_row = grp, num_groups
         for j in tl.static_range(K):  # the token's k rows in the layout
             r = tl.load(rows_ptr + t * K + j)
             tl.store(q_ptr + r * D + col, q, mask=gm[:, None])
-            if FOLD_128:
-                folds = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
-                tl.store(s_ptr + r * (num_groups // 4) + folds, s, mask=folds < num_groups // 4)
-            else:
-                tl.store(s_ptr + r * num_groups + grp, s, mask=gm)
+            tl.store(s_ptr + r * scales_per_row + scale_col, s, mask=scale_col < scales_per_row)
 
     @triton.jit
     def combine_kernel(out_ptr, rows_ptr, shared_ptr, y_ptr, T, D, K: tl.constexpr, BLOCK_T: tl.constexpr,
