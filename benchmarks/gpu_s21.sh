@@ -15,8 +15,14 @@
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s21.sh   (1 x H200: Nsight Compute on the folded MoE
 #       kernels, contiguous and masked at ~32 rows; exp_moe_masked_tiles.py; then the rest of the runtime suite,
 #       part A)
+#       Outcome: the 64-token tile 1.17x at ~64 rows (routed since), 16 / 32 kept; the profiles in
+#       deepgemm-moe-fold-128.md; rest part A 59 passed, 1 skipped.
 #   source .devdeps/env.sh && PART=rest_a bash benchmarks/gpu_s21.sh   (the rest of the runtime suite, part A)
 #   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s21.sh   (part B)
+#       Outcome (run 4): cut at the call's 600 s limit after ~160 of ~163 tests, none failed (as session 20 run 5).
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s21.sh   (1 x H200, the last ~170 s of device time: the
+#       FP8-MMA route's tests with the 64-token tile and the review's quant_scatter change; then part B verbose for
+#       what is left, to name the tests that do not finish)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s21
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -77,6 +83,15 @@ rest_a)
   run runtime_rest_a "${REST_A_SECS:-590}" $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_a.txt" | tail -12
   grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_a.txt" | cut -c1-250 | head -8
+  ;;
+r5)
+  run route_tests 80 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py runtime/tests/test_moe_kernels.py \
+    -m gpu
+  run runtime_rest_b_verbose 60 $PYTEST -v runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" \
+    -n 16
+  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/route_tests.txt" | tail -6
+  grep -hE "^E  .*(Error|assert)" "$OUT/route_tests.txt" | cut -c1-250 | head -6
+  grep -cE "PASSED|SKIPPED|FAILED" "$OUT/runtime_rest_b_verbose.txt"; grep -E "FAILED" "$OUT/runtime_rest_b_verbose.txt" | head
   ;;
 rest_b)
   run runtime_rest_b 590 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
