@@ -72,8 +72,8 @@ def payload_parts(x: Payload) -> list[torch.Tensor]:
         q, s = parts
         folded = s.dtype == torch.float32 and s.shape == (q.shape[0], q.shape[1] // 128)
         if q.dtype != torch.float8_e4m3fn or not (folded or s.shape == (q.shape[0], q.shape[1] // 32)):
-            raise TypeError("an FP8 payload is (e4m3 [n, hidden], scales [n, hidden / 32]) as act_quant(x, 32) returns, "
-                            "or with float32 scales [n, hidden / 128] folded per 128")
+            raise TypeError("an FP8 payload is (e4m3 [n, hidden], scales [n, hidden / 32]) as act_quant(x, 32) "
+                            "returns, or with float32 scales [n, hidden / 128] folded per 128")
     if len(parts) not in (1, 2) or any(p.dim() != 2 or p.shape[0] != parts[0].shape[0] for p in parts):
         raise ValueError("payload must be x [n, hidden] or (x_fp8 [n, hidden], scales [n, hidden / 32] or float32 "
                          "[n, hidden / 128])")

@@ -19,8 +19,9 @@ warp and K step); H200, session 21 run 2: 1.28-1.29x at prefill, 1.10-1.31x at d
 Both kernels compute every output element the same way (an FP8 MMA over one 32-block, or with SA_PER_128 one
 128-block, then acc += part * sa[token, kb], then times the row's 2^(ref - 127), rounded to bf16), with the weights
 as the MMA's B operand (contiguous) or its A operand (masked, swap-AB); the H200 gives both the same bits, in either
-form, so a token's row does not depend on the layout that carries it (tests/test_gemm_fp4_e4m3.py). The bf16 route's rows differ from these by
-rounding, so one weight tensor takes one route in every layout (gemm.py routes on the folded scales alone).
+form, so a token's row does not depend on the layout that carries it (tests/test_gemm_fp4_e4m3.py). The bf16
+route's rows differ from these by rounding, so one weight tensor takes one route in every layout (gemm.py routes on
+the folded scales alone).
 
 - Contiguous (prefill): fp4_e4m3_contiguous_kernel, one persistent CTA per SM, 128 x 128 output tiles, K in steps
   of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
