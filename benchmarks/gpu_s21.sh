@@ -23,6 +23,7 @@
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s21.sh   (1 x H200, the last ~170 s of device time: the
 #       FP8-MMA route's tests with the 64-token tile and the review's quant_scatter change; then part B verbose for
 #       what is left, to name the tests that do not finish)
+#       Outcome: refused, too little device time left to start a machine; not run.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s21
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
