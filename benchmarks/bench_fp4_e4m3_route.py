@@ -35,13 +35,6 @@ from mini_deepgemm.testing import calc_diff
 MOE_SHAPES = (("w13", 4608, 5120), ("w2", 5120, 2304))
 
 
-def per_128(a: torch.Tensor, sa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-32 activations [..., K] folded per 128 (the fold's reference, on the GPU's tensors)."""
-    K = a.shape[-1]
-    q, s = fold_ue8m0_to_128(a.reshape(-1, K), sa.reshape(-1, K // 32), 1)
-    return q.reshape(a.shape), s.reshape(*a.shape[:-1], K // 128).contiguous()
-
-
 def prefill_rows(gen) -> list[dict]:
     rows_out = []
     for groups in (96,):
@@ -49,7 +42,7 @@ def prefill_rows(gen) -> list[dict]:
             rows, layout, ends, M, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
-            d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), per_128(a, sa)
+            d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)
             calls = {
                 "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
                     (a, sa), (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
@@ -88,7 +81,7 @@ def decode_rows(gen, copy_gbs: float) -> list[dict]:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
-            d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), per_128(a, sa)
+            d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)
             calls = {
                 "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
                     (a, sa), (bq, sb), d, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND, folded=folded),

@@ -23,9 +23,10 @@ import torch
 
 from bench_deepgemm import FP4_SCALE_BOUND, copy_bandwidth_gbs, masked_operands, rand_fp4_weight_scales  # beside this
 from bench_flashmla import environment
-from bench_fp4_e4m3_route import MOE_SHAPES, per_128
+from bench_fp4_e4m3_route import MOE_SHAPES
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
+from mini_deepgemm.reference import fold_ue8m0_to_128
 
 TILES = (16, 32, 64)
 
@@ -39,7 +40,7 @@ def main() -> None:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
-            folded, a128 = G.fold_fp4_weight_scales(sb), per_128(a, sa)
+            folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()), "routed": routed(expected_m)}
             first = None

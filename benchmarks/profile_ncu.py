@@ -27,6 +27,7 @@ import bench_deepgemm as bd  # beside this script
 import bench_flashmla as bf
 import mini_flashmla
 from mini_deepgemm import gemm as G
+from mini_deepgemm import reference
 
 WO_B = (4096, 5120, 8192)  # M, N, K
 
@@ -57,10 +58,8 @@ def masked_w13():
 def _fold128(a, b):
     """The FP8-MMA route's operands: folded weight scales, activations folded per 128 (weight scales drawn as
     bench_fp4_e4m3_route does, bytes 118-128, so that they fold)."""
-    from bench_fp4_e4m3_route import per_128
-
     sb = bd.rand_fp4_weight_scales(*b[1].shape, low=118)
-    return per_128(*a), (b[0], sb), G.fold_fp4_weight_scales(sb)
+    return reference.fold_ue8m0_to_128(*a, 1), (b[0], sb), G.fold_fp4_weight_scales(sb)
 
 
 def moe_w13_fold128():

@@ -94,11 +94,7 @@ def _contiguous_case(rows, N, K, gen, device="cpu", activations="per_32"):
 def _activations(x: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] quantized per 32 (UE8M0 scales) or folded per 128 (float32 scales [..., K / 128])."""
     q, s = reference.act_quant(x, 32, "ue8m0")
-    if form == "per_32":
-        return q, s
-    K = x.shape[-1]
-    q, s = reference.fold_ue8m0_to_128(q.reshape(-1, K), s.reshape(-1, K // 32), 1)
-    return q.view(x.shape), s.view(*x.shape[:-1], K // 128)
+    return (q, s) if form == "per_32" else reference.fold_ue8m0_to_128(q, s, 1)
 
 
 def _per_32(s: torch.Tensor) -> torch.Tensor:

@@ -48,8 +48,7 @@ def per_token_group_quant_fp8(
         q, s = reference.act_quant(x, group_size, scale_fmt)
         if not fold_128:
             return q, s
-        q, s = reference.fold_ue8m0_to_128(q.reshape(-1, K), s.reshape(-1, K // 32), 1)
-        return q.reshape(x.shape), s.reshape(*x.shape[:-1], K // 128)
+        return reference.fold_ue8m0_to_128(q, s, 1)
 
     from .quant_kernel import act_quant_fp8_kernel
 
