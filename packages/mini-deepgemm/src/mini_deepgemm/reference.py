@@ -152,9 +152,9 @@ def fold_ue8m0_to_128(q: torch.Tensor, scale: torch.Tensor, gran_rows: int) -> t
 
 
 def ue8m0_from_fold_128(scale: torch.Tensor) -> torch.Tensor:
-    """Activations' scales folded per 128 (fold_ue8m0_to_128's fp32 powers of two [..., K / 128]) as UE8M0 per 32
-    (float8_e8m0fnu [..., K / 32], each exponent repeated 4 times): the same values, for kernels that read per-32
-    scales. Reads the exponent field only: scale must be a normal power of two."""
+    """Scales folded per 128 columns (fold_ue8m0_to_128's fp32 powers of two [..., K / 128]) as UE8M0 per 32
+    columns (float8_e8m0fnu [..., K / 32], each exponent repeated 4 times): the same values, for kernels that read
+    per-32 scales. Reads the exponent field only: scale must be a normal power of two."""
     exponent = (scale.contiguous().view(torch.int32) >> 23) & 0xFF
     return exponent.to(torch.uint8).repeat_interleave(4, dim=-1).view(torch.float8_e8m0fnu)
 

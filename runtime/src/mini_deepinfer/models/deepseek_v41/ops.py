@@ -18,6 +18,7 @@ from mini_deepgemm.reference import (
     fp4_linear_ref,
     fp8_fakequant,
     fp8_linear_ref,
+    ue8m0_from_fold_128,
     ue8m0_to_float,
     weight_dequant_fp8,
 )
@@ -63,9 +64,9 @@ class KernelWeights(dict):
                              torch.float8_e8m0fnu and tuple(s.shape) == (w.shape[0] // 32, w.shape[1] // 32))
                 if dense_fp8 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0 and f"{base}.scale_128" not in self:
                     folded, scale_128 = fold_fp8_weight_scales(w, s)
-                    exponents = (scale_128.view(torch.int32) >> 23).to(torch.uint8)  # 2^(e - 127) in fp32 bits
+                    per_32_columns = ue8m0_from_fold_128(scale_128).view(torch.uint8)  # [N / 128, K / 32]
                     super().__setitem__(name, folded)
-                    super().__setitem__(f"{base}.scale", exponents.repeat_interleave(4, 0).repeat_interleave(4, 1)
+                    super().__setitem__(f"{base}.scale", per_32_columns.repeat_interleave(4, 0)
                                         .view(torch.float8_e8m0fnu))
                     super().__setitem__(f"{base}.scale_128", scale_128)
         scales = {name: t for name, t in self.items()
