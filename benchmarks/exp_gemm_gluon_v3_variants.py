@@ -44,12 +44,12 @@ A_REGS = [
 ]
 
 
-def launch(kernel, aq, sa, bq, sb, d, group_m: int = 8) -> None:
-    """kernel (fp8_gemm_v3_kernel or a variant) at the shipped launch: 128 rows, the routed columns, 4 stages,
-    one persistent program per SM."""
+def launch(kernel, aq, sa, bq, sb, d, group_m: int = 8, block_n: int | None = None) -> None:
+    """kernel (fp8_gemm_v3_kernel or a variant) at the shipped launch: 128 rows, the routed columns (or block_n),
+    4 stages, one persistent program per SM."""
     M, K = aq.shape
     N = bq.shape[0]
-    block_n = G._gluon_v3_block_n(M, N, 128, d.device)
+    block_n = block_n or G._gluon_v3_block_n(M, N, 128, d.device)
     grid, maxnreg = G._dense_gluon_launch(G.cdiv(M, 128) * G.cdiv(N, block_n), 128, 1, d.device)
     kernel[grid](G._tma_desc(aq, (128, 128)), G._tma_desc(bq, (block_n, 128)), G._tma_desc(d, (64, 128)), sa, sb,
                  M, N, K, sa.stride(0), sb.stride(0), STAGES=4, GROUP_M=group_m,

@@ -1,15 +1,20 @@
-"""Experiment (issue 4, session 21): the FP8-MMA masked MoE kernel's token tile, re-swept on activations folded per 128.
+"""Experiment (issue 4, sessions 21-22): the FP8-MMA masked MoE kernel's token tile and ring depth, on activations
+folded per 128.
 
-Why: session 19 picked 16-token tiles up to ~16 rows per expert and 32 above on per-32 activations, where the 32-
-and 64-token tiles needed 175 and 255 registers (2 CTAs per SM). Folded activations (SA_PER_128, one FMA per element
-per K step instead of four) took the 32-token tile to 128 registers offline, so the 64-token tile, which converts each
-weight tile once for up to 64 tokens, may now pay at ~32-64 rows per expert (the ~32-row case is at 0.34-0.39 of the
-copy rate against the issue's 0.6).
+Why: session 19 picked 16-token tiles up to ~16 rows per expert and 32 above, and a 2-deep ring, on per-32
+activations, where the 32- and 64-token tiles needed 175 and 255 registers (2 CTAs per SM) and deeper rings cost
+resident CTAs. Folded activations (SA_PER_128) took the 32-token tile to 128 registers offline, so (session 21) the
+64-token tile might pay at ~32-64 rows per expert: it did at ~64 (routed since), not at ~32 (0.37-0.40 of the copy
+rate against the issue's 0.6). Session 22: a deeper ring now costs no residency where registers already cap it
+(offline, triton 3.6 / sm_90a, registers and shared memory per CTA at 2 / 3 / 4 stages: 16 tokens 98 / 80 / 98 and
+37 / 47 / 57 KB, 4 / 4 / 3 CTAs per SM; 32 tokens 128 / 124 / 128 and 41 / 53 / 66 KB, 4 / 4 / 3; 64 tokens
+233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles.
 
 Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
-and folded activations, each token tile forced through gemm._masked_token_tile; weight bytes per second as a fraction
-of the device copy (same process), GPU time by CUDA-graph replay. Every tile's used rows are compared bitwise with the
-16-token tile's (each output element is the same sequence of MMAs and FMAs). Writes $OUT/exp_moe_masked_tiles.json.
+and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
+fraction of the device copy (same process), GPU time by CUDA-graph replay. Every variant's used rows are compared
+bitwise with the first's (each output element is the same sequence of MMAs and FMAs). Writes
+$OUT/exp_moe_masked_tiles.json.
 
     cd benchmarks && python3 exp_moe_masked_tiles.py
 """
@@ -29,13 +34,15 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
 TILES = (16, 32, 64)
+STAGES = (2, 3, 4)
+VARIANTS = tuple((tile, stages) for tile in TILES for stages in STAGES)
 
 
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed = G._masked_token_tile
+    routed = G._masked_tile
     for expected_m in (8, 32, 64):
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
@@ -44,27 +51,28 @@ def main() -> None:
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()), "routed": routed(expected_m)}
             first = None
-            for tile in TILES:
-                G._masked_token_tile = lambda _expected_m, tile=tile: tile
+            for tile, stages in VARIANTS:
+                G._masked_tile = lambda _expected_m, v=(tile, stages): v
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-                row[f"frac_of_copy_{tile}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
-                row[f"us_{tile}"] = t * 1e3
+                key = f"{tile}_{stages}"
+                row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
+                row[f"us_{key}"] = t * 1e3
                 if first is None:
                     first = out[used].view(torch.int16)
-                row[f"bitwise_as_16_{tile}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_token_tile = routed
+                row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
+            G._masked_tile = routed
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tokens' for t in TILES)} | routed | bitwise |")
+    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tok, {s} st' for t, s in VARIANTS)} | routed | bitwise |")
     for r in result["rows"]:
-        fracs = " | ".join(f"{r[f'frac_of_copy_{t}']:.3f}" for t in TILES)
+        fracs = " | ".join(f"{r[f'frac_of_copy_{t}_{s}']:.3f}" for t, s in VARIANTS)
         print(f"| ~{r['expected_m']} | {r['name']} | {fracs} | {r['routed']} | "
-              f"{all(r[f'bitwise_as_16_{t}'] for t in TILES)} |")
+              f"{all(r[f'bitwise_{t}_{s}'] for t, s in VARIANTS)} |")
 
 
 if __name__ == "__main__":
