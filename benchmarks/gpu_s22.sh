@@ -11,8 +11,11 @@
 #       16,384 rows; exp_moe_masked_tiles.py (tokens x stages); the two data-parallel engine tests that never finish in
 #       part B, alone: in a fresh pytest process, then in one whose parent process has initialized CUDA first (as an
 #       xdist worker that ran GPU tests has), each with its process tree dumped if it hangs)
-#   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s22.sh   (the rest of the runtime suite, part B, then
-#       the two data-parallel engine tests verbose)
+#       Outcome: the route tests 12 passed; the chunked V3 MMAs 0.65-0.82x at 256 columns (negative); deeper masked rings
+#       slower at every tile (2 stages stay); both data-parallel tests hung: the forked ranks sat in futex waits in
+#       their first multi-threaded torch op (OpenMP after fork; fixed since: spawned ranks)
+#   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s22.sh   (the rest of the runtime suite, part B, the
+#       two data-parallel engine tests back in it)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s22
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
@@ -22,7 +25,10 @@ decode_bench() {
   run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
     --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
 }
-# dp_tests NAME CMD...: CMD (a pytest run of $RUNTIME_REST_DP) with faulthandler on; if it still runs after 90 s, the
+# the two data-parallel engine tests that never finished in part B of sessions 18-21
+DP_TESTS="runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine
+  runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks"
+# dp_tests NAME CMD...: CMD (a pytest run of $DP_TESTS) with faulthandler on; if it still runs after 90 s, the
 # process tree goes to $OUT/NAME_ps.txt and every process under CMD gets SIGABRT, children first (faulthandler prints
 # each one's Python stack into $OUT/NAME.txt), then SIGKILL
 descendants() { local c; for c in $(pgrep -P "$1"); do descendants "$c"; echo "$c"; done; }
@@ -66,9 +72,9 @@ r2)
   run route_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
   run v3_chunks 200 bash -c "cd benchmarks && python3 exp_gemm_v3_mma_chunks.py --m 4096 16384"
   run masked_tiles 150 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
-  dp_tests dp_fresh $PYTEST -v -s $RUNTIME_REST_DP
+  dp_tests dp_fresh $PYTEST -v -s $DP_TESTS
   dp_tests dp_cuda_parent python3 -c "import sys, torch, pytest; torch.zeros(1, device='cuda'); \
-sys.exit(pytest.main(sys.argv[1:]))" -q -rs -p no:cacheprovider -v -s $RUNTIME_REST_DP
+sys.exit(pytest.main(sys.argv[1:]))" -q -rs -p no:cacheprovider -v -s $DP_TESTS
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/route_tests.txt" | tail -4
   grep -E "^\| |smoke" "$OUT/v3_chunks.txt"; tail -2 "$OUT/v3_chunks.txt" | cut -c1-300
   grep -E "^\| " "$OUT/masked_tiles.txt"; tail -1 "$OUT/masked_tiles.txt" | cut -c1-300
@@ -76,12 +82,10 @@ sys.exit(pytest.main(sys.argv[1:]))" -q -rs -p no:cacheprovider -v -s $RUNTIME_R
     "$OUT/$f.txt" | head -8; grep -E "^  File|^Thread|^Current thread|Fatal" "$OUT/$f.txt" | head -60; done
   ;;
 rest_b)
-  run runtime_rest_b 470 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+  run runtime_rest_b 580 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_rest_b.xml"
-  run runtime_rest_dp 110 $PYTEST -v -s $RUNTIME_REST_DP -m "not multigpu"
   cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_b.txt" | tail -12
   grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_b.txt" | cut -c1-250 | head -8
-  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/runtime_rest_dp.txt" | tail -6; tail -5 "$OUT/runtime_rest_dp.txt" | cut -c1-200
   ;;
 esac
 pack_out

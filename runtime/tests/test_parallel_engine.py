@@ -9,8 +9,12 @@ runs, so bit-identity is not claimed).
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import multiprocessing
+import os
 import random
+import threading
 from pathlib import Path
 
 import torch
@@ -27,13 +31,36 @@ from mini_deepinfer.entrypoints.llm import LLM
 ENGINE = {"max_model_len": 256, "max_num_seqs": 4, "kv_cache_memory_gb": 0.05, "record_logits": True}
 
 
-def test_two_data_parallel_ranks_match_single_process_engine() -> None:
+def _kill_hung_ranks() -> None:
+    """The test process's stacks to stderr and its rank processes killed: the join then raises and the test fails
+    with its report instead of hanging until CI's time limit."""
+    faulthandler.dump_traceback(all_threads=True)
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
+def test_two_data_parallel_ranks_match_single_process_engine(monkeypatch) -> None:
     rng = random.Random(3)
     lengths, max_tokens = [150, 25, 40, 12], [5, 2, 4, 1]
     prompts = [[rng.randrange(3, 129280) for _ in range(n)] for n in lengths]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     params[2] = SamplingParams(temperature=0.8, top_k=50, max_tokens=4, ignore_eos=True, seq_seed=5)
-    dp = generate_data_parallel("tiny", prompts, params, 2, exact_moe=True, **ENGINE)
+    # Ranks forked from a process whose OpenMP pool had run deadlocked in their first multi-threaded op wherever a
+    # rank got several threads (cpu_count // ranks: a machine of 4 or more cores; session 22, on the GPU machine).
+    # The same conditions on any machine: the parent's pool runs with 2 threads, and os.cpu_count, which a forked
+    # rank would inherit patched, says 4. A regression hangs: the watchdog then ends the run.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.arange(1 << 20).sum()
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    watchdog = threading.Timer(300, _kill_hung_ranks)
+    watchdog.start()
+    try:
+        dp = generate_data_parallel("tiny", prompts, params, 2, exact_moe=True, **ENGINE)
+    finally:
+        watchdog.cancel()
+        monkeypatch.undo()
+        torch.set_num_threads(threads)
     single = LLM("tiny", device="cpu", **ENGINE).generate(prompts, params, use_tqdm=False)
     worst = 0.0
     for i, (got, want) in enumerate(zip(dp, single)):

@@ -149,10 +149,12 @@ def generate_data_parallel(model: str, prompts: list[list[int]], sampling_params
     resolve_checkpoint(model)  # a generated checkpoint is made once here, not raced for by the ranks
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
     with tempfile.TemporaryDirectory() as out_dir:
-        # fork saves re-importing torch on CPU; CUDA cannot be forked.
+        # Spawned, on CPU too: a forked rank inherits the parent's OpenMP thread pool in a state it cannot use, and
+        # its first multi-threaded op deadlocked wherever a rank gets more than one thread (any machine of 4 or more
+        # cores; session 22, the GPU machine's 16). CUDA cannot be forked either.
         mp.start_processes(
             _rank_generate, args=(data_parallel_size, free_port(), model, prompts, params, device, engine_kwargs,
                                   exact_moe, out_dir),
-            nprocs=data_parallel_size, start_method="spawn" if device == "cuda" else "fork")
+            nprocs=data_parallel_size, start_method="spawn")
         per_rank = [torch.load(Path(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(data_parallel_size)]
     return [per_rank[i % data_parallel_size][i // data_parallel_size] for i in range(len(prompts))]
