@@ -81,33 +81,39 @@ def smoke(result) -> None:
         result.put(equal)
 
 
+def measure(calls: dict, row_counts: list[int]) -> list[dict]:
+    """Per M in row_counts and bench_deepgemm dense shape: every call's TFLOP/s and whether its output is bitwise the
+    "shipped" call's, and cuBLAS per-tensor FP8's TFLOP/s; calls: name -> fn(aq, sa, bq, sb, d) (`launch`)."""
+    rows, one = [], torch.ones((), device="cuda")
+    for M in row_counts:
+        for name, (N, K) in DENSE_SHAPES.items():
+            op = dense_operands(M, N, K)
+            (a, b), d = op["v3"], op["d"]
+            want = torch.empty_like(d)
+            calls["shipped"](*a, *b, want)
+            tflop = 2 * M * N * K / 1e12
+            row = dict(name=name, M=M, N=N, K=K, block_n=G._gluon_v3_block_n(M, N, 128, d.device))
+            for key, call in calls.items():
+                d.fill_(float("nan"))
+                call(*a, *b, d)
+                row[f"{key}_bitwise"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
+                row[f"{key}_tflops"] = tflop / ms(lambda: call(*a, *b, d)) * 1e3
+            row["cublas_fp8_tensor_tflops"] = tflop / ms(
+                lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, nargs="*", default=[4096])
     args = p.parse_args()
     print("smoke, bitwise equal to the shipped kernel:", smoke_in_child(smoke, SMOKE_S, "the V3 variants' smoke call"),
           flush=True)
-    result, rows, one = environment(torch.device("cuda")), [], torch.ones((), device="cuda")
+    result = environment(torch.device("cuda"))
     with tempfile.TemporaryDirectory() as workdir:
-        calls = variants(workdir)
-        for M in args.m:
-            for name, (N, K) in DENSE_SHAPES.items():
-                op = dense_operands(M, N, K)
-                (a, b), d = op["v3"], op["d"]
-                want = torch.empty_like(d)
-                calls["shipped"](*a, *b, want)
-                tflop = 2 * M * N * K / 1e12
-                row = dict(name=name, M=M, N=N, K=K, block_n=G._gluon_v3_block_n(M, N, 128, d.device))
-                for key, call in calls.items():
-                    d.fill_(float("nan"))
-                    call(*a, *b, d)
-                    row[f"{key}_bitwise"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
-                    row[f"{key}_tflops"] = tflop / ms(lambda: call(*a, *b, d)) * 1e3
-                row["cublas_fp8_tensor_tflops"] = tflop / ms(
-                    lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
-                rows.append(row)
-                print(row, flush=True)
-    result["rows"] = rows
+        rows = result["rows"] = measure(variants(workdir), args.m)
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_gluon_v3_variants.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("| shape | M | columns | shipped | a_regs | group16 | cuBLAS tensor | a_regs / shipped | group16 / shipped | "

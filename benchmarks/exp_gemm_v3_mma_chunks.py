@@ -30,11 +30,10 @@ import tempfile
 
 import torch
 
-from bench_deepgemm import DENSE_SHAPES, dense_operands  # beside this script
+from bench_deepgemm import dense_operands  # beside this script
 from bench_flashmla import environment
-from exp_gemm_gluon_v3 import ms, smoke_in_child
-from exp_gemm_gluon_v3_variants import launch
-from mini_deepgemm import gemm as G
+from exp_gemm_gluon_v3 import smoke_in_child
+from exp_gemm_gluon_v3_variants import launch, measure
 from mini_deepgemm import gemm_gluon_fp8_kernel as kernel_module
 from source_variants import edited_module
 
@@ -147,27 +146,9 @@ def main() -> None:
     args = p.parse_args()
     print("smoke, bitwise equal to the shipped kernel:", smoke_in_child(smoke, SMOKE_S, "the chunked V3 smoke call"),
           flush=True)
-    result, rows, one = environment(torch.device("cuda")), [], torch.ones((), device="cuda")
+    result = environment(torch.device("cuda"))
     with tempfile.TemporaryDirectory() as workdir:
-        calls = variants(workdir)
-        for M in args.m:
-            for name, (N, K) in DENSE_SHAPES.items():
-                op = dense_operands(M, N, K)
-                (a, b), d = op["v3"], op["d"]
-                want = torch.empty_like(d)
-                calls["shipped"](*a, *b, want)
-                tflop = 2 * M * N * K / 1e12
-                row = dict(name=name, M=M, N=N, K=K, block_n=G._gluon_v3_block_n(M, N, 128, d.device))
-                for key, call in calls.items():
-                    d.fill_(float("nan"))
-                    call(*a, *b, d)
-                    row[f"{key}_bitwise"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
-                    row[f"{key}_tflops"] = tflop / ms(lambda: call(*a, *b, d)) * 1e3
-                row["cublas_fp8_tensor_tflops"] = tflop / ms(
-                    lambda: torch._scaled_mm(op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16)) * 1e3
-                rows.append(row)
-                print(row, flush=True)
-    result["rows"] = rows
+        rows = result["rows"] = measure(variants(workdir), args.m)
     with open(os.path.join(os.environ.get("OUT", "."), "exp_gemm_v3_mma_chunks.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("| shape | M | columns | shipped | chunks | shipped, 128 columns | chunks, 128 columns | cuBLAS tensor | "

@@ -22,7 +22,6 @@
 #       an 8 GB KV budget and bench_decode's new full-batch guard: run 7's batch 64 again, valid this time)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s15
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 DECODE_FILES="runtime/tests/test_cuda_decode.py runtime/tests/test_decode_path.py integration_tests/test_model_vs_reference.py
   integration_tests/test_engine_vs_reference.py"
 case "${PART:-r3}" in

@@ -28,7 +28,6 @@
 #       per SM instead of 6) at 3 and 4 stages, folded, bitwise against the routed config)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s16
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 case "${PART:-r1}" in
 r1)
   run convert 150 bash -c "cd benchmarks && python3 exp_gemm_masked_tiles.py --convert"

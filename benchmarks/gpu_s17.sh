@@ -22,7 +22,6 @@
 #       shipped routing)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s17
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 case "${PART:-r1}" in
 r1)

@@ -21,7 +21,6 @@
 #       the producer as the default partition, A from registers or shared memory, exp_gemm_v41_partitions.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s18
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 case "${PART:-r1}" in
 r1)
   run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \

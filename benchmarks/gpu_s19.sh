@@ -27,7 +27,6 @@
 #       package: every mini-deepgemm GPU test (with test_gemm_fp4_e4m3.py), then bench_fp4_e4m3_route.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s19
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 case "${PART:-r1}" in
 r1)
   run partitions 300 bash -c "cd benchmarks && python3 exp_gemm_v41_partitions.py"

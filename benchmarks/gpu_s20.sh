@@ -21,7 +21,6 @@
 #       the call's 600 s limit with ~96% passed, none failed)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s20
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 # decode_bench NAME [FLAG ROUTE]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, into $OUT/NAME*
 decode_bench() {
   local name=$1; shift

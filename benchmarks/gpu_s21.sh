@@ -26,13 +26,6 @@
 #       Outcome: refused, too little device time left to start a machine; not run.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s21
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
-# decode_bench NAME [ARGS]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, into $OUT/NAME*
-decode_bench() {
-  local name=$1; shift
-  run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-    --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
-}
 case "${PART:-r1}" in
 r1)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
@@ -95,10 +88,7 @@ r5)
   grep -cE "PASSED|SKIPPED|FAILED" "$OUT/runtime_rest_b_verbose.txt"; grep -E "FAILED" "$OUT/runtime_rest_b_verbose.txt" | head
   ;;
 rest_b)
-  run runtime_rest_b 590 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_rest_b.xml"
-  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_b.txt" | tail -12
-  grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_b.txt" | cut -c1-250 | head -8
+  rest_b 590
   ;;
 esac
 pack_out

@@ -18,13 +18,6 @@
 #       two data-parallel engine tests back in it)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s22
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
-# decode_bench NAME [ARGS]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, into $OUT/NAME*
-decode_bench() {
-  local name=$1; shift
-  run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-    --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
-}
 # the two data-parallel engine tests that never finished in part B of sessions 18-21
 DP_TESTS="runtime/tests/test_parallel_engine.py::test_two_data_parallel_ranks_match_single_process_engine
   runtime/tests/test_llm_text_and_data_parallel.py::test_text_prompts_on_two_data_parallel_ranks"
@@ -58,9 +51,7 @@ r1)
     run "prefill_$side" 120 env PYTHONPATH="$pp" python3 benchmarks/bench_prefill.py --out "$OUT/prefill_${side}_h200.json"
     decode_bench "decode_$side" env PYTHONPATH="$pp"
   done
-  cat "$OUT/summary.txt"
-  grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | tail -12
-  grep -hE "^E  .*(Error|assert)" "$OUT/deepgemm_tests.txt" "$OUT/runtime_tests.txt" | cut -c1-250 | head -8
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   for side in new base; do
     echo "== route $side"; grep -E "^\| " "$OUT/route_$side.txt"; tail -1 "$OUT/route_$side.txt" | cut -c1-300
     echo "== tiles $side"; grep -E "^\| " "$OUT/tiles_$side.txt"; tail -1 "$OUT/tiles_$side.txt" | cut -c1-300
@@ -75,17 +66,14 @@ r2)
   dp_tests dp_fresh $PYTEST -v -s $DP_TESTS
   dp_tests dp_cuda_parent python3 -c "import sys, torch, pytest; torch.zeros(1, device='cuda'); \
 sys.exit(pytest.main(sys.argv[1:]))" -q -rs -p no:cacheprovider -v -s $DP_TESTS
-  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/route_tests.txt" | tail -4
+  cat "$OUT/summary.txt"; test_summary route_tests
   grep -E "^\| |smoke" "$OUT/v3_chunks.txt"; tail -2 "$OUT/v3_chunks.txt" | cut -c1-300
   grep -E "^\| " "$OUT/masked_tiles.txt"; tail -1 "$OUT/masked_tiles.txt" | cut -c1-300
   for f in dp_fresh dp_cuda_parent; do echo "== $f"; grep -E "PASSED|FAILED|ERROR|passed|failed|data-parallel" \
     "$OUT/$f.txt" | head -8; grep -E "^  File|^Thread|^Current thread|Fatal" "$OUT/$f.txt" | head -60; done
   ;;
 rest_b)
-  run runtime_rest_b 580 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_rest_b.xml"
-  cat "$OUT/summary.txt"; grep -hE " (FAILED|ERROR) |passed|failed" "$OUT/runtime_rest_b.txt" | tail -12
-  grep -hE "^E  .*(Error|assert)" "$OUT/runtime_rest_b.txt" | cut -c1-250 | head -8
+  rest_b 580
   ;;
 esac
 pack_out

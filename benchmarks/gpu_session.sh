@@ -1,8 +1,8 @@
 # Shared set-up of the GPU session scripts (gpu_suite.sh, gpu_prefill_round.sh, gpu_final_check.sh); sourced, with
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
-# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `ncu_profile CASE...` and
-# `pack_out`.
+# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
+# `test_summary`, `rest_b`, `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -15,6 +15,15 @@ fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
   date -u; git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
+# the session scripts' pytest command (quiet, skips listed with their reasons)
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
+# decode_bench NAME [PREFIX...]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, PREFIX (e.g. env
+# PYTHONPATH=...) in front, into $OUT/NAME*
+decode_bench() {
+  local name=$1; shift
+  run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
+}
 run() {
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS
@@ -40,6 +49,19 @@ RUNTIME_REST_A="runtime/tests/test_bounded_replay.py runtime/tests/test_hyper_co
 # cores here, 2 in CPU CI); generate_data_parallel spawns them since.
 RUNTIME_REST_B_IGNORES=$RUNTIME_CORE_IGNORES
 for f in $RUNTIME_REST_A; do RUNTIME_REST_B_IGNORES="$RUNTIME_REST_B_IGNORES --ignore=$f"; done
+# test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt, for the call's output
+test_summary() {
+  local files=() n
+  for n in "$@"; do files+=("$OUT/$n.txt"); done
+  grep -hE " (FAILED|ERROR) |passed|failed" "${files[@]}" | tail -12
+  grep -hE "^E  .*(Error|assert)" "${files[@]}" | cut -c1-250 | head -8
+}
+# rest_b SECS: part B of the rest of the runtime suite (-n 16, junit in $OUT), then its summary
+rest_b() {
+  run runtime_rest_b "$1" $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest_b.xml"
+  cat "$OUT/summary.txt"; test_summary runtime_rest_b
+}
 # Same-run A/B against another commit: here, `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`
 # (ignored; name it in carry). Then `run NAME SECS env PYTHONPATH="$BASE_PYTHONPATH" CMD...` runs CMD with REV's
 # src folders ahead of the tree's: the same benchmark script, the baseline's kernels and runtime.
