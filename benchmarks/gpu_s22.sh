@@ -16,6 +16,10 @@
 #       their first multi-threaded torch op (OpenMP after fork; fixed since: spawned ranks)
 #   source .devdeps/env.sh && PART=rest_b bash benchmarks/gpu_s22.sh   (the rest of the runtime suite, part B, the
 #       two data-parallel engine tests back in it)
+#       Outcome (run 3): 162 passed, 1 skipped in 83 s (sessions 18-21: never finished within 600 s)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s22.sh   (1 x H200, tree = branch contiguous-256, baseline
+#       = main in .ab-base.tar.gz: the route's GPU tests (256-column tiles forced, bitwise against 128); the runtime's
+#       core GPU tests; bench_fp4_e4m3_route.py and bench_prefill on both; Nsight Compute on the 256-column kernel)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s22
 # the two data-parallel engine tests that never finished in part B of sessions 18-21
@@ -74,6 +78,23 @@ sys.exit(pytest.main(sys.argv[1:]))" -q -rs -p no:cacheprovider -v -s $DP_TESTS
   ;;
 rest_b)
   rest_b 580
+  ;;
+r4)
+  run route_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
+  run runtime_tests 200 $PYTEST -s $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH
+    mkdir -p "$OUT/$side"
+    run "route_$side" 120 env PYTHONPATH="$pp" OUT="$OUT/$side" bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+    run "prefill_$side" 120 env PYTHONPATH="$pp" python3 benchmarks/bench_prefill.py --out "$OUT/prefill_${side}_h200.json"
+  done
+  ncu_profile moe_w13_fold128
+  cat "$OUT/summary.txt"; test_summary route_tests runtime_tests
+  for side in new base; do
+    echo "== route $side"; grep -E "^\| contiguous" "$OUT/route_$side.txt"
+    echo "== prefill $side"; grep -E "tok/s|experts|projections" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6
+  done
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" moe_w13_fold128 2>&1 | head -40
   ;;
 esac
 pack_out
