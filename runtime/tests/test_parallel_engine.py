@@ -48,7 +48,7 @@ def test_two_data_parallel_ranks_match_single_process_engine(monkeypatch) -> Non
     # Ranks forked from a process whose OpenMP pool had run deadlocked in their first multi-threaded op wherever a
     # rank got several threads (cpu_count // ranks: a machine of 4 or more cores; session 22, on the GPU machine).
     # The same conditions on any machine: the parent's pool runs with 2 threads, and os.cpu_count, which a forked
-    # rank would inherit patched, says 4. A regression hangs: the watchdog then ends the run.
+    # rank would inherit patched, says 4. A regression hangs: after 300 s the watchdog kills the ranks and it fails.
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     torch.arange(1 << 20).sum()

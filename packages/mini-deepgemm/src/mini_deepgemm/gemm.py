@@ -534,7 +534,7 @@ def _masked_tile(expected_m: int) -> tuple[int, int]:
     up to ~16 rows per expert and 32 above; session 21 run 3 (folded activations, benchmarks/exp_moe_masked_tiles.py)
     kept them and found 64 best at ~64 rows: 0.256-0.270 of the copy rate against 0.218-0.231 (at ~32: 1.01-1.02x,
     within noise, so 32 stays there). Stages: 2 (session 19 runs 9-10, 16 tokens per 32: fewer stages, more resident
-    CTAs)."""
+    CTAs; session 22 run 2, folded: 3 and 4 stages slower or equal at every tile and ~8 / 32 / 64 rows)."""
     return (16 if expected_m <= 16 else 32 if expected_m <= 32 else 64), 2
 
 
