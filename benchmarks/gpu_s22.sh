@@ -20,6 +20,9 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s22.sh   (1 x H200, tree = branch contiguous-256, baseline
 #       = main in .ab-base.tar.gz: the route's GPU tests (256-column tiles forced, bitwise against 128); the runtime's
 #       core GPU tests; bench_fp4_e4m3_route.py and bench_prefill on both; Nsight Compute on the 256-column kernel)
+#       Outcome: tests passed (12, 109 + 8 skipped); 256 columns 1.00 / 0.99x, prefill 1.00x: neutral, not merged
+#   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s22.sh   (1 x H200, main's final tree: every mini-deepgemm
+#       GPU test, the runtime's core GPU tests and part A of the rest; part B ran in run 3)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s22
 # the two data-parallel engine tests that never finished in part B of sessions 18-21
@@ -95,6 +98,12 @@ r4)
     echo "== prefill $side"; grep -E "tok/s|experts|projections" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6
   done
   python3 benchmarks/ncu_summary.py "$OUT/ncu" moe_w13_fold128 2>&1 | head -40
+  ;;
+final)
+  run deepgemm_tests 95 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 70 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_rest_a 65 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests runtime_rest_a
   ;;
 esac
 pack_out
