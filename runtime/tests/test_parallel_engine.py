@@ -103,7 +103,7 @@ def _fake_workload(rank: int) -> list[tuple[list[int], SamplingParams]]:
 
 
 def _fake_rank(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # a forked rank with several threads deadlocks in the parent's OpenMP pool
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         model = PhaseRecorder(FakePagedModel(FAKE))

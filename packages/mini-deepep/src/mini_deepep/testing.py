@@ -394,7 +394,8 @@ def _rank_main(
     if on_gpu:
         torch.cuda.set_device(rank)
     # The ranks share the machine's cores (with whatever else runs): one thread each, or the host-side
-    # checks oversubscribe the CPU and one rank falls seconds behind the other on a loaded machine.
+    # checks oversubscribe the CPU and one rank falls seconds behind the other on a loaded machine. A forked CPU rank
+    # must stay at one thread anyway: its first multi-threaded op would deadlock in the parent's OpenMP pool.
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     dist.init_process_group(

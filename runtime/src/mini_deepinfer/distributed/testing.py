@@ -144,7 +144,8 @@ def ep_check(device: torch.device, backend: str) -> dict:
 
 
 def _forked_rank(rank: int, world: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)  # the ranks share the machine's cores
+    # the ranks share the machine's cores; and a forked rank with several threads deadlocks in the parent's OpenMP pool
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         result = ep_check(torch.device("cpu"), "torch")
