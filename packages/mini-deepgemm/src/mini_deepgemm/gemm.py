@@ -510,7 +510,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     G, N, K2 = bq.shape
     K = aq.shape[-1]
     w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
-    sa_per_128 = sa.dtype == torch.float32
+    sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
         M = aq.shape[0]

@@ -121,11 +121,12 @@ def fold_ue8m0_to_128(q: torch.Tensor, scale: torch.Tensor, gran_rows: int) -> t
     128 x 128 (weights) block instead of UE8M0 per 1 x 32 or 32 x 32.
 
     q e4m3 [R, K] with scale UE8M0 [R / gran_rows, K / 32], gran_rows 1 (activations, also [..., K] with scale
-    [..., K / 32]) or 32 (weights; R % 128 == 0); K % 128 == 0. Each output block takes its largest exponent e_max (2^(e_max - 127), fp32 [R, K / 128] or
-    [R / 128, K / 128]) and every value is re-expressed under it: q' = e4m3(q x 2^(e - e_max)), rounded to nearest
-    even, where e is the value's own 32-block exponent. Exact unless the shift takes a value below e4m3's smallest
-    normal 2^-6, i.e. a value under 2^(e_max - e - 6) in its group's units (whose largest is >= 224): that rounds to
-    the subnormal grid 2^-9, an error of at most 2^-10 x 2^(e_max - 127) (docs/reports/deepgemm-v41-fold.md)."""
+    [..., K / 32]) or 32 (weights; R % 128 == 0); K % 128 == 0. Each output block takes its largest exponent e_max
+    (2^(e_max - 127), fp32 [R, K / 128] or [R / 128, K / 128]) and every value is re-expressed under it:
+    q' = e4m3(q x 2^(e - e_max)), rounded to nearest even, where e is the value's own 32-block exponent. Exact
+    unless the shift takes a value below e4m3's smallest normal 2^-6, i.e. a value under 2^(e_max - e - 6) in its
+    group's units (whose largest is >= 224): that rounds to the subnormal grid 2^-9, an error of at most
+    2^-10 x 2^(e_max - 127) (docs/reports/deepgemm-v41-fold.md)."""
     if gran_rows not in (1, 32):
         raise ValueError(f"gran_rows must be 1 (activations) or 32 (weights), got {gran_rows}")
     if gran_rows == 1 and q.dim() != 2:  # activations of any leading shape: row by row

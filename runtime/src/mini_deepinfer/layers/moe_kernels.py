@@ -178,10 +178,10 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: floa
     M, inter = h13.shape[0], h13.shape[1] // 2
     if h13.shape[1] != 2 * inter:
         raise ValueError(f"h13 must be [M, 2I], got {tuple(h13.shape)}")
-    q, s = _fp8_rows(M, inter, h13.device, fold_128)
     if fold_128 and groups_per_program % 4:
         raise ValueError(f"fold_128 folds groups four at a time: groups_per_program {groups_per_program} must be a "
                          "multiple of 4")
+    q, s = _fp8_rows(M, inter, h13.device, fold_128)
     listed = rows is not None
     valid = (rows if listed else grouped_layout).reshape(-1).contiguous()
     slots = valid.numel() if listed else M
