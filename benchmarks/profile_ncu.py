@@ -13,6 +13,7 @@ Cases (the shapes of the issue's tables):
 - moe_w13_fold128, masked32_w13_fold128: the engine's route since session 21, the FP8-MMA kernels with folded weights
   and activations folded per 128, at moe_w13's shape and at Poisson(32) rows (the masked case below its target);
 - sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
+- sparse_prefill_bf16: sparse_mla_fwd on the same indices over bf16 rows (the issue's 550 TFLOP/s case);
 - sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
 - indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128.
 """
@@ -83,6 +84,11 @@ def sparse_prefill():
                                                       c["cid"], bf.SCALE, c["sink"])
 
 
+def sparse_prefill_bf16():
+    c = bf.prefill_case(torch.device("cuda"))
+    return lambda: mini_flashmla.sparse_mla_fwd(c["q"], c["kv"], c["idx"], bf.SCALE, c["sink"])
+
+
 def sparse_decode():
     q, window_cache, compressed_cache, wid, cid, sink = bf.decode_case(torch.device("cuda"), 64,
                                                                        torch.Generator(device="cuda").manual_seed(1))
@@ -96,7 +102,8 @@ def indexer():
 
 CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
          "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
-         "sparse_prefill": sparse_prefill, "sparse_decode": sparse_decode, "indexer": indexer}
+         "sparse_prefill": sparse_prefill, "sparse_prefill_bf16": sparse_prefill_bf16, "sparse_decode": sparse_decode,
+         "indexer": indexer}
 
 
 def main() -> None:

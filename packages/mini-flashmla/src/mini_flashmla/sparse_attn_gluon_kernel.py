@@ -93,48 +93,30 @@ TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element
 # at one column are conflict-free; cp.async still writes whole 16-byte units. Scales: plain rows.
 RAW_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
 SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-# A quantized block's 64 slot ids, staged one block ahead (two slots); every producer thread loads one of them
-# (each id twice over the 128 threads).
+# A block's 64 slot ids, staged one block ahead; every producer thread loads one of them (each id twice over the
+# 128 threads). Four slots: while the consumers read block b's, the producer may already store block b + 2's
+# (its tile ring lets it run one block ahead), and block b + 3's only after the consumers released block b.
+IDS_SLOTS: gl.constexpr = gl.constexpr(4)
 IDS_LOAD: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
 IDS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
 
 @gluon.jit
-def _block_source(blk, a_blocks, a_ids_ptr, a_len, a_rows, b_ids_ptr, b_len, b_rows):
-    """Logical block -> (in source A, ids pointer of its query row, ids length, cache rows, block within its source)."""
+def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
+    """int32 [64] slot ids of logical block blk (source A's blocks, then source B's) in IDS_LOAD, -1 past the end of
+    its list (or of the walk)."""
     in_a = blk < a_blocks
     ids_ptr = gl.where(in_a, a_ids_ptr, b_ids_ptr)
-    ids_len = gl.where(in_a, a_len, b_len)
-    num_rows = gl.where(in_a, a_rows, b_rows)
-    local = gl.where(in_a, blk, blk - a_blocks)
-    return in_a, ids_ptr, ids_len, num_rows, local
-
-
-@gluon.jit
-def _cache_rows(ids, num_rows):
-    """Slot ids -> int64 cache rows; empty slots (-1 or outside the cache) read row 0."""
-    return gl.where((ids >= 0) & (ids < num_rows), ids, 0).to(gl.int64)
-
-
-@gluon.jit
-def _gathered_rows(ids_ptr, ids_len, num_rows, first, n: gl.constexpr, layout: gl.constexpr):
-    """int64 [n] cache rows of slots first .. first + n - 1 of a query's list in `layout`; empty slots read row 0."""
-    pos = first + gl.arange(0, n, layout)
-    return _cache_rows(gl.load(ids_ptr + pos, mask=pos < ids_len, other=-1), num_rows)
-
-
-@gluon.jit
-def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
-    """int32 [64] slot ids of logical block blk in IDS_LOAD, -1 past the end of its list (or of the walk)."""
-    _, ids_ptr, ids_len, _, local = _block_source(blk, a_blocks, a_ids_ptr, a_len, 0, b_ids_ptr, b_len, 0)
-    pos = local * BLOCK_N + gl.arange(0, BLOCK_N, IDS_LOAD)
-    return gl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
+    pos = gl.where(in_a, blk, blk - a_blocks) * BLOCK_N + gl.arange(0, BLOCK_N, IDS_LOAD)
+    return gl.load(ids_ptr + pos, mask=pos < gl.where(in_a, a_len, b_len), other=-1)
 
 
 @gluon.jit
 def _staged_rows(ids_slot, num_rows, first, n: gl.constexpr, layout: gl.constexpr):
-    """int64 [n] cache rows of slots first .. first + n - 1 of a block whose 64 ids are in shared memory."""
-    return _cache_rows(ids_slot.slice(first, n).load(layout), num_rows)
+    """int64 [n] cache rows of slots first .. first + n - 1 of a block whose 64 ids are in shared memory; empty slots
+    (-1, or an id outside the cache) read row 0."""
+    ids = ids_slot.slice(first, n).load(layout)
+    return gl.where((ids >= 0) & (ids < num_rows), ids, 0).to(gl.int64)
 
 
 @gluon.jit
@@ -210,43 +192,46 @@ def _quantized_block(raw_vals, raw_scales, tile, empty_bar, empty_phase, kv_ptr,
 def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len,
               a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
-    waits on the barriers' initial phase, which counts as complete). Quantized rows: a block's ids are loaded from
-    global memory one block ahead into ids_smem (slot blk % 2), so their latency is not in front of its gather
-    (Nsight Compute, session 17: ~23% of the producer's stall samples waited on the ids)."""
-    if A_FORMAT != BF16_ROWS:
-        ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
-        gl.thread_barrier()
+    waits on the barriers' initial phase, which counts as complete). A block's ids are loaded from global memory
+    one block ahead into ids_smem (slot blk % IDS_SLOTS), where the gathers and the consumers' masks read them:
+    their latency is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized producer's stall
+    samples waited on the ids) nor in the consumers' loop. The store of block blk + 1's ids comes before the
+    producer's arrival on block blk's "full" barrier."""
+    ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
+    gl.thread_barrier()
     for blk in range(n_blocks):
         t = blk % TILES
         empty_phase = ((blk // TILES) & 1) ^ 1
-        in_a, ids_ptr, ids_len, num_rows, local = _block_source(blk, a_blocks, a_ids_ptr, a_len, a_rows, b_ids_ptr,
-                                                                b_len, b_rows)
+        in_a = blk < a_blocks
+        num_rows = gl.where(in_a, a_rows, b_rows)
+        next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
+        ids_slot = ids_smem.index(blk % IDS_SLOTS)
         if A_FORMAT == BF16_ROWS:
-            rows = _gathered_rows(ids_ptr, ids_len, num_rows, local * BLOCK_N, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
+            rows = _staged_rows(ids_slot, num_rows, 0, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
             mbarrier.wait(empty.index(t), empty_phase)
             async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
-            # each producer thread's arrive fires when its copies have landed (full counts PRODUCER_WARPS x 32)
+            # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
             async_copy.mbarrier_arrive(full.index(t), increment_count=False)
+            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
         else:
-            next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # used after this block
-            ids_slot = ids_smem.index(blk % 2)
             if in_a:
                 _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, a_kv_ptr, ids_slot,
                                  num_rows, A_FORMAT)
             else:
                 _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, b_kv_ptr, ids_slot,
                                  num_rows, B_FORMAT)
-            ids_smem.index((blk + 1) % 2).store(next_ids)  # that slot's last reads were before the block's barriers
+            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
             fence_async_shared()  # the tile's generic-proxy stores before the consumers' wgmma reads
-            # after the partition barrier Gluon puts before it, which also orders next_ids' store before its reads
-            mbarrier.arrive(full.index(t), count=1)
+        # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
+        # operation: every producer thread's ids store is ordered before it, so before the consumers' reads.
+        mbarrier.arrive(full.index(t), count=1)
 
 
 @gluon.jit
-def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_ids_ptr, a_len,
-              a_rows, b_ids_ptr, b_len, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
-              qk_scale_log2, HAS_SINK: gl.constexpr):
+def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows,
+              sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+              HAS_SINK: gl.constexpr):
     """Default partition (8 warps): the online softmax over the blocks the producer delivers; writes out and lse."""
     sq = gl.program_id(0)
     head0 = gl.program_id(1) * HEADS
@@ -267,12 +252,10 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
     acc = gl.full([HEADS, D], 0.0, gl.float32, O_MMA)
     for blk in range(n_blocks):
         t = blk % TILES
-        in_a, ids_ptr, ids_len, num_rows, local = _block_source(blk, a_blocks, a_ids_ptr, a_len, a_rows, b_ids_ptr,
-                                                                b_len, b_rows)
-        pos = local * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
-        ids = gl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)  # its latency overlaps the wait below
-        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+        num_rows = gl.where(blk < a_blocks, a_rows, b_rows)
         mbarrier.wait(full.index(t), (blk // TILES) & 1)
+        ids = ids_smem.index(blk % IDS_SLOTS).load(gl.SliceLayout(0, S_MMA))  # -1 past the list's end
+        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
         fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
         kv = tiles.index(t)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA),
@@ -308,22 +291,22 @@ def _consumer(q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_block
 @gluon.jit
 def _allocate_buffers(A_FORMAT: gl.constexpr):
     """Shared memory of a program: Q, the ring of bf16 tiles, the quantized rows' staging buffer (bf16 rows: none,
-    the tiles stand in), and per tile a "full" mbarrier (bf16 rows: one cp.async arrival per producer thread; else
-    the producer's one arrival) and an "empty" one (the consumer partition's one arrival)."""
+    the tiles stand in), the ring of staged slot ids, and per tile a "full" mbarrier (the producer's one arrival,
+    plus for bf16 rows one cp.async arrival per producer thread) and an "empty" one (the consumer partition's one
+    arrival)."""
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
         raw_vals = tiles  # unused
         raw_scales = tiles
-        ids_smem = tiles
     else:
         raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
         raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], SCALES_SHARED)
-        ids_smem = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], IDS_SHARED)
+    ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
-        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
+        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=1)
     return q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty
 
@@ -352,9 +335,9 @@ def sparse_mla_fwd_gluon_kernel(
 
     q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty = _allocate_buffers(A_FORMAT)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_ids_ptr, a_len,
-                      a_rows, b_ids_ptr, b_len, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
-                      stride_lse_s, qk_scale_log2, HAS_SINK)),
+        [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
+                      b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+                      HAS_SINK)),
          (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [PRODUCER_WARPS], [PRODUCER_REGS])
