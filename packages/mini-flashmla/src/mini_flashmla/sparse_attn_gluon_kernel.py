@@ -228,8 +228,8 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_bl
 
 
 @gluon.jit
-def _consumer(q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows,
-              sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+def _consumer(q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks,
+              a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
               HAS_SINK: gl.constexpr):
     """Default partition (8 warps): the online softmax over the blocks the producer delivers; writes out and lse."""
     sq = gl.program_id(0)
@@ -340,9 +340,9 @@ def sparse_mla_fwd_gluon_kernel(
 
     q_smem, p_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty = _allocate_buffers(A_FORMAT)
     gl.warp_specialize(
-        [(_consumer, (q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
-                      b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
-                      HAS_SINK)),
+        [(_consumer, (q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks,
+                      a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
+                      qk_scale_log2, HAS_SINK)),
          (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [PRODUCER_WARPS], [PRODUCER_REGS])
