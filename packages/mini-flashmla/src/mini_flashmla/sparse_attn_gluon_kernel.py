@@ -87,6 +87,7 @@ COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRO
 Q_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])  # [64, 512] bf16
 S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
 O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # Raw values: 16-byte units swizzled by row (unit ^= row % 8, as the tile), so the dequantization's loads of 8 rows
 # at one column are conflict-free; cp.async still writes whole 16-byte units. Scales: plain rows.
@@ -228,8 +229,8 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_bl
 
 
 @gluon.jit
-def _consumer(q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks,
-              a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows,
+              sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
               HAS_SINK: gl.constexpr):
     """Default partition (8 warps): the online softmax over the blocks the producer delivers; writes out and lse."""
     sq = gl.program_id(0)
@@ -265,14 +266,9 @@ def _consumer(q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, s
         p = gl.exp2(s - m_new[:, None])
         l_cols = l_cols * alpha[:, None] + p
         m_i = m_new
-        # P rounded to bf16 before P.V, as the reference. Each warpgroup writes its 32 columns of P into p_smem, the
-        # PV wgmma's A operand: one partition barrier, where moving P into the register operand layout took four
-        # (two rounds through the conversion scratch, each with a barrier before and after).
-        p_smem.store(p.to(gl.bfloat16))
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
-        fence_async_shared()  # the stores (generic proxy) before wgmma's reads
-        gl.thread_barrier()  # both warpgroups' halves of P
-        acc = warpgroup_mma(p_smem, kv, acc)
+        p_op = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)  # P rounded to bf16 before P.V, as the reference
+        acc = warpgroup_mma(p_op, kv, acc)
         # One thread arrives, after the partition barrier Gluon puts before a single-thread operation: both
         # warpgroups have finished their (synchronous) MMAs on the tile.
         mbarrier.arrive(empty.index(t), count=1)
@@ -299,7 +295,6 @@ def _allocate_buffers(A_FORMAT: gl.constexpr):
     plus for bf16 rows one cp.async arrival per producer thread) and an "empty" one (the consumer partition's one
     arrival)."""
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
         raw_vals = tiles  # unused
@@ -313,7 +308,7 @@ def _allocate_buffers(A_FORMAT: gl.constexpr):
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=1)
-    return q_smem, p_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty
+    return q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty
 
 
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
@@ -338,11 +333,11 @@ def sparse_mla_fwd_gluon_kernel(
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
 
-    q_smem, p_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty = _allocate_buffers(A_FORMAT)
+    q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty = _allocate_buffers(A_FORMAT)
     gl.warp_specialize(
-        [(_consumer, (q_smem, p_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks,
-                      a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
-                      qk_scale_log2, HAS_SINK)),
+        [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
+                      b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+                      HAS_SINK)),
          (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [PRODUCER_WARPS], [PRODUCER_REGS])
