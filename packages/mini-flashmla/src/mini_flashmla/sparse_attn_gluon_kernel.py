@@ -10,12 +10,14 @@ version (session 11, in one partition) fixed the first two; its breakdown (bench
 docs/reports/flashmla-gluon.md) showed the gathers (bf16 rows) and the dequantization (quantized rows) still in
 series with the MMAs. Here they run in their own warps:
 
-- Producer (worker partition, PRODUCER_WARPS warps): for each block, its 64 row ids, then
+- Producer (worker partition, PRODUCER_WARPS warps): for each block, its 64 row ids (loaded a block ahead into a
+  shared-memory ring, where the consumers read their masks too), then
   - bf16 rows: cp.async straight into the tile, completion tracked by the tile's `full` mbarrier (cp.async's own
     arrive, one per producer thread), so up to two blocks' gathers are in flight;
   - quantized rows: cp.async of the raw bytes into one staging buffer (a compressed block, or half a window block at
     a time: 16 KB of values + 2 KB of scales), then shared -> registers -> shared into the tile, exactly
-    cache_layout's unpack (every value has at most 6 significant bits: the scale multiply is exact in bf16).
+    cache_layout's unpack (every value has at most 6 significant bits: the scale multiply is exact in bf16), in
+    layouts whose 16-byte shared stores and loads are free of bank conflicts.
   It waits on the tile's `empty` mbarrier before writing into it.
 - Consumers (default partition, 8 warps = 2 warpgroups): Q [64, 512] bf16 in shared memory for the whole walk;
   per block, wait `full`, S = Q K^T as one wgmma per warpgroup on 32 of the 64 slots, the softmax's row max and sum
@@ -27,12 +29,14 @@ running max from -1e30 in the log2 domain, P rounded to bf16 before P.V, the sin
 without the sink. Empty slots (-1, or an id outside the cache) gather row 0 of their cache (any valid row: their
 score is -inf, so P is exactly 0 and the finite values add nothing); a source with no rows is never routed here.
 
-Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB (+ 18 KB of raw staging for quantized rows).
+Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + 1 KB of staged ids (+ 18 KB of raw staging for
+quantized rows).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
-replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181.6 (session 13 run 3). api routes
-every unsplit call of whole 64-head programs here.
+replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181.6 (session 13 run 3). Session 23
+(conflict-free dequantization, ids staged a block ahead): paged prefill 220 -> 254-255 TFLOP/s, decode 42-43 / 49-50
+/ 96 us. api routes every unsplit call of whole 64-head programs here.
 """
 
 from __future__ import annotations
