@@ -4,9 +4,16 @@
 #       main's src folders in .ab-base.tar.gz, the branch's first commit (conflict-free dequantization stores only) in
 #       .ab-mid.tar.gz: the mini-flashmla GPU tests; bench_flashmla (prefill, decode) on the three; the attention
 #       breakdown and Nsight Compute on the paged prefill, branch; bench_prefill on branch and main; exp_moe_breakdown)
+#       Outcome: 84 passed, 1 skipped; paged prefill 220.2 -> 247.2 (stores) -> 253.8 TFLOP/s (ids), decode 1.13-1.14x,
+#       prefill step 595.0 -> 588.9 ms; the MoE breakdown in deepgemm-moe-fold-128.md
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s23.sh   (1 x H200, tree = attn-producer + P through shared
 #       memory, .ab-mid.tar.gz = the ids-staging commit, .ab-base.tar.gz = main: the mini-flashmla GPU tests,
 #       bench_flashmla on the three, the breakdown, Nsight Compute on both prefill cases, bench_prefill on tree and mid)
+#       Outcome: 84 passed, 1 skipped; P through shared memory 0.97x bf16 rows, 1.00x paged (reverted); the ids staging
+#       (mid) 1.00x against run 1's branch; Nsight Compute on both prefill cases
+#   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s23.sh   (1 x H200, the final tree, .ab-base.tar.gz =
+#       main before the session: the mini-flashmla GPU tests, the runtime's core GPU tests and both parts of the rest;
+#       bench_flashmla, bench_prefill; bench_decode on tree and base; the attention breakdown)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s23
 if [ -f .ab-mid.tar.gz ]; then
@@ -55,6 +62,25 @@ r2)
   tail -14 "$OUT/breakdown.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -40
   for side in new mid; do echo "== prefill $side"; grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6; done
+  ;;
+final)
+  # the final tree (attention producer: conflict-free dequantization, staged ids); baseline = main before the session
+  run flashmla_tests 120 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_rest_a 90 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  run runtime_rest_b 130 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest_b.xml"
+  run flashmla_new 60 env BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_new.json" \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  decode_bench decode_new env
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  run breakdown 40 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
+  grep -E "^\| (prefill|decode)" "$OUT/flashmla_new.txt"
+  grep -E "tok/s|attention" "$OUT/prefill_new.txt" | cut -c1-200 | head -4
+  for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
+  tail -14 "$OUT/breakdown.txt"
   ;;
 esac
 pack_out
