@@ -75,17 +75,17 @@ COMPRESSED_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER
 # Dequantization, DEQUANT_ROWS rows at a time (64 values per thread: the producer's registers are few): a thread
 # reads whole scale groups (window: 32 B, compressed: 16 B = two groups of 8 bytes), so a scale multiplies its group
 # by a broadcast in registers; the 2-D loads reshape to these without data movement. A warp spans 8 rows and 4
-# threads along a row: its 8 threads at one place in a row then write the 8 16-byte units of one 128-byte line of
-# the tile's 128 B swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer, so each
-# 16-byte store and load is conflict-free. The previous [2 rows, 16 threads] arrangement put 8 threads of a row
-# on 2 units: stores 4x the ideal wavefronts (Nsight Compute, session 17: 69% of the kernel's shared-store
-# wavefronts were conflicts).
+# threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte access is served 8 lanes at a time, and
+# those 8 lanes, at one place in 8 consecutive rows, write the 8 units of one 128-byte line of the tile's 128 B
+# swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer: conflict-free. Nsight
+# Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x the ideal store wavefronts (session 17: 69%
+# of the kernel's shared-store wavefronts were conflicts); [8, 4] with the columns fastest, 2x (session 23 run 1).
 DEQUANT_ROWS: gl.constexpr = gl.constexpr(16)
-WINDOW_LOAD: gl.constexpr = gl.BlockedLayout([1, 32], [8, 4], [1, PRODUCER_WARPS], [1, 0])  # [16, 512] bytes
+WINDOW_LOAD: gl.constexpr = gl.BlockedLayout([1, 32], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 512] bytes
 # [16, 16, 32] window bytes and [16, 32, 8] compressed bytes
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, PRODUCER_WARPS, 1], [2, 1, 0])
-COMPRESSED_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, PRODUCER_WARPS], [1, 0])  # [16, 256] bytes
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [2, 1, 0])
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+COMPRESSED_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 256] bytes
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 # Consumer layouts (8 warps): both warpgroups stacked along N ([4, 2] warps), each computing all 64 heads on half of
 # the columns.
 Q_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])  # [64, 512] bf16
