@@ -14,6 +14,9 @@
 #   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s23.sh   (1 x H200, the final tree, .ab-base.tar.gz =
 #       main before the session: the mini-flashmla GPU tests, the runtime's core GPU tests and both parts of the rest;
 #       bench_flashmla, bench_prefill; bench_decode on tree and base; the attention breakdown)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s23.sh   (1 x H200, tree = attn-lane-order, .ab-mid.tar.gz =
+#       attn-producer: the mini-flashmla and the runtime's core GPU tests, bench_flashmla on both, bench_prefill,
+#       Nsight Compute on the paged prefill)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s23
 if [ -f .ab-mid.tar.gz ]; then
@@ -81,6 +84,23 @@ final)
   grep -E "tok/s|attention" "$OUT/prefill_new.txt" | cut -c1-200 | head -4
   for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
   tail -14 "$OUT/breakdown.txt"
+  ;;
+r4)
+  # tree = attn-lane-order (the dequantization's lanes along rows first); mid = attn-producer (.ab-mid.tar.gz)
+  run flashmla_tests 120 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new mid; do
+    pp=$PYTHONPATH; [ $side = mid ] && pp=$MID_PYTHONPATH
+    run "flashmla_$side" 60 env PYTHONPATH="$pp" BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_$side.json" \
+      bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  ncu_profile sparse_prefill
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  for side in new mid; do echo "== flashmla $side"; grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"; done
+  grep -E "tok/s|attention" "$OUT/prefill_new.txt" | cut -c1-200 | head -4
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -12
+  grep -E "way bank" "$OUT/ncu/sparse_prefill_details.txt" | head -3
   ;;
 esac
 pack_out
