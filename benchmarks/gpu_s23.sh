@@ -13,75 +13,93 @@
 #       (mid) 1.00x against run 1's branch; Nsight Compute on both prefill cases
 #   source .devdeps/env.sh && PART=final bash benchmarks/gpu_s23.sh   (1 x H200, the final tree, .ab-base.tar.gz =
 #       main before the session: the mini-flashmla GPU tests, the runtime's core GPU tests and both parts of the rest;
-#       bench_flashmla, bench_prefill; bench_decode on tree and base; the attention breakdown)
+#       bench_flashmla, bench_prefill; bench_decode on tree and base; the attention breakdown; run 3)
+#       Outcome: every test passed (84 + 109 + 59 + 162; 1 + 8 + 1 + 1 skipped); paged / bf16 prefill 271.3 / 340.2
+#       TFLOP/s; prefill step 585.6 ms; medium decode 10.74 / 14.47 ms against main's 10.71 / 14.43
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s23.sh   (1 x H200, tree = attn-lane-order, .ab-mid.tar.gz =
 #       attn-producer: the mini-flashmla and the runtime's core GPU tests, bench_flashmla on both, bench_prefill,
 #       Nsight Compute on the paged prefill)
+#       Outcome: tests passed (84, 109); the lane order 1.00x, every dequantization access conflict-free (kept)
+#   source .devdeps/env.sh && PART=rest bash benchmarks/gpu_s23.sh   (1 x H200, main's final tree: parts A and B of the
+#       rest of the runtime's GPU suite, which run 3 ran before the lane-order commit)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s23
 if [ -f .ab-mid.tar.gz ]; then
   mkdir -p /tmp/ab-mid && tar xzf .ab-mid.tar.gz -C /tmp/ab-mid
   MID_PYTHONPATH=/tmp/ab-mid/packages/mini-flashmla/src:$PYTHONPATH
 fi
+# side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, base = .ab-base.tar.gz)
+side_path() { case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; *) echo "$PYTHONPATH" ;; esac; }
+# flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
+flashmla_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "flashmla_$side" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill,decode \
+      BENCH_JSON="flashmla_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+}
+# prefill_sides SECS SIDE...: bench_prefill on each side, into $OUT/prefill_SIDE*
+prefill_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "prefill_$side" "$secs" env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+      --out "$OUT/prefill_${side}_h200.json"
+  done
+}
+# show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
+show_sides() {
+  local side
+  for side in "$@"; do
+    echo "== $side"
+    [ -f "$OUT/flashmla_$side.txt" ] && grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"
+    [ -f "$OUT/prefill_$side.txt" ] && grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -4
+  done
+}
+# rest_ab: parts A and B of the rest of the runtime's GPU suite (-n 16, junit in $OUT)
+rest_ab() {
+  run runtime_rest_a 90 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  run runtime_rest_b 130 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest_b.xml"
+}
 case "${PART:-r1}" in
 r1)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
-  for side in new mid base; do
-    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH; [ $side = mid ] && pp=$MID_PYTHONPATH
-    run "flashmla_$side" 120 env PYTHONPATH="$pp" BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_$side.json" \
-      bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
+  flashmla_sides 120 new mid base
   run breakdown 150 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   ncu_profile sparse_prefill
-  for side in new base; do
-    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH
-    run "prefill_$side" 120 env PYTHONPATH="$pp" python3 benchmarks/bench_prefill.py --out "$OUT/prefill_${side}_h200.json"
-  done
+  prefill_sides 120 new base
   run moe_breakdown 150 bash -c "cd benchmarks && python3 exp_moe_breakdown.py"
   cat "$OUT/summary.txt"; test_summary flashmla_tests
-  for side in new mid base; do echo "== flashmla $side"; grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"; done
+  show_sides new mid base
   tail -14 "$OUT/breakdown.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -30
-  for side in new base; do echo "== prefill $side"; grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6; done
   grep -E "^\| " "$OUT/moe_breakdown.txt"; tail -2 "$OUT/moe_breakdown.txt" | cut -c1-300
   ;;
 r2)
   # tree = attn-producer with P through shared memory (commit D), mid = the branch's ids-staging commit (C, in
   # .ab-mid.tar.gz), base = main (.ab-base.tar.gz)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
-  for side in new mid base; do
-    pp=$PYTHONPATH; [ $side = base ] && pp=$BASE_PYTHONPATH; [ $side = mid ] && pp=$MID_PYTHONPATH
-    run "flashmla_$side" 120 env PYTHONPATH="$pp" BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_$side.json" \
-      bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
+  flashmla_sides 120 new mid base
   run breakdown 150 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   ncu_profile sparse_prefill sparse_prefill_bf16
-  for side in new mid; do
-    pp=$PYTHONPATH; [ $side = mid ] && pp=$MID_PYTHONPATH
-    run "prefill_$side" 120 env PYTHONPATH="$pp" python3 benchmarks/bench_prefill.py --out "$OUT/prefill_${side}_h200.json"
-  done
+  prefill_sides 120 new mid
   cat "$OUT/summary.txt"; test_summary flashmla_tests
-  for side in new mid base; do echo "== flashmla $side"; grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"; done
+  show_sides new mid base
   tail -14 "$OUT/breakdown.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -40
-  for side in new mid; do echo "== prefill $side"; grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -6; done
   ;;
 final)
   # the final tree (attention producer: conflict-free dequantization, staged ids); baseline = main before the session
   run flashmla_tests 120 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  run runtime_rest_a 90 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
-  run runtime_rest_b 130 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_rest_b.xml"
-  run flashmla_new 60 env BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_new.json" \
-    bash -c "cd benchmarks && python3 bench_flashmla.py"
-  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  rest_ab
+  flashmla_sides 60 new
+  prefill_sides 60 new
   decode_bench decode_new env
   decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
   run breakdown 40 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
-  grep -E "^\| (prefill|decode)" "$OUT/flashmla_new.txt"
-  grep -E "tok/s|attention" "$OUT/prefill_new.txt" | cut -c1-200 | head -4
+  show_sides new
   for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
   tail -14 "$OUT/breakdown.txt"
   ;;
@@ -89,18 +107,18 @@ r4)
   # tree = attn-lane-order (the dequantization's lanes along rows first); mid = attn-producer (.ab-mid.tar.gz)
   run flashmla_tests 120 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  for side in new mid; do
-    pp=$PYTHONPATH; [ $side = mid ] && pp=$MID_PYTHONPATH
-    run "flashmla_$side" 60 env PYTHONPATH="$pp" BENCH_PARTS=prefill,decode BENCH_JSON="flashmla_$side.json" \
-      bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
-  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  flashmla_sides 60 new mid
+  prefill_sides 60 new
   ncu_profile sparse_prefill
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
-  for side in new mid; do echo "== flashmla $side"; grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"; done
-  grep -E "tok/s|attention" "$OUT/prefill_new.txt" | cut -c1-200 | head -4
+  show_sides new mid
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -12
   grep -E "way bank" "$OUT/ncu/sparse_prefill_details.txt" | head -3
+  ;;
+rest)
+  # the final tree: parts A and B of the rest of the runtime's GPU suite (run 3 ran them before the lane order)
+  rest_ab
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 esac
 pack_out
