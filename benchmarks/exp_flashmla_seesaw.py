@@ -134,6 +134,7 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             # block b: warpgroup 1's P and max
             mbarrier.wait(full.index(1), phase)
             mbarrier.wait(pub.index(1), phase)
+            fence_async_shared()  # tile b's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
             m_new = m_smem.load(gl.SliceLayout(1, S_WG))
             alpha = gl.exp2(m_run - m_new)
             l_own = l_own * alpha
@@ -149,6 +150,7 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             # block a: warpgroup 0's P and max; its PV runs under this warpgroup's softmax of block b
             mbarrier.wait(full.index(0), phase)
             mbarrier.wait(pub.index(0), phase)
+            fence_async_shared()  # tile a's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
             m_new = m_smem.load(gl.SliceLayout(1, S_WG))
             alpha = gl.exp2(m_run - m_new)
             l_own = l_own * alpha
