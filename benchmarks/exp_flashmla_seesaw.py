@@ -22,12 +22,11 @@ The row sums stay per warpgroup (its own blocks, rescaled like its accumulator) 
 Limits of this version: an even number of 64-slot blocks (every shape below; the host wrapper checks), and a block's
 tile returns to the producer only after both warpgroups' PV, so the next pair's QK^T can wait for a gather.
 
-Offline (triton 3.6, sm_90a): shared memory 206,944 B with bf16 rows, 225,408 B paged; the 168-register launch of 12
-warps, then 208 registers for warpgroup 1, 200 for warpgroup 0 (the default partition), 96 for the producer. Two
-things to read next to the first timing: warpgroup 0 keeps 272 bytes of stack (its loop-invariant QK^T descriptors,
-spilled; 536 bytes before the `flip` below), and ptxas inserts one warpgroup.wait before warpgroup 1's PV of block a
-(C7517), so that PV waits for warpgroup 1's QK^T of block b, which has usually finished by then (it was issued
-before the wait for block a's P).
+Offline (triton 3.6, sm_90a): shared memory 206,944 B with bf16 rows, 225,424 B paged; the 168-register launch of 12
+warps, then 208 registers for warpgroup 1, 200 for warpgroup 0 (the default partition), 96 for the producer; no
+spills (see `flip` below). To read next to the first timing: ptxas inserts one warpgroup.wait before warpgroup 1's
+PV of block a (C7517), so that PV waits for warpgroup 1's QK^T of block b, which has usually finished by then (it
+was issued before the wait for block a's P).
 
 Measures, at bench_flashmla's prefill shape (s_q 4,096, h 64, 128 window + 512 compressed slots, 131k context) with
 bf16 rows and the paged FP8/FP4 cache, and at decode batch 64 / 128 / 256 (CUDA-graph replay): the shipped kernel
@@ -92,7 +91,7 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
     head0 = gl.program_id(1) * HEADS
     heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_HALF_COPY))
     dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, Q_HALF_COPY))
-    async_copy.async_copy_global_to_shared(q_smem.slice(WG * HALF, HALF, dim=1),
+    async_copy.async_copy_global_to_shared(q_smem.index(0).slice(WG * HALF, HALF, dim=1),
                                            q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
     async_copy.commit_group()
     async_copy.wait_group(0)
@@ -107,9 +106,9 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
     for pair in range(n_blocks // 2):
         blk_a = 2 * pair
         phase = pair & 1
-        # The tiles as indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0): with
-        # constant ones the 32 QK^T descriptors of warpgroup 0 are hoisted out of the loop and spilled (offline:
-        # 536 bytes of stack, LDL.64 between its QK^T MMAs).
+        # Q and the tiles at indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0):
+        # with constant ones the QK^T's 32 pairs of shared-memory descriptors are loop-invariant, hoisted and, in
+        # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way).
         flip = ((pair * a_rows) < 0).to(gl.int32)
         tile_a = tiles.index(flip)
         tile_b = tiles.index(1 - flip)
@@ -117,7 +116,7 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             # block a: QK^T, softmax (the running max after the previous pair's block b), publish, PV
             mbarrier.wait(full.index(0), phase)
             fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-            s = warpgroup_mma(q_smem, tile_a.permute((1, 0)), zero_s, use_acc=False)
+            s = warpgroup_mma(q_smem.index(flip), tile_a.permute((1, 0)), zero_s, use_acc=False)
             s = _block_scores(ids_smem.index(blk_a % IDS_SLOTS), gl.where(blk_a < a_blocks, a_rows, b_rows),
                               qk_scale_log2, s)
             m_new = gl.maximum(m_run, gl.max(s, 1))
@@ -146,7 +145,7 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             # block b's QK^T first, so that it runs while warpgroup 0 does block a's softmax
             mbarrier.wait(full.index(1), phase)
             fence_async_shared()
-            s_token = warpgroup_mma(q_smem, tile_b.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s_token = warpgroup_mma(q_smem.index(flip), tile_b.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             # block a: warpgroup 0's P and max; its PV runs under this warpgroup's softmax of block b
             mbarrier.wait(full.index(0), phase)
             mbarrier.wait(pub.index(0), phase)
@@ -212,7 +211,7 @@ def seesaw_kernel(
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
