@@ -74,11 +74,28 @@ def _publish(p, m_new, p_smem, m_smem, pub_bar):
 
 
 @gluon.jit
-def _block_scores(ids_slot, num_rows, qk_scale_log2, s):
-    """S of one block in the log2 domain, -inf on empty slots; s is the finished QK^T accumulator."""
+def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
     valid = (ids >= 0) & (ids < num_rows)
-    return gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_run, gl.max(s, 1))
+    alpha = gl.exp2(m_run - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    return m_new, alpha, p, l_own * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
+    """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
+    accumulator to the new running max -> (running max, row sum, accumulator)."""
+    mbarrier.wait(full_bar, phase)
+    mbarrier.wait(pub_bar, phase)
+    fence_async_shared()  # the tile's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
+    m_new = m_smem.load(gl.SliceLayout(1, S_WG))
+    alpha = gl.exp2(m_run - m_new)
+    return m_new, l_own * alpha, acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
 
 
 @gluon.jit
@@ -117,28 +134,17 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             mbarrier.wait(full.index(0), phase)
             fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
             s = warpgroup_mma(q_smem.index(flip), tile_a.permute((1, 0)), zero_s, use_acc=False)
-            s = _block_scores(ids_smem.index(blk_a % IDS_SLOTS), gl.where(blk_a < a_blocks, a_rows, b_rows),
-                              qk_scale_log2, s)
-            m_new = gl.maximum(m_run, gl.max(s, 1))
-            alpha = gl.exp2(m_run - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_own = l_own * alpha + gl.sum(p, 1)
-            m_run = m_new
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index(blk_a % IDS_SLOTS),
+                                                  gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run,
+                                                  l_own)
             mbarrier.wait(pfree.index(1), phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
-            _publish(p, m_new, p_smem, m_smem, pub.index(0))
+            _publish(p, m_run, p_smem, m_smem, pub.index(0))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
             acc = warpgroup_mma(p_smem, tile_a.slice(0, HALF, dim=1), acc)
             mbarrier.arrive(pfree.index(0), count=1)
             mbarrier.arrive(empty.index(0), count=1)
             # block b: warpgroup 1's P and max
-            mbarrier.wait(full.index(1), phase)
-            mbarrier.wait(pub.index(1), phase)
-            fence_async_shared()  # tile b's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
-            m_new = m_smem.load(gl.SliceLayout(1, S_WG))
-            alpha = gl.exp2(m_run - m_new)
-            l_own = l_own * alpha
-            m_run = m_new
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             acc = warpgroup_mma(p_smem, tile_b.slice(0, HALF, dim=1), acc)
             mbarrier.arrive(empty.index(1), count=1)
         else:
@@ -147,27 +153,16 @@ def _seesaw_consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empt
             fence_async_shared()
             s_token = warpgroup_mma(q_smem.index(flip), tile_b.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             # block a: warpgroup 0's P and max; its PV runs under this warpgroup's softmax of block b
-            mbarrier.wait(full.index(0), phase)
-            mbarrier.wait(pub.index(0), phase)
-            fence_async_shared()  # tile a's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
-            m_new = m_smem.load(gl.SliceLayout(1, S_WG))
-            alpha = gl.exp2(m_run - m_new)
-            l_own = l_own * alpha
-            m_run = m_new
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             acc_token = warpgroup_mma(p_smem, tile_a.slice(HALF, HALF, dim=1), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=[s_token])  # the QK^T, issued first, is done; the PV may still run
-            s = _block_scores(ids_smem.index((blk_a + 1) % IDS_SLOTS),
-                              gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2, s)
-            m_new = gl.maximum(m_run, gl.max(s, 1))
-            alpha = gl.exp2(m_run - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_own = l_own * alpha + gl.sum(p, 1)
-            m_run = m_new
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
             acc = warpgroup_mma_wait(0, deps=[acc_token])  # this warpgroup's read of block a's P is done
             mbarrier.arrive(empty.index(0), count=1)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
-            _publish(p, m_new, p_smem, m_smem, pub.index(1))
+            _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
             acc = warpgroup_mma(p_smem, tile_b.slice(HALF, HALF, dim=1), acc)
             mbarrier.arrive(pfree.index(1), count=1)
