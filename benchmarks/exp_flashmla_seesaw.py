@@ -44,9 +44,9 @@ import os
 import torch
 from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, bench_graph, decode_case, environment, prefill_case
 from mini_flashmla import api, reference
-from mini_flashmla.sparse_attn_gluon_kernel import (BF16_ROWS, BLOCK_N, D, HEADS, IDS_SHARED, IDS_SLOTS, LN2, LOG2E,
-                                                    NEG_INIT, PRODUCER_REGS, PRODUCER_WARPS, RAW_SHARED,
-                                                    SCALES_SHARED, TILE_SHARED, TILES, _producer)
+from mini_flashmla.sparse_attn_gluon_kernel import (BLOCK_N, D, HEADS, IDS_SLOTS, LN2, LOG2E, NEG_INIT, PRODUCER_REGS,
+                                                    PRODUCER_WARPS, TILE_SHARED, _producer, _query_blocks,
+                                                    _ring_buffers)
 from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -198,37 +198,19 @@ def seesaw_kernel(
 ):
     """sparse_mla_fwd_gluon_kernel's arguments and outputs; grid (s_q, h // 64), num_warps 4 (consumer warpgroup 0;
     warpgroup 1 and the producer come on top). The number of 64-slot blocks must be even."""
-    sq = gl.program_id(0)
-    a_ids_ptr += sq * stride_a_ids
-    b_ids_ptr += sq * stride_b_ids
-    a_blocks = gl.cdiv(a_len, BLOCK_N)
-    n_blocks = a_blocks
-    if HAS_B:
-        n_blocks += gl.cdiv(b_len, BLOCK_N)
-
+    a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
+                                                             b_len, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
+    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 2)  # both consumer warpgroups
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
-    ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
-    if A_FORMAT == BF16_ROWS:
-        raw_vals = tiles  # unused
-        raw_scales = tiles
-    else:
-        raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
-        raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], SCALES_SHARED)
-    full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
     # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its
     # MMA wait); both: the consumers' rendezvous (phase 0: Q loaded, phase 1: row sums stored)
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for t in gl.static_range(TILES):
-        mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=2)  # one arrival per consumer warpgroup
     for w in gl.static_range(2):
         mbarrier.init(pub.index(w), count=1)
         mbarrier.init(pfree.index(w), count=1)

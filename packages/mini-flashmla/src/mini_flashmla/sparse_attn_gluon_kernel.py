@@ -293,12 +293,11 @@ def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_
 
 
 @gluon.jit
-def _allocate_buffers(A_FORMAT: gl.constexpr):
-    """Shared memory of a program: Q, the ring of bf16 tiles, the quantized rows' staging buffer (bf16 rows: none,
-    the tiles stand in), the ring of staged slot ids, and per tile a "full" mbarrier (the producer's one arrival,
-    plus for bf16 rows one cp.async arrival per producer thread) and an "empty" one (the consumer partition's one
-    arrival)."""
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
+def _ring_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
+    staging buffer (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile a "full"
+    mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and an
+    "empty" one (one arrival per consumer partition: CONSUMERS)."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
         raw_vals = tiles  # unused
@@ -311,8 +310,19 @@ def _allocate_buffers(A_FORMAT: gl.constexpr):
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=1)
-    return q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty
+        mbarrier.init(empty.index(t), count=CONSUMERS)
+    return tiles, raw_vals, raw_scales, ids_smem, full, empty
+
+
+@gluon.jit
+def _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, HAS_B: gl.constexpr):
+    """This program's query (program_id(0)): (its rows of both id lists, source A's 64-slot blocks, all blocks)."""
+    sq = gl.program_id(0)
+    a_blocks = gl.cdiv(a_len, BLOCK_N)
+    n_blocks = a_blocks
+    if HAS_B:
+        n_blocks += gl.cdiv(b_len, BLOCK_N)
+    return a_ids_ptr + sq * stride_a_ids, b_ids_ptr + sq * stride_b_ids, a_blocks, n_blocks
 
 
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
@@ -329,15 +339,10 @@ def sparse_mla_fwd_gluon_kernel(
     """Grid (s_q, h // 64), num_warps 8 (the consumers; the producer's 4 warps come on top). Source A's blocks, then
     source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32 [s_q, h] (natural log,
     without the sink; -inf for a row with no valid slot)."""
-    sq = gl.program_id(0)
-    a_ids_ptr += sq * stride_a_ids
-    b_ids_ptr += sq * stride_b_ids
-    a_blocks = gl.cdiv(a_len, BLOCK_N)
-    n_blocks = a_blocks
-    if HAS_B:
-        n_blocks += gl.cdiv(b_len, BLOCK_N)
-
-    q_smem, tiles, raw_vals, raw_scales, ids_smem, full, empty = _allocate_buffers(A_FORMAT)
+    a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
+                                                             b_len, HAS_B)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
+    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 1)  # one consumer partition
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
                       b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
