@@ -30,7 +30,7 @@ PER_BLOCK_ROW_SUMS = [(re.compile(a), b) for a, b in [
     (r"l_cols = gl.full\(\[HEADS, BLOCK_N\], 0.0, gl.float32, S_MMA\)",
      "l_i = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_MMA))"),
     (r"l_cols = l_cols \* alpha\[:, None\] \+ p", "l_i = l_i * alpha + gl.sum(p, 1)"),
-    (r"\n\s+l_i = gl.sum\(l_cols, 1\)", ""),
+    (r"\n    l_i = gl.sum\(l_cols, 1\)", ""),
 ]]
 
 

@@ -265,10 +265,8 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
     if s_q == 0:
         return out, lse
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
-    num_items = s_q * (h // MAX_ATTN_BLOCK_H)
-    # persistent: at most one program per SM (its shared memory allows no more), each walking items p, p + grid, ...
-    sparse_mla_fwd_gluon_kernel[(min(num_items, sm_count(q.device)),)](
-        q, q.stride(0), q.stride(1), num_items, h // MAX_ATTN_BLOCK_H,
+    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
+        q, q.stride(0), q.stride(1),
         a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
         b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,

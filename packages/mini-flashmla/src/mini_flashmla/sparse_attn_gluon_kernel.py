@@ -116,19 +116,6 @@ def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
 
 
 @gluon.jit
-def _program_block_ids(g, n_blocks, a_blocks, num_items, head_groups, a_ids_ptr, stride_a_ids, a_len, b_ids_ptr,
-                       stride_b_ids, b_len):
-    """_block_ids of this program's g-th block: block g % n_blocks of its item g // n_blocks (items pid, pid +
-    num_programs, ...; item w is query w // head_groups); all -1 past its last item."""
-    item = g // gl.maximum(n_blocks, 1)
-    w = gl.program_id(0) + item * gl.num_programs(0)
-    sq = w // head_groups
-    live = w < num_items
-    return _block_ids(g - item * n_blocks, a_blocks, a_ids_ptr + sq * stride_a_ids, gl.where(live, a_len, 0),
-                      b_ids_ptr + sq * stride_b_ids, gl.where(live, b_len, 0))
-
-
-@gluon.jit
 def _staged_rows(ids_slot, num_rows, first, n: gl.constexpr, layout: gl.constexpr):
     """int64 [n] cache rows of slots first .. first + n - 1 of a block whose 64 ids are in shared memory; empty slots
     (-1, or an id outside the cache) read row 0."""
@@ -206,27 +193,23 @@ def _quantized_block(raw_vals, raw_scales, tile, empty_bar, empty_phase, kv_ptr,
 
 
 @gluon.jit
-def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_items, num_items, head_groups, n_blocks, a_blocks,
-              a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows, b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows,
-              A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
-    """Worker partition: every block of the program's n_items items, in order (g counts them across items), into
-    tile g % 2 once the consumers have released it (the first lap waits on the barriers' initial phase, which counts
-    as complete); it runs on into the next item's blocks while the consumers finish an item. A block's ids are loaded
-    from global memory one block ahead into ids_smem (slot g % IDS_SLOTS), where the gathers and the consumers'
-    masks read them: their latency is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized
-    producer's stall samples waited on the ids) nor in the consumers' loop. The store of block g + 1's ids comes
-    before the producer's arrival on block g's "full" barrier."""
-    ids_smem.index(0).store(_program_block_ids(0, n_blocks, a_blocks, num_items, head_groups, a_ids_ptr, stride_a_ids,
-                                               a_len, b_ids_ptr, stride_b_ids, b_len))
+def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len,
+              a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
+    """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
+    waits on the barriers' initial phase, which counts as complete). A block's ids are loaded from global memory
+    one block ahead into ids_smem (slot blk % IDS_SLOTS), where the gathers and the consumers' masks read them:
+    their latency is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized producer's stall
+    samples waited on the ids) nor in the consumers' loop. The store of block blk + 1's ids comes before the
+    producer's arrival on block blk's "full" barrier."""
+    ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
     gl.thread_barrier()
-    for g in range(n_items * n_blocks):
-        t = g % TILES
-        empty_phase = ((g // TILES) & 1) ^ 1
-        in_a = g % n_blocks < a_blocks
+    for blk in range(n_blocks):
+        t = blk % TILES
+        empty_phase = ((blk // TILES) & 1) ^ 1
+        in_a = blk < a_blocks
         num_rows = gl.where(in_a, a_rows, b_rows)
-        next_ids = _program_block_ids(g + 1, n_blocks, a_blocks, num_items, head_groups, a_ids_ptr, stride_a_ids,
-                                      a_len, b_ids_ptr, stride_b_ids, b_len)  # stored after this block
-        ids_slot = ids_smem.index(g % IDS_SLOTS)
+        next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
+        ids_slot = ids_smem.index(blk % IDS_SLOTS)
         if A_FORMAT == BF16_ROWS:
             rows = _staged_rows(ids_slot, num_rows, 0, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
@@ -234,7 +217,7 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_items, num_i
             async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
             # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
             async_copy.mbarrier_arrive(full.index(t), increment_count=False)
-            ids_smem.index((g + 1) % IDS_SLOTS).store(next_ids)
+            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
         else:
             if in_a:
                 _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, a_kv_ptr, ids_slot,
@@ -242,7 +225,7 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_items, num_i
             else:
                 _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, b_kv_ptr, ids_slot,
                                  num_rows, B_FORMAT)
-            ids_smem.index((g + 1) % IDS_SLOTS).store(next_ids)
+            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
             fence_async_shared()  # the tile's generic-proxy stores before the consumers' wgmma reads
         # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
         # operation: every producer thread's ids store is ordered before it, so before the consumers' reads.
@@ -250,77 +233,63 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_items, num_i
 
 
 @gluon.jit
-def _load_q(q_smem, q_ptr, stride_q_s, stride_q_h, item, head_groups):
-    """cp.async of an item's Q [64 heads, 512] into q_smem (committed, not waited for)."""
-    w = gl.program_id(0) + item * gl.num_programs(0)
-    heads = (w % head_groups) * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, Q_COPY))
+def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows,
+              sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+              HAS_SINK: gl.constexpr):
+    """Default partition (8 warps): the online softmax over the blocks the producer delivers; writes out and lse."""
+    sq = gl.program_id(0)
+    head0 = gl.program_id(1) * HEADS
+    heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_COPY))
     dims = gl.arange(0, D, gl.SliceLayout(0, Q_COPY))
-    async_copy.async_copy_global_to_shared(
-        q_smem, q_ptr + (w // head_groups) * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
+    async_copy.async_copy_global_to_shared(q_smem,
+                                           q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
     async_copy.commit_group()
+    async_copy.wait_group(0)
+    gl.thread_barrier()  # every consumer thread's part of Q has landed
 
+    m_i = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_MMA))
+    # The row sums are kept per column and reduced once after the walk: a per-block gl.sum over the columns crosses
+    # the two warpgroups (S is split by slots), two of the block's partition barriers (session 12 run 1: 3.54 ->
+    # 3.43 us per block for bf16 rows, 5.21 -> 5.05 paged). It costs 16 registers per consumer thread and changes
+    # the order of l's fp32 sums.
+    l_cols = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)
+    acc = gl.full([HEADS, D], 0.0, gl.float32, O_MMA)
+    for blk in range(n_blocks):
+        t = blk % TILES
+        num_rows = gl.where(blk < a_blocks, a_rows, b_rows)
+        mbarrier.wait(full.index(t), (blk // TILES) & 1)
+        ids = ids_smem.index(blk % IDS_SLOTS).load(gl.SliceLayout(0, S_MMA))  # -1 past the list's end
+        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+        fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
+        kv = tiles.index(t)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA),
+                          use_acc=False)
+        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_cols = l_cols * alpha[:, None] + p
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)  # P rounded to bf16 before P.V, as the reference
+        acc = warpgroup_mma(p_op, kv, acc)
+        # One thread arrives, after the partition barrier Gluon puts before a single-thread operation: both
+        # warpgroups have finished their (synchronous) MMAs on the tile.
+        mbarrier.arrive(empty.index(t), count=1)
 
-@gluon.jit
-def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_items, head_groups, n_blocks,
-              a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
-              qk_scale_log2, HAS_SINK: gl.constexpr):
-    """Default partition (8 warps): per item, the online softmax over the blocks the producer delivers; writes out
-    and lse. The next item's Q is loaded while the last block's softmax, PV and the output run."""
-    _load_q(q_smem, q_ptr, stride_q_s, stride_q_h, 0, head_groups)
-    for item in range(n_items):
-        w = gl.program_id(0) + item * gl.num_programs(0)
-        sq = w // head_groups
-        head0 = (w % head_groups) * HEADS
-        async_copy.wait_group(0)
-        gl.thread_barrier()  # every consumer thread's part of Q has landed
-
-        m_i = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_MMA))
-        # The row sums are kept per column and reduced once after the walk: a per-block gl.sum over the columns
-        # crosses the two warpgroups (S is split by slots), two of the block's partition barriers (session 12 run 1:
-        # 3.54 -> 3.43 us per block for bf16 rows, 5.21 -> 5.05 paged). It costs 16 registers per consumer thread
-        # and changes the order of l's fp32 sums.
-        l_cols = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)
-        acc = gl.full([HEADS, D], 0.0, gl.float32, O_MMA)
-        for blk in range(n_blocks):
-            g = item * n_blocks + blk
-            t = g % TILES
-            num_rows = gl.where(blk < a_blocks, a_rows, b_rows)
-            mbarrier.wait(full.index(t), (g // TILES) & 1)
-            ids = ids_smem.index(g % IDS_SLOTS).load(gl.SliceLayout(0, S_MMA))  # -1 past the list's end
-            valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
-            fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-            kv = tiles.index(t)
-            s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA),
-                              use_acc=False)
-            if (blk == n_blocks - 1) & (item + 1 < n_items):
-                gl.thread_barrier()  # both warpgroups' last QK^T of the item is done: Q is free
-                _load_q(q_smem, q_ptr, stride_q_s, stride_q_h, item + 1, head_groups)
-            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_cols = l_cols * alpha[:, None] + p
-            m_i = m_new
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
-            p_op = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)  # P rounded to bf16 before P.V, as the reference
-            acc = warpgroup_mma(p_op, kv, acc)
-            # One thread arrives, after the partition barrier Gluon puts before a single-thread operation: both
-            # warpgroups have finished their (synchronous) MMAs on the tile.
-            mbarrier.arrive(empty.index(t), count=1)
-
-        l_i = gl.sum(l_cols, 1)
-        has_mass = l_i > 0
-        lse = gl.where(has_mass, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
-        denom = l_i
-        rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_MMA))
-        if HAS_SINK:
-            denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_i)  # sink in the denominator only
-        gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-        denom = gl.convert_layout(denom, gl.SliceLayout(1, O_MMA))
-        o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
-        out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_MMA))
-        out_dims = gl.arange(0, D, gl.SliceLayout(0, O_MMA))
-        gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
+    l_i = gl.sum(l_cols, 1)
+    has_mass = l_i > 0
+    lse = gl.where(has_mass, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
+    denom = l_i
+    rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_MMA))
+    if HAS_SINK:
+        denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_i)  # sink in the denominator only
+    gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
+    denom = gl.convert_layout(denom, gl.SliceLayout(1, O_MMA))
+    o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
+    out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_MMA))
+    out_dims = gl.arange(0, D, gl.SliceLayout(0, O_MMA))
+    gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
 
 
 @gluon.jit
@@ -358,29 +327,27 @@ def _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len
 
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
 # ConvertTritonGPUToLLVM, seen on H200 with one window slot): the lengths and row counts stay runtime values.
-@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows", "num_items", "head_groups"])
+@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows"])
 def sparse_mla_fwd_gluon_kernel(
-    q_ptr, stride_q_s, stride_q_h, num_items, head_groups,
+    q_ptr, stride_q_s, stride_q_h,
     a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows,
     b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows,
     sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
     qk_scale_log2,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
 ):
-    """Persistent: grid (at most one program per SM,), num_warps 8 (the consumers; the producer's 4 warps come on
-    top). Items w = s_q index x head_groups + head group (num_items = s_q x h // 64), program p taking items p, p +
-    grid, ...; each item walks source A's blocks, then source B's (if HAS_B; bf16 rows come alone); writes out bf16
-    [s_q, h, 512] and lse fp32 [s_q, h] (natural log, without the sink; -inf for a row with no valid slot)."""
-    n_items = gl.cdiv(num_items - gl.program_id(0), gl.num_programs(0))
-    _, _, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, HAS_B)
+    """Grid (s_q, h // 64), num_warps 8 (the consumers; the producer's 4 warps come on top). Source A's blocks, then
+    source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32 [s_q, h] (natural log,
+    without the sink; -inf for a row with no valid slot)."""
+    a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
+                                                             b_len, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
     tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 1)  # one consumer partition
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_items, head_groups,
-                      n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
-                      stride_lse_s, qk_scale_log2, HAS_SINK)),
-         (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_items, num_items, head_groups, n_blocks,
-                      a_blocks, a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows, b_kv_ptr, b_ids_ptr, stride_b_ids,
-                      b_len, b_rows, A_FORMAT, B_FORMAT))],
+        [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
+                      b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
+                      HAS_SINK)),
+         (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [PRODUCER_WARPS], [PRODUCER_REGS])
     _invalidate_ring(full, empty)
