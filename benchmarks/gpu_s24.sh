@@ -3,11 +3,15 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s24.sh   (1 x H200, tree = main + the persistent attention
 #       kernel (3e180de), baseline = main's src folders in .ab-base.tar.gz: the mini-flashmla GPU tests on the tree;
 #       bench_flashmla (prefill, decode) and bench_prefill on both; exp_flashmla_seesaw.py on main's kernel module)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s24.sh   (1 x H200, tree = branch masked-order (token tiles
+#       first in the grid, then two converted tiles), .ab-mid.tar.gz = its first commit, .ab-base.tar.gz = main: the
+#       mini-deepgemm and the runtime's core GPU tests on the tree; bench_fp4_e4m3_route on the three;
+#       exp_moe_masked_tiles on tree and mid; bench_decode on tree and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s24
 if [ -f .ab-mid.tar.gz ]; then
   mkdir -p /tmp/ab-mid && tar xzf .ab-mid.tar.gz -C /tmp/ab-mid
-  MID_PYTHONPATH=/tmp/ab-mid/packages/mini-flashmla/src:$PYTHONPATH
+  MID_PYTHONPATH=$(ls -d /tmp/ab-mid/packages/*/src /tmp/ab-mid/runtime/src 2>/dev/null | tr '\n' ':')$PYTHONPATH
 fi
 # side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, base = .ab-base.tar.gz)
 side_path() { case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; *) echo "$PYTHONPATH" ;; esac; }
@@ -45,6 +49,22 @@ r1)
   cat "$OUT/summary.txt"; test_summary flashmla_tests
   show_sides new base
   tail -30 "$OUT/seesaw.txt" | cut -c1-250
+  ;;
+r2)
+  run deepgemm_tests 150 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new mid base; do
+    run "route_$side" 60 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  done
+  for side in new mid; do
+    run "tiles_$side" 90 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
+  done
+  decode_bench decode_new env
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for side in new mid base; do echo "== route $side"; grep -E "^\| masked|^\| contiguous" "$OUT/route_$side.txt" | cut -c1-160; done
+  for side in new mid; do echo "== tiles $side"; grep -E "^\| ~" "$OUT/tiles_$side.txt"; done
+  for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
   ;;
 esac
 pack_out
