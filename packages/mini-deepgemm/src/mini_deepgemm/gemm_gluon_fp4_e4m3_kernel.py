@@ -264,25 +264,6 @@ def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
 
 
 @gluon.jit
-def _masked_convert(raw_words, w_tile, offsets):
-    """A ring slot's packed weights (int32 [128, 16]) converted into w_tile (int32 [128, 32]), visible to the
-    MMAs: every thread's rows are written (and fenced for the async proxy) before any thread goes on."""
-    w_tile.store(_convert_rows(raw_words.load(_ROW_WORDS), offsets))
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _masked_mmas(w_tile, x_tile, zero):
-    """The swap-AB MMAs of one 128-deep step, issued, not waited for: weight rows 0-63 and 64-127 (e4m3 [128, 128])
-    against the token tile (e4m3 [BLOCK_M, 128]) -> two fp32 [64, BLOCK_M] parts."""
-    b = x_tile.permute((1, 0))
-    lo = warpgroup_mma(w_tile.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
-    hi = warpgroup_mma(w_tile.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)
-    return lo, hi
-
-
-@gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
                            stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
@@ -292,18 +273,15 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4. Per step: the ring slot's weights
     converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
     64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
-    (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step, on two shared tiles:
-    step k's conversion runs under step k - 1's MMAs."""
+    (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     raw_words = _raw_words(w_ring, STAGES)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
-    # SA_PER_128 converts a step into one tile while the previous step's MMAs read the other
-    TILES: gl.constexpr = 2 if SA_PER_128 else 1
-    w_tiles = gl.allocate_shared_memory(gl.int32, [TILES, 128, 32],
-                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    w_e4m3 = w_tiles._reinterpret(x_desc.dtype, [TILES, 128, 128],
-                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+    w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+    w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -318,9 +296,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         num_k = K // 128
         w_row = g * N + n0
         x_row = g * max_m + m0
-        # the prologue fills every slot but the one the first step refills (SA_PER_128 refills after the step's
-        # conversion, so it fills all)
-        for s in gl.static_range(STAGES if SA_PER_128 else STAGES - 1):
+        for s in gl.static_range(STAGES - 1):
             if s < num_k:
                 _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
         row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) \
@@ -333,55 +309,37 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
         acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
         offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
-        if SA_PER_128:
-            # as _contiguous_math's SA_PER_128: one MMA per half and K step. Step k's conversion runs under step
-            # k - 1's MMAs, which are waited for (and promoted) only once tile k is written
-            mbarrier.wait(ready.index(0), 0)
-            _masked_convert(raw_words.index(0), w_tiles.index(0), offsets)
-            lo_mma, hi_mma = _masked_mmas(w_e4m3.index(0), x_ring.index(0), zero)
-            wa_prev = wa
-            ahead = gl.minimum(1, num_k - 1)
-            offsets, wa = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-            for k in range(1, num_k):
-                ahead = gl.minimum(k + 1, num_k - 1)
-                offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-                slot = k % STAGES
-                mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-                _masked_convert(raw_words.index(slot), w_tiles.index(k % 2), offsets)
+        for k in range(num_k):
+            # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
+            if k + STAGES - 1 < num_k:
+                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+            ahead = gl.minimum(k + 1, num_k - 1)
+            offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
+            slot = k % STAGES
+            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
+            x_tile = x_ring.index(slot)
+            if SA_PER_128:  # as _contiguous_math's SA_PER_128: one MMA per half and K step
+                b = x_tile.permute((1, 0))
+                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
+                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)
                 part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-                acc_lo = acc_lo + part_lo * wa_prev[None, :]
-                acc_hi = acc_hi + part_hi * wa_prev[None, :]
-                # step k - 1's slot is free (converted, its MMAs done): refill it a ring ahead
-                if k + STAGES - 1 < num_k:
-                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-                lo_mma, hi_mma = _masked_mmas(w_e4m3.index(k % 2), x_ring.index(slot), zero)
-                wa_prev, offsets, wa = wa, offsets_next, wa_next
-            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-            acc_lo = acc_lo + part_lo * wa_prev[None, :]
-            acc_hi = acc_hi + part_hi * wa_prev[None, :]
-        else:
-            w_tile = w_e4m3.index(0)
-            for k in range(num_k):
-                # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
-                if k + STAGES - 1 < num_k:
-                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-                ahead = gl.minimum(k + 1, num_k - 1)
-                offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-                slot = k % STAGES
-                mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-                _masked_convert(raw_words.index(slot), w_tiles.index(0), offsets)
-                x_tile = x_ring.index(slot)
+                acc_lo = acc_lo + part_lo * wa[None, :]
+                acc_hi = acc_hi + part_hi * wa[None, :]
+            else:
                 for j in gl.static_range(4):
                     b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
-                    lo_mma = warpgroup_mma(w_tile.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                    lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
                                            use_acc=False, is_async=True)
-                    hi_mma = warpgroup_mma(w_tile.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                    hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
                                            use_acc=False, is_async=True)
                     part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
                     fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
                     acc_lo = acc_lo + part_lo * fa
                     acc_hi = acc_hi + part_hi * fa
-                offsets, wa = offsets_next, wa_next
+            offsets, wa = offsets_next, wa_next
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
         keep = (tokens < rows_used)[None, :]
         out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
