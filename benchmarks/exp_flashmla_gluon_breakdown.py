@@ -30,9 +30,8 @@ from source_variants import edited_module
 GATHER = [(re.compile(r"_gather_raw\(raw_vals, raw_scales, kv_ptr,.*?FORMAT\)\n"), "pass\n"),
           (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
 DEQUANT = [(re.compile(r"_dequant_raw\(raw_vals, raw_scales, tile.slice.*?FORMAT\)\n"), "pass\n")]
-QK_MMA = [(re.compile(r"s = warpgroup_mma\(q_smem,.*?use_acc=False\)", re.S),
-           "s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)")]
-PV_MMA = [(re.compile(r"acc = warpgroup_mma\(p_op, kv, acc\)"), "acc = acc")]
+QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
+PV_MMA = [(re.compile(r"return warpgroup_mma\(p_smem, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],
     "no_gather": GATHER,

@@ -271,10 +271,10 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
         b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        # num_warps is the consumers'; the producer's warps come on top. Every thread starts with this many registers
-        # (64K per SM, a multiple of 8); the partitions then trade them (setmaxnreg): consumers 200, producer
-        # PRODUCER_REGS.
-        num_warps=8, maxnreg=65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8,
+        # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top. Every thread starts
+        # with this many registers (64K per SM, a multiple of 8); the partitions then trade them (setmaxnreg):
+        # consumers CONSUMER_REGS, producer PRODUCER_REGS.
+        num_warps=4, maxnreg=65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8,
     )
     return out, lse
 

@@ -19,24 +19,31 @@ series with the MMAs. Here they run in their own warps:
     cache_layout's unpack (every value has at most 6 significant bits: the scale multiply is exact in bf16), in
     layouts whose 16-byte shared stores and loads are free of bank conflicts.
   It waits on the tile's `empty` mbarrier before writing into it.
-- Consumers (default partition, 8 warps = 2 warpgroups): Q [64, 512] bf16 in shared memory for the whole walk;
-  per block, wait `full`, S = Q K^T as one wgmma per warpgroup on 32 of the 64 slots, the softmax's row max and sum
-  reduced across the two warpgroups, P rounded to bf16 and handed to the PV wgmma from registers (each warpgroup
-  owns 256 of the 512 output columns: a 128-register fp32 accumulator per thread), then arrive on `empty`.
+- Consumers (two partitions of one warpgroup each) taking turns, FlashMLA-style: warpgroup 0 owns the even blocks,
+  warpgroup 1 the odd ones. The owner runs the block's whole S = Q K^T (m64n64k512, Q [64, 512] bf16 in shared
+  memory for the whole walk) and its softmax, a row reduction within one warpgroup; it publishes the running max
+  and P (bf16, the PV wgmma's shared-memory operand) and arrives on `pub`. Both warpgroups run PV on their own 256
+  output columns of every block (a 128-register fp32 accumulator per thread), rescaled by every block's alpha, so
+  both follow the sequential online softmax. Warpgroup 1 issues its block's QK^T before it waits for warpgroup 0's
+  P, and its PV of the even block before its own softmax, so each softmax runs under the other warpgroup's MMAs.
+  One P buffer: an owner publishes only after the other warpgroup's `pfree` (its PV on the previous P is done).
+  An odd block count ends with warpgroup 0's block alone. The row sums stay per warpgroup and are added at the end.
 
 Numerics are the Triton kernel's (and the reference's): blocks of 64 slots in order (window, then compressed), the
 running max from -1e30 in the log2 domain, P rounded to bf16 before P.V, the sink in the denominator only, lse
 without the sink. Empty slots (-1, or an id outside the cache) gather row 0 of their cache (any valid row: their
 score is -inf, so P is exactly 0 and the finite values add nothing); a source with no rows is never routed here.
 
-Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + 1 KB of staged ids (+ 18 KB of raw staging for
-quantized rows).
+Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 18 KB of raw
+staging for quantized rows): 206,944 B with bf16 rows, 225,424 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
 replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181.6 (session 13 run 3). Session 23
 (conflict-free dequantization, ids staged a block ahead): paged prefill 220 -> 254-255 TFLOP/s, decode 42-43 / 49-50
-/ 96 us. api routes every unsplit call of whole 64-head programs here.
+/ 96 us. Session 24 (the consumers in turns, in place of two warpgroups that split every block's slots and
+exchanged the row max and P, so that the tensor pipe idled under every softmax): bf16 rows 1.08x, paged 1.03x,
+decode 1.02x ("Session 24" in that report). api routes every unsplit call of whole 64-head programs here.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ from mini_deepgemm.gemm_gluon_kernel import _SCALED_HIGH_PTX, _SCALED_LOW_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 # Row formats (the values of sparse_attn_kernel's FORMAT_* constants) and their byte layouts (cache_layout.py).
 BF16_ROWS: gl.constexpr = gl.constexpr(0)  # bf16 [n, 512]
@@ -86,12 +94,14 @@ WINDOW_LOAD: gl.constexpr = gl.BlockedLayout([1, 32], [8, 4], [1, PRODUCER_WARPS
 WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 COMPRESSED_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 256] bytes
 COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-# Consumer layouts (8 warps): both warpgroups stacked along N ([4, 2] warps), each computing all 64 heads on half of
-# the columns.
-Q_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])  # [64, 512] bf16
-S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+# Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
+# warpgroup's half of the output columns.
+HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
+CONSUMER_REGS: gl.constexpr = gl.constexpr(208)  # 2 x 128 x 208 + 128 x PRODUCER_REGS = 65,536 registers
+Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
+S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # Raw values: 16-byte units swizzled by row (unit ^= row % 8, as the tile), so the dequantization's loads of 8 rows
 # at one column are conflict-free; cp.async still writes whole 16-byte units. Scales: plain rows.
@@ -233,62 +243,165 @@ def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_bl
 
 
 @gluon.jit
-def _consumer(q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows,
-              sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
-              HAS_SINK: gl.constexpr):
-    """Default partition (8 warps): the online softmax over the blocks the producer delivers; writes out and lse."""
+def _qk(q, tile, zero):
+    """S = Q K^T of one block (Q [64, 512], the tile [64, 512], both in shared memory), issued, not waited for."""
+    return warpgroup_mma(q, tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _pv(p_smem, tile_half, acc):
+    """acc += P V on this warpgroup's 256 output columns (P bf16 [64, 64] and the tile's half, in shared memory),
+    issued, not waited for."""
+    return warpgroup_mma(p_smem, tile_half, acc, is_async=True)
+
+
+@gluon.jit
+def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
+    ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
+    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_run, gl.max(s, 1))
+    alpha = gl.exp2(m_run - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    return m_new, alpha, p, l_own * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _publish(p, m_new, p_smem, m_smem, pub_bar):
+    """The owner's P (rounded to bf16 before P.V, as the reference) and running max of its block; then one arrival on
+    pub_bar (after Gluon's partition barrier: every thread has stored). The caller has waited until both are free."""
+    p_smem.store(p.to(gl.bfloat16))
+    m_smem.store(m_new)
+    fence_async_shared()  # P's generic-proxy stores before both warpgroups' wgmma reads
+    mbarrier.arrive(pub_bar, count=1)
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
+
+
+@gluon.jit
+def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
+    """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
+    accumulator to the new running max -> (running max, row sum, accumulator)."""
+    mbarrier.wait(full_bar, phase)
+    mbarrier.wait(pub_bar, phase)
+    fence_async_shared()  # the tile's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
+    m_new = m_smem.load(gl.SliceLayout(1, S_WG))
+    alpha = gl.exp2(m_run - m_new)
+    return m_new, l_own * alpha, _rescale(acc, alpha)
+
+
+@gluon.jit
+def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
+                phase, other_pfree, pub_bar, own_pfree, empty_bar):
+    """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
+    on columns 0-255, release -> (running max, row sum, accumulator)."""
+    mbarrier.wait(full_bar, phase)
+    fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
+    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
+    mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
+    _publish(p, m_run, p_smem, m_smem, pub_bar)
+    acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
+    mbarrier.arrive(own_pfree, count=1)
+    mbarrier.arrive(empty_bar, count=1)
+    return m_run, l_own, acc
+
+
+@gluon.jit
+def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+              stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
+              stride_lse_s, qk_scale_log2, HAS_SINK: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
+    every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse."""
     sq = gl.program_id(0)
     head0 = gl.program_id(1) * HEADS
-    heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_COPY))
-    dims = gl.arange(0, D, gl.SliceLayout(0, Q_COPY))
-    async_copy.async_copy_global_to_shared(q_smem,
+    heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_HALF_COPY))
+    dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, Q_HALF_COPY))
+    async_copy.async_copy_global_to_shared(q_smem.index(0).slice(WG * HALF, HALF, dim=1),
                                            q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
     async_copy.commit_group()
     async_copy.wait_group(0)
-    gl.thread_barrier()  # every consumer thread's part of Q has landed
+    fence_async_shared()  # this half of Q (cp.async, generic proxy) before either warpgroup's wgmma reads it
+    mbarrier.arrive(both, count=1)  # after the partition barrier: this warpgroup's half of Q has landed
+    mbarrier.wait(both, 0)
 
-    m_i = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_MMA))
-    # The row sums are kept per column and reduced once after the walk: a per-block gl.sum over the columns crosses
-    # the two warpgroups (S is split by slots), two of the block's partition barriers (session 12 run 1: 3.54 ->
-    # 3.43 us per block for bf16 rows, 5.21 -> 5.05 paged). It costs 16 registers per consumer thread and changes
-    # the order of l's fp32 sums.
-    l_cols = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA)
-    acc = gl.full([HEADS, D], 0.0, gl.float32, O_MMA)
-    for blk in range(n_blocks):
-        t = blk % TILES
-        num_rows = gl.where(blk < a_blocks, a_rows, b_rows)
-        mbarrier.wait(full.index(t), (blk // TILES) & 1)
-        ids = ids_smem.index(blk % IDS_SLOTS).load(gl.SliceLayout(0, S_MMA))  # -1 past the list's end
-        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
-        fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-        kv = tiles.index(t)
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_MMA),
-                          use_acc=False)
-        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_cols = l_cols * alpha[:, None] + p
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
-        p_op = gl.convert_layout(p.to(gl.bfloat16), P_OPERAND)  # P rounded to bf16 before P.V, as the reference
-        acc = warpgroup_mma(p_op, kv, acc)
-        # One thread arrives, after the partition barrier Gluon puts before a single-thread operation: both
-        # warpgroups have finished their (synchronous) MMAs on the tile.
-        mbarrier.arrive(empty.index(t), count=1)
+    m_run = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_WG))
+    l_own = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_WG))
+    acc = gl.full([HEADS, HALF], 0.0, gl.float32, O_WG)
+    zero_s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_WG)
+    n_pairs = n_blocks // 2
+    for pair in range(n_pairs):
+        blk_a = 2 * pair
+        phase = pair & 1
+        # Q and the tiles at indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0):
+        # with constant ones the QK^T's 32 pairs of shared-memory descriptors are loop-invariant, hoisted and, in
+        # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way).
+        flip = ((pair * a_rows) < 0).to(gl.int32)
+        tile_a = tiles.index(flip)
+        tile_b = tiles.index(1 - flip)
+        if WG == 0:
+            m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
+                                            gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0))
+            # block b: warpgroup 1's P and max
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
+            mbarrier.arrive(empty.index(1), count=1)
+        else:
+            # block b's QK^T first, so that it runs while warpgroup 0 does block a's softmax
+            mbarrier.wait(full.index(1), phase)
+            fence_async_shared()
+            s_token = _qk(q_smem.index(flip), tile_b, zero_s)
+            # block a: warpgroup 0's P and max; its PV runs under this warpgroup's softmax of block b
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            # (ptxas puts one wait for the QK^T in front of this PV (C7517): it was issued first and is mostly done)
+            acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
+            s = warpgroup_mma_wait(1, deps=[s_token])  # the QK^T, issued first, is done; the PV may still run
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
+            acc = warpgroup_mma_wait(0, deps=[acc_token])  # this warpgroup's read of block a's P is done
+            mbarrier.arrive(empty.index(0), count=1)
+            mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
+            _publish(p, m_run, p_smem, m_smem, pub.index(1))
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
+            mbarrier.arrive(pfree.index(1), count=1)
+            mbarrier.arrive(empty.index(1), count=1)
+    if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
+        blk = n_blocks - 1
+        phase = n_pairs & 1
+        if WG == 0:
+            m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
+                                            gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0))
+        else:
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
+            mbarrier.arrive(empty.index(0), count=1)
 
-    l_i = gl.sum(l_cols, 1)
-    has_mass = l_i > 0
-    lse = gl.where(has_mass, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
+    # the row sums: each warpgroup's own blocks, at the same final max; added in one order in both
+    l_smem.index(WG).store(l_own)
+    mbarrier.arrive(both, count=1)  # the rendezvous's second phase: both warpgroups' sums are stored
+    mbarrier.wait(both, 1)
+    l_i = l_smem.index(0).load(gl.SliceLayout(1, S_WG)) + l_smem.index(1).load(gl.SliceLayout(1, S_WG))
+    rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_WG))
     denom = l_i
-    rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_MMA))
     if HAS_SINK:
-        denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_i)  # sink in the denominator only
-    gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-    denom = gl.convert_layout(denom, gl.SliceLayout(1, O_MMA))
+        denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
+    if WG == 0:
+        lse = gl.where(l_i > 0, (m_run + gl.log2(l_i)) * LN2, float("-inf"))
+        gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
+    denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
     o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
-    out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_MMA))
-    out_dims = gl.arange(0, D, gl.SliceLayout(0, O_MMA))
+    out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_WG))
+    out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, O_WG))
     gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
 
 
@@ -336,18 +449,35 @@ def sparse_mla_fwd_gluon_kernel(
     qk_scale_log2,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
 ):
-    """Grid (s_q, h // 64), num_warps 8 (the consumers; the producer's 4 warps come on top). Source A's blocks, then
-    source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32 [s_q, h] (natural log,
-    without the sink; -inf for a row with no valid slot)."""
+    """Grid (s_q, h // 64), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps come on top).
+    Source A's blocks, then source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32
+    [s_q, h] (natural log, without the sink; -inf for a row with no valid slot)."""
     a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
                                                              b_len, HAS_B)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, D], TILE_SHARED)
-    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 1)  # one consumer partition
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
+    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 2)  # both consumer warpgroups
+    # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
+    m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
+    # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
+    # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its MMA
+    # wait); both: the consumers' rendezvous (phase 0: Q loaded, phase 1: row sums stored)
+    pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(pub.index(w), count=1)
+        mbarrier.init(pfree.index(w), count=1)
+    mbarrier.init(both, count=2)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, full, empty, q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows,
-                      b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s, qk_scale_log2,
-                      HAS_SINK)),
+        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 0)),
+         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 1)),
          (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
-        [PRODUCER_WARPS], [PRODUCER_REGS])
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
