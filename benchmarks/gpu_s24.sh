@@ -7,6 +7,12 @@
 #       first in the grid, then two converted tiles), .ab-mid.tar.gz = its first commit, .ab-base.tar.gz = main: the
 #       mini-deepgemm and the runtime's core GPU tests on the tree; bench_fp4_e4m3_route on the three;
 #       exp_moe_masked_tiles on tree and mid; bench_decode on tree and base)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s24.sh   (1 x H200, tree = main with the masked kernel's grid
+#       order and the attention consumers in turns, .ab-base.tar.gz = main before the session: the mini-flashmla GPU
+#       tests, the FP8-MMA route's GPU tests, the runtime's core GPU tests; bench_flashmla, bench_prefill and
+#       bench_decode on both; the attention breakdown and Nsight Compute on both prefill cases, tree)
+# (exp_flashmla_seesaw.py, which run 1 ran, was removed when the kernel took its design: git show
+# b71ef74:benchmarks/exp_flashmla_seesaw.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s24
 if [ -f .ab-mid.tar.gz ]; then
@@ -65,6 +71,22 @@ r2)
   for side in new mid base; do echo "== route $side"; grep -E "^\| masked|^\| contiguous" "$OUT/route_$side.txt" | cut -c1-160; done
   for side in new mid; do echo "== tiles $side"; grep -E "^\| ~" "$OUT/tiles_$side.txt"; done
   for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
+  ;;
+r3)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run route_tests 60 $PYTEST packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  flashmla_sides 60 new base
+  run breakdown 60 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  prefill_sides 70 new base
+  decode_bench decode_new env
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  ncu_profile sparse_prefill_bf16 sparse_prefill
+  cat "$OUT/summary.txt"; test_summary flashmla_tests route_tests runtime_tests
+  show_sides new base
+  for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
+  tail -14 "$OUT/breakdown.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
   ;;
 esac
 pack_out
