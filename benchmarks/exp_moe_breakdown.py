@@ -54,10 +54,10 @@ CONVERT_CONTIGUOUS = [("                tile_words = _convert_rows(raw_words.ind
 MMA_CONTIGUOUS = [(re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_mma\(\n\s+a_tile, b_tile\.permute\(\(1, "
                               r"0\)\), zero, use_acc=False, is_async=True\),\)\)"), "part = zero")]
 FMA_CONTIGUOUS = [("                    acc = acc + part * wa[:, None]\n", "                    acc = part\n")]
-CONVERT_MASKED = [("            w_tile.store(_convert_rows(raw_words.index(slot).load(row_words), offsets, row_words))"
-                   "\n", "")]
-MMA_MASKED = [(re.compile(r"part = warpgroup_mma\(w_e4m3, x_tile\.permute\(\(1, 0\)\), zero, use_acc=False, "
-                          r"is_async=True\)"), "part = zero")]
+CONVERT_MASKED = [("            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))\n", "")]
+MMA_MASKED = [(re.compile(r"lo_mma = warpgroup_mma\(w_e4m3\.slice\(0, 64, dim=0\), b, zero.*?\n.*?hi_mma = .*?\n"
+                          r".*?part_lo, part_hi = warpgroup_mma_wait\(0, deps=\(lo_mma, hi_mma\)\)"),
+               "part_lo, part_hi = zero, zero")]
 VARIANTS = {  # kernel -> variant -> edits of the kernel module's source (str: exactly once; regex: at least once)
     "contiguous": {"full": [], "no_convert": CONVERT_CONTIGUOUS, "no_mma": MMA_CONTIGUOUS, "no_fma": FMA_CONTIGUOUS,
                    "handshakes_only": CONVERT_CONTIGUOUS + MMA_CONTIGUOUS},

@@ -500,7 +500,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
                    folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, with the token tile
-    ring depth and warps of _masked_tile(expected_m).
+    and ring depth of _masked_tile(expected_m).
     Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -522,23 +522,20 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
-    block_m, stages, warps = _masked_tile(expected_m or max_m)
+    block_m, stages = _masked_tile(expected_m or max_m)
     fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
-        # folded activations: 128 registers hold 4 CTAs of 4 warps or 2 of 8 per SM without a spill (offline, triton
-        # 3.6: ptxas takes 130 at 32 tokens otherwise); per-32 ones need more and keep ptxas's choice
-        num_warps=warps, **({"maxnreg": 128} if sa_per_128 else {}))
+        num_warps=4)
 
 
-def _masked_tile(expected_m: int) -> tuple[int, int, int]:
-    """(tokens per tile, ring stages, warps) of the FP8-MMA masked kernel. Tokens: session 19 (per-32 activations)
-    picked 16 up to ~16 rows per expert and 32 above; session 21 run 3 (folded activations,
-    benchmarks/exp_moe_masked_tiles.py) found 64 best at ~64 rows. Stages: 2 (session 19 runs 9-10; session 22 run 2:
-    3 and 4 slower or equal at every tile and ~8 / 32 / 64 rows). Warps: 8 (each warpgroup 64 of the 128 weight
-    rows, each thread half a row's conversion) give the 64-token tile 2 CTAs of 8 warps per SM where 4 warps gave 2
-    of 4 (session 24)."""
-    return (16, 2, 4) if expected_m <= 16 else (32, 2, 4) if expected_m <= 32 else (64, 2, 8)
+def _masked_tile(expected_m: int) -> tuple[int, int]:
+    """(tokens per tile, ring stages) of the FP8-MMA masked kernel. Tokens: session 19 (per-32 activations) picked 16
+    up to ~16 rows per expert and 32 above; session 21 run 3 (folded activations, benchmarks/exp_moe_masked_tiles.py)
+    kept them and found 64 best at ~64 rows: 0.256-0.270 of the copy rate against 0.218-0.231 (at ~32: 1.01-1.02x,
+    within noise, so 32 stays there). Stages: 2 (session 19 runs 9-10, 16 tokens per 32: fewer stages, more resident
+    CTAs; session 22 run 2, folded: 3 and 4 stages slower or equal at every tile and ~8 / 32 / 64 rows)."""
+    return (16 if expected_m <= 16 else 32 if expected_m <= 32 else 64), 2
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

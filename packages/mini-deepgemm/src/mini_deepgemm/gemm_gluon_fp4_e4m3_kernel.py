@@ -28,9 +28,8 @@ the folded scales alone).
   partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
   when none is padding, else the used rows by masked pointer stores.
-- Masked (decode): fp4_e4m3_masked_kernel, one or two warpgroups per (token tile, 128 weight rows, expert): a
-  2-deep TMA ring, the conversion into a shared tile, swap-AB MMAs of m64nBLOCK_Mk32; the used tokens' rows are
-  stored.
+- Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
+  ring, the conversion into a shared tile, swap-AB MMAs of m64nBLOCK_Mk32; the used tokens' rows are stored.
 """
 
 from __future__ import annotations
@@ -75,20 +74,23 @@ _ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
 
 
 @gluon.jit
-def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr, LAYOUT: gl.constexpr):
-    """One table word ([128, 16] in LAYOUT) per packed word: BASE + STEP x the offset byte of the word's 32-block
-    (offsets: int32 [128], a row's 4 bytes of the step). Where a thread holds a whole row (_ROW_WORDS) the block is
-    a constant of each register, so the shifts fold away and a thread computes its row's 4 words once."""
-    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, LAYOUT))[None, :] // 4
-    return BASE + ((offsets[:, None] >> (8 * for_k32)) & 0xFF) * STEP
+def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
+    """One table word ([128, 16] in _ROW_WORDS) per packed word: BASE + STEP x the offset byte of the word's 32-block
+    (offsets: int32 [128], a row's 4 bytes of the step). The block is a constant of each register, so the selects
+    fold away and a thread computes its row's 4 words once."""
+    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4
+    return gl.where(for_k32 == 0, (BASE + (offsets & 0xFF) * STEP)[:, None],
+                    gl.where(for_k32 == 1, (BASE + ((offsets >> 8) & 0xFF) * STEP)[:, None],
+                             gl.where(for_k32 == 2, (BASE + ((offsets >> 16) & 0xFF) * STEP)[:, None],
+                                      (BASE + ((offsets >> 24) & 0xFF) * STEP)[:, None])))
 
 
 @gluon.jit
-def _convert_rows(words, offsets, LAYOUT: gl.constexpr = _ROW_WORDS):
-    """words: int32 [128, 16] in LAYOUT, a K step of 128 packed rows; offsets: int32 [128], each row's 4 offset
+def _convert_rows(words, offsets):
+    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows; offsets: int32 [128], each row's 4 offset
     bytes of the step -> the e4m3 tile as int32 [128, 32] (4 values per word, K order kept)."""
-    lo = _table_words(offsets, LUT_LO_BASE, LUT_LO_STEP, LAYOUT)
-    hi = _table_words(offsets, LUT_HI_BASE, LUT_HI_STEP, LAYOUT)
+    lo = _table_words(offsets, LUT_LO_BASE, LUT_LO_STEP)
+    hi = _table_words(offsets, LUT_HI_BASE, LUT_HI_STEP)
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     return gl.reshape(gl.join(q03, q47), [128, 32])
@@ -268,16 +270,11 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
     swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
     [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
-    K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps 4 or 8. Per step: the ring slot's weights
-    converted into one shared tile (4 warps: each thread a row; 8: half a row), then per 32 of K one swap-AB MMA of
-    the 128 weight rows as A (4 warps: one warpgroup runs both 64-row halves; 8: a half each) against the activations
-    as B, and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per 128), one
-    128-deep MMA and one FMA per element per K step."""
+    K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4. Per step: the ring slot's weights
+    converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
+    64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
+    (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    WARPS: gl.constexpr = gl.num_warps()
-    # 4 warps: a thread converts a weight row and a warpgroup runs both 64-row halves; 8: a thread converts half a
-    # row and each warpgroup runs one half
-    row_words: gl.constexpr = gl.BlockedLayout([1, 64 // WARPS], [32, 1], [4, WARPS // 4], [1, 0])
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     raw_words = _raw_words(w_ring, STAGES)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
@@ -302,43 +299,53 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         for s in gl.static_range(STAGES - 1):
             if s < num_k:
                 _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
-        row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, row_words))).to(gl.int64) \
+        row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) \
             * (K // 128)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 32])
-        # the tile's activation scales: one 64-bit base and 32-bit offsets (64-bit pointers per token held 2 registers
-        # each across the loop)
-        sa_tile = sa_ptr + (g * max_m + m0).to(gl.int64) * stride_sa
-        sa_rows = (gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0)) * stride_sa
-        zero = gl.zeros([128, BLOCK_M], gl.float32, mma)
-        acc = gl.zeros([128, BLOCK_M], gl.float32, mma)
-        offsets = gl.load(row_offsets)
+        tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+        sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
+        zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
+        offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
         for k in range(num_k):
             # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
             if k + STAGES - 1 < num_k:
                 _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-            offsets_next = gl.load(row_offsets + gl.minimum(k + 1, num_k - 1))
+            ahead = gl.minimum(k + 1, num_k - 1)
+            offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
             slot = k % STAGES
             mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-            w_tile.store(_convert_rows(raw_words.index(slot).load(row_words), offsets, row_words))
+            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
             fence_async_shared()
             gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
             x_tile = x_ring.index(slot)
-            if SA_PER_128:  # as _contiguous_math's SA_PER_128: one 128-deep MMA per K step
-                part = warpgroup_mma(w_e4m3, x_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-                wa = gl.load(sa_tile + k + sa_rows)  # under the MMA (a prefetched copy would hold registers all step)
-                acc = acc + warpgroup_mma_wait(0, deps=(part, )) * wa[None, :]
+            if SA_PER_128:  # as _contiguous_math's SA_PER_128: one MMA per half and K step
+                b = x_tile.permute((1, 0))
+                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
+                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)
+                part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+                acc_lo = acc_lo + part_lo * wa[None, :]
+                acc_hi = acc_hi + part_hi * wa[None, :]
             else:
-                wa = gl.load(sa_tile + k + sa_rows)
                 for j in gl.static_range(4):
-                    part = warpgroup_mma(w_e4m3.slice(32 * j, 32, dim=1), x_tile.slice(32 * j, 32, dim=1).permute(
-                        (1, 0)), zero, use_acc=False, is_async=True)
-                    acc = acc + warpgroup_mma_wait(0, deps=(part, )) * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
-            offsets = offsets_next
-        rows = gl.arange(0, 128, layout=gl.SliceLayout(1, mma))
-        tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m + (n0 + rows)[:, None]
-        scale = gl.load(colscale_ptr + w_row + rows)[:, None]
-        gl.store(out, (acc * scale).to(gl.bfloat16), mask=(tokens < rows_used)[None, :])
+                    b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
+                    lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+                    fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
+                    acc_lo = acc_lo + part_lo * fa
+                    acc_hi = acc_hi + part_hi * fa
+            offsets, wa = offsets_next, wa_next
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+        keep = (tokens < rows_used)[None, :]
+        out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
+        scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
+        scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
+        gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
+        gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
