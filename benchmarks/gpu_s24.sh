@@ -11,6 +11,10 @@
 #       order and the attention consumers in turns, .ab-base.tar.gz = main before the session: the mini-flashmla GPU
 #       tests, the FP8-MMA route's GPU tests, the runtime's core GPU tests; bench_flashmla, bench_prefill and
 #       bench_decode on both; the attention breakdown and Nsight Compute on both prefill cases, tree)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s24.sh   (1 x H200, tree = main with the masked kernel on 4
+#       or 8 warps, .ab-base.tar.gz = main (run 3's tree): the FP8-MMA route's GPU tests, exp_moe_masked_tiles and
+#       bench_fp4_e4m3_route on the tree, bench_fp4_e4m3_route on main, the runtime's core GPU tests and both parts of
+#       the rest)
 # (exp_flashmla_seesaw.py, which run 1 ran, was removed when the kernel took its design: git show
 # b71ef74:benchmarks/exp_flashmla_seesaw.py)
 set -u
@@ -87,6 +91,20 @@ r3)
   for side in new base; do echo "== decode $side"; grep -E "graphs=1" "$OUT/decode_$side.txt" | cut -c1-200; done
   tail -14 "$OUT/breakdown.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
+  ;;
+r4)
+  run route_tests 60 $PYTEST packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
+  run tiles_new 90 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
+  for side in new base; do
+    run "route_$side" 50 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  done
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_rest_a 80 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  run runtime_rest_b 110 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest_b.xml"
+  cat "$OUT/summary.txt"; test_summary route_tests runtime_tests runtime_rest_a runtime_rest_b
+  grep -E "^\| ~" "$OUT/tiles_new.txt"
+  for side in new base; do echo "== route $side"; grep -E "^\| masked" "$OUT/route_$side.txt" | cut -c1-120; done
   ;;
 esac
 pack_out
