@@ -19,37 +19,6 @@
 # b71ef74:benchmarks/exp_flashmla_seesaw.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s24
-if [ -f .ab-mid.tar.gz ]; then
-  mkdir -p /tmp/ab-mid && tar xzf .ab-mid.tar.gz -C /tmp/ab-mid
-  MID_PYTHONPATH=$(ls -d /tmp/ab-mid/packages/*/src /tmp/ab-mid/runtime/src 2>/dev/null | tr '\n' ':')$PYTHONPATH
-fi
-# side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, base = .ab-base.tar.gz)
-side_path() { case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; *) echo "$PYTHONPATH" ;; esac; }
-# flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
-flashmla_sides() {
-  local secs=$1 side; shift
-  for side in "$@"; do
-    run "flashmla_$side" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill,decode \
-      BENCH_JSON="flashmla_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
-}
-# prefill_sides SECS SIDE...: bench_prefill on each side, into $OUT/prefill_SIDE*
-prefill_sides() {
-  local secs=$1 side; shift
-  for side in "$@"; do
-    run "prefill_$side" "$secs" env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
-      --out "$OUT/prefill_${side}_h200.json"
-  done
-}
-# show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
-show_sides() {
-  local side
-  for side in "$@"; do
-    echo "== $side"
-    [ -f "$OUT/flashmla_$side.txt" ] && grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"
-    [ -f "$OUT/prefill_$side.txt" ] && grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -4
-  done
-}
 case "${PART:-r1}" in
 r1)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
@@ -99,9 +68,7 @@ r4)
     run "route_$side" 50 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 bench_fp4_e4m3_route.py"
   done
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  run runtime_rest_a 80 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
-  run runtime_rest_b 110 $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_rest_b.xml"
+  rest_ab 80 110
   cat "$OUT/summary.txt"; test_summary route_tests runtime_tests runtime_rest_a runtime_rest_b
   grep -E "^\| ~" "$OUT/tiles_new.txt"
   for side in new base; do echo "== route $side"; grep -E "^\| masked" "$OUT/route_$side.txt" | cut -c1-120; done

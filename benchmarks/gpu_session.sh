@@ -2,7 +2,8 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
-# `test_summary`, `rest_b`, `ncu_profile CASE...` and `pack_out`.
+# `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`, `show_sides`),
+# `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -56,6 +57,12 @@ test_summary() {
   grep -hE " (FAILED|ERROR) |passed|failed" "${files[@]}" | tail -12
   grep -hE "^E  .*(Error|assert)" "${files[@]}" | cut -c1-250 | head -8
 }
+# rest_ab [SECS_A SECS_B]: parts A and B of the rest of the runtime's GPU suite (-n 16, junit in $OUT)
+rest_ab() {
+  run runtime_rest_a "${1:-90}" $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  run runtime_rest_b "${2:-130}" $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" \
+    -n 16 --junitxml="$OUT/junit_rest_b.xml"
+}
 # rest_b SECS: part B of the rest of the runtime suite (-n 16, junit in $OUT), then its summary
 rest_b() {
   run runtime_rest_b "$1" $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" -n 16 \
@@ -69,6 +76,38 @@ if [ -f .ab-base.tar.gz ]; then
   mkdir -p /tmp/ab-base && tar xzf .ab-base.tar.gz -C /tmp/ab-base
   BASE_PYTHONPATH=$(ls -d /tmp/ab-base/packages/*/src /tmp/ab-base/runtime/src | tr '\n' ':')$PYTHONPATH
 fi
+# A second tree (`git archive -o .ab-mid.tar.gz REV <src folders>`): MID_PYTHONPATH puts its src folders first.
+if [ -f .ab-mid.tar.gz ]; then
+  mkdir -p /tmp/ab-mid && tar xzf .ab-mid.tar.gz -C /tmp/ab-mid
+  MID_PYTHONPATH=$(ls -d /tmp/ab-mid/packages/*/src /tmp/ab-mid/runtime/src 2>/dev/null | tr '\n' ':')$PYTHONPATH
+fi
+# side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, base = .ab-base.tar.gz)
+side_path() { case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; *) echo "$PYTHONPATH" ;; esac; }
+# flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
+flashmla_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "flashmla_$side" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill,decode \
+      BENCH_JSON="flashmla_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+}
+# prefill_sides SECS SIDE...: bench_prefill on each side, into $OUT/prefill_SIDE*
+prefill_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "prefill_$side" "$secs" env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+      --out "$OUT/prefill_${side}_h200.json"
+  done
+}
+# show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
+show_sides() {
+  local side
+  for side in "$@"; do
+    echo "== $side"
+    [ -f "$OUT/flashmla_$side.txt" ] && grep -E "^\| (prefill|decode)" "$OUT/flashmla_$side.txt"
+    [ -f "$OUT/prefill_$side.txt" ] && grep -E "tok/s|attention" "$OUT/prefill_$side.txt" | cut -c1-200 | head -4
+  done
+}
 # ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
 # alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
 # samples) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
