@@ -53,7 +53,8 @@ from bench_fp4_e4m3_route import MOE_SHAPES
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import (_E2M1_TO_E4M3_PTX, LUT_HI_BASE, LUT_HI_STEP, LUT_LO_BASE,
-                                                      LUT_LO_STEP, _masked_issue, _raw_words)
+                                                      LUT_LO_STEP, _masked_fill, _masked_issue, _masked_ring,
+                                                      _masked_store, _raw_words)
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -100,12 +101,8 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
 
     m0 = gl.program_id(0) * BLOCK_M
     n0 = gl.program_id(1) * 128
@@ -115,9 +112,7 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
         num_k = K // 128
         w_row = g * N + n0
         x_row = g * max_m + m0
-        for s in gl.static_range(STAGES - 1):
-            if s < num_k:
-                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
+        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
         half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, HALF_WORDS))
         offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
         offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
@@ -147,14 +142,8 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
             acc_lo = acc_lo + part_lo * wa[None, :]
             acc_hi = acc_hi + part_hi * wa[None, :]
             off_lo, off_hi = off_lo_next, off_hi_next
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        keep = (tokens < rows_used)[None, :]
-        out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
-        scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
-        scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
-        gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
-        gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
+        _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
 

@@ -264,6 +264,39 @@ def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
 
 
 @gluon.jit
+def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
+    """The masked kernel's TMA ring: packed weights [STAGES, 128, 64 bytes], activations [STAGES, BLOCK_M, 128] and
+    one "ready" mbarrier per slot."""
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, x_desc.block_type.shape[0], 128], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    return w_ring, x_ring, ready
+
+
+@gluon.jit
+def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row):
+    """The ring's first STAGES - 1 steps; step k then refills the slot step k - 1 read."""
+    for s in gl.static_range(w_ring.type.shape[0] - 1):
+        if s < num_k:
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
+
+
+@gluon.jit
+def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m):
+    """The tile's used token rows of d: each 64-row half's accumulator (fp32 [64, BLOCK_M], weight rows x tokens)
+    times its rows' column scales, rounded to bf16."""
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_lo.type.layout))
+    keep = (tokens < rows_used)[None, :]
+    out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
+    scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
+    scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
+    gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
+    gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
+
+
+@gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
                            stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
@@ -275,16 +308,12 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
     (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
     w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
     w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
                                  gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
 
     # token tiles vary fastest in the grid: an expert's tiles of the same weight rows run together, and all but the
     # first read the weights from L2 (with the tile axis last, each came back from HBM a wave later)
@@ -296,9 +325,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         num_k = K // 128
         w_row = g * N + n0
         x_row = g * max_m + m0
-        for s in gl.static_range(STAGES - 1):
-            if s < num_k:
-                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
+        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
         row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) \
             * (K // 128)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -340,12 +367,6 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                     acc_lo = acc_lo + part_lo * fa
                     acc_hi = acc_hi + part_hi * fa
             offsets, wa = offsets_next, wa_next
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-        keep = (tokens < rows_used)[None, :]
-        out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
-        scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
-        scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
-        gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
-        gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
+        _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
