@@ -258,7 +258,7 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
 def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
     """An unsplit call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn.
     Same outputs as the Triton kernel within the rounding of the accumulation order."""
-    from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, PRODUCER_WARPS, sparse_mla_fwd_gluon_kernel
+    from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
     out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
@@ -271,10 +271,9 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
         b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top. Every thread starts
-        # with this many registers (64K per SM, a multiple of 8); the partitions then trade them (setmaxnreg):
-        # consumers CONSUMER_REGS, producer PRODUCER_REGS.
-        num_warps=4, maxnreg=65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8,
+        # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
+        # accounts for the registers)
+        num_warps=4, maxnreg=MAXNREG.value,
     )
     return out, lse
 

@@ -66,7 +66,7 @@ COMPRESSED_ROW: gl.constexpr = gl.constexpr(288)
 BLOCK_N: gl.constexpr = gl.constexpr(64)  # slots per block: the reference's online-softmax step
 HEADS: gl.constexpr = gl.constexpr(64)  # heads per CTA: the wgmma M side
 D: gl.constexpr = gl.constexpr(512)
-TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: the producer fills one while the consumers read one
+TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair's two blocks, or one being filled
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
 PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
@@ -97,7 +97,10 @@ COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRO
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
-CONSUMER_REGS: gl.constexpr = gl.constexpr(208)  # 2 x 128 x 208 + 128 x PRODUCER_REGS = 65,536 registers
+# Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
+# them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
+CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
+MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -406,11 +409,11 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
 
 
 @gluon.jit
-def _ring_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
+def _ring_buffers(A_FORMAT: gl.constexpr):
     """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
     staging buffer (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile a "full"
     mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and an
-    "empty" one (one arrival per consumer partition: CONSUMERS)."""
+    "empty" one (one arrival per consumer warpgroup)."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
         raw_vals = tiles  # unused
@@ -423,7 +426,7 @@ def _ring_buffers(A_FORMAT: gl.constexpr, CONSUMERS: gl.constexpr):
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=CONSUMERS)
+        mbarrier.init(empty.index(t), count=2)
     return tiles, raw_vals, raw_scales, ids_smem, full, empty
 
 
@@ -455,7 +458,7 @@ def sparse_mla_fwd_gluon_kernel(
     a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
                                                              b_len, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT, 2)  # both consumer warpgroups
+    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
