@@ -343,8 +343,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         phase = pair & 1
         # Q and the tiles at indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0):
         # with constant ones the QK^T's 32 pairs of shared-memory descriptors are loop-invariant, hoisted and, in
-        # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way).
-        flip = ((pair * a_rows) < 0).to(gl.int32)
+        # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way). The
+        # comparison cannot overflow, where pair x a_rows < 0 did from 2^31 (e.g. 8,192 slots over 34M bf16 rows).
+        flip = (pair < -a_rows).to(gl.int32)
         tile_a = tiles.index(flip)
         tile_b = tiles.index(1 - flip)
         if WG == 0:
