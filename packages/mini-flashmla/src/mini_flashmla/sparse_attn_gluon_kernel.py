@@ -49,12 +49,39 @@ decode 1.02x ("Session 24" in that report). api routes every unsplit call of who
 from __future__ import annotations
 
 from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
-from mini_deepgemm.gemm_gluon_kernel import _SCALED_HIGH_PTX, _SCALED_LOW_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
+
+# One int32 word of e4m3 values (dims 4i .. 4i + 3 in bytes 0 .. 3) -> two bf16x2 words ($0: dims 4i, 4i + 1; $1: the
+# next two) times $3, the group's scale as a bf16x2 pair: e4m3 -> f16 pairs (exact), f16 -> bf16 (exact: 4
+# significant bits, exponents within range), one multiply.
+_FP8_WORD_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b16 lo, hi, a, b;
+.reg .b32 h;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 h, lo; mov.b32 {a, b}, h; cvt.rn.bf16.f16 a, a; cvt.rn.bf16.f16 b, b; mov.b32 h, {a, b};
+mul.rn.bf16x2 $0, h, $3;
+cvt.rn.f16x2.e4m3x2 h, hi; mov.b32 {a, b}, h; cvt.rn.bf16.f16 a, a; cvt.rn.bf16.f16 b, b; mov.b32 h, {a, b};
+mul.rn.bf16x2 $1, h, $3;
+}
+""")
+# One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
+# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. Per output word, prmt puts byte j's
+# low nibble in the low half and its high nibble (byte j of the word shifted right by 4) in the high half; the
+# and-mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits 6-8 and its sign to bit
+# 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give the value.
+_FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 w4, t, two126;
+mov.b32 two126, 0x7E807E80;
+shr.b32 w4, $4, 4;
+""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j}; and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, two126; mul.rn.bf16x2 ${j}, t, $5;
+""" for j in range(4)) + "}\n")
 
 # Row formats (the values of sparse_attn_kernel's FORMAT_* constants) and their byte layouts (cache_layout.py).
 BF16_ROWS: gl.constexpr = gl.constexpr(0)  # bf16 [n, 512]
@@ -73,27 +100,24 @@ NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
-# Producer layouts (PRODUCER_WARPS warps). cp.async moves 16 B per copy: a window row is 32 + 1 copies, a compressed
-# row 16 + 2.
+# Producer layouts (PRODUCER_WARPS warps). bf16 rows: cp.async, 16 B per copy.
 BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [64, 512] bf16 rows
-WINDOW_COPY: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [32, 512] B: half a block
-WINDOW_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PRODUCER_WARPS, 1], [1, 0])  # [32, 16] bytes
-COMPRESSED_COPY: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [PRODUCER_WARPS, 1], [1, 0])  # [64, 256] bytes
-COMPRESSED_SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER_WARPS, 1], [1, 0])  # [64, 32] bytes
-# Dequantization, DEQUANT_ROWS rows at a time (64 values per thread: the producer's registers are few): a thread
-# reads whole scale groups (window: 32 B, compressed: 16 B = two groups of 8 bytes), so a scale multiplies its group
+# Quantized rows, DEQUANT_ROWS rows (a chunk) at a time, loaded from global memory into registers in these layouts
+# (64 window or 32 compressed bytes per thread: the producer's registers are few and hold three chunks): a thread
+# holds whole scale groups (window: 32 B, compressed: 16 B = two groups of 8 bytes), so a scale multiplies its group
 # by a broadcast in registers; the 2-D loads reshape to these without data movement. A warp spans 8 rows and 4
-# threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte access is served 8 lanes at a time, and
+# threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte store is served 8 lanes at a time, and
 # those 8 lanes, at one place in 8 consecutive rows, write the 8 units of one 128-byte line of the tile's 128 B
-# swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer: conflict-free. Nsight
-# Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x the ideal store wavefronts (session 17: 69%
-# of the kernel's shared-store wavefronts were conflicts); [8, 4] with the columns fastest, 2x (session 23 run 1).
+# swizzle (unit ^= row % 8): conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units,
+# 4x the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
+# the columns fastest, 2x (session 23 run 1).
 DEQUANT_ROWS: gl.constexpr = gl.constexpr(16)
-WINDOW_LOAD: gl.constexpr = gl.BlockedLayout([1, 32], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 512] bytes
-# [16, 16, 32] window bytes and [16, 32, 8] compressed bytes
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-COMPRESSED_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 256] bytes
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+CHUNKS: gl.constexpr = gl.constexpr(BLOCK_N // DEQUANT_ROWS)
+WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 128] int32
+# [16, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
@@ -106,13 +130,10 @@ S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4,
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-# Raw values: 16-byte units swizzled by row (unit ^= row % 8, as the tile), so the dequantization's loads of 8 rows
-# at one column are conflict-free; cp.async still writes whole 16-byte units. Scales: plain rows.
-RAW_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-# A block's 64 slot ids, staged one block ahead; every producer thread loads one of them (each id twice over the
-# 128 threads). Four slots: while the consumers read block b's, the producer may already store block b + 2's
-# (its tile ring lets it run one block ahead), and block b + 3's only after the consumers released block b.
+# A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
+# them (each id twice over the 128 threads). Four slots: while the consumers read blocks b - 1 and b, the producer
+# reads block b + 1's (quantized rows) and may store block b + 2's, and only once the consumers released block b - 2
+# (it waits for that block's tile before its first store into it).
 IDS_SLOTS: gl.constexpr = gl.constexpr(4)
 IDS_LOAD: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
 IDS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -137,112 +158,125 @@ def _staged_rows(ids_slot, num_rows, first, n: gl.constexpr, layout: gl.constexp
 
 
 @gluon.jit
-def _gather_raw(raw_vals, raw_scales, kv_ptr, ids_slot, num_rows, first, FORMAT: gl.constexpr):
-    """cp.async one part of a quantized block into the staging buffer (32 window rows or 64 compressed rows from
-    slot `first` of the block) and wait for it; every producer thread's copies have landed on return."""
-    if FORMAT == FP8_WINDOW:
-        rows = _staged_rows(ids_slot, num_rows, first, 32, gl.SliceLayout(1, WINDOW_COPY))
-        cols = gl.arange(0, 512, gl.SliceLayout(0, WINDOW_COPY))
-        vals = raw_vals._reinterpret(gl.uint8, [32, 512], RAW_SHARED)
-        async_copy.async_copy_global_to_shared(vals, kv_ptr + rows[:, None] * WINDOW_ROW + cols[None, :])
-        rows = _staged_rows(ids_slot, num_rows, first, 32, gl.SliceLayout(1, WINDOW_SCALE_COPY))
-        cols = gl.arange(0, 16, gl.SliceLayout(0, WINDOW_SCALE_COPY))
-        async_copy.async_copy_global_to_shared(raw_scales.slice(0, 32, dim=0).slice(0, 16, dim=1),
-                                               kv_ptr + rows[:, None] * WINDOW_ROW + 512 + cols[None, :])
-    else:
-        rows = _staged_rows(ids_slot, num_rows, first, 64, gl.SliceLayout(1, COMPRESSED_COPY))
-        cols = gl.arange(0, 256, gl.SliceLayout(0, COMPRESSED_COPY))
-        async_copy.async_copy_global_to_shared(raw_vals, kv_ptr + rows[:, None] * COMPRESSED_ROW + cols[None, :])
-        rows = _staged_rows(ids_slot, num_rows, first, 64, gl.SliceLayout(1, COMPRESSED_SCALE_COPY))
-        cols = gl.arange(0, 32, gl.SliceLayout(0, COMPRESSED_SCALE_COPY))
-        async_copy.async_copy_global_to_shared(raw_scales,
-                                               kv_ptr + rows[:, None] * COMPRESSED_ROW + 256 + cols[None, :])
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
+def _chunk_load(kv_ptr, ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
+    """Registers (values as int32 words, scale bytes) of one chunk of a quantized block: its DEQUANT_ROWS rows from
+    slot `first`, loaded from global memory straight into _dequant_chunk's layouts (each thread loads the bytes it
+    converts). Words, because a loop-carried tensor of bytes takes a register per byte. Empty slots (-1, or an id
+    outside the cache) and a chunk that is not `live` read zeros (finite; their score is -inf)."""
+    R: gl.constexpr = DEQUANT_ROWS
+    ROW: gl.constexpr = WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW
+    VALUE_BYTES: gl.constexpr = 512 if FORMAT == FP8_WINDOW else 256
+    WORDS: gl.constexpr = WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS
+    SCALES: gl.constexpr = gl.SliceLayout(2, WINDOW_GROUPS if FORMAT == FP8_WINDOW else COMPRESSED_GROUPS)
+    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WORDS))
+    ok = live & (ids >= 0) & (ids < num_rows)
+    rows = ids.to(gl.int64) * (ROW // 4)
+    cols = gl.arange(0, VALUE_BYTES // 4, gl.SliceLayout(0, WORDS))
+    words = gl.load(kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows[:, None] + cols[None, :],
+                    mask=ok[:, None], other=0)
+    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, SCALES))
+    ok = live & (ids >= 0) & (ids < num_rows)
+    rows = ids.to(gl.int64) * ROW + VALUE_BYTES
+    groups = gl.arange(0, (ROW - VALUE_BYTES), gl.SliceLayout(0, SCALES))
+    scales = gl.load(kv_ptr + rows[:, None] + groups[None, :], mask=ok[:, None], other=0)
+    return words, scales
 
 
 @gluon.jit
-def _dequant_raw(raw_vals, raw_scales, tile_rows, FORMAT: gl.constexpr):
-    """The staging buffer's rows -> bf16 into `tile_rows` (32 window or 64 compressed rows of a tile), equal to
-    cache_layout's unpack functions bit for bit."""
+def _bf16_halves(words):
+    """bf16 [..., 2] of int32 words holding bf16x2 pairs (the low half first)."""
+    return gl.join(words.to(gl.int16).to(gl.bfloat16, bitcast=True),
+                   (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
+    """One chunk's registers -> bf16 into `tile_rows` (DEQUANT_ROWS rows of a tile), equal to cache_layout's unpack
+    functions bit for bit: a word's values times their scale (every value has at most 6 significant bits and the
+    scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = DEQUANT_ROWS
     if FORMAT == FP8_WINDOW:
-        vals = raw_vals._reinterpret(gl.uint8, [32, 512], RAW_SHARED)
-        for c in gl.static_range(32 // R):
-            q = gl.reshape(vals.slice(c * R, R, dim=0).load(WINDOW_LOAD), [R, 16, 32])
-            q = gl.convert_layout(q, WINDOW_GROUPS, assert_trivial=True)
-            e = raw_scales.slice(c * R, R, dim=0).slice(0, 16, dim=1).load(gl.SliceLayout(2, WINDOW_GROUPS))
-            scale = (e.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)  # UE8M0 -> 2^(e-127): bf16's exponent field
-            x = q.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * scale[:, :, None]
-            tile_rows.slice(c * R, R, dim=0).store(gl.reshape(x, [R, D]))
+        w = gl.convert_layout(gl.reshape(words, [R, 16, 8]), WINDOW_GROUPS, assert_trivial=True)
+        pair = (scales.to(gl.int32) << 7) * 0x10001  # UE8M0 -> 2^(e-127), bf16's exponent field, in both halves
+        pair, w = gl.broadcast(pair[:, :, None], w)
+        lo, hi = gl.inline_asm_elementwise(_FP8_WORD_PTX, "=r,=r,r,r", [w, pair], dtype=(gl.int32, gl.int32),
+                                           is_pure=True, pack=1)
+        tile_rows.store(gl.reshape(_bf16_halves(gl.join(lo, hi)), [R, D]))
     else:
-        for c in gl.static_range(BLOCK_N // R):
-            packed = gl.reshape(raw_vals.slice(c * R, R, dim=0).load(COMPRESSED_LOAD), [R, 32, 8])
-            packed = gl.convert_layout(packed, COMPRESSED_GROUPS, assert_trivial=True)
-            s = raw_scales.slice(c * R, R, dim=0).load(gl.SliceLayout(2, COMPRESSED_GROUPS))
-            scale, packed = gl.broadcast(s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)[:, :, None], packed)
-            even = gl.inline_asm_elementwise(_SCALED_LOW_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                             is_pure=True, pack=4)
-            odd = gl.inline_asm_elementwise(_SCALED_HIGH_PTX, "=r,=r,r,r,r", [packed, scale], dtype=gl.bfloat16,
-                                            is_pure=True, pack=4)
-            # byte j -> dims 2j (low nibble), 2j + 1
-            tile_rows.slice(c * R, R, dim=0).store(gl.reshape(gl.join(even, odd), [R, D]))
+        w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
+        bits = scales.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32)
+        pair, w = gl.broadcast(((bits & 0xFFFF) * 0x10001)[:, :, None], w)
+        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r", [w, pair],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+        halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
+        tile_rows.store(gl.reshape(halves, [R, D]))
 
 
 @gluon.jit
-def _quantized_block(raw_vals, raw_scales, tile, empty_bar, empty_phase, kv_ptr, ids_slot, num_rows,
-                     FORMAT: gl.constexpr):
-    """One quantized block into `tile`: window blocks in two halves of 32 rows (the staging buffer holds 16 KB of
-    values), compressed blocks whole. The first part's gather runs before the wait for the tile."""
-    PARTS: gl.constexpr = 2 if FORMAT == FP8_WINDOW else 1
-    ROWS: gl.constexpr = BLOCK_N // PARTS
-    for part in gl.static_range(PARTS):
-        _gather_raw(raw_vals, raw_scales, kv_ptr, ids_slot, num_rows, part * ROWS, FORMAT)
-        if part == 0:
-            mbarrier.wait(empty_bar, empty_phase)
-        _dequant_raw(raw_vals, raw_scales, tile.slice(part * ROWS, ROWS, dim=0), FORMAT)
-        gl.thread_barrier()  # every thread has read the staging buffer before the next gather overwrites it
-
-
-@gluon.jit
-def _producer(tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len,
-              a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
-    """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
-    waits on the barriers' initial phase, which counts as complete). A block's ids are loaded from global memory
-    one block ahead into ids_smem (slot blk % IDS_SLOTS), where the gathers and the consumers' masks read them:
-    their latency is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized producer's stall
-    samples waited on the ids) nor in the consumers' loop. The store of block blk + 1's ids comes before the
-    producer's arrival on block blk's "full" barrier."""
-    ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
-    gl.thread_barrier()
-    for blk in range(n_blocks):
+def _quantized_source(tiles, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows, a_blocks, a_ids_ptr, a_len,
+                      b_ids_ptr, b_len, FORMAT: gl.constexpr):
+    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, CHUNKS chunks a block, with the
+    global loads of the chunk two ahead (also across a block boundary) issued before a chunk is converted, so that
+    they land under two chunks' conversion. No staging buffer and no producer-wide barrier per chunk: each thread
+    converts what it loaded itself. A block's ids are stored two blocks ahead (the chunk loads of block blk + 1 run
+    during block blk), loaded from global memory at its first chunk and stored after its last."""
+    R: gl.constexpr = DEQUANT_ROWS
+    v0, s0 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
+    v1, s1 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, R, blk0 < blk_end, FORMAT)
+    for blk in range(blk0, blk_end):
         t = blk % TILES
-        empty_phase = ((blk // TILES) & 1) ^ 1
-        in_a = blk < a_blocks
-        num_rows = gl.where(in_a, a_rows, b_rows)
-        next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
-        ids_slot = ids_smem.index(blk % IDS_SLOTS)
-        if A_FORMAT == BF16_ROWS:
-            rows = _staged_rows(ids_slot, num_rows, 0, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
+        ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
+        for c in gl.static_range(CHUNKS):
+            ahead = blk + (c + 2) // CHUNKS
+            v2, s2 = _chunk_load(kv_ptr, ids_smem.index(ahead % IDS_SLOTS), num_rows, (c + 2) % CHUNKS * R,
+                                 ahead < blk_end, FORMAT)
+            if c == 0:
+                mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
+            _dequant_chunk(v0, s0, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+            v0, s0, v1, s1 = v1, s1, v2, s2
+        ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
+        fence_async_shared()  # the tile's generic-proxy stores before the consumers' wgmma reads
+        # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
+        # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
+        # before this partition's own chunk loads of block blk + 2
+        mbarrier.arrive(full.index(t), count=1)
+
+
+@gluon.jit
+def _producer(tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows, b_kv_ptr,
+              b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
+    """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
+    waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
+    (slot blk % IDS_SLOTS) ahead of their block, where the gathers and the consumers' masks read them: their latency
+    is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized producer's stall samples waited
+    on the ids) nor in the consumers' loop. bf16 rows: one block ahead, stored before the producer's arrival on the
+    previous block's "full" barrier; quantized rows: two blocks ahead (_quantized_source)."""
+    if A_FORMAT == BF16_ROWS:
+        ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
+        gl.thread_barrier()
+        for blk in range(n_blocks):
+            t = blk % TILES
+            next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
+            ids_slot = ids_smem.index(blk % IDS_SLOTS)
+            rows = _staged_rows(ids_slot, a_rows, 0, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
-            mbarrier.wait(empty.index(t), empty_phase)
+            mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
             # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
             async_copy.mbarrier_arrive(full.index(t), increment_count=False)
             ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
-        else:
-            if in_a:
-                _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, a_kv_ptr, ids_slot,
-                                 num_rows, A_FORMAT)
-            else:
-                _quantized_block(raw_vals, raw_scales, tiles.index(t), empty.index(t), empty_phase, b_kv_ptr, ids_slot,
-                                 num_rows, B_FORMAT)
-            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
-            fence_async_shared()  # the tile's generic-proxy stores before the consumers' wgmma reads
-        # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
-        # operation: every producer thread's ids store is ordered before it, so before the consumers' reads.
-        mbarrier.arrive(full.index(t), count=1)
+            # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
+            # operation: every producer thread's ids store is ordered before it, so before the consumers' reads.
+            mbarrier.arrive(full.index(t), count=1)
+    else:
+        for blk in gl.static_range(2):
+            ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
+        gl.thread_barrier()
+        _quantized_source(tiles, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows, a_blocks, a_ids_ptr, a_len,
+                          b_ids_ptr, b_len, A_FORMAT)
+        _quantized_source(tiles, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr, b_rows, a_blocks, a_ids_ptr,
+                          a_len, b_ids_ptr, b_len, B_FORMAT)
 
 
 @gluon.jit
@@ -416,19 +450,13 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and an
     "empty" one (one arrival per consumer warpgroup)."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
-    if A_FORMAT == BF16_ROWS:
-        raw_vals = tiles  # unused
-        raw_scales = tiles
-    else:
-        raw_vals = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 256], RAW_SHARED)
-        raw_scales = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 32], SCALES_SHARED)
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=2)
-    return tiles, raw_vals, raw_scales, ids_smem, full, empty
+    return tiles, ids_smem, full, empty
 
 
 @gluon.jit
@@ -459,7 +487,7 @@ def sparse_mla_fwd_gluon_kernel(
     a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
                                                              b_len, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles, raw_vals, raw_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
+    tiles, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
@@ -481,7 +509,7 @@ def sparse_mla_fwd_gluon_kernel(
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 1)),
-         (_producer, (tiles, raw_vals, raw_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+         (_producer, (tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
