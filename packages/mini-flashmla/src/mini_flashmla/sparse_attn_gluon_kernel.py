@@ -111,13 +111,13 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # swizzle (unit ^= row % 8): conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units,
 # 4x the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
 # the columns fastest, 2x (session 23 run 1).
-DEQUANT_ROWS: gl.constexpr = gl.constexpr(16)
-CHUNKS: gl.constexpr = gl.constexpr(BLOCK_N // DEQUANT_ROWS)
+LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose loads are in flight while one is converted
 WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 128] int32
 # [16, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
 WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
 COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 16] int32
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
@@ -157,28 +157,33 @@ def _staged_rows(ids_slot, num_rows, first, n: gl.constexpr, layout: gl.constexp
     return gl.where((ids >= 0) & (ids < num_rows), ids, 0).to(gl.int64)
 
 
+@gluon.constexpr_function
+def _chunk_rows(FORMAT):
+    """Rows of a quantized block's chunk: 32 B of values per thread and row (8 words over the producer's threads)."""
+    return 8 if FORMAT == FP8_WINDOW else 16
+
+
 @gluon.jit
 def _chunk_load(kv_ptr, ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
-    """Registers (values as int32 words, scale bytes) of one chunk of a quantized block: its DEQUANT_ROWS rows from
-    slot `first`, loaded from global memory straight into _dequant_chunk's layouts (each thread loads the bytes it
-    converts). Words, because a loop-carried tensor of bytes takes a register per byte. Empty slots (-1, or an id
-    outside the cache) and a chunk that is not `live` read zeros (finite; their score is -inf)."""
-    R: gl.constexpr = DEQUANT_ROWS
-    ROW: gl.constexpr = WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW
-    VALUE_BYTES: gl.constexpr = 512 if FORMAT == FP8_WINDOW else 256
+    """Registers of one chunk of a quantized block, its DEQUANT_ROWS rows from slot `first`, loaded from global
+    memory straight into _dequant_chunk's layouts (each thread loads the bytes it converts): (values, scales), both
+    int32 words, because a loop-carried tensor of bytes takes a register per byte and is repacked at the loop's end
+    (which waits for the loads). A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3
+    bytes (compressed). Empty slots (-1, or an id outside the cache) and a chunk that is not `live` read zeros
+    (finite; their score is -inf)."""
+    R: gl.constexpr = _chunk_rows(FORMAT)
+    ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
+    VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
     WORDS: gl.constexpr = WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS
-    SCALES: gl.constexpr = gl.SliceLayout(2, WINDOW_GROUPS if FORMAT == FP8_WINDOW else COMPRESSED_GROUPS)
+    kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WORDS))
-    ok = live & (ids >= 0) & (ids < num_rows)
-    rows = ids.to(gl.int64) * (ROW // 4)
-    cols = gl.arange(0, VALUE_BYTES // 4, gl.SliceLayout(0, WORDS))
-    words = gl.load(kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows[:, None] + cols[None, :],
-                    mask=ok[:, None], other=0)
-    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, SCALES))
-    ok = live & (ids >= 0) & (ids < num_rows)
-    rows = ids.to(gl.int64) * ROW + VALUE_BYTES
-    groups = gl.arange(0, (ROW - VALUE_BYTES), gl.SliceLayout(0, SCALES))
-    scales = gl.load(kv_ptr + rows[:, None] + groups[None, :], mask=ok[:, None], other=0)
+    rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
+    cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
+    words = gl.load(kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :], mask=(rows >= 0)[:, None], other=0)
+    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, SCALE_WORDS))
+    rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
+    col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
+    scales = gl.load(kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :], mask=(rows >= 0)[:, None], other=0)
     return words, scales
 
 
@@ -190,22 +195,33 @@ def _bf16_halves(words):
 
 
 @gluon.jit
+def _e4m3_bf16_bits(byte):
+    """int32 bf16 bits of e4m3 codes held in the low byte of int32 values (exact)."""
+    code = byte.to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    return code.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+
+
+@gluon.jit
 def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
     """One chunk's registers -> bf16 into `tile_rows` (DEQUANT_ROWS rows of a tile), equal to cache_layout's unpack
     functions bit for bit: a word's values times their scale (every value has at most 6 significant bits and the
     scales are powers of two or e4m3: the bf16 multiply is exact)."""
-    R: gl.constexpr = DEQUANT_ROWS
+    R: gl.constexpr = _chunk_rows(FORMAT)
+    part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
+        e = (scales >> (part % 4 * 8)[None, :]) & 0xFF
+        pair = gl.convert_layout((e << 7) * 0x10001, gl.SliceLayout(2, WINDOW_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 16, 8]), WINDOW_GROUPS, assert_trivial=True)
-        pair = (scales.to(gl.int32) << 7) * 0x10001  # UE8M0 -> 2^(e-127), bf16's exponent field, in both halves
-        pair, w = gl.broadcast(pair[:, :, None], w)
+        pair, w = gl.broadcast(pair[:, :, None], w)  # UE8M0 -> 2^(e-127): bf16's exponent field, in both halves
         lo, hi = gl.inline_asm_elementwise(_FP8_WORD_PTX, "=r,=r,r,r", [w, pair], dtype=(gl.int32, gl.int32),
                                            is_pure=True, pack=1)
         tile_rows.store(gl.reshape(_bf16_halves(gl.join(lo, hi)), [R, D]))
     else:
+        two = scales >> (part % 2 * 16)[None, :]  # the thread's two groups' e4m3 scales in bits 0-15
+        bits = gl.reshape(gl.join(_e4m3_bf16_bits(two), _e4m3_bf16_bits(two >> 8)), [R, 32])
+        pair = gl.convert_layout(bits * 0x10001, gl.SliceLayout(2, COMPRESSED_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
-        bits = scales.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32)
-        pair, w = gl.broadcast(((bits & 0xFFFF) * 0x10001)[:, :, None], w)
+        pair, w = gl.broadcast(pair[:, :, None], w)
         d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r", [w, pair],
                                                        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
                                                        is_pure=True, pack=1)
@@ -216,27 +232,29 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 @gluon.jit
 def _quantized_source(tiles, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows, a_blocks, a_ids_ptr, a_len,
                       b_ids_ptr, b_len, FORMAT: gl.constexpr):
-    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, CHUNKS chunks a block, with the
-    global loads of the chunk two ahead (also across a block boundary) issued before a chunk is converted, so that
-    they land under two chunks' conversion. No staging buffer and no producer-wide barrier per chunk: each thread
-    converts what it loaded itself. A block's ids are stored two blocks ahead (the chunk loads of block blk + 1 run
-    during block blk), loaded from global memory at its first chunk and stored after its last."""
-    R: gl.constexpr = DEQUANT_ROWS
+    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk, with the global
+    loads of the chunk LOOKAHEAD ahead (also across a block boundary) issued before a chunk is converted, so that
+    they land under that many chunks' conversion. No staging buffer and no producer-wide wait for the gathers: each
+    thread converts what it loaded itself. A block's ids are stored two blocks ahead (the chunk loads of block
+    blk + 1 run during block blk), loaded from global memory at its first chunk and stored after its last."""
+    R: gl.constexpr = _chunk_rows(FORMAT)
+    CHUNKS: gl.constexpr = BLOCK_N // R
+    gl.static_assert(LOOKAHEAD == 3 and CHUNKS >= LOOKAHEAD)
     v0, s0 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
     v1, s1 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, R, blk0 < blk_end, FORMAT)
+    v2, s2 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, 2 * R, blk0 < blk_end, FORMAT)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            ahead = blk + (c + 2) // CHUNKS
-            v2, s2 = _chunk_load(kv_ptr, ids_smem.index(ahead % IDS_SLOTS), num_rows, (c + 2) % CHUNKS * R,
-                                 ahead < blk_end, FORMAT)
+            ahead = blk + (c + LOOKAHEAD) // CHUNKS
+            v3, s3 = _chunk_load(kv_ptr, ids_smem.index(ahead % IDS_SLOTS), num_rows,
+                                 (c + LOOKAHEAD) % CHUNKS * R, ahead < blk_end, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             _dequant_chunk(v0, s0, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            v0, s0, v1, s1 = v1, s1, v2, s2
+            v0, s0, v1, s1, v2, s2 = v1, s1, v2, s2, v3, s3
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
-        fence_async_shared()  # the tile's generic-proxy stores before the consumers' wgmma reads
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
         # before this partition's own chunk loads of block blk + 2
