@@ -27,10 +27,10 @@ import torch
 from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, environment, prefill_case
 from source_variants import edited_module
 
-GATHER = [(re.compile(r"mask=\(rows >= 0\)\[:, None\], other=0\)"), "mask=(rows >= 0)[:, None] & False, other=0)"),
+GATHER = [(re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False"),
           (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
-# quantized rows: the chunks' conversion and tile stores (whose loads then go too: nothing reads them)
-DEQUANT = [(re.compile(r"_dequant_chunk\(v0, s0, tiles.*?FORMAT\)\n"), "pass\n")]
+# quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
+DEQUANT = [(re.compile(r"_dequant_chunk\((?:v0|values).*?FORMAT\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
 PV_MMA = [(re.compile(r"return warpgroup_mma\(p_smem, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)

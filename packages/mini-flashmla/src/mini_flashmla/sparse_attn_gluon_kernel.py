@@ -111,7 +111,13 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # swizzle (unit ^= row % 8): conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units,
 # 4x the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
 # the columns fastest, 2x (session 23 run 1).
-LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose loads are in flight while one is converted
+LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
+STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
+STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+# A chunk's values in 16-byte units swizzled by row (unit ^= row % 8): the 8 rows a warp reads at one place are
+# conflict-free; its scale words (a thread's per row) swizzled the same way by word
+STAGE_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=8, order=[1, 0])
 WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 128] int32
 # [16, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
 WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
@@ -164,27 +170,37 @@ def _chunk_rows(FORMAT):
 
 
 @gluon.jit
-def _chunk_load(kv_ptr, ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
-    """Registers of one chunk of a quantized block, its DEQUANT_ROWS rows from slot `first`, loaded from global
-    memory straight into _dequant_chunk's layouts (each thread loads the bytes it converts): (values, scales), both
-    int32 words, because a loop-carried tensor of bytes takes a register per byte and is repacked at the loop's end
-    (which waits for the loads). A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3
-    bytes (compressed). Empty slots (-1, or an id outside the cache) and a chunk that is not `live` read zeros
-    (finite; their score is -inf)."""
+def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
+    """Staging buffer k as one chunk: values [R, words per row] and scales [R, 16], int32."""
+    R: gl.constexpr = _chunk_rows(FORMAT)
+    VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
+    return (stage_words.index(k)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
+            stage_scales.index(k)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
+
+
+@gluon.jit
+def _chunk_issue(stage_words, stage_scales, k, kv_ptr, ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
+    """cp.async of one chunk of a quantized block (its rows from slot `first`) into staging buffer k, as int32 words,
+    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
+    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Empty
+    slots (-1, or an id outside the cache) and a chunk that is not `live` copy zeros (finite; their score is -inf)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
     WORDS: gl.constexpr = WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS
+    values, scales = _chunk_views(stage_words, stage_scales, k, FORMAT)
     kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WORDS))
     rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
-    words = gl.load(kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :], mask=(rows >= 0)[:, None], other=0)
+    async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
+                                           mask=(rows >= 0)[:, None])
     ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, SCALE_WORDS))
     rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
     col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
-    scales = gl.load(kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :], mask=(rows >= 0)[:, None], other=0)
-    return words, scales
+    async_copy.async_copy_global_to_shared(scales, kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :],
+                                           mask=(rows >= 0)[:, None])
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -230,39 +246,42 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _quantized_source(tiles, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows, a_blocks, a_ids_ptr, a_len,
-                      b_ids_ptr, b_len, FORMAT: gl.constexpr):
-    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk, with the global
-    loads of the chunk LOOKAHEAD ahead (also across a block boundary) issued before a chunk is converted, so that
-    they land under that many chunks' conversion. No staging buffer and no producer-wide wait for the gathers: each
-    thread converts what it loaded itself. A block's ids are stored two blocks ahead (the chunk loads of block
-    blk + 1 run during block blk), loaded from global memory at its first chunk and stored after its last."""
+def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
+                      a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, FORMAT: gl.constexpr):
+    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
+    chunk LOOKAHEAD ahead (also across a block boundary) is issued before a chunk is converted, so that it lands
+    under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers (chunk c in buffer c % 4, since a
+    block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the copies of block blk + 1 start during
+    block blk), loaded from global memory at its first chunk and stored after its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
-    gl.static_assert(LOOKAHEAD == 3 and CHUNKS >= LOOKAHEAD)
-    v0, s0 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
-    v1, s1 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, R, blk0 < blk_end, FORMAT)
-    v2, s2 = _chunk_load(kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, 2 * R, blk0 < blk_end, FORMAT)
+    gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
+    for c in gl.static_range(LOOKAHEAD):
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, c * R,
+                     blk0 < blk_end, FORMAT)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
             ahead = blk + (c + LOOKAHEAD) // CHUNKS
-            v3, s3 = _chunk_load(kv_ptr, ids_smem.index(ahead % IDS_SLOTS), num_rows,
-                                 (c + LOOKAHEAD) % CHUNKS * R, ahead < blk_end, FORMAT)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, ids_smem.index(ahead % IDS_SLOTS),
+                         num_rows, (c + LOOKAHEAD) % CHUNKS * R, ahead < blk_end, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
-            _dequant_chunk(v0, s0, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            v0, s0, v1, s1, v2, s2 = v1, s1, v2, s2, v3, s3
+            async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
+            values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            _dequant_chunk(values.load(WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS),
+                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), FORMAT)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
-        # before this partition's own chunk loads of block blk + 2
+        # before this partition's own chunk copies of block blk + 2
         mbarrier.arrive(full.index(t), count=1)
+    async_copy.wait_group(0)  # the copies past the end (masked, zeros) before the next source reuses the buffers
 
 
 @gluon.jit
-def _producer(tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows, b_kv_ptr,
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows, b_kv_ptr,
               b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
     waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
@@ -291,10 +310,10 @@ def _producer(tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_
         for blk in gl.static_range(2):
             ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
         gl.thread_barrier()
-        _quantized_source(tiles, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows, a_blocks, a_ids_ptr, a_len,
-                          b_ids_ptr, b_len, A_FORMAT)
-        _quantized_source(tiles, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr, b_rows, a_blocks, a_ids_ptr,
-                          a_len, b_ids_ptr, b_len, B_FORMAT)
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
+                          a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, A_FORMAT)
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
+                          b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, B_FORMAT)
 
 
 @gluon.jit
@@ -468,13 +487,19 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and an
     "empty" one (one arrival per consumer warpgroup)."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
+    if A_FORMAT == BF16_ROWS:
+        stage_words = tiles  # unused
+        stage_scales = tiles
+    else:
+        stage_words = gl.allocate_shared_memory(gl.int32, [STAGES, 16, 64], STAGE_FLAT)
+        stage_scales = gl.allocate_shared_memory(gl.int32, [STAGES, 16, 16], STAGE_FLAT)
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=2)
-    return tiles, ids_smem, full, empty
+    return tiles, stage_words, stage_scales, ids_smem, full, empty
 
 
 @gluon.jit
@@ -505,7 +530,7 @@ def sparse_mla_fwd_gluon_kernel(
     a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
                                                              b_len, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles, ids_smem, full, empty = _ring_buffers(A_FORMAT)
+    tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
@@ -527,7 +552,7 @@ def sparse_mla_fwd_gluon_kernel(
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 1)),
-         (_producer, (tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
