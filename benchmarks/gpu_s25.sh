@@ -4,6 +4,10 @@
 #       register-pipelined quantized producer and the overflow-proof flip index, .ab-base.tar.gz = main before the
 #       session: the mini-flashmla GPU tests; bench_flashmla and bench_prefill on both; the attention breakdown on the
 #       tree; exp_moe_masked_rega.py)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s25.sh   (1 x H200, tree = main with the producer's chunks
+#       staged by cp.async, .ab-mid.tar.gz = 646cb39 (the register-pipelined producer, 3 chunks ahead),
+#       .ab-base.tar.gz = main before the session: the mini-flashmla and the runtime's core GPU tests on the tree;
+#       bench_flashmla and bench_prefill on the three; the breakdown on tree and mid; Nsight Compute of the paged prefill)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s25
 case "${PART:-r1}" in
@@ -17,6 +21,19 @@ r1)
   show_sides new base
   tail -14 "$OUT/breakdown.txt"
   tail -12 "$OUT/rega.txt" | cut -c1-250
+  ;;
+r2)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  flashmla_sides 60 new mid base
+  run breakdown 70 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  run breakdown_mid 70 env PYTHONPATH="$(side_path mid)" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  prefill_sides 70 new mid base
+  ncu_profile sparse_prefill
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  show_sides new mid base
+  for f in breakdown breakdown_mid; do echo "== $f"; tail -14 "$OUT/$f.txt"; done
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
   ;;
 esac
 pack_out
