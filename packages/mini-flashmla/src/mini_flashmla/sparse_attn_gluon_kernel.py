@@ -179,24 +179,29 @@ def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_issue(stage_words, stage_scales, k, kv_ptr, ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
-    """cp.async of one chunk of a quantized block (its rows from slot `first`) into staging buffer k, as int32 words,
-    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
-    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Empty
-    slots (-1, or an id outside the cache) and a chunk that is not `live` copy zeros (finite; their score is -inf)."""
+def _chunk_cache_rows(ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
+    """int32 [R] cache rows of one chunk of a quantized block (slots `first` on; -1 for an empty slot, an id outside
+    the cache, or a chunk that is not `live`), read from the block's staged ids in the chunk's row layout."""
     R: gl.constexpr = _chunk_rows(FORMAT)
+    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS))
+    return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
+
+
+@gluon.jit
+def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexpr):
+    """cp.async of one chunk of a quantized block (`rows`: _chunk_cache_rows) into staging buffer k, as int32 words,
+    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
+    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1
+    copy zeros (finite; their score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
     WORDS: gl.constexpr = WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS
     values, scales = _chunk_views(stage_words, stage_scales, k, FORMAT)
     kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WORDS))
-    rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
     async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
                                            mask=(rows >= 0)[:, None])
-    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, SCALE_WORDS))
-    rows = gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
     col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
     async_copy.async_copy_global_to_shared(scales, kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :],
                                            mask=(rows >= 0)[:, None])
@@ -256,16 +261,19 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
+    rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
     for c in gl.static_range(LOOKAHEAD):
-        _chunk_issue(stage_words, stage_scales, c, kv_ptr, ids_smem.index(blk0 % IDS_SLOTS), num_rows, c * R,
-                     blk0 < blk_end, FORMAT)
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
+        rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, (c + 1) * R, blk0 < blk_end, FORMAT)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            ahead = blk + (c + LOOKAHEAD) // CHUNKS
-            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, ids_smem.index(ahead % IDS_SLOTS),
-                         num_rows, (c + LOOKAHEAD) % CHUNKS * R, ahead < blk_end, FORMAT)
+            # chunk c + LOOKAHEAD's copies (its rows were read a chunk earlier), then the next chunk's rows
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
+            ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
+            rows = _chunk_cache_rows(ids_smem.index(ahead % IDS_SLOTS), num_rows, (c + LOOKAHEAD + 1) % CHUNKS * R,
+                                     ahead < blk_end, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
