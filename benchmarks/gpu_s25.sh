@@ -8,6 +8,11 @@
 #       staged by cp.async, .ab-mid.tar.gz = 646cb39 (the register-pipelined producer, 3 chunks ahead),
 #       .ab-base.tar.gz = main before the session: the mini-flashmla and the runtime's core GPU tests on the tree;
 #       bench_flashmla and bench_prefill on the three; the breakdown on tree and mid; Nsight Compute of the paged prefill)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s25.sh   (1 x H200, tree = 3e1a740-ish: the staged producer
+#       reading each chunk's rows a chunk ahead; .ab-alt.tar.gz = the same with 200 consumer / 112 producer registers;
+#       .ab-mid.tar.gz = run 2's staged producer; .ab-base.tar.gz = main before the session: the mini-flashmla GPU
+#       tests on the tree; bench_flashmla on the four, bench_prefill on tree, alt and base; the breakdown on tree and
+#       alt; Nsight Compute of the paged prefill on the tree)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s25
 case "${PART:-r1}" in
@@ -33,6 +38,18 @@ r2)
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
   show_sides new mid base
   for f in breakdown breakdown_mid; do echo "== $f"; tail -14 "$OUT/$f.txt"; done
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
+  ;;
+r3)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  flashmla_sides 60 new alt mid base
+  run breakdown 70 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  run breakdown_alt 70 env PYTHONPATH="$(side_path alt)" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  prefill_sides 70 new alt base
+  ncu_profile sparse_prefill
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
+  show_sides new alt mid base
+  for f in breakdown breakdown_alt; do echo "== $f"; tail -14 "$OUT/$f.txt"; done
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
   ;;
 esac

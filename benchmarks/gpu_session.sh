@@ -81,8 +81,17 @@ if [ -f .ab-mid.tar.gz ]; then
   mkdir -p /tmp/ab-mid && tar xzf .ab-mid.tar.gz -C /tmp/ab-mid
   MID_PYTHONPATH=$(ls -d /tmp/ab-mid/packages/*/src /tmp/ab-mid/runtime/src 2>/dev/null | tr '\n' ':')$PYTHONPATH
 fi
-# side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, base = .ab-base.tar.gz)
-side_path() { case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; *) echo "$PYTHONPATH" ;; esac; }
+# A third (`.ab-alt.tar.gz`, any tree with those src folders): ALT_PYTHONPATH.
+if [ -f .ab-alt.tar.gz ]; then
+  mkdir -p /tmp/ab-alt && tar xzf .ab-alt.tar.gz -C /tmp/ab-alt
+  ALT_PYTHONPATH=$(ls -d /tmp/ab-alt/packages/*/src /tmp/ab-alt/runtime/src 2>/dev/null | tr '\n' ':')$PYTHONPATH
+fi
+# side_path SIDE: the PYTHONPATH of a side of an A/B (new = the tree, mid = .ab-mid.tar.gz, alt = .ab-alt.tar.gz,
+# base = .ab-base.tar.gz)
+side_path() {
+  case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; alt) echo "$ALT_PYTHONPATH" ;;
+    *) echo "$PYTHONPATH" ;; esac
+}
 # flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
 flashmla_sides() {
   local secs=$1 side; shift
