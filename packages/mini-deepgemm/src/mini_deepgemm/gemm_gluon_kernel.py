@@ -50,24 +50,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                 warpgroup_mma_wait)
 
 from .gemm_gluon_fp8_kernel import _invalidate_ring, _ring_barriers, _tile_offsets
-from .gemm_swapab_kernel import _FP4_NIBBLE_PTX
 
-# gemm_swapab_kernel's nibble conversion with the scale multiply folded in, over 4 packed bytes: $3, $4 hold the four
-# values' bf16 scales (bf16x2 pairs), so the result leaves the asm already packed as bf16x2 operand registers. The
-# GEMMs here used it until session 16; mini_flashmla's sparse attention kernel still does (compressed KV rows, whose
-# bytes it loads 4 to a register).
-_SCALED = _FP4_NIBBLE_PTX.replace("mul.rn.bf16x2 $0, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $0, u, $3;")
-_SCALED = _SCALED.replace("mul.rn.bf16x2 $1, u, two126;", "mul.rn.bf16x2 u, u, two126; mul.rn.bf16x2 $1, u, $4;")
-assert _SCALED.count("$3;") == 1 and _SCALED.count("$4;") == 1, "gemm_swapab_kernel's FP4 PTX changed: re-derive"
-_SCALED_LOW_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x000F000F").replace("SHIFTS", "0x1040"))
-_SCALED_HIGH_PTX: gl.constexpr = gl.constexpr(_SCALED.replace("MASK", "0x00F000F0").replace("SHIFTS", "0x104"))
-# The GEMMs' byte-pair form of it (session 16): Triton loads a row's packed bytes into the A-operand layout as 16-bit
-# pairs ($2), and the 4-byte form above took 2 + 2 bytes of two rows, which ptxas reassembled with ~40 PRMT per K step.
-# Here one asm takes one pair: prmt spreads its two bytes to the register's 16-bit halves, giving both nibbles'
-# bf16x2 (even values $0, odd $1). $3 is the pair's scale as a duplicated bf16x2 (a pair shares a row and a 32-value
-# half; $4, the second element's copy, is unused). 364 -> 316 SASS instructions per warp and K step of the masked
-# kernel; session 16 run 1: 1.06-1.11x (masked decode), 1.02-1.04x (warp-specialized prefill), bitwise equal
-# (docs/reports/deepgemm-gluon.md).
+# gemm_swapab_kernel's nibble conversion (_FP4_NIBBLE_PTX) in the GEMMs' byte-pair form (session 16): Triton loads a
+# row's packed bytes into the A-operand layout as 16-bit pairs ($2); the earlier 4-byte form took 2 + 2 bytes of two
+# rows, which ptxas reassembled with ~40 PRMT per K step. Here one asm takes one pair: prmt spreads its two bytes to
+# the register's 16-bit halves, giving both nibbles' bf16x2 (even values $0, odd $1), with the scale multiply folded
+# in: $3 is the pair's scale as a duplicated bf16x2 (a pair shares a row and a 32-value half; $4, the second
+# element's copy, is unused). 364 -> 316 SASS instructions per warp and K step of the masked kernel; session 16 run
+# 1: 1.06-1.11x (masked decode), 1.02-1.04x (warp-specialized prefill), bitwise equal (docs/reports/deepgemm-gluon.md).
 _PAIR_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 w, b01, u, two126;

@@ -10,15 +10,18 @@ version (session 11, in one partition) fixed the first two; its breakdown (bench
 docs/reports/flashmla-gluon.md) showed the gathers (bf16 rows) and the dequantization (quantized rows) still in
 series with the MMAs. Here they run in their own warps:
 
-- Producer (worker partition, PRODUCER_WARPS warps): for each block, its 64 row ids (loaded a block ahead into a
-  shared-memory ring, where the consumers read their masks too), then
+- Producer (worker partition, PRODUCER_WARPS warps): for each block, its 64 row ids (staged ahead in a shared-memory
+  ring, where the consumers read their masks too), then
   - bf16 rows: cp.async straight into the tile, completion tracked by the tile's `full` mbarrier (cp.async's own
     arrive, one per producer thread), so up to two blocks' gathers are in flight;
-  - quantized rows: cp.async of the raw bytes into one staging buffer (a compressed block, or half a window block at
-    a time: 16 KB of values + 2 KB of scales), then shared -> registers -> shared into the tile, exactly
-    cache_layout's unpack (every value has at most 6 significant bits: the scale multiply is exact in bf16), in
-    layouts whose 16-byte shared stores and loads are free of bank conflicts.
-  It waits on the tile's `empty` mbarrier before writing into it.
+  - quantized rows: chunk by chunk (8 window or 16 compressed rows), cp.async of the raw words into a ring of
+    STAGES staging buffers, LOOKAHEAD chunks ahead of the one being converted (also across block boundaries), each
+    thread copying exactly the words it converts later and waiting for its own commit groups; then shared ->
+    registers -> bf16 into the tile by per-word PTX, exactly cache_layout's unpack (every value has at most 6
+    significant bits: the scale multiply is exact in bf16), in layouts whose 16-byte shared loads and stores are
+    free of bank conflicts.
+  It waits on the tile's `empty` mbarrier before writing into it. The consumers' proxy fence after every wait on
+  `full` orders the tile's generic-proxy writes (cp.async or stores) before their wgmma reads.
 - Consumers (two partitions of one warpgroup each) taking turns, FlashMLA-style: warpgroup 0 owns the even blocks,
   warpgroup 1 the odd ones. The owner runs the block's whole S = Q K^T (m64n64k512, Q [64, 512] bf16 in shared
   memory for the whole walk) and its softmax, a row reduction within one warpgroup; it publishes the running max
@@ -32,10 +35,11 @@ series with the MMAs. Here they run in their own warps:
 Numerics are the Triton kernel's (and the reference's): blocks of 64 slots in order (window, then compressed), the
 running max from -1e30 in the log2 domain, P rounded to bf16 before P.V, the sink in the denominator only, lse
 without the sink. Empty slots (-1, or an id outside the cache) gather row 0 of their cache (any valid row: their
-score is -inf, so P is exactly 0 and the finite values add nothing); a source with no rows is never routed here.
+score is -inf, so P is exactly 0 and the finite values add nothing; quantized rows copy zeros for them instead); a
+source with no rows is never routed here.
 
-Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 18 KB of raw
-staging for quantized rows): 206,944 B with bf16 rows, 225,424 B paged (offline, triton 3.6, sm_90a).
+Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 20 KB of raw
+staging for quantized rows): 206,944 B with bf16 rows, 227,472 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
@@ -43,7 +47,9 @@ replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181
 (conflict-free dequantization, ids staged a block ahead): paged prefill 220 -> 254-255 TFLOP/s, decode 42-43 / 49-50
 / 96 us. Session 24 (the consumers in turns, in place of two warpgroups that split every block's slots and
 exchanged the row max and P, so that the tensor pipe idled under every softmax): bf16 rows 1.08x, paged 1.03x,
-decode 1.02x ("Session 24" in that report). api routes every unsplit call of whole 64-head programs here.
+decode 1.02x ("Session 24" in that report). Session 25 (the quantized producer's chunks staged LOOKAHEAD ahead, in
+place of one buffer that held a whole block's gather before its conversion): paged 1.04x, decode 1.04-1.08x.
+api routes every unsplit call of whole 64-head programs here.
 """
 
 from __future__ import annotations
@@ -102,15 +108,22 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 # Producer layouts (PRODUCER_WARPS warps). bf16 rows: cp.async, 16 B per copy.
 BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [64, 512] bf16 rows
-# Quantized rows, DEQUANT_ROWS rows (a chunk) at a time, loaded from global memory into registers in these layouts
-# (64 window or 32 compressed bytes per thread: the producer's registers are few and hold three chunks): a thread
-# holds whole scale groups (window: 32 B, compressed: 16 B = two groups of 8 bytes), so a scale multiplies its group
-# by a broadcast in registers; the 2-D loads reshape to these without data movement. A warp spans 8 rows and 4
-# threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte store is served 8 lanes at a time, and
-# those 8 lanes, at one place in 8 consecutive rows, write the 8 units of one 128-byte line of the tile's 128 B
-# swizzle (unit ^= row % 8): conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units,
-# 4x the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
+# Quantized rows, a chunk (_chunk_rows: 8 window or 16 compressed rows, 32 B of values per thread and row) at a
+# time, as int32 words in these layouts: a thread holds whole scale groups (window: 8 words = 32 values, compressed:
+# 2 words = 16 values), so a scale multiplies its group by a broadcast in registers; the 2-D loads reshape to these
+# without data movement. A warp spans 8 rows and 4 threads along a row, rows fastest across lanes (order [0, 1]): a
+# 16-byte access is served 8 lanes at a time, and those 8 lanes, at one place in 8 consecutive rows, write the 8
+# units of one 128-byte line of the tile's 128 B swizzle (unit ^= row % 8) and read 8 different units of the
+# swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
+# the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
 # the columns fastest, 2x (session 23 run 1).
+WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
+# [8, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+# a chunk's scale words, [8 or 16 rows, 16]: a thread's group (window) or pair of groups (compressed) per row
+SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
 LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
 STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
 STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -118,12 +131,6 @@ STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase
 # conflict-free; its scale words (a thread's per row) swizzled the same way by word
 STAGE_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
 STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=8, order=[1, 0])
-WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 128] int32
-# [16, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 16] int32
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
