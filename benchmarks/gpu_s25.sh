@@ -13,6 +13,9 @@
 #       .ab-mid.tar.gz = run 2's staged producer; .ab-base.tar.gz = main before the session: the mini-flashmla GPU
 #       tests on the tree; bench_flashmla on the four, bench_prefill on tree, alt and base; the breakdown on tree and
 #       alt; Nsight Compute of the paged prefill on the tree)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s25.sh   (1 x H200, tree = main with the staged producer
+#       (run 3's kernel, SASS identical): the runtime's core GPU tests and both parts of the rest, the mini-flashmla and
+#       mini-deepgemm GPU suites)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s25
 case "${PART:-r1}" in
@@ -51,6 +54,13 @@ r3)
   show_sides new alt mid base
   for f in breakdown breakdown_alt; do echo "== $f"; tail -14 "$OUT/$f.txt"; done
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -24
+  ;;
+r4)
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  rest_ab 80 110
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run deepgemm_tests 150 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  cat "$OUT/summary.txt"; test_summary runtime_tests runtime_rest_a runtime_rest_b flashmla_tests deepgemm_tests
   ;;
 esac
 pack_out
