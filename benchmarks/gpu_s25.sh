@@ -7,8 +7,9 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s25.sh   (1 x H200, tree = main with the producer's chunks
 #       staged by cp.async, .ab-mid.tar.gz = 646cb39 (the register-pipelined producer, 3 chunks ahead),
 #       .ab-base.tar.gz = main before the session: the mini-flashmla and the runtime's core GPU tests on the tree;
-#       bench_flashmla and bench_prefill on the three; the breakdown on tree and mid; Nsight Compute of the paged prefill)
-#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s25.sh   (1 x H200, tree = 3e1a740-ish: the staged producer
+#       bench_flashmla and bench_prefill on the three; the breakdown on tree and mid; Nsight Compute of the paged
+#       prefill)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s25.sh   (1 x H200, tree = 320fb3b: the staged producer
 #       reading each chunk's rows a chunk ahead; .ab-alt.tar.gz = the same with 200 consumer / 112 producer registers;
 #       .ab-mid.tar.gz = run 2's staged producer; .ab-base.tar.gz = main before the session: the mini-flashmla GPU
 #       tests on the tree; bench_flashmla on the four, bench_prefill on tree, alt and base; the breakdown on tree and
@@ -35,7 +36,8 @@ r2)
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   flashmla_sides 60 new mid base
   run breakdown 70 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
-  run breakdown_mid 70 env PYTHONPATH="$(side_path mid)" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  run breakdown_mid 70 env PYTHONPATH="$(side_path mid)" \
+    bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   prefill_sides 70 new mid base
   ncu_profile sparse_prefill
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
@@ -47,7 +49,8 @@ r3)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   flashmla_sides 60 new alt mid base
   run breakdown 70 bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
-  run breakdown_alt 70 env PYTHONPATH="$(side_path alt)" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  run breakdown_alt 70 env PYTHONPATH="$(side_path alt)" \
+    bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   prefill_sides 70 new alt base
   ncu_profile sparse_prefill
   cat "$OUT/summary.txt"; test_summary flashmla_tests

@@ -85,7 +85,8 @@ _FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
 .reg .b32 w4, t, two126;
 mov.b32 two126, 0x7E807E80;
 shr.b32 w4, $4, 4;
-""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j}; and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
+""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j};
+and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
 mul.rn.bf16x2 t, t, two126; mul.rn.bf16x2 ${j}, t, $5;
 """ for j in range(4)) + "}\n")
 
@@ -231,9 +232,9 @@ def _e4m3_bf16_bits(byte):
 
 @gluon.jit
 def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
-    """One chunk's registers -> bf16 into `tile_rows` (DEQUANT_ROWS rows of a tile), equal to cache_layout's unpack
-    functions bit for bit: a word's values times their scale (every value has at most 6 significant bits and the
-    scales are powers of two or e4m3: the bf16 multiply is exact)."""
+    """One chunk's words (int32, from its staging buffer) -> bf16 into `tile_rows` (the chunk's rows of a tile), equal
+    to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
+    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
@@ -296,8 +297,8 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
 
 
 @gluon.jit
-def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr, a_len, a_rows, b_kv_ptr,
-              b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+              a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
     waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
     (slot blk % IDS_SLOTS) ahead of their block, where the gathers and the consumers' masks read them: their latency
@@ -498,9 +499,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
 @gluon.jit
 def _ring_buffers(A_FORMAT: gl.constexpr):
     """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
-    staging buffer (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile a "full"
-    mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and an
-    "empty" one (one arrival per consumer warpgroup)."""
+    ring of STAGES staging buffers (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile
+    a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and
+    an "empty" one (one arrival per consumer warpgroup)."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
         stage_words = tiles  # unused
