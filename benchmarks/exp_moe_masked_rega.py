@@ -1,5 +1,7 @@
-"""Experiment (issue 4; written in session 24 after its last GPU run, compiled offline, not yet run on a GPU): the
-masked FP8 x FP4 MoE kernel with the converted weights as the wgmma's register A operand.
+"""Experiment (issue 4; written in session 24, measured in session 25 run 1): the masked FP8 x FP4 MoE kernel with the
+converted weights as the wgmma's register A operand. Result (H200): 1.03-1.26x the shipped kernel, bitwise equal;
+~32 rows per expert 0.446 / 0.432 of the copy rate (w13 / w2) against 0.383 / 0.418. Not shipped: the permuted
+weight order below is not what the contiguous kernel reads (docs/reports/deepgemm-moe-fold-128.md, session 25).
 
 Why (docs/reports/deepgemm-moe-fold-128.md, session 24): at ~32 rows per expert the shipped masked kernel reaches
 0.37-0.41 of the copy rate against the issue's 0.6. Two converted tiles, 8 warps per CTA and deeper rings all
