@@ -5,7 +5,7 @@ weight order below is not what the contiguous kernel reads (docs/reports/deepgem
 Written after session 25's last run, compiled offline, not yet GPU-run: the same kernel on the engine's (natural)
 byte order (NATURAL), which gathers each word's two 16-bit pieces from shared memory (_natural_words) and so needs no
 other weight layout; offline (triton 3.6, sm_90a) 591 / 735 SASS instructions at 16 / 32 tokens against the
-permuted order's 551 / 679 and the shipped kernel's 752 at 32, 116 / 128 registers (4 bytes of spill at 32).
+permuted order's 551 / 679 and the shipped kernel's 543 / 687, 116 / 128 registers (4 bytes of spill at 32).
 
 Why (docs/reports/deepgemm-moe-fold-128.md, session 24): at ~32 rows per expert the shipped masked kernel reaches
 0.37-0.41 of the copy rate against the issue's 0.6. Two converted tiles, 8 warps per CTA and deeper rings all
