@@ -164,10 +164,10 @@ def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
 
 
 @gluon.jit
-def _staged_rows(ids_slot, num_rows, first, n: gl.constexpr, layout: gl.constexpr):
-    """int64 [n] cache rows of slots first .. first + n - 1 of a block whose 64 ids are in shared memory; empty slots
-    (-1, or an id outside the cache) read row 0."""
-    ids = ids_slot.slice(first, n).load(layout)
+def _staged_rows(ids_slot, num_rows, layout: gl.constexpr):
+    """int64 [64] cache rows of a block whose ids are in shared memory; empty slots (-1, or an id outside the cache)
+    read row 0."""
+    ids = ids_slot.load(layout)
     return gl.where((ids >= 0) & (ids < num_rows), ids, 0).to(gl.int64)
 
 
@@ -177,11 +177,17 @@ def _chunk_rows(FORMAT):
     return 8 if FORMAT == FP8_WINDOW else 16
 
 
+@gluon.constexpr_function
+def _chunk_words(FORMAT):
+    """A chunk's values as int32 words per row, and their register layout."""
+    return (128, WINDOW_WORDS) if FORMAT == FP8_WINDOW else (64, COMPRESSED_WORDS)
+
+
 @gluon.jit
 def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
     """Staging buffer k as one chunk: values [R, words per row] and scales [R, 16], int32."""
     R: gl.constexpr = _chunk_rows(FORMAT)
-    VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
+    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     return (stage_words.index(k)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
             stage_scales.index(k)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
 
@@ -191,7 +197,7 @@ def _chunk_cache_rows(ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
     """int32 [R] cache rows of one chunk of a quantized block (slots `first` on; -1 for an empty slot, an id outside
     the cache, or a chunk that is not `live`), read from the block's staged ids in the chunk's row layout."""
     R: gl.constexpr = _chunk_rows(FORMAT)
-    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS))
+    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, _chunk_words(FORMAT)[1]))
     return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
 
 
@@ -202,8 +208,8 @@ def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexp
     A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1
     copy zeros (finite; their score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
-    VALUES: gl.constexpr = (512 if FORMAT == FP8_WINDOW else 256) // 4
-    WORDS: gl.constexpr = WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS
+    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
+    WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
     values, scales = _chunk_views(stage_words, stage_scales, k, FORMAT)
     kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
@@ -286,7 +292,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
             values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
-            _dequant_chunk(values.load(WINDOW_WORDS if FORMAT == FP8_WINDOW else COMPRESSED_WORDS),
+            _dequant_chunk(values.load(_chunk_words(FORMAT)[1]),
                            scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), FORMAT)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
@@ -312,7 +318,7 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks,
             t = blk % TILES
             next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
             ids_slot = ids_smem.index(blk % IDS_SLOTS)
-            rows = _staged_rows(ids_slot, a_rows, 0, BLOCK_N, gl.SliceLayout(1, BF16_COPY))
+            rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
             mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
