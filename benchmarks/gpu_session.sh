@@ -119,7 +119,7 @@ show_sides() {
 }
 # ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
 # alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
-# samples) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
+# samples, gzipped) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
 # regenerates one in ~20 s); benchmarks/ncu_summary.py reads the exports, plain or gzipped.
 ncu_profile() {
   local ncu c
@@ -130,6 +130,7 @@ ncu_profile() {
       -f -o $OUT/ncu/$c python3 profile_ncu.py $c"
     "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1
     "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/${c}_sass.csv" 2>&1
+    gzip -9 -f "$OUT/ncu/${c}_sass.csv"  # ~2.4 MB plain, ~0.12 MB gzipped: the data folders are committed
     "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page raw --csv > "$OUT/ncu/${c}_raw.csv" 2>&1
     rm -f "$OUT/ncu/$c.ncu-rep"
   done
