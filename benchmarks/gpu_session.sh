@@ -119,8 +119,8 @@ show_sides() {
 }
 # ncu_profile CASE...: one Nsight Compute report per benchmarks/profile_ncu.py case under $OUT/ncu (clocks left
 # alone, as the device notes ask), exported as text: the sections' details, the per-SASS-instruction source page (stall
-# samples, gzipped) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most; profile_ncu.py
-# regenerates one in ~20 s); benchmarks/ncu_summary.py reads the exports, plain or gzipped.
+# samples, gzipped) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most;
+# profile_ncu.py regenerates one in ~20 s); benchmarks/ncu_summary.py reads the exports, plain or gzipped.
 ncu_profile() {
   local ncu c
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
