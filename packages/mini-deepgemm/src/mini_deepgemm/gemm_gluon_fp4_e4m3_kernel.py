@@ -296,6 +296,92 @@ def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, row
     gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
 
 
+# The folded masked path's A operand, converted in registers (docs/reports/deepgemm-moe-fold-128.md, session 25).
+# Half a K step's pieces, int16 [64 rows, 32 pieces]: a thread (q = lane % 4, g = lane / 4 + 16 x warp) holds rows g
+# and g + 8 and pieces 8c + 4s + q, i.e. bytes 16c + 8s + 2q and + 1 of each k32 chunk c: its part of the wgmma A
+# fragment (values 32c + 4q .. + 3 and 32c + 16 + 4q .. + 3).
+_HALF_PIECES: gl.constexpr = gl.DistributedLinearLayout(
+    reg_bases=[[0, 4], [0, 8], [0, 16], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
+# The same as int32 words [64, 16]: word 4q + c holds chunk c's 8 values of the thread (pieces 8c + q and 8c + 4 + q)
+_HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+_IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
+
+
+@gluon.jit
+def _fragment_words(pieces_smem):
+    """Half a K step of packed weights (int16 [64, 32] in shared memory, the checkpoint's byte order) -> each
+    thread's A-fragment words (int32 [64, 16] in _HALF_WORDS): 16-bit shared loads and one pack per word."""
+    pieces = gl.permute(gl.reshape(pieces_smem.load(_HALF_PIECES), [64, 4, 2, 4]), [0, 3, 1, 2])  # (row, q, c, s)
+    lo, hi = gl.split(pieces)
+    words = (hi.to(gl.int32) << 16) | (lo.to(gl.int32) & 0xFFFF)
+    return gl.convert_layout(gl.reshape(words, [64, 16]), _HALF_WORDS, assert_trivial=True)
+
+
+@gluon.jit
+def _register_operand(words, offsets, A_OP: gl.constexpr):
+    """_fragment_words's words and their rows' offset bytes (int32 [64], one byte per 32-block) -> the e4m3 [64, 128]
+    wgmma A operand in registers: the 8-value conversion gives each word's two fragment registers, which join,
+    reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement."""
+    chunk = gl.arange(0, 16, gl.SliceLayout(0, _HALF_WORDS))[None, :] % 4  # word 4q + c: chunk c, a register constant
+    offset = (offsets[:, None] >> (8 * chunk)) & 0xFF
+    lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables
+    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4q + c, s), s = first or second 16 of the chunk
+    w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 2, 3, 1])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
+    w = gl.reshape(w, [64, 32])
+    w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [64, 128])  # each word for its 4 values
+    a = gl.inline_asm_elementwise(_IDENTITY_PTX, "=r,r,r,r,r", [w], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    return gl.convert_layout(a, A_OP, assert_trivial=True)
+
+
+@gluon.jit
+def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
+                         K, stride_sa, mma: gl.constexpr):
+    """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
+    shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
+    half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
+    barrier: a slot is refilled after the step that read it waited for its MMAs, and an MMA with register A operands
+    starts only once all four warps have issued it, that is, after every warp's loads of the slot."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    pieces = w_ring._reinterpret(gl.int16, [STAGES, 128, 32],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+    half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
+    offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
+    offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
+    # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would hold
+    # two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
+    sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
+    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
+    zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
+    acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
+    acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
+    off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
+    for k in range(num_k):
+        if k + STAGES - 1 < num_k:
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+        ahead = gl.minimum(k + 1, num_k - 1)
+        off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
+        slot = k % STAGES
+        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+        b = x_ring.index(slot).permute((1, 0))
+        a_lo = _register_operand(_fragment_words(pieces.index(slot).slice(0, 64, dim=0)), off_lo, a_op)
+        lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
+        a_hi = _register_operand(_fragment_words(pieces.index(slot).slice(64, 64, dim=0)), off_hi, a_op)
+        hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
+        wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
+        part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+        acc_lo = acc_lo + part_lo * wa[None, :]
+        acc_hi = acc_hi + part_hi * wa[None, :]
+        off_lo, off_hi = off_lo_next, off_hi_next
+    return acc_lo, acc_hi
+
+
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
                            stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
@@ -306,14 +392,17 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4. Per step: the ring slot's weights
     converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
     64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
-    (activations folded per 128), one pair of 128-deep MMAs and one FMA per element per K step."""
+    (activations folded per 128), each half's weights converted into its MMA's A registers
+    (_masked_folded_steps), one pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128
+    up to 32 tokens (4 CTAs per SM)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
-    w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
-                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
-                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+    if not SA_PER_128:
+        w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+        w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
+                                     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     # token tiles vary fastest in the grid: an expert's tiles of the same weight rows run together, and all but the
     # first read the weights from L2 (with the tile axis last, each came back from HBM a wave later)
@@ -326,36 +415,32 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         w_row = g * N + n0
         x_row = g * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
-        row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) \
-            * (K // 128)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 32])
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
-        zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
-        for k in range(num_k):
-            # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
-            if k + STAGES - 1 < num_k:
-                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-            ahead = gl.minimum(k + 1, num_k - 1)
-            offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-            slot = k % STAGES
-            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
-            x_tile = x_ring.index(slot)
-            if SA_PER_128:  # as _contiguous_math's SA_PER_128: one MMA per half and K step
-                b = x_tile.permute((1, 0))
-                lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0), b, zero, use_acc=False, is_async=True)
-                hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0), b, zero, use_acc=False, is_async=True)
-                part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-                acc_lo = acc_lo + part_lo * wa[None, :]
-                acc_hi = acc_hi + part_hi * wa[None, :]
-            else:
+        if SA_PER_128:
+            acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
+                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
+        else:
+            row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
+                gl.int64) * (K // 128)
+            sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
+            zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
+            for k in range(num_k):
+                # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
+                if k + STAGES - 1 < num_k:
+                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+                ahead = gl.minimum(k + 1, num_k - 1)
+                offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
+                slot = k % STAGES
+                mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+                w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
+                fence_async_shared()
+                gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
+                x_tile = x_ring.index(slot)
                 for j in gl.static_range(4):
                     b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
                     lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
@@ -366,7 +451,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                     fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
                     acc_lo = acc_lo + part_lo * fa
                     acc_hi = acc_hi + part_hi * fa
-            offsets, wa = offsets_next, wa_next
+                offsets, wa = offsets_next, wa_next
         _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
