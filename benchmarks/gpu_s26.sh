@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 26's GPU runs (docs/reports/gpu-session-2026-12-02-s26.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main with the register-A folded
+#       masked MoE kernel (036dd28 cherry-picked), .ab-base.tar.gz = main before the session (ed2f5f3): the
+#       mini-deepgemm GPU suite and the runtime's core GPU tests on the tree; bench_fp4_e4m3_route and bench_decode on
+#       both; exp_moe_masked_rega.py)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s26
+# route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
+route_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "route_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/route_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  done
+}
+case "${PART:-r1}" in
+r1)
+  run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  route_sides 90 new base
+  run rega 100 bash -c "cd benchmarks && python3 exp_moe_masked_rega.py"
+  decode_bench decode_new
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for s in new base; do echo "== route $s"; grep -E "^\| " "$OUT/route_$s.txt" | cut -c1-200; done
+  tail -12 "$OUT/rega.txt" | cut -c1-250
+  for s in new base; do echo "== decode $s"; grep -E "ms/step|bench_decode:" "$OUT/decode_$s.txt" | cut -c1-200; done
+  ;;
+esac
+pack_out
