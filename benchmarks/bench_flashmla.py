@@ -35,8 +35,8 @@ H, D, W, TOPK_C, S_Q = 64, 512, 128, 512, 4096
 CONTEXT, RATIO = 131072, 2
 N_COMPRESSED = CONTEXT // RATIO
 SCALE = D**-0.5
-# 8 and 32 (since session 13): below 33 programs the API splits the index lists on the Triton kernel; the rows show
-# that route against the Gluon kernel unsplit
+# 8 and 32 (since session 13): below 33 programs the Triton kernel splits the index lists; since session 26 the API
+# splits on the Gluon kernel below one program per SM, and the rows show that against both kernels' earlier routes
 DECODE_BATCHES = (8, 32, 64, 128, 256)
 
 
@@ -147,7 +147,8 @@ def bench_graph(fn) -> float:
 
 def bench_decode(dev, result: dict) -> None:
     """Device time of the public API (its routing: the Gluon kernel where _gluon_runs_on, else the Triton kernel,
-    split where _default_num_splits says), of each kernel forced unsplit, and the API's host-inclusive time."""
+    split where _default_num_splits says), of each kernel forced unsplit, of the Triton kernel split by its own rule
+    (the API's route at batch 8 and 32 before session 26), and the API's host-inclusive time."""
     g = torch.Generator(device=dev).manual_seed(1)
     for batch in DECODE_BATCHES:
         q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)
@@ -163,6 +164,11 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_one_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gluon_us"] = 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink))
+        triton_splits = api._default_num_splits(q, W + TOPK_C, gluon=False)
+        result[f"decode_b{batch}_splits"] = api._default_num_splits(q, W + TOPK_C, gluon=True)
+        result[f"decode_b{batch}_triton_splits"] = triton_splits
+        result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
+            lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, triton_splits))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
         out, _ = public_api()
         gluon_out, _ = api._launch_gluon(q, *sources, SCALE, sink)
@@ -250,9 +256,12 @@ def print_table(result: dict) -> None:
     for b in DECODE_BATCHES:
         if f"decode_b{b}_gbs" in result:
             print(f"| decode batch {b} (graph replay) | {result[f'decode_b{b}_us']:.1f} us, "
-                  f"{result[f'decode_b{b}_gbs']:.0f} GB/s (kernels unsplit: Gluon "
-                  f"{result[f'decode_b{b}_gluon_us']:.1f} us, Triton {result[f'decode_b{b}_triton_one_split_us']:.1f}"
-                  f" us; API with host time {result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
+                  f"{result[f'decode_b{b}_gbs']:.0f} GB/s, {result[f'decode_b{b}_splits']} split(s) (kernels unsplit: "
+                  f"Gluon {result[f'decode_b{b}_gluon_us']:.1f} us, Triton "
+                  f"{result[f'decode_b{b}_triton_one_split_us']:.1f} us; Triton in "
+                  f"{result[f'decode_b{b}_triton_splits']} split(s) "
+                  f"{result[f'decode_b{b}_triton_own_split_us']:.1f} us; API with host time "
+                  f"{result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "

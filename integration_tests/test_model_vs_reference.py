@@ -72,8 +72,8 @@ def test_cuda_kernel_path_matches_reference(tiny):
 def test_cuda_kernel_path_matches_reference_at_64_heads(monkeypatch, gluon):
     """The same check with V4.1-Flash's 64 attention heads (tiny_config() otherwise, random weights in memory): the
     batched prefill (447 query tokens, one 64-head program each) takes mini-flashmla's Gluon attention kernel where
-    it runs (sm_90, triton 3.6), which the 4-head model never does; the decode steps (3 programs) stay on the
-    Triton kernel. The triton_attention case is the control: the same model with the Gluon route off.
+    it runs (sm_90, triton 3.6), which the 4-head model never does; so do the decode steps (3 programs), split over
+    their slots since session 26. The triton_attention case is the control: the same model with the Gluon route off.
 
     Bars: the first block as in the 4-head test (>= 0.999; measured >= 0.9999 in both cases); the logits at this
     model's noise floor, as a mean over the 15 (prompt, step) pairs (>= 0.96) and a minimum (>= 0.90). Why not the

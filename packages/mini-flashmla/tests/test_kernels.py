@@ -218,29 +218,55 @@ def test_gluon_quantized_reads_are_bit_exact(gluon_device):
     _check_quantized_reads(lambda *rows: _gluon_paged(*rows, None)[0], 64, 512, 300, 13, gluon_device)
 
 
-def test_public_api_routes_unsplit_64_head_calls(gluon_device, monkeypatch):
-    """The public calls take the Gluon kernel for unsplit 64-head programs (also fewer than one per SM: decode),
-    else the Triton kernel (the two give the same results within the tolerances above, so this spies on the
-    launcher)."""
+# Split decode on the Gluon kernel: each split walks its own blocks (window then compressed, as one walk) and writes
+# fp32 partials that combine_splits_kernel merges. Block counts per split: odd (warpgroup 0 ends alone) and even, a
+# split across the window / compressed boundary, one that starts inside the compressed list, one-block splits.
+@pytest.mark.parametrize("s_q,h,n_w,n_c,w,topk,num_splits", [
+    (4, 64, 400, 300, 128, 512, 2),  # V4.1 decode slots: 10 blocks, 5 per split (split 1 all compressed)
+    (4, 64, 400, 300, 128, 512, 4),  # 3 / 3 / 3 / 1 blocks: split 0 crosses into the compressed list
+    (3, 128, 1000, 2000, 64, 640, 11),  # one block per split; two head programs
+    (5, 64, 50, 40, 100, 70, 3),  # partial blocks: 2 window + 2 compressed, 2 splits of 2
+])
+def test_gluon_split_matches_reference_and_unsplit(gluon_device, s_q, h, n_w, n_c, w, topk, num_splits):
+    g = torch.Generator().manual_seed(s_q * 17 + h + topk + num_splits)
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, h, n_w, n_c, w, topk, gluon_device)
+    wid[0], cid[0] = -1, -1  # all-empty row: every split empty
+    cid[1] = -1  # window only: the compressed-only splits are empty
+    wid[2] = -1  # compressed only
+    cid[s_q - 1, : topk // 2] = cid[s_q - 1, 0]  # duplicates
+    cid[s_q - 1, topk // 2 :: 7] = n_c + 5  # outside the cache
+    clean = torch.where((cid >= 0) & (cid < n_c), cid, -1)
+    sources = _paged_sources(wc, cc, wid, cid)
+    for s in (sink, None):
+        out, lse = api._launch_gluon(q, *sources, SCALE, s, num_splits)
+        assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, cc, wid, clean, SCALE, s))
+        unsplit_out, unsplit_lse = api._launch_gluon(q, *sources, SCALE, s)
+        assert_attn_close(out, lse, unsplit_out.float(), unsplit_lse)
+        again, _ = api._launch_gluon(q, *sources, SCALE, s, num_splits)
+        assert torch.equal(out, again), "not deterministic"
+
+
+def test_public_api_routes_64_head_calls_to_gluon(gluon_device, monkeypatch):
+    """The public calls take the Gluon kernel for whole 64-head programs, split (decode: fewer programs than SMs) or
+    not, else the Triton kernel (the two give the same results within the tolerances above, so this spies on the
+    launcher and the split count it gets)."""
     g = torch.Generator().manual_seed(3)
     s_q = torch.cuda.get_device_properties(gluon_device).multi_processor_count  # one program per SM
-    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, 64, 100, 100, 128, 64, gluon_device)
-    calls = []
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, 64, 100, 100, 128, 640, gluon_device)
+    splits = []
     launch = api._launch_gluon
-    monkeypatch.setattr(api, "_launch_gluon", lambda *a: calls.append(1) or launch(*a))
-    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink)  # unsplit by default
-    assert len(calls) == 1
-    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=2)  # split: Triton kernel + combine
+    monkeypatch.setattr(api, "_launch_gluon", lambda *a: splits.append(a[5] if len(a) > 5 else 1) or launch(*a))
+    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink)  # one program per SM: unsplit
+    api.sparse_mla_fwd_paged(q, wc, cc, wid, cid, SCALE, sink, num_splits=2)
+    api.sparse_mla_fwd_paged(q[:40], wc, cc, wid[:40], cid[:40], SCALE, sink)  # < 1 per SM: split to fill the SMs
+    assert splits == [1, 2, s_q // 40]
     api.sparse_mla_fwd_paged(q[:, :16].contiguous(), wc, cc, wid, cid, SCALE, sink[:16])  # 16 heads: Triton
-    assert len(calls) == 1
-    api.sparse_mla_fwd_paged(q[:40], wc, cc, wid[:40], cid[:40], SCALE, sink)  # < 1 per SM, unsplit: Gluon
-    assert len(calls) == 2
     empty_ids = _random_ids(g, s_q, 8, 1, empty_frac=1.0, device=gluon_device)
     out, lse = api.sparse_mla_fwd_paged(q, wc, cc[:0], wid, empty_ids, SCALE, sink)  # no compressed rows: Triton
-    assert len(calls) == 2 and torch.isfinite(lse).all()
+    assert len(splits) == 3 and torch.isfinite(lse).all()
     kv = torch.randn(300, 512, generator=g).bfloat16().to(gluon_device)
     api.sparse_mla_fwd(q, kv, _random_ids(g, s_q, 64, 300, device=gluon_device), SCALE, sink)  # bf16 rows
-    assert len(calls) == 3
+    assert splits == [1, 2, s_q // 40, 1]
 
 
 @pytest.mark.parametrize("s_q,h,n_kv,topk", [(37, 64, 1000, 640), (19, 128, 50, 100), (5, 64, 3, 64), (4, 64, 9, 1)])

@@ -1,5 +1,5 @@
 """mini-flashmla: sparse MLA attention with sink over V4.1's paged quantized cache, and the indexer (SM90: Triton, and
-Gluon for the attention's unsplit 64-head calls; pure-torch references on CPU). See `mini_flashmla.api` for the
+Gluon for the attention's 64-head calls; pure-torch references on CPU). See `mini_flashmla.api` for the
 contracts."""
 
 from mini_flashmla.api import (

@@ -150,11 +150,12 @@ def sparse_mla_fwd_paged(
         _check_rows(compressed_cache, COMPRESSED_KV_ROW_BYTES, "compressed_cache")
         source_b = (compressed_cache, compressed_ids, FORMAT_FP4_COMPRESSED.value)
     total_slots = window_ids.shape[1] + (compressed_ids.shape[1] if compressed_ids is not None else 0)
-    if num_splits is None:
-        num_splits = _default_num_splits(q, total_slots)
     source_a = (window_cache, window_ids, FORMAT_FP8_WINDOW.value)
-    if num_splits == 1 and _gluon_runs_on(q, *(c for c in (window_cache, compressed_cache) if c is not None)):
-        return _launch_gluon(q, source_a, source_b, sm_scale, attn_sink)
+    gluon = _gluon_runs_on(q, *(c for c in (window_cache, compressed_cache) if c is not None))
+    if num_splits is None:
+        num_splits = _default_num_splits(q, total_slots, gluon)
+    if gluon:
+        return _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits)
     return _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits)
 
 
@@ -172,16 +173,43 @@ def _check_rows(cache: torch.Tensor, row_bytes: int, name: str) -> None:
                          f"{tuple(cache.shape)}")
 
 
-def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
-    """Split only a grid that would leave most SMs idle (fewer than a quarter of them busy: a handful of decode
-    tokens), up to ~1 program per SM with at least 2 blocks of 64 slots per split. On H200 the fp32 partials cost
-    more than they save from batch 64 up (docs/reports/flashmla-sparse-attention.md), so those run unsplit."""
+def _default_num_splits(q: torch.Tensor, total_slots: int, gluon: bool) -> int:
+    """Split a grid of fewer programs than SMs (decode) up to ~1 program per SM, with at least 2 blocks of 64 slots
+    per split. The Triton kernel splits only below a quarter of the SMs: on H200 its fp32 partials cost more than
+    they save from batch 64 up (docs/reports/flashmla-sparse-attention.md)."""
     programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
     num_sms = _num_sms(q.device)
-    if 4 * programs > num_sms:
+    if not gluon and 4 * programs > num_sms:
         return 1
     most = max(1, math.ceil(total_slots / ATTN_BLOCK_N) // 2)
     return max(1, min(num_sms // max(programs, 1), most))
+
+
+def _split_blocks(n_blocks: int, num_splits: int) -> tuple[int, int]:
+    """(splits, blocks per split) for cutting n_blocks into at most num_splits parts, none of them empty."""
+    num_splits = max(1, min(num_splits, n_blocks))
+    blocks_per_split = math.ceil(n_blocks / num_splits) if n_blocks else 0
+    return (math.ceil(n_blocks / blocks_per_split) if n_blocks else 1), blocks_per_split
+
+
+def _split_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernels' partial outputs: normalised out fp32 [s_q, num_splits, h, 512], lse fp32 [s_q, num_splits,
+    h]."""
+    s_q, h, d = q.shape
+    return (torch.empty((s_q, num_splits, h, d), dtype=torch.float32, device=q.device),
+            torch.empty((s_q, num_splits, h), dtype=torch.float32, device=q.device))
+
+
+def _combine_splits(part_out, part_lse, attn_sink, out, lse):
+    """out, lse from the partials (sparse_attn_kernel.combine_splits_kernel: merged by lse, then the sink)."""
+    from mini_flashmla.sparse_attn_kernel import combine_splits_kernel
+
+    s_q, num_splits, h, d = part_out.shape
+    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
+    combine_splits_kernel[(s_q, math.ceil(h / 16))](
+        part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
+        HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, num_warps=4,
+    )
 
 
 def _attn_outputs_and_sources(q, source_a, source_b):
@@ -202,7 +230,7 @@ def _attn_outputs_and_sources(q, source_a, source_b):
 
 def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     """source_*: (rows tensor, ids int32 [s_q, n], FORMAT). Allocates the outputs and launches the kernel(s)."""
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, LOG2E, combine_splits_kernel, sparse_mla_fwd_kernel
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, LOG2E, sparse_mla_fwd_kernel
 
     s_q, h, d = q.shape
     out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
@@ -210,17 +238,11 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         return out, lse
     n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + (math.ceil(b_ids.shape[1] / ATTN_BLOCK_N)
                                                            if source_b is not None else 0)
-    num_splits = max(1, min(num_splits, n_blocks))
-    blocks_per_split = math.ceil(n_blocks / num_splits) if n_blocks else 0
-    num_splits = math.ceil(n_blocks / blocks_per_split) if n_blocks else 1
+    num_splits, blocks_per_split = _split_blocks(n_blocks, num_splits)
     block_h = min(MAX_ATTN_BLOCK_H, max(16, _next_pow2(h)))  # tensor-core M must be >= 16
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
     split = num_splits > 1
-    if split:
-        part_out = torch.empty((s_q, num_splits, h, d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((s_q, num_splits, h), dtype=torch.float32, device=q.device)
-    else:
-        part_out, part_lse = out, lse  # placeholders, not written
+    part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     grid = (s_q, math.ceil(h / block_h), num_splits)
     sparse_mla_fwd_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -234,16 +256,13 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
            else {"num_warps": 4, "num_stages": 1}),
     )
     if split:
-        combine_splits_kernel[(s_q, math.ceil(h / 16))](
-            part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
-            HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, num_warps=4,
-        )
+        _combine_splits(part_out, part_lse, attn_sink, out, lse)
     return out, lse
 
 
 def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
-    """Where sparse_attn_gluon_kernel takes an unsplit call: whole programs of 64 heads, rows in every given cache
-    (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are 16 B), where
+    """Where sparse_attn_gluon_kernel takes a call (split or not): whole programs of 64 heads, rows in every given
+    cache (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are 16 B), where
     mini_deepgemm's Gluon platform check allows (sm_90, triton 3.6, not the interpreter).
     Until session 13 calls of fewer programs than SMs (decode at batch 64 and 128 on H200) stayed on the Triton
     kernel: timed with host time included (do_bench), the Gluon kernel's decode looked unstable (59-64 us in one
@@ -255,26 +274,36 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
             and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0)
 
 
-def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink):
-    """An unsplit call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn.
-    Same outputs as the Triton kernel within the rounding of the accumulation order."""
+def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
+    """A call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn; split
+    into up to num_splits parts of each query's blocks, merged by _combine_splits. Same outputs as the Triton kernel
+    within the rounding of the accumulation order."""
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
     out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
     if s_q == 0:
         return out, lse
+    b_len = b_ids.shape[1] if source_b is not None else 0
+    n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + math.ceil(b_len / ATTN_BLOCK_N)
+    num_splits, blocks_per_split = _split_blocks(n_blocks, num_splits)
+    split = num_splits > 1
+    part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
-    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H)](
+    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H, num_splits)](
         q, q.stride(0), q.stride(1),
         a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
-        b_rows, b_ids, b_ids.stride(0), b_ids.shape[1] if source_b is not None else 0, b_rows.shape[0],
-        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), sm_scale * LOG2E.value,
+        b_rows, b_ids, b_ids.stride(0), b_len, b_rows.shape[0],
+        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse, max(blocks_per_split, 1),
+        sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
+        SPLIT=split,
         # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
         # accounts for the registers)
         num_warps=4, maxnreg=MAXNREG.value,
     )
+    if split:
+        _combine_splits(part_out, part_lse, attn_sink, out, lse)
     return out, lse
 
 

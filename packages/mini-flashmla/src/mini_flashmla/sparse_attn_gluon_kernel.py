@@ -1,6 +1,6 @@
-"""Gluon kernel of sparse MLA attention (prefill and unsplit decode): bf16 rows, or the paged quantized cache (FP8
-window rows, FP4 compressed rows). Warp-specialized: a producer warpgroup gathers (and dequantizes) 64-slot blocks
-into a 2-deep ring of bf16 tiles while two consumer warpgroups run the block's MMAs and softmax.
+"""Gluon kernel of sparse MLA attention (prefill, and decode split over slots): bf16 rows, or the paged quantized
+cache (FP8 window rows, FP4 compressed rows). Warp-specialized: a producer warpgroup gathers (and dequantizes)
+64-slot blocks into a 2-deep ring of bf16 tiles while two consumer warpgroups run the block's MMAs and softmax.
 
 Why: the Triton kernel (sparse_attn_kernel.py) spends ~5.5 us (bf16 rows) to ~11 us (quantized rows) per 64-slot
 block against ~1 us of tensor-core work (docs/reports/flashmla-sparse-attention.md): it lays the 64 x 64 QK^T MMA out
@@ -49,7 +49,9 @@ replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181
 exchanged the row max and P, so that the tensor pipe idled under every softmax): bf16 rows 1.08x, paged 1.03x,
 decode 1.02x ("Session 24" in that report). Session 25 (the quantized producer's chunks staged LOOKAHEAD ahead, in
 place of one buffer that held a whole block's gather before its conversion): paged 1.04x, decode 1.04-1.08x.
-api routes every unsplit call of whole 64-head programs here.
+Session 26: split decode (each split walks its own blocks and writes fp32 partials that
+sparse_attn_kernel.combine_splits_kernel merges), so that decode below one program per SM fills the SMs.
+api routes every call of whole 64-head programs here.
 """
 
 from __future__ import annotations
@@ -411,7 +413,8 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
 @gluon.jit
 def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
               stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
-              stride_lse_s, qk_scale_log2, HAS_SINK: gl.constexpr, WG: gl.constexpr):
+              stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+              WG: gl.constexpr):
     """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
     every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse."""
     sq = gl.program_id(0)
@@ -489,17 +492,26 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
     mbarrier.wait(both, 1)
     l_i = l_smem.index(0).load(gl.SliceLayout(1, S_WG)) + l_smem.index(1).load(gl.SliceLayout(1, S_WG))
     rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_WG))
-    denom = l_i
-    if HAS_SINK:
-        denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
-    if WG == 0:
-        lse = gl.where(l_i > 0, (m_run + gl.log2(l_i)) * LN2, float("-inf"))
-        gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-    denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
-    o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
     out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_WG))
     out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, O_WG))
-    gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
+    lse = gl.where(l_i > 0, (m_run + gl.log2(l_i)) * LN2, float("-inf"))
+    if SPLIT:  # this split's output over its own row sum, and its lse; the combine applies the sink
+        part = sq * gl.num_programs(2) + gl.program_id(2)
+        heads_all = gl.num_programs(1) * HEADS
+        if WG == 0:
+            gl.store(part_lse_ptr + part * heads_all + rows, lse)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_WG), assert_trivial=True)
+        o = gl.where(l_o[:, None] > 0, acc / l_o[:, None], 0.0)
+        gl.store(part_out_ptr + (part * heads_all + out_heads)[:, None].to(gl.int64) * D + out_dims[None, :], o)
+    else:
+        denom = l_i
+        if HAS_SINK:
+            denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
+        if WG == 0:
+            gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
+        denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
+        o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
+        gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
 
 
 @gluon.jit
@@ -525,32 +537,47 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, HAS_B: gl.constexpr):
-    """This program's query (program_id(0)): (its rows of both id lists, source A's 64-slot blocks, all blocks)."""
+def _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split,
+                  HAS_B: gl.constexpr):
+    """This program's part of its query's walk (query program_id(0), split program_id(2): logical blocks
+    split x blocks_per_split on, at most blocks_per_split of them, source A's before source B's) as a walk of its own:
+    (its first ids of both lists, the lists' lengths from there, its source-A blocks, all its blocks). Every split has
+    at least one block (the host's split count); a length can go negative past the list's end (its ids then read as
+    empty)."""
     sq = gl.program_id(0)
     a_blocks = gl.cdiv(a_len, BLOCK_N)
     n_blocks = a_blocks
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
-    return a_ids_ptr + sq * stride_a_ids, b_ids_ptr + sq * stride_b_ids, a_blocks, n_blocks
+    first = gl.program_id(2) * blocks_per_split
+    n_local = gl.minimum(n_blocks - first, blocks_per_split)
+    b_skip = gl.maximum(first - a_blocks, 0)
+    return (a_ids_ptr + sq * stride_a_ids + first * BLOCK_N, a_len - first * BLOCK_N,
+            b_ids_ptr + sq * stride_b_ids + b_skip * BLOCK_N, b_len - b_skip * BLOCK_N,
+            gl.minimum(gl.maximum(a_blocks - first, 0), n_local), n_local)
 
 
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
 # ConvertTritonGPUToLLVM, seen on H200 with one window slot): the lengths and row counts stay runtime values.
-@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows"])
+@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows", "blocks_per_split"])
 def sparse_mla_fwd_gluon_kernel(
     q_ptr, stride_q_s, stride_q_h,
     a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows,
     b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows,
     sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
+    part_out_ptr, part_lse_ptr, blocks_per_split,
     qk_scale_log2,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
+    SPLIT: gl.constexpr,
 ):
-    """Grid (s_q, h // 64), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps come on top).
-    Source A's blocks, then source B's (if HAS_B; bf16 rows come alone); writes out bf16 [s_q, h, 512] and lse fp32
-    [s_q, h] (natural log, without the sink; -inf for a row with no valid slot)."""
-    a_ids_ptr, b_ids_ptr, a_blocks, n_blocks = _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids,
-                                                             b_len, HAS_B)
+    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps
+    come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
+    split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
+    h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
+    normalised by its own row sum (fp32, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
+    part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to)."""
+    a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
+        a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
     tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
@@ -570,10 +597,10 @@ def sparse_mla_fwd_gluon_kernel(
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
-                      lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 0)),
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, HAS_SINK, SPLIT, 0)),
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
-                      lse_ptr, stride_lse_s, qk_scale_log2, HAS_SINK, 1)),
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
