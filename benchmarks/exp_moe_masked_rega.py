@@ -1,11 +1,11 @@
-"""Experiment (issue 4; written in session 24, measured in session 25 run 1): the masked FP8 x FP4 MoE kernel with the
-converted weights as the wgmma's register A operand. Result (H200): 1.03-1.26x the shipped kernel, bitwise equal;
-~32 rows per expert 0.446 / 0.432 of the copy rate (w13 / w2) against 0.383 / 0.418. Not shipped: the permuted
-weight order below is not what the contiguous kernel reads (docs/reports/deepgemm-moe-fold-128.md, session 25).
-Written after session 25's last run, compiled offline, not yet GPU-run: the same kernel on the engine's (natural)
-byte order (NATURAL), which gathers each word's two 16-bit pieces from shared memory (_natural_words) and so needs no
-other weight layout; offline (triton 3.6, sm_90a) 591 / 735 SASS instructions at 16 / 32 tokens against the
-permuted order's 551 / 679 and the shipped kernel's 543 / 687, 116 / 128 registers (4 bytes of spill at 32).
+"""Experiment (issue 4; written in session 24, measured in sessions 25 and 26): the masked FP8 x FP4 MoE kernel with
+the converted weights as the wgmma's register A operand, on weights permuted per K step (permute_k_steps).
+Session 25 run 1 (H200): 1.03-1.26x the then-shipped kernel (a converted tile in shared memory), bitwise equal.
+Session 26 run 1: mini_deepgemm ships the register A operand on the engine's (natural) byte order
+(_masked_folded_steps, each word's two 16-bit pieces gathered from shared memory by _fragment_words), which this
+permuted order beats by 1.02-1.05x, bitwise equal (docs/reports/deepgemm-moe-fold-128.md, "Session 26"). Kept as
+the measured design for the step that remains: the contiguous kernel reading the permuted order too, so that both
+could take it. The text below is session 24's design note.
 
 Why (docs/reports/deepgemm-moe-fold-128.md, session 24): at ~32 rows per expert the shipped masked kernel reaches
 0.37-0.41 of the copy rate against the issue's 0.6. Two converted tiles, 8 warps per CTA and deeper rings all
@@ -58,25 +58,12 @@ from bench_flashmla import environment
 from bench_fp4_e4m3_route import MOE_SHAPES
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
-from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import (_E2M1_TO_E4M3_PTX, LUT_HI_BASE, LUT_HI_STEP, LUT_LO_BASE,
-                                                      LUT_LO_STEP, _masked_fill, _masked_issue, _masked_ring,
-                                                      _masked_store, _raw_words)
+from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import (_HALF_WORDS, _masked_fill, _masked_issue, _masked_ring,
+                                                      _masked_store, _raw_words, _register_operand)
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
-
-# Half of a K step's packed words, int32 [64 rows, 16 words]: a thread holds rows g, g + 8 and words 4q .. 4q + 3
-HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
-# The natural byte order's 16-bit pieces, int16 [64 rows, 32 pieces] of half a K step: a thread holds rows g, g + 8
-# and pieces 8c + 4s + q (bytes 16c + 8s + 2q, + 1) for chunks c and s = 0, 1: the two halves of its word 4q + c
-HALF_PIECES: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 4], [0, 8], [0, 16], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
-_IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
-
 
 def permute_k_steps(bq: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 weights [..., K / 2] with each 64-byte K step's bytes in the register-A order (module docstring)."""
@@ -87,46 +74,17 @@ def permute_k_steps(bq: torch.Tensor) -> torch.Tensor:
 
 
 @gluon.jit
-def _natural_words(pieces_smem):
-    """Half a K step of weights in the natural byte order (int16 [64, 32] in shared memory) -> the words the permuted
-    order would hold (int32 [64, 16] in HALF_WORDS): word 4q + c = pieces 8c + q (low half) and 8c + 4 + q (high),
-    16-bit shared loads and one pack per word, no data between threads."""
-    pieces = gl.permute(gl.reshape(pieces_smem.load(HALF_PIECES), [64, 4, 2, 4]), [0, 3, 1, 2])  # (row, q, c, s)
-    lo, hi = gl.split(pieces)
-    words = (hi.to(gl.int32) << 16) | (lo.to(gl.int32) & 0xFFFF)
-    return gl.convert_layout(gl.reshape(words, [64, 16]), HALF_WORDS, assert_trivial=True)
-
-
-@gluon.jit
-def _half_operand(words, offsets, A_OP: gl.constexpr):
-    """One half's packed words (int32 [64, 16] in HALF_WORDS, permuted order) and its rows' offset bytes (int32 [64],
-    one byte per 32-block) -> the e4m3 [64, 128] wgmma A operand in registers."""
-    chunk = gl.arange(0, 16, gl.SliceLayout(0, HALF_WORDS))[None, :] % 4  # word 4q + c: chunk c, a register constant
-    offset = (offsets[:, None] >> (8 * chunk)) & 0xFF
-    lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables
-    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
-                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4q + c, s), s = first or second 16 of the chunk
-    w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 2, 3, 1])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
-    w = gl.reshape(w, [64, 32])
-    w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [64, 128])  # each word for its 4 values
-    a = gl.inline_asm_elementwise(_IDENTITY_PTX, "=r,r,r,r,r", [w], dtype=gl.float8e4nv, is_pure=True, pack=4)
-    return gl.convert_layout(a, A_OP, assert_trivial=True)
-
-
-@gluon.jit
 def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K, stride_sa,
-                       stride_d_g, stride_d_m, STAGES: gl.constexpr, NATURAL: gl.constexpr):
+                       stride_d_g, stride_d_m, STAGES: gl.constexpr):
     """fp4_e4m3_masked_kernel's contract with SA_PER_128 (activations folded per 128), on weights in
-    permute_k_steps's order, or (NATURAL) in the engine's order, whose pieces _natural_words gathers.
-    Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4."""
+    permute_k_steps's order: a thread's fragment words are one 16-byte shared load per row, where the shipped kernel
+    (_fragment_words) gathers them as 16-bit pieces of the natural order. Grid (cdiv(max_m, BLOCK_M), N / 128, G);
+    num_warps=4."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
-    raw_pieces = w_ring._reinterpret(gl.int16, [STAGES, 128, 32],
-                                     gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
 
     m0 = gl.program_id(0) * BLOCK_M
     n0 = gl.program_id(1) * 128
@@ -137,7 +95,7 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
         w_row = g * N + n0
         x_row = g * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
-        half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, HALF_WORDS))
+        half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
         offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
         offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
         # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would
@@ -157,16 +115,10 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
             slot = k % STAGES
             mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
             b = x_ring.index(slot).permute((1, 0))
-            if NATURAL:
-                words_lo = _natural_words(raw_pieces.index(slot).slice(0, 64, dim=0))
-            else:
-                words_lo = raw_words.index(slot).slice(0, 64, dim=0).load(HALF_WORDS)
-            lo_mma = warpgroup_mma(_half_operand(words_lo, off_lo, a_op), b, zero, use_acc=False, is_async=True)
-            if NATURAL:  # under the first MMA
-                words_hi = _natural_words(raw_pieces.index(slot).slice(64, 64, dim=0))
-            else:
-                words_hi = raw_words.index(slot).slice(64, 64, dim=0).load(HALF_WORDS)
-            a_hi = _half_operand(words_hi, off_hi, a_op)
+            words_lo = raw_words.index(slot).slice(0, 64, dim=0).load(_HALF_WORDS)
+            lo_mma = warpgroup_mma(_register_operand(words_lo, off_lo, a_op), b, zero, use_acc=False, is_async=True)
+            words_hi = raw_words.index(slot).slice(64, 64, dim=0).load(_HALF_WORDS)
+            a_hi = _register_operand(words_hi, off_hi, a_op)
             hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
             wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
             part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
@@ -180,9 +132,8 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
 
 
 def launch(a128: tuple[torch.Tensor, torch.Tensor], bq: torch.Tensor, folded: G.FoldedFP4Scales,
-           d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, natural: bool) -> None:
-    """The shipped masked launch (gemm._fp4_e4m3_gemm) on masked_rega_kernel; bq in permute_k_steps's order, or in
-    the engine's (natural)."""
+           d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> None:
+    """The shipped masked launch (gemm._fp4_e4m3_gemm) on masked_rega_kernel; bq in permute_k_steps's order."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     (aq, sa), (groups, n, k2) = a128, bq.shape
@@ -191,12 +142,11 @@ def launch(a128: tuple[torch.Tensor, torch.Tensor], bq: torch.Tensor, folded: G.
     w_desc = TensorDescriptor.from_tensor(bq.view(groups * n, k2), [128, 64], G._packed_fp4_layout())
     masked_rega_kernel[(-(-max_m // block_m), n // 128, groups)](
         w_desc, G._tma_desc(aq.view(groups * max_m, k), (block_m, 128)), d, folded.offsets, sa,
-        folded.column_scales, masked_m, max_m, n, k, k // 128, d.stride(0), d.stride(1), STAGES=stages, NATURAL=natural,
-        num_warps=4,
+        folded.column_scales, masked_m, max_m, n, k, k // 128, d.stride(0), d.stride(1), STAGES=stages, num_warps=4,
         **({"maxnreg": 128} if block_m <= 32 else {}))  # 4 CTAs per SM; 64 tokens take 228 (2 CTAs), no spill
 
 
-KERNELS = ("shipped", "register_a", "register_a_natural")
+KERNELS = ("shipped", "register_a_permuted")
 
 
 def main() -> None:
@@ -215,10 +165,8 @@ def main() -> None:
                 "shipped": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), outs["shipped"], masked_m,
                                                                       expected_m, weight_scale_max=FP4_SCALE_BOUND,
                                                                       folded=folded),
-                "register_a": lambda: launch(a128, bq_permuted, folded, outs["register_a"], masked_m, expected_m,
-                                             natural=False),
-                "register_a_natural": lambda: launch(a128, bq, folded, outs["register_a_natural"], masked_m,
-                                                     expected_m, natural=True),
+                "register_a_permuted": lambda: launch(a128, bq_permuted, folded, outs["register_a_permuted"],
+                                                      masked_m, expected_m),
             }
             row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()),
                    "tile": G._masked_tile(expected_m)}
@@ -237,13 +185,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_rega.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print("| rows per expert | GEMM | tile | shipped | register A (permuted) | ratio | register A (natural) | ratio |"
-          " bitwise |")
+    print("| rows per expert | GEMM | tile | shipped (natural order) | permuted order | ratio | bitwise |")
     for r in result["rows"]:
         print(f"| ~{r['expected_m']} | {r['name']} | {r['tile'][0]} | {r['frac_of_copy_shipped']:.3f} | "
-              f"{r['frac_of_copy_register_a']:.3f} | {r['us_shipped'] / r['us_register_a']:.2f}x | "
-              f"{r['frac_of_copy_register_a_natural']:.3f} | {r['us_shipped'] / r['us_register_a_natural']:.2f}x | "
-              f"{r['bitwise_register_a']} / {r['bitwise_register_a_natural']} |")
+              f"{r['frac_of_copy_register_a_permuted']:.3f} | {r['us_shipped'] / r['us_register_a_permuted']:.2f}x | "
+              f"{r['bitwise_register_a_permuted']} |")
 
 
 if __name__ == "__main__":

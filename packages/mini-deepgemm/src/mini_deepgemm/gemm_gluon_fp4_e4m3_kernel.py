@@ -29,7 +29,11 @@ the folded scales alone).
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
   when none is padding, else the used rows by masked pointer stores.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
-  ring, the conversion into a shared tile, swap-AB MMAs of m64nBLOCK_Mk32; the used tokens' rows are stored.
+  ring, swap-AB MMAs; the used tokens' rows are stored. Per-32 activations: the conversion into a shared tile,
+  m64nBLOCK_Mk32 MMAs. Folded activations (the engine's): each 64-row half converted straight into its MMA's A
+  registers (_masked_folded_steps, session 26), no shared tile, fence or CTA barrier in between; H200, session 26
+  run 1, against the shared-tile kernel in the same run: 1.01-1.04x at ~8 rows per expert, 1.00-1.08x at ~32,
+  decode step of the medium model 1.025 / 1.037x at batch 32 / 64 (docs/reports/deepgemm-moe-fold-128.md).
 """
 
 from __future__ import annotations
