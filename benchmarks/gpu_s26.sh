@@ -7,8 +7,8 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main with the Gluon kernel's split
 #       decode, .ab-base.tar.gz = 94266de (run 1's tree: the register-A masked kernel, decode unsplit on Gluon): the
 #       mini-flashmla GPU suite and the runtime's core GPU tests on the tree; bench_flashmla on the tree (prefill and
-#       decode: the split against both kernels' earlier routes in one process) and on base (prefill: the unsplit
-#       path's extra split bookkeeping); bench_prefill and bench_decode on both)
+#       decode: the split against both kernels' earlier routes in one process); bench_decode and bench_prefill on both;
+#       parts A and B of the rest of the runtime's GPU suite on the tree)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s26
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
@@ -36,12 +36,11 @@ r2)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   flashmla_sides 70 new
-  run flashmla_base 60 env PYTHONPATH="$BASE_PYTHONPATH" BENCH_PARTS=prefill BENCH_JSON=flashmla_base.json \
-    bash -c "cd benchmarks && python3 bench_flashmla.py"
   decode_bench decode_new
   decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
   prefill_sides 70 new base
-  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  rest_ab 90 130
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
   show_sides new base
   for s in new base; do echo "== decode $s"; grep -E "ms/step|bench_decode:" "$OUT/decode_$s.txt" | cut -c1-200; done
   ;;
