@@ -58,12 +58,12 @@ from bench_flashmla import environment
 from bench_fp4_e4m3_route import MOE_SHAPES
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
-from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import (_HALF_WORDS, _masked_fill, _masked_issue, _masked_ring,
-                                                      _masked_store, _raw_words, _register_operand)
+from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import (_HALF_WORDS, _masked_fill, _masked_folded_steps, _masked_ring,
+                                                      _masked_store, _raw_words)
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 def permute_k_steps(bq: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 weights [..., K / 2] with each 64-byte K step's bytes in the register-A order (module docstring)."""
@@ -74,18 +74,23 @@ def permute_k_steps(bq: torch.Tensor) -> torch.Tensor:
 
 
 @gluon.jit
+def _permuted_words(w_ring, slot, half: gl.constexpr):
+    """Half `half` of ring slot `slot`'s weights in permute_k_steps's order -> each thread's A-fragment words (int32
+    [64, 16] in _HALF_WORDS): one 16-byte shared load per row, where the shipped _fragment_words gathers 16-bit
+    pieces of the natural order."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    return _raw_words(w_ring, STAGES).index(slot).slice(64 * half, 64, dim=0).load(_HALF_WORDS)
+
+
+@gluon.jit
 def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K, stride_sa,
                        stride_d_g, stride_d_m, STAGES: gl.constexpr):
-    """fp4_e4m3_masked_kernel's contract with SA_PER_128 (activations folded per 128), on weights in
-    permute_k_steps's order: a thread's fragment words are one 16-byte shared load per row, where the shipped kernel
-    (_fragment_words) gathers them as 16-bit pieces of the natural order. Grid (cdiv(max_m, BLOCK_M), N / 128, G);
-    num_warps=4."""
+    """fp4_e4m3_masked_kernel's contract with SA_PER_128 (activations folded per 128) and its K loop
+    (_masked_folded_steps), on weights in permute_k_steps's order (_permuted_words). Grid (cdiv(max_m, BLOCK_M),
+    N / 128, G); num_warps=4."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
-    raw_words = _raw_words(w_ring, STAGES)
-
     m0 = gl.program_id(0) * BLOCK_M
     n0 = gl.program_id(1) * 128
     g = gl.program_id(2)
@@ -95,36 +100,8 @@ def masked_rega_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr,
         w_row = g * N + n0
         x_row = g * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
-        half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
-        offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
-        offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
-        # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would
-        # hold two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
-        sa_tile = sa_ptr + (g * max_m + m0).to(gl.int64) * stride_sa
-        sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
-        zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
-        off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
-        for k in range(num_k):
-            # the slot read in step k - 1 is free: that step waited for its MMAs, which need every warp's operand
-            if k + STAGES - 1 < num_k:
-                _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-            ahead = gl.minimum(k + 1, num_k - 1)
-            off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
-            slot = k % STAGES
-            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-            b = x_ring.index(slot).permute((1, 0))
-            words_lo = raw_words.index(slot).slice(0, 64, dim=0).load(_HALF_WORDS)
-            lo_mma = warpgroup_mma(_register_operand(words_lo, off_lo, a_op), b, zero, use_acc=False, is_async=True)
-            words_hi = raw_words.index(slot).slice(64, 64, dim=0).load(_HALF_WORDS)
-            a_hi = _register_operand(words_hi, off_hi, a_op)
-            hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
-            wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
-            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-            acc_lo = acc_lo + part_lo * wa[None, :]
-            acc_hi = acc_hi + part_hi * wa[None, :]
-            off_lo, off_hi = off_lo_next, off_hi_next
+        acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row,
+                                              x_row, m0, max_m, K, stride_sa, mma, _permuted_words)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
     for s in gl.static_range(STAGES):
