@@ -38,6 +38,7 @@ SCALE = D**-0.5
 # 8 and 32 (since session 13): below 33 programs the Triton kernel splits the index lists; since session 26 the API
 # splits on the Gluon kernel below one program per SM, and the rows show that against both kernels' earlier routes
 DECODE_BATCHES = (8, 32, 64, 128, 256)
+DECODE_SPLIT_SWEEP = (1, 2, 3, 4, 5, 10)  # 640 slots = 10 blocks: 10 / 5 / 4 / 3 / 2 / 1 blocks per split
 
 
 def bench(fn) -> float:
@@ -169,6 +170,9 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_splits"] = triton_splits
         result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, triton_splits))
+        result[f"decode_b{batch}_gluon_split_sweep_us"] = {  # the split rule's evidence: every count tried
+            splits: 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink, splits))
+            for splits in DECODE_SPLIT_SWEEP}
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
         out, _ = public_api()
         gluon_out, _ = api._launch_gluon(q, *sources, SCALE, sink)
@@ -263,6 +267,11 @@ def print_table(result: dict) -> None:
                   f"{result[f'decode_b{b}_triton_own_split_us']:.1f} us; API with host time "
                   f"{result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
+    for b in DECODE_BATCHES:
+        if f"decode_b{b}_gluon_split_sweep_us" in result:
+            sweep = result[f"decode_b{b}_gluon_split_sweep_us"]
+            print(f"| decode batch {b}, Gluon by split count | "
+                  + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items()) + " | |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "
               f"| {result['fp8_scaled_mm_same_gemm_ms'] / result['indexer_scores_ms']:.2f}x of FP8 scaled_mm "

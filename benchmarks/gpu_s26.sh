@@ -35,7 +35,7 @@ r1)
 r2)
   run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  flashmla_sides 70 new
+  flashmla_sides 110 new
   decode_bench decode_new
   decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
   prefill_sides 70 new base
