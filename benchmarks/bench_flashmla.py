@@ -173,6 +173,14 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_gluon_split_sweep_us"] = {  # the split rule's evidence: every count tried
             splits: 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink, splits))
             for splits in DECODE_SPLIT_SWEEP}
+        splits, _ = api._split_blocks(-(-W // 64) + -(-TOPK_C // 64), result[f"decode_b{batch}_splits"])
+        if splits > 1:  # the merge's share of the split call: combine_splits_kernel alone on this call's partials
+            part_out, part_lse = api._split_partials(q, splits)
+            part_out.normal_(generator=g)
+            part_lse.normal_(generator=g)
+            out_c, lse_c = torch.empty_like(q), torch.empty(q.shape[:2], device=dev)
+            result[f"decode_b{batch}_combine_us"] = 1e3 * bench_graph(
+                lambda: api._combine_splits(part_out, part_lse, sink, out_c, lse_c))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
         out, _ = public_api()
         gluon_out, _ = api._launch_gluon(q, *sources, SCALE, sink)
@@ -270,8 +278,10 @@ def print_table(result: dict) -> None:
     for b in DECODE_BATCHES:
         if f"decode_b{b}_gluon_split_sweep_us" in result:
             sweep = result[f"decode_b{b}_gluon_split_sweep_us"]
+            combine = result.get(f"decode_b{b}_combine_us")
             print(f"| decode batch {b}, Gluon by split count | "
-                  + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items()) + " | |")
+                  + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items())
+                  + (f"; the merge alone {combine:.1f} us" if combine else "") + " | |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "
               f"| {result['fp8_scaled_mm_same_gemm_ms'] / result['indexer_scores_ms']:.2f}x of FP8 scaled_mm "

@@ -9,6 +9,9 @@
 #       mini-flashmla GPU suite and the runtime's core GPU tests on the tree; bench_flashmla on the tree (prefill and
 #       decode: the split against both kernels' earlier routes in one process); bench_decode and bench_prefill on both;
 #       parts A and B of the rest of the runtime's GPU suite on the tree)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main after the review (one folded
+#       masked K loop, SASS identical offline): the mini-deepgemm GPU suite; bench_flashmla's decode with the merge
+#       timed alone; Nsight Compute of the batch-64 decode call (split kernel and merge))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s26
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
@@ -43,6 +46,15 @@ r2)
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
   show_sides new base
   for s in new base; do echo "== decode $s"; grep -E "ms/step|bench_decode:" "$OUT/decode_$s.txt" | cut -c1-200; done
+  ;;
+r3)
+  run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run flashmla_decode 90 env BENCH_PARTS=decode BENCH_JSON=flashmla_decode.json \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
+  ncu_profile sparse_decode
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests
+  grep -E "^\| decode" "$OUT/flashmla_decode.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -30
   ;;
 esac
 pack_out
