@@ -12,6 +12,9 @@
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main after the review (one folded
 #       masked K loop, SASS identical offline): the mini-deepgemm GPU suite; bench_flashmla's decode with the merge
 #       timed alone; Nsight Compute of the batch-64 decode call (split kernel and merge))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main with the merge cut along the
+#       head dim (4x its programs): the mini-flashmla GPU suite and the runtime's core GPU tests; bench_flashmla's
+#       decode (the merge alone against run 3's 4.6 / 5.0 / 5.2 us))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s26
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
@@ -55,6 +58,14 @@ r3)
   cat "$OUT/summary.txt"; test_summary deepgemm_tests
   grep -E "^\| decode" "$OUT/flashmla_decode.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -30
+  ;;
+r4)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run flashmla_decode 90 env BENCH_PARTS=decode BENCH_JSON=flashmla_decode.json \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -E "^\| decode" "$OUT/flashmla_decode.txt"
   ;;
 esac
 pack_out

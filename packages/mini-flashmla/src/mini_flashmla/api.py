@@ -206,9 +206,9 @@ def _combine_splits(part_out, part_lse, attn_sink, out, lse):
 
     s_q, num_splits, h, d = part_out.shape
     sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
-    combine_splits_kernel[(s_q, math.ceil(h / 16))](
+    combine_splits_kernel[(s_q, math.ceil(h / 16), d // 128)](
         part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
-        HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, num_warps=4,
+        HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, BLOCK_D=128, num_warps=4,
     )
 
 
