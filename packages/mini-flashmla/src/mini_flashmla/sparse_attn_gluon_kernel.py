@@ -50,8 +50,8 @@ exchanged the row max and P, so that the tensor pipe idled under every softmax):
 decode 1.02x ("Session 24" in that report). Session 25 (the quantized producer's chunks staged LOOKAHEAD ahead, in
 place of one buffer that held a whole block's gather before its conversion): paged 1.04x, decode 1.04-1.08x.
 Session 26: split decode (each split walks its own blocks and writes fp32 partials that
-sparse_attn_kernel.combine_splits_kernel merges), so that decode below one program per SM fills the SMs: 19.5 /
-24.9 / 31.4 us at batch 8 / 32 / 64, 1.44 / 1.74 / 1.23x the routes before ("Session 26" in that report).
+sparse_attn_kernel.combine_splits_kernel merges), so that decode below one program per SM fills the SMs: 17.7 /
+22.9 / 30.1 us at batch 8 / 32 / 64, about 1.6 / 1.9 / 1.3x the routes before ("Session 26" in that report).
 api routes every call of whole 64-head programs here.
 """
 
