@@ -157,8 +157,9 @@ def contiguous_rega_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, c
         mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 128, 64], d_desc.layout)
-    # the loader is the default partition: that one runs under the launch's register limit, which the math code
-    # would overflow (offline, a math warpgroup there spilled 776 bytes at 224)
+    # the loader is the default partition, which keeps the launch's register limit: both math warpgroups are workers
+    # and take MATH_REGS (a first version with math warpgroup 0 as the default partition, 9 warps launched at 224,
+    # spilled 776 bytes offline; it also held 64-bit scale pointers, so that figure is not this code's)
     gl.warp_specialize(
         [(_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N,
                               128 * NUM_K, GROUP_M)),
