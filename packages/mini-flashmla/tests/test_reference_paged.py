@@ -1,4 +1,9 @@
-"""CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API)."""
+"""CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API), the split rule, and
+the split merge under Triton's interpreter."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -120,3 +125,46 @@ def test_default_decode_splits(monkeypatch, programs, gluon, splits):
                                                      (4, 3, (2, 2)), (0, 5, (1, 0)), (7, 1, (1, 7))])
 def test_split_blocks_leaves_no_split_empty(n_blocks, asked, expected):
     assert api._split_blocks(n_blocks, asked) == expected
+
+
+_MERGE_CHECK = """
+import torch
+from mini_flashmla import api
+
+g = torch.Generator().manual_seed(0)
+for s_q, h, splits in ((3, 64, 4), (2, 128, 2), (2, 4, 5)):
+    q = torch.empty(s_q, h, 512, dtype=torch.bfloat16)
+    part_out, part_lse = api._split_partials(q, splits)
+    part_out.normal_(generator=g)
+    part_lse.normal_(generator=g)
+    part_lse[0, :, 0] = float("-inf")  # a head with no valid slot in any split
+    part_lse[1, 1:, 1] = float("-inf")  # a head with mass in one split only
+    sink = torch.randn(h, generator=g)
+    sink[2], sink[3] = float("inf"), float("-inf")
+    out, lse = torch.empty_like(q), torch.empty(s_q, h)
+    api._combine_splits(part_out, part_lse, sink, out, lse)
+    m = part_lse.amax(1)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(part_lse - m[:, None])
+    w_sum = w.sum(1)
+    ref_lse = torch.where(w_sum > 0, m + torch.log(w_sum), torch.full_like(m, float("-inf")))
+    ref = torch.where(w_sum[..., None] > 0, (w[..., None] * part_out).sum(1) / w_sum[..., None], 0.0)
+    ref = ref / (1 + torch.exp(sink[None] - ref_lse))[..., None]
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf positions"
+    finite = torch.isfinite(ref_lse)
+    assert (lse[finite] - ref_lse[finite]).abs().max() <= 1e-5, "lse"
+    assert (out[0, 0] == 0).all() and (out[:, 2] == 0).all(), "empty heads and +inf sinks give 0"
+    assert (out.float() - ref).abs().max() <= 2**-7 * ref.abs().max(), "out"
+print("merge ok")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA runs the merge in the split tests of test_kernels.py")
+def test_split_merge_under_the_interpreter():
+    """combine_splits_kernel (both kernels' split decode) against a torch merge under TRITON_INTERPRET=1, in a
+    subprocess (the interpreter is chosen when the kernels are defined): several head blocks and both head-dim halves
+    of the grid, heads with no mass or with mass in one split, +inf and -inf sinks."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _MERGE_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "merge ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
