@@ -93,6 +93,7 @@ side_path() {
     *) echo "$PYTHONPATH" ;; esac
 }
 # flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
+# (~40 s a side since session 26's decode split sweep; give it 110)
 flashmla_sides() {
   local secs=$1 side; shift
   for side in "$@"; do
