@@ -15,6 +15,8 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s26.sh   (1 x H200, tree = main with the merge cut along the
 #       head dim (4x its programs): the mini-flashmla GPU suite and the runtime's core GPU tests; bench_flashmla's
 #       decode (the merge alone against run 3's 4.6 / 5.0 / 5.2 us))
+# (exp_moe_masked_rega.py, which run 1 ran, was removed when the package took its natural-order kernel in session
+# 26: git show 31d70c7:benchmarks/exp_moe_masked_rega.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s26
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt

@@ -348,14 +348,12 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 @gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         K, stride_sa, mma: gl.constexpr, fragment_words: gl.constexpr):
+                         K, stride_sa, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
     half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
     barrier: a slot is refilled after the step that read it waited for its MMAs, and an MMA with register A operands
-    starts only once all four warps have issued it, that is, after every warp's loads of the slot.
-    fragment_words(w_ring, slot, half) gives a half's words (_fragment_words; benchmarks/exp_moe_masked_rega.py
-    passes the permuted byte order's)."""
+    starts only once all four warps have issued it, that is, after every warp's loads of the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -378,9 +376,9 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
         slot = k % STAGES
         mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
         b = x_ring.index(slot).permute((1, 0))
-        a_lo = _register_operand(fragment_words(w_ring, slot, 0), off_lo, a_op)
+        a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
         lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
-        a_hi = _register_operand(fragment_words(w_ring, slot, 1), off_hi, a_op)
+        a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
         hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
         wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
         part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
@@ -428,7 +426,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, K, stride_sa, mma, _fragment_words)
+                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
         else:
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
                 gl.int64) * (K // 128)
