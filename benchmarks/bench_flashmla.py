@@ -165,15 +165,17 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_one_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gluon_us"] = 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink))
+        # the API's split count (its rule, cut to whole blocks) and the Triton kernel's own rule
+        n_blocks = -(-W // api.ATTN_BLOCK_N) + -(-TOPK_C // api.ATTN_BLOCK_N)
+        splits, _ = api._split_blocks(n_blocks, api._default_num_splits(q, W + TOPK_C, gluon=True))
         triton_splits = api._default_num_splits(q, W + TOPK_C, gluon=False)
-        result[f"decode_b{batch}_splits"] = api._default_num_splits(q, W + TOPK_C, gluon=True)
+        result[f"decode_b{batch}_splits"] = splits
         result[f"decode_b{batch}_triton_splits"] = triton_splits
         result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, triton_splits))
         result[f"decode_b{batch}_gluon_split_sweep_us"] = {  # the split rule's evidence: every count tried
-            splits: 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink, splits))
-            for splits in DECODE_SPLIT_SWEEP}
-        splits, _ = api._split_blocks(-(-W // 64) + -(-TOPK_C // 64), result[f"decode_b{batch}_splits"])
+            count: 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink, count))
+            for count in DECODE_SPLIT_SWEEP}
         if splits > 1:  # the merge's share of the split call: combine_splits_kernel alone on this call's partials
             part_out, part_lse = api._split_partials(q, splits)
             part_out.normal_(generator=g)
