@@ -109,13 +109,14 @@ def test_indexer_topk_is_chunked_by_query(monkeypatch):
 
 
 @pytest.mark.parametrize("programs,gluon,splits", [
-    (64, True, 2), (32, True, 4), (8, True, 5), (66, True, 2), (67, True, 1), (132, True, 1), (4096, True, 1),
+    (64, True, 2), (32, True, 4), (8, True, 10), (16, True, 8), (66, True, 2), (67, True, 1), (132, True, 1),
+    (4096, True, 1),
     (64, False, 1), (34, False, 1), (33, False, 4), (8, False, 5),
 ])
 def test_default_decode_splits(monkeypatch, programs, gluon, splits):
     """The split rule on a 132-SM GPU at V4.1's 640 slots (10 blocks): the Gluon kernel splits every grid below one
-    program per SM, to about one per SM with at least 2 blocks per split; the Triton kernel only below a quarter of
-    the SMs."""
+    program per SM, to about one per SM, down to one block per split; the Triton kernel only below a quarter of the
+    SMs, with at least 2 blocks per split."""
     monkeypatch.setattr(api, "_num_sms", lambda device: 132)
     q = torch.empty(programs, 64, 512)
     assert api._default_num_splits(q, 640, gluon) == splits
