@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 27's GPU runs (docs/reports/gpu-session-2026-12-02-s27.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main with the Gluon split rule
+#       down to one block per split (5d2e38a cherry-picked): exp_moe_contiguous_rega.py (the contiguous MoE kernel
+#       swap-AB with register-A weights, against the shipped kernel and torch._scaled_grouped_mm); the mini-flashmla
+#       GPU suite and the runtime's core GPU tests; bench_flashmla's decode)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s27
+case "${PART:-r1}" in
+r1)
+  run contig_rega 150 bash -c "cd benchmarks && python3 exp_moe_contiguous_rega.py"
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run flashmla_decode 90 env BENCH_PARTS=decode BENCH_JSON=flashmla_decode.json \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  tail -25 "$OUT/contig_rega.txt" | cut -c1-250
+  grep -E "^\| decode" "$OUT/flashmla_decode.txt"
+  ;;
+esac
+pack_out
