@@ -4,6 +4,10 @@
 #       down to one block per split (5d2e38a cherry-picked): exp_moe_contiguous_rega.py (the contiguous MoE kernel
 #       swap-AB with register-A weights, against the shipped kernel and torch._scaled_grouped_mm); the mini-flashmla
 #       GPU suite and the runtime's core GPU tests; bench_flashmla's decode)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_contiguous_rings.py
+#       (the contiguous MoE kernel on three decoupled rings, seven depth configurations, against the shipped kernel
+#       and torch._scaled_grouped_mm); exp_moe_masked_tiles.py (token tile x ring depth on the register-A masked
+#       kernel))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
 case "${PART:-r1}" in
@@ -16,6 +20,13 @@ r1)
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
   tail -25 "$OUT/contig_rega.txt" | cut -c1-250
   grep -E "^\| decode" "$OUT/flashmla_decode.txt"
+  ;;
+r2)
+  run contig_rings 240 bash -c "cd benchmarks && python3 exp_moe_contiguous_rings.py"
+  run masked_tiles 200 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
+  cat "$OUT/summary.txt"
+  grep -vE '^\{' "$OUT/contig_rings.txt" | tail -22 | cut -c1-200
+  grep -vE '^\{' "$OUT/masked_tiles.txt" | tail -16 | cut -c1-200
   ;;
 esac
 pack_out
