@@ -8,6 +8,8 @@
 #       (the contiguous MoE kernel on three decoupled rings, seven depth configurations, against the shipped kernel
 #       and torch._scaled_grouped_mm); exp_moe_masked_tiles.py (token tile x ring depth on the register-A masked
 #       kernel))
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_contiguous_conv8.py
+#       (the contiguous MoE kernel with two 4-warp converter partitions, two register splits))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
 case "${PART:-r1}" in
@@ -27,6 +29,11 @@ r2)
   cat "$OUT/summary.txt"
   grep -vE '^\{' "$OUT/contig_rings.txt" | tail -22 | cut -c1-200
   grep -vE '^\{' "$OUT/masked_tiles.txt" | tail -16 | cut -c1-200
+  ;;
+r3)
+  run contig_conv8 150 bash -c "cd benchmarks && python3 exp_moe_contiguous_conv8.py"
+  cat "$OUT/summary.txt"
+  grep -vE '^\{' "$OUT/contig_conv8.txt" | tail -12 | cut -c1-200
   ;;
 esac
 pack_out
