@@ -10,6 +10,9 @@
 #       kernel))
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_contiguous_conv8.py
 #       (the contiguous MoE kernel with two 4-warp converter partitions, two register splits))
+# The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
+# docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
+# 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
 case "${PART:-r1}" in
