@@ -1,6 +1,6 @@
 """Summaries of the Nsight Compute exports that gpu_s17.sh writes (profile_ncu.py's cases): per kernel, where the
 cycles go (issue slots and pipes, from CASE_raw.csv) and what the warps execute and wait for (per-opcode counts
-and stall samples, from CASE_sass.csv). Runs anywhere (no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
+and stall samples, from CASE_sass.csv; per partition of a warp-specialized kernel since session 27). Runs anywhere (no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
 The exports may be gzipped (CASE_raw.csv.gz, as committed under docs/reports/data/).
 
 Pipe figures are ncu's "% of peak sustained elapsed": issue = sm__issue_active (one instruction per scheduler and
@@ -89,6 +89,36 @@ def sass_summary(name: str, rows: list[dict], top: int = 14) -> str:
             f"  stall samples of working warps ({samples}; idle padding warps {idle} more): {why}")
 
 
+def partition_summary(rows: list[dict], floor: float = 0.01) -> str:
+    """Stall samples per code region of a warp-specialized kernel: the SASS between consecutive setmaxnreg
+    instructions (USETMAXREG), where Gluon's partitions begin, each with its share of all samples, its top stall
+    reasons, and the shares on MMA waits (WARPGROUP.DEPBAR) and on mbarrier polls (try-wait and the branch that
+    retries it, within 12 rows after it). Regions below `floor` of the samples are left out."""
+    regions, start = [], 0
+    for i, r in enumerate(rows):
+        if "USETMAXREG" in r["Source"]:
+            regions.append((start, i))
+            start = i
+    regions.append((start, len(rows)))
+    samples = [int(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows]
+    total, lines = sum(samples) or 1, []
+    for a, b in regions:
+        part = sum(samples[a:b])
+        if part < floor * total:
+            continue
+        reasons = collections.Counter()
+        for r in rows[a:b]:
+            reasons.update({k[6:]: int(v) for k, v in r.items()
+                            if k and k.startswith("stall_") and "Not Issued" not in k and v not in ("", "0")})
+        mma = sum(samples[i] for i in range(a, b) if "WARPGROUP.DEPBAR" in rows[i]["Source"])
+        poll = sum(samples[i] for i in range(a, b) if "TRYWAIT" in rows[i]["Source"]
+                   or ("BRA" in rows[i]["Source"] and any("TRYWAIT" in rows[j]["Source"] for j in range(max(i - 12, 0), i))))
+        why = "  ".join(f"{k} {v / part:.0%}" for k, v in reasons.most_common(4))
+        lines.append(f"  rows {a}-{b}: {part / total:.1%} of samples; MMA waits {mma / part:.0%}, mbarrier polls "
+                     f"{poll / part:.0%}; {why}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     folder, cases = sys.argv[1], sys.argv[2:]
     if not cases:
@@ -104,6 +134,7 @@ def main() -> None:
         for name, rows in sass_kernels(read_export(folder, f"{case}_sass.csv")):
             if not any(s in name for s in SKIP):
                 print(f"[{case}] " + sass_summary(name, rows))
+                print(partition_summary(rows))
 
 
 if __name__ == "__main__":
