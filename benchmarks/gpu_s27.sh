@@ -10,6 +10,9 @@
 #       kernel))
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_contiguous_conv8.py
 #       (the contiguous MoE kernel with two 4-warp converter partitions, two register splits))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: Nsight Compute of the shipped
+#       contiguous kernel (w13, folded) and of exp_moe_breakdown.py's variants without the conversion and without
+#       the MMAs; ncu_summary.py's per-partition reading of each)
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
 # 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py
@@ -37,6 +40,12 @@ r3)
   run contig_conv8 150 bash -c "cd benchmarks && python3 exp_moe_contiguous_conv8.py"
   cat "$OUT/summary.txt"
   grep -vE '^\{' "$OUT/contig_conv8.txt" | tail -12 | cut -c1-200
+  ;;
+r4)
+  ncu_profile moe_w13_fold128 moe_w13_fold128_no_convert moe_w13_fold128_no_mma
+  cat "$OUT/summary.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" moe_w13_fold128 moe_w13_fold128_no_convert moe_w13_fold128_no_mma 2>&1 \
+    | cut -c1-230
   ;;
 esac
 pack_out

@@ -12,6 +12,8 @@ Cases (the shapes of the issue's tables):
 - masked_w13: grouped FP8 x FP4 masked, 96 experts, Poisson(8) rows, w13, folded conversion (scale bound 128);
 - moe_w13_fold128, masked32_w13_fold128: the engine's route since session 21, the FP8-MMA kernels with folded weights
   and activations folded per 128, at moe_w13's shape and at Poisson(32) rows (the masked case below its target);
+- moe_w13_fold128_no_convert, moe_w13_fold128_no_mma: moe_w13_fold128 on exp_moe_breakdown.py's variants of the
+  contiguous kernel without the conversion or without the MMAs (garbage outputs; where the rest's time goes);
 - sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
 - sparse_prefill_bf16: sparse_mla_fwd on the same indices over bf16 rows (the issue's 550 TFLOP/s case);
 - sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
@@ -70,6 +72,20 @@ def moe_w13_fold128():
                                                           folded=folded)
 
 
+def moe_w13_fold128_variant(name: str):
+    """moe_w13_fold128 with the contiguous kernel swapped for exp_moe_breakdown's variant `name` (its module is
+    written to a folder that lives as long as the process)."""
+    import tempfile
+
+    import exp_moe_breakdown as eb
+    from mini_deepgemm import gemm_gluon_fp4_e4m3_kernel as kernel_module
+
+    module = eb.edited_module(kernel_module, [eb.absolute_imports("mini_deepgemm"), *eb.VARIANTS["contiguous"][name]],
+                              f"moe_contiguous_{name}", tempfile.mkdtemp())
+    setattr(kernel_module, eb.KERNEL["contiguous"], getattr(module, eb.KERNEL["contiguous"]))
+    return moe_w13_fold128()
+
+
 def masked32_w13_fold128():
     expected_m = 32
     _, masked_m, a, b, d = bd.masked_operands(96, expected_m, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
@@ -102,6 +118,8 @@ def indexer():
 
 CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
          "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
+         "moe_w13_fold128_no_convert": lambda: moe_w13_fold128_variant("no_convert"),
+         "moe_w13_fold128_no_mma": lambda: moe_w13_fold128_variant("no_mma"),
          "sparse_prefill": sparse_prefill, "sparse_prefill_bf16": sparse_prefill_bf16, "sparse_decode": sparse_decode,
          "indexer": indexer}
 
