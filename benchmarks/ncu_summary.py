@@ -1,6 +1,7 @@
 """Summaries of the Nsight Compute exports that gpu_s17.sh writes (profile_ncu.py's cases): per kernel, where the
 cycles go (issue slots and pipes, from CASE_raw.csv) and what the warps execute and wait for (per-opcode counts
-and stall samples, from CASE_sass.csv; per partition of a warp-specialized kernel since session 27). Runs anywhere (no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
+and stall samples, from CASE_sass.csv; per partition of a warp-specialized kernel since session 27). Runs anywhere
+(no GPU): python3 benchmarks/ncu_summary.py DIR [CASE...]
 The exports may be gzipped (CASE_raw.csv.gz, as committed under docs/reports/data/).
 
 Pipe figures are ncu's "% of peak sustained elapsed": issue = sm__issue_active (one instruction per scheduler and
@@ -111,8 +112,9 @@ def partition_summary(rows: list[dict], floor: float = 0.01) -> str:
             reasons.update({k[6:]: int(v) for k, v in r.items()
                             if k and k.startswith("stall_") and "Not Issued" not in k and v not in ("", "0")})
         mma = sum(samples[i] for i in range(a, b) if "WARPGROUP.DEPBAR" in rows[i]["Source"])
-        poll = sum(samples[i] for i in range(a, b) if "TRYWAIT" in rows[i]["Source"]
-                   or ("BRA" in rows[i]["Source"] and any("TRYWAIT" in rows[j]["Source"] for j in range(max(i - 12, 0), i))))
+        polls = [i for i in range(a, b) if "TRYWAIT" in rows[i]["Source"]]
+        poll = sum(samples[i] for i in range(a, b) if i in polls
+                   or ("BRA" in rows[i]["Source"] and any(i - 12 <= j < i for j in polls)))
         why = "  ".join(f"{k} {v / part:.0%}" for k, v in reasons.most_common(4))
         lines.append(f"  rows {a}-{b}: {part / total:.1%} of samples; MMA waits {mma / part:.0%}, mbarrier polls "
                      f"{poll / part:.0%}; {why}")
