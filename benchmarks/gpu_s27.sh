@@ -13,6 +13,8 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: Nsight Compute of the shipped
 #       contiguous kernel (w13, folded) and of exp_moe_breakdown.py's variants without the conversion and without
 #       the MMAs; ncu_summary.py's per-partition reading of each)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_coalesced_scales.py
+#       (the contiguous kernel's per-step offset and activation-scale loads from transposed, coalesced tensors))
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
 # 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py
@@ -46,6 +48,11 @@ r4)
   cat "$OUT/summary.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" moe_w13_fold128 moe_w13_fold128_no_convert moe_w13_fold128_no_mma 2>&1 \
     | cut -c1-230
+  ;;
+r5)
+  run coalesced 150 bash -c "cd benchmarks && python3 exp_moe_coalesced_scales.py"
+  cat "$OUT/summary.txt"
+  grep -vE '^\{' "$OUT/coalesced.txt" | tail -10 | cut -c1-200
   ;;
 esac
 pack_out
