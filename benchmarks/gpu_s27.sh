@@ -15,11 +15,22 @@
 #       the MMAs; ncu_summary.py's per-partition reading of each)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main: exp_moe_coalesced_scales.py
 #       (the contiguous kernel's per-step offset and activation-scale loads from transposed, coalesced tensors))
+#   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main with the folded offsets
+#       step-major, .ab-base.tar.gz = the commit before it: the mini-deepgemm GPU suite and the runtime's core GPU
+#       tests on the tree; bench_fp4_e4m3_route on both)
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
 # 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
+# route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
+route_sides() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    run "route_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/route_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
+  done
+}
 case "${PART:-r1}" in
 r1)
   run contig_rega 150 bash -c "cd benchmarks && python3 exp_moe_contiguous_rega.py"
@@ -53,6 +64,13 @@ r5)
   run coalesced 150 bash -c "cd benchmarks && python3 exp_moe_coalesced_scales.py"
   cat "$OUT/summary.txt"
   grep -vE '^\{' "$OUT/coalesced.txt" | tail -10 | cut -c1-200
+  ;;
+r6)
+  run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  route_sides 90 new base
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for s in new base; do echo "== route $s"; grep -E "^\| " "$OUT/route_$s.txt" | cut -c1-200; done
   ;;
 esac
 pack_out
