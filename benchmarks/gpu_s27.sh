@@ -20,7 +20,9 @@
 #       tests on the tree; bench_fp4_e4m3_route on both)
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
-# 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py
+# 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py; run 5's
+# exp_moe_coalesced_scales.py too once its offsets layout shipped (its edits no longer apply): git show
+# 459aa54:benchmarks/exp_moe_coalesced_scales.py
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
