@@ -35,8 +35,7 @@ def test_folded_scales_recover_every_exponent():
     folded = gemm.fold_fp4_weight_scales(sb)
     assert folded is not None
     e = sb.view(torch.uint8).long()
-    assert folded.offsets.shape == (5, 3, 256), "offsets are step-major: [K / 128, G, N] words"
-    offsets = folded.offsets.permute(1, 2, 0).contiguous().view(torch.uint8).view(3, 256, 20).long()
+    offsets = folded.offsets.view(torch.uint8).view(3, 256, 20).long()
     assert int(offsets.min()) >= 0 and int(offsets.max()) <= 11
     ref = e.amax(-1) - 6
     assert torch.equal(offsets - 5 + ref[..., None], e), "offset + ref must give back each scale exponent"
@@ -153,7 +152,7 @@ def test_folded_argument_errors_name_the_problem():
                                                   d[:, :192].contiguous(), layout, folded=folded)
     with pytest.raises(ValueError, match="folded.offsets must be int32"):
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout,
-                                                  folded=gemm.FoldedFP4Scales(folded.offsets[:, :, :128],
+                                                  folded=gemm.FoldedFP4Scales(folded.offsets[:, :128],
                                                                               folded.column_scales))
     with pytest.raises(ValueError, match="writes bf16"):
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d.float(), layout, folded=folded)

@@ -150,10 +150,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
 class FoldedFP4Scales(NamedTuple):
     """FP4 weight scales folded for the FP8-MMA route (fold_fp4_weight_scales)."""
 
-    # int32 [K / 128, G, N]: per 128 of K and weight row, the row's four 32-blocks' e - ref + 5 in [0, 11], one byte
-    # each. Step-major, so that a K step's words of consecutive weight rows are consecutive (coalesced loads: with
-    # rows outermost each was its own 32-byte sector; w13 1.04x, docs/reports/deepgemm-moe-fold-128.md, session 27)
-    offsets: torch.Tensor
+    offsets: torch.Tensor  # int32 [G, N, K / 128]: per weight row and 32-block, e - ref + 5 in [0, 11], 4 per word
     column_scales: torch.Tensor  # fp32 [G, N]: 2^(ref - 127), ref = the row's largest scale exponent - 6
 
 
@@ -175,8 +172,7 @@ def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
     if not bool((d.amin() >= _FOLD_D_MIN) & (ref.amin() >= 1)):  # one host sync
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
-    offsets = (d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32)  # [G, N, K / 128]
-    return FoldedFP4Scales(offsets.permute(2, 0, 1).contiguous(), column_scales)
+    return FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
 
 
 def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:
@@ -480,8 +476,8 @@ def _validate_folded(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
              "weights")
     G, N, K = bq.shape[0], bq.shape[1], aq.shape[-1]
     _require(N % 128 == 0 and K % 128 == 0, f"the FP8-MMA route needs N and K multiples of 128, got N={N}, K={K}")
-    _require(tuple(folded.offsets.shape) == (K // 128, G, N) and folded.offsets.dtype == torch.int32,
-             f"folded.offsets must be int32 {(K // 128, G, N)}, got {folded.offsets.dtype} "
+    _require(tuple(folded.offsets.shape) == (G, N, K // 128) and folded.offsets.dtype == torch.int32,
+             f"folded.offsets must be int32 {(G, N, K // 128)}, got {folded.offsets.dtype} "
              f"{tuple(folded.offsets.shape)}")
     _require(tuple(folded.column_scales.shape) == (G, N) and folded.column_scales.dtype == torch.float32,
              f"folded.column_scales must be float32 {(G, N)}, got {folded.column_scales.dtype} "
@@ -522,14 +518,14 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         # thread of a warpgroup): with 192 the TMA-store epilogue spilled 28 bytes, with 200 one word per tile
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (128, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
-            folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), G * N, STAGES=4, GROUP_M=8,
-            CONSUMER_REGS=200, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
+            folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), STAGES=4, GROUP_M=8, CONSUMER_REGS=200,
+            PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
     block_m, stages = _masked_tile(expected_m or max_m)
     fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
-        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), G * N, STAGES=stages, SA_PER_128=sa_per_128,
+        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
         num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
 
 

@@ -133,11 +133,9 @@ def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty,
 
 
 @gluon.jit
-def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, offsets_stride,
-                        GROUP_M: gl.constexpr):
+def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
     """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
-    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [K / 128, G * N] (step stride
-    offsets_stride = G * N), loaded two steps ahead."""
+    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
     STAGES: gl.constexpr = raw_ring.type.shape[0]
     raw_words = _raw_words(raw_ring, STAGES)
     num_k = K // 128
@@ -147,11 +145,10 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
         g = gl.load(layout_ptr + off_m)
         if g >= 0:
-            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1))
-            offsets = gl.load(row_offsets)
-            offsets_next = gl.load(row_offsets + gl.minimum(1, num_k - 1) * offsets_stride)
+            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
+            offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
             for k in range(num_k):
-                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1) * offsets_stride)
+                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
                 slot = step % STAGES
                 mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
                 tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
@@ -220,16 +217,16 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 
 @gluon.jit
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                               stride_sa, stride_d, offsets_stride, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                               stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
     [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes;
-    offsets int32 [K / 128, G * N] (step stride offsets_stride); sa int32 words [M, K / 128] (row stride
-    stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128); colscale fp32 [G * N]; layout
-    int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM; launch
-    with num_warps=4 (the converter) and maxnreg 128."""
+    offsets int32 [G * N, K / 128]; sa int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32
+    [M, K / 128] (activations folded per 128); colscale fp32 [G * N]; layout int32 [M], segments 128-aligned;
+    N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM; launch with num_warps=4 (the converter) and
+    maxnreg 128."""
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
@@ -244,8 +241,7 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     gl.warp_specialize(
-        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, offsets_stride,
-                                GROUP_M)),
+        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
                              layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
@@ -352,7 +348,7 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 @gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         offsets_stride, stride_sa, mma: gl.constexpr):
+                         K, stride_sa, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
     half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
@@ -362,6 +358,8 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
+    offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
+    offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
     # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would hold
     # two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
     sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
@@ -369,15 +367,12 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    # a step's offset words: a uniform base (step, first row) plus the constant row index, no pointer per row held
-    # across the loop (with one, 32 tokens spilled in the loop at 128 registers, offline)
-    off_lo, off_hi = gl.load(offsets_ptr + w_row + half_rows), gl.load(offsets_ptr + (w_row + 64) + half_rows)
+    off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
     for k in range(num_k):
         if k + STAGES - 1 < num_k:
             _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
         ahead = gl.minimum(k + 1, num_k - 1)
-        off_lo_next = gl.load(offsets_ptr + (ahead * offsets_stride + w_row) + half_rows)
-        off_hi_next = gl.load(offsets_ptr + (ahead * offsets_stride + w_row + 64) + half_rows)
+        off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
         slot = k % STAGES
         mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
         b = x_ring.index(slot).permute((1, 0))
@@ -395,16 +390,15 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, offsets_stride, STAGES: gl.constexpr,
-                           SA_PER_128: gl.constexpr = False):
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
-    swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [K / 128, G * N] (step stride
-    offsets_stride); sa int32 words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16
-    [G, max_m, N]. N % 128 == 0, K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4. Per step:
-    the ring slot's weights converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs
-    (weight rows 0-63 and 64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32
-    [G * max_m, K / 128] (activations folded per 128), each half's weights converted into its MMA's A registers
+    swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
+    [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
+    K % 128 == 0. Grid (cdiv(max_m, BLOCK_M), N / 128, G); num_warps=4. Per step: the ring slot's weights
+    converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
+    64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
+    (activations folded per 128), each half's weights converted into its MMA's A registers
     (_masked_folded_steps), one pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128
     up to 32 tokens (4 CTAs per SM)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -432,9 +426,10 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, offsets_stride, stride_sa, mma)
+                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
         else:
-            row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS)))
+            row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
+                gl.int64) * (K // 128)
             sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
             zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
             acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
@@ -445,8 +440,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                 if k + STAGES - 1 < num_k:
                     _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
                 ahead = gl.minimum(k + 1, num_k - 1)
-                offsets_next = gl.load(row_offsets + ahead * offsets_stride)
-                wa_next = gl.load(sa_cols + ahead)
+                offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
                 slot = k % STAGES
                 mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
                 w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
