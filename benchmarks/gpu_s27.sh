@@ -18,6 +18,9 @@
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main with the folded offsets
 #       step-major, .ab-base.tar.gz = the commit before it: the mini-deepgemm GPU suite and the runtime's core GPU
 #       tests on the tree; bench_fp4_e4m3_route on both)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main with the contiguous converter
+#       loading 4 steps' offsets at once, .ab-base.tar.gz = the commit before it: the mini-deepgemm GPU suite and the
+#       runtime's core GPU tests on the tree; bench_fp4_e4m3_route on both)
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
 # 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py; run 5's
@@ -67,7 +70,7 @@ r5)
   cat "$OUT/summary.txt"
   grep -vE '^\{' "$OUT/coalesced.txt" | tail -10 | cut -c1-200
   ;;
-r6)
+r6|r7)
   run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   route_sides 90 new base
