@@ -132,40 +132,23 @@ def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty,
                 step += 1
 
 
-# a thread's row and 4 consecutive K steps of its offset words (the rows as in _ROW_WORDS)
-_ROW_QUADS = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
-
-
-@gluon.jit
-def _offset_quad(row_offsets, k0, num_k):
-    """Steps k0 .. k0 + 3 of each row's offset words (int32 [128, 4] in _ROW_QUADS; 0 past the last step): one
-    4-word load per row where the row stride allows it, instead of a 4-byte load (a 32-byte sector) per step."""
-    steps = k0 + gl.arange(0, 4, layout=gl.SliceLayout(0, _ROW_QUADS))[None, :]
-    return gl.load(row_offsets[:, None] + steps, mask=steps < num_k, other=0)
-
-
 @gluon.jit
 def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
     """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
-    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded 4 steps at a time,
-    a group of 4 ahead."""
+    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
     STAGES: gl.constexpr = raw_ring.type.shape[0]
     raw_words = _raw_words(raw_ring, STAGES)
     num_k = K // 128
-    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_QUADS))
-    quad_steps = gl.arange(0, 4, layout=gl.SliceLayout(0, _ROW_QUADS))[None, :]
+    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
     step = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
         g = gl.load(layout_ptr + off_m)
         if g >= 0:
             row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
-            quad, quad_next = _offset_quad(row_offsets, 0, num_k), _offset_quad(row_offsets, 4, num_k)
+            offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
             for k in range(num_k):
-                if k % 4 == 0 and k > 0:
-                    quad, quad_next = quad_next, _offset_quad(row_offsets, k + 4, num_k)
-                offsets = gl.sum(gl.where(quad_steps == k % 4, quad, 0), axis=1)  # a thread's own 4 words
-                offsets = gl.convert_layout(offsets, gl.SliceLayout(1, _ROW_WORDS), assert_trivial=True)
+                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
                 slot = step % STAGES
                 mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
                 tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
@@ -173,6 +156,7 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
                 b_ring.index(slot).store(tile_words)
                 fence_async_shared()
                 mbarrier.arrive(ready.index(slot), count=1)
+                offsets, offsets_next = offsets_next, offsets_after
                 step += 1
 
 
