@@ -19,14 +19,6 @@
 # 26: git show 31d70c7:benchmarks/exp_moe_masked_rega.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s26
-# route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
-route_sides() {
-  local secs=$1 side; shift
-  for side in "$@"; do
-    run "route_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/route_$side" \
-      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
-  done
-}
 case "${PART:-r1}" in
 r1)
   run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu

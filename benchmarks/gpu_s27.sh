@@ -28,14 +28,6 @@
 # 459aa54:benchmarks/exp_moe_coalesced_scales.py
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s27
-# route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
-route_sides() {
-  local secs=$1 side; shift
-  for side in "$@"; do
-    run "route_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/route_$side" \
-      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
-  done
-}
 case "${PART:-r1}" in
 r1)
   run contig_rega 150 bash -c "cd benchmarks && python3 exp_moe_contiguous_rega.py"
