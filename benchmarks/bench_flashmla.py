@@ -166,8 +166,7 @@ def bench_decode(dev, result: dict) -> None:
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gluon_us"] = 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink))
         # the API's split count (its rule, cut to whole blocks) and the Triton kernel's own rule
-        n_blocks = -(-W // api.ATTN_BLOCK_N) + -(-TOPK_C // api.ATTN_BLOCK_N)
-        splits, _ = api._split_blocks(n_blocks, api._default_num_splits(q, W + TOPK_C, gluon=True))
+        splits, _ = api._split_blocks(api._walk_blocks(W, TOPK_C), api._default_num_splits(q, W + TOPK_C, gluon=True))
         triton_splits = api._default_num_splits(q, W + TOPK_C, gluon=False)
         result[f"decode_b{batch}_splits"] = splits
         result[f"decode_b{batch}_triton_splits"] = triton_splits
@@ -181,8 +180,9 @@ def bench_decode(dev, result: dict) -> None:
             part_out.normal_(generator=g)
             part_lse.normal_(generator=g)
             out_c, lse_c = torch.empty_like(q), torch.empty(q.shape[:2], device=dev)
+            sink_c = api._sink_arg(sink, lse_c)
             result[f"decode_b{batch}_combine_us"] = 1e3 * bench_graph(
-                lambda: api._combine_splits(part_out, part_lse, sink, out_c, lse_c))
+                lambda: api._combine_splits(part_out, part_lse, sink_c, sink is not None, out_c, lse_c))
         result[f"decode_b{batch}_gbs"] = nbytes / t / 1e6
         out, _ = public_api()
         gluon_out, _ = api._launch_gluon(q, *sources, SCALE, sink)

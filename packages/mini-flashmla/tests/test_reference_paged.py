@@ -143,7 +143,7 @@ for s_q, h, splits in ((3, 64, 4), (2, 128, 2), (2, 4, 5)):
     sink = torch.randn(h, generator=g)
     sink[2], sink[3] = float("inf"), float("-inf")
     out, lse = torch.empty_like(q), torch.empty(s_q, h)
-    api._combine_splits(part_out, part_lse, sink, out, lse)
+    api._combine_splits(part_out, part_lse, api._sink_arg(sink, lse), True, out, lse)
     m = part_lse.amax(1)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     w = torch.exp(part_lse - m[:, None])

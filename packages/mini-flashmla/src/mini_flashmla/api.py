@@ -194,6 +194,16 @@ def _split_blocks(n_blocks: int, num_splits: int) -> tuple[int, int]:
     return (math.ceil(n_blocks / blocks_per_split) if n_blocks else 1), blocks_per_split
 
 
+def _walk_blocks(a_len: int, b_len: int) -> int:
+    """Blocks of ATTN_BLOCK_N slots in a query's walk: source A's index list, then source B's (b_len 0: none)."""
+    return math.ceil(a_len / ATTN_BLOCK_N) + math.ceil(b_len / ATTN_BLOCK_N)
+
+
+def _sink_arg(attn_sink: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The kernels' sink argument: fp32 [h], or a placeholder they do not read (HAS_SINK false)."""
+    return attn_sink.float().contiguous() if attn_sink is not None else placeholder
+
+
 def _split_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split kernels' partial outputs: normalised out fp32 [s_q, num_splits, h, 512], lse fp32 [s_q, num_splits,
     h]."""
@@ -202,15 +212,16 @@ def _split_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, tor
             torch.empty((s_q, num_splits, h), dtype=torch.float32, device=q.device))
 
 
-def _combine_splits(part_out, part_lse, attn_sink, out, lse):
-    """out, lse from the partials (sparse_attn_kernel.combine_splits_kernel: merged by lse, then the sink)."""
+def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
+    """out, lse from the partials (sparse_attn_kernel.combine_splits_kernel: merged by lse, then the sink, the
+    launcher's _sink_arg)."""
     from mini_flashmla.sparse_attn_kernel import combine_splits_kernel
 
     s_q, num_splits, h, d = part_out.shape
-    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
-    combine_splits_kernel[(s_q, math.ceil(h / 16), d // 128)](
+    block_d = 128  # 4 programs per (query, 16 heads) at d = 512: a small decode batch still fills the SMs
+    combine_splits_kernel[(s_q, math.ceil(h / 16), d // block_d)](
         part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
-        HAS_SINK=attn_sink is not None, BLOCK_H=16, D=d, BLOCK_D=128, num_warps=4,
+        HAS_SINK=has_sink, BLOCK_H=16, D=d, BLOCK_D=block_d, num_warps=4,
     )
 
 
@@ -238,11 +249,10 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
     if s_q == 0 or h == 0:
         return out, lse
-    n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + (math.ceil(b_ids.shape[1] / ATTN_BLOCK_N)
-                                                           if source_b is not None else 0)
+    n_blocks = _walk_blocks(a_ids.shape[1], b_ids.shape[1] if source_b is not None else 0)
     num_splits, blocks_per_split = _split_blocks(n_blocks, num_splits)
     block_h = min(MAX_ATTN_BLOCK_H, max(16, _next_pow2(h)))  # tensor-core M must be >= 16
-    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
+    sink = _sink_arg(attn_sink, lse)
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     grid = (s_q, math.ceil(h / block_h), num_splits)
@@ -258,7 +268,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
            else {"num_warps": 4, "num_stages": 1}),
     )
     if split:
-        _combine_splits(part_out, part_lse, attn_sink, out, lse)
+        _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
 
 
@@ -287,11 +297,10 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
     if s_q == 0:
         return out, lse
     b_len = b_ids.shape[1] if source_b is not None else 0
-    n_blocks = math.ceil(a_ids.shape[1] / ATTN_BLOCK_N) + math.ceil(b_len / ATTN_BLOCK_N)
-    num_splits, blocks_per_split = _split_blocks(n_blocks, num_splits)
+    num_splits, blocks_per_split = _split_blocks(_walk_blocks(a_ids.shape[1], b_len), num_splits)
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
-    sink = attn_sink.float().contiguous() if attn_sink is not None else lse  # placeholder when absent
+    sink = _sink_arg(attn_sink, lse)
     sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H, num_splits)](
         q, q.stride(0), q.stride(1),
         a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
@@ -305,7 +314,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
         num_warps=4, maxnreg=MAXNREG.value,
     )
     if split:
-        _combine_splits(part_out, part_lse, attn_sink, out, lse)
+        _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
 
 
