@@ -21,6 +21,9 @@
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main with the contiguous converter
 #       loading 4 steps' offsets at once, .ab-base.tar.gz = the commit before it: the mini-deepgemm GPU suite and the
 #       runtime's core GPU tests on the tree; bench_fp4_e4m3_route on both)
+#   source .devdeps/env.sh && PART=r8 bash benchmarks/gpu_s27.sh   (1 x H200, tree = main after the review (the sink
+#       converted once, the block count in one helper): the mini-flashmla GPU suite, bench_flashmla's decode, the
+#       runtime's core GPU tests)
 # The three contiguous-kernel experiments were removed after their runs (all negative or neutral,
 # docs/reports/deepgemm-moe-fold-128.md, "Session 27"): git show 5d67ecb:benchmarks/exp_moe_contiguous_rega.py,
 # 5d67ecb:benchmarks/exp_moe_contiguous_rings.py, d3006e0:benchmarks/exp_moe_contiguous_conv8.py; run 5's
@@ -68,6 +71,14 @@ r6|r7)
   route_sides 90 new base
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   for s in new base; do echo "== route $s"; grep -E "^\| " "$OUT/route_$s.txt" | cut -c1-200; done
+  ;;
+r8)
+  run flashmla_tests 120 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run flashmla_decode 70 env BENCH_PARTS=decode BENCH_JSON=flashmla_decode.json \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -E "^\| decode" "$OUT/flashmla_decode.txt"
   ;;
 esac
 pack_out
