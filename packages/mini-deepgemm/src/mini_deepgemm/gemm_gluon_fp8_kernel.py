@@ -7,8 +7,8 @@ this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmet
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
 Schedule per program (BLOCK_M x BLOCK_N output tiles, BLOCK_M = 64 per math warpgroup (1 or 2), BLOCK_N 128 or
-256, K in steps of 128; persistent: program p takes tiles p, p + grid, ..., so grid = the tile count is one tile per
-program), in warp-specialized partitions:
+256, K in steps of 128; persistent: program p takes work items p, p + grid, ..., tiles or (TAIL) the last wave's
+tile halves, so grid = the tile count is one tile per program), in warp-specialized partitions:
 - the producer, one warp with few registers: every step of the program's tiles, in order, by TMA into a
   STAGES-deep ring of (A [BLOCK_M, 128], B [BLOCK_N, 128]) FP8 tiles, each slot with a "ready" mbarrier that the
   copies complete (expect-tx) and an "empty" mbarrier that each math warpgroup arrives on when the MMAs that read
@@ -19,7 +19,12 @@ program), in warp-specialized partitions:
   step and half, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh [64, 128] fp32 tile
   (use_acc false), wait for it, promote: acc += part * sa[m] * sb[half]; after the last half, arrive on "empty".
   Epilogue: bf16 through the warpgroup's own shared buffer and one TMA store per half (rows and columns past M, N
-  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer.
+  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer;
+- the last wave split (TAIL, session 28): a persistent launch of T tiles on P programs takes ceil(T / P) tile
+  times, so a last wave of r <= P / 2 tiles costs a whole tile time for r / P of the work. With TAIL the tiles
+  after the first full_tiles run as two items each, their BLOCK_N / 2-column halves (one m64n64 or m64n128 MMA per
+  step, the same promotion, masked pointer stores), and spread over twice the programs. gemm._gluon_v3_tiles
+  decides where (wq_a at M = 4,096: 264 whole tiles of 128 x 128, then 112 halves; docs/reports/deepgemm-gluon-v3.md).
 Why one partition per warpgroup (session 14, docs/reports/deepgemm-gluon-v3.md): Gluon puts a barrier over the
 whole partition around each single-thread operation (the slot's wait and release), so two warpgroups in one
 partition ran in step and promoted at the same time while the tensor core idled. Apart, one promotes under the
