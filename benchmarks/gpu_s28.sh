@@ -2,18 +2,20 @@
 # Session 28's GPU runs (docs/reports/gpu-session-2026-12-03-s28.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main with the V3 kernel's tail
 #       split; .ab-base.tar.gz = 1bcb043: the mini-deepgemm GPU suite; exp_gemm_v3_tail.py; the runtime's core GPU
-#       tests; bench_prefill on both sides)
+#       tests; bench_prefill on both sides; bench_v41_fold at 4,096 and 16,384 rows)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s28
 case "${PART:-r1}" in
 r1)
-  run deepgemm_tests 170 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
-  run v3_tail 150 bash -c "cd benchmarks && python3 exp_gemm_v3_tail.py"
-  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  prefill_sides 70 new base
+  run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run v3_tail 130 bash -c "cd benchmarks && python3 exp_gemm_v3_tail.py"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 60 new base
+  run v41_fold 70 bash -c "cd benchmarks && python3 bench_v41_fold.py --rows 4096,16384"
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   grep -vE '^\{' "$OUT/v3_tail.txt" | tail -24 | cut -c1-220
   show_sides new base
+  grep -iE "geomean|gmean" "$OUT/v41_fold.txt" | cut -c1-220
   ;;
 esac
 pack_out
