@@ -3,6 +3,9 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main with the V3 kernel's tail
 #       split; .ab-base.tar.gz = 1bcb043: the mini-deepgemm GPU suite; exp_gemm_v3_tail.py; the runtime's core GPU
 #       tests; bench_prefill on both sides; bench_v41_fold at 4,096 and 16,384 rows)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main with the tail split:
+#       exp_gemm_v3_occupancy.py (the V3 kernel's tile and half-tile time on 132 .. 8 programs; 6 ring slots at
+#       128 columns))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s28
 case "${PART:-r1}" in
@@ -16,6 +19,11 @@ r1)
   grep -vE '^\{' "$OUT/v3_tail.txt" | tail -24 | cut -c1-220
   show_sides new base
   grep -iE "geomean|gmean" "$OUT/v41_fold.txt" | cut -c1-220
+  ;;
+r2)
+  run v3_occupancy 200 bash -c "cd benchmarks && python3 exp_gemm_v3_occupancy.py"
+  cat "$OUT/summary.txt"
+  grep -vE '^\{' "$OUT/v3_occupancy.txt" | tail -26 | cut -c1-200
   ;;
 esac
 pack_out
