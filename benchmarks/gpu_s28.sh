@@ -6,6 +6,8 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main with the tail split:
 #       exp_gemm_v3_occupancy.py (the V3 kernel's tile and half-tile time on 132 .. 8 programs; 6 ring slots at
 #       128 columns))
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s28.sh   (1 x H200, the same tree: exp_gemm_v3_clocks.py (SM
+#       clock, power and throttle reasons under the V3 kernel on 132 and 66 programs and under cuBLAS))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s28
 case "${PART:-r1}" in
@@ -24,6 +26,11 @@ r2)
   run v3_occupancy 200 bash -c "cd benchmarks && python3 exp_gemm_v3_occupancy.py"
   cat "$OUT/summary.txt"
   grep -vE '^\{' "$OUT/v3_occupancy.txt" | tail -26 | cut -c1-200
+  ;;
+r3)
+  run v3_clocks 100 bash -c "cd benchmarks && python3 exp_gemm_v3_clocks.py"
+  cat "$OUT/summary.txt"
+  tail -6 "$OUT/v3_clocks.txt" | cut -c1-250
   ;;
 esac
 pack_out
