@@ -9,8 +9,7 @@ below 1e-6; a second call is bitwise equal. Shapes: ragged M (65: one partial ro
 128-column tile (520, 2,056: a partial B tile and a partial last scale block), K of one step (fewer than the ring's
 stages) and V4.1 projection shapes; 128 x 128, 128 x 256 (N = 520 and 2,056: a 256-column tile with its second
 half partly or wholly past N) and 64 x 128 tiles, one program per tile and persistent programs that run several
-tiles, and the tail's column halves (every tile split, or one whole tile before them), all bitwise equal to each
-other (the same MMA and promotion per element). GPU and triton 3.6 only.
+tiles, all bitwise equal to each other (the same MMA and promotion per element). GPU and triton 3.6 only.
 
 The kernel is warp-specialized (a TMA producer warp and one partition per math warpgroup handing ring slots over by
 mbarriers),
@@ -32,22 +31,18 @@ pytestmark = [
 
 SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (1100, 2056, 256),
           (2048, 5120, 8192)]
-# (rows, columns per tile, persistent programs per SM; 0 = one program per tile, whole tiles before the tail split;
-# None = the rule's, which splits nothing below a wave): the last two shapes have more tiles than programs, so a
-# persistent program runs several, with the next tile's loads issued under the current one's MMAs. The two split
-# variants run every tile as two column halves (n64 MMAs at 128 columns, n128 at 256; N = 520 and 2,056 put a
-# half partly or wholly past N) and the one with full tiles 1 mixes a whole tile with halves on the same programs.
-VARIANTS = [(128, 128, 0, None), (128, 128, 1, None), (128, 256, 1, None), (128, 256, 0, None), (64, 128, 2, None),
-            (128, 128, 1, 0), (128, 256, 1, 0), (128, 256, 1, 1)]
+# (rows, columns per tile, persistent programs per SM; 0 = one program per tile): the last two shapes have more
+# tiles than programs, so a persistent program runs several, with the next tile's loads issued under the current
+# one's MMAs
+VARIANTS = [(128, 128, 0), (128, 128, 1), (128, 256, 1), (128, 256, 0), (64, 128, 2)]
 SMOKE_S = 180  # a cold compile of each variant plus torch's start: well under a minute
 
 
-def variant_config(M: int, block_m: int, block_n: int, per_sm: int, full_tiles: int | None) -> dict:
+def variant_config(M: int, block_m: int, block_n: int, per_sm: int) -> dict:
     cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
     assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
-    split = {} if full_tiles is None else {"GLUON_FULL_TILES": full_tiles}
     return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": 3 if block_m == 64 else 4,
-            "GLUON_PROGRAMS_PER_SM": per_sm, **split}
+            "GLUON_PROGRAMS_PER_SM": per_sm}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,7 +69,7 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
     return (aq, sa), (bq, sb)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_p%d_full%s" % v)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_p%d" % v)
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_gluon_v3_matches_reference_and_triton(M, N, K, variant):
     gen = torch.Generator().manual_seed(M + N + K)
@@ -98,7 +93,7 @@ def test_gluon_v3_matches_reference_and_triton(M, N, K, variant):
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_tile_shapes_give_the_same_bits(M, N, K):
     """Every variant computes each element with the same MMA over the same K slices and the same promotion, so the
-    tile shape and the tail's split (and with them _gluon_v3_tiles' choice) cannot change a bit."""
+    tile shape (and with it _gluon_v3_block_n's choice) cannot change a bit."""
     gen = torch.Generator().manual_seed(M * N + K)
     a, b = v3_operands(M, N, K, gen)
     outs = []

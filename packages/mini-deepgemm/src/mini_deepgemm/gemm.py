@@ -652,58 +652,36 @@ def _dense_gluon_launch(tiles: int, block_m: int, per_sm: int, device: torch.dev
     return grid, min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
 
 
-def _tail_full_tiles(tiles: int, programs: int) -> int:
-    """How many of a persistent launch's tiles run whole; the rest run as two column halves each (the V3 kernel's
-    TAIL). A last wave of r < programs tiles takes as long as a whole one; as 2 r halves it takes half as long if
-    2 r <= programs, so then the tiles before it run whole and it splits. Otherwise (r = 0, more than half a wave
-    left, or fewer tiles than programs) nothing splits."""
-    last = tiles % programs
-    return tiles - last if tiles > programs and 0 < 2 * last <= programs else tiles
-
-
-def _gluon_v3_tiles(M: int, N: int, block_m: int, programs: int, block_n: int | None = None) -> tuple[int, int]:
-    """(block_n, full_tiles) of the V3 kernel on `programs` persistent programs: block_n if given, else 128 or 256
-    columns, whichever the wave count says finishes first (a 256-column tile counted as 2 / 1.07 of a 128-column
-    one: session 14 run 3 measured 1.04-1.10x where both filled their waves); the last wave split into column halves
-    where _tail_full_tiles says so. Until session 28 the rule was 256 columns where they filled 85% of their last
-    wave, and nothing split: wq_a at M = 4,096 (320 tiles of 128 x 128 on 132 SMs, a third wave 42% full) and
-    shared_w13 (576 tiles of 128 x 256, a fifth wave 36% full) spent a fifth and a tenth of their time on a
-    partial last wave (docs/reports/deepgemm-gluon-v3.md, session 28)."""
-    def finish(columns: int) -> float:
-        tiles = cdiv(M, block_m) * cdiv(N, columns)
-        full = _tail_full_tiles(tiles, programs)
-        waves = cdiv(full, programs) + (0.5 if full < tiles else 0)
-        return waves * columns / 128 / (1.07 if columns == 256 else 1)
-
-    if block_n is None:
-        block_n = 256 if block_m == 128 and finish(256) < finish(128) else 128
-    return block_n, _tail_full_tiles(cdiv(M, block_m) * cdiv(N, block_n), programs)
+def _gluon_v3_block_n(M: int, N: int, block_m: int, device: torch.device) -> int:
+    """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, else 128.
+    Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x the 128-column tiles at the six dense
+    shapes whose 256-wide tiles fill 87-99% of their last wave, and 0.68-0.90x at wq_a (160 tiles on 132 SMs: a
+    second wave 21% full) and wkv (64 tiles)."""
+    if block_m != 128:
+        return 128
+    tiles, sms = cdiv(M, 128) * cdiv(N, 256), sm_count(device)
+    return 256 if tiles >= 0.85 * cdiv(tiles, sms) * sms else 128
 
 
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                        cfg: dict) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x block_n tiles (128 rows: two math warpgroups, 64:
-    one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_tiles' choice), K
-    in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile),
-    the last wave's tiles split into column halves where _gluon_v3_tiles says so (cfg["GLUON_FULL_TILES"], the count
-    of whole tiles, overrides it: tests); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K
-    (_launch makes them contiguous)."""
+    one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
+    in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile); sa
+    fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
-    block_m, per_sm = cfg["GLUON_BLOCK_M"], cfg["GLUON_PROGRAMS_PER_SM"]
-    block_n, full_tiles = _gluon_v3_tiles(M, N, block_m, (per_sm or 1) * sm_count(d.device), cfg.get("GLUON_BLOCK_N"))
-    tiles = cdiv(M, block_m) * cdiv(N, block_n)
-    full_tiles = cfg.get("GLUON_FULL_TILES", full_tiles if per_sm else tiles)  # one program per tile: no last wave
-    tail = full_tiles < tiles
-    grid, maxnreg = _dense_gluon_launch(2 * tiles - full_tiles, block_m, per_sm, d.device)
-    b_desc = _tma_desc(bq, (block_n, 128))
+    block_m = cfg["GLUON_BLOCK_M"]
+    block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
+    grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
+                                        d.device)
     fp8_gemm_v3_kernel[grid](
-        _tma_desc(aq, (block_m, 128)), b_desc, _tma_desc(bq, (block_n // 2, 128)) if tail else b_desc,
-        _tma_desc(d, (64, 128)), d, sa, sb, M, N, K, sa.stride(0), sb.stride(0), d.stride(0), full_tiles,
+        _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
+        sa, sb, M, N, K, sa.stride(0), sb.stride(0),
         STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, TAIL=tail, num_warps=4, maxnreg=maxnreg)
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4, maxnreg=maxnreg)
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

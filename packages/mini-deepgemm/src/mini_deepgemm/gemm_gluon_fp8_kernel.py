@@ -7,8 +7,8 @@ this GEMM is TMA copies into a ring of NVMMA-swizzled tiles (no address arithmet
 operands), wgmma straight from shared memory, and a 128 x 128 tile over two warpgroups. Gluon states all of that.
 
 Schedule per program (BLOCK_M x BLOCK_N output tiles, BLOCK_M = 64 per math warpgroup (1 or 2), BLOCK_N 128 or
-256, K in steps of 128; persistent: program p takes work items p, p + grid, ..., tiles or (TAIL) the last wave's
-tile halves, so grid = the tile count is one tile per program), in warp-specialized partitions:
+256, K in steps of 128; persistent: program p takes tiles p, p + grid, ..., so grid = the tile count is one tile per
+program), in warp-specialized partitions:
 - the producer, one warp with few registers: every step of the program's tiles, in order, by TMA into a
   STAGES-deep ring of (A [BLOCK_M, 128], B [BLOCK_N, 128]) FP8 tiles, each slot with a "ready" mbarrier that the
   copies complete (expect-tx) and an "empty" mbarrier that each math warpgroup arrives on when the MMAs that read
@@ -19,12 +19,7 @@ tile halves, so grid = the tile count is one tile per program), in warp-speciali
   step and half, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh [64, 128] fp32 tile
   (use_acc false), wait for it, promote: acc += part * sa[m] * sb[half]; after the last half, arrive on "empty".
   Epilogue: bf16 through the warpgroup's own shared buffer and one TMA store per half (rows and columns past M, N
-  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer;
-- the last wave split (TAIL, session 28): a persistent launch of T tiles on P programs takes ceil(T / P) tile
-  times, so a last wave of r <= P / 2 tiles costs a whole tile time for r / P of the work. With TAIL the tiles
-  after the first full_tiles run as two items each, their BLOCK_N / 2-column halves (one m64n64 or m64n128 MMA per
-  step, the same promotion, masked pointer stores), and spread over twice the programs. gemm._gluon_v3_tiles
-  decides where (wq_a at M = 4,096: 264 whole tiles of 128 x 128, then 112 halves; docs/reports/deepgemm-gluon-v3.md).
+  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer.
 Why one partition per warpgroup (session 14, docs/reports/deepgemm-gluon-v3.md): Gluon puts a barrier over the
 whole partition around each single-thread operation (the slot's wait and release), so two warpgroups in one
 partition ran in step and promoted at the same time while the tensor core idled. Apart, one promotes under the
@@ -60,25 +55,6 @@ def _tile_offsets(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROU
     first_m = (tile // tiles_per_sweep) * GROUP_M
     sweep_m = gl.minimum(num_pid_m - first_m, GROUP_M)
     return (first_m + (tile % tiles_per_sweep) % sweep_m) * BLOCK_M, (tile % tiles_per_sweep) // sweep_m * BLOCK_N
-
-
-@gluon.jit
-def _work_item(item, full_tiles, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-               TAIL: gl.constexpr):
-    """(row offset, column offset, narrow) of a persistent program's work item. Without TAIL an item is the tile of
-    that index (_tile_offsets' order). With TAIL the items below full_tiles are whole tiles and every tile after
-    them is two narrow items, its column halves (BLOCK_N / 2 each): the last wave's tiles, split so that they spread
-    over twice the programs (gemm._gluon_v3_tiles decides when that shortens the kernel)."""
-    tile = item
-    narrow = item >= full_tiles
-    if TAIL:
-        if narrow:
-            tile = (item + full_tiles) // 2  # full_tiles + (item - full_tiles) // 2
-    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if TAIL:
-        if narrow:
-            off_n += ((item - full_tiles) % 2) * (BLOCK_N // 2)
-    return off_m, off_n, narrow
 
 
 @gluon.jit
@@ -145,195 +121,118 @@ def _invalidate_ring(ready, empty):
 
 @gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr, sa_desc, sb_desc, sa_ring,
-              sb_ring, SCALES: gl.constexpr, b_half_desc, full_tiles, TAIL: gl.constexpr):
-    """One warp: every step of this program's work items (_work_item), in order, into ring slot step % STAGES once
-    that slot is empty (the first lap waits on the barriers' initial phase, which counts as complete). Its tile
-    offsets are computed once per item, not per step (session 10 run 6: integer divisions per step cost 0.75-0.8x).
-    sa_desc, sb_desc, sa_ring, sb_ring, SCALES: the scales' copies of _issue_step. With TAIL a narrow item's B rows
-    come through b_half_desc ([BLOCK_N / 2, 128] boxes) into the slot's first half."""
+              sb_ring, SCALES: gl.constexpr):
+    """One warp: every step of this program's tiles, in order, into ring slot step % STAGES once that slot is empty
+    (the first lap waits on the barriers' initial phase, which counts as complete). Its tile offsets are computed
+    once per tile, not per step (session 10 run 6: integer divisions per step cost 0.75-0.8x). sa_desc, sb_desc,
+    sa_ring, sb_ring, SCALES: the scales' copies of _issue_step."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     num_k = K // BLOCK_K
-    num_items = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    if TAIL:
-        num_items = 2 * num_items - full_tiles
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     step = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        off_m, off_n, narrow = _work_item(item, full_tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL)
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         for k in range(num_k):
             slot = step % STAGES
             mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            if TAIL:
-                if narrow:
-                    bar = ready.index(slot)
-                    mbarrier.expect(bar, a_desc.block_type.nbytes + b_half_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, [off_m, k * BLOCK_K], bar, a_ring.index(slot))
-                    tma.async_copy_global_to_shared(b_half_desc, [off_n, k * BLOCK_K], bar,
-                                                    b_ring.index(slot).slice(0, BLOCK_N // 2, dim=0))
-                else:
-                    _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc,
-                                sa_ring, sb_ring, SCALES)
-            else:
-                _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring,
-                            sb_ring, SCALES)
+            _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa_desc, sb_desc, sa_ring,
+                        sb_ring, SCALES)
             step += 1
 
 
 @gluon.jit
-def _tile_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb, off_m, off_n,
-             part, step, ROW0: gl.constexpr):
-    """Rows [ROW0, ROW0 + 64) of the whole tile at (off_m, off_n), every column in BLOCK_N / 128 halves (module
-    docstring); d_smem is the warpgroup's own [64, 128] store buffer. part: the previous MMA's output registers,
-    passed on as the next MMA's unused accumulator. Returns (part, step)."""
+def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
+             ROW0: gl.constexpr, GROUP_M: gl.constexpr):
+    """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile, every column, in
+    BLOCK_N / 128 halves (module docstring); d_smem is its own [64, 128] store buffer."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     BLOCK_N: gl.constexpr = b_ring.type.shape[1]
     WIDE: gl.constexpr = BLOCK_N == 256
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
     num_k = K // 128
-    row0 = off_m + ROW0
-    # rows past M read row M - 1 and a half past N reads the last scale block: their results are not stored
-    sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
-    sb_lo = sb_ptr + (off_n // 128) * stride_sb
-    sb_hi = sb_ptr + gl.minimum(off_n // 128 + 1, gl.cdiv(N, 128) - 1) * stride_sb
-    sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows), gl.load(sb_lo), gl.load(sb_hi)
-    acc_lo = gl.zeros([64, 128], gl.float32, mma)
-    acc_hi = gl.zeros([64, 128], gl.float32, mma)
-    for k in range(num_k):
-        scale_lo = sa_next * sb_lo_next
-        scale_hi = sa_next * sb_hi_next
-        # the next step's scales (this step's at the last), loaded a step ahead: a load consumed in its own
-        # step stalled the warps (in order) between the step's MMAs until it returned from L2 (session 10)
-        ahead = gl.minimum(k + 1, num_k - 1)
-        sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows + ahead), gl.load(sb_lo + ahead), gl.load(sb_hi + ahead)
-        slot = step % STAGES
-        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        a = a_ring.index(slot).slice(ROW0, 64, dim=0)
-        b = b_ring.index(slot)
-        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(0, 128, dim=0).permute((1, 0)), part,
-                                                         use_acc=False, is_async=True),))
-        if WIDE:
-            acc_lo += part * scale_lo[:, None]
-            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(128, 128, dim=0).permute((1, 0)), part,
-                                                             use_acc=False, is_async=True),))
-            mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup's MMAs on the slot are done
-            acc_hi += part * scale_hi[:, None]
-        else:
-            mbarrier.arrive(empty.index(slot), count=1)
-            acc_lo += part * scale_lo[:, None]
-        step += 1
-    _store_tile(acc_lo, d_desc, d_smem, row0, off_n)
-    if WIDE:
-        if off_n + 128 < N:
-            _store_tile(acc_hi, d_desc, d_smem, row0, off_n + 128)
-    return part, step
-
-
-@gluon.jit
-def _narrow_v3(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb, stride_d, off_m,
-               off_n, step, ROW0: gl.constexpr):
-    """Rows [ROW0, ROW0 + 64) of a narrow item: BLOCK_N / 2 columns from off_n (in one 128-column scale block, as
-    BLOCK_N / 2 divides 128), whose B rows fill the slot's first half. Per step one m64n(BLOCK_N / 2)k128 MMA and
-    the promotion of _tile_v3, so every element gets the same bits as in a whole tile (test_gemm_gluon_fp8.py checks
-    it on the H200). Stored by masked pointer stores: a [64, 128] TMA box would overwrite the other half, and a
-    descriptor of its own would cost host time on every call. Returns step."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    HALF_N: gl.constexpr = b_ring.type.shape[1] // 2
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_N, 32])
-    num_k = K // 128
-    rows = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-    cols = off_n + gl.arange(0, HALF_N, layout=gl.SliceLayout(0, mma))
-    sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sa
-    sb_row = sb_ptr + gl.minimum(off_n // 128, gl.cdiv(N, 128) - 1) * stride_sb
-    sa_next, sb_next = gl.load(sa_rows), gl.load(sb_row)
-    part = gl.zeros([64, HALF_N], gl.float32, mma)
-    acc = gl.zeros([64, HALF_N], gl.float32, mma)
-    for k in range(num_k):
-        scale = sa_next * sb_next
-        ahead = gl.minimum(k + 1, num_k - 1)
-        sa_next, sb_next = gl.load(sa_rows + ahead), gl.load(sb_row + ahead)
-        slot = step % STAGES
-        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        a = a_ring.index(slot).slice(ROW0, 64, dim=0)
-        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-            a, b_ring.index(slot).slice(0, HALF_N, dim=0).permute((1, 0)), part, use_acc=False, is_async=True),))
-        mbarrier.arrive(empty.index(slot), count=1)
-        acc += part * scale[:, None]
-        step += 1
-    gl.store(d_ptr + rows.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
-             mask=(rows < M)[:, None] & (cols < N)[None, :])
-    return step
-
-
-@gluon.jit
-def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
-             stride_d, full_tiles, ROW0: gl.constexpr, GROUP_M: gl.constexpr, TAIL: gl.constexpr):
-    """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each of the program's work items (_work_item), a
-    whole tile by _tile_v3, a narrow one (TAIL only) by _narrow_v3."""
-    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
-    BLOCK_N: gl.constexpr = b_ring.type.shape[1]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
-    num_items = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    if TAIL:
-        num_items = 2 * num_items - full_tiles
+    last_sb = gl.cdiv(N, 128) - 1
     # The fresh partial tile of every MMA (use_acc false) is the previous MMA's output registers: a new zero tile
     # per MMA kept a second 64-register tile live at 256 columns (376 bytes of spills, offline).
     part = gl.zeros([64, 128], gl.float32, mma)
     step = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        off_m, off_n, narrow = _work_item(item, full_tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL)
-        if TAIL:
-            if narrow:
-                step = _narrow_v3(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
-                                  stride_d, off_m, off_n, step, ROW0)
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = off_m + ROW0
+        # rows past M read row M - 1 and a half past N reads the last scale block: their results are not stored
+        sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+        sb_lo = sb_ptr + (off_n // 128) * stride_sb
+        sb_hi = sb_ptr + gl.minimum(off_n // 128 + 1, last_sb) * stride_sb
+        sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows), gl.load(sb_lo), gl.load(sb_hi)
+        acc_lo = gl.zeros([64, 128], gl.float32, mma)
+        acc_hi = gl.zeros([64, 128], gl.float32, mma)
+        for k in range(num_k):
+            scale_lo = sa_next * sb_lo_next
+            scale_hi = sa_next * sb_hi_next
+            # the next step's scales (this step's at the last), loaded a step ahead: a load consumed in its own
+            # step stalled the warps (in order) between the step's MMAs until it returned from L2 (session 10)
+            ahead = gl.minimum(k + 1, num_k - 1)
+            sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows + ahead), gl.load(sb_lo + ahead), gl.load(sb_hi + ahead)
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            a = a_ring.index(slot).slice(ROW0, 64, dim=0)
+            b = b_ring.index(slot)
+            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(0, 128, dim=0).permute((1, 0)), part,
+                                                             use_acc=False, is_async=True),))
+            if WIDE:
+                acc_lo += part * scale_lo[:, None]
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(128, 128, dim=0).permute((1, 0)), part,
+                                                                 use_acc=False, is_async=True),))
+                mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup's MMAs on the slot are done
+                acc_hi += part * scale_hi[:, None]
             else:
-                part, step = _tile_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K,
-                                      stride_sa, stride_sb, off_m, off_n, part, step, ROW0)
-        else:
-            part, step = _tile_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa,
-                                  stride_sb, off_m, off_n, part, step, ROW0)
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc_lo += part * scale_lo[:, None]
+            step += 1
+        _store_tile(acc_lo, d_desc, d_smem, row0, off_n)
+        if WIDE:
+            if off_n + 128 < N:
+                _store_tile(acc_hi, d_desc, d_smem, row0, off_n + 128)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def fp8_gemm_v3_kernel(
-    a_desc, b_desc, b_half_desc, d_desc, d_ptr, sa_ptr, sb_ptr,
-    M, N, K, stride_sa, stride_sb, stride_d, full_tiles,
+    a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
+    M, N, K, stride_sa, stride_sb,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    TAIL: gl.constexpr,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
-    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 128 or 256); b_half_desc: the same in [BLOCK_N / 2, 128] tiles (TAIL
-    only; else any descriptor, unused); d_desc: bf16 [M, N] in [64, 128] boxes, also d_ptr (row stride stride_d)
-    for the narrow items' stores; sa fp32 [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row
-    stride stride_sb); K % 128 == 0.
-    Persistent: program p computes work items p, p + grid, ... (_work_item: without TAIL the tiles, grid = the tile
-    count gives one tile per program; with TAIL the first full_tiles tiles whole and the rest as column halves).
+    [N, K] in [BLOCK_N, 128] tiles (BLOCK_N 128 or 256); d_desc: bf16 [M, N] in [64, 128] boxes; sa fp32
+    [M, K / 128] (row stride stride_sa), sb fp32 [N / 128, K / 128] (row stride stride_sb); K % 128 == 0.
+    Persistent: program p computes tiles p, p + grid, ... (grid = the tile count gives one tile per program).
     Launch with num_warps=4 (the first math warpgroup); the second (CONSUMER_REGS registers) and the producer warp
     (PRODUCER_REGS, in a warpgroup of its own: setmaxnreg works per warpgroup) come from warp_specialize, and the
     launch's maxnreg sets what the first warpgroup gets. Every output element is the same MMA and promotion
-    whatever BLOCK_M, BLOCK_N and the split, so the tiling does not change a bit of the result."""
+    whatever BLOCK_M and BLOCK_N, so the tile shape does not change a bit of the result."""
     CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
     a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
     if CONSUMERS == 2:
         gl.warp_specialize(
-            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, sb_ptr, M, N, K,
-                         stride_sa, stride_sb, stride_d, full_tiles, 0, GROUP_M, TAIL)),
-             (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, sb_ptr, M, N, K,
-                         stride_sa, stride_sb, stride_d, full_tiles, 64, GROUP_M, TAIL)),
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 0, GROUP_M)),
+             (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 64, GROUP_M)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
-                          b_ring, False, b_half_desc, full_tiles, TAIL))],
+                          b_ring, False))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
-            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, sb_ptr, M, N, K,
-                         stride_sa, stride_sb, stride_d, full_tiles, 0, GROUP_M, TAIL)),
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
+                         stride_sb, 0, GROUP_M)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
-                          b_ring, False, b_half_desc, full_tiles, TAIL))],
+                          b_ring, False))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
 
@@ -521,13 +420,13 @@ def fp8_gemm_v41_kernel(
              (_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem_1, sa_ptr,
                           sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 64, SCALES_IN_RING)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
-                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING, b_desc, 0, False))],
+                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
                           sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
-                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING, b_desc, 0, False))],
+                          scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
