@@ -8,6 +8,8 @@
 #       128 columns))
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s28.sh   (1 x H200, the same tree: exp_gemm_v3_clocks.py (SM
 #       clock, power and throttle reasons under the V3 kernel on 132 and 66 programs and under cuBLAS))
+# The V3 tail split was reverted after run 3 (docs/reports/deepgemm-gluon-v3.md, "Session 28"); the three experiments
+# these parts run drive the split kernel and were removed with it: commit 210e881 has them.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s28
 case "${PART:-r1}" in
