@@ -8,6 +8,9 @@
 #       128 columns))
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s28.sh   (1 x H200, the same tree: exp_gemm_v3_clocks.py (SM
 #       clock, power and throttle reasons under the V3 kernel on 132 and 66 programs and under cuBLAS))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main after the revert:
+#       exp_power_clocks.py (SM clock and power under the dense V3 GEMM, the MoE prefill GEMM, their peers and
+#       cuBLAS bf16))
 # The V3 tail split was reverted after run 3 (docs/reports/deepgemm-gluon-v3.md, "Session 28"); the three experiments
 # these parts run drive the split kernel and were removed with it: commit 210e881 has them.
 set -u
@@ -33,6 +36,11 @@ r3)
   run v3_clocks 100 bash -c "cd benchmarks && python3 exp_gemm_v3_clocks.py"
   cat "$OUT/summary.txt"
   tail -6 "$OUT/v3_clocks.txt" | cut -c1-250
+  ;;
+r4)
+  run power_clocks 120 bash -c "cd benchmarks && python3 exp_power_clocks.py"
+  cat "$OUT/summary.txt"
+  tail -7 "$OUT/power_clocks.txt" | cut -c1-250
   ;;
 esac
 pack_out
