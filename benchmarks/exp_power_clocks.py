@@ -22,6 +22,8 @@ import time
 import torch
 
 from bench_deepgemm import FP4_SCALE_BOUND, contiguous_operands, dense_operands, rand_fp4_weight_scales
+from bench_flashmla import environment
+from bench_fp4_e4m3_route import scaled_grouped_mm_peer
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
@@ -75,16 +77,13 @@ def main() -> None:
         op["a"], op["b"].t(), one, one, out_dtype=torch.bfloat16))
     gen = torch.Generator().manual_seed(0)
     groups, N13, K13 = 96, 4608, 5120
-    rows, layout, ends, Mg, (a, sa), (bq, _), d = contiguous_operands(groups, N13, K13, gen)
+    rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N13, K13, gen)
     sb = rand_fp4_weight_scales(groups, N13, K13 // 32, low=118)
     folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
-    w8 = (torch.randn(groups, N13, K13, device="cuda") * 4).to(torch.float8_e4m3fn)
-    s_a, s_b = torch.rand(Mg, device="cuda") + 0.5, torch.rand(groups, N13, device="cuda") + 0.5
     moe_flops = 2 * sum(rows) * N13 * K13
     cases["MoE w13, FP8-MMA route, folded per 128"] = (moe_flops, lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
         a128, (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-    cases["torch._scaled_grouped_mm, w13"] = (moe_flops, lambda: torch._scaled_grouped_mm(
-        a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16))
+    cases["torch._scaled_grouped_mm, w13"] = (moe_flops, scaled_grouped_mm_peer(a, ends, groups, N13, K13))
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     cases["cuBLAS bf16 matmul, 8192^3"] = (2 * 8192**3, lambda: torch.matmul(x, x))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -95,8 +94,8 @@ def main() -> None:
         row["flop_per_sm_clock"] = row["tflops"] * 1e12 / sms / (row["sm_clock_mhz_median"] * 1e6)
         rows_out.append(row)
         print(row, flush=True)
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                sampler=f"nvidia-smi {FIELDS}, every 50 ms, medians", moe=dict(groups=groups, rows=sum(rows)))
+    meta = dict(environment(torch.device("cuda")), sampler=f"nvidia-smi {FIELDS}, every 50 ms, medians",
+                moe=dict(groups=groups, rows=sum(rows)))
     with open(os.path.join(os.environ.get("OUT", "."), "exp_power_clocks.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows_out), f, indent=1)
     print("| case | us per call | TFLOP/s | SM clock (MHz) | power (W) | FLOP per SM and clock | reasons |")

@@ -11,6 +11,9 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main after the revert:
 #       exp_power_clocks.py (SM clock and power under the dense V3 GEMM, the MoE prefill GEMM, their peers and
 #       cuBLAS bf16))
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s28.sh   (1 x H200, tree = main after the review (the
+#       _scaled_grouped_mm peer in one helper, scaled_grouped_mm_peer; exp_power_clocks.py's meta from
+#       bench_flashmla.environment): exp_power_clocks.py and bench_fp4_e4m3_route.py)
 # The V3 tail split was reverted after run 3 (docs/reports/deepgemm-gluon-v3.md, "Session 28"); the three experiments
 # these parts run drive the split kernel and were removed with it: commit 210e881 has them.
 set -u
@@ -37,10 +40,12 @@ r3)
   cat "$OUT/summary.txt"
   tail -6 "$OUT/v3_clocks.txt" | cut -c1-250
   ;;
-r4)
+r4|r5)
+  [ "$PART" = r5 ] && run route 120 env OUT="$OUT/route" bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
   run power_clocks 120 bash -c "cd benchmarks && python3 exp_power_clocks.py"
   cat "$OUT/summary.txt"
   tail -7 "$OUT/power_clocks.txt" | cut -c1-250
+  [ "$PART" = r5 ] && grep -E "^\| " "$OUT/route.txt" | cut -c1-200
   ;;
 esac
 pack_out
