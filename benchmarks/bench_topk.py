@@ -5,7 +5,8 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
   api.topk_of_scores; peer: torch.topk(fp32, sorted=False) values only (the floor of a "k-th value from
   torch.topk, then one selection pass" design).
 - candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
-  reference.candidate_block_mask_ref vs api.candidate_block_mask_of_scores.
+  reference.candidate_blocks_ref vs api.candidate_blocks_of_scores (before session 29 both wrote the bool mask,
+  reference.candidate_block_mask_ref and the kernel's mask output).
 - a sweep of the kernel's loop step and warps (each result checked equal to the default's), and
   scores + top-k chunked (api.indexer_topk) end to end;
 - decode (session 15): top-512 of 65,536 keys for 8-256 queries (the last rows of the same scores, which see every
@@ -74,9 +75,9 @@ def decode_sweep(score: torch.Tensor) -> list[dict]:
         s = score[-batch:].contiguous()
         want = reference.indexer_topk_ref(s, TOPK)
         out = torch.empty((batch, TOPK), dtype=torch.int32, device=s.device)
-        api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)
+        api._launch_select(s, N_KEYS, TOPK, -1, out, 1)
         row = {"batch": batch, "n_keys": N_KEYS, "one_program_per_query_ms": bench_graph(
-            lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1, False)), "one_program_equal": torch.equal(out, want),
+            lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1)), "one_program_equal": torch.equal(out, want),
             "routed_chunks": api._topk_chunks(batch, N_KEYS, TOPK, api._num_sms(s.device)),
             "routed_ms": bench_graph(lambda: api.topk_of_scores(s, TOPK)),
             "routed_equal": torch.equal(api.topk_of_scores(s, TOPK), want)}
@@ -109,31 +110,31 @@ def main() -> None:
     del few
 
     compress_len = N_KEYS
-    result["blocks_old_ms"] = median_ms(lambda: reference.candidate_block_mask_ref(score, compress_len, BLOCK,
-                                                                                   TOPK_BLOCKS))
-    result["blocks_new_ms"] = median_ms(lambda: api.candidate_block_mask_of_scores(score, compress_len, BLOCK,
-                                                                                   TOPK_BLOCKS))
-    result["blocks_equal"] = torch.equal(api.candidate_block_mask_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS),
-                                         reference.candidate_block_mask_ref(score, compress_len, BLOCK, TOPK_BLOCKS))
+    result["blocks_old_ms"] = median_ms(lambda: reference.candidate_blocks_ref(score, compress_len, BLOCK,
+                                                                               TOPK_BLOCKS))
+    result["blocks_new_ms"] = median_ms(lambda: api.candidate_blocks_of_scores(score, compress_len, BLOCK,
+                                                                               TOPK_BLOCKS))
+    result["blocks_equal"] = torch.equal(api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS),
+                                         reference.candidate_blocks_ref(score, compress_len, BLOCK, TOPK_BLOCKS))
 
     sweep = {}
     out_topk = torch.empty((S_Q, TOPK), dtype=torch.int32, device=dev)
-    out_mask = torch.empty((S_Q, N_KEYS), dtype=torch.uint8, device=dev)
+    out_blocks = torch.empty((S_Q, TOPK_BLOCKS), dtype=torch.int32, device=dev)
     n_blocks = N_KEYS // BLOCK
     want_topk = api.topk_of_scores(score, TOPK)
-    want_mask = api.candidate_block_mask_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
+    want_blocks = api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
     for step, warps in STEP_SWEEP:
         def topk():
-            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, False, step, warps)
+            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps)
 
         def blocks():
-            api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_mask, BLOCK, True, step, warps)
+            api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_blocks, BLOCK, step, warps)
 
         topk()
         blocks()
         sweep[f"step{step}_warps{warps}"] = {
             "topk_ms": median_ms(topk), "blocks_ms": median_ms(blocks),
-            "equal": torch.equal(out_topk, want_topk) and torch.equal(out_mask.bool(), want_mask),
+            "equal": torch.equal(out_topk, want_topk) and torch.equal(out_blocks, want_blocks),
         }
     result["kernel_step_sweep"] = sweep
 

@@ -365,15 +365,48 @@ def test_indexer_per_query_beyond_one_grid_axis(device):
     assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible, rows))
 
 
-def test_candidate_block_mask_and_reindex(device):
+def test_candidate_blocks_and_reindex(device):
     g = torch.Generator().manual_seed(21)
     q, w, cache = _indexer_case(g, 6, 600, device)
     rows = mini_flashmla.key_range_rows(40, 512, device)
     visible = torch.tensor([1, 64, 200, 400, 511, 512], device=device)
     ref = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
-    mask = mini_flashmla.candidate_block_mask(q, w, cache, visible, rows, compress_len=512, block=8, topk_blocks=10)
+    blocks = mini_flashmla.candidate_blocks(q, w, cache, visible, rows, compress_len=512, block=8, topk_blocks=10)
+    ref_blocks = reference.candidate_blocks_ref(ref, 512, 8, 10)
+    assert (blocks != ref_blocks).float().mean().item() <= 0.05  # block ties may pick a different equal block
     ref_mask = reference.candidate_block_mask_ref(ref, 512, 8, 10)
-    assert (mask != ref_mask).float().mean().item() <= 0.02  # block ties may pick a different equal block
-    idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 32, candidate_mask=ref_mask)
+    idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 32, candidate_blocks=ref_blocks)
     masked = ref.masked_fill(~ref_mask, float("-inf"))
     assert_topk_tie_aware(idx, reference.indexer_topk_ref(masked, 32), masked)
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_indexer_scores_of_candidate_blocks(device, per_query):
+    """The per-query kernel reading keys through candidate blocks (the REINDEX path): 300 queries (several programs
+    per query's run of columns), blocks ascending with -1 tails and a whole -1 row, a last block past the key list,
+    causal visibility cutting blocks; shared key rows (prefill) and per-query rows (decode)."""
+    g = torch.Generator().manual_seed(22)
+    s_q, n_keys, kb = 300, 1001, 100
+    q, w, cache = _indexer_case(g, s_q, 1200, device)
+    rows = torch.randperm(1200, generator=g)[:n_keys].to(torch.int32)
+    if per_query:
+        rows = rows.expand(s_q, -1).clone()
+        rows[5, ::3] = -1
+    blocks = torch.rand(s_q, 125, generator=g).argsort(1)[:, :kb].sort(1).values.to(torch.int32)
+    blocks[:, -1] = 125  # entries 1000 .. 1007: all but the first past the key list
+    blocks[7, 60:] = -1
+    blocks[8] = -1
+    visible = torch.randint(0, n_keys + 1, (s_q,), generator=g)
+    visible[:2] = n_keys
+    rows, blocks, visible = rows.to(device), blocks.to(device), visible.to(device)
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows, blocks, 8)
+    ref = reference.indexer_scores_candidates_ref(q, w, cache, visible, rows, blocks, 8)
+    assert score.shape == (s_q, kb * 8)
+    assert_scores_match(score, ref)
+    idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 64, candidate_blocks=blocks)
+    full = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
+    entries = reference.candidate_entries(blocks, 8)
+    mask = torch.zeros(s_q, n_keys + 1, dtype=torch.bool, device=device)  # the last column takes the non-entries
+    mask.scatter_(1, torch.where((entries >= 0) & (entries < n_keys), entries, n_keys), True)
+    masked = full.masked_fill(~mask[:, :n_keys], float("-inf"))
+    assert_topk_tie_aware(idx, reference.indexer_topk_ref(masked, 64), masked)

@@ -75,6 +75,42 @@ def test_indexer_paged_ref_shared_and_per_query_rows():
     assert torch.isneginf(reference.indexer_scores_paged_ref(q, w, cache, visible, rows)[:, 10]).all()
 
 
+def test_candidate_blocks_are_the_mask_as_ids():
+    """candidate_blocks_ref (what the engine keeps) names exactly the blocks candidate_block_mask_ref (the model's
+    form) keeps, on scores with many ties and -inf blocks; candidate_entries expands them to ascending positions."""
+    g = torch.Generator().manual_seed(3)
+    score = torch.tensor([-0.0, 0.5, 1.0])[torch.randint(0, 3, (5, 203), generator=g)]
+    score[0] = float("-inf")
+    score[1, 40:] = float("-inf")
+    for compress_len, topk_blocks in ((203, 7), (0, 7), (100, 26), (203, 40)):
+        blocks = reference.candidate_blocks_ref(score, compress_len, 8, topk_blocks)
+        assert blocks.shape == (5, min(topk_blocks, 26)) and blocks.dtype == torch.int32
+        entries = reference.candidate_entries(blocks, 8)
+        mask = torch.zeros(5, 26 * 8 + 1, dtype=torch.bool)  # the last column takes the -1 entries
+        mask.scatter_(1, torch.where(entries >= 0, entries, 26 * 8), True)
+        assert torch.equal(mask[:, :203], reference.candidate_block_mask_ref(score, compress_len, 8, topk_blocks))
+        kept = entries.clamp_min(0)
+        assert ((kept[:, 1:] > kept[:, :-1]) | (entries[:, 1:] < 0)).all()  # ascending, then -1
+
+
+def test_candidate_scores_ref_equal_masked_scores():
+    """indexer_scores_candidates_ref: column c of query i is the full score of its c-th candidate entry, -inf for
+    -1 blocks and for entries at or past visible / the key list; shared and per-query key rows agree."""
+    q, w, cache = _indexer_case(6)
+    rows = torch.randperm(cache.shape[0])[:203].to(torch.int32)
+    visible = torch.tensor([0, 9, 64, 150, 203, 203])
+    full = reference.indexer_scores_paged_ref(q, w, cache, visible, rows)
+    blocks = torch.tensor([[0, 3, -1], [0, 1, 2], [1, 7, 25], [5, 18, 24], [2, 25, -1], [-1, -1, -1]],
+                          dtype=torch.int32)
+    got = reference.indexer_scores_candidates_ref(q, w, cache, visible, rows, blocks, 8)
+    entries = reference.candidate_entries(blocks, 8)
+    inside = (entries >= 0) & (entries < 203)
+    want = torch.where(inside, full.gather(1, entries.clamp(0, 202)), float("-inf"))
+    assert torch.equal(got, want)
+    per_query = rows.expand(6, -1).clone()
+    assert torch.equal(reference.indexer_scores_candidates_ref(q, w, cache, visible, per_query, blocks, 8), got)
+
+
 @pytest.mark.skipif(api._interpreting(), reason="checks the CPU fallback, which TRITON_INTERPRET replaces")
 def test_api_falls_back_to_references_on_cpu():
     q, wc, cc, wid, cid, sink = _attn_case(3)
@@ -91,9 +127,10 @@ def test_api_falls_back_to_references_on_cpu():
     assert torch.equal(mini_flashmla.indexer_scores(qi, w, cache, visible, rows), score)
     topk = mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 64)
     assert torch.equal(topk, reference.indexer_topk_ref(score, 64))
-    mask = mini_flashmla.candidate_block_mask(qi, w, cache, visible, rows, compress_len=300, block=8, topk_blocks=5)
-    assert torch.equal(mask, reference.candidate_block_mask_ref(score, 300, 8, 5))
-    restricted = mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 16, candidate_mask=mask)
+    blocks = mini_flashmla.candidate_blocks(qi, w, cache, visible, rows, compress_len=300, block=8, topk_blocks=5)
+    assert torch.equal(blocks, reference.candidate_blocks_ref(score, 300, 8, 5))
+    mask = reference.candidate_block_mask_ref(score, 300, 8, 5)
+    restricted = mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 16, candidate_blocks=blocks)
     assert torch.equal(restricted, reference.indexer_topk_ref(score.masked_fill(~mask, float("-inf")), 16))
 
 

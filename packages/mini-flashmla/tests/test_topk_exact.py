@@ -1,4 +1,4 @@
-"""The selection kernel (topk_kernel.py) against reference.indexer_topk_ref / candidate_block_mask_ref: bit for bit,
+"""The selection kernel (topk_kernel.py) against reference.indexer_topk_ref / candidate_blocks_ref: bit for bit,
 on data with many ties (GPU; also on CPU under TRITON_INTERPRET=1, small shapes, which CI runs through the
 subprocess test at the end).
 
@@ -92,11 +92,11 @@ def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
     (50, 45, 100),  # topk_blocks > number of blocks
     (1000, 999, 40),
 ])
-def test_candidate_block_mask_of_scores_exact(device, small_step, kind, n, compress_len, topk_blocks):
+def test_candidate_blocks_of_scores_exact(device, small_step, kind, n, compress_len, topk_blocks):
     g = torch.Generator().manual_seed(n * 11 + compress_len)
     score = tied_scores(g, 6, n, kind)
-    got = api.candidate_block_mask_of_scores(score.to(device), compress_len, 8, topk_blocks)
-    assert_same(got, reference.candidate_block_mask_ref(score, compress_len, 8, topk_blocks))
+    got = api.candidate_blocks_of_scores(score.to(device), compress_len, 8, topk_blocks)
+    assert_same(got, reference.candidate_blocks_ref(score, compress_len, 8, topk_blocks))
 
 
 def test_strided_rows_and_default_step(device):
@@ -105,15 +105,15 @@ def test_strided_rows_and_default_step(device):
     wide = tied_scores(g, 5, 700, "bf16")
     score = wide[:, :650]
     assert_same(api.topk_of_scores(score.to(device), 96), reference.indexer_topk_ref(score, 96))
-    got = api.candidate_block_mask_of_scores(wide.to(device)[:, :650], 650, 8, 20)
-    assert_same(got, reference.candidate_block_mask_ref(score, 650, 8, 20))
+    got = api.candidate_blocks_of_scores(wide.to(device)[:, :650], 650, 8, 20)
+    assert_same(got, reference.candidate_blocks_ref(score, 650, 8, 20))
 
 
 def test_empty_shapes(device):
     score = torch.zeros(0, 10, device=device)
     assert api.topk_of_scores(score, 4).shape == (0, 4)
     assert api.topk_of_scores(torch.zeros(3, 0, device=device), 4).shape == (3, 0)
-    assert api.candidate_block_mask_of_scores(score, 10, 8, 2).shape == (0, 10)
+    assert api.candidate_blocks_of_scores(score, 10, 8, 2).shape == (0, 2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="prefill row length: CUDA only")
@@ -132,11 +132,11 @@ def test_prefill_shape_exact_without_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         idx = api.topk_of_scores(score, 512)
-        mask = api.candidate_block_mask_of_scores(score, n, 8, 2048)
+        blocks = api.candidate_blocks_of_scores(score, n, 8, 2048)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert_same(idx, reference.indexer_topk_ref(score, 512))
-    assert_same(mask, reference.candidate_block_mask_ref(score, n, 8, 2048))
+    assert_same(blocks, reference.candidate_blocks_ref(score, n, 8, 2048))
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",

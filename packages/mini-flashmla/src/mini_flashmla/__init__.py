@@ -3,8 +3,9 @@ Gluon for the attention's 64-head calls; pure-torch references on CPU). See `min
 contracts."""
 
 from mini_flashmla.api import (
-    candidate_block_mask,
-    candidate_block_mask_of_scores,
+    candidate_blocks,
+    candidate_blocks_of_scores,
+    candidate_positions,
     indexer_scores,
     indexer_topk,
     key_range_rows,
@@ -14,8 +15,9 @@ from mini_flashmla.api import (
 )
 
 __all__ = [
-    "candidate_block_mask",
-    "candidate_block_mask_of_scores",
+    "candidate_blocks",
+    "candidate_blocks_of_scores",
+    "candidate_positions",
     "indexer_scores",
     "indexer_topk",
     "key_range_rows",

@@ -329,6 +329,8 @@ def indexer_scores(
     index_k_cache: torch.Tensor,
     visible: torch.Tensor,
     key_rows: torch.Tensor,
+    candidate_blocks: torch.Tensor | None = None,
+    block: int = 8,
 ) -> torch.Tensor:
     """Indexer scores against keys read from the packed index-key cache (reference.indexer_scores_ref semantics).
 
@@ -340,41 +342,31 @@ def indexer_scores(
         key_rows: int32 flat rows of index_k_cache in logical key order, either [n_keys] shared by all queries
             (one sequence; see `key_range_rows` for a contiguous range) or [s_q, n_keys] per query (a ragged batch,
             -1 padded). -1 (or outside the cache) = no key: scored -inf.
+        candidate_blocks: None (score every key), or a REINDEX layer's candidate blocks, int32 [s_q, kb]
+            (`candidate_blocks_of_scores`: ascending block ids, -1 = none): only their keys are scored.
+        block: keys per candidate block (V4.1 8).
     Returns:
-        fp32 [s_q, n_keys] (values exactly bf16; -inf where not visible). Kernel results equal the reference
-        bit for bit except, rarely, one bf16 ulp from the order of the 32-head fp32 sum.
+        fp32 [s_q, n_keys] (values exactly bf16; -inf where not visible); with candidate_blocks fp32
+        [s_q, kb * block], column c holding key candidate_blocks[i, c // block] * block + c % block
+        (reference.candidate_entries; -inf for a -1 block). Kernel results equal the reference bit for bit except,
+        rarely, one bf16 ulp from the order of the 32-head fp32 sum.
     """
+    if candidate_blocks is not None:
+        return _indexer_scores_of_candidates(q, weights, index_k_cache, visible, key_rows, candidate_blocks, block)
     if not _use_kernel(q, weights, index_k_cache, key_rows):
         return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, key_rows)
-    from mini_flashmla.indexer_kernel import indexer_scores_kernel, indexer_scores_per_query_kernel
+    from mini_flashmla.indexer_kernel import indexer_scores_kernel
 
+    q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
     s_q, n_heads, d = q.shape
-    if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
-        raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
-    _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
-    if n_heads & (n_heads - 1):  # pad heads to a power of two with zero weights: adds exact zeros to the sum
-        pad = _next_pow2(n_heads) - n_heads
-        q = torch.nn.functional.pad(q, (0, 0, 0, pad))
-        weights = torch.nn.functional.pad(weights, (0, pad))
-        n_heads += pad
     per_query = key_rows.dim() == 2
-    key_rows = key_rows.to(torch.int32).contiguous()
-    visible = visible.to(torch.int64).contiguous()
     n_keys = key_rows.shape[-1]
     out = torch.empty((s_q, n_keys), dtype=torch.float32, device=q.device)
     if s_q == 0 or n_keys == 0:
         return out
     sms = _num_sms(q.device)
     if per_query:
-        # each program walks a run of its query's keys; enough runs for ~INDEXER_PER_QUERY_PROGRAMS_PER_SM programs/SM
-        key_tiles = math.ceil(n_keys / INDEXER_PER_QUERY_BLOCK_K)
-        tiles_per_program = max(1, min(64, key_tiles * s_q // (INDEXER_PER_QUERY_PROGRAMS_PER_SM * sms)))
-        keys_per_program = INDEXER_PER_QUERY_BLOCK_K * tiles_per_program
-        indexer_scores_per_query_kernel[(s_q, math.ceil(n_keys / keys_per_program))](
-            q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
-            key_rows, key_rows.stride(0), visible, out, out.stride(0), n_keys, keys_per_program, H=n_heads, D=d,
-            BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(),
-            num_warps=INDEXER_PER_QUERY_WARPS)
+        _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows, None, 0, out)
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
     # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,
@@ -389,6 +381,65 @@ def indexer_scores(
         key_rows, 0, visible, out, out.stride(0), s_q, n_keys, queries_per_program, H=n_heads, D=d,
         BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
     )
+    return out
+
+
+def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
+                      visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The indexer kernels' operands, checked: (q, weights) with the heads padded to a power of two (zero weights
+    add exact zeros to the sum), key_rows int32 and visible int64, contiguous."""
+    s_q, n_heads, d = q.shape
+    if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
+        raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
+    _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
+    if n_heads & (n_heads - 1):
+        pad = _next_pow2(n_heads) - n_heads
+        q = torch.nn.functional.pad(q, (0, 0, 0, pad))
+        weights = torch.nn.functional.pad(weights, (0, pad))
+    return q, weights, key_rows.to(torch.int32).contiguous(), visible.to(torch.int64).contiguous()
+
+
+def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
+                             visible: torch.Tensor, key_rows: torch.Tensor, blocks: torch.Tensor | None, block: int,
+                             out: torch.Tensor) -> None:
+    """indexer_scores_per_query_kernel over out's [s_q, n_columns]: key_rows int32 [n_keys] (shared) or
+    [s_q, n_keys]; blocks None (column = key) or int32 [s_q, n_columns / block] candidate blocks."""
+    from mini_flashmla.indexer_kernel import indexer_scores_per_query_kernel
+
+    s_q, n_columns = out.shape
+    # each program walks a run of its query's keys; enough runs for ~INDEXER_PER_QUERY_PROGRAMS_PER_SM programs/SM
+    key_tiles = math.ceil(n_columns / INDEXER_PER_QUERY_BLOCK_K)
+    tiles_per_program = max(1, min(64, key_tiles * s_q // (INDEXER_PER_QUERY_PROGRAMS_PER_SM * _num_sms(q.device))))
+    keys_per_program = INDEXER_PER_QUERY_BLOCK_K * tiles_per_program
+    blocks_arg = key_rows if blocks is None else blocks  # unread when GROUP is 0
+    indexer_scores_per_query_kernel[(s_q, math.ceil(n_columns / keys_per_program))](
+        q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
+        key_rows, key_rows.stride(0) if key_rows.dim() == 2 else 0, blocks_arg, blocks_arg.stride(0), visible,
+        out, out.stride(0), n_columns, key_rows.shape[-1], keys_per_program, H=q.shape[1], D=q.shape[2],
+        BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), GROUP=block,
+        num_warps=INDEXER_PER_QUERY_WARPS)
+
+
+def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
+                                  visible: torch.Tensor, key_rows: torch.Tensor, candidate_blocks: torch.Tensor,
+                                  block: int) -> torch.Tensor:
+    """indexer_scores with candidate_blocks: the per-query kernel reads each candidate key's row id through
+    key_rows, so neither the entries nor their rows are materialised."""
+    s_q, kb = candidate_blocks.shape
+    if candidate_blocks.shape[0] != q.shape[0] or block < 1:
+        raise ValueError(f"candidate_blocks must be [s_q={q.shape[0]}, kb] with block >= 1, got "
+                         f"{tuple(candidate_blocks.shape)} and block {block}")
+    if not _use_kernel(q, weights, index_k_cache, key_rows, candidate_blocks):
+        return reference.indexer_scores_candidates_ref(q, weights, index_k_cache, visible, key_rows,
+                                                       candidate_blocks, block)
+    q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
+    out = torch.empty((s_q, kb * block), dtype=torch.float32, device=q.device)
+    if s_q == 0 or kb == 0:
+        return out
+    if key_rows.shape[-1] == 0:
+        return out.fill_(float("-inf"))
+    _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows,
+                             candidate_blocks.to(torch.int32).contiguous(), block, out)
     return out
 
 
@@ -408,34 +459,36 @@ def indexer_topk(
     visible: torch.Tensor,
     key_rows: torch.Tensor,
     topk: int,
-    candidate_mask: torch.Tensor | None = None,
+    candidate_blocks: torch.Tensor | None = None,
+    block: int = 8,
 ) -> torch.Tensor:
     """Scores (see `indexer_scores`) then the top-k logical key positions per query, scored chunk by chunk of
     queries so at most INDEXER_CHUNK_BYTES of fp32 scores exist at once.
 
     Args: as `indexer_scores`, plus
         topk: V4.1 512.
-        candidate_mask: bool [s_q, n_keys] or None; REINDEX layers pass the candidate source's
-            `candidate_block_mask` and keys outside it score -inf.
+        candidate_blocks, block: a REINDEX layer's candidate blocks (int32 [s_q, kb], `candidate_blocks`): only
+            their keys are scored and selected; the result equals selecting over every key with the others at -inf.
     Returns:
-        int32 [s_q, min(topk, n_keys)]: reference.indexer_topk_ref semantics (ascending positions, -1 fill for keys
-        that score -inf; the lowest position wins ties). Positions are logical key indices (0 .. n_keys-1), not
-        cache rows.
+        int32 [s_q, min(topk, n)] (n = n_keys, or kb * block with candidates): reference.indexer_topk_ref semantics
+        (ascending positions, -1 fill for keys that score -inf; the lowest position wins ties). Positions are
+        logical key indices (0 .. n_keys-1), not cache rows.
     """
-    s_q, n_keys = q.shape[0], key_rows.shape[-1]
-    out = torch.empty((s_q, min(topk, n_keys)), dtype=torch.int32, device=q.device)
-    chunk = _query_chunk(s_q, n_keys)
+    s_q = q.shape[0]
+    n = key_rows.shape[-1] if candidate_blocks is None else candidate_blocks.shape[1] * block
+    out = torch.empty((s_q, min(topk, n)), dtype=torch.int32, device=q.device)
+    chunk = _query_chunk(s_q, n)
     for c0 in range(0, s_q, chunk):
         c1 = min(s_q, c0 + chunk)
         rows = key_rows[c0:c1] if key_rows.dim() == 2 else key_rows
-        score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
-        if candidate_mask is not None:
-            score = score.masked_fill_(~candidate_mask[c0:c1], float("-inf"))
-        out[c0:c1] = topk_of_scores(score, topk)
+        blocks = None if candidate_blocks is None else candidate_blocks[c0:c1]
+        score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows, blocks, block)
+        picked = topk_of_scores(score, topk)
+        out[c0:c1] = picked if blocks is None else candidate_positions(picked, blocks, block)
     return out
 
 
-def candidate_block_mask(
+def candidate_blocks(
     q: torch.Tensor,
     weights: torch.Tensor,
     index_k_cache: torch.Tensor,
@@ -450,17 +503,26 @@ def candidate_block_mask(
     Args: as `indexer_scores`, plus compress_len (number of compressed entries of the sequence; the block of entry
         compress_len - 1 is always kept), block (V4.1 8) and topk_blocks (V4.1 2048).
     Returns:
-        bool [s_q, n_keys], reference.candidate_block_mask_ref of the scores.
+        int32 [s_q, min(topk_blocks, n_blocks)]: `candidate_blocks_of_scores` of the scores.
     """
     s_q, n_keys = q.shape[0], key_rows.shape[-1]
-    out = torch.empty((s_q, n_keys), dtype=torch.bool, device=q.device)
+    out = torch.empty((s_q, min(topk_blocks, -(-n_keys // block))), dtype=torch.int32, device=q.device)
     chunk = _query_chunk(s_q, n_keys)
     for c0 in range(0, s_q, chunk):
         c1 = min(s_q, c0 + chunk)
         rows = key_rows[c0:c1] if key_rows.dim() == 2 else key_rows
         score = indexer_scores(q[c0:c1], weights[c0:c1], index_k_cache, visible[c0:c1], rows)
-        out[c0:c1] = candidate_block_mask_of_scores(score, compress_len, block, topk_blocks)
+        out[c0:c1] = candidate_blocks_of_scores(score, compress_len, block, topk_blocks)
     return out
+
+
+def candidate_positions(columns: torch.Tensor, candidate_blocks: torch.Tensor, block: int) -> torch.Tensor:
+    """Logical key positions of columns of candidate scores (`indexer_scores` with candidate_blocks): int32, shape
+    of columns (int [s_q, n], -1 kept). Ascending columns give ascending positions (the blocks ascend), so a top-k
+    over candidate scores maps to the reference's top-k over masked scores, ties included."""
+    c = columns.long().clamp_min(0)
+    b = candidate_blocks.long().gather(1, c // block)
+    return torch.where(columns >= 0, b * block + c % block, -1).to(torch.int32)
 
 
 # --------------------------------------------------------------------------- selection over given scores
@@ -492,7 +554,7 @@ def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
     if chunks > 1:
         return _chunked_topk(score, k, chunks)
     out = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
-    _launch_select(score, n_keys, k, -1, out, group=1, mask_out=False)
+    _launch_select(score, n_keys, k, -1, out, group=1)
     return out
 
 
@@ -513,36 +575,37 @@ def _chunked_topk(score: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
     s_q, n_keys = score.shape
     chunk_len = -(-n_keys // chunks)
     candidates = torch.empty((s_q, chunks * k), dtype=torch.int32, device=score.device)
-    _launch_select(score, n_keys, k, -1, candidates.view(s_q * chunks, k), group=1, mask_out=False, chunks=chunks,
+    _launch_select(score, n_keys, k, -1, candidates.view(s_q * chunks, k), group=1, chunks=chunks,
                    chunk_len=chunk_len)
     taken = candidates >= 0
     values = score.gather(1, candidates.clamp(min=0).long()).masked_fill_(~taken, float("-inf"))
     picked = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
-    _launch_select(values, chunks * k, k, -1, picked, group=1, mask_out=False)
+    _launch_select(values, chunks * k, k, -1, picked, group=1)
     return torch.where(picked >= 0, candidates.gather(1, picked.clamp(min=0).long()), -1)  # int32
 
 
-def candidate_block_mask_of_scores(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int
-                                   ) -> torch.Tensor:
-    """reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks), bit for bit: bool
-    [s_q, n_keys], the values of the top `topk_blocks` blocks of `block` entries (block value = max, the block of
-    entry compress_len - 1 forced to +inf, the lowest block wins ties) whose value is not -inf.
+def candidate_blocks_of_scores(score: torch.Tensor, compress_len: int, block: int, topk_blocks: int
+                               ) -> torch.Tensor:
+    """reference.candidate_blocks_ref(score, compress_len, block, topk_blocks), bit for bit: int32
+    [s_q, min(topk_blocks, n_blocks)], ascending ids of the top `topk_blocks` blocks of `block` entries (block value
+    = max, the block of entry compress_len - 1 forced to +inf, the lowest block wins ties) whose value is not -inf,
+    then -1. The REINDEX layers score only these blocks' entries (`indexer_scores(..., candidate_blocks=)`).
 
-    On CUDA the selection kernel takes the block max itself and writes the mask; no host synchronisation.
+    On CUDA the selection kernel takes the block max itself; no host synchronisation.
     """
     s_q, n_keys = score.shape
     n_blocks = -(-n_keys // block)
     k = min(topk_blocks, n_blocks)
     if not _use_kernel(score) or k == 0 or s_q == 0 or block & (block - 1):
-        return reference.candidate_block_mask_ref(score, compress_len, block, topk_blocks)
-    out = torch.empty((s_q, n_keys), dtype=torch.bool, device=score.device)
+        return reference.candidate_blocks_ref(score, compress_len, block, topk_blocks)
+    out = torch.empty((s_q, k), dtype=torch.int32, device=score.device)
     forced = (compress_len - 1) // block if compress_len > 0 else -1
-    _launch_select(score, n_blocks, k, forced, out.view(torch.uint8), group=block, mask_out=True)
+    _launch_select(score, n_blocks, k, forced, out, group=block)
     return out
 
 
 def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, out: torch.Tensor, group: int,
-                   mask_out: bool, block: int | None = None, num_warps: int | None = None, chunks: int = 1,
+                   block: int | None = None, num_warps: int | None = None, chunks: int = 1,
                    chunk_len: int = 0) -> None:
     """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
     (chunks > 1: out has chunks rows per score row); block / num_warps (None: TOPK_BLOCK / TOPK_NUM_WARPS) are
@@ -559,5 +622,5 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     topk_select_kernel[(score.shape[0] * chunks,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
-        GROUP=group, BLOCK=block, MASK_OUT=mask_out, CHUNKS=chunks, num_warps=num_warps,
+        GROUP=group, BLOCK=block, CHUNKS=chunks, num_warps=num_warps,
     )

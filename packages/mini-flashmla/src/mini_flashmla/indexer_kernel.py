@@ -95,17 +95,21 @@ def indexer_scores_kernel(
 @triton.jit
 def indexer_scores_per_query_kernel(
     q_ptr, stride_q_s, stride_q_h, w_ptr, stride_w_s, cache_ptr, num_rows, key_rows_ptr, stride_key_rows_s,
-    visible_ptr, out_ptr, stride_out_s, n_keys, keys_per_program,
+    blocks_ptr, stride_blocks_s, visible_ptr, out_ptr, stride_out_s, n_columns, n_keys, keys_per_program,
     H: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     """The per-query case of indexer_scores_kernel (decode: each query its own key list, key_rows int32
-    [s_q, n_keys] with row stride stride_key_rows_s). Grid (s_q, cdiv(n_keys, keys_per_program)): the queries on the
-    x axis, where CUDA allows 2^31 - 1 programs (65,535 on y). A program loads its query and head weights once and
-    walks keys_per_program keys in BLOCK_K tiles (their loads software-pipelined STAGES deep; 1 measured best, the
-    other programs on the SM hide the latency). Session 15 run 2 measured this grid at 0.235 / 0.912 ms (batch 64 /
-    256, 65,536 keys each; the axes the other way round: 0.270 / 0.900). Keys at or past visible[i] are not
-    read (their row ids load as -1). Same scores, bit for bit, as indexer_scores_kernel with BLOCK_Q = 1: the same
-    products and sums per key.
+    [s_q, n_keys] with row stride stride_key_rows_s; 0 shares one list). Grid (s_q, cdiv(n_columns,
+    keys_per_program)): the queries on the x axis, where CUDA allows 2^31 - 1 programs (65,535 on y). A program
+    loads its query and head weights once and walks keys_per_program columns in BLOCK_K tiles (their loads
+    software-pipelined STAGES deep; 1 measured best, the other programs on the SM hide the latency).
+    Column c of a query scores logical key c (GROUP = 0), or, for a REINDEX layer's candidate blocks (blocks int32
+    [s_q, n_columns / GROUP], -1 = none), key blocks[i, c // GROUP] * GROUP + c % GROUP: one more load per key, of
+    its row id, instead of scoring every key. Keys at or past visible[i] or n_keys are not read (their row ids
+    load as -1). Session 15 run 2 measured this grid at 0.235 / 0.912 ms (batch 64 / 256, 65,536 keys each; the
+    axes the other way round: 0.270 / 0.900). Same scores, bit for bit, as indexer_scores_kernel with BLOCK_Q = 1:
+    the same products and sums per key.
     Why a kernel of its own: indexer_scores_kernel's per-query launch (one program per query and 128 keys) reloaded
     the query (8 KB) for every 8.7 KB of keys and decoded e2m1 with integer ops, which pays when a key serves a run of
     queries but not here (one query per key). It read keys at 0.38 TB/s; this kernel with the inline-PTX decode
@@ -117,12 +121,17 @@ def indexer_scores_per_query_kernel(
     h = tl.arange(0, H)
     q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
     w = tl.load(w_ptr + i * stride_w_s + h).to(tl.float32)
-    visible = tl.load(visible_ptr + i)
-    end = tl.minimum(first + keys_per_program, n_keys)
+    visible = tl.minimum(tl.load(visible_ptr + i), n_keys)
+    end = tl.minimum(first + keys_per_program, n_columns)
     for start in tl.range(first, end, BLOCK_K, num_stages=STAGES):
-        t = start + tl.arange(0, BLOCK_K)
-        t_ok = t < end
-        rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=t_ok & (t < visible), other=-1)
+        c = start + tl.arange(0, BLOCK_K)
+        c_ok = c < end
+        if GROUP == 0:
+            t = c
+        else:
+            blk = tl.load(blocks_ptr + i * stride_blocks_s + c // GROUP, mask=c_ok, other=-1)
+            t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
+        rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
         k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
         score = tl.reshape(_score_tile(k, q, w, 1, H), [BLOCK_K])
-        tl.store(out_ptr + i * stride_out_s + t, tl.where(row_ok, score, float("-inf")), mask=t_ok)
+        tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok, score, float("-inf")), mask=c_ok)

@@ -14,7 +14,7 @@ It writes positions through a running prefix count, so they come out ascending w
 H200 (session 14 run 1, docs/reports/flashmla-topk-exact.md), so the digits stay bytes.
 
 An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tail padded with -inf (the candidate
-blocks: then the keep mask is written for every value of a kept block).
+blocks, whose ids are written).
 """
 
 from __future__ import annotations
@@ -54,14 +54,13 @@ def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: t
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
     out_ptr, stride_out, chunk_len,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, MASK_OUT: tl.constexpr, CHUNKS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     """Grid (rows * CHUNKS,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items
     as in _load_items; 1 <= k <= n_items.
-    MASK_OUT False: out int32 [rows, k] = the positions of the k selected items whose value is not -inf,
-    ascending, then -1 (reference.indexer_topk_ref). MASK_OUT True: out uint8 [rows, n_values], 1 for every value
-    of a selected item whose value is not -inf (reference.candidate_block_mask_ref).
-    CHUNKS > 1 (GROUP 1, MASK_OUT False, no forced item): program row * CHUNKS + c selects among the row's items
+    out int32 [rows, k] = the positions of the k selected items whose value is not -inf, ascending, then -1
+    (reference.indexer_topk_ref; with GROUP > 1 reference.candidate_blocks_ref).
+    CHUNKS > 1 (GROUP 1, no forced item): program row * CHUNKS + c selects among the row's items
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
     """
@@ -121,21 +120,11 @@ def topk_select_kernel(
         in_band = (valid & (key >= lo) & (key <= hi)).to(tl.int32)
         band_rank = band_seen + tl.cumsum(in_band, 0) - in_band
         keep = valid & ((key > hi) | ((in_band != 0) & (band_rank < rem))) & (x != float("-inf"))
-        if MASK_OUT:
-            out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
-            if GROUP == 1:
-                tl.store(out_row + offs, keep.to(tl.uint8), mask=valid)
-            else:
-                entry = offs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-                flags = (keep[:, None] & (entry >= 0)).to(tl.uint8)
-                tl.store(out_row + entry, flags, mask=entry < n_values)
-        else:
-            slot = written + tl.cumsum(keep.to(tl.int32), 0) - 1
-            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs + first, mask=keep)
+        slot = written + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs + first, mask=keep)
         written += tl.sum(keep.to(tl.int32))
         band_seen += tl.sum(in_band)
-    if not MASK_OUT:
-        for s0 in range(0, k, BLOCK):
-            slot = s0 + offs0
-            tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
-                     mask=(slot >= written) & (slot < k))
+    for s0 in range(0, k, BLOCK):
+        slot = s0 + offs0
+        tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
+                 mask=(slot >= written) & (slot < k))

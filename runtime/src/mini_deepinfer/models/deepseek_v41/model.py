@@ -23,7 +23,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from mini_flashmla import candidate_block_mask_of_scores, indexer_scores, sparse_mla_fwd_paged, topk_of_scores
+from mini_flashmla import (
+    candidate_blocks_of_scores,
+    candidate_positions,
+    indexer_scores,
+    sparse_mla_fwd_paged,
+    topk_of_scores,
+)
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
@@ -184,7 +190,7 @@ class V41Model(torch.nn.Module):
                 new_row[rows] = torch.arange(rows.shape[0], device=self.device)
                 sample_rows = new_row[sample_rows]
                 # the step's per-row shared state the consumer layers read: the top-k a REUSE layer takes over
-                # and the candidate blocks a REINDEX layer restricts to
+                # and the candidate blocks a REINDEX layer restricts to (int32 [rows, kb] per sequence)
                 shared["topk"] = shared["topk"][rows]
                 shared["candidates"] = {i: c[live[i].dropped:] for i, c in shared["candidates"].items()}
         n_hist = cfg.engram_max_ngram_size - 1
@@ -320,21 +326,23 @@ class V41Model(torch.nn.Module):
         entries = torch.arange(n_cap, device=self.device).expand(n_k.shape[0], n_cap)
         visible = entries < n_k[:, None]
         score = None
+        # a REINDEX layer scores only its rows' candidate blocks (the candidate source's, this step)
+        blocks = shared["candidates"] if role.uses_candidates else None
         # the publisher chain (spec 2.4): the last entry is unconditional, earlier ones apply where their ratio's
         # group closes this step
         for pub, ratio_cond in reversed(self.decode_publishers[lid]):
             key_rows = torch.where(visible, d.entry_rows(entries, self.roles[pub].ratio), -1).to(torch.int32)
-            s = indexer_scores(qi, wts, cache.index_k[pub], n_k, key_rows)
+            s = indexer_scores(qi, wts, cache.index_k[pub], n_k, key_rows, blocks, cfg.candidate_block_size)
             score = s if score is None else torch.where(d.closes[ratio_cond][:, None], s, score)
         if role.is_candidate_source:
-            # candidate_block_mask_of_scores forces the block of the newest entry; +inf on that entry does the same
+            # candidate_blocks_of_scores forces the block of the newest entry; +inf on that entry does the same
             newest = (n_k - 1).clamp_min(0)[:, None]
             forced = score.scatter(1, newest, torch.where(n_k[:, None] > 0, float("inf"), float("-inf")))
-            shared["candidates"] = candidate_block_mask_of_scores(forced, 0, cfg.candidate_block_size,
-                                                                  cfg.candidate_topk_blocks)
-        if role.uses_candidates and shared["candidates"] is not None:
-            score = torch.where(shared["candidates"], score, torch.full_like(score, float("-inf")))
+            shared["candidates"] = candidate_blocks_of_scores(forced, 0, cfg.candidate_block_size,
+                                                              cfg.candidate_topk_blocks)
         sel = topk_of_scores(score, cfg.index_topk)
+        if blocks is not None:
+            sel = candidate_positions(sel, blocks, cfg.candidate_block_size)
         topk = torch.full((n_k.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=self.device)
         topk[:, : sel.shape[1]] = sel.to(torch.int64)
         return topk
@@ -475,22 +483,26 @@ class V41Model(torch.nn.Module):
             pub = cache.index_k_publisher[sp.slot]
             key_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
                                            self.roles[pub].ratio).to(torch.int32)
+            block = cfg.candidate_block_size
             if role.is_candidate_source:
-                shared["candidates"][sp.index] = torch.empty(sp.qlen, n_k, dtype=torch.bool, device=self.device)
+                kb = min(cfg.candidate_topk_blocks, -(-n_k // block))
+                shared["candidates"][sp.index] = torch.empty(sp.qlen, kb, dtype=torch.int32, device=self.device)
             cand = shared["candidates"].get(sp.index) if role.uses_candidates else None
             # queries in slices: a [queries, entries] fp32 score (and top-k's keys) per slice, so a long chunk
             # over a long context fits (32k x 131k scores would be 17 GB at once)
             for q0 in range(0, sp.qlen, INDEXER_QUERY_SLICE):
                 rows = slice(sp.start + q0, sp.start + min(sp.qlen, q0 + INDEXER_QUERY_SLICE))
+                local = slice(q0, q0 + rows.stop - rows.start)
+                # a REINDEX layer scores only its candidate blocks' entries (V4.1: 16,384 of 131,072 at 131k)
+                blocks = None if cand is None else cand[local]
                 score = indexer_scores(qi[rows].contiguous(), wts[rows].contiguous(), cache.index_k[pub],
-                                       (positions[rows] + 1) // r, key_rows)
-                local = slice(q0, q0 + score.shape[0])
+                                       (positions[rows] + 1) // r, key_rows, blocks, block)
                 if role.is_candidate_source:
-                    shared["candidates"][sp.index][local] = candidate_block_mask_of_scores(
-                        score, n_k, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-                if cand is not None:
-                    score = torch.where(cand[local], score, torch.full_like(score, float("-inf")))
+                    shared["candidates"][sp.index][local] = candidate_blocks_of_scores(
+                        score, n_k, block, cfg.candidate_topk_blocks)
                 sel = topk_of_scores(score, cfg.index_topk)
+                if blocks is not None:
+                    sel = candidate_positions(sel, blocks, block)
                 topk[rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
 
