@@ -334,7 +334,9 @@ def layer_flops(cfg: V41Config, role: LayerRole, tokens: int, cached: int) -> di
 
     Counted as the math needs them, not as the kernels happen to run: attention over the valid window and
     top-k slots of each query (QK and PV), indexer scores over each query's visible compressed entries,
-    routed experts at k experts per token. Element-wise work, RoPE, quantization and softmax are left out.
+    routed experts at k experts per token. Element-wise work, RoPE, quantization and softmax are left out. A REINDEX
+    layer scores only its candidate blocks' entries (since session 29 as run, too; before, every visible entry
+    was scored and these layers' FLOPs were counted that way).
     """
     T, D, H, hd = tokens, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     pos = torch.arange(cached, cached + tokens, dtype=torch.int64)
@@ -356,7 +358,9 @@ def layer_flops(cfg: V41Config, role: LayerRole, tokens: int, cached: int) -> di
         f["compressor"] = 2 * T * D * hd * (2 if r > 1 else 1) + 2 * new_entries * hd * cfg.index_head_dim
     if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
         nh, ihd = cfg.index_n_heads, cfg.index_head_dim
-        f["indexer"] = 2 * T * (cfg.q_lora_rank * nh * ihd + D * nh) + 2 * nh * ihd * int(visible.sum())
+        scored = visible.clamp(max=cfg.candidate_topk_blocks * cfg.candidate_block_size) if role.uses_candidates \
+            else visible
+        f["indexer"] = 2 * T * (cfg.q_lora_rank * nh * ihd + D * nh) + 2 * nh * ihd * int(scored.sum())
     if role.has_engram:
         f["engram"] = 2 * T * cfg.engram_dim * (hc_dim + D)
     return f
