@@ -3,6 +3,11 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the REINDEX layers
 #       scoring only their candidate blocks; .ab-base.tar.gz = b426822: the mini-flashmla GPU suite; bench_reindex.py;
 #       the runtime's core GPU tests; bench_prefill on both sides; bench_topk.py)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the dense scores'
+#       Gluon kernel; .ab-base.tar.gz = 5ffdeeb (the REINDEX path, dense scores on Triton): the mini-flashmla GPU
+#       suite; bench_flashmla's indexer part on both sides; bench_reindex.py; bench_prefill on both sides)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s29.sh   (1 x H200, the same tree; .ab-mid.tar.gz =
+#       b426822 (session 28): bench_decode, medium model, batch 32 / 64 at 131,072 tokens, on both)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s29
 case "${PART:-r1}" in
@@ -17,6 +22,26 @@ r1)
   show_sides new base
   grep -E "^(indexer|top-k|sparse attention|moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   grep -E "blocks|top-512" "$OUT/topk.txt" | head -4 | cut -c1-200
+  ;;
+r2)
+  run flashmla_tests 150 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  for side in new base; do
+    run "indexer_$side" 90 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=indexer BENCH_JSON="indexer_$side.json" \
+      bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  run reindex 120 bash -c "cd benchmarks && python3 bench_reindex.py"
+  prefill_sides 60 new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
+  grep -E "^\| (indexer|top-k|scores)" "$OUT/indexer_new.txt" "$OUT/indexer_base.txt" | cut -c1-200
+  tail -6 "$OUT/reindex.txt" | cut -c1-220
+  show_sides new base
+  grep -E "^(indexer|top-k|sparse attention) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
+  ;;
+r3)
+  decode_bench decode_new
+  decode_bench decode_mid env PYTHONPATH="$MID_PYTHONPATH"
+  cat "$OUT/summary.txt"
+  grep -hE "batch|ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -30 | cut -c1-200
   ;;
 esac
 pack_out
