@@ -6,8 +6,10 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the dense scores'
 #       Gluon kernel; .ab-base.tar.gz = 5ffdeeb (the REINDEX path, dense scores on Triton): the mini-flashmla GPU
 #       suite; bench_flashmla's indexer part on both sides; bench_reindex.py; bench_prefill on both sides)
-#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s29.sh   (1 x H200, the same tree; .ab-mid.tar.gz =
-#       b426822 (session 28): bench_decode, medium model, batch 32 / 64 at 131,072 tokens, on both)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the Gluon kernel's
+#       weights and visible counts by TMA and its scores stored from the reduction's layout; .ab-base.tar.gz =
+#       5ffdeeb, .ab-mid.tar.gz = b426822 (session 28): the mini-flashmla GPU suite; exp_indexer_gluon.py;
+#       bench_prefill against 5ffdeeb; bench_decode (medium model, batch 32 / 64 at 131,072 tokens) against b426822)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s29
 case "${PART:-r1}" in
@@ -38,10 +40,16 @@ r2)
   grep -E "^(indexer|top-k|sparse attention) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   ;;
 r3)
+  run flashmla_tests 100 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
+  run indexer_gluon 120 bash -c "cd benchmarks && python3 exp_indexer_gluon.py"
+  prefill_sides 60 new base
   decode_bench decode_new
   decode_bench decode_mid env PYTHONPATH="$MID_PYTHONPATH"
-  cat "$OUT/summary.txt"
-  grep -hE "batch|ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -30 | cut -c1-200
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
+  grep -E "^\| " "$OUT/indexer_gluon.txt" | cut -c1-160
+  show_sides new base
+  grep -E "^(indexer|top-k) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
+  grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -16 | cut -c1-200
   ;;
 esac
 pack_out

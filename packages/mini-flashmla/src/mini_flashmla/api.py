@@ -398,6 +398,8 @@ def _launch_gluon_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: 
     """indexer_gluon_kernel over out [s_q, n_keys] (32 heads, one shared key list): CTAs of 256 keys, each walking
     enough query tiles of 4 that the grid holds ~INDEXER_GLUON_PROGRAMS_PER_SM programs per SM."""
     from mini_deepgemm.gemm import _tma_desc
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from mini_flashmla.indexer_gluon_kernel import indexer_scores_gluon_kernel
 
@@ -405,10 +407,16 @@ def _launch_gluon_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: 
     key_blocks = math.ceil(n_keys / INDEXER_GLUON_KEYS)
     chunks = max(1, min(math.ceil(s_q / 4), math.ceil(INDEXER_GLUON_PROGRAMS_PER_SM * sms / key_blocks)))
     queries_per_program = 4 * math.ceil(math.ceil(s_q / chunks) / 4)
-    q_rows = q.reshape(s_q * INDEXER_GLUON_HEADS, INDEX_HEAD_DIM)  # TMA: rows of 256 B, contiguous
+    # TMA operands: rows of 16-byte multiples; visible as int32 [1, s_q] padded to 4 (its row stride must be too)
+    q_rows = q.reshape(s_q * INDEXER_GLUON_HEADS, INDEX_HEAD_DIM)
+    w_rows = weights.contiguous()
+    vis = torch.zeros((1, -(-s_q // 4) * 4), dtype=torch.int32, device=q.device)
+    vis[0, :s_q] = visible
+    flat = functools.partial(gl.NVMMASharedLayout, swizzle_byte_width=0, rank=2)
     indexer_scores_gluon_kernel[(key_blocks, math.ceil(s_q / queries_per_program))](
-        _tma_desc(q_rows, (128, 64)), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0], key_rows,
-        visible, out, out.stride(0), s_q, n_keys, queries_per_program,
+        _tma_desc(q_rows, (128, 64)), TensorDescriptor.from_tensor(w_rows, [4, 32], flat(element_bitwidth=16)),
+        TensorDescriptor.from_tensor(vis, [1, 4], flat(element_bitwidth=32)), index_k_cache, index_k_cache.shape[0],
+        key_rows, out, out.stride(0), s_q, n_keys, queries_per_program,
         KEY_HALVES=INDEXER_GLUON_KEYS // 128, QSTAGES=INDEXER_GLUON_QSTAGES, num_warps=8)
 
 

@@ -42,17 +42,18 @@ ACC3: gl.constexpr = gl.DistributedLinearLayout(
     reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 2, 0]],
     lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
     warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[128, 4, 32])
-OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 2], [0, 1])  # [keys, queries], keys across lanes
+SCORES: gl.constexpr = gl.SliceLayout(2, ACC3)  # [keys, queries] after the head sum
 # key dequantization: [128 keys, 16 words], a thread's 4 words = 32 dims = one scale group
 KEY_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [8, 1], [1, 0])
 K_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 HALF_D: gl.constexpr = gl.constexpr(64)  # dims per TMA box and per MMA: one 128-byte swizzle span of bf16
+FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
 
 @gluon.jit
 def _dequant_keys(cache_ptr, num_rows, key_rows_ptr, first, n_keys, k_smem):
     """Keys first .. first + 127 (rows from key_rows; -1, outside the cache or past n_keys: zeros) -> bf16 into
-    k_smem, exactly cache_layout.unpack_index_k_fp4. Returns the row-valid mask [128] in SliceLayout(1, ACC)."""
+    k_smem, exactly cache_layout.unpack_index_k_fp4. Returns the row-valid mask [128] in the scores' layout."""
     t = first + gl.arange(0, KEYS, gl.SliceLayout(1, KEY_WORDS))
     rows = gl.load(key_rows_ptr + t, mask=t < n_keys, other=-1)
     ok = (rows >= 0) & (rows < num_rows)
@@ -67,18 +68,21 @@ def _dequant_keys(cache_ptr, num_rows, key_rows_ptr, first, n_keys, k_smem):
                                                    pack=1)
     halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
     k_smem.store(gl.reshape(halves, [KEYS, D]))
-    return gl.convert_layout(ok, gl.SliceLayout(1, ACC))
+    return gl.convert_layout(ok, gl.SliceLayout(1, SCORES))
 
 
 @gluon.jit
-def _issue_queries(q_desc, q_ring, ready, tile, q_begin, QSTAGES: gl.constexpr):
-    """TMA of query tile `tile` (rows (q_begin + 4 tile) x 32 ..., both 64-dim halves) into ring slot tile % QSTAGES
-    (buffers 2 slot and 2 slot + 1)."""
+def _issue_queries(q_desc, w_desc, vis_desc, q_ring, w_ring, vis_ring, ready, tile, q_begin, QSTAGES: gl.constexpr):
+    """TMA of query tile `tile` into ring slot tile % QSTAGES: its rows (q_begin + 4 tile) x 32 ... in two 64-dim
+    halves (buffers 2 slot and 2 slot + 1), its head weights [4, 32] and its visible counts [1, 4]."""
     slot = tile % QSTAGES
-    row = (q_begin + tile * QUERIES) * HEADS
-    mbarrier.expect(ready.index(slot), 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], ready.index(slot), q_ring.index(2 * slot))
-    tma.async_copy_global_to_shared(q_desc, [row, HALF_D], ready.index(slot), q_ring.index(2 * slot + 1))
+    q0 = q_begin + tile * QUERIES
+    bar = ready.index(slot)
+    mbarrier.expect(bar, 2 * q_desc.block_type.nbytes + w_desc.block_type.nbytes + vis_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q0 * HEADS, 0], bar, q_ring.index(2 * slot))
+    tma.async_copy_global_to_shared(q_desc, [q0 * HEADS, HALF_D], bar, q_ring.index(2 * slot + 1))
+    tma.async_copy_global_to_shared(w_desc, [q0, 0], bar, w_ring.index(slot))
+    tma.async_copy_global_to_shared(vis_desc, [0, q0], bar, vis_ring.index(slot))
 
 
 @gluon.jit
@@ -91,49 +95,48 @@ def _scores_mma(k_half, q_ring, slot, zero):
 
 
 @gluon.jit
-def _epilogue(acc, row_ok, first, q0, q_end, w_ptr, stride_w_s, visible_ptr, out_ptr, stride_out_s, n_keys):
+def _epilogue(acc, row_ok, w_tile, vis_tile, first, q0, q_end, out_ptr, stride_out_s, n_keys):
     """Scores of keys first .. first + 127 against queries q0 .. q0 + 3 from the fp32 dot products acc [keys,
-    (query, head)], rounded where the reference rounds; -inf for invalid rows and keys at or past visible[i]."""
-    col = gl.arange(0, COLS, gl.SliceLayout(0, ACC))
-    col_q = q0 + col // HEADS
-    w = gl.load(w_ptr + col_q * stride_w_s + col % HEADS, mask=col_q < q_end, other=0.0).to(gl.float32)
+    (query, head)], rounded where the reference rounds; -inf for invalid rows and keys at or past visible[i].
+    Stored from the reduction's layout (a lane quad holds the same sums: one of them stores; 8 keys a warp)."""
+    w = w_tile._reinterpret(gl.bfloat16, [COLS], FLAT).load(gl.SliceLayout(0, ACC)).to(gl.float32)
     s = acc.to(gl.bfloat16).to(gl.float32)
     prod = (gl.maximum(s, 0.0) * w[None, :]).to(gl.bfloat16).to(gl.float32)
     prod = gl.convert_layout(gl.reshape(prod, [KEYS, QUERIES, HEADS]), ACC3, assert_trivial=True)
-    score = gl.sum(prod, axis=2).to(gl.bfloat16).to(gl.float32)  # [keys, queries]
-    row_ok = gl.convert_layout(row_ok, gl.SliceLayout(1, gl.SliceLayout(2, ACC3)))
-    score = gl.where(row_ok[:, None], score, float("-inf"))
-    score = gl.convert_layout(score, OUT)
-    t = first + gl.arange(0, KEYS, gl.SliceLayout(1, OUT))
-    qi = q0 + gl.arange(0, QUERIES, gl.SliceLayout(0, OUT))
-    visible = gl.load(visible_ptr + qi, mask=qi < q_end, other=0)
-    score = gl.where(t[:, None] < visible[None, :], score, float("-inf"))
+    score = gl.sum(prod, axis=2).to(gl.bfloat16).to(gl.float32)  # [keys, queries] in SCORES
+    t = first + gl.arange(0, KEYS, gl.SliceLayout(1, SCORES))
+    qi = q0 + gl.arange(0, QUERIES, gl.SliceLayout(0, SCORES))
+    visible = vis_tile._reinterpret(gl.int32, [QUERIES], FLAT).load(gl.SliceLayout(0, SCORES))
+    score = gl.where(row_ok[:, None] & (t[:, None] < visible[None, :]), score, float("-inf"))
     gl.store(out_ptr + qi.to(gl.int64)[None, :] * stride_out_s + t[:, None], score,
              mask=(t < n_keys)[:, None] & (qi < q_end)[None, :])
 
 
 @gluon.jit
 def indexer_scores_gluon_kernel(
-    q_desc, w_ptr, stride_w_s, cache_ptr, num_rows, key_rows_ptr, visible_ptr, out_ptr, stride_out_s,
-    s_q, n_keys, queries_per_program,
+    q_desc, w_desc, vis_desc, cache_ptr, num_rows, key_rows_ptr, out_ptr, stride_out_s, s_q, n_keys,
+    queries_per_program,
     KEY_HALVES: gl.constexpr, QSTAGES: gl.constexpr,
 ):
     """Grid (cdiv(n_keys, KEY_HALVES * 128), cdiv(s_q, queries_per_program)); num_warps=8; queries_per_program a
     multiple of 4. q_desc: bf16 [s_q * 32, 128] (q's rows, FP4 fake-quantized, RoPE applied) in [128, 64] boxes;
-    w bf16 [s_q, 32] (row stride stride_w_s); cache uint8 [num_rows, 68]; key_rows int32 [n_keys] (shared by every
-    query); visible int64 [s_q]; out fp32 [s_q, n_keys] (row stride stride_out_s)."""
+    w_desc: bf16 [s_q, 32] head weights in [4, 32] boxes; vis_desc: int32 [1, s_q] visible counts in [1, 4] boxes
+    (both unswizzled); cache uint8 [num_rows, 68]; key_rows int32 [n_keys] (shared by every query); out fp32
+    [s_q, n_keys] (row stride stride_out_s)."""
     first = gl.program_id(0) * (KEY_HALVES * KEYS)
     q_begin = gl.program_id(1) * queries_per_program
     q_end = gl.minimum(q_begin + queries_per_program, s_q)
     tiles = gl.cdiv(q_end - q_begin, QUERIES)
 
     q_ring = gl.allocate_shared_memory(gl.bfloat16, [2 * QSTAGES, COLS, HALF_D], q_desc.layout)
+    w_ring = gl.allocate_shared_memory(gl.bfloat16, [QSTAGES, QUERIES, HEADS], w_desc.layout)
+    vis_ring = gl.allocate_shared_memory(gl.int32, [QSTAGES, 1, QUERIES], vis_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(QSTAGES):
         mbarrier.init(ready.index(s), count=1)
     for s in gl.static_range(QSTAGES):
         if s < tiles:
-            _issue_queries(q_desc, q_ring, ready, s, q_begin, QSTAGES)
+            _issue_queries(q_desc, w_desc, vis_desc, q_ring, w_ring, vis_ring, ready, s, q_begin, QSTAGES)
 
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [KEY_HALVES, KEYS, D], K_SHARED)
     row_ok0 = _dequant_keys(cache_ptr, num_rows, key_rows_ptr, first, n_keys, k_smem.index(0))
@@ -160,13 +163,15 @@ def indexer_scores_gluon_kernel(
             acc = warpgroup_mma_wait(0, deps=(prev,))
         done = n - 1
         done_tile = done // KEY_HALVES
-        if done % KEY_HALVES == KEY_HALVES - 1:  # the tile's last MMA has read its slot: refill it
-            gl.thread_barrier()  # every warpgroup's wait above has passed
-            if done_tile + QSTAGES < tiles:
-                _issue_queries(q_desc, q_ring, ready, done_tile + QSTAGES, q_begin, QSTAGES)
         half = done % KEY_HALVES
-        _epilogue(acc, gl.where(half == 0, row_ok0, row_ok1), first + half * KEYS, q_begin + done_tile * QUERIES,
-                  q_end, w_ptr, stride_w_s, visible_ptr, out_ptr, stride_out_s, n_keys)
+        done_slot = done_tile % QSTAGES
+        _epilogue(acc, gl.where(half == 0, row_ok0, row_ok1), w_ring.index(done_slot), vis_ring.index(done_slot),
+                  first + half * KEYS, q_begin + done_tile * QUERIES, q_end, out_ptr, stride_out_s, n_keys)
+        if half == KEY_HALVES - 1:  # the tile's last MMA and epilogue have read its slot: refill it
+            gl.thread_barrier()  # every warpgroup is past its wait and its reads of the slot
+            if done_tile + QSTAGES < tiles:
+                _issue_queries(q_desc, w_desc, vis_desc, q_ring, w_ring, vis_ring, ready, done_tile + QSTAGES,
+                               q_begin, QSTAGES)
         prev = cur
     for s in gl.static_range(QSTAGES):
         mbarrier.invalidate(ready.index(s))
