@@ -10,6 +10,8 @@
 #       weights and visible counts by TMA and its scores stored from the reduction's layout; .ab-base.tar.gz =
 #       5ffdeeb, .ab-mid.tar.gz = b426822 (session 28): the mini-flashmla GPU suite; exp_indexer_gluon.py;
 #       bench_prefill against 5ffdeeb; bench_decode (medium model, batch 32 / 64 at 131,072 tokens) against b426822)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the visible counts'
+#       TMA boxes widened to 128 bytes (run 3: misaligned address); .ab-base.tar.gz = 5ffdeeb: run 3's first three)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s29
 case "${PART:-r1}" in
@@ -39,17 +41,19 @@ r2)
   show_sides new base
   grep -E "^(indexer|top-k|sparse attention) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   ;;
-r3)
+r3|r4)
   run flashmla_tests 100 $PYTEST -n 4 packages/mini-flashmla/tests -m gpu
   run indexer_gluon 120 bash -c "cd benchmarks && python3 exp_indexer_gluon.py"
   prefill_sides 60 new base
-  decode_bench decode_new
-  decode_bench decode_mid env PYTHONPATH="$MID_PYTHONPATH"
+  if [ "$PART" = r3 ]; then
+    decode_bench decode_new
+    decode_bench decode_mid env PYTHONPATH="$MID_PYTHONPATH"
+  fi
   cat "$OUT/summary.txt"; test_summary flashmla_tests
   grep -E "^\| " "$OUT/indexer_gluon.txt" | cut -c1-160
   show_sides new base
   grep -E "^(indexer|top-k) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
-  grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -16 | cut -c1-200
+  [ "$PART" = r3 ] && grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -16 | cut -c1-200
   ;;
 esac
 pack_out

@@ -410,12 +410,12 @@ def _launch_gluon_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: 
     # TMA operands: rows of 16-byte multiples; visible as int32 [1, s_q] padded to 4 (its row stride must be too)
     q_rows = q.reshape(s_q * INDEXER_GLUON_HEADS, INDEX_HEAD_DIM)
     w_rows = weights.contiguous()
-    vis = torch.zeros((1, -(-s_q // 4) * 4), dtype=torch.int32, device=q.device)
+    vis = torch.empty((1, -(-s_q // 4) * 4), dtype=torch.int32, device=q.device)
     vis[0, :s_q] = visible
     flat = functools.partial(gl.NVMMASharedLayout, swizzle_byte_width=0, rank=2)
     indexer_scores_gluon_kernel[(key_blocks, math.ceil(s_q / queries_per_program))](
         _tma_desc(q_rows, (128, 64)), TensorDescriptor.from_tensor(w_rows, [4, 32], flat(element_bitwidth=16)),
-        TensorDescriptor.from_tensor(vis, [1, 4], flat(element_bitwidth=32)), index_k_cache, index_k_cache.shape[0],
+        TensorDescriptor.from_tensor(vis, [1, 32], flat(element_bitwidth=32)), index_k_cache, index_k_cache.shape[0],
         key_rows, out, out.stride(0), s_q, n_keys, queries_per_program,
         KEY_HALVES=INDEXER_GLUON_KEYS // 128, QSTAGES=INDEXER_GLUON_QSTAGES, num_warps=8)
 

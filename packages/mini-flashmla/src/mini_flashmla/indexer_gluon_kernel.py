@@ -48,6 +48,7 @@ KEY_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [8, 1], [1, 0])
 K_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 HALF_D: gl.constexpr = gl.constexpr(64)  # dims per TMA box and per MMA: one 128-byte swizzle span of bf16
 FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+VIS_BOX: gl.constexpr = gl.constexpr(32)  # visible counts per TMA box: 128 bytes, a TMA destination's alignment
 
 
 @gluon.jit
@@ -74,7 +75,7 @@ def _dequant_keys(cache_ptr, num_rows, key_rows_ptr, first, n_keys, k_smem):
 @gluon.jit
 def _issue_queries(q_desc, w_desc, vis_desc, q_ring, w_ring, vis_ring, ready, tile, q_begin, QSTAGES: gl.constexpr):
     """TMA of query tile `tile` into ring slot tile % QSTAGES: its rows (q_begin + 4 tile) x 32 ... in two 64-dim
-    halves (buffers 2 slot and 2 slot + 1), its head weights [4, 32] and its visible counts [1, 4]."""
+    halves (buffers 2 slot and 2 slot + 1), its head weights [4, 32] and its visible counts (a [1, 32] box)."""
     slot = tile % QSTAGES
     q0 = q_begin + tile * QUERIES
     bar = ready.index(slot)
@@ -106,7 +107,7 @@ def _epilogue(acc, row_ok, w_tile, vis_tile, first, q0, q_end, out_ptr, stride_o
     score = gl.sum(prod, axis=2).to(gl.bfloat16).to(gl.float32)  # [keys, queries] in SCORES
     t = first + gl.arange(0, KEYS, gl.SliceLayout(1, SCORES))
     qi = q0 + gl.arange(0, QUERIES, gl.SliceLayout(0, SCORES))
-    visible = vis_tile._reinterpret(gl.int32, [QUERIES], FLAT).load(gl.SliceLayout(0, SCORES))
+    visible = vis_tile._reinterpret(gl.int32, [VIS_BOX], FLAT).slice(0, QUERIES).load(gl.SliceLayout(0, SCORES))
     score = gl.where(row_ok[:, None] & (t[:, None] < visible[None, :]), score, float("-inf"))
     gl.store(out_ptr + qi.to(gl.int64)[None, :] * stride_out_s + t[:, None], score,
              mask=(t < n_keys)[:, None] & (qi < q_end)[None, :])
@@ -120,8 +121,9 @@ def indexer_scores_gluon_kernel(
 ):
     """Grid (cdiv(n_keys, KEY_HALVES * 128), cdiv(s_q, queries_per_program)); num_warps=8; queries_per_program a
     multiple of 4. q_desc: bf16 [s_q * 32, 128] (q's rows, FP4 fake-quantized, RoPE applied) in [128, 64] boxes;
-    w_desc: bf16 [s_q, 32] head weights in [4, 32] boxes; vis_desc: int32 [1, s_q] visible counts in [1, 4] boxes
-    (both unswizzled); cache uint8 [num_rows, 68]; key_rows int32 [n_keys] (shared by every query); out fp32
+    w_desc: bf16 [s_q, 32] head weights in [4, 32] boxes; vis_desc: int32 [1, s_q] visible counts in [1, 32] boxes
+    (both unswizzled; a TMA destination is 128-byte aligned, so a ring slot of visible counts holds 32, of which
+    the tile uses 4); cache uint8 [num_rows, 68]; key_rows int32 [n_keys] (shared by every query); out fp32
     [s_q, n_keys] (row stride stride_out_s)."""
     first = gl.program_id(0) * (KEY_HALVES * KEYS)
     q_begin = gl.program_id(1) * queries_per_program
@@ -130,7 +132,7 @@ def indexer_scores_gluon_kernel(
 
     q_ring = gl.allocate_shared_memory(gl.bfloat16, [2 * QSTAGES, COLS, HALF_D], q_desc.layout)
     w_ring = gl.allocate_shared_memory(gl.bfloat16, [QSTAGES, QUERIES, HEADS], w_desc.layout)
-    vis_ring = gl.allocate_shared_memory(gl.int32, [QSTAGES, 1, QUERIES], vis_desc.layout)
+    vis_ring = gl.allocate_shared_memory(gl.int32, [QSTAGES, 1, VIS_BOX], vis_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(QSTAGES):
         mbarrier.init(ready.index(s), count=1)
