@@ -12,6 +12,9 @@
 #       bench_prefill against 5ffdeeb; bench_decode (medium model, batch 32 / 64 at 131,072 tokens) against b426822)
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the visible counts'
 #       TMA boxes widened to 128 bytes (run 3: misaligned address); .ab-base.tar.gz = 5ffdeeb: run 3's first three)
+# The Gluon kernel of the dense indexer scores measured 0.65x (run 2) and 0.72-0.73x (run 4) the Triton kernel and
+# was removed with exp_indexer_gluon.py (docs/reports/flashmla-indexer.md, "Session 29"; commit 0650c55 has both),
+# so parts r2-r4 no longer run on main as they stand.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s29
 case "${PART:-r1}" in

@@ -336,29 +336,6 @@ def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     assert_topk_tie_aware(idx, reference.indexer_topk_ref(ref, 64), ref)
 
 
-@pytest.mark.parametrize("s_q,n_keys,programs_per_sm", [(301, 1000, 0.01), (7, 1537, 4), (1, 100, 4), (64, 4096, 1)])
-def test_indexer_gluon_scores(device, monkeypatch, s_q, n_keys, programs_per_sm):
-    """The Gluon kernel of the dense scores (32 heads, one shared key list; Hopper with triton 3.6): ragged query
-    tails (s_q not a multiple of 4) and key tails (not a multiple of 256), -1 rows and rows past the cache, causal
-    visibility from 0 to every key; programs_per_sm 0.01 gives one program all 301 queries (76 tiles, the query ring
-    wrapping 25 times)."""
-    if not api.gluon_runs_on(torch.empty(0, device=device)):
-        pytest.skip("the Gluon indexer kernel needs sm_90 with triton 3.6")
-    monkeypatch.setattr(api, "INDEXER_GLUON_PROGRAMS_PER_SM", programs_per_sm)
-    g = torch.Generator().manual_seed(s_q * 3 + n_keys)
-    q, w, cache = _indexer_case(g, s_q, 5000, device)
-    rows = torch.randperm(5000, generator=g)[:n_keys].to(torch.int32)
-    rows[::17] = -1
-    rows[5::23] = 7000  # outside the cache
-    visible = torch.randint(0, n_keys + 1, (s_q,), generator=g)
-    visible[0] = n_keys
-    if s_q > 1:
-        visible[1] = 0
-    rows, visible = rows.to(device), visible.to(device)
-    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
-    assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible, rows))
-
-
 def test_indexer_per_query_runs_of_key_tiles(device):
     """The per-query kernel's programs walk runs of key tiles (more tiles than ~4 programs per SM need: a run of 9
     on 132 SMs), ragged at the end of the key list, with -1 rows and visibility cutting runs in the middle."""

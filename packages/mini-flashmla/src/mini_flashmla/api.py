@@ -44,12 +44,6 @@ INDEXER_CHUNK_BYTES = 256 << 20
 # pipelining (several programs per SM hide the loads), 4 warps, 4 programs per SM: 0.270 / 0.900 ms (2 stages
 # 0.290 / 0.974, 64 keys 0.299 / 1.065, 8 warps 0.374 / 1.352; the previous launch 0.747 / 2.978). Session 15
 # run 2, with the queries on the grid's x axis: 0.235 / 0.912 ms, the same ranking.
-# The dense scores' Gluon kernel (indexer_gluon_kernel.py; prefill, 32 heads, one shared key list): keys per CTA
-# (two MMAs of 128 share each query tile), query tiles in flight, and programs per SM the query chunks aim for.
-INDEXER_GLUON_HEADS = 32
-INDEXER_GLUON_KEYS = 256
-INDEXER_GLUON_QSTAGES = 3
-INDEXER_GLUON_PROGRAMS_PER_SM = 4
 INDEXER_PER_QUERY_BLOCK_K = 128
 INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
@@ -374,9 +368,6 @@ def indexer_scores(
     if per_query:
         _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows, None, 0, out)
         return out
-    if n_heads == INDEXER_GLUON_HEADS and gluon_runs_on(q):
-        _launch_gluon_scores(q, weights, index_k_cache, visible, key_rows, out, sms)
-        return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
     # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,
     # benchmarks/exp_indexer_tiles.py; 128 keys at 4 warps without pipelining ran 7.44 ms)
@@ -391,33 +382,6 @@ def indexer_scores(
         BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
     )
     return out
-
-
-def _launch_gluon_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, visible: torch.Tensor,
-                         key_rows: torch.Tensor, out: torch.Tensor, sms: int) -> None:
-    """indexer_gluon_kernel over out [s_q, n_keys] (32 heads, one shared key list): CTAs of 256 keys, each walking
-    enough query tiles of 4 that the grid holds ~INDEXER_GLUON_PROGRAMS_PER_SM programs per SM."""
-    from mini_deepgemm.gemm import _tma_desc
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from mini_flashmla.indexer_gluon_kernel import indexer_scores_gluon_kernel
-
-    s_q, n_keys = out.shape
-    key_blocks = math.ceil(n_keys / INDEXER_GLUON_KEYS)
-    chunks = max(1, min(math.ceil(s_q / 4), math.ceil(INDEXER_GLUON_PROGRAMS_PER_SM * sms / key_blocks)))
-    queries_per_program = 4 * math.ceil(math.ceil(s_q / chunks) / 4)
-    # TMA operands: rows of 16-byte multiples; visible as int32 [1, s_q] padded to 4 (its row stride must be too)
-    q_rows = q.reshape(s_q * INDEXER_GLUON_HEADS, INDEX_HEAD_DIM)
-    w_rows = weights.contiguous()
-    vis = torch.empty((1, -(-s_q // 4) * 4), dtype=torch.int32, device=q.device)
-    vis[0, :s_q] = visible
-    flat = functools.partial(gl.NVMMASharedLayout, swizzle_byte_width=0, rank=2)
-    indexer_scores_gluon_kernel[(key_blocks, math.ceil(s_q / queries_per_program))](
-        _tma_desc(q_rows, (128, 64)), TensorDescriptor.from_tensor(w_rows, [4, 32], flat(element_bitwidth=16)),
-        TensorDescriptor.from_tensor(vis, [1, 32], flat(element_bitwidth=32)), index_k_cache, index_k_cache.shape[0],
-        key_rows, out, out.stride(0), s_q, n_keys, queries_per_program,
-        KEY_HALVES=INDEXER_GLUON_KEYS // 128, QSTAGES=INDEXER_GLUON_QSTAGES, num_warps=8)
 
 
 def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
