@@ -12,6 +12,9 @@
 #       bench_prefill against 5ffdeeb; bench_decode (medium model, batch 32 / 64 at 131,072 tokens) against b426822)
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the visible counts'
 #       TMA boxes widened to 128 bytes (run 3: misaligned address); .ab-base.tar.gz = 5ffdeeb: run 3's first three)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main after the Gluon kernel's
+#       removal: exp_indexer_tiles.py --per-query (its direct launch on the kernel's new signature) and --reindex
+#       (the per-query kernel's launch constants at the REINDEX prefill shape and at decode batch 64))
 # The Gluon kernel of the dense indexer scores measured 0.65x (run 2) and 0.72-0.73x (run 4) the Triton kernel and
 # was removed with exp_indexer_gluon.py (docs/reports/flashmla-indexer.md, "Session 29"; commit 0650c55 has both),
 # so parts r2-r4 no longer run on main as they stand.
@@ -57,6 +60,13 @@ r3|r4)
   show_sides new base
   grep -E "^(indexer|top-k) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   [ "$PART" = r3 ] && grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -16 | cut -c1-200
+  ;;
+r5)
+  run tiles_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  run tiles_reindex 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --reindex"
+  cat "$OUT/summary.txt"
+  grep -E "^\| " "$OUT/tiles_per_query.txt" | head -8 | cut -c1-160
+  grep -E "^\| " "$OUT/tiles_reindex.txt" | head -14 | cut -c1-160
   ;;
 esac
 pack_out
