@@ -17,7 +17,7 @@
 #       (the per-query kernel's launch constants at the REINDEX prefill shape and at decode batch 64))
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the contiguous
 #       FP8-MMA MoE kernel's second warpgroup skipping all-padding halves; .ab-base.tar.gz = 0d1632c: the
-#       mini-deepgemm GPU suite; the runtime's core GPU tests; bench_prefill on both sides; then r5's --reindex)
+#       mini-deepgemm GPU suite; the runtime's core GPU tests; bench_prefill on both sides)
 # The Gluon kernel of the dense indexer scores measured 0.65x (run 2) and 0.72-0.73x (run 4) the Triton kernel and
 # was removed with exp_indexer_gluon.py (docs/reports/flashmla-indexer.md, "Session 29"; commit 0650c55 has both),
 # so parts r2-r4 no longer run on main as they stand.
@@ -68,11 +68,9 @@ r6)
   run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   prefill_sides 60 new base
-  run tiles_reindex 120 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --reindex"
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   show_sides new base
   grep -E "^(moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
-  grep -E "^\| " "$OUT/tiles_reindex.txt" | head -10 | cut -c1-160
   ;;
 r5)
   run tiles_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
