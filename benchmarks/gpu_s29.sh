@@ -18,6 +18,8 @@
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the contiguous
 #       FP8-MMA MoE kernel's second warpgroup skipping all-padding halves; .ab-base.tar.gz = 0d1632c: the
 #       mini-deepgemm GPU suite; the runtime's core GPU tests; bench_prefill on both sides)
+#   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s29.sh   (r6 cut to fit the device time left: the FP8-MMA
+#       route's GPU tests only, the runtime's core GPU tests, bench_prefill on both sides)
 # The Gluon kernel of the dense indexer scores measured 0.65x (run 2) and 0.72-0.73x (run 4) the Triton kernel and
 # was removed with exp_indexer_gluon.py (docs/reports/flashmla-indexer.md, "Session 29"; commit 0650c55 has both),
 # so parts r2-r4 no longer run on main as they stand.
@@ -64,10 +66,14 @@ r3|r4)
   grep -E "^(indexer|top-k) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   [ "$PART" = r3 ] && grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_mid.txt" | head -16 | cut -c1-200
   ;;
-r6)
-  run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
-  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  prefill_sides 60 new base
+r6|r7)
+  if [ "$PART" = r6 ]; then
+    run deepgemm_tests 160 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  else
+    run deepgemm_tests 60 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu
+  fi
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 45 new base
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   show_sides new base
   grep -E "^(moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
