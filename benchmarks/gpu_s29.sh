@@ -20,6 +20,8 @@
 #       mini-deepgemm GPU suite; the runtime's core GPU tests; bench_prefill on both sides)
 #   source .devdeps/env.sh && PART=r7 bash benchmarks/gpu_s29.sh   (r6 cut to fit the device time left: the FP8-MMA
 #       route's GPU tests only, the runtime's core GPU tests, bench_prefill on both sides)
+# Parts r5-r7 never ran: three start-ups were refused and the device time ran out. r6 / r7 test fc75593's MoE kernel
+# change, reverted on main unmeasured (git show fc75593; docs/reports/deepgemm-moe-fold-128.md, "Session 29").
 # The Gluon kernel of the dense indexer scores measured 0.65x (run 2) and 0.72-0.73x (run 4) the Triton kernel and
 # was removed with exp_indexer_gluon.py (docs/reports/flashmla-indexer.md, "Session 29"; commit 0650c55 has both),
 # so parts r2-r4 no longer run on main as they stand.
