@@ -16,10 +16,7 @@ query's key tiles, query loaded once, loads pipelined). This times the old launc
 64 / 128, 1-3 stages, 4 / 8 warps, ~4 / 8 programs per SM, and the integer against the inline-PTX e2m1 decode, each
 checked against the routed scores (equal: same products and sums). Writes $OUT/exp_indexer_tiles_per_query.json.
 
---reindex (session 29): the per-query kernel's launch constants at a REINDEX layer's prefill shape (candidate blocks)
-and at decode batch 64 together, since both routes share them. Writes $OUT/exp_indexer_tiles_reindex.json.
-
-    cd benchmarks && timeout 200 python3 exp_indexer_tiles.py [--per-query | --reindex]
+    cd benchmarks && timeout 200 python3 exp_indexer_tiles.py [--per-query]
 """
 
 from __future__ import annotations
@@ -130,58 +127,6 @@ def per_query() -> None:
               f"{r['key_bytes'] / r['ms'] / 1e6:.0f} | {r['mismatches_vs_routed']} |")
 
 
-def reindex() -> None:
-    """The per-query kernel's launch at a REINDEX layer's prefill shape (session 29: 4,096 queries, each scoring
-    its 2,048 candidate blocks of 8 out of 131,072 keys through one shared key list), and at decode (batch 64, one
-    query and 65,536 keys each): the API's INDEXER_PER_QUERY_* constants, which both routes share, swept together;
-    every result checked equal to the shipped launch's."""
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(29)
-    result = environment(dev)
-    n_keys, kb = 131072, 2048
-    q = fp4_fakequant(torch.randn(S_Q, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
-    w = (torch.randn(S_Q, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
-    cache = pack_index_k_fp4(torch.randn(n_keys, D, device=dev, generator=g))
-    rows = api.key_range_rows(0, n_keys, dev)
-    visible = torch.arange(n_keys - S_Q, n_keys, device=dev) + 1
-    blocks = torch.rand(S_Q, n_keys // 8, device=dev, generator=g).topk(kb, dim=1).indices.sort(1).values.int()
-    b = 64
-    dq, dw = q[:b].contiguous(), w[:b].contiguous()
-    d_rows = torch.arange(b * N_COMPRESSED, device=dev, dtype=torch.int32).view(b, N_COMPRESSED) % n_keys
-    d_vis = torch.full((b,), N_COMPRESSED, dtype=torch.int64, device=dev)
-
-    def prefill():
-        return api.indexer_scores(q, w, cache, visible, rows, blocks, 8)
-
-    def decode():
-        return api.indexer_scores(dq, dw, cache, d_vis, d_rows)
-
-    want_p, want_d = prefill(), decode()
-    shipped = (api.INDEXER_PER_QUERY_BLOCK_K, api.INDEXER_PER_QUERY_STAGES, api.INDEXER_PER_QUERY_WARPS,
-               api.INDEXER_PER_QUERY_PROGRAMS_PER_SM)
-    rows_out = []
-    for cfg in itertools.product((64, 128, 256), (1, 2), (4, 8), (4, 8)):
-        (api.INDEXER_PER_QUERY_BLOCK_K, api.INDEXER_PER_QUERY_STAGES, api.INDEXER_PER_QUERY_WARPS,
-         api.INDEXER_PER_QUERY_PROGRAMS_PER_SM) = cfg
-        row = dict(zip(("block_k", "stages", "warps", "programs_per_sm"), cfg), shipped=cfg == shipped)
-        try:
-            row["equal"] = bool(torch.equal(prefill(), want_p) and torch.equal(decode(), want_d))
-            row["reindex_ms"], row["decode_b64_ms"] = bench(prefill), bench_graph(decode)
-        except Exception as exc:  # noqa: BLE001 - recorded in the row
-            row["error"] = repr(exc)[:200]
-        print(row, flush=True)
-        rows_out.append(row)
-    (api.INDEXER_PER_QUERY_BLOCK_K, api.INDEXER_PER_QUERY_STAGES, api.INDEXER_PER_QUERY_WARPS,
-     api.INDEXER_PER_QUERY_PROGRAMS_PER_SM) = shipped
-    result["rows"] = rows_out
-    with open(os.path.join(os.environ.get("OUT", "."), "exp_indexer_tiles_reindex.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print("| block_k | stages | warps | programs/SM | REINDEX ms | decode b64 ms | equal |")
-    for r in sorted((r for r in rows_out if "reindex_ms" in r), key=lambda r: r["reindex_ms"]):
-        print(f"| {r['block_k']} | {r['stages']} | {r['warps']} | {r['programs_per_sm']} | {r['reindex_ms']:.3f} | "
-              f"{r['decode_b64_ms']:.3f} | {r['equal']}{' (shipped)' if r['shipped'] else ''} |")
-
-
 def main() -> None:
     (q, w, cache, visible, rows), shipped, result = prefill_baseline(torch.device("cuda"))
     out = torch.empty_like(shipped)
@@ -207,9 +152,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--per-query" in sys.argv:
-        per_query()
-    elif "--reindex" in sys.argv:
-        reindex()
-    else:
-        main()
+    per_query() if "--per-query" in sys.argv else main()

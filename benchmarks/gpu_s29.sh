@@ -14,7 +14,8 @@
 #       TMA boxes widened to 128 bytes (run 3: misaligned address); .ab-base.tar.gz = 5ffdeeb: run 3's first three)
 #   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main after the Gluon kernel's
 #       removal: exp_indexer_tiles.py --per-query (its direct launch on the kernel's new signature) and --reindex
-#       (the per-query kernel's launch constants at the REINDEX prefill shape and at decode batch 64))
+#       (the per-query kernel's launch constants at the REINDEX prefill shape and at decode batch 64; never run and
+#       removed in review: commit 0d1632c has it))
 #   source .devdeps/env.sh && PART=r6 bash benchmarks/gpu_s29.sh   (1 x H200, tree = main with the contiguous
 #       FP8-MMA MoE kernel's second warpgroup skipping all-padding halves; .ab-base.tar.gz = 0d1632c: the
 #       mini-deepgemm GPU suite; the runtime's core GPU tests; bench_prefill on both sides)
