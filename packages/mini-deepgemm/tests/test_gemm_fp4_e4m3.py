@@ -162,6 +162,8 @@ CONTIGUOUS_CASES = {  # rows per group, N, K
     "ragged": ([300, 0, 1, 128, 1024, 77, 129], 512, 640),
     "one-step": ([150, 260], 256, 128),
     "n384": ([300, 1, 0, 520], 384, 256),
+    # tiles whose second 64-row half is padding (64, 192: exactly 64 real rows; 1) or holds one real row (65)
+    "halves": ([64, 65, 192, 1], 256, 256),
 }
 
 

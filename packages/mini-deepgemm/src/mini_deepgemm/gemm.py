@@ -17,8 +17,9 @@ Recipes (rows of A per scale, rows of B per scale, K per scale)
 
 Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in between)
 - Contiguous (prefill): rows sorted by local expert, each expert's segment starting at a multiple of
-  `get_m_alignment_for_contiguous_layout()` (128); grouped_layout int32 [M] = expert id per row, -1 for
-  padding rows. Padding rows of d are left untouched (not written).
+  `get_m_alignment_for_contiguous_layout()` (128), its rows first and its padding after them; grouped_layout
+  int32 [M] = expert id per row, -1 for padding rows. Padding rows of d are left untouched (not written). The
+  kernels skip a 128-row tile (or a 64-row half of one) whose first row is padding.
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 

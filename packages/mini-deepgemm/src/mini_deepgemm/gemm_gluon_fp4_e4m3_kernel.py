@@ -166,7 +166,10 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
     acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
     not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
-    that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile).
+    that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile). Rows
+    64-127 of a tile whose row 64 is padding are all padding (an expert's segment is 128-aligned and its padding comes
+    last): warpgroup 1 then only passes the ring's barriers, with no MMA and no store. Experts of at most 64 rows
+    (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave that half of the tile to it.
     sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 fp32
     scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from
     shared memory and one FMA per element per K step."""
@@ -179,7 +182,14 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
         g = gl.load(layout_ptr + off_m)
-        if g >= 0:
+        half_g = gl.load(layout_ptr + gl.minimum(off_m + ROW0, M - 1))
+        if (g >= 0) & (half_g < 0):  # this warpgroup's rows are all padding: keep the ring's counts only
+            for k in range(num_k):
+                slot = step % STAGES
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                mbarrier.arrive(empty.index(slot), count=1)
+                step += 1
+        if half_g >= 0:
             offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
             sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
             wa = gl.load(sa_rows)
