@@ -188,18 +188,19 @@ def bench_dense(rec, M, name, N, K, configs):
 
 
 # --------------------------------------------------------------------------- grouped
-def moe_layout(G_, gen):
-    rows = torch.randint(128, 1025, (G_,), generator=gen).tolist()
+def moe_layout(G_, gen, rows_range=(128, 1024)):
+    """Rows per expert uniform in rows_range (inclusive), each segment padded to 128: (rows, layout, ends)."""
+    rows = torch.randint(rows_range[0], rows_range[1] + 1, (G_,), generator=gen).tolist()
     padded = [-(-m // 128) * 128 for m in rows]
     ids = torch.cat([torch.tensor([g] * m + [-1] * (p - m), dtype=torch.int32) for g, (m, p) in enumerate(zip(rows, padded))])
     ends = torch.tensor(padded, dtype=torch.int32).cumsum(0).to(torch.int32)
     return rows, ids.cuda(), ends.cuda()
 
 
-def contiguous_operands(G_, N, K, gen):
+def contiguous_operands(G_, N, K, gen, rows_range=(128, 1024)):
     """A random MoE contiguous layout (moe_layout) and its operands: FP8 rows with UE8M0 scales, packed FP4
     expert weights with UE8M0 scales, a bf16 output. Returns (rows, layout, ends, M, a, b, d)."""
-    rows, layout, ends = moe_layout(G_, gen)
+    rows, layout, ends = moe_layout(G_, gen, rows_range)
     M = layout.numel()
     a = (rand_fp8(M, K), rand_ue8m0(M, K // 32))
     b = (torch.randint(0, 256, (G_, N, K // 2), dtype=torch.uint8, device="cuda"), rand_fp4_weight_scales(G_, N, K // 32))

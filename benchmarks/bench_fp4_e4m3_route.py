@@ -4,9 +4,9 @@ The FP8-MMA route runs twice: on activations with UE8M0 scales per 32 ("fp8_rout
 folded per 128 ("fp8_route_fold128": float32 scales, the kernels' SA_PER_128 loop, what the engine passes since
 session 21; docs/reports/deepgemm-moe-fold-128.md).
 
-- Prefill (contiguous): 96 experts of 128-1,024 rows, w13 4,608 x 5,120 and w2 5,120 x 2,304: TFLOP/s over the
-  real rows, the ratio to the bf16 route's whole call (activation pass + GEMM) and to `torch._scaled_grouped_mm`
-  (FP8 rowwise; the issue's peer).
+- Prefill (contiguous): 96 experts of 128-1,024 rows and 384 of 32-96 (one GPU's prefill step), w13
+  4,608 x 5,120 and w2 5,120 x 2,304: TFLOP/s over the real rows, the ratio to the bf16 route's whole call
+  (activation pass + GEMM) and to `torch._scaled_grouped_mm` (FP8 rowwise; the issue's peer).
 - Decode (masked): 96 experts of Poisson(8) and Poisson(32) rows: weight bytes per second as a fraction of the device
   copy (`bench_deepgemm.copy_bandwidth_gbs`, same process), and the ratio to the bf16 route.
 Every route gets the same weights. Their scale bytes are drawn from 118-128 (a row spans at most 10; the route takes
@@ -44,11 +44,17 @@ def scaled_grouped_mm_peer(a: torch.Tensor, ends: torch.Tensor, groups: int, N: 
     return lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16)
 
 
+# (experts, rows per expert): bench_deepgemm's 96 of 128-1,024, and one GPU's prefill step: 384 of 32-96 (~64:
+# 4,096 tokens x 6 / 384), where a 128-row tile is about half padding (the contiguous kernel skips an all-padding
+# half since session 30)
+PREFILL_LAYOUTS = ((96, (128, 1024)), (384, (32, 96)))
+
+
 def prefill_rows(gen) -> list[dict]:
     rows_out = []
-    for groups in (96,):
+    for groups, rows_range in PREFILL_LAYOUTS:
         for name, N, K in MOE_SHAPES:
-            rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen)
+            rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen, rows_range)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
             d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)
@@ -65,6 +71,7 @@ def prefill_rows(gen) -> list[dict]:
             used = layout >= 0
             flops = 2 * sum(rows) * N * K
             row = {"layout": "contiguous", "groups": groups, "name": name, "N": N, "K": K, "rows": sum(rows),
+                   "weight_bytes": bq.numel() + sb.numel(),
                    "diff_routes": float(calc_diff(d[used].float(), d_bf16[used].float())),
                    "diff_fold128": float(calc_diff(d128[used].float(), d[used].float())),
                    **{f"us_{k}": v * 1e3 for k, v in t.items()},

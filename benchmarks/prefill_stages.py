@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 from mini_deepinfer.layers import hyper_connections as hc_fused
+from mini_deepinfer.layers import rmsnorm as norm_fused
 from mini_deepinfer.models.deepseek_v41 import model as model_module
 from mini_deepinfer.models.deepseek_v41 import moe as moe_module
 from mini_deepinfer.models.deepseek_v41 import ops
@@ -38,6 +39,7 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (hc_fused, "hc_collapse_fused", "hc"),
         (hc_fused, "hc_expand_fused", "hc"),
         (ops, "rmsnorm", "norm"),
+        (norm_fused, "rmsnorm_fused", "norm"),
         (ops, "linear", "linear"),
         (model, "_moe", "moe"),
         (ops, "moe_route", "routing"),

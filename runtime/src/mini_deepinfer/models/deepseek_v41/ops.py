@@ -24,6 +24,7 @@ from mini_deepgemm.reference import (
 )
 
 from mini_deepinfer.layers import hyper_connections as hcf
+from mini_deepinfer.layers import rmsnorm as rmsf
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
 from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 
@@ -110,6 +111,14 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
     return y.to(x.dtype)
+
+
+def norm(x: torch.Tensor, w: Weights, name: str, eps: float) -> torch.Tensor:
+    """rmsnorm(x, w[name], eps): on the fused Triton kernel (layers/rmsnorm.py) for the engine model on CUDA
+    (KernelWeights), by the torch function above otherwise (the reference stays kernel-free)."""
+    if isinstance(w, KernelWeights) and rmsf.available(x):
+        return rmsf.rmsnorm_fused(x, w[name], eps)
+    return rmsnorm(x, w[name], eps)
 
 
 def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
@@ -226,10 +235,10 @@ def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, 
     """Returns (qr bf16 [T, q_lora], q bf16 [T, heads, head_dim] with RoPE, kv bf16 [T, head_dim] with RoPE and the
     FP8 round trip of the window cache)."""
     eps = cfg.rms_norm_eps
-    qr = rmsnorm(linear(u, w, f"{p}.wq_a"), w[f"{p}.q_norm.weight"], eps)
+    qr = norm(linear(u, w, f"{p}.wq_a"), w, f"{p}.q_norm.weight", eps)
     q = linear(qr, w, f"{p}.wq_b").view(-1, cfg.num_attention_heads, cfg.head_dim)
     q = apply_rope_(q, positions, freqs)
-    kv = rmsnorm(linear(u, w, f"{p}.wkv"), w[f"{p}.kv_norm.weight"], eps)
+    kv = norm(linear(u, w, f"{p}.wkv"), w, f"{p}.kv_norm.weight", eps)
     kv = fp8_fakequant(apply_rope_(kv, positions, freqs), 32)
     return qr, q, kv
 
@@ -239,7 +248,7 @@ def compressor_project(u: torch.Tensor, w: Weights, p: str, cfg: V41Config, rati
     """Per-token compressor inputs. ratio 1: (normalised latent bf16 [T, D_kv], None), one latent per token.
     ratio > 1: (kv fp32 [T, D_kv], score fp32 [T, D_kv]) to be pooled per group by `compressor_pool`."""
     if ratio == 1:
-        return rmsnorm(linear(u, w, f"{p}.compressor.wkv"), w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps), None
+        return norm(linear(u, w, f"{p}.compressor.wkv"), w, f"{p}.compressor.norm.weight", cfg.rms_norm_eps), None
     uf = u.float()
     return F.linear(uf, w[f"{p}.compressor.wkv.weight"].float()), F.linear(uf, w[f"{p}.compressor.wgate.weight"].float())
 
@@ -259,7 +268,7 @@ def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, freqs: to
 def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p: str, cfg: V41Config,
                     freqs: torch.Tensor) -> torch.Tensor:
     """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
-    k = rmsnorm(linear(latent, w, f"{p}.indexer.wk"), w[f"{p}.indexer.k_norm.weight"], cfg.rms_norm_eps)
+    k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
     return fp4_fakequant(apply_rope_(k, group_pos, freqs), 32, "ue8m0")
 
 
@@ -366,10 +375,10 @@ def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg:
     p = f"layers.{lid}"
     mixes, collapse, expand = _hc_ops(H, w)
     a_pre, a_post, a_comb = mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
-    u = rmsnorm(collapse(H, pre), w[f"{p}.attn_norm.weight"], cfg.rms_norm_eps)
+    u = norm(collapse(H, pre), w, f"{p}.attn_norm.weight", cfg.rms_norm_eps)
     H = expand(attention(u), H, a_post, a_comb)
     f_pre, f_post, f_comb = mixes(H, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"], w[f"{p}.hc_ffn_base"], cfg)
-    v = rmsnorm(collapse(H, a_pre), w[f"{p}.ffn_norm.weight"], cfg.rms_norm_eps)
+    v = norm(collapse(H, a_pre), w, f"{p}.ffn_norm.weight", cfg.rms_norm_eps)
     return expand(ffn(v), H, f_post, f_comb), f_pre
 
 
@@ -392,7 +401,7 @@ def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torc
 # --------------------------------------------------------------------------- head
 def final_logits(H: torch.Tensor, pre: torch.Tensor, w: Weights, cfg: V41Config) -> torch.Tensor:
     """fp32 logits [T, vocab]."""
-    y = rmsnorm(hc_collapse(H, pre), w["norm.weight"], cfg.rms_norm_eps)
+    y = norm(hc_collapse(H, pre), w, "norm.weight", cfg.rms_norm_eps)
     return fp32_matmul(y, w, "head.weight")
 
 
