@@ -4,6 +4,11 @@
 #       FP8-MMA MoE kernel's second warpgroup skipping all-padding halves (7890bbc); .ab-base.tar.gz = cce154a: the
 #       mini-deepgemm and mini-flashmla GPU suites; the runtime's core GPU tests; bench_prefill and
 #       bench_fp4_e4m3_route on both sides)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with RMSNorm as one Triton
+#       kernel; .ab-base.tar.gz = 7890bbc (run 1's tree), .ab-mid.tar.gz = cce154a (no padding-half skip): the
+#       rmsnorm and hyper-connection GPU tests, bench_prefill's smoke test, the runtime's core GPU tests;
+#       bench_rmsnorm.py; bench_prefill and bench_decode against base; bench_fp4_e4m3_route (384 experts of ~64
+#       rows added) against mid)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s30
 case "${PART:-r1}" in
@@ -17,6 +22,22 @@ r1)
   show_sides new base
   grep -E "^(moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   grep -E "^\| " "$OUT/route_new.txt" "$OUT/route_base.txt" | cut -c1-200 | head -24
+  ;;
+r2)
+  run norm_tests 100 $PYTEST -n 8 runtime/tests/test_rmsnorm.py runtime/tests/test_hyper_connections.py \
+    runtime/tests/test_bench_prefill_smoke.py -m gpu
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run bench_rmsnorm 60 python3 benchmarks/bench_rmsnorm.py --out "$OUT/bench_rmsnorm.json"
+  prefill_sides 45 new base
+  route_sides 70 new mid
+  decode_bench decode_new
+  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  cat "$OUT/summary.txt"; test_summary norm_tests runtime_tests
+  grep -E "^\| " "$OUT/bench_rmsnorm.txt"
+  show_sides new base
+  grep -E "^(norm|moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
+  grep -E "^\| contiguous" "$OUT/route_new.txt" "$OUT/route_mid.txt" | cut -c1-200
+  grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_base.txt" | head -16 | cut -c1-200
   ;;
 esac
 pack_out
