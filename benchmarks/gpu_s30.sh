@@ -5,7 +5,8 @@
 #       mini-deepgemm and mini-flashmla GPU suites; the runtime's core GPU tests; bench_prefill and
 #       bench_fp4_e4m3_route on both sides)
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with RMSNorm as one Triton
-#       kernel; .ab-base.tar.gz = 7890bbc (run 1's tree), .ab-mid.tar.gz = cce154a (no padding-half skip): the
+#       kernel; .ab-base.tar.gz = 7890bbc (run 1's tree) plus layers/rmsnorm.py, unused there (prefill_stages.py
+#       imports it), .ab-mid.tar.gz = cce154a (no padding-half skip): the
 #       rmsnorm and hyper-connection GPU tests, bench_prefill's smoke test, the runtime's core GPU tests;
 #       bench_rmsnorm.py; bench_prefill and bench_decode against base; bench_fp4_e4m3_route (384 experts of ~64
 #       rows added) against mid)
