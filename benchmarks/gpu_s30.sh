@@ -7,7 +7,7 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with RMSNorm as one Triton
 #       kernel; .ab-base.tar.gz = 7890bbc (run 1's tree) plus layers/rmsnorm.py, unused there (prefill_stages.py
 #       imports it), .ab-mid.tar.gz = cce154a (no padding-half skip): the
-#       rmsnorm and hyper-connection GPU tests, bench_prefill's smoke test, the runtime's core GPU tests;
+#       rmsnorm and hyper-connection GPU tests, the runtime's core GPU tests;
 #       bench_rmsnorm.py; bench_prefill and bench_decode against base; bench_fp4_e4m3_route (384 experts of ~64
 #       rows added) against mid)
 set -u
@@ -25,8 +25,7 @@ r1)
   grep -E "^\| " "$OUT/route_new.txt" "$OUT/route_base.txt" | cut -c1-200 | head -24
   ;;
 r2)
-  run norm_tests 100 $PYTEST -n 8 runtime/tests/test_rmsnorm.py runtime/tests/test_hyper_connections.py \
-    runtime/tests/test_bench_prefill_smoke.py -m gpu
+  run norm_tests 100 $PYTEST -n 8 runtime/tests/test_rmsnorm.py runtime/tests/test_hyper_connections.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run bench_rmsnorm 60 python3 benchmarks/bench_rmsnorm.py --out "$OUT/bench_rmsnorm.json"
   prefill_sides 45 new base
