@@ -10,6 +10,8 @@
 #       rmsnorm and hyper-connection GPU tests, the runtime's core GPU tests;
 #       bench_rmsnorm.py; bench_prefill and bench_decode against base; bench_fp4_e4m3_route (384 experts of ~64
 #       rows added) against mid)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with the folded masked
+#       kernel's two-warpgroup tile (not routed): the mini-deepgemm GPU suite; exp_moe_masked_tiles.py)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s30
 case "${PART:-r1}" in
@@ -38,6 +40,12 @@ r2)
   grep -E "^(norm|moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
   grep -E "^\| contiguous" "$OUT/route_new.txt" "$OUT/route_mid.txt" | cut -c1-200
   grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_base.txt" | head -16 | cut -c1-200
+  ;;
+r3)
+  run deepgemm_tests 150 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
+  run masked_tiles 150 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests
+  grep -E "^\| " "$OUT/masked_tiles.txt" | cut -c1-250
   ;;
 esac
 pack_out
