@@ -12,6 +12,8 @@
 #       rows added) against mid)
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with the folded masked
 #       kernel's two-warpgroup tile (not routed): the mini-deepgemm GPU suite; exp_moe_masked_tiles.py)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with exp_norm_host.py: the
+#       fused RMSNorm's host cost per call, and eager decode with the norms counted, fused and forced onto torch)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s30
 case "${PART:-r1}" in
@@ -46,6 +48,13 @@ r3)
   run masked_tiles 150 bash -c "cd benchmarks && python3 exp_moe_masked_tiles.py"
   cat "$OUT/summary.txt"; test_summary deepgemm_tests
   grep -E "^\| " "$OUT/masked_tiles.txt" | cut -c1-250
+  ;;
+r4)
+  run norm_per_call 60 bash -c "cd benchmarks && python3 exp_norm_host.py --per-call"
+  run norm_decode_fused 120 bash -c "cd benchmarks && python3 exp_norm_host.py"
+  run norm_decode_torch 120 bash -c "cd benchmarks && python3 exp_norm_host.py --torch"
+  cat "$OUT/summary.txt"
+  grep -hE "^(T=|fused|torch)|Error" "$OUT"/norm_*.txt | cut -c1-300
   ;;
 esac
 pack_out
