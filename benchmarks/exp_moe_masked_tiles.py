@@ -1,5 +1,5 @@
-"""Experiment (issue 4, sessions 21-22, 30): the FP8-MMA masked MoE kernel's token tile, ring depth and warpgroups, on
-activations folded per 128.
+"""Experiment (issue 4, sessions 21-22): the FP8-MMA masked MoE kernel's token tile and ring depth, on activations
+folded per 128.
 
 Why: session 19 picked 16-token tiles up to ~16 rows per expert and 32 above, and a 2-deep ring, on per-32
 activations, where the 32- and 64-token tiles needed 175 and 255 registers (2 CTAs per SM) and deeper rings cost
@@ -8,14 +8,10 @@ resident CTAs. Folded activations (SA_PER_128) took the 32-token tile to 128 reg
 rate against the issue's 0.6). Session 22: a deeper ring now costs no residency where registers already cap it
 (offline, triton 3.6 / sm_90a, registers and shared memory per CTA at 2 / 3 / 4 stages: 16 tokens 98 / 80 / 98 and
 37 / 47 / 57 KB, 4 / 4 / 3 CTAs per SM; 32 tokens 128 / 124 / 128 and 41 / 53 / 66 KB, 4 / 4 / 3; 64 tokens
-233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles. Session 30: the tile
-on two warpgroups (8 warps), each converting one 64-row half of a step into its A registers, so that a 64-token tile
-(one per expert at ~32 rows, where 32-token tiles convert ~45% of the experts' weights twice) keeps 16 warps per SM
-at 128 registers (offline, triton 3.6 / sm_90a: 16 / 32 / 64 / 128 tokens 80 / 106 / 128 / 254 registers, no
-spills; one warpgroup at 64 tokens needs 230, 8 warps per SM).
+233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles.
 
 Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
-and folded activations, each (tokens, stages, warpgroups) forced through gemm._masked_tile; weight bytes per second as a
+and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
 fraction of the device copy (same process), GPU time by CUDA-graph replay. Every variant's used rows are compared
 bitwise with the first's (each output element is the same sequence of MMAs and FMAs). Writes
 $OUT/exp_moe_masked_tiles.json.
@@ -37,8 +33,9 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# (tokens, stages, warpgroups): the routed tiles on one warpgroup (2 stages: sessions 21-22), then two warpgroups
-VARIANTS = ((16, 2, 1), (32, 2, 1), (64, 2, 1), (16, 2, 2), (32, 2, 2), (64, 2, 2), (64, 3, 2), (128, 2, 2))
+TILES = (16, 32, 64)
+STAGES = (2, 3, 4)
+VARIANTS = tuple((tile, stages) for tile in TILES for stages in STAGES)
 
 
 def main() -> None:
@@ -54,12 +51,12 @@ def main() -> None:
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()), "routed": routed(expected_m)}
             first = None
-            for variant in VARIANTS:
-                G._masked_tile = lambda _expected_m, v=variant: v
+            for tile, stages in VARIANTS:
+                G._masked_tile = lambda _expected_m, v=(tile, stages): v
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-                key = "_".join(map(str, variant))
+                key = f"{tile}_{stages}"
                 row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
                 row[f"us_{key}"] = t * 1e3
                 if first is None:
@@ -71,13 +68,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    keys = ["_".join(map(str, v)) for v in VARIANTS]
-    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tok, {s} st, {w} wg' for t, s, w in VARIANTS)} | routed "
-          "| bitwise |")
+    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tok, {s} st' for t, s in VARIANTS)} | routed | bitwise |")
     for r in result["rows"]:
-        fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
-        bitwise = all(r[f"bitwise_{k}"] for k in keys)
-        print(f"| ~{r['expected_m']} | {r['name']} | {fracs} | {r['routed']} | {bitwise} |")
+        fracs = " | ".join(f"{r[f'frac_of_copy_{t}_{s}']:.3f}" for t, s in VARIANTS)
+        print(f"| ~{r['expected_m']} | {r['name']} | {fracs} | {r['routed']} | "
+              f"{all(r[f'bitwise_{t}_{s}'] for t, s in VARIANTS)} |")
 
 
 if __name__ == "__main__":

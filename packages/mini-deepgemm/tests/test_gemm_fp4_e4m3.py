@@ -7,9 +7,9 @@ fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference 
 below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
 layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
 equal. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 16-, 32- and
-64-token masked tiles (folded: on one warpgroup and on two) with groups of 0, 1, 17 and all rows, K of one step and
-of several. Each GPU case runs with the activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the
-kernels' SA_PER_128 loop; the reference then multiplies the folded operands exactly).
+64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with the
+activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
+then multiplies the folded operands exactly).
 """
 
 import pytest
@@ -190,14 +190,9 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("activations,warpgroups", [("per_32", 1), ("per_128", 1), ("per_128", 2)])
+@pytest.mark.parametrize("activations", ["per_32", "per_128"])
 @pytest.mark.parametrize("expected_m", [8, 32, 64])  # 16-, 32- and 64-token tiles
-def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m, activations, warpgroups,
-                                                                      monkeypatch):
-    """warpgroups: the folded kernel's tile on one warpgroup or on two (each converting a 64-row half), forced
-    through gemm._masked_tile whatever it routes."""
-    tokens, stages, _ = gemm._masked_tile(expected_m)
-    monkeypatch.setattr(gemm, "_masked_tile", lambda _: (tokens, stages, warpgroups))
+def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m, activations):
     G, N, K, max_m = 6, 384, 640, 64
     masked = [0, 1, 17, max_m, 5, 40]
     gen = torch.Generator().manual_seed(4)

@@ -298,15 +298,16 @@ def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row):
 
 
 @gluon.jit
-def _masked_store(acc, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m):
-    """The used token rows of d for the weight rows n0.. of an accumulator (fp32 [ROWS, BLOCK_M], weight rows x
-    tokens; w_row: the first row's index in the stacked weights) times the rows' column scales, rounded to bf16."""
-    ROWS: gl.constexpr = acc.shape[0]
-    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc.type.layout))
+def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m):
+    """The tile's used token rows of d: each 64-row half's accumulator (fp32 [64, BLOCK_M], weight rows x tokens)
+    times its rows' column scales, rounded to bf16."""
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_lo.type.layout))
     keep = (tokens < rows_used)[None, :]
     out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
-    scale = gl.load(colscale_ptr + w_row + rows)[:, None]
-    gl.store(out + (n0 + rows)[:, None], (acc * scale).to(gl.bfloat16), mask=keep)
+    scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
+    scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
+    gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
+    gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
 
 
 # The folded masked path's A operand, converted in registers (docs/reports/deepgemm-moe-fold-128.md, session 25).
@@ -320,49 +321,37 @@ _HALF_PIECES: gl.constexpr = gl.DistributedLinearLayout(
 _HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
-# Both for a whole K step on two warpgroups (8 warps): warpgroup w holds rows 64w .. 64w + 63 as above, the A
-# fragments of its m64 part of a 128-row wgmma
-_TILE_PIECES: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 4], [0, 8], [0, 16], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0], [64, 0]], block_bases=[], shape=[128, 32])
-_TILE_WORDS: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0], [64, 0]], block_bases=[], shape=[128, 16])
 _IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
 
 
 @gluon.jit
-def _fragment_words(w_ring, slot, row0: gl.constexpr, ROWS: gl.constexpr):
-    """Rows row0 .. row0 + ROWS of ring slot `slot`'s packed weights (the checkpoint's byte order; ROWS = 64: half a
-    step on one warpgroup, _HALF_PIECES / _HALF_WORDS; 128: a step on two, _TILE_PIECES / _TILE_WORDS) -> each
-    thread's A-fragment words (int32 [ROWS, 16]): 16-bit shared loads and one pack per word."""
+def _fragment_words(w_ring, slot, half: gl.constexpr):
+    """Half `half` (rows 64 x half ..) of ring slot `slot`'s packed weights (the checkpoint's byte order) -> each
+    thread's A-fragment words (int32 [64, 16] in _HALF_WORDS): 16-bit shared loads and one pack per word."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     pieces_smem = w_ring._reinterpret(gl.int16, [STAGES, 128, 32],
                                       gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
-    pieces_smem = pieces_smem.index(slot).slice(row0, ROWS, dim=0)
-    pieces = pieces_smem.load(_HALF_PIECES if ROWS == 64 else _TILE_PIECES)
-    pieces = gl.permute(gl.reshape(pieces, [ROWS, 4, 2, 4]), [0, 3, 1, 2])  # (row, q, c, s)
+    pieces_smem = pieces_smem.index(slot).slice(64 * half, 64, dim=0)
+    pieces = gl.permute(gl.reshape(pieces_smem.load(_HALF_PIECES), [64, 4, 2, 4]), [0, 3, 1, 2])  # (row, q, c, s)
     lo, hi = gl.split(pieces)
     words = (hi.to(gl.int32) << 16) | (lo.to(gl.int32) & 0xFFFF)
-    return gl.convert_layout(gl.reshape(words, [ROWS, 16]), _HALF_WORDS if ROWS == 64 else _TILE_WORDS,
-                             assert_trivial=True)
+    return gl.convert_layout(gl.reshape(words, [64, 16]), _HALF_WORDS, assert_trivial=True)
 
 
 @gluon.jit
 def _register_operand(words, offsets, A_OP: gl.constexpr):
-    """_fragment_words's words and their rows' offset bytes (int32 [ROWS], one byte per 32-block) -> the e4m3
-    [ROWS, 128] wgmma A operand in registers: the 8-value conversion gives each word's two fragment registers, which
-    join, reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement."""
-    ROWS: gl.constexpr = words.shape[0]
-    chunk = gl.arange(0, 16, gl.SliceLayout(0, words.type.layout))[None, :] % 4  # word 4q + c: chunk c (constant)
+    """_fragment_words's words and their rows' offset bytes (int32 [64], one byte per 32-block) -> the e4m3 [64, 128]
+    wgmma A operand in registers: the 8-value conversion gives each word's two fragment registers, which join,
+    reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement."""
+    chunk = gl.arange(0, 16, gl.SliceLayout(0, _HALF_WORDS))[None, :] % 4  # word 4q + c: chunk c, a register constant
     offset = (offsets[:, None] >> (8 * chunk)) & 0xFF
     lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    w = gl.join(q03, q47)  # [ROWS, 16, 2]: (row, 4q + c, s), s = first or second 16 of the chunk
-    w = gl.permute(gl.reshape(w, [ROWS, 4, 4, 2]), [0, 2, 3, 1])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
-    w = gl.reshape(w, [ROWS, 32])
-    w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [ROWS, 128])  # each word for its 4 values
+    w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4q + c, s), s = first or second 16 of the chunk
+    w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 2, 3, 1])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
+    w = gl.reshape(w, [64, 32])
+    w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [64, 128])  # each word for its 4 values
     a = gl.inline_asm_elementwise(_IDENTITY_PTX, "=r,r,r,r,r", [w], dtype=gl.float8e4nv, is_pure=True, pack=4)
     return gl.convert_layout(a, A_OP, assert_trivial=True)
 
@@ -397,9 +386,9 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
         slot = k % STAGES
         mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
         b = x_ring.index(slot).permute((1, 0))
-        a_lo = _register_operand(_fragment_words(w_ring, slot, 0, 64), off_lo, a_op)
+        a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
         lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
-        a_hi = _register_operand(_fragment_words(w_ring, slot, 64, 64), off_hi, a_op)
+        a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
         hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
         wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
         part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
@@ -410,86 +399,8 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 
 @gluon.jit
-def _masked_folded_steps_2wg(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0,
-                             max_m, K, stride_sa, mma: gl.constexpr):
-    """SA_PER_128's K loop on two warpgroups (WARPGROUPS = 2, 8 warps): warpgroup w converts weight rows
-    64w .. 64w + 63 of each step into its A registers and issues its m64 part of one 128-row MMA, then
-    acc += part * sa[token, k] -> acc fp32 [128, BLOCK_M]. Each warpgroup converts half a step's weights, where one
-    warpgroup converts all of them (_masked_folded_steps). A CTA barrier opens each step: a warpgroup waits only for
-    its own MMAs, so without it the other could still be reading the slot the step refills."""
-    STAGES: gl.constexpr = w_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _TILE_WORDS))
-    offsets_rows_ptr = offsets_ptr + (w_row + rows).to(gl.int64) * (K // 128)
-    sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa  # as in _masked_folded_steps: one 64-bit base
-    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
-    zero = gl.zeros([128, BLOCK_M], gl.float32, mma)
-    acc = gl.zeros([128, BLOCK_M], gl.float32, mma)
-    off = gl.load(offsets_rows_ptr)
-    for k in range(num_k):
-        gl.thread_barrier()  # both warpgroups are past step k - 1's MMA wait: its slot may be refilled
-        if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-        off_next = gl.load(offsets_rows_ptr + gl.minimum(k + 1, num_k - 1))
-        slot = k % STAGES
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-        a = _register_operand(_fragment_words(w_ring, slot, 0, 128), off, a_op)
-        step_mma = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-        wa = gl.load(sa_tile + k + sa_rows)  # under the MMA
-        part = warpgroup_mma_wait(0, deps=(step_mma,))
-        acc = acc + part * wa[None, :]
-        off = off_next
-    return acc
-
-
-@gluon.jit
-def _masked_per32_steps(w_ring, x_ring, ready, w_desc, x_desc, w_tile, offsets_ptr, sa_ptr, num_k, w_row, x_row, g,
-                        max_m, stride_sa, tokens, mma: gl.constexpr):
-    """The K loop on activations with UE8M0 scales per 32: per step the slot's weights converted into the shared
-    tile w_tile (each thread a row), then per 32 of K two swap-AB MMAs and acc += part * sa[token, kb] ->
-    (acc_lo, acc_hi), fp32 [64, BLOCK_M] each."""
-    STAGES: gl.constexpr = w_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    raw_words = _raw_words(w_ring, STAGES)
-    w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
-                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-    row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(gl.int64) * num_k
-    sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
-    zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
-    for k in range(num_k):
-        # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
-        if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-        ahead = gl.minimum(k + 1, num_k - 1)
-        offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-        slot = k % STAGES
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-        w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
-        x_tile = x_ring.index(slot)
-        for j in gl.static_range(4):
-            b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
-            lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
-                                   use_acc=False, is_async=True)
-            hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
-                                   use_acc=False, is_async=True)
-            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-            fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
-            acc_lo = acc_lo + part_lo * fa
-            acc_hi = acc_hi + part_hi * fa
-        offsets, wa = offsets_next, wa_next
-    return acc_lo, acc_hi
-
-
-@gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False,
-                           WARPGROUPS: gl.constexpr = 1):
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
     swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
@@ -499,13 +410,15 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
     (activations folded per 128), each half's weights converted into its MMA's A registers
     (_masked_folded_steps), one pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128
-    up to 32 tokens (4 CTAs per SM). WARPGROUPS = 2 (SA_PER_128 only; num_warps=8): each warpgroup converts and
-    multiplies one 64-row half (_masked_folded_steps_2wg)."""
+    up to 32 tokens (4 CTAs per SM)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
+    raw_words = _raw_words(w_ring, STAGES)
     if not SA_PER_128:
         w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+        w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
+                                     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     # token tiles vary fastest in the grid: an expert's tiles of the same weight rows run together, and all but the
     # first read the weights from L2 (with the tile axis last, each came back from HBM a wave later)
@@ -518,22 +431,43 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         w_row = g * N + n0
         x_row = g * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WARPGROUPS, 1],
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 32])
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        if SA_PER_128 and WARPGROUPS == 2:
-            acc = _masked_folded_steps_2wg(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row,
-                                           x_row, m0, max_m, K, stride_sa, mma)
-            _masked_store(acc, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
+        if SA_PER_128:
+            acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
+                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
         else:
-            if SA_PER_128:
-                acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr,
-                                                      num_k, w_row, x_row, m0, max_m, K, stride_sa, mma)
-            else:
-                acc_lo, acc_hi = _masked_per32_steps(w_ring, x_ring, ready, w_desc, x_desc, w_tile, offsets_ptr,
-                                                     sa_ptr, num_k, w_row, x_row, g, max_m, stride_sa, tokens, mma)
-            _masked_store(acc_lo, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
-            _masked_store(acc_hi, d_ptr, colscale_ptr, g, n0 + 64, w_row + 64, tokens, rows_used, stride_d_g,
-                          stride_d_m)
+            row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
+                gl.int64) * (K // 128)
+            sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
+            zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
+            offsets, wa = gl.load(row_offsets), gl.load(sa_cols)
+            for k in range(num_k):
+                # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
+                if k + STAGES - 1 < num_k:
+                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+                ahead = gl.minimum(k + 1, num_k - 1)
+                offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
+                slot = k % STAGES
+                mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+                w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
+                fence_async_shared()
+                gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
+                x_tile = x_ring.index(slot)
+                for j in gl.static_range(4):
+                    b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
+                    lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    hi_mma = warpgroup_mma(w_e4m3.slice(64, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
+                                           use_acc=False, is_async=True)
+                    part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+                    fa = _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[None, :]
+                    acc_lo = acc_lo + part_lo * fa
+                    acc_hi = acc_hi + part_hi * fa
+                offsets, wa = offsets_next, wa_next
+        _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
