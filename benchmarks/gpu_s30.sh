@@ -14,6 +14,8 @@
 #       kernel's two-warpgroup tile (not routed): the mini-deepgemm GPU suite; exp_moe_masked_tiles.py)
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with exp_norm_host.py: the
 #       fused RMSNorm's host cost per call, and eager decode with the norms counted, fused and forced onto torch)
+# Parts r3 and r4 no longer run on main as it stands: the two-warpgroup tile was reverted after run 3 (commit ddce3e4
+# has it) and exp_norm_host.py removed after run 4 (commit 454f83c has it).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s30
 case "${PART:-r1}" in
