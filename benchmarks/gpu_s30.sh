@@ -14,6 +14,8 @@
 #       kernel's two-warpgroup tile (not routed): the mini-deepgemm GPU suite; exp_moe_masked_tiles.py)
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s30.sh   (1 x H200, tree = main with exp_norm_host.py: the
 #       fused RMSNorm's host cost per call, and eager decode with the norms counted, fused and forced onto torch)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s30.sh   (1 x H200, the final source tree: the rest of the
+#       runtime's GPU suite, parts A and B in one pytest run, within the session's last device time)
 # Parts r3 and r4 no longer run on main as it stands: the two-warpgroup tile was reverted after run 3 (commit ddce3e4
 # has it) and exp_norm_host.py removed after run 4 (commit 454f83c has it).
 set -u
@@ -57,6 +59,11 @@ r4)
   run norm_decode_torch 120 bash -c "cd benchmarks && python3 exp_norm_host.py --torch"
   cat "$OUT/summary.txt"
   grep -hE "^(T=|fused|torch)|Error" "$OUT"/norm_*.txt | cut -c1-300
+  ;;
+r5)
+  run runtime_rest 125 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest.xml"
+  cat "$OUT/summary.txt"; test_summary runtime_rest
   ;;
 esac
 pack_out
