@@ -15,11 +15,16 @@ from collections.abc import Iterator
 
 import torch
 from mini_deepinfer.layers import hyper_connections as hc_fused
-from mini_deepinfer.layers import rmsnorm as norm_fused
 from mini_deepinfer.models.deepseek_v41 import model as model_module
 from mini_deepinfer.models.deepseek_v41 import moe as moe_module
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.model import V41Model
+
+try:  # the fused norm (session 30). A same-run A/B puts an older tree's src first on the path; there every norm runs
+    # through ops.rmsnorm, a target of its own, so the fused one is simply not a target
+    from mini_deepinfer.layers import rmsnorm as norm_fused
+except ImportError:
+    norm_fused = None
 
 LAYER_RANGE, STAGE_RANGE = "layer::", "stage::"  # record_function name prefixes read back from the profile
 OUTSIDE = "outside layers"  # embedding, final norm, head, per-step bookkeeping
@@ -39,7 +44,7 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (hc_fused, "hc_collapse_fused", "hc"),
         (hc_fused, "hc_expand_fused", "hc"),
         (ops, "rmsnorm", "norm"),
-        (norm_fused, "rmsnorm_fused", "norm"),
+        *([(norm_fused, "rmsnorm_fused", "norm")] if norm_fused is not None else []),
         (ops, "linear", "linear"),
         (model, "_moe", "moe"),
         (ops, "moe_route", "routing"),
