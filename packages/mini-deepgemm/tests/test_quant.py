@@ -1,4 +1,5 @@
-"""per_token_group_quant_fp8 (kernel on GPU, reference elsewhere) must be bit-exact with reference.act_quant."""
+"""The quantizers of quant.py (kernels on GPU and under TRITON_INTERPRET=1, references elsewhere) must be bit-exact
+with reference.act_quant, fp4_quant and fp4_fakequant."""
 
 import os
 
@@ -46,3 +47,46 @@ def test_fp4_helpers_round_trip(gen):
     nib = torch.stack([packed & 0xF, packed >> 4], -1).reshape(5, 64)
     assert torch.equal(dg.pack_fp4(nib), packed)
     assert torch.equal(dg.unpack_fp4(packed), reference.unpack_fp4(packed))
+
+
+# the grid's midpoints x 1 (a group whose amax 6 makes the scale 1), both signs: the round-half-to-even ties
+_E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0)
+
+
+@pytest.mark.parametrize("shape, group", [((7, 128), 32), ((3, 32, 128), 32), ((130, 512), 32), ((5, 64), 16),
+                                          ((2, 256), 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp4_quant_and_round_trip_bit_exact(device, gen, shape, group, dtype):
+    """per_token_group_quant_fp4 and per_token_group_fakequant_fp4 (kernel on GPU and under TRITON_INTERPRET=1,
+    reference elsewhere) against reference.fp4_quant / fp4_fakequant, bit for bit: random rows of scales
+    1e-3 .. 1e3, an all-zero group (the amax clamp), the ties of every midpoint, tiny negatives (-0.0 codes)."""
+    x = random_bf16(*shape, generator=gen).to(dtype)
+    x = x * 10 ** (torch.rand(*shape[:-1], 1, generator=gen) * 6 - 3).to(dtype)
+    rows = x.view(-1, shape[-1])
+    rows[0, :group] = 0
+    ties = torch.tensor(_E2M1_TIES + tuple(-t for t in _E2M1_TIES), dtype=dtype)
+    rows[-1, :group] = ties.repeat(group // ties.numel() + 1)[:group]
+    rows[-1, group - 1] = 6.0  # the group's amax: scale 1
+    if shape[-1] >= 2 * group:
+        rows[-1, group:2 * group] = -1e-3
+        rows[-1, group] = 1.0  # the scale 2^-2: -1e-3 rounds to a negative zero
+    x = x.to(device)
+    packed, scale = dg.per_token_group_quant_fp4(x, group)
+    packed_ref, scale_ref = reference.fp4_quant(x, group)
+    assert packed.shape == (*shape[:-1], shape[-1] // 2) and scale.shape == (*shape[:-1], shape[-1] // group)
+    assert torch.equal(packed, packed_ref)
+    assert scale.dtype == torch.float8_e8m0fnu and torch.equal(scale.view(torch.uint8), scale_ref.view(torch.uint8))
+    round_trip = dg.per_token_group_fakequant_fp4(x, group)
+    want = reference.fp4_fakequant(x, group)
+    assert round_trip.dtype == dtype and round_trip.shape == x.shape
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(round_trip.view(bits), want.view(bits))
+
+
+def test_fp4_e4m3_scales_and_bad_shapes_take_the_reference_rules(device, gen):
+    x = random_bf16(4, 64, generator=gen).to(device)
+    assert torch.equal(dg.per_token_group_fakequant_fp4(x, 16, "e4m3"), reference.fp4_fakequant(x, 16, "e4m3"))
+    with pytest.raises(ValueError, match="multiple of the quant block"):
+        dg.per_token_group_fakequant_fp4(x[:, :40], 32)
+    with pytest.raises(ValueError, match="scale_fmt"):
+        dg.per_token_group_quant_fp4(x, 32, "fp32")

@@ -1,9 +1,10 @@
 """Activation and weight quantizers of the public API (bit-exact with reference.py).
 
 FP8: `per_token_group_quant_fp8` runs a Triton kernel on GPU and reference.act_quant elsewhere.
-FP4 (e2m1): `per_token_group_quant_fp4`, `pack_fp4`, `unpack_fp4` are the reference functions themselves
-(plain torch ops, which also run on GPU tensors); FP4 quantization is only needed offline for expert weights
-and for the indexer, so it has no dedicated kernel yet.
+FP4 (e2m1): `per_token_group_quant_fp4` and `per_token_group_fakequant_fp4` (the quantize-dequantize round trip the
+indexer's queries and keys take) run a Triton kernel on GPU for UE8M0 scales, bit-exact with reference.fp4_quant /
+fp4_fakequant, and the references elsewhere (and for the e4m3 scales of the compressed KV). `pack_fp4` and
+`unpack_fp4` are the reference functions themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from . import reference
 from ._backend import cdiv, use_triton
 from .reference import pack_fp4, unpack_fp4
 
-__all__ = ["per_token_group_quant_fp8", "per_token_group_quant_fp4", "pack_fp4", "unpack_fp4"]
+__all__ = ["per_token_group_quant_fp8", "per_token_group_quant_fp4", "per_token_group_fakequant_fp4", "pack_fp4",
+           "unpack_fp4"]
 
 _GROUPS_PER_PROGRAM = 16
 
@@ -74,6 +76,48 @@ def per_token_group_quant_fp4(
     x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP4 e2m1 quantization of V4.1 (reference.fp4_quant): x [..., K] -> (packed uint8 [..., K/2] with the
-    low nibble = even column, scale [..., K/group_size] float8_e8m0fnu ("ue8m0") or float8_e4m3fn ("e4m3"))."""
-    return reference.fp4_quant(x, group_size, scale_fmt)
+    low nibble = even column, scale [..., K/group_size] float8_e8m0fnu ("ue8m0") or float8_e4m3fn ("e4m3")).
+    The kernel takes "ue8m0" (group_size a power of two >= 16); bit-exact with the reference."""
+    groups = _fp4_kernel_groups(x, group_size, scale_fmt)
+    if groups is None:
+        return reference.fp4_quant(x, group_size, scale_fmt)
+    from .quant_kernel import fp4_quant_kernel
+
+    packed = torch.empty(groups.shape[0], group_size // 2, dtype=torch.uint8, device=x.device)
+    exponents = torch.empty(groups.shape[0], dtype=torch.uint8, device=x.device)
+    fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
+        groups, packed, exponents, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM,
+        ROUND_TRIP=False)
+    K = x.shape[-1]
+    return (packed.reshape(*x.shape[:-1], K // 2),
+            exponents.view(torch.float8_e8m0fnu).reshape(*x.shape[:-1], K // group_size))
+
+
+def per_token_group_fakequant_fp4(x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0") -> torch.Tensor:
+    """x quantized to FP4 e2m1 per `group_size` columns and dequantized back, in x's shape and dtype
+    (reference.fp4_fakequant; exact in bf16). One pass over x on the kernel ("ue8m0"), where the reference makes
+    ~30 torch ops over fp32 copies; bit-exact with it."""
+    groups = _fp4_kernel_groups(x, group_size, scale_fmt)
+    if groups is None:
+        return reference.fp4_fakequant(x, group_size, scale_fmt)
+    from .quant_kernel import fp4_quant_kernel
+
+    out = torch.empty(groups.shape, dtype=x.dtype, device=x.device)
+    fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
+        groups, out, out, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, ROUND_TRIP=True)
+    return out.reshape(x.shape)
+
+
+def _fp4_kernel_groups(x: torch.Tensor, group_size: int, scale_fmt: str) -> torch.Tensor | None:
+    """x's values as contiguous groups [n, group_size] for fp4_quant_kernel, or None where the reference runs:
+    no Triton for x's device, e4m3 scales, a group size the kernel does not take, or no elements. Shapes the
+    reference would reject raise here with its message."""
+    if scale_fmt not in ("ue8m0", "e4m3"):
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'e4m3')")
+    if x.shape[-1] % group_size:
+        raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quant block {group_size}")
+    if (scale_fmt != "ue8m0" or not use_triton(x) or x.numel() == 0 or group_size < 16
+            or group_size & (group_size - 1)):
+        return None
+    return x.contiguous().view(-1, group_size)
 

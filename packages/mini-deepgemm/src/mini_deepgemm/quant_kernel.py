@@ -1,10 +1,13 @@
-"""Triton kernel of the per-token, per-group FP8 activation quantizer (reference: reference.act_quant).
+"""Triton kernels of the per-token, per-group activation quantizers: FP8 (reference: reference.act_quant) and FP4
+e2m1 with UE8M0 scales (reference.fp4_quant, and its round trip reference.fp4_fakequant).
 
 Bit-exact with the reference run on CUDA: the same fp32 operations in the same order (amax clamp,
 amax * fp32(1/448), the exponent bit trick for UE8M0, IEEE round-to-nearest x / scale, clamp, RNE cast to
 e4m3). For the fp32 scale format the reference's `amax / 448` is, on CUDA, torch's multiply-by-reciprocal
 shortcut for a scalar divisor (CPU torch divides exactly; the two differ in the last bit for about half of the
-inputs), so the kernel multiplies by fp32(1/448) too.
+inputs), so the kernel multiplies by fp32(1/448) too. FP4 with UE8M0 scales is exact everywhere: the reference
+multiplies amax by fp32(1/6) itself, compares |x| with thresholds x scale (exact: powers of two times values of two
+significant bits), and its dequantized values are e2m1 x 2^k, exact in bf16.
 """
 
 from __future__ import annotations
@@ -77,3 +80,46 @@ def act_quant_fp8_kernel(
     else:
         tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
     tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)
+
+
+@triton.jit
+def fp4_quantize_groups(x):
+    """x fp32 [n, GROUP], one group per row -> (nibbles int32 [n, GROUP]: bit 3 the sign, bits 0-2 the e2m1
+    magnitude code, round half to even and saturating at 6; the scale fp32 [n]; its UE8M0 biased exponent int32 [n]):
+    reference.fp4_quant with scale_fmt "ue8m0"."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 6.0 * 2.0**-126)
+    # s = 2^ceil(log2(amax / 6)): biased exponent, +1 when any mantissa bit is set (>= 1 after the clamp)
+    bits = (amax * (1.0 / 6.0)).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, 0), 254)
+    scale = (e << 23).to(tl.float32, bitcast=True)
+    a, s = tl.abs(x), scale[:, None]
+    # the grid's midpoints: ">" where a tie rounds down to the even code, ">=" where it rounds up to it
+    code = ((a > 0.25 * s).to(tl.int32) + (a >= 0.75 * s).to(tl.int32) + (a > 1.25 * s).to(tl.int32)
+            + (a >= 1.75 * s).to(tl.int32) + (a > 2.5 * s).to(tl.int32) + (a >= 3.5 * s).to(tl.int32)
+            + (a > 5.0 * s).to(tl.int32))
+    return code | ((x < 0).to(tl.int32) << 3), scale, e
+
+
+@triton.jit
+def fp4_quant_kernel(x_ptr, out_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                     ROUND_TRIP: tl.constexpr):
+    """x: [n_groups, GROUP] contiguous (any float dtype). ROUND_TRIP: out [n_groups, GROUP] in its own dtype gets the
+    dequantized values (reference.fp4_fakequant; s_ptr unused); else out uint8 [n_groups, GROUP / 2] the packed
+    nibbles (low nibble = even column) and s uint8 [n_groups] the UE8M0 exponents."""
+    g = (tl.program_id(0) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)).to(tl.int64)
+    mask = (g < n_groups)[:, None]
+    cols = tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + g[:, None] * GROUP + cols, mask=mask, other=0.0).to(tl.float32)
+    nib, scale, e = fp4_quantize_groups(x)
+    if ROUND_TRIP:
+        # e2m1 magnitude of code c = (exponent field f, mantissa bit m): 0.5 m when f = 0, else 2^(f - 1) (1 + m / 2)
+        f, m = (nib >> 1) & 3, (nib & 1).to(tl.float32)
+        mag = tl.where(f == 0, 0.5 * m, (1.0 + 0.5 * m) * ((f + 126) << 23).to(tl.float32, bitcast=True))
+        v = tl.where(nib >= 8, -mag, mag) * scale[:, None]
+        tl.store(out_ptr + g[:, None] * GROUP + cols, v.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        even, odd = tl.split(tl.reshape(nib, [GROUPS_PER_PROGRAM, GROUP // 2, 2]))
+        half = tl.arange(0, GROUP // 2)[None, :]
+        tl.store(out_ptr + g[:, None] * (GROUP // 2) + half, (even | (odd << 4)).to(tl.uint8), mask=mask)
+        tl.store(s_ptr + g, e.to(tl.uint8), mask=g < n_groups)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from mini_deepgemm import fold_fp4_weight_scales, fold_fp8_weight_scales
+from mini_deepgemm import fold_fp4_weight_scales, fold_fp8_weight_scales, per_token_group_fakequant_fp4
 from mini_deepgemm.reference import (
     fp4_fakequant,
     fp4_linear_ref,
@@ -119,6 +119,15 @@ def norm(x: torch.Tensor, w: Weights, name: str, eps: float) -> torch.Tensor:
     if isinstance(w, KernelWeights) and rmsf.available(x):
         return rmsf.rmsnorm_fused(x, w[name], eps)
     return rmsnorm(x, w[name], eps)
+
+
+def fp4_round_trip(x: torch.Tensor, w: Weights) -> torch.Tensor:
+    """fp4_fakequant(x, 32, "ue8m0"), the indexer's queries and keys: mini-deepgemm's one-pass kernel for the engine
+    model (KernelWeights; bit-exact with the reference, which falls back on CPU), the reference's torch ops
+    otherwise (the reference stays kernel-free)."""
+    if isinstance(w, KernelWeights):
+        return per_token_group_fakequant_fp4(x, 32, "ue8m0")
+    return fp4_fakequant(x, 32, "ue8m0")
 
 
 def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
@@ -269,7 +278,7 @@ def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p
                     freqs: torch.Tensor) -> torch.Tensor:
     """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
     k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
-    return fp4_fakequant(apply_rope_(k, group_pos, freqs), 32, "ue8m0")
+    return fp4_round_trip(apply_rope_(k, group_pos, freqs), w)
 
 
 def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
@@ -277,7 +286,7 @@ def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, 
     """(q bf16 [T, index_heads, index_dim] with RoPE and FP4 round trip, head weights bf16 [T, index_heads])."""
     nh, hd = cfg.index_n_heads, cfg.index_head_dim
     qi = linear(qr, w, f"{p}.indexer.wq_b").view(-1, nh, hd)
-    qi = fp4_fakequant(apply_rope_(qi, positions, freqs), 32, "ue8m0")
+    qi = fp4_round_trip(apply_rope_(qi, positions, freqs), w)
     wts = (linear(u, w, f"{p}.indexer.weights_proj") * (hd ** -0.5 * nh ** -0.5)).to(torch.bfloat16)
     return qi, wts
 

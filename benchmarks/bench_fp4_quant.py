@@ -1,0 +1,59 @@
+"""mini-deepgemm's FP4 round trip (`per_token_group_fakequant_fp4`, one Triton kernel) against its reference
+(reference.fp4_fakequant, ~30 torch ops), one run, at the indexer's shapes: queries [T, 32 heads, 128] at 4,096 rows
+(a prefill step) and 64 (a decode batch), and 2,048 index keys [2,048, 128] (a ratio-2 layer's new keys per 4,096
+tokens). bf16, UE8M0 scales per 32. Per shape: median ms (triton.testing.do_bench: 5 ms warm-up, 25 ms of
+repetitions), GB/s over one bf16 read and one bf16 write, the same bytes by a device copy in the same run
+(bench_hc.copy_ms), and whether the kernel's bits equal the reference's. Writes --out (default
+$OUT/bench_fp4_quant.json or ./bench_fp4_quant.json).
+
+    python3 benchmarks/bench_fp4_quant.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
+from mini_deepgemm import per_token_group_fakequant_fp4, reference
+
+SHAPES = {"queries, prefill": (4096, 32, 128), "queries, decode": (64, 32, 128), "index keys": (2048, 128)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_fp4_quant.json"))
+    out_path = parser.parse_args(argv).out
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, shape in SHAPES.items():
+        x = (torch.randn(*shape, generator=g, device="cuda") * 3).to(torch.bfloat16)
+        n_bytes = 2 * x.numel() * 2
+        exact = torch.equal(per_token_group_fakequant_fp4(x).view(torch.int16),
+                            reference.fp4_fakequant(x).view(torch.int16))
+        reference_ms = median_ms(lambda: reference.fp4_fakequant(x), "cuda")
+        kernel_ms = median_ms(lambda: per_token_group_fakequant_fp4(x), "cuda")
+        copy = copy_ms(n_bytes, "cuda")
+        rows.append({"name": name, "shape": list(shape), "bytes": n_bytes, "reference_ms": reference_ms,
+                     "kernel_ms": kernel_ms, "copy_ms": copy, "kernel_gbs": rate(kernel_ms, n_bytes),
+                     "kernel_of_copy": copy / kernel_ms, "speedup": reference_ms / kernel_ms, "bit_exact": exact})
+    result = {"environment": environment("cuda"), "dtype": "bfloat16", "scales": "UE8M0 per 32",
+              "timing": "triton.testing.do_bench median, warm-up 5 ms, repetitions 25 ms", "rows": rows}
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    env = result["environment"]
+    print(f"bench_fp4_quant: {env['hardware']} torch {env['torch']} triton {env['triton']} {env['date']}")
+    print("| tensor | shape | reference ms | kernel ms | x reference | kernel GB/s | of copy | bit-exact |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['shape']} | {r['reference_ms']:.4f} | {r['kernel_ms']:.4f} | {r['speedup']:.2f} "
+              f"| {r['kernel_gbs']:.0f} | {r['kernel_of_copy']:.2f} | {r['bit_exact']} |")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
