@@ -328,6 +328,31 @@ def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
     }
 
 
+def python_profile(model, cache, batch, snapshot, top: int) -> dict:
+    """One extra step under cProfile: the Python functions in which the host spends its time issuing a step (the
+    GPU is waited for only after the profile stops). Where a layer's host_ms_mean reaches its GPU time, these are
+    what to cut. cProfile slows the host ~2x; compare functions with each other, not with the timed steps."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    step = run_step(model, cache, batch, snapshot)[0]
+    prof.disable()
+    step.intervals_ms()
+
+    def where(func: tuple[str, int, str]) -> str:
+        path, line, name = func
+        return name if path == "~" else f"{os.path.relpath(path)}:{line}({name})"
+
+    rows = [{"function": where(f), "calls": nc, "own_ms": tt * 1e3, "cumulative_ms": ct * 1e3}
+            for f, (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]
+    return {"method": "cProfile over one step's issue (host only); top functions by own and by cumulative time",
+            "total_own_ms": sum(r["own_ms"] for r in rows),
+            "by_own_time": sorted(rows, key=lambda r: -r["own_ms"])[:top],
+            "by_cumulative_time": sorted(rows, key=lambda r: -r["cumulative_ms"])[:top]}
+
+
 # --------------------------------------------------------------------------- FLOPs and the FP8 rate
 def layer_flops(cfg: V41Config, role: LayerRole, tokens: int, cached: int) -> dict[str, int]:
     """Matmul FLOPs (2 per multiply-add) of one layer's forward over query positions cached .. cached+tokens-1.
@@ -442,6 +467,13 @@ def print_table(res: dict) -> None:
         print(f"host-synchronizing calls in one step: {report['synchronizing_calls']}")
         for line, n in list(report["by_line"].items())[:12]:
             print(f"  {n:>5}  {line}")
+    py = res.get("py_profile")
+    if py:
+        print(f"host functions (cProfile, one step, {py['total_own_ms']:.1f} ms own time in all)")
+        for key, label in (("by_own_time", "own"), ("by_cumulative_time", "cumulative")):
+            print(f"{'calls':>7} {'own ms':>8} {'cum ms':>8}  by {label} time")
+            for r in py[key]:
+                print(f"{r['calls']:>7} {r['own_ms']:>8.2f} {r['cumulative_ms']:>8.2f}  {r['function']}")
     stages = res.get("stages")
     if stages:
         host = stages.get("host_as_run", {"host_ms": {}, "launches": {}})
@@ -476,6 +508,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="wait for each timed step before issuing the next (the method of sessions <= 17)")
     ap.add_argument("--sync-report", action="store_true",
                     help="CUDA: one extra step counting the host-synchronizing calls by source line (sync_report)")
+    ap.add_argument("--py-profile", type=int, default=0, metavar="TOP",
+                    help="one extra step under cProfile: the TOP host functions by own and cumulative time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
                     help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
@@ -697,6 +731,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             write_json(args.out, res)
             if args.sync_report and device.type == "cuda":
                 res["sync_report"] = sync_report(model, cache, batch, snapshot)
+                write_json(args.out, res)
+            if args.py_profile:
+                res["py_profile"] = python_profile(model, cache, batch, snapshot, args.py_profile)
                 write_json(args.out, res)
             if not args.no_profile:
                 log("profiled step")

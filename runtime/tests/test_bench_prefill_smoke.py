@@ -160,13 +160,13 @@ def test_host_time_and_launches_are_charged_to_the_innermost_stage():
 
 
 def test_tiny_preset_end_to_end(tmp_path):
-    """The CLI as CI runs it: every sample layer timed, the 40-layer combination, a profile, the FP8 rate, and
-    the snapshot restore (the two timed steps give bit-identical logits)."""
+    """The CLI as CI runs it: every sample layer timed, the 40-layer combination, a profile, the host's Python
+    profile, the FP8 rate, and the snapshot restore (the two timed steps give bit-identical logits)."""
     out = tmp_path / "prefill.json"
     # one OpenMP thread: on a shared 2-core runner, torch's spinning worker threads slow these tiny ops ~30x
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--preset", "tiny", "--out", str(out)],
-                          check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--preset", "tiny", "--out", str(out),
+                           "--py-profile", "5"], check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "40-layer equivalent:" in proc.stdout
     res = json.loads(out.read_text())
@@ -183,6 +183,9 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert res["workload"]["cached"] == res["workload"]["context"] - res["workload"]["tokens"]
     assert res["checks"]["max_abs_logit_diff_first_vs_last_step"] == 0.0
     assert res["fp8_matmul"]["tflops"] > 0
+    py = res["py_profile"]
+    assert len(py["by_own_time"]) == len(py["by_cumulative_time"]) == 5
+    assert "run_step" in py["by_cumulative_time"][0]["function"]  # the profiled call itself is the outermost
     profile = res["stages"]
     assert profile["ranges_not_found"] == []
     headline = set(profile["summary"]["profiled_step_ms"])
