@@ -51,6 +51,7 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (moe_module, "contiguous_plan", "layout"),
         (moe_module, "grouped_expert_ffn", "experts"),
         (ops, "swiglu_expert", "experts"),
+        (moe_module, "shared_expert", "experts"),
         (ops, "final_logits", "head"),
         (model_module, "sparse_mla_fwd_paged", "sparse attention"),
         (model_module, "indexer_scores", "scores"),

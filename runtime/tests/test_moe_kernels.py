@@ -14,7 +14,8 @@ Metrics:
   flip a bf16 rounding at a tie, and would show here first). The exact-match fractions are printed.
   Under the interpreter (tl.exp instead of libdevice, fp32 -> bf16 truncated, an e4m3 cast that mis-rounds some
   values) only loose bounds hold: scales equal on >= 99%, dequantized rel. L2 <= 5e-2 (measured ~2e-2).
-- The same with fold_128 (scales folded per 128 columns: float32 [rows, width / 128]) where the width allows it.
+- The same with fold_128 (scales folded per 128 columns: float32 [rows, width / 128]) where the width allows it,
+  and for dense unweighted calls (every row real, no routing weight: the shared expert).
 - moe_grouped with the kernels vs with the torch chains (CUDA, tiny checkpoint): rel. L2 <= 1e-3, exact-match
   fraction printed (bit-identical whenever the SwiGLU bytes are, as the GEMMs are row-local and deterministic).
 """
@@ -146,10 +147,22 @@ def test_swiglu_weight_quant_masked_matches_the_torch_chain(counts, rows, inter,
                    moe.swiglu_weight_quant_torch(h13, w, LIMIT, fold_128), real)
 
 
-def test_swiglu_weight_quant_needs_one_validity_form_and_foldable_widths() -> None:
+@kernel_test
+@pytest.mark.parametrize("M,inter", [(8, 96), (37, 256)] + ([(300, 2304)] if DEVICE == "cuda" else []))
+@pytest.mark.parametrize("fold_128", [False, True], ids=["per32", "fold128"])
+def test_swiglu_weight_quant_dense_unweighted_matches_the_torch_chain(M, inter, fold_128) -> None:
+    """No row list, no layout, no weights (the shared expert): every row real, h not scaled (the torch chain with
+    weight 1, which multiplies exactly)."""
+    if fold_128 and inter % 128:
+        pytest.skip("fold_128 needs I % 128 == 0")
+    h13, _ = _swiglu_inputs(torch.ones(M, dtype=torch.bool), inter, seed=M + inter)
+    _compare_quant(mk.swiglu_weight_quant(h13, None, LIMIT, fold_128=fold_128),
+                   moe.swiglu_weight_quant_torch(h13, torch.ones(M, device=DEVICE), LIMIT, fold_128),
+                   torch.ones(M, dtype=torch.bool))
+
+
+def test_swiglu_weight_quant_takes_at_most_one_validity_form_and_foldable_widths() -> None:
     h13 = torch.zeros(4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError):
-        mk.swiglu_weight_quant(h13, torch.ones(4), LIMIT)
     with pytest.raises(ValueError):
         mk.swiglu_weight_quant(h13, torch.ones(4), LIMIT, torch.zeros(4, dtype=torch.int32),
                                torch.arange(4))

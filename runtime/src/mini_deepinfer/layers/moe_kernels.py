@@ -12,9 +12,9 @@ How, one pass each:
 - `swiglu_weight_quant`: h13 [M, 2I] (gate | up) -> h = bf16(w * silu(min(gate, lim)) * clamp(up, -lim, lim)) ->
   FP8 e4m3 + UE8M0 scales per 32 columns. A program covers BLOCK_M rows x GROUPS_PER_PROGRAM quantization groups
   of the listed real rows (plan.pair_row, any layout), or of every layout row with padding (grouped_layout -1)
-  masked out of every load and store (the EP path, which has no list). A first version covered the masked layout
-  that way too: 0.27 ms at decode for 384 real rows of 24,576, against 0.01 ms from the list
-  (docs/reports/runtime-moe-glue.md).
+  masked out of every load and store (the EP path, which has no list), or of every row unweighted (the shared
+  expert, moe.shared_expert). A first version covered the masked layout that way too: 0.27 ms at decode for 384
+  real rows of 24,576, against 0.01 ms from the list (docs/reports/runtime-moe-glue.md).
 - `quant_scatter`: quantizes each token row once and writes it to its k rows of the layout (plan.pair_row): reads
   T rows, writes T*k, never touches a padding row (the torch chain quantizes, then gathers all M rows).
 - `combine`: y[t] = bf16(sum_j out[pair_row[t, j]] + shared[t]), in fp32, in one pass.
@@ -61,8 +61,9 @@ if triton is not None:
 
     @triton.jit
     def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, limit, LISTED: tl.constexpr,
-                                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
-                                   LIBDEVICE_EXP: tl.constexpr, FOLD_128: tl.constexpr):
+                                   DENSE: tl.constexpr, WEIGHTED: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   GROUPS_PER_PROGRAM: tl.constexpr, LIBDEVICE_EXP: tl.constexpr,
+                                   FOLD_128: tl.constexpr):
         # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
         pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
         slot = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
@@ -71,6 +72,9 @@ if triton is not None:
         in_range = slot < M
         if LISTED:  # slot = an entry of the list of real rows (M entries): no padding programs
             row = tl.load(valid_ptr + slot, mask=in_range, other=0)
+            valid = in_range
+        elif DENSE:  # every row is real (the shared expert)
+            row = slot
             valid = in_range
         else:  # slot = a row of the layout (M rows); grouped_layout: -1 marks padding
             row = slot
@@ -86,8 +90,10 @@ if triton is not None:
         else:  # the interpreter cannot call libdevice
             e_neg = tl.exp(-gate)
         silu = tl.math.div_rn(gate, 1.0 + e_neg)  # torch's silu: x / (1 + exp(-x)), IEEE division
-        weight = tl.load(w_ptr + row, mask=live, other=0.0)
-        h = (weight[:, None] * (silu * up)).to(tl.bfloat16).to(tl.float32)  # the chain's bf16 h, then its quant
+        h = silu * up
+        if WEIGHTED:
+            h = tl.load(w_ptr + row, mask=live, other=0.0)[:, None] * h
+        h = h.to(tl.bfloat16).to(tl.float32)  # the chain's bf16 h, then its quant
         q, s = quantize_groups(h, True)
         if FOLD_128:
             q, s = fold_groups_to_128(q, s, BLOCK_M * GROUPS_PER_PROGRAM)
@@ -163,18 +169,19 @@ def _scales_out(s: torch.Tensor) -> torch.Tensor:
     return s if s.dtype == torch.float32 else s.view(torch.float8_e8m0fnu)
 
 
-def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: float,
+def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor | None, limit: float,
                         grouped_layout: torch.Tensor | None = None, rows: torch.Tensor | None = None,
                         block_m: int = SWIGLU_BLOCK_M, groups_per_program: int = SWIGLU_GROUPS_PER_PROGRAM,
                         fold_128: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """moe.swiglu_weight_quant_torch in one pass over the real rows. h13 bf16 [M, 2I] (gate | up), row_weight fp32
-    [M]; the real rows given by exactly one of rows int64 [n] (their indices in any order, e.g. ExpertRows.pair_row:
-    the grid covers only them, whatever the layout) or grouped_layout int32 [M] (-1 padding; the grid covers every
-    row, for callers with no list, such as the EP path). Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu
+    [M] or None (unweighted: the shared expert, ops.swiglu_expert without row_weight); the real rows given by at
+    most one of rows int64 [n] (their indices in any order, e.g. ExpertRows.pair_row: the grid covers only them,
+    whatever the layout) or grouped_layout int32 [M] (-1 padding; the grid covers every row, for callers with no
+    list, such as the EP path); neither: every row is real. Returns (e4m3 [M, I], UE8M0 scales float8_e8m0fnu
     [M, I/32], or with fold_128 fp32 [M, I/128]); padding rows are unspecified. block_m, groups_per_program: the
     tile (benchmarks sweep them; powers of two, groups_per_program >= 4)."""
-    if (grouped_layout is None) == (rows is None):
-        raise ValueError("give exactly one of grouped_layout (contiguous layout) and rows (the real rows)")
+    if grouped_layout is not None and rows is not None:
+        raise ValueError("give at most one of grouped_layout (contiguous layout) and rows (the real rows)")
     M, inter = h13.shape[0], h13.shape[1] // 2
     if h13.shape[1] != 2 * inter:
         raise ValueError(f"h13 must be [M, 2I], got {tuple(h13.shape)}")
@@ -182,15 +189,16 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor, limit: floa
         raise ValueError(f"fold_128 folds groups four at a time: groups_per_program {groups_per_program} must be a "
                          "multiple of 4")
     q, s = _fp8_rows(M, inter, h13.device, fold_128)
-    listed = rows is not None
-    valid = (rows if listed else grouped_layout).reshape(-1).contiguous()
+    listed, dense = rows is not None, rows is None and grouped_layout is None
+    valid = h13 if dense else (rows if listed else grouped_layout).reshape(-1).contiguous()  # dense: unread
     slots = valid.numel() if listed else M
     if slots:
+        weights = h13 if row_weight is None else row_weight.float().contiguous()  # w_ptr unread when unweighted
         grid = (triton.cdiv(slots, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
         swiglu_weight_quant_kernel[grid](
-            h13.contiguous(), row_weight.float().contiguous(), valid, q, s, slots, inter, float(limit), LISTED=listed,
-            GROUP=QUANT_GROUP, BLOCK_M=block_m, GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda,
-            FOLD_128=fold_128)
+            h13.contiguous(), weights, valid, q, s, slots, inter, float(limit), LISTED=listed, DENSE=dense,
+            WEIGHTED=row_weight is not None, GROUP=QUANT_GROUP, BLOCK_M=block_m,
+            GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda, FOLD_128=fold_128)
     return q, _scales_out(s)
 
 

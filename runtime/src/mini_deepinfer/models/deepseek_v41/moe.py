@@ -17,7 +17,7 @@ computes the same function for the engine model:
    both halves; clamped SwiGLU times the routing weight (before w2's activation quant, as ops.swiglu_expert);
    a second grouped GEMM with w2;
 5. each token adds its k outputs in fp32 in ascending expert id, the order ops.moe's index_add_ uses, then the
-   shared expert (a dense GEMM), then one bf16 cast.
+   shared expert (`shared_expert`: one GEMM for w1 and w3, the fused SwiGLU, w2), then one bf16 cast.
 
 Padding rows (-1 in the layout) are skipped by the GEMMs and never read back.
 
@@ -233,6 +233,23 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
     return gemm(hq, w2, D)
 
 
+def shared_expert(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
+    """ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg): bf16 [T, D]. For the engine model on CUDA (the stacked
+    `{p}.shared_experts.w13` of ops.KernelWeights) x is quantized once and one GEMM computes w1 and w3 (2I columns:
+    one launch and ~2x the tiles of one half, where the two GEMMs each left a partial last wave), then the clamped
+    SwiGLU and w2's activation quantization run as one kernel (moe_kernels.swiglu_weight_quant, every row real,
+    unweighted) instead of the torch chain's fp32 passes: the same operations on the same values (bit-identical
+    wherever the stacked GEMM gives an element the bits of the half GEMM, tests/test_moe_kernels.py)."""
+    e = f"{p}.shared_experts"
+    if not (moe_kernels.available(x) and isinstance(w, ops.KernelWeights) and f"{e}.w13.weight" in w):
+        return ops.swiglu_expert(x, w, e, cfg)
+    h13 = ops.linear(x, w, f"{e}.w13")
+    w2, w2_scale_128 = w[f"{e}.w2.weight"], w.get(f"{e}.w2.scale_128")
+    v3_form = ops.dense_v3_form(x.shape[0], w2, w2_scale_128)
+    hq = moe_kernels.swiglu_weight_quant(h13, None, cfg.swiglu_limit, fold_128=v3_form)
+    return ops.quantized_linear(hq, x.shape[0], w2, w2_scale_128 if v3_form else w[f"{e}.w2.scale"])
+
+
 def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
     """ops.moe on stacked experts (stack_experts), as two grouped GEMMs with no host sync. x bf16 [T, D].
     Up to MASKED_MAX_TOKENS tokens (decode) in the masked layout, above in the contiguous one."""
@@ -247,5 +264,5 @@ def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Te
         a = quant_gather_torch(x, plan.row_token, fold)
     out = grouped_expert_ffn(a, plan.row_weight, w, p, cfg, plan.grouped_layout, plan.masked_m, plan.expected_m,
                              plan.pair_row)
-    shared = ops.swiglu_expert(x, w, f"{p}.shared_experts", cfg)
+    shared = shared_expert(x, w, p, cfg)
     return (moe_kernels.combine if fused else combine_torch)(out, plan.pair_row, shared)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from mini_deepgemm import fold_fp4_weight_scales, fold_fp8_weight_scales, per_token_group_fakequant_fp4
+from mini_deepgemm import (fold_fp4_weight_scales, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
+                           per_token_group_fakequant_fp4, per_token_group_quant_fp8)
 from mini_deepgemm.reference import (
     fp4_fakequant,
     fp4_linear_ref,
@@ -52,6 +53,10 @@ class KernelWeights(dict):
     `.scale_128` fp32 [N/128, K/128]. `linear` runs calls of at least DENSE_FOLD_MIN_TILES output tiles on the
     V3-recipe GEMMs (activations quantized with fold_128, promotion every 128 of K: 1.5-1.7x at 4,096 rows) and
     smaller ones on the V4.1 kernels with `.scale`. No extra memory. False keeps the weights as loaded.
+    Shared experts: w1 and w3 of each (`{p}.shared_experts.w1` / `.w3`, FP8 of one shape) are stacked into
+    `{p}.shared_experts.w13` ([2I, D], w1 rows then w3 rows, every scale form alike), w1 and w3 kept as views of its
+    halves (no extra memory): moe.shared_expert quantizes x once and runs one GEMM for both. Replacing w1 or w3
+    drops w13.
     """
 
     def __init__(self, *args, fold_dense_fp8: bool = True, **kwargs) -> None:
@@ -70,6 +75,8 @@ class KernelWeights(dict):
                     super().__setitem__(f"{base}.scale", per_32_columns.repeat_interleave(4, 0)
                                         .view(torch.float8_e8m0fnu))
                     super().__setitem__(f"{base}.scale_128", scale_128)
+        for name in [n for n in self if n.endswith(".shared_experts.w1.weight")]:
+            self._stack_shared_w13(name.removesuffix(".w1.weight"))
         scales = {name: t for name, t in self.items()
                   if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
         self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
@@ -81,7 +88,27 @@ class KernelWeights(dict):
             if folded is not None:
                 self.fp4_folded[name] = folded
 
+    def _stack_shared_w13(self, p: str) -> None:
+        """`{p}.w13.{kind}` = w1 | w3 along the rows for each stored kind, w1 and w3 re-pointed at its halves."""
+        kinds = [k for k in ("weight", "scale", "scale_128") if f"{p}.w1.{k}" in self]
+        w1, w3 = self[f"{p}.w1.weight"], self.get(f"{p}.w3.weight")
+        if (w1.dtype != torch.float8_e4m3fn or w1.dim() != 2 or w3 is None or w3.dtype != w1.dtype
+                or any(self.get(f"{p}.w3.{k}") is None or self[f"{p}.w3.{k}"].shape != self[f"{p}.w1.{k}"].shape
+                       for k in kinds)):
+            return
+        for k in kinds:
+            a, b = self[f"{p}.w1.{k}"], self[f"{p}.w3.{k}"]
+            one_byte = a.element_size() == 1  # FP8 values and UE8M0 scales are concatenated as bytes
+            w13 = (torch.cat([a.view(torch.uint8), b.view(torch.uint8)]).view(a.dtype) if one_byte
+                   else torch.cat([a, b]))
+            super().__setitem__(f"{p}.w13.{k}", w13)
+            super().__setitem__(f"{p}.w1.{k}", w13[: a.shape[0]])
+            super().__setitem__(f"{p}.w3.{k}", w13[a.shape[0]:])
+
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        if ".shared_experts.w1." in name or ".shared_experts.w3." in name:  # the stacked form goes stale
+            for k in ("weight", "scale", "scale_128"):
+                super().pop(name.split(".shared_experts.")[0] + f".shared_experts.w13.{k}", None)
         self.fp4_scale_max.pop(name, None)
         self.fp4_folded.pop(name, None)
         if name.endswith((".weight", ".scale")):  # a replaced dense FP8 weight or scale: its V3 form is stale
@@ -159,15 +186,26 @@ DENSE_FOLD_MIN_TILES = 64
 def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_scale_128: torch.Tensor | None,
                      block: int) -> torch.Tensor:
     """w_scale_128: a folded dense FP8 weight's V3-recipe scales (KernelWeights), used from DENSE_FOLD_MIN_TILES."""
-    from mini_deepgemm import fp8_fp4_gemm_nt, per_token_group_quant_fp8
-
     x2 = x.reshape(-1, x.shape[-1])
-    out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
-    v3_form = w_scale_128 is not None and -(-x2.shape[0] // 128) * -(-w.shape[0] // 128) >= DENSE_FOLD_MIN_TILES
-    if x2.shape[0]:
-        a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form)
-        fp8_fp4_gemm_nt(a, (w, w_scale_128 if v3_form else w_scale), out)
-    return out.view(*x.shape[:-1], w.shape[0])
+    v3_form = dense_v3_form(x2.shape[0], w, w_scale_128)
+    a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form) if x2.shape[0] else None
+    return quantized_linear(a, x2.shape[0], w, w_scale_128 if v3_form else w_scale).view(*x.shape[:-1], w.shape[0])
+
+
+def dense_v3_form(rows: int, w: torch.Tensor, w_scale_128: torch.Tensor | None) -> bool:
+    """Whether a dense FP8 call of `rows` rows on weight w [N, K] takes the V3-recipe route (activations quantized
+    with fold_128, w_scale_128): a folded weight and at least DENSE_FOLD_MIN_TILES 128 x 128 output tiles."""
+    return w_scale_128 is not None and -(-rows // 128) * -(-w.shape[0] // 128) >= DENSE_FOLD_MIN_TILES
+
+
+def quantized_linear(a: tuple[torch.Tensor, torch.Tensor] | None, rows: int, w: torch.Tensor, w_scale: torch.Tensor
+                     ) -> torch.Tensor:
+    """bf16 [rows, N] = a @ w^T on mini-deepgemm: a the activations already quantized in the form w_scale's recipe
+    takes (fp32 scales per 128 with the V3 form's w_scale_128, UE8M0 per 32 otherwise; None when rows is 0)."""
+    out = torch.empty(rows, w.shape[0], dtype=torch.bfloat16, device=w.device)
+    if rows:
+        fp8_fp4_gemm_nt(a, (w, w_scale), out)
+    return out
 
 
 # --------------------------------------------------------------------------- RoPE

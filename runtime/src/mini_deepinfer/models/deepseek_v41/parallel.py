@@ -147,7 +147,7 @@ class ExpertParallelV41Model(V41Model):
             routed = self.buffer.combine(y, recv.handle, torch.ones_like(recv.recv_topk_weights)).float()
         if v.shape[0] == 0:
             return routed.to(torch.bfloat16)
-        shared = ops.swiglu_expert(v, self.w, f"{p}.shared_experts", cfg)
+        shared = moe.shared_expert(v, self.w, p, cfg)
         return (routed + shared.float()).to(torch.bfloat16)
 
     def _combine_in_expert_order(self, y: torch.Tensor, handle: DispatchHandle, topk_idx: torch.Tensor
