@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Session 31's GPU runs (docs/reports/gpu-session-2026-12-03-s31.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s31.sh   (1 x H200, tree = main with the FP4 quantization
-#       kernel re-applied (cf2c376); .ab-base.tar.gz = d2681aa: mini-deepgemm's quantizer GPU tests, the runtime's
-#       core GPU tests, bench_fp4_quant.py; bench_prefill (with the host's Python profile on the new side) and
-#       bench_decode on both sides)
+#       kernel re-applied (cf2c376) and the shared expert on the fused path (9883b47); .ab-mid.tar.gz = 7ba6714 (the
+#       FP4 kernel only), .ab-base.tar.gz = d2681aa (neither): mini-deepgemm's quantizer GPU tests, the shared-expert
+#       and dense-fold GPU tests, the runtime's core GPU tests, bench_fp4_quant.py; bench_prefill on the three sides
+#       (with the host's Python profile on the new side) and bench_decode on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s31
 case "${PART:-r1}" in
 r1)
   run quant_tests 60 $PYTEST -n 4 packages/mini-deepgemm/tests/test_quant.py -m gpu
+  run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run bench_fp4_quant 40 python3 benchmarks/bench_fp4_quant.py --out "$OUT/bench_fp4_quant.json"
   run prefill_new 60 python3 benchmarks/bench_prefill.py --py-profile 60 --out "$OUT/prefill_new_h200.json"
-  prefill_sides 45 base
+  prefill_sides 45 mid base
   decode_bench decode_new
   decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
-  cat "$OUT/summary.txt"; test_summary quant_tests runtime_tests
+  cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests
   grep -E "^\| " "$OUT/bench_fp4_quant.txt"
-  show_sides new base
-  grep -E "^(indexer|compressor) " "$OUT/prefill_new.txt" "$OUT/prefill_base.txt"
+  show_sides new mid base
+  grep -E "^(indexer|moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_mid.txt" "$OUT/prefill_base.txt"
   grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_base.txt" | head -16 | cut -c1-200
   ;;
 esac
