@@ -26,6 +26,7 @@ from mini_deepgemm.reference import (
 
 from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.layers import rmsnorm as rmsf
+from mini_deepinfer.layers import rope as ropef
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
 from mini_deepinfer.models.deepseek_v41.config import LayerRole, V41Config
 
@@ -240,6 +241,15 @@ def apply_rope_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, i
     return x
 
 
+def rope_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, w: Weights, inverse: bool = False
+          ) -> torch.Tensor:
+    """apply_rope_(x, positions, freqs, inverse): on the fused Triton kernel (layers/rope.py) for the engine model on
+    CUDA (KernelWeights), by the torch function above otherwise (the reference stays kernel-free)."""
+    if isinstance(w, KernelWeights) and ropef.available(x, freqs):
+        return ropef.rope_fused_(x, positions, freqs, inverse)
+    return apply_rope_(x, positions, freqs, inverse)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """`apply_rope_` on a copy: x itself is left un-rotated."""
     return apply_rope_(x.clone(), positions, freqs, inverse)
@@ -284,9 +294,9 @@ def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, 
     eps = cfg.rms_norm_eps
     qr = norm(linear(u, w, f"{p}.wq_a"), w, f"{p}.q_norm.weight", eps)
     q = linear(qr, w, f"{p}.wq_b").view(-1, cfg.num_attention_heads, cfg.head_dim)
-    q = apply_rope_(q, positions, freqs)
+    q = rope_(q, positions, freqs, w)
     kv = norm(linear(u, w, f"{p}.wkv"), w, f"{p}.kv_norm.weight", eps)
-    kv = fp8_fakequant(apply_rope_(kv, positions, freqs), 32)
+    kv = fp8_fakequant(rope_(kv, positions, freqs, w), 32)
     return qr, q, kv
 
 
@@ -316,7 +326,7 @@ def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p
                     freqs: torch.Tensor) -> torch.Tensor:
     """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
     k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
-    return fp4_round_trip(apply_rope_(k, group_pos, freqs), w)
+    return fp4_round_trip(rope_(k, group_pos, freqs, w), w)
 
 
 def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
@@ -324,7 +334,7 @@ def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, 
     """(q bf16 [T, index_heads, index_dim] with RoPE and FP4 round trip, head weights bf16 [T, index_heads])."""
     nh, hd = cfg.index_n_heads, cfg.index_head_dim
     qi = linear(qr, w, f"{p}.indexer.wq_b").view(-1, nh, hd)
-    qi = fp4_round_trip(apply_rope_(qi, positions, freqs), w)
+    qi = fp4_round_trip(rope_(qi, positions, freqs, w), w)
     wts = (linear(u, w, f"{p}.indexer.weights_proj") * (hd ** -0.5 * nh ** -0.5)).to(torch.bfloat16)
     return qi, wts
 
@@ -340,7 +350,7 @@ def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: st
                      freqs: torch.Tensor) -> torch.Tensor:
     """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 einsum) then wo_b (FP8). [T, D] bf16.
     The RoPE rotates o in place: callers pass the attention kernel's fresh output and do not read it again."""
-    o = apply_rope_(o, positions, freqs, inverse=True)
+    o = rope_(o, positions, freqs, w, inverse=True)
     G = cfg.o_groups
     og = o.reshape(o.shape[0], G, -1)
     wo_a = w[f"{p}.wo_a.weight_bf16"].view(G, cfg.o_lora_rank, -1)
