@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # Session 31's GPU runs (docs/reports/gpu-session-2026-12-03-s31.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s31.sh   (1 x H200, tree = main with the FP4 quantization
-#       kernel re-applied (cf2c376) and the shared expert on the fused path (9883b47); .ab-mid.tar.gz = 7ba6714 (the
-#       FP4 kernel only), .ab-base.tar.gz = d2681aa (neither): mini-deepgemm's quantizer GPU tests, the shared-expert
-#       and dense-fold GPU tests, the runtime's core GPU tests, bench_fp4_quant.py; bench_prefill on the three sides
-#       (with the host's Python profile on the new side) and bench_decode on new and base)
+#       kernel re-applied (cf2c376), the shared expert on the fused path (9883b47) and RoPE as one kernel;
+#       .ab-alt.tar.gz = 9883b47 (no RoPE kernel), .ab-mid.tar.gz = 7ba6714 (the FP4 kernel only), .ab-base.tar.gz =
+#       d2681aa (none): mini-deepgemm's quantizer GPU tests, the shared-expert, dense-fold and RoPE GPU tests, the
+#       runtime's core GPU tests, bench_fp4_quant.py, bench_rope.py; bench_prefill on the four sides (with the host's
+#       Python profile on the new side) and bench_decode on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s31
 case "${PART:-r1}" in
 r1)
   run quant_tests 60 $PYTEST -n 4 packages/mini-deepgemm/tests/test_quant.py -m gpu
-  run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py -m gpu
+  run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py \
+    runtime/tests/test_rope.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run bench_fp4_quant 40 python3 benchmarks/bench_fp4_quant.py --out "$OUT/bench_fp4_quant.json"
+  run bench_rope 40 python3 benchmarks/bench_rope.py --out "$OUT/bench_rope.json"
   run prefill_new 60 python3 benchmarks/bench_prefill.py --py-profile 60 --out "$OUT/prefill_new_h200.json"
-  prefill_sides 45 mid base
-  decode_bench decode_new
-  decode_bench decode_base env PYTHONPATH="$BASE_PYTHONPATH"
+  prefill_sides 45 alt mid base
+  for side in new base; do  # decode_bench's arguments with a 60 s limit: the part limits stay within one call
+    run decode_$side 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_${side}_h200.json"
+  done
   cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests
-  grep -E "^\| " "$OUT/bench_fp4_quant.txt"
-  show_sides new mid base
-  grep -E "^(indexer|moe experts) " "$OUT/prefill_new.txt" "$OUT/prefill_mid.txt" "$OUT/prefill_base.txt"
+  grep -E "^\| " "$OUT/bench_fp4_quant.txt" "$OUT/bench_rope.txt"
+  show_sides new alt mid base
+  grep -E "^(indexer|moe experts|projections) " "$OUT"/prefill_{new,alt,mid,base}.txt
   grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_base.txt" | head -16 | cut -c1-200
   ;;
 esac
