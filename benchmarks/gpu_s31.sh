@@ -3,14 +3,14 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s31.sh   (1 x H200, tree = main with the FP4 quantization
 #       kernel re-applied (cf2c376), the shared expert on the fused path (9883b47) and RoPE as one kernel;
 #       .ab-alt.tar.gz = 9883b47 (no RoPE kernel), .ab-mid.tar.gz = 7ba6714 (the FP4 kernel only), .ab-base.tar.gz =
-#       d2681aa (none): mini-deepgemm's quantizer GPU tests, the shared-expert, dense-fold and RoPE GPU tests, the
+#       d2681aa (none): the mini-deepgemm GPU suite (its checks' messages now lazy), the shared-expert, dense-fold and RoPE GPU tests, the
 #       runtime's core GPU tests, bench_fp4_quant.py, bench_rope.py; bench_prefill on the four sides (with the host's
 #       Python profile on the new side) and bench_decode on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s31
 case "${PART:-r1}" in
 r1)
-  run quant_tests 60 $PYTEST -n 4 packages/mini-deepgemm/tests/test_quant.py -m gpu
+  run deepgemm_tests 140 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
   run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py \
     runtime/tests/test_rope.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
@@ -22,7 +22,7 @@ r1)
     run decode_$side 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
       --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_${side}_h200.json"
   done
-  cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests shared_tests runtime_tests
   grep -E "^\| " "$OUT/bench_fp4_quant.txt" "$OUT/bench_rope.txt"
   show_sides new alt mid base
   grep -E "^(indexer|moe experts|projections) " "$OUT"/prefill_{new,alt,mid,base}.txt

@@ -63,6 +63,7 @@ additions).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -164,9 +165,9 @@ def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
     values become e4m3 x 2^(e - ref) with ref = its largest scale exponent - 6, and 2^(ref - 127) scales its
     outputs. None (keep the bf16 route) when a row's scale bytes span more than 11 or a ref would leave fp32's
     normal range. Once per weight tensor, at load: it reads every scale byte and syncs with the host."""
-    _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES, f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} "
-             f"{tuple(sb.shape)}")
-    _require(sb.shape[-1] % 4 == 0, f"K = {32 * sb.shape[-1]} must be a multiple of 128")
+    _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES,
+             lambda: f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} {tuple(sb.shape)}")
+    _require(sb.shape[-1] % 4 == 0, lambda: f"K = {32 * sb.shape[-1]} must be a multiple of 128")
     e = sb.view(torch.uint8).to(torch.int32)
     ref = e.amax(-1) - _FOLD_D_MAX
     d = e - ref[..., None]
@@ -181,77 +182,82 @@ def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:
     (e4m3 [N, K], fp32 [N/128, K/128] powers of two), reference.fold_ue8m0_to_128. Once per weight tensor, at load
     (no host sync; a temporary fp32 copy of the weights)."""
     _require(bq.dim() == 2 and bq.dtype == torch.float8_e4m3fn and sb.dtype in _UE8M0_DTYPES,
-             f"fold_fp8_weight_scales takes e4m3 [N, K] weights with UE8M0 scales, got {bq.dtype} "
+             lambda: f"fold_fp8_weight_scales takes e4m3 [N, K] weights with UE8M0 scales, got {bq.dtype} "
              f"{tuple(bq.shape)}, {sb.dtype}")
     return reference.fold_ue8m0_to_128(bq, sb, 32)
 
 
 # --------------------------------------------------------------------------- validation
-def _require(cond: bool, msg: str) -> None:
+def _require(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise ValueError(msg) unless cond. A message built from the arguments comes as a lambda: these checks run on
+    every call, and formatting shapes eagerly cost ~10 us of host time per GEMM (session 31)."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg() if callable(msg) else msg)
 
 
 def _resolve_recipe(sa: torch.Tensor, sb: torch.Tensor, b_fp4: bool, recipe: Recipe | None) -> Recipe:
     ue8m0 = sa.dtype in _UE8M0_DTYPES
-    _require(ue8m0 or sa.dtype == torch.float32, f"sa must be float8_e8m0fnu/uint8 (UE8M0) or float32, got {sa.dtype}")
+    _require(ue8m0 or sa.dtype == torch.float32,
+             lambda: f"sa must be float8_e8m0fnu/uint8 (UE8M0) or float32, got {sa.dtype}")
     if b_fp4:  # sa float32: activations folded per 128 (module docstring)
-        _require(sb.dtype in _UE8M0_DTYPES, f"FP4 weights need UE8M0 scales, got {sb.dtype}")
-        _require(recipe in (None, FP4_RECIPE), f"FP4 weights use recipe {FP4_RECIPE}, got {recipe}")
+        _require(sb.dtype in _UE8M0_DTYPES, lambda: f"FP4 weights need UE8M0 scales, got {sb.dtype}")
+        _require(recipe in (None, FP4_RECIPE), lambda: f"FP4 weights use recipe {FP4_RECIPE}, got {recipe}")
         return FP4_RECIPE
     _require((sb.dtype in _UE8M0_DTYPES) == ue8m0 and (ue8m0 or sb.dtype == torch.float32),
-             f"sa ({sa.dtype}) and sb ({sb.dtype}) must both be UE8M0 or both float32")
+             lambda: f"sa ({sa.dtype}) and sb ({sb.dtype}) must both be UE8M0 or both float32")
     if recipe is None:
         return V41_RECIPE if ue8m0 else V3_RECIPE
-    _require(len(recipe) == 3 and recipe[0] == 1, f"recipe must be (1, gran_n, gran_k), got {recipe}")
-    _require(recipe[2] in (32, 64, 128), f"gran_k must be 32, 64 or 128, got {recipe[2]}")
-    _require(recipe[1] >= 1, f"gran_n must be >= 1, got {recipe[1]}")
+    _require(len(recipe) == 3 and recipe[0] == 1, lambda: f"recipe must be (1, gran_n, gran_k), got {recipe}")
+    _require(recipe[2] in (32, 64, 128), lambda: f"gran_k must be 32, 64 or 128, got {recipe[2]}")
+    _require(recipe[1] >= 1, lambda: f"gran_n must be >= 1, got {recipe[1]}")
     return tuple(recipe)
 
 
 def _validate(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
               group_arg: torch.Tensor | None, recipe: Recipe | None, allow_fp4: bool) -> tuple[Recipe, bool]:
     (aq, sa), (bq, sb) = a, b
-    _require(aq.dtype == torch.float8_e4m3fn, f"a must be float8_e4m3fn, got {aq.dtype}")
+    _require(aq.dtype == torch.float8_e4m3fn, lambda: f"a must be float8_e4m3fn, got {aq.dtype}")
     b_fp4 = bq.dtype in (torch.uint8, torch.int8)
     if b_fp4:
         _require(allow_fp4, "packed FP4 weights need the fp8_fp4_* functions")
     else:
-        _require(bq.dtype == torch.float8_e4m3fn, f"b must be float8_e4m3fn or packed FP4 uint8/int8, got {bq.dtype}")
+        _require(bq.dtype == torch.float8_e4m3fn,
+                 lambda: f"b must be float8_e4m3fn or packed FP4 uint8/int8, got {bq.dtype}")
     a_dims, b_dims = (3, 3) if layout == _MASKED else (2, 3) if layout == _CONTIGUOUS else (2, 2)
-    _require(aq.dim() == a_dims, f"a must be {a_dims}-D, got shape {tuple(aq.shape)}")
-    _require(bq.dim() == b_dims, f"b must be {b_dims}-D, got shape {tuple(bq.shape)}")
+    _require(aq.dim() == a_dims, lambda: f"a must be {a_dims}-D, got shape {tuple(aq.shape)}")
+    _require(bq.dim() == b_dims, lambda: f"b must be {b_dims}-D, got shape {tuple(bq.shape)}")
     K, N = aq.shape[-1], bq.shape[-2]
     _require(bq.shape[-1] == (K // 2 if b_fp4 else K),
-             f"b's last dim {bq.shape[-1]} does not match K={K}" + (" (packed FP4: K/2)" if b_fp4 else ""))
+             lambda: f"b's last dim {bq.shape[-1]} does not match K={K}" + (" (packed FP4: K/2)" if b_fp4 else ""))
     gran_rows, gran_n, gran_k = recipe = _resolve_recipe(sa, sb, b_fp4, recipe)
     sa_gran_k = 128 if _folded_per_128(a, b_fp4) else gran_k
-    _require(K % sa_gran_k == 0, f"K={K} is not a multiple of the scale granularity {sa_gran_k}")
+    _require(K % sa_gran_k == 0, lambda: f"K={K} is not a multiple of the scale granularity {sa_gran_k}")
     _require(tuple(sa.shape) == (*aq.shape[:-1], K // sa_gran_k),
-             f"sa must be {(*aq.shape[:-1], K // sa_gran_k)}"
+             lambda: f"sa must be {(*aq.shape[:-1], K // sa_gran_k)}"
              + (" (float32 scales of activations folded per 128)" if sa_gran_k != gran_k else "")
              + f", got {tuple(sa.shape)}")
     _require(tuple(sb.shape) == (*bq.shape[:-2], cdiv(N, gran_n), K // gran_k),
-             f"sb must be {(*bq.shape[:-2], cdiv(N, gran_n), K // gran_k)}, got {tuple(sb.shape)}")
+             lambda: f"sb must be {(*bq.shape[:-2], cdiv(N, gran_n), K // gran_k)}, got {tuple(sb.shape)}")
     out_shape = (*aq.shape[:-1], N)
-    _require(tuple(d.shape) == out_shape, f"d must be {out_shape}, got {tuple(d.shape)}")
-    _require(d.dtype in (torch.bfloat16, torch.float32), f"d must be bfloat16 or float32, got {d.dtype}")
+    _require(tuple(d.shape) == out_shape, lambda: f"d must be {out_shape}, got {tuple(d.shape)}")
+    _require(d.dtype in (torch.bfloat16, torch.float32), lambda: f"d must be bfloat16 or float32, got {d.dtype}")
     for name, t in (("a", aq), ("b", bq), ("d", d)):
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+        _require(t.stride(-1) == 1, lambda: f"{name} must be contiguous in its last dim")
     if c is not None:
         _require(d.dtype == torch.float32 and c.dtype == torch.float32, "accumulating into c needs fp32 c and d")
         _require(c.shape == d.shape and c.stride() == d.stride(), "c must have d's shape and strides")
     if layout == _CONTIGUOUS:
         _require(group_arg.dtype == torch.int32 and tuple(group_arg.shape) == (aq.shape[0],),
-                 f"grouped_layout must be int32 [{aq.shape[0]}], got {group_arg.dtype} {tuple(group_arg.shape)}")
+                 lambda: f"grouped_layout must be int32 [{aq.shape[0]}], got {group_arg.dtype} "
+                         f"{tuple(group_arg.shape)}")
         _require(bq.shape[0] == sb.shape[0], "b and sb must have the same number of groups")
     if layout == _MASKED:
         G = aq.shape[0]
-        _require(bq.shape[0] == G and sb.shape[0] == G, f"a, b and sb must all have G={G} groups")
+        _require(bq.shape[0] == G and sb.shape[0] == G, lambda: f"a, b and sb must all have G={G} groups")
         _require(group_arg.dtype == torch.int32 and tuple(group_arg.shape) == (G,),
-                 f"masked_m must be int32 [{G}], got {group_arg.dtype} {tuple(group_arg.shape)}")
+                 lambda: f"masked_m must be int32 [{G}], got {group_arg.dtype} {tuple(group_arg.shape)}")
     devices = {t.device for t in (aq, sa, bq, sb, d) + ((group_arg,) if group_arg is not None else ())}
-    _require(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    _require(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
     return recipe, b_fp4
 
 
@@ -270,7 +276,7 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
     weight_scale_max: the caller's bound on FP4 scale bytes; folded: the FP8-MMA route's scales (module
     docstring)."""
     _require(isinstance(weight_scale_max, int) and 0 <= weight_scale_max <= 255,
-             f"weight_scale_max must be an int in [0, 255] (a bound on UE8M0 bytes), got {weight_scale_max!r}")
+             lambda: f"weight_scale_max must be an int in [0, 255] (a bound on UE8M0 bytes), got {weight_scale_max!r}")
     recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
     if folded is not None:
         _validate_folded(layout, a, b, d, folded, b_fp4)
@@ -476,16 +482,17 @@ def _validate_folded(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
     _require(b_fp4 and layout != _DENSE, "folded FP4 scales are for the grouped fp8_fp4_* GEMMs with packed FP4 "
              "weights")
     G, N, K = bq.shape[0], bq.shape[1], aq.shape[-1]
-    _require(N % 128 == 0 and K % 128 == 0, f"the FP8-MMA route needs N and K multiples of 128, got N={N}, K={K}")
+    _require(N % 128 == 0 and K % 128 == 0,
+             lambda: f"the FP8-MMA route needs N and K multiples of 128, got N={N}, K={K}")
     _require(tuple(folded.offsets.shape) == (G, N, K // 128) and folded.offsets.dtype == torch.int32,
-             f"folded.offsets must be int32 {(G, N, K // 128)}, got {folded.offsets.dtype} "
+             lambda: f"folded.offsets must be int32 {(G, N, K // 128)}, got {folded.offsets.dtype} "
              f"{tuple(folded.offsets.shape)}")
     _require(tuple(folded.column_scales.shape) == (G, N) and folded.column_scales.dtype == torch.float32,
-             f"folded.column_scales must be float32 {(G, N)}, got {folded.column_scales.dtype} "
+             lambda: f"folded.column_scales must be float32 {(G, N)}, got {folded.column_scales.dtype} "
              f"{tuple(folded.column_scales.shape)}")
     _require(all(t.is_contiguous() for t in (aq, sa, bq, d, *folded)),
              "the FP8-MMA route needs contiguous a, sa, b, d and folded scales")
-    _require(d.dtype == torch.bfloat16, f"the FP8-MMA route writes bf16, got d {d.dtype}")
+    _require(d.dtype == torch.bfloat16, lambda: f"the FP8-MMA route writes bf16, got d {d.dtype}")
 
 
 @functools.cache
