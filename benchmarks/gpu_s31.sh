@@ -3,7 +3,7 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s31.sh   (1 x H200, tree = main with the FP4 quantization
 #       kernel re-applied (cf2c376), the shared expert on the fused path (9883b47) and RoPE as one kernel;
 #       .ab-alt.tar.gz = 9883b47 (no RoPE kernel), .ab-mid.tar.gz = 7ba6714 (the FP4 kernel only), .ab-base.tar.gz =
-#       d2681aa (none): the mini-deepgemm GPU suite (its checks' messages now lazy), the shared-expert, dense-fold and RoPE GPU tests, the
+#       d2681aa (none): the mini-deepgemm GPU suite (its checks' messages now lazy), the cache-row packing test (window and index-key rows through mini-deepgemm's quantizer kernels), the shared-expert, dense-fold and RoPE GPU tests, the
 #       runtime's core GPU tests, bench_fp4_quant.py, bench_rope.py; bench_prefill on the four sides (with the host's
 #       Python profile on the new side) and bench_decode on new and base)
 set -u
@@ -12,7 +12,7 @@ case "${PART:-r1}" in
 r1)
   run deepgemm_tests 140 $PYTEST -n 4 packages/mini-deepgemm/tests -m gpu
   run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py \
-    runtime/tests/test_rope.py -m gpu
+    runtime/tests/test_rope.py packages/mini-flashmla/tests/test_reference_paged.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run bench_fp4_quant 40 python3 benchmarks/bench_fp4_quant.py --out "$OUT/bench_fp4_quant.json"
   run bench_rope 40 python3 benchmarks/bench_rope.py --out "$OUT/bench_rope.json"

@@ -206,3 +206,22 @@ def test_split_merge_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", _MERGE_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "merge ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cache_rows_packed_on_cuda_equal_the_reference_bytes():
+    """pack_window_fp8 and pack_index_k_fp4 run mini-deepgemm's quantizer kernels on CUDA: their rows must be the
+    bytes of the reference quantizers (act_quant / fp4_quant), here on random rows of scales 1e-3 .. 1e3, bf16 and
+    fp32, with an all-zero row."""
+    from mini_deepgemm.reference import act_quant, fp4_quant
+
+    g = torch.Generator().manual_seed(11)
+    for dtype in (torch.bfloat16, torch.float32):
+        kv = (torch.randn(1000, 512, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype)
+        k = (torch.randn(1000, 128, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype)
+        kv[0], k[0] = 0, 0
+        q, s = act_quant(kv, 32, "ue8m0")
+        assert torch.equal(pack_window_fp8(kv.cuda()).cpu(), torch.cat([q.view(torch.uint8), s.view(torch.uint8)], -1))
+        q, s = fp4_quant(k, 32, "ue8m0")
+        assert torch.equal(pack_index_k_fp4(k.cuda()).cpu(), torch.cat([q, s.view(torch.uint8)], -1))

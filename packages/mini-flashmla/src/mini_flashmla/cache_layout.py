@@ -1,4 +1,8 @@
-"""Byte layouts of V4.1's quantized attention cache (V41_MODEL.md section 5), packed and unpacked in pure torch.
+"""Byte layouts of V4.1's quantized attention cache (V41_MODEL.md section 5), packed and unpacked.
+
+The window and index-key rows are packed by mini-deepgemm's quantizers (per_token_group_quant_fp8 / _fp4: one
+Triton kernel on CUDA, bit-exact with the reference quantizers, which run elsewhere); the compressed KV's e4m3
+scales and every unpacking are torch ops.
 
 Every row is a run of uint8 so one gather moves a whole token/entry:
 
@@ -15,7 +19,8 @@ representable in these formats), so a cache stored packed reproduces the referen
 from __future__ import annotations
 
 import torch
-from mini_deepgemm.reference import act_dequant, act_quant, fp4_dequant, fp4_quant
+from mini_deepgemm import per_token_group_quant_fp4, per_token_group_quant_fp8
+from mini_deepgemm.reference import act_dequant, fp4_dequant, fp4_quant
 
 WINDOW_ROW_BYTES = 528
 COMPRESSED_KV_ROW_BYTES = 288
@@ -24,7 +29,7 @@ INDEX_K_ROW_BYTES = 68
 
 def pack_window_fp8(kv: torch.Tensor) -> torch.Tensor:
     """[..., 512] float -> uint8 [..., 528] (FP8 e4m3 + UE8M0 per 32)."""
-    q, s = act_quant(kv, 32, "ue8m0")
+    q, s = per_token_group_quant_fp8(kv, 32, "ue8m0")
     return torch.cat([q.view(torch.uint8), s.view(torch.uint8)], dim=-1)
 
 
@@ -50,7 +55,7 @@ def unpack_compressed_kv_fp4(rows: torch.Tensor, dtype: torch.dtype = torch.bflo
 
 def pack_index_k_fp4(k: torch.Tensor) -> torch.Tensor:
     """[..., 128] float -> uint8 [..., 68] (e2m1 + UE8M0 per 32)."""
-    q, s = fp4_quant(k, 32, "ue8m0")
+    q, s = per_token_group_quant_fp4(k, 32, "ue8m0")
     return torch.cat([q, s.view(torch.uint8)], dim=-1)
 
 
