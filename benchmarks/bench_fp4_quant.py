@@ -1,7 +1,8 @@
 """mini-deepgemm's FP4 round trip (`per_token_group_fakequant_fp4`, one Triton kernel) against its reference
 (reference.fp4_fakequant, ~30 torch ops), one run, at the indexer's shapes: queries [T, 32 heads, 128] at 4,096 rows
 (a prefill step) and 64 (a decode batch), and 2,048 index keys [2,048, 128] (a ratio-2 layer's new keys per 4,096
-tokens). bf16, UE8M0 scales per 32. Per shape: median ms (triton.testing.do_bench: 5 ms warm-up, 25 ms of
+tokens); and the FP8 round trip of the window KV (`per_token_group_fakequant_fp8` against reference.fp8_fakequant)
+at [4,096, 512]. bf16, UE8M0 scales per 32. Per shape: median ms (triton.testing.do_bench: 5 ms warm-up, 25 ms of
 repetitions), GB/s over one bf16 read and one bf16 write, the same bytes by a device copy in the same run
 (bench_hc.copy_ms), and whether the kernel's bits equal the reference's. Writes --out (default
 $OUT/bench_fp4_quant.json or ./bench_fp4_quant.json).
@@ -19,9 +20,13 @@ import sys
 import torch
 
 from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
-from mini_deepgemm import per_token_group_fakequant_fp4, reference
+from mini_deepgemm import per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, reference
 
-SHAPES = {"queries, prefill": (4096, 32, 128), "queries, decode": (64, 32, 128), "index keys": (2048, 128)}
+FP4 = (per_token_group_fakequant_fp4, reference.fp4_fakequant)
+FP8 = (per_token_group_fakequant_fp8, reference.fp8_fakequant)
+# name: (shape, (kernel, reference))
+SHAPES = {"queries, prefill": ((4096, 32, 128), FP4), "queries, decode": ((64, 32, 128), FP4),
+          "index keys": ((2048, 128), FP4), "window kv (FP8), prefill": ((4096, 512), FP8)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -30,13 +35,12 @@ def main(argv: list[str] | None = None) -> dict:
     out_path = parser.parse_args(argv).out
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for name, shape in SHAPES.items():
+    for name, (shape, (kernel, ref)) in SHAPES.items():
         x = (torch.randn(*shape, generator=g, device="cuda") * 3).to(torch.bfloat16)
         n_bytes = 2 * x.numel() * 2
-        exact = torch.equal(per_token_group_fakequant_fp4(x).view(torch.int16),
-                            reference.fp4_fakequant(x).view(torch.int16))
-        reference_ms = median_ms(lambda: reference.fp4_fakequant(x), "cuda")
-        kernel_ms = median_ms(lambda: per_token_group_fakequant_fp4(x), "cuda")
+        exact = torch.equal(kernel(x).view(torch.int16), ref(x).view(torch.int16))
+        reference_ms = median_ms(lambda: ref(x), "cuda")
+        kernel_ms = median_ms(lambda: kernel(x), "cuda")
         copy = copy_ms(n_bytes, "cuda")
         rows.append({"name": name, "shape": list(shape), "bytes": n_bytes, "reference_ms": reference_ms,
                      "kernel_ms": kernel_ms, "copy_ms": copy, "kernel_gbs": rate(kernel_ms, n_bytes),

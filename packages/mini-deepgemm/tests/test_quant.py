@@ -1,5 +1,5 @@
 """The quantizers of quant.py (kernels on GPU and under TRITON_INTERPRET=1, references elsewhere) must be bit-exact
-with reference.act_quant, fp4_quant and fp4_fakequant."""
+with reference.act_quant, fp8_fakequant, fp4_quant and fp4_fakequant."""
 
 import os
 
@@ -25,6 +25,25 @@ def test_fp8_quant_bit_exact(device, gen, rows, K, group, fmt):
     assert s.dtype == s_ref.dtype and s.shape == (rows, K // group)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
     assert torch.equal(s.view(torch.uint8), s_ref.view(torch.uint8))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="triton 3.6's interpreter rounds fp32->e4m3 wrongly (31.625 -> 16)")
+@pytest.mark.parametrize("shape", [(1, 512), (37, 512), (2, 3, 256), (4096, 512)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_round_trip_bit_exact(device, gen, shape, dtype):
+    """per_token_group_fakequant_fp8 (kernel on GPU, reference elsewhere) against reference.fp8_fakequant, bit for
+    bit: rows of scales 1e-3 .. 1e3, an all-zero group, values past e4m3's 448 times the scale."""
+    x = (random_bf16(*shape, generator=gen) * 10 ** (torch.rand(*shape[:-1], 1, generator=gen) * 6 - 3)).to(dtype)
+    rows = x.view(-1, shape[-1])
+    rows[0, :32] = 0
+    rows[-1, -1] = 3e4
+    x = x.to(device)
+    got, want = dg.per_token_group_fakequant_fp8(x), reference.fp8_fakequant(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        dg.per_token_group_fakequant_fp8(x[..., :40])
 
 
 def test_fp8_quant_keeps_leading_dims(device, gen):

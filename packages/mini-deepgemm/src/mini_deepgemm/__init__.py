@@ -20,8 +20,8 @@ from .gemm import (
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
 )
-from .quant import (pack_fp4, per_token_group_fakequant_fp4, per_token_group_quant_fp4, per_token_group_quant_fp8,
-                    unpack_fp4)
+from .quant import (pack_fp4, per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, per_token_group_quant_fp4,
+                    per_token_group_quant_fp8, unpack_fp4)
 from .reference import weight_quant_fp8
 from .testing import calc_diff
 
@@ -32,7 +32,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
     "get_m_alignment_for_contiguous_layout", "FoldedFP4Scales", "fold_fp4_weight_scales",
     "fold_fp8_weight_scales",
-    "per_token_group_quant_fp8", "per_token_group_quant_fp4", "per_token_group_fakequant_fp4", "pack_fp4", "unpack_fp4",
-    "weight_quant_fp8",
+    "per_token_group_quant_fp8", "per_token_group_fakequant_fp8", "per_token_group_quant_fp4",
+    "per_token_group_fakequant_fp4", "pack_fp4", "unpack_fp4", "weight_quant_fp8",
     "calc_diff",
 ]

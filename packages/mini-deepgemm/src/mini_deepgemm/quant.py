@@ -1,6 +1,7 @@
 """Activation and weight quantizers of the public API (bit-exact with reference.py).
 
-FP8: `per_token_group_quant_fp8` runs a Triton kernel on GPU and reference.act_quant elsewhere.
+FP8: `per_token_group_quant_fp8` and `per_token_group_fakequant_fp8` (the round trip of the window KV) run a Triton
+kernel on GPU and reference.act_quant / fp8_fakequant elsewhere.
 FP4 (e2m1): `per_token_group_quant_fp4` and `per_token_group_fakequant_fp4` (the quantize-dequantize round trip the
 indexer's queries and keys take) run a Triton kernel on GPU for UE8M0 scales, bit-exact with reference.fp4_quant /
 fp4_fakequant, and the references elsewhere (and for the e4m3 scales of the compressed KV). `pack_fp4` and
@@ -15,8 +16,8 @@ from . import reference
 from ._backend import cdiv, use_triton
 from .reference import pack_fp4, unpack_fp4
 
-__all__ = ["per_token_group_quant_fp8", "per_token_group_quant_fp4", "per_token_group_fakequant_fp4", "pack_fp4",
-           "unpack_fp4"]
+__all__ = ["per_token_group_quant_fp8", "per_token_group_fakequant_fp8", "per_token_group_quant_fp4",
+           "per_token_group_fakequant_fp4", "pack_fp4", "unpack_fp4"]
 
 _GROUPS_PER_PROGRAM = 16
 
@@ -70,6 +71,27 @@ def per_token_group_quant_fp8(
     if s.dtype == torch.uint8:
         s = s.view(torch.float8_e8m0fnu)
     return q.reshape(x.shape), s.reshape(*x.shape[:-1], num_scales)
+
+
+def per_token_group_fakequant_fp8(x: torch.Tensor, group_size: int = 32) -> torch.Tensor:
+    """x quantized to FP8 e4m3 with UE8M0 scales per `group_size` columns and dequantized back, in x's shape and
+    dtype (reference.fp8_fakequant, V4.1's window KV; exact in bf16). One pass over x on the kernel, where the
+    reference makes ~15 torch ops over fp32 copies; bit-exact with it."""
+    K = x.shape[-1]
+    if K % group_size or group_size & (group_size - 1) or group_size < 16:
+        raise ValueError(f"last dim {K} must be a multiple of group_size {group_size}, a power of two >= 16")
+    if not use_triton(x) or x.numel() == 0:
+        return reference.fp8_fakequant(x, group_size)
+    from .quant_kernel import act_quant_fp8_kernel
+
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    act_quant_fp8_kernel[(x2.shape[0], cdiv(K // group_size, _GROUPS_PER_PROGRAM))](
+        x2, out, out, K // group_size, x2.stride(0), out.stride(0), 0,
+        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=True, ROUND_TRIP=True)
+    return out.reshape(x.shape)
 
 
 def per_token_group_quant_fp4(

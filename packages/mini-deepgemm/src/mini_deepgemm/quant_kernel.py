@@ -64,22 +64,30 @@ def act_quant_fp8_kernel(
     GROUPS_PER_PROGRAM: tl.constexpr,
     UE8M0: tl.constexpr,
     FOLD_128: tl.constexpr = False,
+    ROUND_TRIP: tl.constexpr = False,
 ):
     """FOLD_128 (GROUP 32, UE8M0, num_groups % 4 == 0): the values re-expressed under the largest exponent of each
-    128 columns and that power of two stored as fp32 per 128 (reference.fold_ue8m0_to_128)."""
+    128 columns and that power of two stored as fp32 per 128 (reference.fold_ue8m0_to_128). ROUND_TRIP (UE8M0):
+    q_ptr, in x's dtype, gets the dequantized values (reference.fp8_fakequant; exact: e4m3 times a power of two);
+    s_ptr is unused."""
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = groups[:, None] < num_groups
     x = tl.load(x_ptr + row * stride_x_m + cols, mask=mask, other=0.0).to(tl.float32)
     q, s = quantize_groups(x, UE8M0)
-    if FOLD_128:
-        q, folded_scale = fold_groups_to_128(q, s, GROUPS_PER_PROGRAM)
-        folds = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
-        tl.store(s_ptr + row * stride_s_m + folds, folded_scale, mask=folds < num_groups // 4)
+    if ROUND_TRIP:
+        scale = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        v = q.to(tl.float32) * scale[:, None]
+        tl.store(q_ptr + row * stride_q_m + cols, v.to(q_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
-    tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)
+        if FOLD_128:
+            q, folded_scale = fold_groups_to_128(q, s, GROUPS_PER_PROGRAM)
+            folds = tl.program_id(1) * (GROUPS_PER_PROGRAM // 4) + tl.arange(0, GROUPS_PER_PROGRAM // 4)
+            tl.store(s_ptr + row * stride_s_m + folds, folded_scale, mask=folds < num_groups // 4)
+        else:
+            tl.store(s_ptr + row * stride_s_m + groups, s, mask=groups < num_groups)
+        tl.store(q_ptr + row * stride_q_m + cols, q, mask=mask)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from mini_deepgemm import (fold_fp4_weight_scales, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
-                           per_token_group_fakequant_fp4, per_token_group_quant_fp8)
+                           per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, per_token_group_quant_fp8)
 from mini_deepgemm.reference import (
     fp4_fakequant,
     fp4_linear_ref,
@@ -149,13 +149,15 @@ def norm(x: torch.Tensor, w: Weights, name: str, eps: float) -> torch.Tensor:
     return rmsnorm(x, w[name], eps)
 
 
-def fp4_round_trip(x: torch.Tensor, w: Weights) -> torch.Tensor:
-    """fp4_fakequant(x, 32, "ue8m0"), the indexer's queries and keys: mini-deepgemm's one-pass kernel for the engine
-    model (KernelWeights; bit-exact with the reference, which falls back on CPU), the reference's torch ops
-    otherwise (the reference stays kernel-free)."""
-    if isinstance(w, KernelWeights):
-        return per_token_group_fakequant_fp4(x, 32, "ue8m0")
-    return fp4_fakequant(x, 32, "ue8m0")
+def fake_quant(x: torch.Tensor, w: Weights, fmt: str) -> torch.Tensor:
+    """The round trips of the attention's activations, UE8M0 scales per 32: "fp8" (e4m3, the window KV,
+    fp8_fakequant) or "fp4" (e2m1, the indexer's queries and keys, fp4_fakequant). mini-deepgemm's one-pass kernels
+    for the engine model (KernelWeights; bit-exact with the references, which they fall back to on CPU), the
+    references' torch ops otherwise (the reference stays kernel-free)."""
+    kernels = isinstance(w, KernelWeights)
+    if fmt == "fp8":
+        return per_token_group_fakequant_fp8(x, 32) if kernels else fp8_fakequant(x, 32)
+    return per_token_group_fakequant_fp4(x, 32, "ue8m0") if kernels else fp4_fakequant(x, 32, "ue8m0")
 
 
 def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
@@ -296,7 +298,7 @@ def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, 
     q = linear(qr, w, f"{p}.wq_b").view(-1, cfg.num_attention_heads, cfg.head_dim)
     q = rope_(q, positions, freqs, w)
     kv = norm(linear(u, w, f"{p}.wkv"), w, f"{p}.kv_norm.weight", eps)
-    kv = fp8_fakequant(rope_(kv, positions, freqs, w), 32)
+    kv = fake_quant(rope_(kv, positions, freqs, w), w, "fp8")
     return qr, q, kv
 
 
@@ -326,7 +328,7 @@ def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p
                     freqs: torch.Tensor) -> torch.Tensor:
     """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
     k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
-    return fp4_round_trip(rope_(k, group_pos, freqs, w), w)
+    return fake_quant(rope_(k, group_pos, freqs, w), w, "fp4")
 
 
 def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
@@ -334,7 +336,7 @@ def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, 
     """(q bf16 [T, index_heads, index_dim] with RoPE and FP4 round trip, head weights bf16 [T, index_heads])."""
     nh, hd = cfg.index_n_heads, cfg.index_head_dim
     qi = linear(qr, w, f"{p}.indexer.wq_b").view(-1, nh, hd)
-    qi = fp4_round_trip(rope_(qi, positions, freqs, w), w)
+    qi = fake_quant(rope_(qi, positions, freqs, w), w, "fp4")
     wts = (linear(u, w, f"{p}.indexer.weights_proj") * (hd ** -0.5 * nh ** -0.5)).to(torch.bfloat16)
     return qi, wts
 
