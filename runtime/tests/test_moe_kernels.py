@@ -231,6 +231,23 @@ def test_combine_is_bit_identical_to_the_torch_loop(T, k, E, masked) -> None:
 
 
 @kernel_test
+@pytest.mark.parametrize("T,k,E", [(0, 6, 32), (1, 6, 32), (7, 6, 32), (65, 2, 8), (130, 6, 384)]
+                         + ([(4096, 6, 384), (5000, 6, 96)] if DEVICE == "cuda" else []))
+def test_contiguous_plan_kernels_equal_the_torch_plan(T, k, E) -> None:
+    """moe_kernels.contiguous_plan against moe._plan's torch chain (plan_expert_segments): every output equal, hot
+    experts, empty experts, blocks that end inside a token's slots, 128-row alignment."""
+    idx, wt = _routing(T, k, E, seed=T + E)
+    idx, wt = idx.to(DEVICE), wt.to(DEVICE)
+    align = moe.get_m_alignment_for_contiguous_layout()
+    M = moe.max_rows(T * k, E, align)
+    want = moe._plan(idx.cpu(), wt.cpu(), E, masked=False)  # CPU: the torch chain
+    got = mk.contiguous_plan(idx, wt, E, align, M)
+    for name, g, w in zip(("grouped_layout", "row_token", "row_weight", "pair_row"), got,
+                          (want.grouped_layout, want.row_token, want.row_weight, want.pair_row)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
+
+
+@kernel_test
 @pytest.mark.parametrize("T", [0, 3])
 def test_empty_and_tiny_calls(T) -> None:
     """T = 0 launches nothing; outputs keep their shapes."""

@@ -61,9 +61,9 @@ if triton is not None:
 
     @triton.jit
     def swiglu_weight_quant_kernel(h13_ptr, w_ptr, valid_ptr, q_ptr, s_ptr, M, I, limit, LISTED: tl.constexpr,
-                                   DENSE: tl.constexpr, WEIGHTED: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                                   GROUPS_PER_PROGRAM: tl.constexpr, LIBDEVICE_EXP: tl.constexpr,
-                                   FOLD_128: tl.constexpr):
+                                   DENSE: tl.constexpr, WEIGHTED: tl.constexpr, GROUP: tl.constexpr,
+                                   BLOCK_M: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                                   LIBDEVICE_EXP: tl.constexpr, FOLD_128: tl.constexpr):
         # the tile's rows are (row, group) pairs: BLOCK_M rows x GROUPS_PER_PROGRAM groups of GROUP columns
         pair = tl.arange(0, BLOCK_M * GROUPS_PER_PROGRAM)
         slot = (tl.program_id(0) * BLOCK_M + pair // GROUPS_PER_PROGRAM).to(tl.int64)  # row * 2I passes 2^31
@@ -147,6 +147,74 @@ if triton is not None:
         tl.store(y_ptr + t[:, None] * D + d[None, :], acc.to(tl.bfloat16), mask=m)
 
 
+    @triton.jit
+    def plan_fill_kernel(grouped_layout_ptr, row_token_ptr, row_weight_ptr, counts_ptr, M, num_counts,
+                         BLOCK: tl.constexpr):
+        """Every layout row padding (-1, token 0, weight 0) and the per-block expert counts zero: the state the
+        count and place kernels start from."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < M
+        tl.store(grouped_layout_ptr + i, tl.full([BLOCK], -1, tl.int32), mask=m)
+        tl.store(row_token_ptr + i, tl.zeros([BLOCK], tl.int64), mask=m)
+        tl.store(row_weight_ptr + i, tl.zeros([BLOCK], tl.float32), mask=m)
+        tl.store(counts_ptr + i, tl.zeros([BLOCK], tl.int32), mask=i < num_counts)
+
+    @triton.jit
+    def plan_count_kernel(idx_ptr, counts_ptr, num_pairs, E, PAIRS: tl.constexpr):
+        """counts[b, e] = pairs of block b (PAIRS consecutive (token, slot) pairs in row-major order) routed to e."""
+        b = tl.program_id(0)
+        p = b * PAIRS + tl.arange(0, PAIRS)
+        m = p < num_pairs
+        e = tl.load(idx_ptr + p, mask=m, other=0)
+        tl.atomic_add(counts_ptr + b * E + e, tl.full([PAIRS], 1, tl.int32), mask=m, sem="relaxed")
+
+    @triton.jit
+    def plan_offsets_kernel(counts_ptr, seg_start_ptr, num_blocks, E, align, BLOCK_E: tl.constexpr,
+                            BLOCKS_PER_STEP: tl.constexpr):
+        """One program: counts[b, e] becomes the exclusive prefix over blocks (pairs of e in blocks before b), and
+        seg_start[e] the first row of e's segment (segments in expert order, each padded to a multiple of align)."""
+        e = tl.arange(0, BLOCK_E)
+        em = e < E
+        total = tl.zeros([BLOCK_E], tl.int32)
+        for b0 in range(0, num_blocks, BLOCKS_PER_STEP):
+            b = b0 + tl.arange(0, BLOCKS_PER_STEP)
+            ptr = counts_ptr + b[:, None] * E + e[None, :]
+            m = (b < num_blocks)[:, None] & em[None, :]
+            c = tl.load(ptr, mask=m, other=0)
+            tl.store(ptr, tl.cumsum(c, axis=0) - c + total[None, :], mask=m)
+            total += tl.sum(c, axis=0)
+        aligned = (total + align - 1) // align * align
+        tl.store(seg_start_ptr + e, tl.cumsum(aligned, axis=0) - aligned, mask=em)
+
+    @triton.jit
+    def plan_place_kernel(idx_ptr, wt_ptr, counts_ptr, seg_start_ptr, grouped_layout_ptr, row_token_ptr,
+                          row_weight_ptr, pair_row_ptr, num_pairs, E, K: tl.constexpr, K_PAD: tl.constexpr,
+                          PAIRS: tl.constexpr, CHUNK: tl.constexpr):
+        """Each pair's row: its expert's segment start + the pairs of that expert in earlier blocks + those before
+        it in its own block (a stable counting sort: tokens ascend inside an expert). Writes the row's expert,
+        token and weight, and pair_row[t, r] with r the pair's rank among its token's slots by expert id."""
+        b = tl.program_id(0)
+        p = b * PAIRS + tl.arange(0, PAIRS)
+        m = p < num_pairs
+        e = tl.load(idx_ptr + p, mask=m, other=-1)
+        rank = tl.zeros([PAIRS], tl.int32)
+        for c0 in tl.static_range(0, PAIRS, CHUNK):  # same-expert pairs before p in the block, CHUNK at a time
+            q = b * PAIRS + c0 + tl.arange(0, CHUNK)
+            eq = tl.load(idx_ptr + q, mask=q < num_pairs, other=-2)
+            before = (eq[None, :] == e[:, None]) & (q[None, :] < p[:, None])
+            rank += tl.sum(before.to(tl.int32), axis=1)
+        e_safe = tl.where(m, e, 0)
+        row = tl.load(seg_start_ptr + e_safe) + tl.load(counts_ptr + b * E + e_safe) + rank
+        t = p // K
+        tl.store(grouped_layout_ptr + row, e.to(tl.int32), mask=m)
+        tl.store(row_token_ptr + row, t.to(tl.int64), mask=m)
+        tl.store(row_weight_ptr + row, tl.load(wt_ptr + p, mask=m, other=0.0), mask=m)
+        j = tl.arange(0, K_PAD)
+        others = tl.load(idx_ptr + t[:, None] * K + j[None, :], mask=m[:, None] & (j < K)[None, :], other=E)
+        slot = tl.sum((others < e[:, None]).to(tl.int32), axis=1)  # the token's experts are distinct
+        tl.store(pair_row_ptr + t * K + slot, row.to(tl.int64), mask=m)
+
+
 def available(t: torch.Tensor) -> bool:
     """Whether the fused kernels apply to tensors like t: Triton importable and t on CUDA (else the torch chains)."""
     return triton is not None and t.is_cuda
@@ -200,6 +268,45 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor | None, limi
             WEIGHTED=row_weight is not None, GROUP=QUANT_GROUP, BLOCK_M=block_m,
             GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda, FOLD_128=fold_128)
     return q, _scales_out(s)
+
+
+PLAN_PAIRS = 256  # (token, slot) pairs per block of the contiguous plan's count and place kernels
+PLAN_CHUNK = 32  # pairs compared at once when ranking a block's pairs
+
+
+def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, align: int, num_rows: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe._plan's contiguous layout in four launches (the torch chain makes ~35): idx int64 [T, k] expert ids
+    (distinct per token, in [0, num_groups)), wt fp32 [T, k]; segments in expert order, each starting at a
+    multiple of align, tokens ascending inside one; num_rows >= moe.max_rows(T * k, num_groups, align). Returns
+    (grouped_layout int32 [num_rows] (-1 padding), row_token int64 [num_rows] (0 padding), row_weight fp32
+    [num_rows] (0 padding), pair_row int64 [T, k] (each token's rows by ascending expert id)), equal to the torch
+    chain's."""
+    T, k = idx.shape
+    dev = idx.device
+    num_pairs, num_blocks = T * k, triton.cdiv(T * k, PLAN_PAIRS)
+    grouped_layout = torch.empty(num_rows, dtype=torch.int32, device=dev)
+    row_token = torch.empty(num_rows, dtype=torch.int64, device=dev)
+    row_weight = torch.empty(num_rows, dtype=torch.float32, device=dev)
+    pair_row = torch.empty(T, k, dtype=torch.int64, device=dev)
+    counts = torch.empty(num_blocks, num_groups, dtype=torch.int32, device=dev)  # per block, then its prefix
+    seg_start = torch.empty(num_groups, dtype=torch.int32, device=dev)
+    if num_pairs == 0:
+        grouped_layout.fill_(-1)
+        row_token.zero_()
+        row_weight.zero_()
+        return grouped_layout, row_token, row_weight, pair_row
+    fill = 1024
+    plan_fill_kernel[(triton.cdiv(max(num_rows, counts.numel()), fill),)](
+        grouped_layout, row_token, row_weight, counts, num_rows, counts.numel(), BLOCK=fill)
+    idx, wt = idx.contiguous(), wt.float().contiguous()
+    plan_count_kernel[(num_blocks,)](idx, counts, num_pairs, num_groups, PAIRS=PLAN_PAIRS)
+    plan_offsets_kernel[(1,)](counts, seg_start, num_blocks, num_groups, align,
+                              BLOCK_E=triton.next_power_of_2(num_groups), BLOCKS_PER_STEP=8)
+    plan_place_kernel[(num_blocks,)](
+        idx, wt, counts, seg_start, grouped_layout, row_token, row_weight, pair_row, num_pairs, num_groups,
+        K=k, K_PAD=triton.next_power_of_2(k), PAIRS=PLAN_PAIRS, CHUNK=PLAN_CHUNK)
+    return grouped_layout, row_token, row_weight, pair_row
 
 
 def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int, fold_128: bool = False

@@ -141,6 +141,9 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
     else:
         align = get_m_alignment_for_contiguous_layout()
         M = max_rows(T * k, num_groups, align)
+        if moe_kernels.available(idx):  # the same layout in four launches
+            grouped_layout, row_token, row_weight, pair_row = moe_kernels.contiguous_plan(idx, wt, num_groups, align, M)
+            return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
         seg = plan_expert_segments(idx, num_groups, align, num_rows=M)
         row, grouped_layout = seg.positions.long(), seg.grouped_layout
     row_token = scatter_rows_values(row, torch.arange(T, device=idx.device)[:, None].expand(T, k), M, 0)
