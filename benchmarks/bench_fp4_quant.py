@@ -1,8 +1,9 @@
 """mini-deepgemm's FP4 round trip (`per_token_group_fakequant_fp4`, one Triton kernel) against its reference
 (reference.fp4_fakequant, ~30 torch ops), one run, at the indexer's shapes: queries [T, 32 heads, 128] at 4,096 rows
 (a prefill step) and 64 (a decode batch), and 2,048 index keys [2,048, 128] (a ratio-2 layer's new keys per 4,096
-tokens); and the FP8 round trip of the window KV (`per_token_group_fakequant_fp8` against reference.fp8_fakequant)
-at [4,096, 512]. bf16, UE8M0 scales per 32. Per shape: median ms (triton.testing.do_bench: 5 ms warm-up, 25 ms of
+tokens), all with UE8M0 scales per 32; the compressed KV's, e4m3 scales per 16, at [2,048, 512]; and the FP8 round
+trip of the window KV (`per_token_group_fakequant_fp8` against reference.fp8_fakequant, UE8M0 per 32) at
+[4,096, 512]. bf16. Per shape: median ms (triton.testing.do_bench: 5 ms warm-up, 25 ms of
 repetitions), GB/s over one bf16 read and one bf16 write, the same bytes by a device copy in the same run
 (bench_hc.copy_ms), and whether the kernel's bits equal the reference's. Writes --out (default
 $OUT/bench_fp4_quant.json or ./bench_fp4_quant.json).
@@ -23,10 +24,12 @@ from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
 from mini_deepgemm import per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, reference
 
 FP4 = (per_token_group_fakequant_fp4, reference.fp4_fakequant)
+FP4_E4M3 = (lambda x: per_token_group_fakequant_fp4(x, 16, "e4m3"), lambda x: reference.fp4_fakequant(x, 16, "e4m3"))
 FP8 = (per_token_group_fakequant_fp8, reference.fp8_fakequant)
 # name: (shape, (kernel, reference))
 SHAPES = {"queries, prefill": ((4096, 32, 128), FP4), "queries, decode": ((64, 32, 128), FP4),
-          "index keys": ((2048, 128), FP4), "window kv (FP8), prefill": ((4096, 512), FP8)}
+          "index keys": ((2048, 128), FP4), "compressed kv (e4m3 per 16)": ((2048, 512), FP4_E4M3),
+          "window kv (FP8), prefill": ((4096, 512), FP8)}
 
 
 def main(argv: list[str] | None = None) -> dict:

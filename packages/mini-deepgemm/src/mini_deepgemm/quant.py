@@ -3,8 +3,8 @@
 FP8: `per_token_group_quant_fp8` and `per_token_group_fakequant_fp8` (the round trip of the window KV) run a Triton
 kernel on GPU and reference.act_quant / fp8_fakequant elsewhere.
 FP4 (e2m1): `per_token_group_quant_fp4` and `per_token_group_fakequant_fp4` (the quantize-dequantize round trip the
-indexer's queries and keys take) run a Triton kernel on GPU for UE8M0 scales, bit-exact with reference.fp4_quant /
-fp4_fakequant, and the references elsewhere (and for the e4m3 scales of the compressed KV). `pack_fp4` and
+indexer's queries and keys (UE8M0 per 32) and the compressed KV (e4m3 per 16) take) run a Triton kernel on GPU,
+bit-exact with reference.fp4_quant / fp4_fakequant run on CUDA, and the references elsewhere. `pack_fp4` and
 `unpack_fp4` are the reference functions themselves.
 """
 
@@ -99,26 +99,28 @@ def per_token_group_quant_fp4(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP4 e2m1 quantization of V4.1 (reference.fp4_quant): x [..., K] -> (packed uint8 [..., K/2] with the
     low nibble = even column, scale [..., K/group_size] float8_e8m0fnu ("ue8m0") or float8_e4m3fn ("e4m3")).
-    The kernel takes "ue8m0" (group_size a power of two >= 16); bit-exact with the reference."""
+    The kernel takes either scale format (group_size a power of two >= 16); bit-exact with the reference run on
+    CUDA (quant_kernel's docstring)."""
     groups = _fp4_kernel_groups(x, group_size, scale_fmt)
     if groups is None:
         return reference.fp4_quant(x, group_size, scale_fmt)
     from .quant_kernel import fp4_quant_kernel
 
     packed = torch.empty(groups.shape[0], group_size // 2, dtype=torch.uint8, device=x.device)
-    exponents = torch.empty(groups.shape[0], dtype=torch.uint8, device=x.device)
+    scale_bytes = torch.empty(groups.shape[0], dtype=torch.uint8, device=x.device)
     fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
-        groups, packed, exponents, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM,
-        ROUND_TRIP=False)
+        groups, packed, scale_bytes, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM,
+        ROUND_TRIP=False, E4M3=scale_fmt == "e4m3")
     K = x.shape[-1]
+    scale_dtype = torch.float8_e4m3fn if scale_fmt == "e4m3" else torch.float8_e8m0fnu
     return (packed.reshape(*x.shape[:-1], K // 2),
-            exponents.view(torch.float8_e8m0fnu).reshape(*x.shape[:-1], K // group_size))
+            scale_bytes.view(scale_dtype).reshape(*x.shape[:-1], K // group_size))
 
 
 def per_token_group_fakequant_fp4(x: torch.Tensor, group_size: int = 32, scale_fmt: str = "ue8m0") -> torch.Tensor:
     """x quantized to FP4 e2m1 per `group_size` columns and dequantized back, in x's shape and dtype
-    (reference.fp4_fakequant; exact in bf16). One pass over x on the kernel ("ue8m0"), where the reference makes
-    ~30 torch ops over fp32 copies; bit-exact with it."""
+    (reference.fp4_fakequant; exact in bf16). One pass over x on the kernel, where the reference makes ~30 torch
+    ops over fp32 copies; bit-exact with it (run on CUDA)."""
     groups = _fp4_kernel_groups(x, group_size, scale_fmt)
     if groups is None:
         return reference.fp4_fakequant(x, group_size, scale_fmt)
@@ -126,20 +128,19 @@ def per_token_group_fakequant_fp4(x: torch.Tensor, group_size: int = 32, scale_f
 
     out = torch.empty(groups.shape, dtype=x.dtype, device=x.device)
     fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
-        groups, out, out, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, ROUND_TRIP=True)
+        groups, out, out, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, ROUND_TRIP=True,
+        E4M3=scale_fmt == "e4m3")
     return out.reshape(x.shape)
 
 
 def _fp4_kernel_groups(x: torch.Tensor, group_size: int, scale_fmt: str) -> torch.Tensor | None:
     """x's values as contiguous groups [n, group_size] for fp4_quant_kernel, or None where the reference runs:
-    no Triton for x's device, e4m3 scales, a group size the kernel does not take, or no elements. Shapes the
-    reference would reject raise here with its message."""
+    no Triton for x's device, a group size the kernel does not take, or no elements. Shapes the reference would
+    reject raise here with its message."""
     if scale_fmt not in ("ue8m0", "e4m3"):
         raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'e4m3')")
     if x.shape[-1] % group_size:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quant block {group_size}")
-    if (scale_fmt != "ue8m0" or not use_triton(x) or x.numel() == 0 or group_size < 16
-            or group_size & (group_size - 1)):
+    if not use_triton(x) or x.numel() == 0 or group_size < 16 or group_size & (group_size - 1):
         return None
     return x.contiguous().view(-1, group_size)
-

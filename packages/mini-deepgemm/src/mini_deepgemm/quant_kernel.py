@@ -1,5 +1,6 @@
-"""Triton kernels of the per-token, per-group activation quantizers: FP8 (reference: reference.act_quant) and FP4
-e2m1 with UE8M0 scales (reference.fp4_quant, and its round trip reference.fp4_fakequant).
+"""Triton kernels of the per-token, per-group activation quantizers: FP8 (reference: reference.act_quant, and its
+round trip reference.fp8_fakequant) and FP4 e2m1 with UE8M0 or e4m3 scales (reference.fp4_quant, and its round trip
+reference.fp4_fakequant).
 
 Bit-exact with the reference run on CUDA: the same fp32 operations in the same order (amax clamp,
 amax * fp32(1/448), the exponent bit trick for UE8M0, IEEE round-to-nearest x / scale, clamp, RNE cast to
@@ -7,7 +8,10 @@ e4m3). For the fp32 scale format the reference's `amax / 448` is, on CUDA, torch
 shortcut for a scalar divisor (CPU torch divides exactly; the two differ in the last bit for about half of the
 inputs), so the kernel multiplies by fp32(1/448) too. FP4 with UE8M0 scales is exact everywhere: the reference
 multiplies amax by fp32(1/6) itself, compares |x| with thresholds x scale (exact: powers of two times values of two
-significant bits), and its dequantized values are e2m1 x 2^k, exact in bf16.
+significant bits), and its dequantized values are e2m1 x 2^k, exact in bf16. FP4 with e4m3 scales (the compressed
+KV) divides amax by 6 as torch does on CUDA (times fp32(1/6); CPU torch divides exactly, which can move a scale
+across an e4m3 rounding boundary in rare cases), so it is bit-exact with the reference run on CUDA; the thresholds
+and the dequantized values (e2m1 x e4m3: at most 6 significant bits) are exact.
 """
 
 from __future__ import annotations
@@ -91,35 +95,46 @@ def act_quant_fp8_kernel(
 
 
 @triton.jit
-def fp4_quantize_groups(x):
+def fp4_quantize_groups(x, E4M3: tl.constexpr):
     """x fp32 [n, GROUP], one group per row -> (nibbles int32 [n, GROUP]: bit 3 the sign, bits 0-2 the e2m1
-    magnitude code, round half to even and saturating at 6; the scale fp32 [n]; its UE8M0 biased exponent int32 [n]):
-    reference.fp4_quant with scale_fmt "ue8m0"."""
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 6.0 * 2.0**-126)
-    # s = 2^ceil(log2(amax / 6)): biased exponent, +1 when any mantissa bit is set (>= 1 after the clamp)
-    bits = (amax * (1.0 / 6.0)).to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), 254)
-    scale = (e << 23).to(tl.float32, bitcast=True)
+    magnitude code, round half to even and saturating at 6; the scale fp32 [n]; its stored byte int32 [n]):
+    reference.fp4_quant. UE8M0 (E4M3 False): s = 2^ceil(log2(amax / 6)), the byte its biased exponent. E4M3:
+    s = e4m3(max(amax, 6 * 2^-9) / 6) with the division as torch runs it on CUDA (times fp32(1/6)) and torch's
+    non-saturating cast (NaN above 464, where rounding passes 448), the byte its e4m3 bits."""
+    amax = tl.max(tl.abs(x), axis=1)
+    if E4M3:
+        v = tl.maximum(amax, 6.0 * 2.0**-9) * (1.0 / 6.0)
+        s8 = v.to(tl.float8e4nv)  # round to nearest even (saturating: the overflow is made NaN below)
+        scale = tl.where(v > 464.0, float("nan"), s8.to(tl.float32))
+        byte = tl.where(v > 464.0, 0x7F, s8.to(tl.uint8, bitcast=True).to(tl.int32))
+    else:
+        amax = tl.maximum(amax, 6.0 * 2.0**-126)
+        # s = 2^ceil(log2(amax / 6)): biased exponent, +1 when any mantissa bit is set (>= 1 after the clamp)
+        bits = (amax * (1.0 / 6.0)).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        byte = tl.minimum(tl.maximum(e, 0), 254)
+        scale = (byte << 23).to(tl.float32, bitcast=True)
     a, s = tl.abs(x), scale[:, None]
-    # the grid's midpoints: ">" where a tie rounds down to the even code, ">=" where it rounds up to it
+    # the grid's midpoints: ">" where a tie rounds down to the even code, ">=" where it rounds up to it (t x s is
+    # exact in fp32 for both scale formats: at most 3 + 4 significant bits)
     code = ((a > 0.25 * s).to(tl.int32) + (a >= 0.75 * s).to(tl.int32) + (a > 1.25 * s).to(tl.int32)
             + (a >= 1.75 * s).to(tl.int32) + (a > 2.5 * s).to(tl.int32) + (a >= 3.5 * s).to(tl.int32)
             + (a > 5.0 * s).to(tl.int32))
-    return code | ((x < 0).to(tl.int32) << 3), scale, e
+    return code | ((x < 0).to(tl.int32) << 3), scale, byte
 
 
 @triton.jit
 def fp4_quant_kernel(x_ptr, out_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
-                     ROUND_TRIP: tl.constexpr):
+                     ROUND_TRIP: tl.constexpr, E4M3: tl.constexpr = False):
     """x: [n_groups, GROUP] contiguous (any float dtype). ROUND_TRIP: out [n_groups, GROUP] in its own dtype gets the
     dequantized values (reference.fp4_fakequant; s_ptr unused); else out uint8 [n_groups, GROUP / 2] the packed
-    nibbles (low nibble = even column) and s uint8 [n_groups] the UE8M0 exponents."""
+    nibbles (low nibble = even column) and s uint8 [n_groups] the scale bytes (UE8M0 exponents, or e4m3 bits with
+    E4M3)."""
     g = (tl.program_id(0) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)).to(tl.int64)
     mask = (g < n_groups)[:, None]
     cols = tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + g[:, None] * GROUP + cols, mask=mask, other=0.0).to(tl.float32)
-    nib, scale, e = fp4_quantize_groups(x)
+    nib, scale, byte = fp4_quantize_groups(x, E4M3)
     if ROUND_TRIP:
         # e2m1 magnitude of code c = (exponent field f, mantissa bit m): 0.5 m when f = 0, else 2^(f - 1) (1 + m / 2)
         f, m = (nib >> 1) & 3, (nib & 1).to(tl.float32)
@@ -130,4 +145,4 @@ def fp4_quant_kernel(x_ptr, out_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUP
         even, odd = tl.split(tl.reshape(nib, [GROUPS_PER_PROGRAM, GROUP // 2, 2]))
         half = tl.arange(0, GROUP // 2)[None, :]
         tl.store(out_ptr + g[:, None] * (GROUP // 2) + half, (even | (odd << 4)).to(tl.uint8), mask=mask)
-        tl.store(s_ptr + g, e.to(tl.uint8), mask=g < n_groups)
+        tl.store(s_ptr + g, byte.to(tl.uint8), mask=g < n_groups)

@@ -1,8 +1,7 @@
 """Byte layouts of V4.1's quantized attention cache (V41_MODEL.md section 5), packed and unpacked.
 
-The window and index-key rows are packed by mini-deepgemm's quantizers (per_token_group_quant_fp8 / _fp4: one
-Triton kernel on CUDA, bit-exact with the reference quantizers, which run elsewhere); the compressed KV's e4m3
-scales and every unpacking are torch ops.
+Rows are packed by mini-deepgemm's quantizers (per_token_group_quant_fp8 / _fp4: one Triton kernel on CUDA,
+bit-exact with the reference quantizers run on CUDA, which run elsewhere); unpacking is torch ops.
 
 Every row is a run of uint8 so one gather moves a whole token/entry:
 
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from mini_deepgemm import per_token_group_quant_fp4, per_token_group_quant_fp8
-from mini_deepgemm.reference import act_dequant, fp4_dequant, fp4_quant
+from mini_deepgemm.reference import act_dequant, fp4_dequant
 
 WINDOW_ROW_BYTES = 528
 COMPRESSED_KV_ROW_BYTES = 288
@@ -42,7 +41,7 @@ def unpack_window_fp8(rows: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -
 
 def pack_compressed_kv_fp4(kv: torch.Tensor) -> torch.Tensor:
     """[..., 512] float -> uint8 [..., 288] (e2m1 + e4m3 scale per 16)."""
-    q, s = fp4_quant(kv, 16, "e4m3")
+    q, s = per_token_group_quant_fp4(kv, 16, "e4m3")
     return torch.cat([q, s.view(torch.uint8)], dim=-1)
 
 

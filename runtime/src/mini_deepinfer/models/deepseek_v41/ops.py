@@ -150,14 +150,16 @@ def norm(x: torch.Tensor, w: Weights, name: str, eps: float) -> torch.Tensor:
 
 
 def fake_quant(x: torch.Tensor, w: Weights, fmt: str) -> torch.Tensor:
-    """The round trips of the attention's activations, UE8M0 scales per 32: "fp8" (e4m3, the window KV,
-    fp8_fakequant) or "fp4" (e2m1, the indexer's queries and keys, fp4_fakequant). mini-deepgemm's one-pass kernels
-    for the engine model (KernelWeights; bit-exact with the references, which they fall back to on CPU), the
-    references' torch ops otherwise (the reference stays kernel-free)."""
+    """The round trips of the attention's activations: "fp8" (e4m3, UE8M0 per 32: the window KV, fp8_fakequant),
+    "fp4" (e2m1, UE8M0 per 32: the indexer's queries and keys) or "fp4_e4m3" (e2m1, e4m3 per 16: the compressed
+    KV), the last two fp4_fakequant. mini-deepgemm's one-pass kernels for the engine model (KernelWeights;
+    bit-exact with the references run on CUDA, which they fall back to on CPU), the references' torch ops otherwise
+    (the reference stays kernel-free)."""
     kernels = isinstance(w, KernelWeights)
     if fmt == "fp8":
         return per_token_group_fakequant_fp8(x, 32) if kernels else fp8_fakequant(x, 32)
-    return per_token_group_fakequant_fp4(x, 32, "ue8m0") if kernels else fp4_fakequant(x, 32, "ue8m0")
+    group, scale_fmt = {"fp4": (32, "ue8m0"), "fp4_e4m3": (16, "e4m3")}[fmt]
+    return (per_token_group_fakequant_fp4 if kernels else fp4_fakequant)(x, group, scale_fmt)
 
 
 def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
@@ -229,7 +231,7 @@ def apply_rope_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, i
 
     x: [T, ..., D]; positions: int64 [T]. Pairs (2i, 2i+1) rotate by positions * freqs[i]; inverse conjugates.
     In place because a new tensor would also copy the D - len(freqs)*2 dims RoPE leaves alone (448 of the 512 of
-    every q head); `apply_rope` is the form for an x that is read again un-rotated.
+    every q head); a caller that reads x again un-rotated passes a clone (compressed_kv_entry).
     """
     d_rot = freqs.shape[0] * 2
     angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]  # [T, d_rot/2]
@@ -250,11 +252,6 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, w: Weig
     if isinstance(w, KernelWeights) and ropef.available(x, freqs):
         return ropef.rope_fused_(x, positions, freqs, inverse)
     return apply_rope_(x, positions, freqs, inverse)
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """`apply_rope_` on a copy: x itself is left un-rotated."""
-    return apply_rope_(x.clone(), positions, freqs, inverse)
 
 
 # --------------------------------------------------------------------------- hyper-connections
@@ -318,10 +315,11 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, norm_w: torch.Tensor,
     return rmsnorm(latent, norm_w, eps)
 
 
-def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, freqs: torch.Tensor
+                        ) -> torch.Tensor:
     """Compressed main KV row: RoPE at the group's first position, then the FP4 (e4m3 per 16) round trip.
     latent stays un-rotated: index_key_entry reads it too."""
-    return fp4_fakequant(apply_rope(latent, group_pos, freqs), 16, "e4m3")
+    return fake_quant(rope_(latent.clone(), group_pos, freqs, w), w, "fp4_e4m3")
 
 
 def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p: str, cfg: V41Config,

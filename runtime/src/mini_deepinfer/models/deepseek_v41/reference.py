@@ -126,7 +126,7 @@ class ReferenceV41:
                 else:
                     shared["topk"] = self._indexer(qr, u, positions, role, state, shared, new_latent, group_pos)
             if new_latent is not None:
-                entries = ops.compressed_kv_entry(new_latent, group_pos, freqs)
+                entries = ops.compressed_kv_entry(new_latent, group_pos, w, freqs)
                 self._append(state.compress_kv, lid, entries, int(group_pos[0]) // r)
             topk = shared["topk"]
             n_win = win_rows.shape[0]
