@@ -3,7 +3,8 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s31.sh   (1 x H200, tree = main with: the FP4 quantization
 #       kernel re-applied (cf2c376), the shared expert on the fused path (9883b47), RoPE as one kernel, mini-deepgemm's
 #       checks with lazy messages, the window and index-key cache rows packed by its quantizer kernels, the window
-#       KV's FP8 round trip as one kernel, the contiguous MoE plan in four launches;
+#       KV's FP8 round trip and the compressed KV's FP4 (e4m3 scales) round trip and packing as one kernel each, the
+#       contiguous MoE plan in four launches;
 #       .ab-alt.tar.gz = 9883b47 (no RoPE kernel), .ab-mid.tar.gz = 7ba6714 (the FP4 kernel only), .ab-base.tar.gz
 #       = d2681aa (none): the mini-deepgemm GPU suite, the cache-row packing test, the shared-expert, dense-fold and
 #       RoPE GPU tests, the runtime's core GPU tests, bench_fp4_quant.py, bench_rope.py; bench_prefill on the four
