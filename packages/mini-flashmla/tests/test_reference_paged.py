@@ -211,17 +211,19 @@ def test_split_merge_under_the_interpreter():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cache_rows_packed_on_cuda_equal_the_reference_bytes():
-    """pack_window_fp8 and pack_index_k_fp4 run mini-deepgemm's quantizer kernels on CUDA: their rows must be the
-    bytes of the reference quantizers (act_quant / fp4_quant), here on random rows of scales 1e-3 .. 1e3, bf16 and
+    """The three pack functions run mini-deepgemm's quantizer kernels on CUDA: their rows must be the bytes of the
+    reference quantizers run on CUDA (act_quant / fp4_quant), here on random rows of scales 1e-3 .. 1e3, bf16 and
     fp32, with an all-zero row."""
     from mini_deepgemm.reference import act_quant, fp4_quant
 
     g = torch.Generator().manual_seed(11)
     for dtype in (torch.bfloat16, torch.float32):
-        kv = (torch.randn(1000, 512, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype)
-        k = (torch.randn(1000, 128, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype)
+        kv = (torch.randn(1000, 512, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype).cuda()
+        k = (torch.randn(1000, 128, generator=g) * 10 ** (torch.rand(1000, 1, generator=g) * 6 - 3)).to(dtype).cuda()
         kv[0], k[0] = 0, 0
         q, s = act_quant(kv, 32, "ue8m0")
-        assert torch.equal(pack_window_fp8(kv.cuda()).cpu(), torch.cat([q.view(torch.uint8), s.view(torch.uint8)], -1))
+        assert torch.equal(pack_window_fp8(kv), torch.cat([q.view(torch.uint8), s.view(torch.uint8)], -1))
+        q, s = fp4_quant(kv, 16, "e4m3")
+        assert torch.equal(pack_compressed_kv_fp4(kv), torch.cat([q, s.view(torch.uint8)], -1))
         q, s = fp4_quant(k, 32, "ue8m0")
-        assert torch.equal(pack_index_k_fp4(k.cuda()).cpu(), torch.cat([q, s.view(torch.uint8)], -1))
+        assert torch.equal(pack_index_k_fp4(k), torch.cat([q, s.view(torch.uint8)], -1))
