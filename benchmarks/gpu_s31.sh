@@ -9,6 +9,10 @@
 #       = d2681aa (none): the mini-deepgemm GPU suite, the cache-row packing test, the shared-expert, dense-fold and
 #       RoPE GPU tests, the runtime's core GPU tests, bench_fp4_quant.py, bench_rope.py; bench_prefill on the four
 #       sides (with the host's Python profile on the new side) and bench_decode on new and base)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s31.sh   (1 x H200, tree = run 1's with its three failures
+#       mended: the FP4 round trip's sign as a bit (-0.0), RoPE at zero tokens, the stacked shared-expert GEMM on its
+#       halves' route: mini-deepgemm's quantizer tests, the shared-expert / RoPE / packing GPU tests, the runtime's core
+#       GPU tests and the rest of its GPU suite; bench_fp4_quant.py; bench_prefill and bench_decode on the tree)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s31
 case "${PART:-r1}" in
@@ -30,6 +34,23 @@ r1)
   show_sides new alt mid base
   grep -E "^(indexer|moe experts|projections) " "$OUT"/prefill_{new,alt,mid,base}.txt
   grep -hE "ms/step|tok/s" "$OUT/decode_new.txt" "$OUT/decode_base.txt" | head -16 | cut -c1-200
+  ;;
+r2)
+  run quant_tests 60 $PYTEST -n 4 packages/mini-deepgemm/tests/test_quant.py -m gpu
+  run shared_tests 60 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py \
+    runtime/tests/test_rope.py packages/mini-flashmla/tests/test_reference_paged.py -m gpu
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_rest 150 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest.xml"
+  run bench_fp4_quant 40 python3 benchmarks/bench_fp4_quant.py --out "$OUT/bench_fp4_quant.json"
+  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  run decode_new 60 python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
+    --kv-cache-gb 8 --out "$OUT/decode_new_h200.json"
+  cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests runtime_rest
+  grep -E "^\| " "$OUT/bench_fp4_quant.txt"
+  grep -hE "shared expert, " "$OUT/shared_tests.txt"
+  show_sides new
+  grep -hE "zos=1 graphs=1" "$OUT/decode_new.txt" | cut -c1-200
   ;;
 esac
 pack_out

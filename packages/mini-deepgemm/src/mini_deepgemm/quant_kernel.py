@@ -139,8 +139,11 @@ def fp4_quant_kernel(x_ptr, out_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUP
         # e2m1 magnitude of code c = (exponent field f, mantissa bit m): 0.5 m when f = 0, else 2^(f - 1) (1 + m / 2)
         f, m = (nib >> 1) & 3, (nib & 1).to(tl.float32)
         mag = tl.where(f == 0, 0.5 * m, (1.0 + 0.5 * m) * ((f + 126) << 23).to(tl.float32, bitcast=True))
-        v = tl.where(nib >= 8, -mag, mag) * scale[:, None]
-        tl.store(out_ptr + g[:, None] * GROUP + cols, v.to(out_ptr.dtype.element_ty), mask=mask)
+        # the sign as a bit: a negative value that rounds to code 0 is -0.0 in the reference, and a float negation
+        # of a zero product may be folded away (session 31 run 1: +0.0 on the GPU, -0.0 under the interpreter)
+        v = (mag * scale[:, None]).to(tl.int32, bitcast=True) | ((nib >> 3) << 31)
+        tl.store(out_ptr + g[:, None] * GROUP + cols, v.to(tl.float32, bitcast=True).to(out_ptr.dtype.element_ty),
+                 mask=mask)
     else:
         even, odd = tl.split(tl.reshape(nib, [GROUPS_PER_PROGRAM, GROUP // 2, 2]))
         half = tl.arange(0, GROUP // 2)[None, :]

@@ -18,6 +18,8 @@ bf16 (tests/test_rope.py: every value within one rounding of the output dtype, t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 try:
@@ -63,7 +65,7 @@ def available(x: torch.Tensor, freqs: torch.Tensor) -> bool:
             and x.dim() >= 2 and x.stride(-1) == 1 and 0 < 2 * half <= x.shape[-1] and half & (half - 1) == 0):
         return False
     try:
-        x.view(x.shape[0], -1, x.shape[-1])
+        x.view(x.shape[0], math.prod(x.shape[1:-1]), x.shape[-1])
     except RuntimeError:
         return False
     return True
@@ -77,7 +79,7 @@ def rope_fused_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, i
     T, D, half = x.shape[0], x.shape[-1], freqs.shape[0]
     if positions.shape != (T,):
         raise ValueError(f"rope_fused_: positions of shape {tuple(positions.shape)} for {T} tokens")
-    x3 = x.view(T, -1, D)
+    x3 = x.view(T, math.prod(x.shape[1:-1]), D)  # heads flattened (-1 cannot infer them when T is 0)
     if T == 0 or x3.shape[1] == 0:
         return x
     block_h = triton.next_power_of_2(x3.shape[1])
