@@ -14,13 +14,12 @@ $OUT/bench_fp4_quant.json or ./bench_fp4_quant.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
-from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
+from bench_hc import copy_ms, environment, median_ms, rate, write_and_print_table  # beside this file
 from mini_deepgemm import per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, reference
 
 FP4 = (per_token_group_fakequant_fp4, reference.fp4_fakequant)
@@ -50,15 +49,11 @@ def main(argv: list[str] | None = None) -> dict:
                      "kernel_of_copy": copy / kernel_ms, "speedup": reference_ms / kernel_ms, "bit_exact": exact})
     result = {"environment": environment("cuda"), "dtype": "bfloat16", "scales": "UE8M0 per 32",
               "timing": "triton.testing.do_bench median, warm-up 5 ms, repetitions 25 ms", "rows": rows}
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-    env = result["environment"]
-    print(f"bench_fp4_quant: {env['hardware']} torch {env['torch']} triton {env['triton']} {env['date']}")
-    print("| tensor | shape | reference ms | kernel ms | x reference | kernel GB/s | of copy | bit-exact |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        print(f"| {r['name']} | {r['shape']} | {r['reference_ms']:.4f} | {r['kernel_ms']:.4f} | {r['speedup']:.2f} "
-              f"| {r['kernel_gbs']:.0f} | {r['kernel_of_copy']:.2f} | {r['bit_exact']} |")
+    write_and_print_table("bench_fp4_quant", result, out_path, [
+        ("tensor", "l"), ("shape", "l"), ("reference ms", "r"), ("kernel ms", "r"), ("x reference", "r"),
+        ("kernel GB/s", "r"), ("of copy", "r"), ("bit-exact", "l")], lambda r: [
+        r["name"], str(r["shape"]), f"{r['reference_ms']:.4f}", f"{r['kernel_ms']:.4f}", f"{r['speedup']:.2f}",
+        f"{r['kernel_gbs']:.0f}", f"{r['kernel_of_copy']:.2f}", str(r["bit_exact"])])
     return result
 
 

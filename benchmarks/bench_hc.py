@@ -102,6 +102,21 @@ def rate(ms: float, n_bytes: int) -> float:
     return n_bytes / ms / 1e6
 
 
+def write_and_print_table(name: str, result: dict, out_path: str, columns: list[tuple[str, str]],
+                          cells: Callable[[dict], list[str]]) -> None:
+    """The one-table benchmarks' ending (bench_rmsnorm, bench_rope, bench_fp4_quant): result as JSON to out_path,
+    then the environment line and a markdown table of result["rows"]; columns: (title, "l" or "r" alignment),
+    cells(row): the row's formatted cells."""
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    env = result["environment"]
+    print(f"{name}: {env['hardware']} torch {env['torch']} triton {env['triton']} {env['date']}")
+    print("| " + " | ".join(title for title, _ in columns) + " |")
+    print("|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|")
+    for row in result["rows"]:
+        print("| " + " | ".join(cells(row)) + " |")
+
+
 def environment(device: str) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

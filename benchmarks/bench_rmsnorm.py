@@ -13,13 +13,12 @@ the fused kernel's max abs error against torch. Writes JSON to --out (default $O
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
-from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
+from bench_hc import copy_ms, environment, median_ms, rate, write_and_print_table  # beside this file
 from mini_deepinfer.layers import rmsnorm as rmsf
 from mini_deepinfer.models.deepseek_v41 import ops
 
@@ -46,15 +45,11 @@ def main(argv: list[str] | None = None) -> dict:
                      "fused_of_copy": copy / fused_ms, "speedup": torch_ms / fused_ms, "max_abs_error": err})
     result = {"environment": environment("cuda"), "dtype": "bfloat16", "eps": EPS,
               "timing": "triton.testing.do_bench median, warm-up 5 ms, repetitions 25 ms", "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    env = result["environment"]
-    print(f"bench_rmsnorm: {env['hardware']} torch {env['torch']} triton {env['triton']} {env['date']}")
-    print("| rows | D | torch ms | fused ms | x torch | fused GB/s | of copy | max abs err |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['T']} | {r['D']} | {r['torch_ms']:.4f} | {r['fused_ms']:.4f} | {r['speedup']:.2f} "
-              f"| {r['fused_gbs']:.0f} | {r['fused_of_copy']:.2f} | {r['max_abs_error']:.1e} |")
+    write_and_print_table("bench_rmsnorm", result, args.out, [
+        ("rows", "r"), ("D", "r"), ("torch ms", "r"), ("fused ms", "r"), ("x torch", "r"), ("fused GB/s", "r"),
+        ("of copy", "r"), ("max abs err", "r")], lambda r: [
+        str(r["T"]), str(r["D"]), f"{r['torch_ms']:.4f}", f"{r['fused_ms']:.4f}", f"{r['speedup']:.2f}",
+        f"{r['fused_gbs']:.0f}", f"{r['fused_of_copy']:.2f}", f"{r['max_abs_error']:.1e}"])
     return result
 
 

@@ -15,13 +15,12 @@ device copy in the same run (bench_hc.copy_ms) and the fraction of rotated value
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
-from bench_hc import copy_ms, environment, median_ms, rate  # beside this file
+from bench_hc import copy_ms, environment, median_ms, rate, write_and_print_table  # beside this file
 from mini_deepinfer.layers import rope as ropef
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config
@@ -54,15 +53,11 @@ def main(argv: list[str] | None = None) -> dict:
                      "speedup": torch_ms / fused_ms, "equal_fraction": equal})
     result = {"environment": environment("cuda"), "dtype": "bfloat16", "rotated_dims": d_rot,
               "timing": "triton.testing.do_bench median, warm-up 5 ms, repetitions 25 ms", "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    env = result["environment"]
-    print(f"bench_rope: {env['hardware']} torch {env['torch']} triton {env['triton']} {env['date']}")
-    print("| call | shape | torch ms | fused ms | x torch | fused GB/s | of copy | equal |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['name']} | {r['shape']} | {r['torch_ms']:.4f} | {r['fused_ms']:.4f} | {r['speedup']:.2f} "
-              f"| {r['fused_gbs']:.0f} | {r['fused_of_copy']:.2f} | {100 * r['equal_fraction']:.3f}% |")
+    write_and_print_table("bench_rope", result, args.out, [
+        ("call", "l"), ("shape", "l"), ("torch ms", "r"), ("fused ms", "r"), ("x torch", "r"), ("fused GB/s", "r"),
+        ("of copy", "r"), ("equal", "r")], lambda r: [
+        r["name"], str(r["shape"]), f"{r['torch_ms']:.4f}", f"{r['fused_ms']:.4f}", f"{r['speedup']:.2f}",
+        f"{r['fused_gbs']:.0f}", f"{r['fused_of_copy']:.2f}", f"{100 * r['equal_fraction']:.3f}%"])
     return result
 
 
