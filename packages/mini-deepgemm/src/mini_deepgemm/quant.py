@@ -40,10 +40,7 @@ def per_token_group_quant_fp8(
     if scale_fmt not in ("ue8m0", "fp32"):
         raise ValueError(f"unknown scale_fmt {scale_fmt!r} (expected 'ue8m0' or 'fp32')")
     K = x.shape[-1]
-    if K % group_size:
-        raise ValueError(f"last dim {K} is not a multiple of group_size {group_size}")
-    if group_size & (group_size - 1) or group_size < 16:
-        raise ValueError(f"group_size must be a power of two >= 16, got {group_size}")
+    _check_fp8_groups(K, group_size)
     if fold_128 and (group_size != 32 or scale_fmt != "ue8m0" or K % 128):
         raise ValueError(f"fold_128 folds V4.1's groups (group_size 32, 'ue8m0') four at a time: K % 128 == 0; got "
                          f"group_size {group_size}, scale_fmt {scale_fmt!r}, K {K}")
@@ -55,9 +52,7 @@ def per_token_group_quant_fp8(
 
     from .quant_kernel import act_quant_fp8_kernel
 
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     M, num_groups = x2.shape[0], K // group_size
     q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
     ue8m0 = scale_fmt == "ue8m0"
@@ -78,20 +73,31 @@ def per_token_group_fakequant_fp8(x: torch.Tensor, group_size: int = 32) -> torc
     dtype (reference.fp8_fakequant, V4.1's window KV; exact in bf16). One pass over x on the kernel, where the
     reference makes ~15 torch ops over fp32 copies; bit-exact with it."""
     K = x.shape[-1]
-    if K % group_size or group_size & (group_size - 1) or group_size < 16:
-        raise ValueError(f"last dim {K} must be a multiple of group_size {group_size}, a power of two >= 16")
+    _check_fp8_groups(K, group_size)
     if not use_triton(x) or x.numel() == 0:
         return reference.fp8_fakequant(x, group_size)
     from .quant_kernel import act_quant_fp8_kernel
 
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     act_quant_fp8_kernel[(x2.shape[0], cdiv(K // group_size, _GROUPS_PER_PROGRAM))](
         x2, out, out, K // group_size, x2.stride(0), out.stride(0), 0,
         GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=True, ROUND_TRIP=True)
     return out.reshape(x.shape)
+
+
+def _check_fp8_groups(K: int, group_size: int) -> None:
+    """The FP8 quantizers' shape rules (the kernel's, which the references share here)."""
+    if K % group_size:
+        raise ValueError(f"last dim {K} is not a multiple of group_size {group_size}")
+    if group_size & (group_size - 1) or group_size < 16:
+        raise ValueError(f"group_size must be a power of two >= 16, got {group_size}")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as rows [M, K] with a unit last stride, the FP8 kernel's input (a view where x allows it)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def per_token_group_quant_fp4(

@@ -241,20 +241,16 @@ def shared_expert(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.
     `{p}.shared_experts.w13` of ops.KernelWeights) x is quantized once and one GEMM computes w1 and w3 (2I columns:
     one launch and twice the tiles of one half), then the clamped SwiGLU and w2's activation quantization run as
     one kernel (moe_kernels.swiglu_weight_quant, every row real, unweighted) instead of the torch chain's fp32
-    passes. The stacked GEMM takes the route a half's own call would (ops.dense_v3_form at I columns): at 2I it
-    would cross DENSE_FOLD_MIN_TILES at fewer rows (300 rows: the V3-recipe route against the V4.1 one, calc_diff
-    1.5e-5 at the output, session 31 run 1), so the same operations run on the same values as the two-GEMM chain."""
+    passes. The stacked GEMM takes the route a half's own call would (route_of w1): at 2I columns it would cross
+    DENSE_FOLD_MIN_TILES at fewer rows (300 rows: the V3-recipe route against the V4.1 one, calc_diff 1.5e-5 at the
+    output, session 31 run 1), so the same operations run on the same values as the two-GEMM chain."""
     e = f"{p}.shared_experts"
     if not (moe_kernels.available(x) and isinstance(w, ops.KernelWeights) and f"{e}.w13.weight" in w):
         return ops.swiglu_expert(x, w, e, cfg)
-    T = x.shape[0]
-    v3_form = ops.dense_v3_form(T, w[f"{e}.w1.weight"], w.get(f"{e}.w1.scale_128"))
-    a = per_token_group_quant_fp8(x.contiguous(), QUANT_BLOCK, "ue8m0", fold_128=v3_form) if T else None
-    h13 = ops.quantized_linear(a, T, w[f"{e}.w13.weight"], w[f"{e}.w13.scale_128" if v3_form else f"{e}.w13.scale"])
-    w2, w2_scale_128 = w[f"{e}.w2.weight"], w.get(f"{e}.w2.scale_128")
-    v3_form = ops.dense_v3_form(T, w2, w2_scale_128)
+    h13 = ops.linear(x, w, f"{e}.w13", route_of=f"{e}.w1")
+    v3_form = ops.dense_v3_form(x.shape[0], w, f"{e}.w2")
     hq = moe_kernels.swiglu_weight_quant(h13, None, cfg.swiglu_limit, fold_128=v3_form)
-    return ops.quantized_linear(hq, T, w2, w2_scale_128 if v3_form else w[f"{e}.w2.scale"])
+    return ops.quantized_linear(hq, x.shape[0], w, f"{e}.w2", v3_form)
 
 
 def moe_grouped(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:

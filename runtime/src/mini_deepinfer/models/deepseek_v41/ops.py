@@ -162,15 +162,21 @@ def fake_quant(x: torch.Tensor, w: Weights, fmt: str) -> torch.Tensor:
     return (per_token_group_fakequant_fp4 if kernels else fp4_fakequant)(x, group, scale_fmt)
 
 
-def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> torch.Tensor:
+def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32, route_of: str | None = None
+           ) -> torch.Tensor:
     """Apply the linear `name` (`name.weight`, optional `name.scale`) in its stored format.
 
     FP8 e4m3 weight: FP8 activation quant per token per 32, fp32 accumulate, bf16 out. Packed FP4 (int8/uint8)
     weight: the same with e2m1 x UE8M0/32 weights. BF16 weight: F.linear in bf16. FP32 weight: fp32 in and out.
+    route_of (KernelWeights): the linear whose route (dense_v3_form) this call takes, where it is not `name` itself
+    (moe.shared_expert's stacked w13 takes its halves' route).
     """
     w = weights[f"{name}.weight"]
     if isinstance(weights, KernelWeights) and w.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8):
-        return _deepgemm_linear(x, w, weights[f"{name}.scale"], weights.get(f"{name}.scale_128"), block)
+        x2 = x.reshape(-1, x.shape[-1])
+        v3_form = dense_v3_form(x2.shape[0], weights, route_of or name)
+        a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form) if x2.shape[0] else None
+        return quantized_linear(a, x2.shape[0], weights, name, v3_form).view(*x.shape[:-1], w.shape[0])
     if w.dtype == torch.float8_e4m3fn:
         return fp8_linear_ref(x, w, weights[f"{name}.scale"], block)
     if w.dtype in (torch.int8, torch.uint8):
@@ -188,28 +194,23 @@ def linear(x: torch.Tensor, weights: Weights, name: str, block: int = 32) -> tor
 DENSE_FOLD_MIN_TILES = 64
 
 
-def _deepgemm_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_scale_128: torch.Tensor | None,
-                     block: int) -> torch.Tensor:
-    """w_scale_128: a folded dense FP8 weight's V3-recipe scales (KernelWeights), used from DENSE_FOLD_MIN_TILES."""
-    x2 = x.reshape(-1, x.shape[-1])
-    v3_form = dense_v3_form(x2.shape[0], w, w_scale_128)
-    a = per_token_group_quant_fp8(x2.contiguous(), block, "ue8m0", fold_128=v3_form) if x2.shape[0] else None
-    return quantized_linear(a, x2.shape[0], w, w_scale_128 if v3_form else w_scale).view(*x.shape[:-1], w.shape[0])
+def dense_v3_form(rows: int, weights: Weights, name: str) -> bool:
+    """Whether a call of `rows` rows on the KernelWeights linear `name` [N, K] takes the V3-recipe route (activations
+    quantized with fold_128, `name.scale_128`): a folded dense FP8 weight and at least DENSE_FOLD_MIN_TILES
+    128 x 128 output tiles; else the V4.1 kernels with `name.scale`."""
+    return (f"{name}.scale_128" in weights
+            and -(-rows // 128) * -(-weights[f"{name}.weight"].shape[0] // 128) >= DENSE_FOLD_MIN_TILES)
 
 
-def dense_v3_form(rows: int, w: torch.Tensor, w_scale_128: torch.Tensor | None) -> bool:
-    """Whether a dense FP8 call of `rows` rows on weight w [N, K] takes the V3-recipe route (activations quantized
-    with fold_128, w_scale_128): a folded weight and at least DENSE_FOLD_MIN_TILES 128 x 128 output tiles."""
-    return w_scale_128 is not None and -(-rows // 128) * -(-w.shape[0] // 128) >= DENSE_FOLD_MIN_TILES
-
-
-def quantized_linear(a: tuple[torch.Tensor, torch.Tensor] | None, rows: int, w: torch.Tensor, w_scale: torch.Tensor
-                     ) -> torch.Tensor:
-    """bf16 [rows, N] = a @ w^T on mini-deepgemm: a the activations already quantized in the form w_scale's recipe
-    takes (fp32 scales per 128 with the V3 form's w_scale_128, UE8M0 per 32 otherwise; None when rows is 0)."""
+def quantized_linear(a: tuple[torch.Tensor, torch.Tensor] | None, rows: int, weights: Weights, name: str,
+                     v3_form: bool) -> torch.Tensor:
+    """bf16 [rows, N] = a @ w^T for the KernelWeights linear `name` on mini-deepgemm: a the activations already
+    quantized in the route's form (v3_form: fp32 scales per 128, with `name.scale_128`; else UE8M0 per 32, with
+    `name.scale`), None when rows is 0."""
+    w = weights[f"{name}.weight"]
     out = torch.empty(rows, w.shape[0], dtype=torch.bfloat16, device=w.device)
     if rows:
-        fp8_fp4_gemm_nt(a, (w, w_scale), out)
+        fp8_fp4_gemm_nt(a, (w, weights[f"{name}.scale_128" if v3_form else f"{name}.scale"]), out)
     return out
 
 
