@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 32's GPU runs (docs/reports/gpu-session-2026-12-03-s32.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s32.sh   (1 x H200, tree = main 5b1573d + the experiment:
+#       session 31's review mend (4dcad20) on the GPU: mini-deepgemm's quantizer tests, the shared-expert / dense-fold /
+#       RoPE GPU tests, the runtime's core GPU tests; exp_indexer_mma_headsum.py (the indexer's head sum as an MMA))
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s32
+case "${PART:-r1}" in
+r1)
+  run quant_tests 40 $PYTEST -n 4 packages/mini-deepgemm/tests/test_quant.py -m gpu
+  run shared_tests 50 $PYTEST -s runtime/tests/test_shared_expert.py runtime/tests/test_dense_fp8_fold.py \
+    runtime/tests/test_rope.py -m gpu
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run exp_headsum 200 bash -c "cd benchmarks && python3 exp_indexer_mma_headsum.py"
+  cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests
+  grep -hE "^\||^shipped" "$OUT/exp_headsum.txt" | cut -c1-200
+  ;;
+esac
+pack_out
