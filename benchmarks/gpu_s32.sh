@@ -2,7 +2,9 @@
 # Session 32's GPU runs (docs/reports/gpu-session-2026-12-03-s32.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s32.sh   (1 x H200, tree = main 5b1573d + the experiment:
 #       session 31's review mend (4dcad20) on the GPU: mini-deepgemm's quantizer tests, the shared-expert / dense-fold /
-#       RoPE GPU tests, the runtime's core GPU tests; exp_indexer_mma_headsum.py (the indexer's head sum as an MMA))
+#       RoPE GPU tests, the runtime's core GPU tests (with the ratio > 1 compressor's projections on linear_fp32);
+#       exp_indexer_mma_headsum.py (the indexer's head sum as an MMA); bench_prefill on the tree (profiled) and on
+#       .ab-base.tar.gz = 5b1573d)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s32
 case "${PART:-r1}" in
@@ -12,8 +14,12 @@ r1)
     runtime/tests/test_rope.py -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run exp_headsum 200 bash -c "cd benchmarks && python3 exp_indexer_mma_headsum.py"
+  run prefill_new 60 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  prefill_sides 45 base
   cat "$OUT/summary.txt"; test_summary quant_tests shared_tests runtime_tests
   grep -hE "^\||^shipped" "$OUT/exp_headsum.txt" | cut -c1-200
+  show_sides new base
+  grep -E "^(indexer|compressor) " "$OUT"/prefill_{new,base}.txt
   ;;
 esac
 pack_out

@@ -303,11 +303,11 @@ def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, 
 def compressor_project(u: torch.Tensor, w: Weights, p: str, cfg: V41Config, ratio: int
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token compressor inputs. ratio 1: (normalised latent bf16 [T, D_kv], None), one latent per token.
-    ratio > 1: (kv fp32 [T, D_kv], score fp32 [T, D_kv]) to be pooled per group by `compressor_pool`."""
+    ratio > 1: (kv fp32 [T, D_kv], score fp32 [T, D_kv]) to be pooled per group by `compressor_pool`, fp32 products
+    of the bf16 operands (`fp32_matmul`: on tensor cores for the engine model)."""
     if ratio == 1:
         return norm(linear(u, w, f"{p}.compressor.wkv"), w, f"{p}.compressor.norm.weight", cfg.rms_norm_eps), None
-    uf = u.float()
-    return F.linear(uf, w[f"{p}.compressor.wkv.weight"].float()), F.linear(uf, w[f"{p}.compressor.wgate.weight"].float())
+    return fp32_matmul(u, w, f"{p}.compressor.wkv.weight"), fp32_matmul(u, w, f"{p}.compressor.wgate.weight")
 
 
 def compressor_pool(kv: torch.Tensor, score: torch.Tensor, norm_w: torch.Tensor, eps: float) -> torch.Tensor:
