@@ -41,7 +41,7 @@ from mini_deepgemm.reference import fp4_fakequant
 from mini_flashmla import api, reference
 from mini_flashmla import indexer_kernel as kernel_module
 from mini_flashmla.cache_layout import pack_index_k_fp4
-from source_variants import absolute_imports, edited_module
+from source_variants import edited_module
 
 SHIPPED_SCORE_TILE = '''    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
     prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
@@ -61,7 +61,7 @@ MMA_SCORE_TILE = '''    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16)  # [BLOCK_K, 
 
 
 def variant_module(workdir: str):
-    return edited_module(kernel_module, [absolute_imports("mini_flashmla"), (SHIPPED_SCORE_TILE, MMA_SCORE_TILE)],
+    return edited_module(kernel_module, [(SHIPPED_SCORE_TILE, MMA_SCORE_TILE)],
                          "indexer_kernel_mma_headsum", workdir)
 
 
@@ -104,6 +104,8 @@ def prefill(variant, result: dict) -> list:
     configs += [("mma_headsum", 4, bk, nw, st, 4) for bk, nw in ((128, 8), (64, 4)) for st in (1, 2, 3)]
     configs += [("mma_headsum", 8, 128, 8, st, 4) for st in (1, 2)]
     configs += [("mma_headsum", 4, 128, 4, 1, 4), ("mma_headsum", 4, 64, 8, 2, 4), ("mma_headsum", 4, 128, 8, 1, 8)]
+    configs += [("mma_headsum", 4, 128, 4, 1, pps) for pps in (2, 8, 16)] + [("mma_headsum", 4, 128, 4, 2, 4)]
+    configs += [("mma_headsum", 4, 256, 8, 1, 4), ("mma_headsum", 2, 128, 4, 1, 4), ("mma_headsum", 4, 256, 4, 1, 4)]
     for name, bq, bk, nw, st, pps in configs:
         kernel = (kernel_module if name == "shipped_kernel" else variant).indexer_scores_kernel
         row = dict(kernel=name, block_q=bq, block_k=bk, num_warps=nw, num_stages=st, programs_per_sm=pps)

@@ -5,6 +5,10 @@
 #       RoPE GPU tests, the runtime's core GPU tests (with the ratio > 1 compressor's projections on linear_fp32);
 #       exp_indexer_mma_headsum.py (the indexer's head sum as an MMA); bench_prefill on the tree (profiled) and on
 #       .ab-base.tar.gz = 5b1573d)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s32.sh   (1 x H200, tree = the indexer's head sum as an MMA
+#       shipped in mini-flashmla's kernels; .ab-base.tar.gz = the commit before it: the mini-flashmla GPU suite, the
+#       runtime's core GPU tests and the rest of its GPU suite; bench_flashmla, bench_prefill and bench_decode on both
+#       sides)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s32
 case "${PART:-r1}" in
@@ -20,6 +24,24 @@ r1)
   grep -hE "^\||^shipped" "$OUT/exp_headsum.txt" | cut -c1-200
   show_sides new base
   grep -E "^(indexer|compressor) " "$OUT"/prefill_{new,base}.txt
+  ;;
+r2)
+  run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run runtime_rest 150 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest.xml"
+  flashmla_sides 60 new base
+  run prefill_new 45 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
+  prefill_sides 40 base
+  for side in new base; do
+    run decode_$side 45 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_${side}_h200.json"
+  done
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest
+  grep -hE "indexer" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
+  show_sides new base
+  grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,base}.txt
+  grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   ;;
 esac
 pack_out
