@@ -316,7 +316,7 @@ def assert_topk_tie_aware(idx, ref_idx, score):
 
 @pytest.mark.parametrize("s_q,n_keys,n_heads,per_query",
                          [(9, 700, 32, False), (5, 300, 32, True), (3, 130, 4, False), (4, 257, 24, False),
-                          (6, 2100, 32, True), (4, 1000, 24, True)])
+                          (6, 2100, 32, True), (4, 1000, 24, True), (3, 500, 64, False), (5, 400, 8, True)])
 def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     g = torch.Generator().manual_seed(s_q + n_keys)
     q, w, cache = _indexer_case(g, s_q, 1000, device, n_heads)
@@ -334,6 +334,25 @@ def test_indexer_scores_and_topk(device, s_q, n_keys, n_heads, per_query):
     assert_scores_match(score, ref)
     idx = mini_flashmla.indexer_topk(q, w, cache, visible, rows, 64)
     assert_topk_tie_aware(idx, reference.indexer_topk_ref(ref, 64), ref)
+
+
+def test_indexer_shared_keys_runs_of_query_tiles(device):
+    """The shared-key kernel's programs score one 128-key tile against a run of query tiles (here 6 tiles of 4
+    queries: 24 key tiles x 150 query tiles over ~4 programs per SM), the last run and key tile ragged, causal."""
+    g = torch.Generator().manual_seed(16)
+    s_q, n_keys = 598, 3000
+    q, w, cache = _indexer_case(g, s_q, 3100, device)
+    rows = torch.randperm(3100, generator=g)[:n_keys].to(torch.int32).to(device)
+    visible = (torch.arange(s_q) * 5 + 11).clamp_max(n_keys).to(device)
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
+    assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible, rows))
+
+
+def test_indexer_weights_must_be_bf16(device):
+    q, w, cache = _indexer_case(torch.Generator().manual_seed(17), 2, 100, device)
+    rows, visible = torch.arange(100, dtype=torch.int32, device=device), torch.full((2,), 100, device=device)
+    with pytest.raises(ValueError, match="weights must be bf16"):
+        mini_flashmla.indexer_scores(q, w.float(), cache, visible, rows)
 
 
 def test_indexer_per_query_runs_of_key_tiles(device):

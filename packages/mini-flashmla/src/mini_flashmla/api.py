@@ -369,9 +369,10 @@ def indexer_scores(
         _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows, None, 0, out)
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
-    # 64 keys per program: 9.65 -> 7.29 ms at 4,096 queries x 65,536 keys, equal scores (session 13 run 3,
-    # benchmarks/exp_indexer_tiles.py; 128 keys at 4 warps without pipelining ran 7.44 ms)
-    block_k = 64
+    # 128 keys on one warpgroup (4 warps), no pipelining: with the head sum as an MMA 7.30 -> 5.29 ms at 4,096
+    # queries x 65,536 keys (session 32, benchmarks/exp_indexer_mma_headsum.py; 64 keys / 4 warps 6.53, 128 / 8
+    # warps 6.32 at 3 stages, 256 / 4 warps 6.08; 2-16 programs per SM and 1-2 stages within 0.3%)
+    block_k = 128
     key_tiles = math.ceil(n_keys / block_k)
     # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
     query_tiles = math.ceil(s_q / block_q)
@@ -379,21 +380,23 @@ def indexer_scores(
     indexer_scores_kernel[(key_tiles, math.ceil(s_q / queries_per_program))](
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
         key_rows, 0, visible, out, out.stride(0), s_q, n_keys, queries_per_program, H=n_heads, D=d,
-        BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if block_q > 1 else 4,
+        BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(), num_warps=4, num_stages=1,
     )
     return out
 
 
 def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
                       visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The indexer kernels' operands, checked: (q, weights) with the heads padded to a power of two (zero weights
-    add exact zeros to the sum), key_rows int32 and visible int64, contiguous."""
+    """The indexer kernels' operands, checked: (q, weights) with the heads padded to a power of two and at least 16
+    (the head-sum MMA's K; zero weights add exact zeros to the sum), key_rows int32 and visible int64, contiguous."""
     s_q, n_heads, d = q.shape
     if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
         raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
+    if weights.dtype != torch.bfloat16 or weights.shape != (s_q, n_heads):
+        raise ValueError(f"weights must be bf16 [s_q={s_q}, H={n_heads}], got {weights.dtype} {tuple(weights.shape)}")
     _check_rows(index_k_cache, INDEX_K_ROW_BYTES, "index_k_cache")
-    if n_heads & (n_heads - 1):
-        pad = _next_pow2(n_heads) - n_heads
+    if n_heads & (n_heads - 1) or n_heads < 16:
+        pad = max(16, _next_pow2(n_heads)) - n_heads
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))
         weights = torch.nn.functional.pad(weights, (0, pad))
     return q, weights, key_rows.to(torch.int32).contiguous(), visible.to(torch.int64).contiguous()

@@ -1,9 +1,9 @@
-"""Triton kernel of the indexer score: score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ).
+"""Triton kernels of the indexer score: score[i, t] = bf16( sum_h bf16( relu(bf16(q_ih . k_t)) * w_ih ) ).
 
 Keys come straight from the packed index-key cache (68 B rows: 64 B of e2m1 pairs, 4 B of UE8M0 exponents,
 one per 32 dims). A program dequantizes its keys to bf16 once and reuses them for a run of queries, BLOCK_Q
 queries x H heads per MMA, keys as the M side: [BLOCK_K, 128] x [128, BLOCK_Q * H]. Heads on the N side keep
-each query's head sum inside a few neighbouring lanes instead of across warps.
+each query's head sum inside one warpgroup's accumulator, where a second MMA takes it (`_score_tile`).
 
 Bit-exactness: q and k are FP4 values times powers of two, so every product has at most 4 significant bits; a
 32-dim group's sum needs at most 13 bits, and the 128-term dot product is exact in fp32 whatever the summation
@@ -11,6 +11,12 @@ order as long as the four groups' scale products lie within ~10 binades of each 
 test data; a normed activation rarely spreads further). The bf16 roundings then happen at the same
 points as the reference. Only the final 32-term head sum (fp32, then bf16) can round differently from torch's
 summation order, by at most one bf16 ulp and rarely.
+
+The epilogue (session 32, docs/reports/flashmla-indexer.md): the kernels were bound by it, ~7 instructions per
+(key, query, head) element (two bf16 round trips, relu, an fp32 multiply, the head sum across lanes) beside 256 MMA
+FLOPs. Now the dot product is rounded by the packed convert, relu and the weight run on bf16 pairs, and the head sum
+is a second MMA; offline (triton 3.6, sm_90a) a loop step of the shared-key kernel went from 13.2 to 4.7 issued
+instructions per score.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import triton.language as tl
 from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
 INDEX_K_ROW_BYTES = tl.constexpr(68)
+# relu, then the head weight, on bf16 pairs: the product of two bf16 values is exact in fp32, so rounding it once is
+# the reference's bf16(fp32(relu) * fp32(w))
+RELU_TIMES_WEIGHT_PTX = tl.constexpr("{ .reg .b32 z, r; mov.b32 z, 0; max.bf16x2 r, $1, z; mul.rn.bf16x2 $0, r, $2; }")
 
 
 @triton.jit
@@ -38,12 +47,27 @@ def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr)
 
 
 @triton.jit
-def _score_tile(k, q, w, BLOCK_Q: tl.constexpr, H: tl.constexpr):
+def _score_tile(k, q, w, BLOCK_Q: tl.constexpr, H: tl.constexpr, ASM: tl.constexpr):
     """bf16-valued fp32 scores [BLOCK_K, BLOCK_Q] of keys k [BLOCK_K, D] against q [BLOCK_Q * H, D] with head
-    weights w (fp32 [BLOCK_Q * H]), rounded to bf16 where the reference rounds."""
-    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16).to(tl.float32)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
-    prod = (tl.maximum(s, 0.0) * w[None, :]).to(tl.bfloat16).to(tl.float32)
-    return tl.sum(tl.reshape(prod, [k.shape[0], BLOCK_Q, H]), 2).to(tl.bfloat16).to(tl.float32)
+    weights w (bf16 [BLOCK_Q * H]), rounded to bf16 where the reference rounds. ASM: relu and the weight in packed
+    bf16 (CUDA), else in fp32 (the interpreter; the same values).
+    The head sum is a second MMA: the weighted products P [BLOCK_K, BLOCK_Q * H] (bf16, in the first MMA's
+    accumulator registers, which are the second's A fragment when one warpgroup holds whole rows) times a 0/1 matrix
+    whose column j sums query j's heads. Each product is exact (x 1.0), so only the sum's order differs from the
+    reference's fp32 sum, as before (the tensor core adds a step's 16 terms at once)."""
+    tl.static_assert(BLOCK_Q <= 16, "the head-sum MMA has 16 columns, one per query")
+    s = tl.dot(k, tl.trans(q)).to(tl.bfloat16)  # [BLOCK_K, BLOCK_Q * H], per-head bf16 rounding
+    w = tl.broadcast_to(w[None, :], s.shape)
+    if ASM:
+        prod = tl.inline_asm_elementwise(RELU_TIMES_WEIGHT_PTX, "=r,r,r", [s, w], dtype=tl.bfloat16, is_pure=True,
+                                         pack=2)
+    else:
+        prod = (tl.maximum(s.to(tl.float32), 0.0) * w.to(tl.float32)).to(tl.bfloat16)
+    column = tl.arange(0, 16)  # the MMA's smallest N; columns past BLOCK_Q sum nothing (exact zeros)
+    heads_of = ((tl.arange(0, BLOCK_Q * H) // H)[:, None] == column[None, :]).to(tl.bfloat16)
+    total = tl.dot(prod, heads_of)  # fp32 [BLOCK_K, 16]
+    total = tl.sum(tl.reshape(total, [k.shape[0], 16 // BLOCK_Q, BLOCK_Q]), 1)  # query j's column plus zeros
+    return total.to(tl.bfloat16).to(tl.float32)
 
 
 @triton.jit
@@ -55,14 +79,15 @@ def indexer_scores_kernel(
     visible_ptr,
     out_ptr, stride_out_s,
     s_q, n_keys, queries_per_program,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
 ):
     """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program)). Each program dequantizes its BLOCK_K keys once
     and scores them against queries_per_program queries, BLOCK_Q per MMA (dequantizing is the expensive part, the
     queries are cheap bf16 loads). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all queries share one
     key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1; the API
     launches indexer_scores_per_query_kernel for that). A key scores -inf when its row id is -1 / outside the cache
-    or t >= visible[i]."""
+    or t >= visible[i]. The MMAs' M side is BLOCK_K: 64 keys per warpgroup (4 warps per 64 keys), so that one
+    warpgroup holds whole rows for the head-sum MMA (Triton lays M = 64 on 8 warps as two N halves)."""
     t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     q_begin = tl.program_id(1) * queries_per_program
     t_ok = t < n_keys
@@ -80,8 +105,8 @@ def indexer_scores_kernel(
         col_ok = col_q < q_end
         q = tl.load(q_ptr + col_q[:, None] * stride_q_s + (col % H)[:, None] * stride_q_h + d[None, :],
                     mask=col_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + col_q * stride_w_s + col % H, mask=col_ok, other=0.0).to(tl.float32)
-        score = _score_tile(k, q, w, BLOCK_Q, H)
+        w = tl.load(w_ptr + col_q * stride_w_s + col % H, mask=col_ok, other=0.0)
+        score = _score_tile(k, q, w, BLOCK_Q, H, ASM)
 
         qi = q0 + tl.arange(0, BLOCK_Q)
         qi_ok = qi < q_end
@@ -120,7 +145,7 @@ def indexer_scores_per_query_kernel(
     first = tl.program_id(1) * keys_per_program
     h = tl.arange(0, H)
     q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
-    w = tl.load(w_ptr + i * stride_w_s + h).to(tl.float32)
+    w = tl.load(w_ptr + i * stride_w_s + h)
     visible = tl.minimum(tl.load(visible_ptr + i), n_keys)
     end = tl.minimum(first + keys_per_program, n_columns)
     for start in tl.range(first, end, BLOCK_K, num_stages=STAGES):
@@ -133,5 +158,5 @@ def indexer_scores_per_query_kernel(
             t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
         rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
         k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
-        score = tl.reshape(_score_tile(k, q, w, 1, H), [BLOCK_K])
+        score = tl.reshape(_score_tile(k, q, w, 1, H, ASM), [BLOCK_K])
         tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok, score, float("-inf")), mask=c_ok)
