@@ -86,7 +86,8 @@ def topk_select_kernel(
     for p in tl.static_range(4):
         shift = 24 - RADIX_BITS * p
         hist = tl.zeros((RADIX_BINS,), tl.int32)
-        other_low_bits = tl.zeros((), tl.int32)  # count of keys whose low 16 bits are not a bf16's (pass 0 only)
+        # pass 0: per lane, whether a key had low 16 bits that are not a bf16's (reduced once, after the pass)
+        other_low_bits = tl.zeros((BLOCK,), tl.int32)
         for b in range(0, tl.where(done, 0, n_blocks)):
             offs = b * BLOCK + offs0
             x, key, valid = _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
@@ -95,7 +96,7 @@ def topk_select_kernel(
             hist += tl.histogram(digit, RADIX_BINS, mask=in_band)
             if p == 0:
                 low = key & LOW_HALF  # 0 for a non-negative bf16, all ones for a negative one (flipped)
-                other_low_bits += tl.sum((valid & (low != 0) & (low != LOW_HALF)).to(tl.int32))
+                other_low_bits |= (valid & (low != 0) & (low != LOW_HALF)).to(tl.int32)
         above = tl.sum(hist) - tl.cumsum(hist, 0)  # keys in the band with a larger byte than each bin
         hit = (above < rem) & (above + hist >= rem)  # exactly one bin while rem >= 1
         digit_k = tl.sum(tl.where(hit, bins, 0)).to(tl.uint32)
@@ -106,24 +107,31 @@ def topk_select_kernel(
         band_full = tl.sum(tl.where(hit, hist, 0)) == new_rem
         rem = tl.where(done, rem, new_rem)
         if p == 0:
-            bf16_keys = other_low_bits == 0
+            bf16_keys = tl.max(other_low_bits) == 0
         if p == 1:
             done = done | bf16_keys
         done = done | band_full
 
-    # selection in position order: all keys above the band, the first rem keys in it
+    # selection in position order: all keys above the band, the first rem keys in it, -inf never. A band key that
+    # is -inf is either the whole band (a one-value band) or in a band taken whole, so ranking the band's finite keys
+    # alone selects the same items. One scan counts both kinds: keys above the band in the low 16 bits, finite band
+    # keys above them (BLOCK < 2^16).
     written = tl.zeros((), tl.int32)
     band_seen = tl.zeros((), tl.int32)
     for b in range(0, n_blocks):
         offs = b * BLOCK + offs0
         x, key, valid = _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
-        in_band = (valid & (key >= lo) & (key <= hi)).to(tl.int32)
-        band_rank = band_seen + tl.cumsum(in_band, 0) - in_band
-        keep = valid & ((key > hi) | ((in_band != 0) & (band_rank < rem))) & (x != float("-inf"))
-        slot = written + tl.cumsum(keep.to(tl.int32), 0) - 1
+        above_band = (valid & (key > hi)).to(tl.int32)
+        in_band = (valid & (key >= lo) & (key <= hi) & (x != float("-inf"))).to(tl.int32)
+        counts = above_band + (in_band << 16)
+        packed = tl.cumsum(counts, 0)
+        band_upto = band_seen + (packed >> 16)  # band keys up to and including this one
+        keep = (above_band != 0) | ((in_band != 0) & (band_upto <= rem))
+        slot = written + (packed & 0xFFFF) + tl.minimum(band_upto, rem) - tl.minimum(band_seen, rem) - 1
         tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs + first, mask=keep)
-        written += tl.sum(keep.to(tl.int32))
-        band_seen += tl.sum(in_band)
+        total = tl.sum(counts)
+        written += (total & 0xFFFF) + tl.minimum(band_seen + (total >> 16), rem) - tl.minimum(band_seen, rem)
+        band_seen += total >> 16
     for s0 in range(0, k, BLOCK):
         slot = s0 + offs0
         tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
