@@ -6,9 +6,9 @@
 #       exp_indexer_mma_headsum.py (the indexer's head sum as an MMA); bench_prefill on the tree (profiled) and on
 #       .ab-base.tar.gz = 5b1573d)
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s32.sh   (1 x H200, tree = the indexer's head sum as an MMA
-#       shipped in mini-flashmla's kernels; .ab-base.tar.gz = the commit before it: the mini-flashmla GPU suite, the
-#       runtime's core GPU tests and the rest of its GPU suite; bench_flashmla, bench_prefill and bench_decode on both
-#       sides)
+#       shipped in mini-flashmla's kernels and the top-k's one-scan selection; .ab-mid.tar.gz = aba5d91 (the head sum
+#       only), .ab-base.tar.gz = 7db45be (neither): the mini-flashmla GPU suite, the runtime's core GPU tests and the
+#       rest of its GPU suite; bench_flashmla and bench_decode on new and base, bench_prefill on all three)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s32
 case "${PART:-r1}" in
@@ -32,15 +32,16 @@ r2)
     --junitxml="$OUT/junit_rest.xml"
   flashmla_sides 60 new base
   run prefill_new 45 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
-  prefill_sides 40 base
+  prefill_sides 40 mid base
   for side in new base; do
     run decode_$side 45 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
       --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_${side}_h200.json"
   done
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest
   grep -hE "indexer" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
-  show_sides new base
-  grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,base}.txt
+  grep -hE "top-k" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
+  show_sides new mid base
+  grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,mid,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   ;;
 esac
