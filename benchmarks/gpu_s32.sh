@@ -30,7 +30,10 @@ r2)
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run runtime_rest 150 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_rest.xml"
-  flashmla_sides 60 new base
+  for side in new base; do  # the indexer part of bench_flashmla (scores, top-k, both chunked)
+    run "flashmla_$side" 60 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=indexer \
+      BENCH_JSON="flashmla_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
   run prefill_new 45 python3 benchmarks/bench_prefill.py --out "$OUT/prefill_new_h200.json"
   prefill_sides 40 mid base
   for side in new base; do
@@ -38,8 +41,7 @@ r2)
       --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_${side}_h200.json"
   done
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest
-  grep -hE "indexer" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
-  grep -hE "top-k" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
+  grep -hE "indexer|top-k" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
   show_sides new mid base
   grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,mid,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
