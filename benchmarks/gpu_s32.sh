@@ -9,6 +9,9 @@
 #       shipped in mini-flashmla's kernels and the top-k's one-scan selection; .ab-mid.tar.gz = aba5d91 (the head sum
 #       only), .ab-base.tar.gz = 7db45be (neither): the mini-flashmla GPU suite, the runtime's core GPU tests and the
 #       rest of its GPU suite; bench_flashmla and bench_decode on new and base, bench_prefill on all three)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s32.sh   (1 x H200, tree = run 2's source; .ab-base.tar.gz =
+#       7db45be: exp_moe_sign_layout.py (the contiguous MoE conversion on sign-permuted weights), bench_topk.py on new
+#       and base, exp_indexer_tiles.py --per-query (the per-query launch re-swept with the MMA head sum))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s32
 case "${PART:-r1}" in
@@ -45,6 +48,18 @@ r2)
   show_sides new mid base
   grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,mid,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
+  ;;
+r3)
+  run exp_sign_layout 150 bash -c "cd benchmarks && python3 exp_moe_sign_layout.py"
+  for side in new base; do
+    run "topk_$side" 60 env PYTHONPATH="$(side_path $side)" OUT="$OUT/topk_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_topk.py"
+  done
+  run exp_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  cat "$OUT/summary.txt"
+  grep -hE "^\|" "$OUT/exp_sign_layout.txt" | cut -c1-200
+  grep -hE "ms|top" "$OUT"/topk_{new,base}.txt | tail -20 | cut -c1-200
+  grep -hE "^\|" "$OUT/exp_per_query.txt" | head -16 | cut -c1-200
   ;;
 esac
 pack_out
