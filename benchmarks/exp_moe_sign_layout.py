@@ -36,20 +36,6 @@ from mini_deepgemm import gemm_gluon_fp4_e4m3_kernel as kernel_module
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from source_variants import absolute_imports, edited_module
 
-SHIPPED_PTX = '''{
-.reg .b32 m, t, w4;
-and.b32 m, $2, 0x77777777;
-prmt.b32 $0, $3, $4, m;
-shr.u32 m, m, 16;
-prmt.b32 $1, $3, $4, m;
-shl.b32 w4, $2, 4;
-prmt.b32 t, w4, $2, 0x5140;
-and.b32 t, t, 0x80808080;
-or.b32 $0, $0, t;
-prmt.b32 t, w4, $2, 0x7362;
-and.b32 t, t, 0x80808080;
-or.b32 $1, $1, t;
-}'''
 SIGN_LAYOUT_PTX = '''{
 .reg .b32 m, t;
 and.b32 m, $2, 0x77777777;
@@ -81,7 +67,8 @@ def main() -> None:
     result, rows_out = environment(torch.device("cuda")), []
     shipped_kernel = kernel_module.fp4_e4m3_contiguous_kernel
     with tempfile.TemporaryDirectory() as workdir:
-        variant = edited_module(kernel_module, [absolute_imports("mini_deepgemm"), (SHIPPED_PTX, SIGN_LAYOUT_PTX)],
+        shipped_ptx = kernel_module._E2M1_TO_E4M3_PTX.value.strip()  # the text the edit replaces in the source
+        variant = edited_module(kernel_module, [absolute_imports("mini_deepgemm"), (shipped_ptx, SIGN_LAYOUT_PTX)],
                                 "moe_sign_layout", workdir).fp4_e4m3_contiguous_kernel
         for groups, rows_range in PREFILL_LAYOUTS:
             for name, N, K in MOE_SHAPES:

@@ -9,8 +9,9 @@
 #       shipped in mini-flashmla's kernels and the top-k's one-scan selection; .ab-mid.tar.gz = aba5d91 (the head sum
 #       only), .ab-base.tar.gz = 7db45be (neither): the mini-flashmla GPU suite, the runtime's core GPU tests and the
 #       rest of its GPU suite; bench_flashmla and bench_decode on new and base, bench_prefill on all three)
-#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s32.sh   (1 x H200, tree = run 2's source; .ab-base.tar.gz =
-#       7db45be: exp_moe_sign_layout.py (the contiguous MoE conversion on sign-permuted weights), bench_topk.py on new
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s32.sh   (1 x H200, tree = run 2's source with the review's
+#       comment and static-assert mend (the same SASS offline); .ab-base.tar.gz = 7db45be: mini-flashmla's kernel and
+#       top-k GPU tests, exp_moe_sign_layout.py (the contiguous MoE conversion on sign-permuted weights), bench_topk.py on new
 #       and base, exp_indexer_tiles.py --per-query (the per-query launch re-swept with the MMA head sum))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s32
@@ -50,6 +51,8 @@ r2)
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   ;;
 r3)
+  run flashmla_tests 90 $PYTEST -n 8 packages/mini-flashmla/tests/test_topk_exact.py \
+    packages/mini-flashmla/tests/test_kernels.py -m gpu
   run exp_sign_layout 150 bash -c "cd benchmarks && python3 exp_moe_sign_layout.py"
   for side in new base; do
     run "topk_$side" 60 env PYTHONPATH="$(side_path $side)" OUT="$OUT/topk_$side" \

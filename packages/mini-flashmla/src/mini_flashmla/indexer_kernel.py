@@ -15,8 +15,8 @@ summation order, by at most one bf16 ulp and rarely.
 The epilogue (session 32, docs/reports/flashmla-indexer.md): the kernels were bound by it, ~7 instructions per
 (key, query, head) element (two bf16 round trips, relu, an fp32 multiply, the head sum across lanes) beside 256 MMA
 FLOPs. Now the dot product is rounded by the packed convert, relu and the weight run on bf16 pairs, and the head sum
-is a second MMA; offline (triton 3.6, sm_90a) a loop step of the shared-key kernel went from 13.2 to 4.7 issued
-instructions per score.
+is a second MMA; offline (triton 3.6, sm_90a) a loop step of the shared-key kernel went from 13.2 to 4.5 issued
+instructions per score (the shipped launches before and after).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def indexer_scores_kernel(
     queries are cheap bf16 loads). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all queries share one
     key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1; the API
     launches indexer_scores_per_query_kernel for that). A key scores -inf when its row id is -1 / outside the cache
-    or t >= visible[i]. The MMAs' M side is BLOCK_K: 64 keys per warpgroup (4 warps per 64 keys), so that one
-    warpgroup holds whole rows for the head-sum MMA (Triton lays M = 64 on 8 warps as two N halves)."""
+    or t >= visible[i]. One warpgroup must hold whole key rows for the head-sum MMA, and Triton lays an M = 64 MMA
+    on 8 warps as two N halves, so the API launches 4 warps (128 keys: two m64 MMAs on the one warpgroup)."""
     t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     q_begin = tl.program_id(1) * queries_per_program
     t_ok = t < n_keys

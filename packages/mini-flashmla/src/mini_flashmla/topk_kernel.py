@@ -64,6 +64,7 @@ def topk_select_kernel(
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
     """
+    tl.static_assert(BLOCK < 65536, "the selection pass counts a step's keys in 16-bit fields")
     row_off = (tl.program_id(0) // CHUNKS).to(tl.int64) * stride_val
     first = 0
     k_select = k  # out rows hold k slots; a chunk shorter than k selects all its items
