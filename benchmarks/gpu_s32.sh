@@ -59,7 +59,7 @@ r3)
       bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_topk.py"
   done
   run exp_per_query 150 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
-  cat "$OUT/summary.txt"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
   grep -hE "^\|" "$OUT/exp_sign_layout.txt" | cut -c1-200
   grep -hE "ms|top" "$OUT"/topk_{new,base}.txt | tail -20 | cut -c1-200
   grep -hE "^\|" "$OUT/exp_per_query.txt" | head -16 | cut -c1-200
