@@ -55,10 +55,10 @@ r3)
     packages/mini-flashmla/tests/test_kernels.py -m gpu
   run exp_sign_layout 120 bash -c "cd benchmarks && python3 exp_moe_sign_layout.py"
   for side in new base; do
-    run "topk_$side" 50 env PYTHONPATH="$(side_path $side)" OUT="$OUT/topk_$side" \
+    run "topk_$side" 45 env PYTHONPATH="$(side_path $side)" OUT="$OUT/topk_$side" \
       bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_topk.py"
   done
-  run exp_per_query 120 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  run exp_per_query 90 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
   cat "$OUT/summary.txt"; test_summary flashmla_tests
   grep -hE "^\|" "$OUT/exp_sign_layout.txt" | cut -c1-200
   grep -hE "ms|top" "$OUT"/topk_{new,base}.txt | tail -20 | cut -c1-200
