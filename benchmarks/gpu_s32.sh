@@ -50,10 +50,12 @@ r2)
   grep -E "^(indexer|top-k) " "$OUT"/prefill_{new,mid,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   ;;
-r3)
-  run flashmla_tests 80 $PYTEST -n 8 packages/mini-flashmla/tests/test_topk_exact.py \
+r3|r3s)  # r3s: the tests and the MoE experiment only (the device time left after refusals)
+  run flashmla_tests 60 $PYTEST -n 8 packages/mini-flashmla/tests/test_topk_exact.py \
     packages/mini-flashmla/tests/test_kernels.py -m gpu
   run exp_sign_layout 120 bash -c "cd benchmarks && python3 exp_moe_sign_layout.py"
+  [ "$PART" = r3s ] && { cat "$OUT/summary.txt"; test_summary flashmla_tests
+    grep -hE "^\|" "$OUT/exp_sign_layout.txt" | cut -c1-200; pack_out; exit 0; }
   for side in new base; do
     run "topk_$side" 45 env PYTHONPATH="$(side_path $side)" OUT="$OUT/topk_$side" \
       bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_topk.py"
