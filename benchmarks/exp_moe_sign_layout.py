@@ -108,8 +108,8 @@ def main() -> None:
         peer = r["us_scaled_grouped_mm_fp8"]
         print(f"| {r['groups']} | {r['name']} | {r['rows']} | {r['tflops_shipped']:.0f} TFLOP/s | "
               f"{r['tflops_sign_layout']:.0f} | {r['sign_layout_over_shipped']:.3f} | "
-              f"{r['tflops_scaled_grouped_mm_fp8']:.0f} | {peer / r['us_shipped']:.2f} / {peer / r['us_sign_layout']:.2f} "
-              f"| {r['bitwise_equal']} |")
+              f"{r['tflops_scaled_grouped_mm_fp8']:.0f} | {peer / r['us_shipped']:.2f} / "
+              f"{peer / r['us_sign_layout']:.2f} | {r['bitwise_equal']} |")
 
 
 if __name__ == "__main__":
