@@ -64,7 +64,8 @@ def topk_select_kernel(
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
     """
-    tl.static_assert(BLOCK < 65536, "the selection pass counts a step's keys in 16-bit fields")
+    # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
+    tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
     row_off = (tl.program_id(0) // CHUNKS).to(tl.int64) * stride_val
     first = 0
     k_select = k  # out rows hold k slots; a chunk shorter than k selects all its items
@@ -116,7 +117,7 @@ def topk_select_kernel(
     # selection in position order: all keys above the band, the first rem keys in it, -inf never. A band key that
     # is -inf is either the whole band (a one-value band) or in a band taken whole, so ranking the band's finite keys
     # alone selects the same items. One scan counts both kinds: keys above the band in the low 16 bits, finite band
-    # keys above them (BLOCK < 2^16).
+    # keys above them.
     written = tl.zeros((), tl.int32)
     band_seen = tl.zeros((), tl.int32)
     for b in range(0, n_blocks):
