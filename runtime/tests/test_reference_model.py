@@ -86,6 +86,23 @@ def test_compressor_pools_per_channel_softmax_over_the_group():
     assert torch.equal(got, ops.rmsnorm(latent, w, 1e-20))
 
 
+def test_compressed_kv_rows_packed_before_the_round_trip_dequantize_to_the_reference_entry():
+    """The engine packs ops.compressed_kv_rotated (one quantization); its rows must read back as the reference's
+    round-tripped entry, bit for bit. Packing the entry itself would quantize twice, and an e4m3 scale per 16
+    recomputed from a rounded amax can move (the case this checks against)."""
+    from mini_flashmla.cache_layout import pack_compressed_kv_fp4, unpack_compressed_kv_fp4
+
+    cfg = V41Config()
+    g = torch.Generator().manual_seed(32)
+    latent = (torch.randn(4000, 512, generator=g) * torch.rand(4000, 1, generator=g) * 3).bfloat16()
+    pos, freqs = torch.arange(4000) * 4, ops.rope_freqs(cfg, cfg.layer_role(2))
+    entry = ops.compressed_kv_entry(latent, pos, {}, freqs)
+    rows = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, pos, {}, freqs))
+    assert torch.equal(unpack_compressed_kv_fp4(rows).to(entry.dtype), entry)
+    twice = unpack_compressed_kv_fp4(pack_compressed_kv_fp4(entry)).to(entry.dtype)
+    assert (twice != entry).any()  # why the engine does not pack the entry
+
+
 def test_window_positions():
     wp = ops.window_positions(torch.tensor([0, 3, 200]), 128)
     assert wp[0, -1] == 0 and (wp[0, :-1] == -1).all()

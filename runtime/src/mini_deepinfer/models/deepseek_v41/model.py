@@ -311,9 +311,10 @@ class V41Model(torch.nn.Module):
             sst[tail_slot, j] = b
             rows = torch.where(closes, rows, torch.zeros_like(rows))
         gpos = group * r
-        cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_entry(latent, gpos, w,
-                                                                                      self.freqs[lid]))
-        cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_entry(latent, gpos, w, p, cfg, self.freqs[lid]))
+        # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
+        freqs = self.freqs[lid]
+        cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
+        cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
 
     def _indexer_decode(self, qr, u, d: DecodeRows, role: LayerRole, cache: V41Cache, shared: dict):
         """_indexer for one token per row, over every entry the block-table width can hold (n_cap), -1 / -inf
@@ -467,8 +468,9 @@ class V41Model(torch.nn.Module):
             groups = torch.arange(first_g, end_g, device=self.device)
             rows = V41Cache.entry_rows(sp.block_table, groups, r)
             gpos = groups * r
-            cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_entry(latent, gpos, w, freqs))
-            cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_entry(latent, gpos, w, p, cfg, freqs))
+            # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
+            cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
+            cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
             cache.index_k_publisher[sp.slot] = lid
 
     def _indexer(self, qr, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):

@@ -316,18 +316,35 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, norm_w: torch.Tensor,
     return rmsnorm(latent, norm_w, eps)
 
 
+# The compressed KV and index-key rows before and after their FP4 round trips. The reference keeps the round-tripped
+# entries; the engine packs the values before the round trip, since packing quantizes them once, with the round
+# trip's own quantizer, and gives the same dequantized values. Packing a round-tripped entry would quantize twice:
+# free of change for UE8M0 scales, but an e4m3 scale per 16 recomputed from a rounded amax can differ (517 of 10M
+# compressed-KV values on random data, tests/test_reference_model.py).
+def compressed_kv_rotated(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, freqs: torch.Tensor
+                          ) -> torch.Tensor:
+    """Compressed main KV row before its round trip: RoPE at the group's first position, on a copy (latent stays
+    un-rotated: index_key_rotated reads it too)."""
+    return rope_(latent.clone(), group_pos, freqs, w)
+
+
 def compressed_kv_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, freqs: torch.Tensor
                         ) -> torch.Tensor:
-    """Compressed main KV row: RoPE at the group's first position, then the FP4 (e4m3 per 16) round trip.
-    latent stays un-rotated: index_key_entry reads it too."""
-    return fake_quant(rope_(latent.clone(), group_pos, freqs, w), w, "fp4_e4m3")
+    """Compressed main KV entry: compressed_kv_rotated, then the FP4 (e4m3 per 16) round trip."""
+    return fake_quant(compressed_kv_rotated(latent, group_pos, w, freqs), w, "fp4_e4m3")
+
+
+def index_key_rotated(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p: str, cfg: V41Config,
+                      freqs: torch.Tensor) -> torch.Tensor:
+    """Index key before its round trip: RMSNorm(wk(latent)), RoPE at the group start. bf16 [G, 128]."""
+    k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
+    return rope_(k, group_pos, freqs, w)
 
 
 def index_key_entry(latent: torch.Tensor, group_pos: torch.Tensor, w: Weights, p: str, cfg: V41Config,
                     freqs: torch.Tensor) -> torch.Tensor:
-    """Index key: RMSNorm(wk(latent)), RoPE at the group start, FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
-    k = norm(linear(latent, w, f"{p}.indexer.wk"), w, f"{p}.indexer.k_norm.weight", cfg.rms_norm_eps)
-    return fake_quant(rope_(k, group_pos, freqs, w), w, "fp4")
+    """Index key entry: index_key_rotated, then the FP4 (UE8M0 per 32) round trip. bf16 [G, 128]."""
+    return fake_quant(index_key_rotated(latent, group_pos, w, p, cfg, freqs), w, "fp4")
 
 
 def indexer_queries(qr: torch.Tensor, u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
