@@ -28,7 +28,7 @@ from mini_deepgemm.reference import fp4_fakequant
 
 import mini_flashmla
 from mini_flashmla import api, reference
-from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
+from mini_flashmla.cache_layout import INDEX_K_ROW_BYTES, pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
 
 H, D, W, TOPK_C, S_Q = 64, 512, 128, 512, 4096
@@ -38,6 +38,7 @@ SCALE = D**-0.5
 # 8 and 32 (since session 13): below 33 programs the Triton kernel splits the index lists; since session 26 the API
 # splits on the Gluon kernel below one program per SM, and the rows show that against both kernels' earlier routes
 DECODE_BATCHES = (8, 32, 64, 128, 256)
+INDEXER_DECODE_BATCHES = (64, 256)  # the per-query indexer kernel's recorded batches (sessions 14-32)
 DECODE_SPLIT_SWEEP = (1, 2, 3, 4, 5, 10)  # 640 slots = 10 blocks: 10 / 5 / 4 / 3 / 2 / 1 blocks per split
 
 
@@ -206,6 +207,20 @@ def indexer_prefill_case(dev) -> tuple[torch.Tensor, ...]:
     return q, w, cache, visible, rows
 
 
+def indexer_decode_case(dev, batch: int) -> tuple[torch.Tensor, ...]:
+    """(q, w, cache, visible, key_rows) of the indexer's per-query (decode) path: `batch` queries, one per sequence,
+    each with its own N_COMPRESSED keys (131k context), the cache's rows an 8-fold repeat of batch x N_COMPRESSED / 8
+    random keys (the keys' values do not change the kernel's work). Shared by exp_indexer_tiles.py --per-query."""
+    g = torch.Generator(device=dev).manual_seed(3)
+    q = fp4_fakequant(torch.randn(batch, INDEX_HEADS, INDEX_DIM, device=dev, generator=g), 32, "ue8m0").bfloat16()
+    w = (torch.randn(batch, INDEX_HEADS, device=dev, generator=g) * 0.02).bfloat16()
+    cache = pack_index_k_fp4(torch.randn(batch * N_COMPRESSED // 8, INDEX_DIM, device=dev, generator=g)).repeat(8, 1)
+    key_rows = (torch.arange(batch, device=dev, dtype=torch.int32)[:, None] * N_COMPRESSED
+                + torch.arange(N_COMPRESSED, device=dev, dtype=torch.int32)[None, :])
+    visible = torch.full((batch,), N_COMPRESSED, dtype=torch.int64, device=dev)
+    return q, w, cache, visible, key_rows
+
+
 def bench_indexer(dev, result: dict) -> None:
     n_heads, d = INDEX_HEADS, INDEX_DIM
     q, w, cache, visible, rows = indexer_prefill_case(dev)
@@ -220,6 +235,10 @@ def bench_indexer(dev, result: dict) -> None:
     t = indexer_peer_ms(dev, n_heads, d)
     result["fp8_scaled_mm_same_gemm_ms"] = t
     result["fp8_scaled_mm_tflops"] = 2 * S_Q * n_heads * d * N_COMPRESSED / t / 1e9
+    for batch in INDEXER_DECODE_BATCHES:  # the per-query kernel: its peer is the device copy of its keys
+        t = bench_graph(lambda case=indexer_decode_case(dev, batch): mini_flashmla.indexer_scores(*case))
+        result[f"indexer_decode_b{batch}_ms"] = t
+        result[f"indexer_decode_b{batch}_key_gbs"] = batch * N_COMPRESSED * INDEX_K_ROW_BYTES / t / 1e6
 
 
 def indexer_peer_ms(dev, n_heads: int, d: int) -> float:
@@ -284,6 +303,11 @@ def print_table(result: dict) -> None:
             print(f"| decode batch {b}, Gluon by split count | "
                   + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items())
                   + (f"; the merge alone {combine:.1f} us" if combine else "") + " | |")
+    for b in INDEXER_DECODE_BATCHES:
+        if f"indexer_decode_b{b}_ms" in result:
+            print(f"| indexer decode (per-query keys, 131k context), batch {b} (graph replay) | "
+                  f"{result[f'indexer_decode_b{b}_ms']:.3f} ms, {result[f'indexer_decode_b{b}_key_gbs']:.0f} GB/s of "
+                  f"keys | {result[f'indexer_decode_b{b}_key_gbs'] / pc:.2f} of copy |")
     if "indexer_scores_ms" in result:
         print(f"| indexer scores | {result['indexer_scores_ms']:.3f} ms ({result['indexer_tflops']:.0f} TFLOP/s) "
               f"| {result['fp8_scaled_mm_same_gemm_ms'] / result['indexer_scores_ms']:.2f}x of FP8 scaled_mm "

@@ -30,11 +30,10 @@ import sys
 import torch
 from bench_flashmla import INDEX_DIM as D
 from bench_flashmla import INDEX_HEADS as N_HEADS
-from bench_flashmla import N_COMPRESSED, S_Q, bench, bench_graph, environment, indexer_peer_ms, indexer_prefill_case
-from mini_deepgemm.reference import fp4_fakequant
+from bench_flashmla import (INDEXER_DECODE_BATCHES, N_COMPRESSED, S_Q, bench, bench_graph, environment,
+                            indexer_decode_case, indexer_peer_ms, indexer_prefill_case)
 from mini_deepgemm._backend import sm_count
 from mini_flashmla import api
-from mini_flashmla.cache_layout import pack_index_k_fp4
 from mini_flashmla.indexer_kernel import indexer_scores_kernel, indexer_scores_per_query_kernel
 
 
@@ -79,16 +78,10 @@ def prefill_baseline(dev: torch.device) -> tuple[tuple[torch.Tensor, ...], torch
 def per_query() -> None:
     """The per-query path at decode shapes (see the module docstring)."""
     dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(3)
     result = environment(dev)
     rows_out = []
-    for batch in (64, 256):
-        q = fp4_fakequant(torch.randn(batch, N_HEADS, D, device=dev, generator=g), 32, "ue8m0").bfloat16()
-        w = (torch.randn(batch, N_HEADS, device=dev, generator=g) * 0.02).bfloat16()
-        cache = pack_index_k_fp4(torch.randn(batch * N_COMPRESSED // 8, D, device=dev, generator=g)).repeat(8, 1)
-        key_rows = (torch.arange(batch, device=dev, dtype=torch.int32)[:, None] * N_COMPRESSED
-                    + torch.arange(N_COMPRESSED, device=dev, dtype=torch.int32)[None, :])  # each its own keys
-        visible = torch.full((batch,), N_COMPRESSED, dtype=torch.int64, device=dev)
+    for batch in INDEXER_DECODE_BATCHES:
+        q, w, cache, visible, key_rows = indexer_decode_case(dev, batch)
         routed = api.indexer_scores(q, w, cache, visible, key_rows)
         routed_ms = bench_graph(lambda: api.indexer_scores(q, w, cache, visible, key_rows))
         out = torch.empty_like(routed)

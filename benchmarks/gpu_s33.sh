@@ -4,6 +4,10 @@
 #       4058c1f: session 32's review mend (74ed474, the compressed KV and index keys packed before their FP4 round
 #       trips) on the GPU for the first time: the runtime's core GPU tests and the rest of its GPU suite (with
 #       test_reference_model.py's new packing test); bench_prefill on the tree and on 4058c1f)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s33.sh   (1 x H200, tree = the FP4 decode by byte-permute
+#       tables (mini-flashmla: Gluon attention producer, per-query indexer, Triton attention); .ab-base.tar.gz = a6bff55
+#       (before it): the mini-flashmla GPU suite, the runtime's core GPU tests; bench_flashmla (every part, with the new
+#       per-query indexer rows), bench_prefill and bench_decode on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s33
 case "${PART:-r1}" in
@@ -16,6 +20,21 @@ r1)
   cat "$OUT/summary.txt"; test_summary runtime_tests runtime_rest
   show_sides new base
   grep -E "^(compressor|indexer|window cache|other) " "$OUT"/prefill_{new,base}.txt
+  ;;
+r2)
+  run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    run "flashmla_$side" 120 env PYTHONPATH="$(side_path $side)" BENCH_JSON="flashmla_$side.json" \
+      bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  prefill_sides 45 new base
+  for side in new base; do decode_bench "decode_$side" env PYTHONPATH="$(side_path $side)"; done
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  show_sides new base
+  grep -hE "^\| indexer" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
+  grep -E "^(indexer|sparse attention) " "$OUT"/prefill_{new,base}.txt
+  grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   ;;
 esac
 pack_out

@@ -19,10 +19,13 @@ import os
 
 import pytest
 import torch
-from mini_deepgemm.reference import fp4_fakequant
+import triton
+import triton.language as tl
+from mini_deepgemm.reference import fp4_dequant, fp4_fakequant
 
 import mini_flashmla
 from mini_flashmla import api, reference
+from mini_flashmla.dequant_triton import bf16_pair, e2m1_tables, e2m1_words_to_bf16
 from mini_flashmla.cache_layout import (
     pack_compressed_kv_fp4,
     pack_index_k_fp4,
@@ -140,6 +143,32 @@ def _check_quantized_reads(run, h, n_compressed_slots, compressed_slot, seed, de
     cid[:, compressed_slot] = rows
     out = run(q, wc, cc, empty_w, cid)
     assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
+@triton.jit
+def _e2m1_words_kernel(words_ptr, scales_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x = e2m1_words_to_bf16(tl.load(words_ptr + i)[:, None], bf16_pair(tl.load(scales_ptr + i)[:, None]),
+                           e2m1_tables())
+    tl.store(out_ptr + i[:, None] * 8 + tl.arange(0, 8)[None, :], x)
+
+
+def test_e2m1_words_to_bf16_is_exact_for_every_byte_and_scale(device):
+    """The kernels' FP4 decode (byte-permute tables, inline PTX): every byte value at every byte position of a word,
+    at 16 scales (UE8M0 powers of two from 2^-126 to 2^123, and e4m3 values: subnormal, odd mantissas, 448), bit
+    for bit against the reference's fp32 dequantization rounded to bf16 (negative zero included)."""
+    if device != "cuda":
+        pytest.skip("inline PTX: CUDA only")
+    g = torch.Generator().manual_seed(3)
+    byte = torch.stack([torch.randperm(256, generator=g) for _ in range(4)], 1).to(torch.uint8)  # [256, 4]
+    words = byte.contiguous().view(torch.int32).view(-1).repeat(16)
+    powers = torch.tensor([1, 2, 100, 127, 128, 150, 200, 250], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    e4m3 = torch.tensor([2**-9, 3 * 2**-9, 0.0390625, 0.4375, 1.0, 3.75, 104.0, 448.0]).to(torch.float8_e4m3fn)
+    scales = torch.cat([powers.float(), e4m3.float()]).to(torch.bfloat16).repeat_interleave(256)
+    out = torch.empty(words.numel(), 8, dtype=torch.bfloat16, device=device)
+    _e2m1_words_kernel[(1,)](words.to(device), scales.to(device), out, N=words.numel())
+    want = (fp4_dequant(byte.repeat(16, 1), torch.ones(4096, 1), 8) * scales.float()[:, None]).to(torch.bfloat16)
+    assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
 
 
 def test_quantized_reads_are_bit_exact(device):

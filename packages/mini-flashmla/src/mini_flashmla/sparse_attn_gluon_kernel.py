@@ -58,6 +58,7 @@ api routes every call of whole 64-head programs here.
 from __future__ import annotations
 
 from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
+from mini_flashmla.dequant_triton import E2M1_TABLES_PTX, E2M1_WORD_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -79,19 +80,10 @@ mul.rn.bf16x2 $1, h, $3;
 }
 """)
 # One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
-# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. Per output word, prmt puts byte j's
-# low nibble in the low half and its high nibble (byte j of the word shifted right by 4) in the high half; the
-# and-mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits 6-8 and its sign to bit
-# 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give the value.
-_FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
-{
-.reg .b32 w4, t, two126;
-mov.b32 two126, 0x7E807E80;
-shr.b32 w4, $4, 4;
-""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j};
-and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 t, t, two126; mul.rn.bf16x2 ${j}, t, $5;
-""" for j in range(4)) + "}\n")
+# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair: dequant_triton's byte-permute tables
+# (session 33; before, the and-mul-and of gemm_swapab_kernel's nibble helpers, 25 instructions per word against 19).
+_FP4_WORD_PTX: gl.constexpr = gl.constexpr(E2M1_WORD_PTX.value)
+_FP4_TABLES_PTX: gl.constexpr = gl.constexpr(E2M1_TABLES_PTX.value)  # its table words ($6, $7), made once
 
 # Row formats (the values of sparse_attn_kernel's FORMAT_* constants) and their byte layouts (cache_layout.py).
 BF16_ROWS: gl.constexpr = gl.constexpr(0)  # bf16 [n, 512]
@@ -240,10 +232,11 @@ def _e4m3_bf16_bits(byte):
 
 
 @gluon.jit
-def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
+def _dequant_chunk(words, scales, tile_rows, tables, FORMAT: gl.constexpr):
     """One chunk's words (int32, from its staging buffer) -> bf16 into `tile_rows` (the chunk's rows of a tile), equal
     to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
-    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
+    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact). tables: _FP4_TABLES_PTX's
+    words (compressed rows)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
@@ -260,7 +253,8 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
         pair = gl.convert_layout(bits * 0x10001, gl.SliceLayout(2, COMPRESSED_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
         pair, w = gl.broadcast(pair[:, :, None], w)
-        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r", [w, pair],
+        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r,r",
+                                                       [w, pair, tables[0], tables[1]],
                                                        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
                                                        is_pure=True, pack=1)
         halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
@@ -278,6 +272,11 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
+    if FORMAT == FP4_COMPRESSED:
+        tables = gl.inline_asm_elementwise(_FP4_TABLES_PTX, "=r,=r", [], dtype=(gl.int32, gl.int32), is_pure=True,
+                                           pack=1)
+    else:
+        tables = (0, 0)
     rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
     for c in gl.static_range(LOOKAHEAD):
         _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
@@ -296,7 +295,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
             values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             _dequant_chunk(values.load(_chunk_words(FORMAT)[1]),
-                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), tables, FORMAT)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
