@@ -8,9 +8,16 @@
 #       tables (mini-flashmla: Gluon attention producer, per-query indexer, Triton attention); .ab-base.tar.gz = a6bff55
 #       (before it): the mini-flashmla GPU suite, the runtime's core GPU tests; bench_flashmla (every part, with the new
 #       per-query indexer rows), bench_prefill and bench_decode on new and base)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s33.sh   (1 x H200, tree = run 2's tables with the Triton
+#       kernels back on the even / odd byte form (run 2's dim-order words sent the per-query indexer's keys through
+#       shared memory: 0.86x) and the table words made per element; .ab-base.tar.gz = a6bff55: as r2, plus
+#       exp_indexer_tiles.py --per-query (the per-query launch re-swept on the new decode))
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s33
 case "${PART:-r1}" in
+r2|r3)
+  [ "$PART" = r3 ] && run exp_per_query 100 bash -c "cd benchmarks && python3 exp_indexer_tiles.py --per-query"
+  ;;&
 r1)
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run runtime_rest 150 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
@@ -21,7 +28,7 @@ r1)
   show_sides new base
   grep -E "^(compressor|indexer|window cache|other) " "$OUT"/prefill_{new,base}.txt
   ;;
-r2)
+r2|r3)
   run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
   run runtime_tests 90 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   for side in new base; do
@@ -35,6 +42,7 @@ r2)
   grep -hE "^\| indexer" "$OUT"/flashmla_{new,base}.txt | cut -c1-200
   grep -E "^(indexer|sparse attention) " "$OUT"/prefill_{new,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
+  [ -f "$OUT/exp_per_query.txt" ] && grep -hE "^\|" "$OUT/exp_per_query.txt" | head -24 | cut -c1-200
   ;;
 esac
 pack_out

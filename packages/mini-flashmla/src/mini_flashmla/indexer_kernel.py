@@ -24,8 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import (bf16_pair, e2m1_pairs_to_bf16, e2m1_tables, e2m1_words_to_bf16,
-                                         ue8m0_to_bf16)
+from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
 INDEX_K_ROW_BYTES = tl.constexpr(68)
 # relu, then the head weight, on bf16 pairs: the product of two bf16 values is exact in fp32, so rounding it once is
@@ -34,22 +33,16 @@ RELU_TIMES_WEIGHT_PTX = tl.constexpr("{ .reg .b32 z, r; mov.b32 z, 0; max.bf16x2
 
 
 @triton.jit
-def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr, tables):
+def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr):
     """(bf16 [BLOCK_K, D] keys of cache rows `rows` (int32 [BLOCK_K]), row_ok): rows that are -1 or outside the cache
-    read nothing and give zeros. ASM: the inline-PTX e2m1 decode (CUDA) with `tables` = e2m1_tables(), else the
-    integer one (any backend; tables unread)."""
+    read nothing and give zeros. ASM: the inline-PTX e2m1 decode (CUDA), else the integer one (any backend)."""
     BLOCK_K: tl.constexpr = rows.shape[0]
     row_ok = (rows >= 0) & (rows < num_rows)
     row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
-    e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
-    scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes = 4 words
-    if ASM:  # the rows as int32 words (68 B rows keep them 4-byte aligned)
-        words = tl.load(row.to(tl.pointer_type(tl.int32), bitcast=True) + tl.arange(0, D // 8)[None, :],
-                        mask=row_ok[:, None], other=0)
-        k = e2m1_words_to_bf16(tl.reshape(words, [BLOCK_K, D // 32, 4]), bf16_pair(scale), tables)
-        return tl.reshape(k, [BLOCK_K, D]), row_ok
     byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
-    even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale)
+    e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
+    scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
+    even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale, ASM)
     return tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2])), row_ok  # low = even
 
 
@@ -101,7 +94,7 @@ def indexer_scores_kernel(
 
     rows = tl.load(key_rows_ptr + q_begin * stride_key_rows_s + t, mask=t_ok, other=-1)
     # Integer decode (ASM False): each key is decoded once for a run of queries, so its cost is not the kernel's.
-    k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, False, (0, 0))
+    k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, False)
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)
@@ -155,10 +148,6 @@ def indexer_scores_per_query_kernel(
     w = tl.load(w_ptr + i * stride_w_s + h)
     visible = tl.minimum(tl.load(visible_ptr + i), n_keys)
     end = tl.minimum(first + keys_per_program, n_columns)
-    if ASM:
-        tables = e2m1_tables()
-    else:
-        tables = (0, 0)
     for start in tl.range(first, end, BLOCK_K, num_stages=STAGES):
         c = start + tl.arange(0, BLOCK_K)
         c_ok = c < end
@@ -168,6 +157,6 @@ def indexer_scores_per_query_kernel(
             blk = tl.load(blocks_ptr + i * stride_blocks_s + c // GROUP, mask=c_ok, other=-1)
             t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
         rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
-        k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM, tables)
+        k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
         score = tl.reshape(_score_tile(k, q, w, 1, H, ASM), [BLOCK_K])
         tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok, score, float("-inf")), mask=c_ok)

@@ -58,7 +58,7 @@ api routes every call of whole 64-head programs here.
 from __future__ import annotations
 
 from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
-from mini_flashmla.dequant_triton import E2M1_TABLES_PTX, E2M1_WORD_PTX
+from mini_flashmla.dequant_triton import E2M1_HIGH_TABLE_PTX, E2M1_LOW_TABLE_PTX, E2M1_WORD_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -83,7 +83,8 @@ mul.rn.bf16x2 $1, h, $3;
 # words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair: dequant_triton's byte-permute tables
 # (session 33; before, the and-mul-and of gemm_swapab_kernel's nibble helpers, 25 instructions per word against 19).
 _FP4_WORD_PTX: gl.constexpr = gl.constexpr(E2M1_WORD_PTX.value)
-_FP4_TABLES_PTX: gl.constexpr = gl.constexpr(E2M1_TABLES_PTX.value)  # its table words ($6, $7), made once
+_FP4_HIGH_TABLE_PTX: gl.constexpr = gl.constexpr(E2M1_HIGH_TABLE_PTX.value)  # its table words, $6 and $7
+_FP4_LOW_TABLE_PTX: gl.constexpr = gl.constexpr(E2M1_LOW_TABLE_PTX.value)
 
 # Row formats (the values of sparse_attn_kernel's FORMAT_* constants) and their byte layouts (cache_layout.py).
 BF16_ROWS: gl.constexpr = gl.constexpr(0)  # bf16 [n, 512]
@@ -232,11 +233,10 @@ def _e4m3_bf16_bits(byte):
 
 
 @gluon.jit
-def _dequant_chunk(words, scales, tile_rows, tables, FORMAT: gl.constexpr):
+def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
     """One chunk's words (int32, from its staging buffer) -> bf16 into `tile_rows` (the chunk's rows of a tile), equal
     to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
-    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact). tables: _FP4_TABLES_PTX's
-    words (compressed rows)."""
+    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
@@ -253,8 +253,9 @@ def _dequant_chunk(words, scales, tile_rows, tables, FORMAT: gl.constexpr):
         pair = gl.convert_layout(bits * 0x10001, gl.SliceLayout(2, COMPRESSED_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
         pair, w = gl.broadcast(pair[:, :, None], w)
-        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r,r",
-                                                       [w, pair, tables[0], tables[1]],
+        high = gl.inline_asm_elementwise(_FP4_HIGH_TABLE_PTX, "=r,r", [w], dtype=gl.int32, is_pure=True, pack=1)
+        low = gl.inline_asm_elementwise(_FP4_LOW_TABLE_PTX, "=r,r", [w], dtype=gl.int32, is_pure=True, pack=1)
+        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r,r", [w, pair, high, low],
                                                        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
                                                        is_pure=True, pack=1)
         halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
@@ -272,11 +273,6 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
-    if FORMAT == FP4_COMPRESSED:
-        tables = gl.inline_asm_elementwise(_FP4_TABLES_PTX, "=r,=r", [], dtype=(gl.int32, gl.int32), is_pure=True,
-                                           pack=1)
-    else:
-        tables = (0, 0)
     rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
     for c in gl.static_range(LOOKAHEAD):
         _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
@@ -295,7 +291,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
             values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             _dequant_chunk(values.load(_chunk_words(FORMAT)[1]),
-                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), tables, FORMAT)
+                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), FORMAT)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and

@@ -24,8 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_flashmla.dequant_triton import (bf16_pair, e2m1_pairs_to_bf16, e2m1_tables, e2m1_words_to_bf16,
-                                         ue8m0_to_bf16)
+from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
 # Row formats of a source (the kernel's FORMAT constexprs).
 FORMAT_BF16 = tl.constexpr(0)  # bf16 [n, 512]
@@ -38,9 +37,8 @@ NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-em
 
 
 @triton.jit
-def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr, tables):
+def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
     """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0.
-    FP4_ASM: compressed rows decoded by e2m1_words_to_bf16 with `tables` = e2m1_tables() (else unread).
 
     Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes; the scales are
     broadcast over their group with a reshape instead of a per-element gather, which would need a 64-bit address
@@ -57,17 +55,11 @@ def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, 
         x = tl.reshape(tl.reshape(v, [BLOCK_N, D // 32, 32]) * ue8m0_to_bf16(e)[:, :, None], [BLOCK_N, D])
     else:  # FORMAT_FP4_COMPRESSED
         row = base_ptr + rows[:, None] * 288
+        byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
         s = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
-        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes = 2 words
-        if FP4_ASM:
-            words = tl.load(row.to(tl.pointer_type(tl.int32), bitcast=True) + tl.arange(0, D // 8)[None, :],
-                            mask=valid[:, None], other=0)
-            x = tl.reshape(e2m1_words_to_bf16(tl.reshape(words, [BLOCK_N, D // 16, 2]), bf16_pair(scale), tables),
-                           [BLOCK_N, D])
-        else:
-            byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
-            even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_N, D // 16, 8]), scale)
-            x = tl.interleave(tl.reshape(even, [BLOCK_N, D // 2]), tl.reshape(odd, [BLOCK_N, D // 2]))  # low = even
+        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
+        even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_N, D // 16, 8]), scale, FP4_ASM)
+        x = tl.interleave(tl.reshape(even, [BLOCK_N, D // 2]), tl.reshape(odd, [BLOCK_N, D // 2]))  # low nibble = even
     return x
 
 
@@ -75,15 +67,11 @@ def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, 
 def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
                    FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
     """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
-    if FP4_ASM and FORMAT == FORMAT_FP4_COMPRESSED:
-        tables = e2m1_tables()
-    else:
-        tables = (0, 0)
     for blk in range(blk_lo, blk_hi):
         pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
         valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
-        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM, tables)
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM)
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
