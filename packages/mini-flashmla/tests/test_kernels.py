@@ -19,9 +19,7 @@ import os
 
 import pytest
 import torch
-import triton
-import triton.language as tl
-from mini_deepgemm.reference import fp4_dequant, fp4_fakequant
+from mini_deepgemm.reference import fp4_fakequant
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -32,7 +30,6 @@ from mini_flashmla.cache_layout import (
     unpack_compressed_kv_fp4,
     unpack_window_fp8,
 )
-from mini_flashmla.dequant_triton import E2M1_HIGH_TABLE_PTX, E2M1_LOW_TABLE_PTX, E2M1_WORD_PTX, e2m1_pairs_to_bf16
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -143,49 +140,6 @@ def _check_quantized_reads(run, h, n_compressed_slots, compressed_slot, seed, de
     cid[:, compressed_slot] = rows
     out = run(q, wc, cc, empty_w, cid)
     assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
-
-
-@triton.jit
-def _e2m1_decode_kernel(words_ptr, scales_ptr, pairs_out_ptr, words_out_ptr, N: tl.constexpr):
-    """Both PTX forms of the table decode on the same words: e2m1_pairs_to_bf16's (Triton kernels; even / odd codes of
-    each byte) into pairs_out bf16 [N, 4, 2], and the Gluon producer's E2M1_WORD_PTX (dim-order bf16x2 words times the
-    scale) into words_out int32 [N, 4]."""
-    i = tl.arange(0, N)
-    j = tl.arange(0, 4)
-    words = tl.load(words_ptr + i)
-    scale = tl.load(scales_ptr + i)
-    byte = tl.load(words_ptr.to(tl.pointer_type(tl.uint8), bitcast=True) + 4 * i[:, None] + j[None, :])
-    even, odd = e2m1_pairs_to_bf16(byte, scale[:, None], True)
-    tl.store(pairs_out_ptr + i[:, None, None] * 8 + j[None, :, None] * 2 + tl.arange(0, 2)[None, None, :],
-             tl.join(even, odd))
-    high = tl.inline_asm_elementwise(E2M1_HIGH_TABLE_PTX, "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
-    low = tl.inline_asm_elementwise(E2M1_LOW_TABLE_PTX, "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
-    pair = (scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) * 0x10001
-    d01, d23, d45, d67 = tl.inline_asm_elementwise(E2M1_WORD_PTX, "=r,=r,=r,=r,r,r,r,r", [words, pair, high, low],
-                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
-                                                   pack=1)
-    tl.store(words_out_ptr + i[:, None] * 4 + j[None, :], tl.reshape(tl.join(tl.join(d01, d45), tl.join(d23, d67)), [N, 4]))
-
-
-def test_e2m1_table_decode_is_exact_for_every_byte_and_scale(device):
-    """The kernels' FP4 decode (byte-permute tables, inline PTX, both forms): every byte value at every byte position
-    of a word, at 16 scales (UE8M0 powers of two from 2^-126 to 2^123, and e4m3 values: subnormal, odd mantissas,
-    448), bit for bit against the reference's fp32 dequantization rounded to bf16 (negative zero included)."""
-    if device != "cuda":
-        pytest.skip("inline PTX: CUDA only")
-    g = torch.Generator().manual_seed(3)
-    byte = torch.stack([torch.randperm(256, generator=g) for _ in range(4)], 1).to(torch.uint8)  # [256, 4]
-    words = byte.contiguous().view(torch.int32).view(-1).repeat(16)
-    powers = torch.tensor([1, 2, 100, 127, 128, 150, 200, 250], dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    e4m3 = torch.tensor([2**-9, 3 * 2**-9, 0.0390625, 0.4375, 1.0, 3.75, 104.0, 448.0]).to(torch.float8_e4m3fn)
-    scales = torch.cat([powers.float(), e4m3.float()]).to(torch.bfloat16).repeat_interleave(256)
-    pairs = torch.empty(words.numel(), 8, dtype=torch.bfloat16, device=device)
-    dim_words = torch.empty(words.numel(), 4, dtype=torch.int32, device=device)
-    _e2m1_decode_kernel[(1,)](words.to(device), scales.to(device), pairs, dim_words, N=words.numel())
-    want = (fp4_dequant(byte.repeat(16, 1), torch.ones(4096, 1), 8) * scales.float()[:, None]).to(torch.bfloat16)
-    want = want.view(torch.int16)
-    assert torch.equal(pairs.cpu().view(torch.int16), want)
-    assert torch.equal(dim_words.cpu().view(torch.int16), want)
 
 
 def test_quantized_reads_are_bit_exact(device):

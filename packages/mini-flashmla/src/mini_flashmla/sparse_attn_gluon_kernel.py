@@ -58,7 +58,6 @@ api routes every call of whole 64-head programs here.
 from __future__ import annotations
 
 from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
-from mini_flashmla.dequant_triton import E2M1_HIGH_TABLE_PTX, E2M1_LOW_TABLE_PTX, E2M1_WORD_PTX
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -80,11 +79,19 @@ mul.rn.bf16x2 $1, h, $3;
 }
 """)
 # One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
-# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair: dequant_triton's byte-permute tables
-# (session 33; before, the and-mul-and of gemm_swapab_kernel's nibble helpers, 25 instructions per word against 19).
-_FP4_WORD_PTX: gl.constexpr = gl.constexpr(E2M1_WORD_PTX.value)
-_FP4_HIGH_TABLE_PTX: gl.constexpr = gl.constexpr(E2M1_HIGH_TABLE_PTX.value)  # its table words, $6 and $7
-_FP4_LOW_TABLE_PTX: gl.constexpr = gl.constexpr(E2M1_LOW_TABLE_PTX.value)
+# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. Per output word, prmt puts byte j's
+# low nibble in the low half and its high nibble (byte j of the word shifted right by 4) in the high half; the
+# and-mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits 6-8 and its sign to bit
+# 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give the value.
+_FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 w4, t, two126;
+mov.b32 two126, 0x7E807E80;
+shr.b32 w4, $4, 4;
+""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j};
+and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, two126; mul.rn.bf16x2 ${j}, t, $5;
+""" for j in range(4)) + "}\n")
 
 # Row formats (the values of sparse_attn_kernel's FORMAT_* constants) and their byte layouts (cache_layout.py).
 BF16_ROWS: gl.constexpr = gl.constexpr(0)  # bf16 [n, 512]
@@ -253,9 +260,7 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
         pair = gl.convert_layout(bits * 0x10001, gl.SliceLayout(2, COMPRESSED_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
         pair, w = gl.broadcast(pair[:, :, None], w)
-        high = gl.inline_asm_elementwise(_FP4_HIGH_TABLE_PTX, "=r,r", [w], dtype=gl.int32, is_pure=True, pack=1)
-        low = gl.inline_asm_elementwise(_FP4_LOW_TABLE_PTX, "=r,r", [w], dtype=gl.int32, is_pure=True, pack=1)
-        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r,r", [w, pair, high, low],
+        d01, d23, d45, d67 = gl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r", [w, pair],
                                                        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
                                                        is_pure=True, pack=1)
         halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
