@@ -12,6 +12,9 @@
 #       kernels back on the even / odd byte form (run 2's dim-order words sent the per-query indexer's keys through
 #       shared memory: 0.86x) and the table words made per element; .ab-base.tar.gz = a6bff55: as r2, plus
 #       exp_indexer_tiles.py --per-query (the per-query launch re-swept on the new decode))
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s33.sh   (1 x H200, tree = the table decode reverted;
+#       .ab-alt.tar.gz = 8e191b3 (run 3's table decode): exp_alu_rates.py (issue rates of PRMT against the instructions
+#       it replaced), Nsight Compute of the per-query indexer (batch 64) on both trees)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s33
 case "${PART:-r1}" in
@@ -43,6 +46,13 @@ r2|r3)
   grep -E "^(indexer|sparse attention) " "$OUT"/prefill_{new,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   [ -f "$OUT/exp_per_query.txt" ] && grep -hE "^\|" "$OUT/exp_per_query.txt" | head -24 | cut -c1-200
+  ;;
+r4)
+  run exp_alu 100 bash -c "cd benchmarks && python3 exp_alu_rates.py"
+  ncu_profile indexer_decode
+  PYTHONPATH="$(side_path alt)" NCU_TAG=_tables ncu_profile indexer_decode
+  cat "$OUT/summary.txt"; grep -hE "^\|" "$OUT/exp_alu.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" indexer_decode indexer_decode_tables 2>&1 | head -60 | cut -c1-200
   ;;
 esac
 pack_out

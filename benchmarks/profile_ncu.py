@@ -17,7 +17,8 @@ Cases (the shapes of the issue's tables):
 - sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
 - sparse_prefill_bf16: sparse_mla_fwd on the same indices over bf16 rows (the issue's 550 TFLOP/s case);
 - sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
-- indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128.
+- indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128;
+- indexer_decode: indexer_scores on the per-query (decode) path, batch 64, 65,536 keys each (bench_flashmla's case).
 """
 
 from __future__ import annotations
@@ -116,12 +117,17 @@ def indexer():
     return lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows)
 
 
+def indexer_decode():
+    q, w, cache, visible, key_rows = bf.indexer_decode_case(torch.device("cuda"), 64)
+    return lambda: mini_flashmla.indexer_scores(q, w, cache, visible, key_rows)
+
+
 CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
          "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
          "moe_w13_fold128_no_convert": lambda: moe_w13_fold128_variant("no_convert"),
          "moe_w13_fold128_no_mma": lambda: moe_w13_fold128_variant("no_mma"),
          "sparse_prefill": sparse_prefill, "sparse_prefill_bf16": sparse_prefill_bf16, "sparse_decode": sparse_decode,
-         "indexer": indexer}
+         "indexer": indexer, "indexer_decode": indexer_decode}
 
 
 def main() -> None:

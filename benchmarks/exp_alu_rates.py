@@ -1,0 +1,97 @@
+"""Experiment (session 33): how fast the H200 issues the integer and bf16 instructions of the kernels' FP4 decodes.
+Session 33 replaced the e2m1 -> bf16 decode's and-mul-and (LOP3, IMAD, HMUL2) with byte-permute table lookups (PRMT):
+the per-query indexer's loop went from 782 to 739 SASS instructions per key tile and ran 0.91-0.94x as fast
+(docs/reports/flashmla-fp4-table-decode.md). This measures the reading offered there: that PRMT issues at a lower rate
+than the instructions it replaced.
+
+Each thread runs 8 interleaved dependency chains of one instruction (32 per loop step, operands from the other
+chains so that ptxas can fold nothing); 132 x 8 programs of 4 warps (8 warps per scheduler) for a few ms. Reported:
+instructions per clock per SM, the clock read from %clock64 inside the kernel (the H200 throttles under load, so
+a wall-clock rate alone would mix the two), and each rate as a fraction of FFMA's in the same run.
+
+    cd benchmarks && timeout 100 python3 exp_alu_rates.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+from bench_flashmla import environment
+
+# op: (PTX of one instruction on chain k from chains a, b = the next two; register type)
+OPS = {
+    "FFMA (fma.rn.f32)": ("fma.rn.f32 {a}, {a}, {b}, {c};", "f32"),
+    "LOP3 (lop3.b32)": ("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "b32"),
+    "IMAD (mad.lo.u32)": ("mad.lo.u32 {a}, {a}, {b}, {c};", "b32"),
+    "IADD3 (add.u32)": ("add.u32 {a}, {a}, {b};", "b32"),
+    "SHF (shf.l.wrap.b32)": ("shf.l.wrap.b32 {a}, {a}, {b}, {c};", "b32"),
+    "HMUL2 (mul.rn.bf16x2)": ("mul.rn.bf16x2 {a}, {a}, {b};", "b32"),
+    "PRMT, register selector (prmt.b32)": ("prmt.b32 {a}, {b}, {c}, {a};", "b32"),
+    "PRMT, immediate selector (prmt.b32)": ("prmt.b32 {a}, {a}, {b}, 0x5140;", "b32"),
+}
+CHAINS = 8
+UNROLL = 4  # instructions per chain per asm block
+
+
+def _asm(op: str, typ: str) -> str:
+    lines = ["{", f".reg .{typ} a<{CHAINS}>;"]
+    lines += [f"mov.b32 a{k}, ${CHAINS + k};" for k in range(CHAINS)]
+    for _ in range(UNROLL):
+        for k in range(CHAINS):
+            lines.append(op.format(a=f"a{k}", b=f"a{(k + 1) % CHAINS}", c=f"a{(k + 2) % CHAINS}"))
+    lines += [f"mov.b32 ${k}, a{k};" for k in range(CHAINS)]
+    return "\n".join(lines + ["}"])
+
+
+@triton.jit
+def _rate_kernel(out_ptr, clocks_ptr, steps, ASM: tl.constexpr):
+    i = tl.arange(0, 128)  # one element per thread (4 warps)
+    x = (tl.program_id(0) * 128 + i) * 0x01000193 | 0x3F803F80
+    a0, a1, a2, a3, a4, a5, a6, a7 = x, x ^ 1, x ^ 2, x ^ 3, x ^ 4, x ^ 5, x ^ 6, x ^ 7
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
+    for _ in range(steps):
+        a0, a1, a2, a3, a4, a5, a6, a7 = tl.inline_asm_elementwise(
+            ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, a4, a5, a6, a7],
+            dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    t1 = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [a0], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(out_ptr + tl.program_id(0) * 128 + i, a0 ^ a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ a7)
+    tl.store(clocks_ptr + tl.program_id(0) * 128 + i, t1 - t0)
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    programs = sms * 8
+    steps = 2048
+    out = torch.empty(programs * 128, dtype=torch.int32, device=dev)
+    clocks = torch.empty(programs * 128, dtype=torch.int64, device=dev)
+    result = environment(dev)
+    result.update(programs=programs, warps_per_program=4, steps=steps, chains=CHAINS, unroll=UNROLL, rows=[])
+    for name, (op, typ) in OPS.items():
+        asm = _asm(op, typ)
+        run = lambda: _rate_kernel[(programs,)](out, clocks, steps, ASM=asm, num_warps=4)  # noqa: E731
+        run()
+        ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+        run()
+        cycles = clocks.double().median().item()  # a program's loop, in its SM's clock
+        per_thread = steps * UNROLL * CHAINS
+        ops = programs * 128 * per_thread
+        # 8 programs share an SM (all resident at once): instructions per SM clock = 8 x 128 x per_thread / cycles
+        per_clock = 8 * 128 * per_thread / cycles
+        result["rows"].append(dict(op=name, ms=ms, ops_per_ns=ops / ms / 1e6, loop_cycles=cycles,
+                                   lanes_per_clock_per_sm=per_clock, clock_mhz=cycles / (ms * 1e3)))
+    base = result["rows"][0]["lanes_per_clock_per_sm"]
+    with open(os.path.join(os.environ.get("OUT", "."), "exp_alu_rates.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("| instruction | lane-ops per clock per SM | of FFMA | wall ms | implied clock MHz |\n|---|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['op']} | {r['lanes_per_clock_per_sm']:.1f} | {r['lanes_per_clock_per_sm'] / base:.2f} | "
+              f"{r['ms']:.3f} | {r['clock_mhz']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
