@@ -15,6 +15,8 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s33.sh   (1 x H200, tree = the table decode reverted;
 #       .ab-alt.tar.gz = 8e191b3 (run 3's table decode): exp_alu_rates.py (issue rates of PRMT against the instructions
 #       it replaced), Nsight Compute of the per-query indexer (batch 64) on both trees)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s33.sh   (1 x H200: exp_alu_rates.py with the alternating
+#       pairs, which tell which instructions share an issue pipe)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s33
 case "${PART:-r1}" in
@@ -46,6 +48,10 @@ r2|r3)
   grep -E "^(indexer|sparse attention) " "$OUT"/prefill_{new,base}.txt
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   [ -f "$OUT/exp_per_query.txt" ] && grep -hE "^\|" "$OUT/exp_per_query.txt" | head -24 | cut -c1-200
+  ;;
+r5)
+  run exp_alu 100 bash -c "cd benchmarks && python3 exp_alu_rates.py"
+  cat "$OUT/summary.txt"; grep -hE "^\|" "$OUT/exp_alu.txt"
   ;;
 r4)
   run exp_alu 100 bash -c "cd benchmarks && python3 exp_alu_rates.py"
