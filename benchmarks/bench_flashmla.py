@@ -210,7 +210,8 @@ def indexer_prefill_case(dev) -> tuple[torch.Tensor, ...]:
 def indexer_decode_case(dev, batch: int) -> tuple[torch.Tensor, ...]:
     """(q, w, cache, visible, key_rows) of the indexer's per-query (decode) path: `batch` queries, one per sequence,
     each with its own N_COMPRESSED keys (131k context), the cache's rows an 8-fold repeat of batch x N_COMPRESSED / 8
-    random keys (the keys' values do not change the kernel's work). Shared by exp_indexer_tiles.py --per-query."""
+    random keys (the keys' values do not change the kernel's work). Shared by exp_indexer_tiles.py --per-query and
+    profile_ncu.py's indexer_decode case."""
     g = torch.Generator(device=dev).manual_seed(3)
     q = fp4_fakequant(torch.randn(batch, INDEX_HEADS, INDEX_DIM, device=dev, generator=g), 32, "ue8m0").bfloat16()
     w = (torch.randn(batch, INDEX_HEADS, device=dev, generator=g) * 0.02).bfloat16()
