@@ -4,7 +4,8 @@ the per-query indexer's loop went from 782 to 739 SASS instructions per key tile
 (docs/reports/flashmla-fp4-table-decode.md). Run 4 measured the single instructions: PRMT issues as fast as LOP3,
 SHF and IMAD (0.71-0.73 of FFMA's rate), so PRMT's rate was not the cause; Nsight Compute put the difference on the
 ALU pipe. The alternating pairs (added after run 4, not yet run) test the pipe reading directly: two instructions on
-different pipes should together issue at about twice the rate of either alone.
+different pipes should together issue at about twice the rate of either alone. POPC (added after run 4, not yet run):
+the top-k's counting loop issues 128 of them per 4,096-item step beside ~1,100 ALU instructions (offline SASS).
 
 Each thread runs 8 interleaved dependency chains of one instruction (32 per loop step, operands from the other
 chains so that ptxas can fold nothing); 132 x 8 programs of 4 warps (8 warps per scheduler) for a few ms. Reported:
@@ -35,6 +36,8 @@ OPS = {
     "HMUL2 (mul.rn.bf16x2)": ("mul.rn.bf16x2 {a}, {a}, {b};", "b32"),
     "PRMT, register selector (prmt.b32)": ("prmt.b32 {a}, {b}, {c}, {a};", "b32"),
     "PRMT, immediate selector (prmt.b32)": ("prmt.b32 {a}, {a}, {b}, 0x5140;", "b32"),
+    # the top-k's histograms are ballots and population counts (tl.histogram: VOTE, POPC, LOP3; flashmla-topk-exact.md)
+    "POPC (popc.b32)": ("popc.b32 {a}, {b};", "b32"),
     # two instructions on alternate chains: twice the rate of either alone when they issue to different pipes
     "LOP3 and IMAD alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "mad.lo.u32 {a}, {a}, {b}, {c};"), "b32"),
     "LOP3 and PRMT alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "prmt.b32 {a}, {b}, {c}, {a};"), "b32"),
