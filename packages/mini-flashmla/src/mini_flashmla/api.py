@@ -370,8 +370,9 @@ def indexer_scores(
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
     # 128 keys on one warpgroup (4 warps), no pipelining: with the head sum as an MMA 7.30 -> 5.29 ms at 4,096
-    # queries x 65,536 keys (session 32, benchmarks/exp_indexer_mma_headsum.py; 64 keys / 4 warps 6.53, 128 / 8
-    # warps 6.32 at 3 stages, 256 / 4 warps 6.08; 2-16 programs per SM and 1-2 stages within 0.3%)
+    # queries x 65,536 keys (session 32's sweep, `git show 7db45be:benchmarks/exp_indexer_mma_headsum.py`; 64 keys
+    # / 4 warps 6.53, 128 / 8 warps 6.32 at 3 stages, 256 / 4 warps 6.08; 2-16 programs per SM and 1-2 stages
+    # within 0.3%)
     block_k = 128
     key_tiles = math.ceil(n_keys / block_k)
     # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
