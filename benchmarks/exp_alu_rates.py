@@ -9,9 +9,9 @@ the top-k's counting loop issues 128 of them per 4,096-item step beside ~1,100 A
 
 Each thread runs 8 interleaved dependency chains of one instruction (32 per loop step, operands from the other
 chains so that ptxas can fold nothing); 132 x 8 programs of 4 warps (8 warps per scheduler) for a few ms. Reported:
-lane-operations per ns per SM and each rate as a fraction of FFMA's by wall time in the same run. The JSON also keeps
-each program's loop in %clock64 cycles; run 4 found those too short for the programs to have been resident together
-(an implied FFMA rate of 163 lanes per clock per SM, above the 128 an SM has), so only the wall-time ratios are read.
+lane-operations per ns per SM and each rate as a fraction of FFMA's by wall time in the same run. (Run 4's version
+also read each program's loop in %clock64 cycles; those implied an FFMA rate above the 128 lanes per clock an SM
+has, so the programs were not all resident together, and the clock reading was dropped.)
 
     cd benchmarks && timeout 100 python3 exp_alu_rates.py
 """
@@ -61,18 +61,15 @@ def _asm(op: str | tuple[str, str], typ: str) -> str:
 
 
 @triton.jit
-def _rate_kernel(out_ptr, clocks_ptr, steps, ASM: tl.constexpr):
+def _rate_kernel(out_ptr, steps, ASM: tl.constexpr):
     i = tl.arange(0, 128)  # one element per thread (4 warps)
     x = (tl.program_id(0) * 128 + i) * 0x01000193 | 0x3F803F80
     a0, a1, a2, a3, a4, a5, a6, a7 = x, x ^ 1, x ^ 2, x ^ 3, x ^ 4, x ^ 5, x ^ 6, x ^ 7
-    t0 = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
     for _ in range(steps):
         a0, a1, a2, a3, a4, a5, a6, a7 = tl.inline_asm_elementwise(
             ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, a4, a5, a6, a7],
             dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    t1 = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [a0], dtype=tl.int64, is_pure=False, pack=1)
     tl.store(out_ptr + tl.program_id(0) * 128 + i, a0 ^ a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ a7)
-    tl.store(clocks_ptr + tl.program_id(0) * 128 + i, t1 - t0)
 
 
 def main() -> None:
@@ -81,25 +78,22 @@ def main() -> None:
     programs = sms * 8
     steps = 2048
     out = torch.empty(programs * 128, dtype=torch.int32, device=dev)
-    clocks = torch.empty(programs * 128, dtype=torch.int64, device=dev)
     result = environment(dev)
     result.update(programs=programs, warps_per_program=4, steps=steps, chains=CHAINS, unroll=UNROLL, rows=[])
     for name, (op, typ) in OPS.items():
         asm = _asm(op, typ)
-        run = lambda: _rate_kernel[(programs,)](out, clocks, steps, ASM=asm, num_warps=4)  # noqa: E731
+        run = lambda: _rate_kernel[(programs,)](out, steps, ASM=asm, num_warps=4)  # noqa: E731
         run()
         ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
-        run()
-        cycles = clocks.double().median().item()  # a program's loop, in its SM's clock
-        per_thread = steps * UNROLL * CHAINS
-        ops = programs * 128 * per_thread
-        result["rows"].append(dict(op=name, ms=ms, ops_per_ns=ops / ms / 1e6, loop_cycles=cycles))
+        ops = programs * 128 * steps * UNROLL * CHAINS
+        result["rows"].append(dict(op=name, ms=ms, ops_per_ns=ops / ms / 1e6))
     ffma_ms = result["rows"][0]["ms"]
     with open(os.path.join(os.environ.get("OUT", "."), "exp_alu_rates.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("| instruction | lane-ops per ns per SM | of FFMA's rate (wall time) | wall ms |\n|---|---:|---:|---:|")
     for r in result["rows"]:
         print(f"| {r['op']} | {r['ops_per_ns'] / sms:.1f} | {ffma_ms / r['ms']:.2f} | {r['ms']:.3f} |")
+
 
 if __name__ == "__main__":
     main()
