@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 34's GPU runs (docs/reports/gpu-session-2026-12-03-s34.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s34.sh   (1 x H200, tree = session 33's prepared converter
+#       change (075c2b7 cherry-picked: the FP4 -> e4m3 converter's second selector by IMAD.HI); .ab-base.tar.gz = the
+#       commit before it: the mini-deepgemm GPU suite, the runtime's core GPU tests, bench_fp4_e4m3_route and
+#       bench_prefill on new and base; exp_alu_rates.py with its alternating pairs and POPC (session 33's r5))
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s34
+case "${PART:-r1}" in
+r1)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  route_sides 70 new base
+  prefill_sides 45 new base
+  run exp_alu 100 bash -c "cd benchmarks && python3 exp_alu_rates.py"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  show_sides new base
+  grep -E "^moe experts " "$OUT"/prefill_{new,base}.txt
+  for side in new base; do echo "== route $side"; grep -hE "^\|" "$OUT/route_$side.txt" | head -30 | cut -c1-200; done
+  grep -hE "^\|" "$OUT/exp_alu.txt"
+  ;;
+esac
+pack_out
