@@ -56,15 +56,12 @@ LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
 # values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign bits cleared) index the table.
 # The signs, bit 4i + 3, must become bit 7 of byte i: w << 4 holds the even values' signs at its bytes' top bits and
 # w the odd values', so a byte permute with a constant selector interleaves them and an AND-OR adds them.
-# The second selector is m >> 16 by a high multiply (IMAD.HI, an FMA-pipe instruction) instead of a shift: 8 of the
-# 9 SASS instructions per word issued to the ALU pipe, which runs at half the FP32 rate (session 33,
-# docs/reports/flashmla-fp4-table-decode.md); now 7 of 9 (offline, triton 3.6, sm_90a).
 _E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 m, t, w4;
 and.b32 m, $2, 0x77777777;
 prmt.b32 $0, $3, $4, m;
-mul.hi.u32 m, m, 65536;
+shr.u32 m, m, 16;
 prmt.b32 $1, $3, $4, m;
 shl.b32 w4, $2, 4;
 prmt.b32 t, w4, $2, 0x5140;
