@@ -41,6 +41,9 @@ WARMUP, REPS = 3, 15
 # (loop step, warps). Session 14 run 1 also swept 4- and 2-bit radix digits: exact and 1.2-1.7x slower, so the
 # kernel's digit width went back to a fixed byte (docs/reports/flashmla-topk-exact.md).
 STEP_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)]
+# Session 34: rows held in registers (api.TOPK_RESIDENT_MAX_PAIRS; only the selection pass loops over steps): the
+# top-k alone, (loop step, warps), against the streaming kernel's default in the same run
+RESIDENT_SWEEP = [(4096, 16), (2048, 16), (8192, 16), (4096, 8)]
 
 
 def median_ms(fn) -> float:
@@ -98,7 +101,9 @@ def main() -> None:
         "shape": {"s_q": S_Q, "n_keys": N_KEYS, "topk": TOPK, "block": BLOCK, "n_blocks": N_KEYS // BLOCK,
                   "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
-        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS},
+        "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS,
+                            "resident_max_pairs": api.TOPK_RESIDENT_MAX_PAIRS,
+                            "resident_num_warps": api.TOPK_RESIDENT_NUM_WARPS},
     }
     q, w, cache, visible, rows = indexer_prefill_case(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
@@ -123,9 +128,16 @@ def main() -> None:
     n_blocks = N_KEYS // BLOCK
     want_topk = api.topk_of_scores(score, TOPK)
     want_blocks = api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
-    for step, warps in STEP_SWEEP:
+    for step, warps in RESIDENT_SWEEP:
+        def topk_resident():
+            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps, resident=True)
+
+        topk_resident()
+        sweep[f"resident_step{step}_warps{warps}"] = {"topk_ms": median_ms(topk_resident),
+                                                      "equal": torch.equal(out_topk, want_topk)}
+    for step, warps in STEP_SWEEP:  # the streaming kernel: two histogram passes and the selection
         def topk():
-            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps)
+            api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps, resident=False)
 
         def blocks():
             api._launch_select(score, n_blocks, TOPK_BLOCKS, n_blocks - 1, out_blocks, BLOCK, step, warps)
@@ -157,7 +169,8 @@ def print_summary(r: dict) -> None:
               f"({r[f'{tag}_old_ms'] / r[f'{tag}_new_ms']:.1f}x), bit-identical {r[f'{tag}_equal']}")
     print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
     for name, t in r["kernel_step_sweep"].items():
-        print(f"  {name}: topk {t['topk_ms']:.3f} ms, blocks {t['blocks_ms']:.3f} ms, equal {t['equal']}")
+        blocks = f", blocks {t['blocks_ms']:.3f} ms" if "blocks_ms" in t else ""
+        print(f"  {name}: topk {t['topk_ms']:.3f} ms{blocks}, equal {t['equal']}")
     print("| queries | one program per query ms | " + " | ".join(f"{c} chunks ms" for c in DECODE_CHUNKS)
           + " | routed (chunks) ms | all equal |")
     for d in r["decode"]:

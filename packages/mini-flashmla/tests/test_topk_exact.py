@@ -49,12 +49,24 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bad.numel() == 0, f"{bad.shape[0]} entries differ, first at {bad[0].tolist()}"
 
 
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
 @pytest.mark.parametrize("n,k", [(300, 64), (200, 200), (40, 64), (129, 1), (1000, 100)])
-def test_topk_of_scores_exact(device, small_step, kind, n, k):
+def test_topk_of_scores_exact(device, small_step, monkeypatch, resident, kind, n, k):
+    """resident: rows held in registers (their bf16 rows' band found there; 'fp32' rows fall through to the radix
+    passes); streaming: TOPK_RESIDENT_MAX_PAIRS = 0, every row by the passes over memory."""
+    if not resident:
+        monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
     g = torch.Generator().manual_seed(n * 7 + k)
     score = tied_scores(g, 6, n, kind)
     assert_same(api.topk_of_scores(score.to(device), k), reference.indexer_topk_ref(score, k))
+
+
+def test_resident_needs_a_row_that_fits(device):
+    score = torch.zeros(2, 64, device=device)
+    out = torch.empty((2, 8), dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="forced_item=3"):
+        api._launch_select(score, 64, 8, 3, out, group=1, resident=True)
 
 
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
@@ -137,6 +149,25 @@ def test_prefill_shape_exact_without_sync():
         torch.cuda.set_sync_debug_mode("default")
     assert_same(idx, reference.indexer_topk_ref(score, 512))
     assert_same(blocks, reference.candidate_blocks_ref(score, n, 8, 2048))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="prefill row length: CUDA only")
+def test_prefill_rows_held_in_registers():
+    """264 queries x 65,536 keys (two programs per SM of an H200: no chunks), so every row is held in registers at
+    the prefill's size (32,768 pairs, inline-PTX compares): bf16 rows with ties, -0.0 beside +0.0, +inf, causal
+    -inf tails (all -inf, fewer finite values than k, exactly k), and rows that are not bf16 (the radix passes)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    n, k = 65536, 512
+    score = (torch.randn(264, n, device="cuda", generator=g) * 0.25).bfloat16().float()
+    score[::3] = score[::3].round()
+    score[5::7] = -score[5::7].abs().round()  # -0.0 and negative ties
+    score[6, ::1000] = float("inf")
+    limit = torch.randint(0, n + 1, (264, 1), device="cuda", generator=g)
+    limit[0], limit[1], limit[2], limit[3] = 0, 300, k, n
+    score = score.masked_fill(torch.arange(n, device="cuda")[None, :] >= limit, NEG_INF)
+    score[7] += 1e-3 * torch.rand(n, device="cuda", generator=g)  # not bf16: the passes over memory
+    assert api._topk_chunks(264, n, k, api._num_sms(score.device)) == 1
+    assert_same(api.topk_of_scores(score, k), reference.indexer_topk_ref(score, k))
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",

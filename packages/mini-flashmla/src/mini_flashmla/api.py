@@ -540,6 +540,12 @@ TOPK_NUM_WARPS = 8
 # 105 (64, 4), and slower than one program per query from 128 queries on (165+ / 289+): the second pass and the
 # gathers then cost more than the idle SMs did.
 TOPK_MIN_CHUNK_KEYS = 8192
+# Rows of at most 2 x TOPK_RESIDENT_MAX_PAIRS single values (the prefill's 65,536 ratio-2 keys, a REINDEX layer's
+# candidates, the decode's second chunked pass) are read once into registers, 16-bit keys two per register, and a
+# bf16 row's k-th key is found there (topk_kernel._resident_band) instead of by two histogram passes; session 34.
+# 16 warps hold a 65,536-value row in 64 registers per thread (128 per thread at most: one program per SM).
+TOPK_RESIDENT_MAX_PAIRS = 32768
+TOPK_RESIDENT_NUM_WARPS = 16
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -610,14 +616,22 @@ def candidate_blocks_of_scores(score: torch.Tensor, compress_len: int, block: in
 
 def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, out: torch.Tensor, group: int,
                    block: int | None = None, num_warps: int | None = None, chunks: int = 1,
-                   chunk_len: int = 0) -> None:
+                   chunk_len: int = 0, resident: bool | None = None) -> None:
     """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
-    (chunks > 1: out has chunks rows per score row); block / num_warps (None: TOPK_BLOCK / TOPK_NUM_WARPS) are
-    arguments so the benchmark can sweep them."""
+    (chunks > 1: out has chunks rows per score row). resident (None: whenever the row may be held in registers:
+    single values, one chunk, no forced item, at most 2 x TOPK_RESIDENT_MAX_PAIRS), block and num_warps (None:
+    TOPK_BLOCK; TOPK_RESIDENT_NUM_WARPS or TOPK_NUM_WARPS) are arguments so the benchmark can compare them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
+    may_reside = group == 1 and chunks == 1 and forced_item < 0 and n_items <= 2 * TOPK_RESIDENT_MAX_PAIRS
+    if resident and not may_reside:
+        raise ValueError("resident=True needs single values, one chunk, no forced item and at most "
+                         f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row, got group={group}, chunks={chunks}, "
+                         f"forced_item={forced_item}, n_items={n_items}")
+    resident = may_reside if resident is None else resident
     block = TOPK_BLOCK if block is None else block
-    num_warps = TOPK_NUM_WARPS if num_warps is None else num_warps
+    if num_warps is None:
+        num_warps = TOPK_RESIDENT_NUM_WARPS if resident else TOPK_NUM_WARPS
 
     if score.dtype != torch.float32:
         raise ValueError(f"score must be fp32, got {score.dtype}")
@@ -626,5 +640,6 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     topk_select_kernel[(score.shape[0] * chunks,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
-        GROUP=group, BLOCK=block, CHUNKS=chunks, num_warps=num_warps,
+        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=_next_pow2(-(-n_items // 2)) if resident else 0,
+        ASM=not _interpreting(), num_warps=num_warps,
     )

@@ -15,6 +15,13 @@ H200 (session 14 run 1, docs/reports/flashmla-topk-exact.md), so the digits stay
 
 An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tail padded with -inf (the candidate
 blocks, whose ids are written).
+
+Rows of at most 2 x RESIDENT_PAIRS single values (RESIDENT_PAIRS > 0) skip the counting passes when their values are
+exactly bf16: the row is read once into registers as 16-bit keys, two per 32-bit register, and the k-th largest
+key is found bit by bit, most significant first, each bit settled by counting the keys at or above a candidate
+(a compare and an add per key, where a histogram pass costs ~2.4 warp instructions per key, ballots and
+quarter-rate population counts among them; docs/reports/flashmla-topk-exact.md, session 34). Other rows fall
+through to the radix passes. Either way the selection pass is the same.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import triton.language as tl
 
 SIGN_BIT = tl.constexpr(0x80000000)
 LOW_HALF = tl.constexpr(0xFFFF)
+HIGH_HALF = tl.constexpr(0xFFFF0000)
+NEG_INF_KEY16 = tl.constexpr(0x007F)  # the top 16 bits of -inf's key; every finite value's are larger
 RADIX_BITS = tl.constexpr(8)
 RADIX_BINS = tl.constexpr(256)
 
@@ -51,10 +60,60 @@ def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: t
 
 
 @triton.jit
+def _bf16_bits_of_key(t):
+    """The bf16 bits whose key's top 16 bits are t (uint32 <= 0xFFFF): _order_key inverted on 16 bits."""
+    return tl.where(t >= 0x8000, t ^ 0x8000, ~t & LOW_HALF).to(tl.uint32)
+
+
+@triton.jit
+def _values_at_least(pairs, t, ASM: tl.constexpr):
+    """How many of the bf16 values packed two per uint32 in pairs compare >= the value of 16-bit key t: the keys
+    >= t, for every t a search below asks about (a key that is a NaN's compares false; the searches never need
+    one). ASM: one packed bf16x2 compare per pair (set.ge.u32.bf16x2: each half 0xFFFF or 0) and one AND keeping
+    a 1 per half, summed as two 16-bit fields (at most 32,768 each); else the same compares in fp32 (exact: a bf16
+    widens exactly), for the interpreter."""
+    bits = _bf16_bits_of_key(t)
+    if ASM:
+        hits = tl.inline_asm_elementwise(
+            "{ .reg .b32 r; set.ge.u32.bf16x2 r, $1, $2; and.b32 $0, r, 0x00010001; }",
+            "=r,r,r", [pairs, bits | (bits << 16)], dtype=tl.uint32, is_pure=True, pack=1)
+        fields = tl.sum(hits)
+        return ((fields & LOW_HALF) + (fields >> 16)).to(tl.int32)
+    value = (bits << 16).to(tl.float32, bitcast=True)
+    low = ((pairs << 16).to(tl.float32, bitcast=True) >= value).to(tl.int32)
+    return tl.sum(low + ((pairs & HIGH_HALF).to(tl.float32, bitcast=True) >= value).to(tl.int32))
+
+
+@triton.jit
+def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.constexpr):
+    """The band [lo, hi] and rem of the radix select, found in registers, for a row of n_items <= 2 x PAIRS
+    values; bf16_row tells whether they hold (every value exactly bf16), else the caller runs the passes.
+    A bf16 value is the top 16 bits of its fp32; the values 2i and 2i + 1 share a register. With kk = min(k, finite
+    values), the k-th largest key is the largest 16-bit t with at least kk keys >= t, settled bit by bit from the
+    top; the band is that one key and rem = kk - (keys above it). Every t tried is at least 0x0080 (the most
+    negative finite value's key) while kk >= 1; kk = 0 leaves t = 0xFFFF (a NaN's key, which no value has) and
+    rem = 0, so nothing is selected."""
+    pos = tl.arange(0, PAIRS)[:, None] * 2 + tl.arange(0, 2)[None, :]
+    bits = tl.load(val_ptr + row_off + pos, mask=pos < n_items, other=float("-inf")).to(tl.uint32, bitcast=True)
+    bf16_row = tl.max(bits & LOW_HALF) == 0
+    even, odd = tl.split(bits)
+    pairs = (even >> 16) | (odd & HIGH_HALF)
+    kk = tl.minimum(k, _values_at_least(pairs, tl.full((), NEG_INF_KEY16 + 1, tl.uint32), ASM))
+    t = tl.zeros((), tl.uint32)
+    for bit in tl.static_range(15, -1, -1):
+        candidate = t | (1 << bit)
+        t = tl.where(_values_at_least(pairs, candidate, ASM) >= kk, candidate, t)
+    above = tl.where(t < LOW_HALF, _values_at_least(pairs, tl.minimum(t + 1, LOW_HALF), ASM), 0)
+    lo = (t << 16).to(tl.uint32)
+    return lo, (lo | LOW_HALF).to(tl.uint32), kk - above, bf16_row
+
+
+@triton.jit
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
     out_ptr, stride_out, chunk_len,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, RESIDENT_PAIRS: tl.constexpr = 0,
+    ASM: tl.constexpr = True,
 ):
     """Grid (rows * CHUNKS,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items
     as in _load_items; 1 <= k <= n_items.
@@ -63,6 +122,8 @@ def topk_select_kernel(
     CHUNKS > 1 (GROUP 1, no forced item): program row * CHUNKS + c selects among the row's items
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
+    RESIDENT_PAIRS > 0 (GROUP 1, CHUNKS 1, no forced item, n_items <= 2 x RESIDENT_PAIRS): a bf16 row's band comes
+    from _resident_band, and the counting passes run no steps.
     """
     # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
     tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
@@ -84,6 +145,12 @@ def topk_select_kernel(
     hi = ~lo
     rem = k_select + tl.zeros((), tl.int32)
     done = rem < 0  # false, as a tensor so the passes below can update it
+    if RESIDENT_PAIRS > 0:
+        resident_lo, resident_hi, resident_rem, done = _resident_band(val_ptr, row_off, n_items, k_select,
+                                                                      RESIDENT_PAIRS, ASM)
+        lo = tl.where(done, resident_lo, lo)
+        hi = tl.where(done, resident_hi, hi)
+        rem = tl.where(done, resident_rem, rem)
     bf16_keys = done
     for p in tl.static_range(4):
         shift = 24 - RADIX_BITS * p
