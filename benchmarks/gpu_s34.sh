@@ -19,5 +19,17 @@ r1)
   for side in new base; do echo "== route $side"; grep -hE "^\|" "$OUT/route_$side.txt" | head -30 | cut -c1-200; done
   grep -hE "^\|" "$OUT/exp_alu.txt"
   ;;
+r2)
+  run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run bench_topk 150 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"
+  prefill_sides 45 new base
+  for side in new base; do decode_bench "decode_$side" env PYTHONPATH="$(side_path $side)"; done
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  show_sides new base
+  grep -E "^(top-k|indexer) " "$OUT"/prefill_{new,base}.txt
+  grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
+  grep -vE "^\[" "$OUT/bench_topk.txt" | tail -25
+  ;;
 esac
 pack_out
