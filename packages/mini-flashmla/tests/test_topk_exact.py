@@ -87,8 +87,11 @@ def test_chunked_topk_on_strided_rows(device, small_step):
 
 
 def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
+    """Rows too long to hold in registers (here: over 512 keys) are split when the queries are few."""
     monkeypatch.setattr(api, "TOPK_MIN_CHUNK_KEYS", 16)
     sms = api._num_sms(torch.device(device))
+    assert api._topk_chunks(4, 1000, 100, sms) == 1  # held in registers
+    monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 256)
     assert api._topk_chunks(4, 1000, 100, sms) > 1 and api._topk_chunks(sms, 1000, 100, sms) == 1
     g = torch.Generator().manual_seed(8)
     score = tied_scores(g, 4, 1000, "few")

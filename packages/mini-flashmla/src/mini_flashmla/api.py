@@ -538,10 +538,11 @@ TOPK_NUM_WARPS = 8
 # among the chunks' candidates. Session 15 run 3 (bench_topk.py's decode sweep, 65,536 keys, graph replay, us):
 # one program per query 144 at 8-128 queries, 253 at 256; best chunked 69 (8 queries, 8-16 chunks), 80 (32, 4-8),
 # 105 (64, 4), and slower than one program per query from 128 queries on (165+ / 289+): the second pass and the
-# gathers then cost more than the idle SMs did.
+# gathers then cost more than the idle SMs did. Since session 34 only rows too long to hold in registers (the
+# ratio-1 layers' 131,072 keys) are split (_topk_chunks).
 TOPK_MIN_CHUNK_KEYS = 8192
 # Rows of at most 2 x TOPK_RESIDENT_MAX_PAIRS single values (the prefill's 65,536 ratio-2 keys, a REINDEX layer's
-# candidates, the decode's second chunked pass) are read once into registers, 16-bit keys two per register, and a
+# candidates, the decode's rows and second chunked pass) are read once into registers, 16-bit keys two per register, and a
 # bf16 row's k-th key is found there (topk_kernel._resident_band) instead of by two histogram passes; session 34.
 # 16 warps hold a 65,536-value row in 64 registers per thread (128 per thread at most: one program per SM).
 TOPK_RESIDENT_MAX_PAIRS = 32768
@@ -569,8 +570,13 @@ def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 def _topk_chunks(s_q: int, n_keys: int, k: int, sms: int) -> int:
-    """Key chunks per query for topk_of_scores: doubled while the doubled grid (s_q x chunks) still fits one
-    program per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k."""
+    """Key chunks per query for topk_of_scores: 1 for a row held in registers; else doubled while the doubled grid
+    (s_q x chunks) still fits one program per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k.
+    Session 34 run 2 (65,536 keys, graph replay): a row held in registers took 60-63 us at 8-128 queries, against
+    57.5 / 72.6 / 101.5 us routed to 8 / 4 / 2 chunks at 8 / 32 / 64 queries (the chunks' first pass runs the
+    histogram passes, and the second pass's short rows pay 18 block-wide sums in registers)."""
+    if n_keys <= 2 * TOPK_RESIDENT_MAX_PAIRS:
+        return 1
     chunks = 1
     while s_q * chunks * 2 <= sms and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k):
         chunks *= 2
