@@ -31,5 +31,16 @@ r2)
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   grep -vE "^\[" "$OUT/bench_topk.txt" | tail -25
   ;;
+r3)
+  run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do decode_bench "decode_$side" env PYTHONPATH="$(side_path $side)"; done
+  run bench_topk 150 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"
+  run runtime_rest 170 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_rest.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests runtime_rest
+  grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
+  grep -vE "^\[" "$OUT/bench_topk.txt" | tail -25
+  ;;
 esac
 pack_out
