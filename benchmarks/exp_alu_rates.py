@@ -3,9 +3,10 @@ Session 33 replaced the e2m1 -> bf16 decode's and-mul-and (LOP3, IMAD, HMUL2) wi
 the per-query indexer's loop went from 782 to 739 SASS instructions per key tile and ran 0.91-0.94x as fast
 (docs/reports/flashmla-fp4-table-decode.md). Run 4 measured the single instructions: PRMT issues as fast as LOP3,
 SHF and IMAD (0.71-0.73 of FFMA's rate), so PRMT's rate was not the cause; Nsight Compute put the difference on the
-ALU pipe. The alternating pairs (added after run 4, not yet run) test the pipe reading directly: two instructions on
-different pipes should together issue at about twice the rate of either alone. POPC (added after run 4, not yet run):
-the top-k's counting loop issues 128 of them per 4,096-item step beside ~1,100 ALU instructions (offline SASS).
+ALU pipe. The alternating pairs test the pipe reading directly: two instructions on different pipes should together
+issue at about twice the rate of either alone. POPC: the top-k's counting loop issues 128 of them per 4,096-item step
+beside ~1,100 ALU instructions (offline SASS). Both ran in session 34's run 1: PRMT shares LOP3's pipe, not IMAD's,
+and POPC issues at a quarter of LOP3's rate (flashmla-fp4-table-decode.md, flashmla-topk-exact.md).
 
 Each thread runs 8 interleaved dependency chains of one instruction (32 per loop step, operands from the other
 chains so that ptxas can fold nothing); 132 x 8 programs of 4 warps (8 warps per scheduler) for a few ms. Reported:
