@@ -7,7 +7,8 @@ kernel (mini_flashmla.topk_kernel), at the prefill shape of bench_prefill.py.
 - candidate blocks: the same scores in blocks of 8 (8,192 blocks), top 2,048, the newest block forced:
   reference.candidate_blocks_ref vs api.candidate_blocks_of_scores (before session 29 both wrote the bool mask,
   reference.candidate_block_mask_ref and the kernel's mask output).
-- a sweep of the kernel's loop step and warps (each result checked equal to the default's), and
+- a sweep of the kernel's loop step and warps, rows held in registers (session 34) and the streaming kernel
+  (each result checked equal to the default's), and
   scores + top-k chunked (api.indexer_topk) end to end;
 - decode (session 15): top-512 of 65,536 keys for 8-256 queries (the last rows of the same scores, which see every
   key): one program per query against the chunked route at 2-16 key chunks and the routed choice, each checked

@@ -156,8 +156,8 @@ def test_prefill_shape_exact_without_sync():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="prefill row length: CUDA only")
 def test_prefill_rows_held_in_registers():
-    """264 queries x 65,536 keys (two programs per SM of an H200: no chunks), so every row is held in registers at
-    the prefill's size (32,768 pairs, inline-PTX compares): bf16 rows with ties, -0.0 beside +0.0, +inf, causal
+    """264 queries x 65,536 keys, every row held in registers (rows that fit are never split) at the prefill's
+    size (32,768 pairs, inline-PTX compares): bf16 rows with ties, -0.0 beside +0.0, +inf, causal
     -inf tails (all -inf, fewer finite values than k, exactly k), and rows that are not bf16 (the radix passes)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     n, k = 65536, 512

@@ -542,9 +542,10 @@ TOPK_NUM_WARPS = 8
 # ratio-1 layers' 131,072 keys) are split (_topk_chunks).
 TOPK_MIN_CHUNK_KEYS = 8192
 # Rows of at most 2 x TOPK_RESIDENT_MAX_PAIRS single values (the prefill's 65,536 ratio-2 keys, a REINDEX layer's
-# candidates, the decode's rows and second chunked pass) are read once into registers, 16-bit keys two per register, and a
-# bf16 row's k-th key is found there (topk_kernel._resident_band) instead of by two histogram passes; session 34.
-# 16 warps hold a 65,536-value row in 64 registers per thread (128 per thread at most: one program per SM).
+# candidates, the decode's rows, the chunked route's second pass) are read once into registers, bf16 values two per
+# register, and a bf16 row's k-th key is found there (topk_kernel._resident_band) instead of by two histogram
+# passes; session 34. 16 warps hold a 65,536-value row in 64 registers per thread (128 per thread in all: one
+# program per SM).
 TOPK_RESIDENT_MAX_PAIRS = 32768
 TOPK_RESIDENT_NUM_WARPS = 16
 

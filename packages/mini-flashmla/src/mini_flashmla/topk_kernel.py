@@ -17,11 +17,11 @@ An item is one value (GROUP = 1) or the max of GROUP consecutive values, the tai
 blocks, whose ids are written).
 
 Rows of at most 2 x RESIDENT_PAIRS single values (RESIDENT_PAIRS > 0) skip the counting passes when their values are
-exactly bf16: the row is read once into registers as 16-bit keys, two per 32-bit register, and the k-th largest
-key is found bit by bit, most significant first, each bit settled by counting the keys at or above a candidate
-(a compare and an add per key, where a histogram pass costs ~2.4 warp instructions per key, ballots and
-quarter-rate population counts among them; docs/reports/flashmla-topk-exact.md, session 34). Other rows fall
-through to the radix passes. Either way the selection pass is the same.
+exactly bf16: the row is read once into registers as bf16 values, two per 32-bit register, and the k-th largest
+16-bit key is found bit by bit, most significant first, each bit settled by counting the values at or above a
+candidate (one packed compare per two values, where a histogram pass costs ~2.4 warp instructions per value,
+ballots and quarter-rate population counts among them; docs/reports/flashmla-topk-exact.md, session 34). Other
+rows fall through to the radix passes. Either way the selection pass is the same.
 """
 
 from __future__ import annotations
