@@ -42,5 +42,12 @@ r3)
   grep -hE "zos=1 graphs=1" "$OUT"/decode_{new,base}.txt | cut -c1-200
   grep -vE "^\[" "$OUT/bench_topk.txt" | tail -25
   ;;
+r4)
+  run topk_tests 60 $PYTEST -n 8 packages/mini-flashmla/tests/test_topk_exact.py -m gpu
+  prefill_sides 45 new base
+  cat "$OUT/summary.txt"; test_summary topk_tests
+  show_sides new base
+  grep -E "^(top-k|indexer) " "$OUT"/prefill_{new,base}.txt
+  ;;
 esac
 pack_out
