@@ -4,6 +4,15 @@
 #       change (075c2b7 cherry-picked: the FP4 -> e4m3 converter's second selector by IMAD.HI); .ab-base.tar.gz = the
 #       commit before it: the mini-deepgemm GPU suite, the runtime's core GPU tests, bench_fp4_e4m3_route and
 #       bench_prefill on new and base; exp_alu_rates.py with its alternating pairs and POPC (session 33's r5))
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s34.sh   (1 x H200, tree = the top-k's rows held in registers;
+#       .ab-base.tar.gz = 46bae5f (before it): the mini-flashmla GPU suite, the runtime's core GPU tests, bench_topk,
+#       bench_prefill and bench_decode on new and base)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s34.sh   (1 x H200, tree = run 2's kernel with rows held in
+#       registers no longer split into chunks; .ab-base.tar.gz = 46bae5f: the mini-flashmla GPU suite, the runtime's
+#       core GPU tests and the rest of its GPU suite, bench_decode on new and base, bench_topk)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s34.sh   (prepared, not run: refused. 1 x H200, tree = 4c6e59a
+#       cherry-picked (the ratio-1 layers' 131,072-key rows split into two chunks held in registers);
+#       .ab-base.tar.gz = its parent: the top-k's GPU tests, bench_prefill on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s34
 case "${PART:-r1}" in
