@@ -69,11 +69,15 @@ def test_resident_needs_a_row_that_fits(device):
         api._launch_select(score, 64, 8, 3, out, group=1, resident=True)
 
 
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
 @pytest.mark.parametrize("n,k,chunks", [(1000, 100, 2), (1000, 100, 16), (300, 64, 3), (129, 1, 4), (40, 40, 3)])
-def test_chunked_topk_exact(device, small_step, kind, n, k, chunks):
-    """The decode route's two passes (per-chunk candidates, then the selection among them), including chunks
-    shorter than k (1,000 keys in 16 chunks of 63) and a k equal to the row length."""
+def test_chunked_topk_exact(device, small_step, monkeypatch, resident, kind, n, k, chunks):
+    """The chunked route's two passes (per-chunk candidates, then the selection among them), including chunks
+    shorter than k (1,000 keys in 16 chunks of 63) and a k equal to the row length; chunks held in registers or
+    (TOPK_RESIDENT_MAX_PAIRS = 0) read by the passes."""
+    if not resident:
+        monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
     g = torch.Generator().manual_seed(n * 13 + k + chunks)
     score = tied_scores(g, 6, n, kind)
     assert_same(api._chunked_topk(score.to(device), k, chunks), reference.indexer_topk_ref(score, k))
@@ -87,12 +91,16 @@ def test_chunked_topk_on_strided_rows(device, small_step):
 
 
 def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
-    """Rows too long to hold in registers (here: over 512 keys) are split when the queries are few."""
+    """Rows too long to hold in registers (here: over 512 keys) are split into chunks that fit, and further when the
+    queries are few; with no rows in registers, only when the queries are few."""
     monkeypatch.setattr(api, "TOPK_MIN_CHUNK_KEYS", 16)
     sms = api._num_sms(torch.device(device))
     assert api._topk_chunks(4, 1000, 100, sms) == 1  # held in registers
     monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 256)
+    assert api._topk_chunks(1, 1000, 100, sms) > 2 and api._topk_chunks(sms, 1000, 100, sms) == 2
+    monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
     assert api._topk_chunks(4, 1000, 100, sms) > 1 and api._topk_chunks(sms, 1000, 100, sms) == 1
+    monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 256)
     g = torch.Generator().manual_seed(8)
     score = tied_scores(g, 4, 1000, "few")
     assert_same(api.topk_of_scores(score.to(device), 100), reference.indexer_topk_ref(score, 100))
@@ -171,6 +179,11 @@ def test_prefill_rows_held_in_registers():
     score[7] += 1e-3 * torch.rand(n, device="cuda", generator=g)  # not bf16: the passes over memory
     assert api._topk_chunks(264, n, k, api._num_sms(score.device)) == 1
     assert_same(api.topk_of_scores(score, k), reference.indexer_topk_ref(score, k))
+    # a ratio-1 layer's 131,072 keys: two chunks of 65,536 held in registers (40 queries x 4 chunks would exceed
+    # an H200's 132 SMs, so no further split), then the 1,024 candidates
+    wide = torch.cat([score[:40], score[40:80].flip(1)], dim=1)
+    assert api._topk_chunks(40, 2 * n, k, api._num_sms(score.device)) == 2
+    assert_same(api.topk_of_scores(wide, k), reference.indexer_topk_ref(wide, k))
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",

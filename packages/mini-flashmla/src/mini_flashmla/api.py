@@ -539,7 +539,7 @@ TOPK_NUM_WARPS = 8
 # one program per query 144 at 8-128 queries, 253 at 256; best chunked 69 (8 queries, 8-16 chunks), 80 (32, 4-8),
 # 105 (64, 4), and slower than one program per query from 128 queries on (165+ / 289+): the second pass and the
 # gathers then cost more than the idle SMs did. Since session 34 only rows too long to hold in registers (the
-# ratio-1 layers' 131,072 keys) are split (_topk_chunks).
+# ratio-1 layers' 131,072 keys) are split, at any batch, into chunks that are (_topk_chunks).
 TOPK_MIN_CHUNK_KEYS = 8192
 # Rows of at most 2 x TOPK_RESIDENT_MAX_PAIRS single values (the prefill's 65,536 ratio-2 keys, a REINDEX layer's
 # candidates, the decode's rows, the chunked route's second pass) are read once into registers, bf16 values two per
@@ -571,14 +571,17 @@ def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 def _topk_chunks(s_q: int, n_keys: int, k: int, sms: int) -> int:
-    """Key chunks per query for topk_of_scores: 1 for a row held in registers; else doubled while the doubled grid
-    (s_q x chunks) still fits one program per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys and k.
-    Session 34 run 2 (65,536 keys, graph replay): a row held in registers took 60-63 us at 8-128 queries, against
-    57.5 / 72.6 / 101.5 us routed to 8 / 4 / 2 chunks at 8 / 32 / 64 queries (the chunks' first pass runs the
-    histogram passes, and the second pass's short rows pay 18 block-wide sums in registers)."""
+    """Key chunks per query for topk_of_scores: 1 for a row held in registers. A longer row (the ratio-1 layers'
+    131,072 keys) is split into the fewest chunks (a power of two) that are, and then doubled further while the
+    doubled grid (s_q x chunks) still fits one program per SM and each chunk keeps at least TOPK_MIN_CHUNK_KEYS keys
+    and k. Session 34 run 2 (65,536 keys, graph replay): a row held in registers took 60-63 us at 8-128 queries,
+    against 57.5 / 72.6 / 101.5 us routed to 8 / 4 / 2 chunks at 8 / 32 / 64 queries (the chunks' first pass ran
+    the histogram passes then, and the second pass's short rows pay 18 block-wide sums in registers)."""
     if n_keys <= 2 * TOPK_RESIDENT_MAX_PAIRS:
         return 1
     chunks = 1
+    while TOPK_RESIDENT_MAX_PAIRS and -(-n_keys // chunks) > 2 * TOPK_RESIDENT_MAX_PAIRS:
+        chunks *= 2
     while s_q * chunks * 2 <= sms and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k):
         chunks *= 2
     return chunks
@@ -625,16 +628,17 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
                    block: int | None = None, num_warps: int | None = None, chunks: int = 1,
                    chunk_len: int = 0, resident: bool | None = None) -> None:
     """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
-    (chunks > 1: out has chunks rows per score row). resident (None: whenever the row may be held in registers:
-    single values, one chunk, no forced item, at most 2 x TOPK_RESIDENT_MAX_PAIRS), block and num_warps (None:
+    (chunks > 1: out has chunks rows per score row). resident (None: whenever a row or chunk may be held in
+    registers: single values, no forced item, at most 2 x TOPK_RESIDENT_MAX_PAIRS), block and num_warps (None:
     TOPK_BLOCK; TOPK_RESIDENT_NUM_WARPS or TOPK_NUM_WARPS) are arguments so the benchmark can compare them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
-    may_reside = group == 1 and chunks == 1 and forced_item < 0 and n_items <= 2 * TOPK_RESIDENT_MAX_PAIRS
+    row_len = chunk_len if chunks > 1 else n_items
+    may_reside = group == 1 and forced_item < 0 and row_len <= 2 * TOPK_RESIDENT_MAX_PAIRS
     if resident and not may_reside:
-        raise ValueError("resident=True needs single values, one chunk, no forced item and at most "
-                         f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row, got group={group}, chunks={chunks}, "
-                         f"forced_item={forced_item}, n_items={n_items}")
+        raise ValueError("resident=True needs single values, no forced item and at most "
+                         f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row or chunk, got group={group}, "
+                         f"forced_item={forced_item}, {row_len} items")
     resident = may_reside if resident is None else resident
     block = TOPK_BLOCK if block is None else block
     if num_warps is None:
@@ -647,6 +651,6 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     topk_select_kernel[(score.shape[0] * chunks,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
-        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=_next_pow2(-(-n_items // 2)) if resident else 0,
+        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=_next_pow2(-(-row_len // 2)) if resident else 0,
         ASM=not _interpreting(), num_warps=num_warps,
     )

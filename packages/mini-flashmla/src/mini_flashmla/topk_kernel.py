@@ -122,8 +122,8 @@ def topk_select_kernel(
     CHUNKS > 1 (GROUP 1, no forced item): program row * CHUNKS + c selects among the row's items
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
-    RESIDENT_PAIRS > 0 (GROUP 1, CHUNKS 1, no forced item, n_items <= 2 x RESIDENT_PAIRS): a bf16 row's band comes
-    from _resident_band, and the counting passes run no steps.
+    RESIDENT_PAIRS > 0 (GROUP 1, no forced item, at most 2 x RESIDENT_PAIRS items per row or chunk): a bf16 row's
+    (or chunk's) band comes from _resident_band, and the counting passes run no steps.
     """
     # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
     tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
