@@ -10,9 +10,10 @@
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s34.sh   (1 x H200, tree = run 2's kernel with rows held in
 #       registers no longer split into chunks; .ab-base.tar.gz = 46bae5f: the mini-flashmla GPU suite, the runtime's
 #       core GPU tests and the rest of its GPU suite, bench_decode on new and base, bench_topk)
-#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s34.sh   (prepared, not run: refused. 1 x H200, tree = 4c6e59a
-#       cherry-picked (the ratio-1 layers' 131,072-key rows split into two chunks held in registers);
-#       .ab-base.tar.gz = its parent: the top-k's GPU tests, bench_prefill on new and base)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s34.sh   (1 x H200, tree = 7b7a6da (the ratio-1 layers'
+#       131,072-key rows split into two chunks held in registers); .ab-base.tar.gz = its parent: the top-k's GPU tests,
+#       bench_prefill on new and base. Run 4b, on the same machine: `source benchmarks/gpu_session.sh /tmp/gpu_s34 &&
+#       prefill_sides 100 new`, the new side that run 4 cut at 45 s)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s34
 case "${PART:-r1}" in
