@@ -39,11 +39,16 @@ OPS = {
     "PRMT, immediate selector (prmt.b32)": ("prmt.b32 {a}, {a}, {b}, 0x5140;", "b32"),
     # the top-k's histograms are ballots and population counts (tl.histogram: VOTE, POPC, LOP3; flashmla-topk-exact.md)
     "POPC (popc.b32)": ("popc.b32 {a}, {b};", "b32"),
+    # session 34: the converter's high-multiply selector (IMAD.HI) measured slower than the shift it replaced
+    # (deepgemm-moe-fold-128.md), and the top-k's packed compare (flashmla-topk-exact.md); added after its run 1
+    "IMAD.HI (mul.hi.u32)": ("mul.hi.u32 {a}, {a}, {b};", "b32"),
+    "HSET2 (set.ge.u32.bf16x2)": ("set.ge.u32.bf16x2 {a}, {b}, {c};", "b32"),
     # two instructions on alternate chains: twice the rate of either alone when they issue to different pipes
     "LOP3 and IMAD alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "mad.lo.u32 {a}, {a}, {b}, {c};"), "b32"),
     "LOP3 and PRMT alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "prmt.b32 {a}, {b}, {c}, {a};"), "b32"),
     "PRMT and IMAD alternating": (("prmt.b32 {a}, {b}, {c}, {a};", "mad.lo.u32 {a}, {a}, {b}, {c};"), "b32"),
     "PRMT and HMUL2 alternating": (("prmt.b32 {a}, {b}, {c}, {a};", "mul.rn.bf16x2 {a}, {a}, {b};"), "b32"),
+    "LOP3 and IMAD.HI alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "mul.hi.u32 {a}, {a}, {b};"), "b32"),
 }
 CHAINS = 8
 UNROLL = 4  # instructions per chain per asm block
