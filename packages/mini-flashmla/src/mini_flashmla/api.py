@@ -577,14 +577,20 @@ def _topk_chunks(s_q: int, n_keys: int, k: int, sms: int) -> int:
     and k. Session 34 run 2 (65,536 keys, graph replay): a row held in registers took 60-63 us at 8-128 queries,
     against 57.5 / 72.6 / 101.5 us routed to 8 / 4 / 2 chunks at 8 / 32 / 64 queries (the chunks' first pass ran
     the histogram passes then, and the second pass's short rows pay 18 block-wide sums in registers)."""
-    if n_keys <= 2 * TOPK_RESIDENT_MAX_PAIRS:
+    if _resident_pairs(n_keys):
         return 1
     chunks = 1
-    while TOPK_RESIDENT_MAX_PAIRS and -(-n_keys // chunks) > 2 * TOPK_RESIDENT_MAX_PAIRS:
+    while TOPK_RESIDENT_MAX_PAIRS and not _resident_pairs(-(-n_keys // chunks)):
         chunks *= 2
     while s_q * chunks * 2 <= sms and n_keys // (2 * chunks) >= max(TOPK_MIN_CHUNK_KEYS, k):
         chunks *= 2
     return chunks
+
+
+def _resident_pairs(n_values: int) -> int:
+    """The selection kernel's RESIDENT_PAIRS for a row (or chunk) of n_values single values held in registers, two
+    per register (a power of two), or 0 when it is longer than 2 x TOPK_RESIDENT_MAX_PAIRS."""
+    return _next_pow2(-(-n_values // 2)) if n_values <= 2 * TOPK_RESIDENT_MAX_PAIRS else 0
 
 
 def _chunked_topk(score: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
@@ -634,12 +640,12 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     from mini_flashmla.topk_kernel import topk_select_kernel
 
     row_len = chunk_len if chunks > 1 else n_items
-    may_reside = group == 1 and forced_item < 0 and row_len <= 2 * TOPK_RESIDENT_MAX_PAIRS
-    if resident and not may_reside:
+    pairs = _resident_pairs(row_len) if group == 1 and forced_item < 0 else 0
+    if resident and not pairs:
         raise ValueError("resident=True needs single values, no forced item and at most "
                          f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row or chunk, got group={group}, "
                          f"forced_item={forced_item}, {row_len} items")
-    resident = may_reside if resident is None else resident
+    resident = pairs > 0 if resident is None else resident
     block = TOPK_BLOCK if block is None else block
     if num_warps is None:
         num_warps = TOPK_RESIDENT_NUM_WARPS if resident else TOPK_NUM_WARPS
@@ -651,6 +657,6 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     topk_select_kernel[(score.shape[0] * chunks,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
-        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=_next_pow2(-(-row_len // 2)) if resident else 0,
+        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0,
         ASM=not _interpreting(), num_warps=num_warps,
     )
