@@ -43,8 +43,10 @@ WARMUP, REPS = 3, 15
 # kernel's digit width went back to a fixed byte (docs/reports/flashmla-topk-exact.md).
 STEP_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)]
 # Session 34: rows held in registers (api.TOPK_RESIDENT_MAX_PAIRS; only the selection pass loops over steps): the
-# top-k alone, (loop step, warps), against the streaming kernel's default in the same run
-RESIDENT_SWEEP = [(4096, 16), (2048, 16), (8192, 16), (4096, 8)]
+# top-k alone, (loop step, warps, append), against the streaming kernel's default in the same run. Session 35:
+# append = whether a row with few enough ties is selected by appending its candidates (api.TOPK_APPEND_SLOTS_PER_K)
+# instead of by the selection pass.
+RESIDENT_SWEEP = [(4096, 16, True), (2048, 16, True), (8192, 16, True), (4096, 16, False), (8192, 16, False)]
 
 
 def median_ms(fn) -> float:
@@ -85,6 +87,10 @@ def decode_sweep(score: torch.Tensor) -> list[dict]:
             "routed_chunks": api._topk_chunks(batch, N_KEYS, TOPK, api._num_sms(s.device)),
             "routed_ms": bench_graph(lambda: api.topk_of_scores(s, TOPK)),
             "routed_equal": torch.equal(api.topk_of_scores(s, TOPK), want)}
+        append_slots, api.TOPK_APPEND_SLOTS_PER_K = api.TOPK_APPEND_SLOTS_PER_K, 0  # session 35's append off
+        row["one_program_selection_pass_ms"] = bench_graph(lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1))
+        row["one_program_selection_pass_equal"] = torch.equal(out, want)
+        api.TOPK_APPEND_SLOTS_PER_K = append_slots
         for chunks in DECODE_CHUNKS:
             row[f"chunks{chunks}_ms"] = bench_graph(lambda: api._chunked_topk(s, TOPK, chunks))
             row[f"chunks{chunks}_equal"] = torch.equal(api._chunked_topk(s, TOPK, chunks), want)
@@ -104,7 +110,8 @@ def main() -> None:
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
         "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS,
                             "resident_max_pairs": api.TOPK_RESIDENT_MAX_PAIRS,
-                            "resident_num_warps": api.TOPK_RESIDENT_NUM_WARPS},
+                            "resident_num_warps": api.TOPK_RESIDENT_NUM_WARPS,
+                            "append_slots_per_k": api.TOPK_APPEND_SLOTS_PER_K},
     }
     q, w, cache, visible, rows = indexer_prefill_case(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
@@ -129,13 +136,16 @@ def main() -> None:
     n_blocks = N_KEYS // BLOCK
     want_topk = api.topk_of_scores(score, TOPK)
     want_blocks = api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
-    for step, warps in RESIDENT_SWEEP:
+    append_slots = api.TOPK_APPEND_SLOTS_PER_K
+    for step, warps, append in RESIDENT_SWEEP:
         def topk_resident():
             api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps, resident=True)
 
+        api.TOPK_APPEND_SLOTS_PER_K = append_slots if append else 0
         topk_resident()
-        sweep[f"resident_step{step}_warps{warps}"] = {"topk_ms": median_ms(topk_resident),
-                                                      "equal": torch.equal(out_topk, want_topk)}
+        name = f"resident_step{step}_warps{warps}" + ("" if append else "_selection_pass")
+        sweep[name] = {"topk_ms": median_ms(topk_resident), "equal": torch.equal(out_topk, want_topk)}
+    api.TOPK_APPEND_SLOTS_PER_K = append_slots
     for step, warps in STEP_SWEEP:  # the streaming kernel: two histogram passes and the selection
         def topk():
             api._launch_select(score, N_KEYS, TOPK, -1, out_topk, 1, step, warps, resident=False)
@@ -172,11 +182,12 @@ def print_summary(r: dict) -> None:
     for name, t in r["kernel_step_sweep"].items():
         blocks = f", blocks {t['blocks_ms']:.3f} ms" if "blocks_ms" in t else ""
         print(f"  {name}: topk {t['topk_ms']:.3f} ms{blocks}, equal {t['equal']}")
-    print("| queries | one program per query ms | " + " | ".join(f"{c} chunks ms" for c in DECODE_CHUNKS)
-          + " | routed (chunks) ms | all equal |")
+    print("| queries | one program per query ms | the same, selection pass ms | "
+          + " | ".join(f"{c} chunks ms" for c in DECODE_CHUNKS) + " | routed (chunks) ms | all equal |")
     for d in r["decode"]:
         equal = d["one_program_equal"] and d["routed_equal"] and all(d[f"chunks{c}_equal"] for c in DECODE_CHUNKS)
-        print(f"| {d['batch']} | {d['one_program_per_query_ms']:.4f} | "
+        equal = equal and d["one_program_selection_pass_equal"]
+        print(f"| {d['batch']} | {d['one_program_per_query_ms']:.4f} | {d['one_program_selection_pass_ms']:.4f} | "
               + " | ".join(f"{d[f'chunks{c}_ms']:.4f}" for c in DECODE_CHUNKS)
               + f" | {d['routed_ms']:.4f} ({d['routed_chunks']}) | {equal} |")
     print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms; "

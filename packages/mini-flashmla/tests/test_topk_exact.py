@@ -49,17 +49,42 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bad.numel() == 0, f"{bad.shape[0]} entries differ, first at {bad[0].tolist()}"
 
 
-@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
+ROUTES = ["append", "registers", "streaming"]
+
+
+def take_route(monkeypatch, route: str) -> None:
+    """append: rows held in registers (their bf16 rows' band found there, 'fp32' rows fall through to the radix
+    passes), bf16 rows with few enough ties selected by appending their candidates ('few' rows have too many and
+    take the selection pass); registers: the same with TOPK_APPEND_SLOTS_PER_K = 0, every row by the selection
+    pass; streaming: TOPK_RESIDENT_MAX_PAIRS = 0, every row by the passes over memory."""
+    if route == "registers":
+        monkeypatch.setattr(api, "TOPK_APPEND_SLOTS_PER_K", 0)
+    if route == "streaming":
+        monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
 @pytest.mark.parametrize("n,k", [(300, 64), (200, 200), (40, 64), (129, 1), (1000, 100)])
-def test_topk_of_scores_exact(device, small_step, monkeypatch, resident, kind, n, k):
-    """resident: rows held in registers (their bf16 rows' band found there; 'fp32' rows fall through to the radix
-    passes); streaming: TOPK_RESIDENT_MAX_PAIRS = 0, every row by the passes over memory."""
-    if not resident:
-        monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
+def test_topk_of_scores_exact(device, small_step, monkeypatch, route, kind, n, k):
+    take_route(monkeypatch, route)
     g = torch.Generator().manual_seed(n * 7 + k)
     score = tied_scores(g, 6, n, kind)
     assert_same(api.topk_of_scores(score.to(device), k), reference.indexer_topk_ref(score, k))
+
+
+@pytest.mark.parametrize("band", [4, 68, 69])
+def test_appended_candidates_at_the_scratch_limit(device, small_step, band):
+    """k = 64 gives 128 scratch slots: 60 values above the band and `band` tied at the k-th value, so 64 / 128
+    candidates are appended (the 4 lowest-positioned ties kept), and 129 overflow to the selection pass."""
+    g = torch.Generator().manual_seed(band)
+    score = torch.randn(3, 700, generator=g).bfloat16().float().clamp(max=2.0)
+    for row in score:
+        spots = torch.randperm(700, generator=g)
+        row[spots[:60]] = 5.0 + torch.arange(60) % 7
+        row[spots[60 : 60 + band]] = 3.0
+    score[2, :350] = NEG_INF  # no candidate left of the middle
+    assert_same(api.topk_of_scores(score.to(device), 64), reference.indexer_topk_ref(score, 64))
 
 
 def test_resident_needs_a_row_that_fits(device):
@@ -69,15 +94,13 @@ def test_resident_needs_a_row_that_fits(device):
         api._launch_select(score, 64, 8, 3, out, group=1, resident=True)
 
 
-@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("kind", ["bf16", "few", "fp32"])
 @pytest.mark.parametrize("n,k,chunks", [(1000, 100, 2), (1000, 100, 16), (300, 64, 3), (129, 1, 4), (40, 40, 3)])
-def test_chunked_topk_exact(device, small_step, monkeypatch, resident, kind, n, k, chunks):
+def test_chunked_topk_exact(device, small_step, monkeypatch, route, kind, n, k, chunks):
     """The chunked route's two passes (per-chunk candidates, then the selection among them), including chunks
-    shorter than k (1,000 keys in 16 chunks of 63) and a k equal to the row length; chunks held in registers or
-    (TOPK_RESIDENT_MAX_PAIRS = 0) read by the passes."""
-    if not resident:
-        monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 0)
+    shorter than k (1,000 keys in 16 chunks of 63) and a k equal to the row length, on each route (take_route)."""
+    take_route(monkeypatch, route)
     g = torch.Generator().manual_seed(n * 13 + k + chunks)
     score = tied_scores(g, 6, n, kind)
     assert_same(api._chunked_topk(score.to(device), k, chunks), reference.indexer_topk_ref(score, k))

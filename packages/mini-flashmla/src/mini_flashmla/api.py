@@ -548,6 +548,11 @@ TOPK_MIN_CHUNK_KEYS = 8192
 # program per SM).
 TOPK_RESIDENT_MAX_PAIRS = 32768
 TOPK_RESIDENT_NUM_WARPS = 16
+# A row held in registers is then selected by appending its candidates (the values at or above the k-th largest
+# one) to a scratch row through an atomic counter and sorting them (topk_kernel._select_appended), when they number
+# at most TOPK_APPEND_SLOTS_PER_K x next_pow2(k): a random bf16 row of 65,536 scores has k plus ~13 tied values.
+# Rows with more ties take the selection pass over memory. 0 turns the append off (the tests compare both).
+TOPK_APPEND_SLOTS_PER_K = 2
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -655,8 +660,11 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     if score.stride(1) != 1:
         score = score.contiguous()
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
-    topk_select_kernel[(score.shape[0] * chunks,)](
-        score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len,
-        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0,
+    programs = score.shape[0] * chunks
+    slots = TOPK_APPEND_SLOTS_PER_K * _next_pow2(k) if resident else 0
+    scratch = torch.empty((programs, slots + 1) if slots else (1,), dtype=torch.int32, device=score.device)
+    topk_select_kernel[(programs,)](
+        score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len, scratch,
+        GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0, SCRATCH=slots,
         ASM=not _interpreting(), num_warps=num_warps,
     )

@@ -21,7 +21,10 @@ exactly bf16: the row is read once into registers as bf16 values, two per 32-bit
 16-bit key is found bit by bit, most significant first, each bit settled by counting the values at or above a
 candidate (one packed compare per two values, where a histogram pass costs ~2.4 warp instructions per value,
 ballots and quarter-rate population counts among them; docs/reports/flashmla-topk-exact.md, session 34). Other
-rows fall through to the radix passes. Either way the selection pass is the same.
+rows fall through to the radix passes. Such a bf16 row whose candidates (the values at or above the k-th largest
+one, ties included) fit a scratch row of SCRATCH slots is then selected without the selection pass: each candidate
+takes a slot from an atomic counter, and a sort of the slots' positions restores their order (_select_appended;
+session 35). Every other row takes the selection pass.
 """
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ def _values_at_least(pairs, t, ASM: tl.constexpr):
 @triton.jit
 def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.constexpr):
     """The band [lo, hi] and rem of the radix select, found in registers, for a row of n_items <= 2 x PAIRS
-    values; bf16_row tells whether they hold (every value exactly bf16), else the caller runs the passes.
+    values; bf16_row tells whether they hold (every value exactly bf16), else the caller runs the passes. Also
+    returned for _select_appended: the band's 16-bit key t, how many values are >= t (the candidates: the keys
+    above the band and the band's) and kk.
     A bf16 value is the top 16 bits of its fp32; the values 2i and 2i + 1 share a register. With kk = min(k, finite
     values), the k-th largest key is the largest 16-bit t with at least kk keys >= t, settled bit by bit from the
     top; the band is that one key and rem = kk - (keys above it). Every t tried is at least 0x0080 (the most
@@ -100,20 +105,66 @@ def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.co
     pairs = (even >> 16) | (odd & HIGH_HALF)
     kk = tl.minimum(k, _values_at_least(pairs, tl.full((), NEG_INF_KEY16 + 1, tl.uint32), ASM))
     t = tl.zeros((), tl.uint32)
+    at_least_t = tl.zeros((), tl.int32)
     for bit in tl.static_range(15, -1, -1):
         candidate = t | (1 << bit)
-        t = tl.where(_values_at_least(pairs, candidate, ASM) >= kk, candidate, t)
+        count = _values_at_least(pairs, candidate, ASM)
+        t = tl.where(count >= kk, candidate, t)
+        at_least_t = tl.where(count >= kk, count, at_least_t)
     above = tl.where(t < LOW_HALF, _values_at_least(pairs, tl.minimum(t + 1, LOW_HALF), ASM), 0)
     lo = (t << 16).to(tl.uint32)
-    return lo, (lo | LOW_HALF).to(tl.uint32), kk - above, bf16_row
+    return lo, (lo | LOW_HALF).to(tl.uint32), kk - above, bf16_row, t, at_least_t, kk
 
+
+@triton.jit
+def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first, scratch_ptr, out_ptr,
+                     BLOCK: tl.constexpr, SCRATCH: tl.constexpr, ASM: tl.constexpr):
+    """The selection of a bf16 row (or chunk) whose band is the one 16-bit key t (from _resident_band) and whose
+    candidates (values >= t's value: kk - rem above the band, then the band) number at most SCRATCH: out[0:kk] =
+    the positions (plus first) of every value above the band and of the rem lowest-positioned band values,
+    ascending; out[kk:k] = -1.
+
+    One more pass over the row: each candidate takes a slot of the program's scratch row (int32 [SCRATCH + 1], the
+    counter at SCRATCH) from an atomic counter and writes 2 x position + (in the band). tl.sort then orders the
+    codes by position, a scan over the band flags ranks the band, and a second scan packs the kept ones. Per value
+    that is two float compares and a predicated atomic (aggregated per warp by ptxas) where the selection pass
+    costs a block-wide scan (~70 instructions per value; docs/reports/flashmla-topk-exact.md, session 35). The
+    values are exactly bf16, so comparing them in fp32 with t's value compares their keys (-0.0 equal to +0.0);
+    kk = 0 leaves t a NaN's key, which no value compares >= to. Under the interpreter (whose atomics do not hand
+    out distinct slots) the slots come from a scan in position order."""
+    band_value = (_bf16_bits_of_key(t) << 16).to(tl.float32, bitcast=True)
+    if ASM:
+        tl.store(scratch_ptr + SCRATCH, 0)
+        tl.debug_barrier()
+    written = tl.zeros((), tl.int32)
+    offs0 = tl.arange(0, BLOCK)
+    for b in range(0, tl.cdiv(n_items, BLOCK)):
+        offs = b * BLOCK + offs0
+        x = tl.load(val_ptr + row_off + offs, mask=offs < n_items, other=float("-inf"))
+        # one tensor crosses to the atomics' layout (a value per lane): the code, -1 for a value that is no candidate
+        code = tl.where(x >= band_value, offs * 2 + (x == band_value).to(tl.int32), -1)
+        take = code >= 0
+        if ASM:
+            slot = tl.atomic_add(scratch_ptr + SCRATCH + tl.zeros_like(offs), 1, mask=take, sem="relaxed",
+                                 scope="cta")
+        else:
+            slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
+            written += tl.sum(take.to(tl.int32))
+        tl.store(scratch_ptr + slot, code, mask=take)
+    tl.debug_barrier()
+    s = tl.arange(0, SCRATCH)
+    code = tl.sort(tl.load(scratch_ptr + s, mask=s < candidates, other=0x7FFFFFFF))
+    in_band = ((code & 1) != 0) & (s < candidates)
+    keep = (s < candidates) & (~in_band | (tl.cumsum(in_band.to(tl.int32), 0) <= rem))
+    tl.store(out_ptr + tl.cumsum(keep.to(tl.int32), 0) - 1, (code >> 1) + first, mask=keep)
+    tl.store(out_ptr + s, tl.full((SCRATCH,), -1, tl.int32), mask=(s >= kk) & (s < k))
 
 @triton.jit
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
-    out_ptr, stride_out, chunk_len,
+    out_ptr, stride_out, chunk_len, scratch_ptr,
     GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, RESIDENT_PAIRS: tl.constexpr = 0,
-    ASM: tl.constexpr = True,
+    SCRATCH: tl.constexpr = 0, ASM: tl.constexpr = True,
 ):
     """Grid (rows * CHUNKS,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items
     as in _load_items; 1 <= k <= n_items.
@@ -123,7 +174,10 @@ def topk_select_kernel(
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
     RESIDENT_PAIRS > 0 (GROUP 1, no forced item, at most 2 x RESIDENT_PAIRS items per row or chunk): a bf16 row's
-    (or chunk's) band comes from _resident_band, and the counting passes run no steps.
+    (or chunk's) band comes from _resident_band, and the counting passes run no steps. SCRATCH > 0 (with
+    RESIDENT_PAIRS; a power of two >= k): such a row with at most SCRATCH candidates is selected by
+    _select_appended through its program's scratch row, int32 [SCRATCH + 1] at scratch_ptr + SCRATCH_ROW x
+    program, instead of by the selection pass.
     """
     # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
     tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
@@ -145,12 +199,20 @@ def topk_select_kernel(
     hi = ~lo
     rem = k_select + tl.zeros((), tl.int32)
     done = rem < 0  # false, as a tensor so the passes below can update it
+    appended = done
     if RESIDENT_PAIRS > 0:
-        resident_lo, resident_hi, resident_rem, done = _resident_band(val_ptr, row_off, n_items, k_select,
-                                                                      RESIDENT_PAIRS, ASM)
+        resident_lo, resident_hi, resident_rem, done, t, candidates, kk = _resident_band(
+            val_ptr, row_off, n_items, k_select, RESIDENT_PAIRS, ASM)
         lo = tl.where(done, resident_lo, lo)
         hi = tl.where(done, resident_hi, hi)
         rem = tl.where(done, resident_rem, rem)
+        if SCRATCH > 0:
+            appended = done & (candidates <= SCRATCH)
+            if appended:
+                out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
+                _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first,
+                                 scratch_ptr + tl.program_id(0).to(tl.int64) * (SCRATCH + 1), out_row,
+                                 BLOCK, SCRATCH, ASM)
     bf16_keys = done
     for p in tl.static_range(4):
         shift = 24 - RADIX_BITS * p
@@ -187,7 +249,7 @@ def topk_select_kernel(
     # keys above them.
     written = tl.zeros((), tl.int32)
     band_seen = tl.zeros((), tl.int32)
-    for b in range(0, n_blocks):
+    for b in range(0, tl.where(appended, 0, n_blocks)):
         offs = b * BLOCK + offs0
         x, key, valid = _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
         above_band = (valid & (key > hi)).to(tl.int32)
@@ -201,7 +263,7 @@ def topk_select_kernel(
         total = tl.sum(counts)
         written += (total & 0xFFFF) + tl.minimum(band_seen + (total >> 16), rem) - tl.minimum(band_seen, rem)
         band_seen += total >> 16
-    for s0 in range(0, k, BLOCK):
+    for s0 in range(0, tl.where(appended, 0, k), BLOCK):
         slot = s0 + offs0
         tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
                  mask=(slot >= written) & (slot < k))
