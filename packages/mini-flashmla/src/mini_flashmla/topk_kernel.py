@@ -137,10 +137,12 @@ def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first
         tl.store(scratch_ptr + SCRATCH, 0)
         tl.debug_barrier()
     written = tl.zeros((), tl.int32)
-    offs0 = tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    x_next = tl.load(val_ptr + row_off + offs, mask=offs < n_items, other=float("-inf"))
     for b in range(0, tl.cdiv(n_items, BLOCK)):
-        offs = b * BLOCK + offs0
-        x = tl.load(val_ptr + row_off + offs, mask=offs < n_items, other=float("-inf"))
+        # the next step's values are loaded before this step's atomics: one load latency per row, not per step
+        x = x_next
+        x_next = tl.load(val_ptr + row_off + offs + BLOCK, mask=offs + BLOCK < n_items, other=float("-inf"))
         # one tensor crosses to the atomics' layout (a value per lane): the code, -1 for a value that is no candidate
         code = tl.where(x >= band_value, offs * 2 + (x == band_value).to(tl.int32), -1)
         take = code >= 0
@@ -151,6 +153,7 @@ def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first
             slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
             written += tl.sum(take.to(tl.int32))
         tl.store(scratch_ptr + slot, code, mask=take)
+        offs += BLOCK
     tl.debug_barrier()
     s = tl.arange(0, SCRATCH)
     code = tl.sort(tl.load(scratch_ptr + s, mask=s < candidates, other=0x7FFFFFFF))
