@@ -666,5 +666,5 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     topk_select_kernel[(programs,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len, scratch,
         GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0, SCRATCH=slots,
-        ASM=not _interpreting(), num_warps=num_warps,
+        THREADS=32 * num_warps, ASM=not _interpreting(), num_warps=num_warps,
     )

@@ -118,42 +118,52 @@ def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.co
 
 @triton.jit
 def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first, scratch_ptr, out_ptr,
-                     BLOCK: tl.constexpr, SCRATCH: tl.constexpr, ASM: tl.constexpr):
+                     BLOCK: tl.constexpr, SCRATCH: tl.constexpr, THREADS: tl.constexpr, ASM: tl.constexpr):
     """The selection of a bf16 row (or chunk) whose band is the one 16-bit key t (from _resident_band) and whose
     candidates (values >= t's value: kk - rem above the band, then the band) number at most SCRATCH: out[0:kk] =
     the positions (plus first) of every value above the band and of the rem lowest-positioned band values,
     ascending; out[kk:k] = -1.
 
     One more pass over the row: each candidate takes a slot of the program's scratch row (int32 [SCRATCH + 1], the
-    counter at SCRATCH) from an atomic counter and writes 2 x position + (in the band). tl.sort then orders the
-    codes by position, a scan over the band flags ranks the band, and a second scan packs the kept ones. Per value
-    that is two float compares and a predicated atomic (aggregated per warp by ptxas) where the selection pass
-    costs a block-wide scan (~70 instructions per value; docs/reports/flashmla-topk-exact.md, session 35). The
-    values are exactly bf16, so comparing them in fp32 with t's value compares their keys (-0.0 equal to +0.0);
-    kk = 0 leaves t a NaN's key, which no value compares >= to. Under the interpreter (whose atomics do not hand
-    out distinct slots) the slots come from a scan in position order."""
+    counter at SCRATCH) and writes 2 x position + (in the band) there; a thread takes the slots of its candidates
+    in a step with one atomic add. tl.sort then orders the codes by position, a scan over the band flags ranks the
+    band, and a second scan packs the kept ones. Per value that is two float compares, an in-thread count and a
+    predicated store, where the selection pass costs a block-wide scan (~70 instructions per value;
+    docs/reports/flashmla-topk-exact.md, session 35). The values are exactly bf16, so comparing them in fp32 with
+    t's value compares their keys (-0.0 equal to +0.0); kk = 0 leaves t a NaN's key, which no value compares >=
+    to. THREADS is the program's thread count (32 x num_warps). Under the interpreter (whose atomics do not hand
+    out distinct slots) the slots come from a scan over the threads."""
     band_value = (_bf16_bits_of_key(t) << 16).to(tl.float32, bitcast=True)
     if ASM:
         tl.store(scratch_ptr + SCRATCH, 0)
         tl.debug_barrier()
+    # A step is RUNS runs of THREADS values, thread i holding value i of each run: a thread counts its candidates
+    # in registers and takes their slots with one atomic (ptxas sums them per warp first, so one atomic per warp).
+    # The offsets pass through an opaque move: the scattered stores want one value per thread and run, and loads
+    # vectorized into another layout would cost a shared-memory round trip per step.
+    RUNS: tl.constexpr = max(4, BLOCK // THREADS)
     written = tl.zeros((), tl.int32)
-    offs = tl.arange(0, BLOCK)
+    offs = tl.arange(0, THREADS)[:, None] + tl.arange(0, RUNS)[None, :] * THREADS
+    if ASM:
+        offs = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [offs], dtype=tl.int32, is_pure=True, pack=1)
     x_next = tl.load(val_ptr + row_off + offs, mask=offs < n_items, other=float("-inf"))
-    for b in range(0, tl.cdiv(n_items, BLOCK)):
-        # the next step's values are loaded before this step's atomics: one load latency per row, not per step
+    for b in range(0, tl.cdiv(n_items, RUNS * THREADS)):
+        # the next step's values are loaded before this step's atomic: one load latency per row, not per step
         x = x_next
-        x_next = tl.load(val_ptr + row_off + offs + BLOCK, mask=offs + BLOCK < n_items, other=float("-inf"))
-        # one tensor crosses to the atomics' layout (a value per lane): the code, -1 for a value that is no candidate
+        x_next = tl.load(val_ptr + row_off + offs + RUNS * THREADS, mask=offs + RUNS * THREADS < n_items,
+                         other=float("-inf"))
         code = tl.where(x >= band_value, offs * 2 + (x == band_value).to(tl.int32), -1)
-        take = code >= 0
+        take = (code >= 0).to(tl.int32)
+        per_thread = tl.sum(take, axis=1)
         if ASM:
-            slot = tl.atomic_add(scratch_ptr + SCRATCH + tl.zeros_like(offs), 1, mask=take, sem="relaxed",
-                                 scope="cta")
+            base = tl.atomic_add(scratch_ptr + SCRATCH + tl.zeros_like(per_thread), per_thread, mask=per_thread > 0,
+                                 sem="relaxed", scope="cta")
         else:
-            slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
-            written += tl.sum(take.to(tl.int32))
-        tl.store(scratch_ptr + slot, code, mask=take)
-        offs += BLOCK
+            base = written + tl.cumsum(per_thread, 0) - per_thread
+            written += tl.sum(per_thread)
+        slot = base[:, None] + tl.cumsum(take, axis=1) - take
+        tl.store(scratch_ptr + slot, code, mask=code >= 0)
+        offs += RUNS * THREADS
     tl.debug_barrier()
     s = tl.arange(0, SCRATCH)
     code = tl.sort(tl.load(scratch_ptr + s, mask=s < candidates, other=0x7FFFFFFF))
@@ -167,7 +177,7 @@ def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
     out_ptr, stride_out, chunk_len, scratch_ptr,
     GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, RESIDENT_PAIRS: tl.constexpr = 0,
-    SCRATCH: tl.constexpr = 0, ASM: tl.constexpr = True,
+    SCRATCH: tl.constexpr = 0, THREADS: tl.constexpr = 512, ASM: tl.constexpr = True,
 ):
     """Grid (rows * CHUNKS,). val fp32 [rows, n_values] (no NaN), row stride stride_val, unit column stride; items
     as in _load_items; 1 <= k <= n_items.
@@ -179,8 +189,8 @@ def topk_select_kernel(
     RESIDENT_PAIRS > 0 (GROUP 1, no forced item, at most 2 x RESIDENT_PAIRS items per row or chunk): a bf16 row's
     (or chunk's) band comes from _resident_band, and the counting passes run no steps. SCRATCH > 0 (with
     RESIDENT_PAIRS; a power of two >= k): such a row with at most SCRATCH candidates is selected by
-    _select_appended through its program's scratch row, int32 [SCRATCH + 1] at scratch_ptr + SCRATCH_ROW x
-    program, instead of by the selection pass.
+    _select_appended through its program's scratch row, int32 [SCRATCH + 1] at scratch_ptr + (SCRATCH + 1) x
+    program, instead of by the selection pass; THREADS = 32 x num_warps.
     """
     # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
     tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
@@ -215,7 +225,7 @@ def topk_select_kernel(
                 out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
                 _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first,
                                  scratch_ptr + tl.program_id(0).to(tl.int64) * (SCRATCH + 1), out_row,
-                                 BLOCK, SCRATCH, ASM)
+                                 BLOCK, SCRATCH, THREADS, ASM)
     bf16_keys = done
     for p in tl.static_range(4):
         shift = 24 - RADIX_BITS * p
