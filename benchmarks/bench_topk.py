@@ -109,6 +109,7 @@ def main() -> None:
                   "topk_blocks": TOPK_BLOCKS, "context": CONTEXT, "ratio": RATIO},
         "timing": f"median of {REPS} CUDA-event timings of one call after {WARMUP} warm-up calls",
         "kernel_defaults": {"block": api.TOPK_BLOCK, "num_warps": api.TOPK_NUM_WARPS,
+                            "resident_block": api.TOPK_RESIDENT_BLOCK,
                             "resident_max_pairs": api.TOPK_RESIDENT_MAX_PAIRS,
                             "resident_num_warps": api.TOPK_RESIDENT_NUM_WARPS,
                             "append_slots_per_k": api.TOPK_APPEND_SLOTS_PER_K},

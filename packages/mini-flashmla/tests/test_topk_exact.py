@@ -2,8 +2,8 @@
 on data with many ties (GPU; also on CPU under TRITON_INTERPRET=1, small shapes, which CI runs through the
 subprocess test at the end).
 
-The loop step is shrunk (api.TOPK_BLOCK) so small rows still take several steps per pass, and the GPU-only case
-runs the prefill's row length with the default step and no host synchronisation.
+The loop steps are shrunk (api.TOPK_BLOCK, TOPK_RESIDENT_BLOCK) so small rows still take several steps per pass,
+and the GPU-only case runs the prefill's row length with the default steps and no host synchronisation.
 """
 
 import os
@@ -22,6 +22,7 @@ NEG_INF = float("-inf")
 @pytest.fixture
 def small_step(monkeypatch):
     monkeypatch.setattr(api, "TOPK_BLOCK", 64)
+    monkeypatch.setattr(api, "TOPK_RESIDENT_BLOCK", 64)
 
 
 def tied_scores(g: torch.Generator, s_q: int, n: int, kind: str) -> torch.Tensor:

@@ -553,6 +553,10 @@ TOPK_RESIDENT_NUM_WARPS = 16
 # at most TOPK_APPEND_SLOTS_PER_K x next_pow2(k): a random bf16 row of 65,536 scores has k plus ~13 tied values.
 # Rows with more ties take the selection pass over memory. 0 turns the append off (the tests compare both).
 TOPK_APPEND_SLOTS_PER_K = 2
+# The loop step of a row held in registers (the append pass's, or the selection pass's): session 35 run 2 (4,096 x
+# 65,536, top-512) took 1.366 ms at 8,192 values per step against 1.482 at 4,096 (half the steps, so half the
+# atomics' round trips) and 1.527 at 2,048.
+TOPK_RESIDENT_BLOCK = 8192
 
 
 def topk_of_scores(score: torch.Tensor, topk: int) -> torch.Tensor:
@@ -641,7 +645,8 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
     (chunks > 1: out has chunks rows per score row). resident (None: whenever a row or chunk may be held in
     registers: single values, no forced item, at most 2 x TOPK_RESIDENT_MAX_PAIRS), block and num_warps (None:
-    TOPK_BLOCK; TOPK_RESIDENT_NUM_WARPS or TOPK_NUM_WARPS) are arguments so the benchmark can compare them."""
+    TOPK_RESIDENT_BLOCK and TOPK_RESIDENT_NUM_WARPS, or TOPK_BLOCK and TOPK_NUM_WARPS) are arguments so the
+    benchmark can compare them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
     row_len = chunk_len if chunks > 1 else n_items
@@ -651,7 +656,8 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
                          f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row or chunk, got group={group}, "
                          f"forced_item={forced_item}, {row_len} items")
     resident = pairs > 0 if resident is None else resident
-    block = TOPK_BLOCK if block is None else block
+    if block is None:
+        block = TOPK_RESIDENT_BLOCK if resident else TOPK_BLOCK
     if num_warps is None:
         num_warps = TOPK_RESIDENT_NUM_WARPS if resident else TOPK_NUM_WARPS
 
