@@ -548,14 +548,15 @@ TOPK_MIN_CHUNK_KEYS = 8192
 # program per SM).
 TOPK_RESIDENT_MAX_PAIRS = 32768
 TOPK_RESIDENT_NUM_WARPS = 16
-# A row held in registers is then selected by appending its candidates (the values at or above the k-th largest
-# one) to a scratch row through an atomic counter and sorting them (topk_kernel._select_appended), when they number
-# at most TOPK_APPEND_SLOTS_PER_K x next_pow2(k): a random bf16 row of 65,536 scores has k plus ~13 tied values.
-# Rows with more ties take the selection pass over memory. 0 turns the append off (the tests compare both).
+# A bf16 row held in registers is then selected by appending its candidates (the values at or above the k-th
+# largest one, ties included) to a scratch row and sorting their positions (topk_kernel._select_appended), when
+# they number at most TOPK_APPEND_SLOTS_PER_K x next_pow2(k). The indexer's rows tie a few values at the k-th one;
+# rows with more ties (bench_topk's few-valued rows) take the selection pass over memory. Session 35 runs 2-3
+# (4,096 x 65,536, top-512): 1.37-1.48 ms against 2.13-2.22 ms by the selection pass. 0 turns the append off.
 TOPK_APPEND_SLOTS_PER_K = 2
-# The loop step of a row held in registers (the append pass's, or the selection pass's): session 35 run 2 (4,096 x
-# 65,536, top-512) took 1.366 ms at 8,192 values per step against 1.482 at 4,096 (half the steps, so half the
-# atomics' round trips) and 1.527 at 2,048.
+# The loop step of a row held in registers (the append pass's, or the selection pass's). Session 35 (runs 2 / 3):
+# 1.366 / 1.380 ms at 8,192 values per step, 1.482 / 1.480 at 4,096, 1.527 / 1.436 at 2,048; the decode rows took
+# 38-40 us at 4,096 (run 2) and 39-41 at 8,192 (run 3), within the runs' spread.
 TOPK_RESIDENT_BLOCK = 8192
 
 

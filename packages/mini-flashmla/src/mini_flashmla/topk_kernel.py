@@ -172,6 +172,7 @@ def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first
     tl.store(out_ptr + tl.cumsum(keep.to(tl.int32), 0) - 1, (code >> 1) + first, mask=keep)
     tl.store(out_ptr + s, tl.full((SCRATCH,), -1, tl.int32), mask=(s >= kk) & (s < k))
 
+
 @triton.jit
 def topk_select_kernel(
     val_ptr, stride_val, n_values, n_items, k, forced_item,
