@@ -530,7 +530,7 @@ def candidate_positions(columns: torch.Tensor, candidate_blocks: torch.Tensor, b
 
 
 # --------------------------------------------------------------------------- selection over given scores
-TOPK_BLOCK = 4096  # items per step of the selection kernel's loops (a 64k-key row: 16 steps per pass)
+TOPK_BLOCK = 4096  # items per step of the selection kernel's loops over memory (rows in registers: below)
 TOPK_NUM_WARPS = 8
 # Decode: with one program per query, batch 32 at 131k context (65,536 keys) ran 215 us per layer in session 15's
 # profile of the medium model, on 32 of 132 SMs. topk_of_scores splits each query's keys into chunks (a power of
