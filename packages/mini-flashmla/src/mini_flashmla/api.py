@@ -669,7 +669,8 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
     block = max(16, min(block // group, _next_pow2(n_items)))  # a GROUP > 1 step loads block * group values
     programs = score.shape[0] * chunks
     slots = TOPK_APPEND_SLOTS_PER_K * _next_pow2(k) if resident else 0
-    scratch = torch.empty((programs, slots + 1) if slots else (1,), dtype=torch.int32, device=score.device)
+    # the append pass's scratch rows; without it the kernel never touches the pointer, so out stands in
+    scratch = torch.empty((programs, slots + 1), dtype=torch.int32, device=score.device) if slots else out
     topk_select_kernel[(programs,)](
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len, scratch,
         GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0, SCRATCH=slots,

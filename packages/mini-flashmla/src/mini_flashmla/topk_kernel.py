@@ -89,10 +89,10 @@ def _values_at_least(pairs, t, ASM: tl.constexpr):
 
 @triton.jit
 def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.constexpr):
-    """The band [lo, hi] and rem of the radix select, found in registers, for a row of n_items <= 2 x PAIRS
-    values; bf16_row tells whether they hold (every value exactly bf16), else the caller runs the passes. Also
-    returned for _select_appended: the band's 16-bit key t, how many values are >= t (the candidates: the keys
-    above the band and the band's) and kk.
+    """(t, rem, kk, candidates, bf16_row) for a row of n_items <= 2 x PAIRS values held in registers: the radix
+    select's band is the one 16-bit key t (keys t << 16 .. (t << 16) | 0xFFFF) with rem of its keys still to take;
+    candidates = how many values are >= t's (the keys above the band and the band's). bf16_row tells whether these
+    hold (every value exactly bf16), else the caller runs the passes.
     A bf16 value is the top 16 bits of its fp32; the values 2i and 2i + 1 share a register. With kk = min(k, finite
     values), the k-th largest key is the largest 16-bit t with at least kk keys >= t, settled bit by bit from the
     top; the band is that one key and rem = kk - (keys above it). Every t tried is at least 0x0080 (the most
@@ -112,8 +112,7 @@ def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.co
         t = tl.where(count >= kk, candidate, t)
         at_least_t = tl.where(count >= kk, count, at_least_t)
     above = tl.where(t < LOW_HALF, _values_at_least(pairs, tl.minimum(t + 1, LOW_HALF), ASM), 0)
-    lo = (t << 16).to(tl.uint32)
-    return lo, (lo | LOW_HALF).to(tl.uint32), kk - above, bf16_row, t, at_least_t, kk
+    return t, kk - above, kk, at_least_t, bf16_row
 
 
 @triton.jit
@@ -203,6 +202,7 @@ def topk_select_kernel(
     # the selection pass packs a step's two counts into one int32: BLOCK x 2^16 + BLOCK must stay below 2^31
     tl.static_assert(BLOCK <= 16384, "the selection pass counts a step's keys in 16-bit fields of an int32")
     row_off = (tl.program_id(0) // CHUNKS).to(tl.int64) * stride_val
+    out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
     first = 0
     k_select = k  # out rows hold k slots; a chunk shorter than k selects all its items
     if CHUNKS > 1:  # the chunk as a row of its own: the value pointer moves, positions are offset back at the store
@@ -222,15 +222,14 @@ def topk_select_kernel(
     done = rem < 0  # false, as a tensor so the passes below can update it
     appended = done
     if RESIDENT_PAIRS > 0:
-        resident_lo, resident_hi, resident_rem, done, t, candidates, kk = _resident_band(
-            val_ptr, row_off, n_items, k_select, RESIDENT_PAIRS, ASM)
-        lo = tl.where(done, resident_lo, lo)
-        hi = tl.where(done, resident_hi, hi)
+        t, resident_rem, kk, candidates, done = _resident_band(val_ptr, row_off, n_items, k_select, RESIDENT_PAIRS,
+                                                               ASM)
+        lo = tl.where(done, (t << 16).to(tl.uint32), lo)
+        hi = tl.where(done, ((t << 16) | LOW_HALF).to(tl.uint32), hi)
         rem = tl.where(done, resident_rem, rem)
         if SCRATCH > 0:
             appended = done & (candidates <= SCRATCH)
             if appended:
-                out_row = out_ptr + tl.program_id(0).to(tl.int64) * stride_out
                 _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first,
                                  scratch_ptr + tl.program_id(0).to(tl.int64) * (SCRATCH + 1), out_row,
                                  BLOCK, SCRATCH, THREADS, ASM)
@@ -280,11 +279,10 @@ def topk_select_kernel(
         band_upto = band_seen + (packed >> 16)  # band keys up to and including this one
         keep = (above_band != 0) | ((in_band != 0) & (band_upto <= rem))
         slot = written + (packed & 0xFFFF) + tl.minimum(band_upto, rem) - tl.minimum(band_seen, rem) - 1
-        tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, offs + first, mask=keep)
+        tl.store(out_row + slot, offs + first, mask=keep)
         total = tl.sum(counts)
         written += (total & 0xFFFF) + tl.minimum(band_seen + (total >> 16), rem) - tl.minimum(band_seen, rem)
         band_seen += total >> 16
     for s0 in range(0, tl.where(appended, 0, k), BLOCK):
         slot = s0 + offs0
-        tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_out + slot, tl.full((BLOCK,), -1, tl.int32),
-                 mask=(slot >= written) & (slot < k))
+        tl.store(out_row + slot, tl.full((BLOCK,), -1, tl.int32), mask=(slot >= written) & (slot < k))
