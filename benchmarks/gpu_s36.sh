@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 36's GPU runs (docs/reports/gpu-session-2026-12-03-s36.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s36.sh   (1 x H200, tree = session 35's review mend of the
+#       top-k plus its three prepared changes (wo_a as one bmm into z's layout, the rounds' raw packed-compare sums,
+#       the candidate blocks held in registers and appended); .ab-base.tar.gz = d4441b4 (main): the mini-flashmla GPU
+#       suite, the runtime's core GPU tests, bench_topk and bench_prefill on new and base)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s36
+case "${PART:-r1}" in
+r1)
+  run flashmla_tests 100 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run bench_topk 130 python3 benchmarks/bench_topk.py --out "$OUT/bench_topk.json"
+  run bench_topk_base 130 env PYTHONPATH="$(side_path base)" python3 benchmarks/bench_topk.py \
+    --out "$OUT/bench_topk_base.json"
+  prefill_sides 90 new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  show_sides new base
+  grep -E "^(top-k|indexer|projections) " "$OUT"/prefill_{new,base}.txt
+  for f in bench_topk bench_topk_base; do echo "== $f"; grep -vE "^\[" "$OUT/$f.txt" | tail -22; done
+  ;;
+esac
+pack_out
