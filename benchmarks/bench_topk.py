@@ -20,6 +20,9 @@ case rounds them to a few distinct values (most of every row ties). Every new re
 reference's on the full shape. Times: median of CUDA-event timings of single calls after warm-up.
 
 Usage: python3 benchmarks/bench_topk.py [--out PATH] (default $OUT/bench_topk.json or ./bench_topk.json).
+BENCH_TOPK_PARTS (comma-separated, default all: levels,blocks,sweep,decode,chunks,indexer) picks the parts; each
+kernel configuration compiles on first use (~10 s of ptxas for a row held in registers), so on a fresh machine the
+whole file takes ~2.5 min and levels,blocks,decode about a third of it (session 36).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ DECODE_BATCHES = [8, 32, 64, 128, 256]
 DECODE_CHUNKS = [2, 4, 8, 16]
 
 
-def decode_sweep(score: torch.Tensor) -> list[dict]:
+def decode_sweep(score: torch.Tensor, chunk_counts: list[int]) -> list[dict]:
     rows = []
     for batch in DECODE_BATCHES:
         s = score[-batch:].contiguous()
@@ -91,7 +94,7 @@ def decode_sweep(score: torch.Tensor) -> list[dict]:
         row["one_program_selection_pass_ms"] = bench_graph(lambda: api._launch_select(s, N_KEYS, TOPK, -1, out, 1))
         row["one_program_selection_pass_equal"] = torch.equal(out, want)
         api.TOPK_APPEND_SLOTS_PER_K = append_slots
-        for chunks in DECODE_CHUNKS:
+        for chunks in chunk_counts:
             row[f"chunks{chunks}_ms"] = bench_graph(lambda: api._chunked_topk(s, TOPK, chunks))
             row[f"chunks{chunks}_equal"] = torch.equal(api._chunked_topk(s, TOPK, chunks), want)
         rows.append(row)
@@ -114,15 +117,35 @@ def main() -> None:
                             "resident_num_warps": api.TOPK_RESIDENT_NUM_WARPS,
                             "append_slots_per_k": api.TOPK_APPEND_SLOTS_PER_K},
     }
+    parts = os.environ.get("BENCH_TOPK_PARTS", "levels,blocks,sweep,decode,chunks,indexer").split(",")
+    result["parts"] = parts
     q, w, cache, visible, rows = indexer_prefill_case(dev)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)  # fp32 [4096, 65536], 1 GiB
 
-    bench_topk_level(score, "topk", result)
-    result["topk_peer_torch_topk_values_fp32_ms"] = median_ms(lambda: torch.topk(score, TOPK, sorted=False).values)
-    few = (score * (4.0 / torch.nan_to_num(score, neginf=0.0).abs().amax())).round()  # a few values per row
-    bench_topk_level(few, "topk_few_values", result)
-    del few
+    if "levels" in parts:
+        bench_topk_level(score, "topk", result)
+        result["topk_peer_torch_topk_values_fp32_ms"] = median_ms(
+            lambda: torch.topk(score, TOPK, sorted=False).values)
+        few = (score * (4.0 / torch.nan_to_num(score, neginf=0.0).abs().amax())).round()  # a few values per row
+        bench_topk_level(few, "topk_few_values", result)
+        del few
+    if "blocks" in parts:
+        bench_blocks(score, result)
+    if "sweep" in parts:
+        result["kernel_step_sweep"] = step_sweep(score)
+    if "decode" in parts:
+        result["decode"] = decode_sweep(score, DECODE_CHUNKS if "chunks" in parts else [])
+    if "indexer" in parts:
+        result["scores_ms"] = median_ms(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
+        result["indexer_topk_chunked_ms"] = median_ms(
+            lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, TOPK))
+    result["peak_memory_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_summary(result)
 
+
+def bench_blocks(score: torch.Tensor, result: dict) -> None:
     compress_len = N_KEYS
     result["blocks_old_ms"] = median_ms(lambda: reference.candidate_blocks_ref(score, compress_len, BLOCK,
                                                                                TOPK_BLOCKS))
@@ -131,9 +154,13 @@ def main() -> None:
     result["blocks_equal"] = torch.equal(api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS),
                                          reference.candidate_blocks_ref(score, compress_len, BLOCK, TOPK_BLOCKS))
 
+
+def step_sweep(score: torch.Tensor) -> dict:
+    """The kernel's loop step and warps (RESIDENT_SWEEP, STEP_SWEEP), each result checked equal to the default's."""
+    compress_len = N_KEYS
     sweep = {}
-    out_topk = torch.empty((S_Q, TOPK), dtype=torch.int32, device=dev)
-    out_blocks = torch.empty((S_Q, TOPK_BLOCKS), dtype=torch.int32, device=dev)
+    out_topk = torch.empty((S_Q, TOPK), dtype=torch.int32, device=score.device)
+    out_blocks = torch.empty((S_Q, TOPK_BLOCKS), dtype=torch.int32, device=score.device)
     n_blocks = N_KEYS // BLOCK
     want_topk = api.topk_of_scores(score, TOPK)
     want_blocks = api.candidate_blocks_of_scores(score, compress_len, BLOCK, TOPK_BLOCKS)
@@ -160,16 +187,7 @@ def main() -> None:
             "topk_ms": median_ms(topk), "blocks_ms": median_ms(blocks),
             "equal": torch.equal(out_topk, want_topk) and torch.equal(out_blocks, want_blocks),
         }
-    result["kernel_step_sweep"] = sweep
-
-    result["decode"] = decode_sweep(score)
-
-    result["scores_ms"] = median_ms(lambda: mini_flashmla.indexer_scores(q, w, cache, visible, rows))
-    result["indexer_topk_chunked_ms"] = median_ms(lambda: mini_flashmla.indexer_topk(q, w, cache, visible, rows, TOPK))
-    result["peak_memory_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print_summary(result)
+    return sweep
 
 
 def print_summary(r: dict) -> None:
@@ -177,22 +195,27 @@ def print_summary(r: dict) -> None:
     for tag, what in (("topk", "top-512 of 65,536 x 4,096, indexer scores"),
                       ("topk_few_values", "top-512, few distinct values"),
                       ("blocks", "top-2,048 of 8,192 blocks x 4,096")):
-        print(f"{what}: old {r[f'{tag}_old_ms']:.3f} ms, new {r[f'{tag}_new_ms']:.3f} ms "
-              f"({r[f'{tag}_old_ms'] / r[f'{tag}_new_ms']:.1f}x), bit-identical {r[f'{tag}_equal']}")
-    print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
-    for name, t in r["kernel_step_sweep"].items():
+        if f"{tag}_new_ms" in r:
+            print(f"{what}: old {r[f'{tag}_old_ms']:.3f} ms, new {r[f'{tag}_new_ms']:.3f} ms "
+                  f"({r[f'{tag}_old_ms'] / r[f'{tag}_new_ms']:.1f}x), bit-identical {r[f'{tag}_equal']}")
+    if "topk_peer_torch_topk_values_fp32_ms" in r:
+        print(f"peer torch.topk fp32 values only: {r['topk_peer_torch_topk_values_fp32_ms']:.3f} ms")
+    for name, t in r.get("kernel_step_sweep", {}).items():
         blocks = f", blocks {t['blocks_ms']:.3f} ms" if "blocks_ms" in t else ""
         print(f"  {name}: topk {t['topk_ms']:.3f} ms{blocks}, equal {t['equal']}")
-    print("| queries | one program per query ms | the same, selection pass ms | "
-          + " | ".join(f"{c} chunks ms" for c in DECODE_CHUNKS) + " | routed (chunks) ms | all equal |")
-    for d in r["decode"]:
-        equal = d["one_program_equal"] and d["routed_equal"] and all(d[f"chunks{c}_equal"] for c in DECODE_CHUNKS)
-        equal = equal and d["one_program_selection_pass_equal"]
-        print(f"| {d['batch']} | {d['one_program_per_query_ms']:.4f} | {d['one_program_selection_pass_ms']:.4f} | "
-              + " | ".join(f"{d[f'chunks{c}_ms']:.4f}" for c in DECODE_CHUNKS)
-              + f" | {d['routed_ms']:.4f} ({d['routed_chunks']}) | {equal} |")
-    print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms; "
-          f"peak {r['peak_memory_gb']:.1f} GiB")
+    if "decode" in r:
+        chunk_counts = [c for c in DECODE_CHUNKS if f"chunks{c}_ms" in r["decode"][0]]
+        print("| queries | one program per query ms | the same, selection pass ms | "
+              + "".join(f"{c} chunks ms | " for c in chunk_counts) + "routed (chunks) ms | all equal |")
+        for d in r["decode"]:
+            equal = d["one_program_equal"] and d["routed_equal"] and d["one_program_selection_pass_equal"]
+            equal = equal and all(d[f"chunks{c}_equal"] for c in chunk_counts)
+            print(f"| {d['batch']} | {d['one_program_per_query_ms']:.4f} | {d['one_program_selection_pass_ms']:.4f} | "
+                  + "".join(f"{d[f'chunks{c}_ms']:.4f} | " for c in chunk_counts)
+                  + f"{d['routed_ms']:.4f} ({d['routed_chunks']}) | {equal} |")
+    if "scores_ms" in r:
+        print(f"scores {r['scores_ms']:.3f} ms; scores + top-k chunked {r['indexer_topk_chunked_ms']:.3f} ms")
+    print(f"peak {r['peak_memory_gb']:.1f} GiB")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
 #       top-k plus its three prepared changes (wo_a as one bmm into z's layout, the rounds' raw packed-compare sums,
 #       the candidate blocks held in registers and appended); .ab-base.tar.gz = d4441b4 (main): the mini-flashmla GPU
 #       suite, the runtime's core GPU tests, bench_topk and bench_prefill on new and base)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s36.sh   (1 x H200, run 1's tree (its bench_topk calls ran out
+#       of time compiling); .ab-alt.tar.gz = 06b2038 (main + wo_a as one bmm + the rounds' raw sums, without the
+#       candidate blocks), .ab-base.tar.gz = d4441b4: the mini-flashmla GPU suite, bench_topk's levels, blocks and
+#       decode parts and bench_prefill on new, alt and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s36
 case "${PART:-r1}" in
@@ -18,6 +22,18 @@ r1)
   show_sides new base
   grep -E "^(top-k|indexer|projections) " "$OUT"/prefill_{new,base}.txt
   for f in bench_topk bench_topk_base; do echo "== $f"; grep -vE "^\[" "$OUT/$f.txt" | tail -22; done
+  ;;
+r2)
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu
+  for side in new alt base; do
+    run "bench_topk_$side" 100 env PYTHONPATH="$(side_path $side)" BENCH_TOPK_PARTS=levels,blocks,decode \
+      python3 benchmarks/bench_topk.py --out "$OUT/bench_topk_$side.json"
+  done
+  prefill_sides 70 new alt base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
+  show_sides new alt base
+  grep -E "^(top-k|indexer|projections) " "$OUT"/prefill_{new,alt,base}.txt
+  for side in new alt base; do echo "== $side"; grep -vE "^\[" "$OUT/bench_topk_$side.txt" | tail -12; done
   ;;
 esac
 pack_out
