@@ -90,11 +90,10 @@ def test_appended_candidates_at_the_scratch_limit(device, small_step, band):
     assert_same(api.topk_of_scores(score.to(device), 64), reference.indexer_topk_ref(score, 64))
 
 
-def test_resident_needs_a_row_that_fits(device, monkeypatch):
-    monkeypatch.setattr(api, "TOPK_RESIDENT_MAX_PAIRS", 16)
+def test_resident_needs_a_row_that_fits(device):
     score = torch.zeros(2, 64, device=device)
     out = torch.empty((2, 8), dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="got 64 items, group=1, forced_item=3"):
+    with pytest.raises(ValueError, match="forced_item=3"):
         api._launch_select(score, 64, 8, 3, out, group=1, resident=True)
 
 
@@ -143,11 +142,7 @@ def test_few_queries_take_the_chunked_route(device, small_step, monkeypatch):
     (50, 45, 100),  # topk_blocks > number of blocks
     (1000, 999, 40),
 ])
-@pytest.mark.parametrize("route", ["append", "streaming"])
-def test_candidate_blocks_of_scores_exact(device, small_step, monkeypatch, route, kind, n, compress_len, topk_blocks):
-    """Block maxima (the forced block +inf) on the routes of take_route: held in registers and appended, or read
-    by the passes."""
-    take_route(monkeypatch, route)
+def test_candidate_blocks_of_scores_exact(device, small_step, kind, n, compress_len, topk_blocks):
     g = torch.Generator().manual_seed(n * 11 + compress_len)
     score = tied_scores(g, 6, n, kind)
     got = api.candidate_blocks_of_scores(score.to(device), compress_len, 8, topk_blocks)

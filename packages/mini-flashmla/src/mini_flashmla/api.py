@@ -645,16 +645,17 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
                    chunk_len: int = 0, resident: bool | None = None) -> None:
     """One topk_select_kernel program per row of score (fp32, unit column stride), or per key chunk of a row
     (chunks > 1: out has chunks rows per score row). resident (None: whenever a row or chunk may be held in
-    registers: at most 2 x TOPK_RESIDENT_MAX_PAIRS items, block maxima or single values not forced), block and
-    num_warps (None: TOPK_RESIDENT_BLOCK and TOPK_RESIDENT_NUM_WARPS, or TOPK_BLOCK and TOPK_NUM_WARPS) are arguments
-    so the benchmark can compare them."""
+    registers: single values, no forced item, at most 2 x TOPK_RESIDENT_MAX_PAIRS), block and num_warps (None:
+    TOPK_RESIDENT_BLOCK and TOPK_RESIDENT_NUM_WARPS, or TOPK_BLOCK and TOPK_NUM_WARPS) are arguments so the
+    benchmark can compare them."""
     from mini_flashmla.topk_kernel import topk_select_kernel
 
     row_len = chunk_len if chunks > 1 else n_items
-    pairs = _resident_pairs(row_len) if group > 1 or forced_item < 0 else 0
+    pairs = _resident_pairs(row_len) if group == 1 and forced_item < 0 else 0
     if resident and not pairs:
-        raise ValueError(f"resident=True needs at most {2 * TOPK_RESIDENT_MAX_PAIRS} items per row or chunk, and no "
-                         f"forced single value, got {row_len} items, group={group}, forced_item={forced_item}")
+        raise ValueError("resident=True needs single values, no forced item and at most "
+                         f"{2 * TOPK_RESIDENT_MAX_PAIRS} items per row or chunk, got group={group}, "
+                         f"forced_item={forced_item}, {row_len} items")
     resident = pairs > 0 if resident is None else resident
     if block is None:
         block = TOPK_RESIDENT_BLOCK if resident else TOPK_BLOCK

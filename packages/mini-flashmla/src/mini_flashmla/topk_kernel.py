@@ -63,23 +63,6 @@ def _load_items(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP: t
 
 
 @triton.jit
-def _item_values(val_ptr, row_off, items, n_items, n_values, forced_item, GROUP: tl.constexpr):
-    """The values of items (any shape) as _load_items has them (items at or past n_items are -inf), for the paths
-    that hold many items per thread: a GROUP > 1 item's max is taken over GROUP loads of one value per item, so only
-    the running max stays live (_load_items' [BLOCK, GROUP] load would hold GROUP values per item at once). Single
-    values take no forced item here (api._launch_select keeps a forced single value on the passes): its compare per
-    value cost the resident rows 144 more bytes of spills (offline)."""
-    if GROUP == 1:
-        return tl.load(val_ptr + row_off + items, mask=items < n_items, other=float("-inf"))
-    x = tl.full(items.shape, float("-inf"), tl.float32)
-    for c in tl.static_range(GROUP):
-        entry = items * GROUP + c
-        x = tl.maximum(x, tl.load(val_ptr + row_off + entry, mask=(items < n_items) & (entry < n_values),
-                                  other=float("-inf")))
-    return tl.where(items == forced_item, float("inf"), x)
-
-
-@triton.jit
 def _bf16_bits_of_key(t):
     """The bf16 bits whose key's top 16 bits are t (uint32 <= 0xFFFF): _order_key inverted on 16 bits."""
     return tl.where(t >= 0x8000, t ^ 0x8000, ~t & LOW_HALF).to(tl.uint32)
@@ -110,20 +93,18 @@ def _values_at_least(pairs, t, ASM: tl.constexpr):
 
 
 @triton.jit
-def _resident_band(val_ptr, row_off, n_items, n_values, forced_item, k, PAIRS: tl.constexpr, GROUP: tl.constexpr,
-                   ASM: tl.constexpr):
-    """(t, rem, kk, candidates, bf16_row) for a row of n_items <= 2 x PAIRS items (_item_values) held in registers:
-    the radix select's band is the one 16-bit key t (keys t << 16 .. (t << 16) | 0xFFFF) with rem of its keys still
-    to take; candidates = how many values are >= t's (the keys above the band and the band's). bf16_row tells
-    whether these hold (every item exactly bf16: a bf16 row's block maxima and a forced +inf are), else the caller
-    runs the passes.
+def _resident_band(val_ptr, row_off, n_items, k, PAIRS: tl.constexpr, ASM: tl.constexpr):
+    """(t, rem, kk, candidates, bf16_row) for a row of n_items <= 2 x PAIRS values held in registers: the radix
+    select's band is the one 16-bit key t (keys t << 16 .. (t << 16) | 0xFFFF) with rem of its keys still to take;
+    candidates = how many values are >= t's (the keys above the band and the band's). bf16_row tells whether these
+    hold (every value exactly bf16), else the caller runs the passes.
     A bf16 value is the top 16 bits of its fp32; the values 2i and 2i + 1 share a register. With kk = min(k, finite
     values), the k-th largest key is the largest 16-bit t with at least kk keys >= t, settled bit by bit from the
     top; the band is that one key and rem = kk - (keys above it). Every t tried is at least 0x0080 (the most
     negative finite value's key) while kk >= 1; kk = 0 leaves t = 0xFFFF (a NaN's key, which no value has) and
     rem = 0, so nothing is selected."""
     pos = tl.arange(0, PAIRS)[:, None] * 2 + tl.arange(0, 2)[None, :]
-    bits = _item_values(val_ptr, row_off, pos, n_items, n_values, forced_item, GROUP).to(tl.uint32, bitcast=True)
+    bits = tl.load(val_ptr + row_off + pos, mask=pos < n_items, other=float("-inf")).to(tl.uint32, bitcast=True)
     bf16_row = tl.max(bits & LOW_HALF) == 0
     even, odd = tl.split(bits)
     pairs = (even >> 16) | (odd & HIGH_HALF)
@@ -140,9 +121,8 @@ def _resident_band(val_ptr, row_off, n_items, n_values, forced_item, k, PAIRS: t
 
 
 @triton.jit
-def _select_appended(val_ptr, row_off, n_items, n_values, forced_item, t, candidates, kk, rem, k, first, scratch_ptr,
-                     out_ptr, BLOCK: tl.constexpr, GROUP: tl.constexpr, SCRATCH: tl.constexpr, THREADS: tl.constexpr,
-                     ASM: tl.constexpr):
+def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first, scratch_ptr, out_ptr,
+                     BLOCK: tl.constexpr, SCRATCH: tl.constexpr, THREADS: tl.constexpr, ASM: tl.constexpr):
     """The selection of a bf16 row (or chunk) whose band is the one 16-bit key t (from _resident_band) and whose
     candidates (values >= t's value: kk - rem above the band, then the band) number at most SCRATCH: out[0:kk] =
     the positions (plus first) of every value above the band and of the rem lowest-positioned band values,
@@ -171,11 +151,12 @@ def _select_appended(val_ptr, row_off, n_items, n_values, forced_item, t, candid
     offs = tl.arange(0, THREADS)[:, None] + tl.arange(0, RUNS)[None, :] * THREADS
     if ASM:
         offs = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [offs], dtype=tl.int32, is_pure=True, pack=1)
-    x_next = _item_values(val_ptr, row_off, offs, n_items, n_values, forced_item, GROUP)
+    x_next = tl.load(val_ptr + row_off + offs, mask=offs < n_items, other=float("-inf"))
     for b in range(0, tl.cdiv(n_items, RUNS * THREADS)):
         # the next step's values are loaded before this step's atomic: one load latency per row, not per step
         x = x_next
-        x_next = _item_values(val_ptr, row_off, offs + RUNS * THREADS, n_items, n_values, forced_item, GROUP)
+        x_next = tl.load(val_ptr + row_off + offs + RUNS * THREADS, mask=offs + RUNS * THREADS < n_items,
+                         other=float("-inf"))
         code = tl.where(x >= band_value, offs * 2 + (x == band_value).to(tl.int32), -1)
         take = (code >= 0).to(tl.int32)
         per_thread = tl.sum(take, axis=1)
@@ -217,8 +198,8 @@ def topk_select_kernel(
     CHUNKS > 1 (GROUP 1, no forced item): program row * CHUNKS + c selects among the row's items
     [c * chunk_len, (c + 1) * chunk_len) only, writing their positions in the row (ascending, then -1) to out row
     row * CHUNKS + c: the first pass of api._chunked_topk, whose candidates hold the row's top k.
-    RESIDENT_PAIRS > 0 (at most 2 x RESIDENT_PAIRS items per row or chunk): a bf16 row's (or chunk's) band comes
-    from _resident_band, and the counting passes run no steps. SCRATCH > 0 (with
+    RESIDENT_PAIRS > 0 (GROUP 1, no forced item, at most 2 x RESIDENT_PAIRS items per row or chunk): a bf16 row's
+    (or chunk's) band comes from _resident_band, and the counting passes run no steps. SCRATCH > 0 (with
     RESIDENT_PAIRS; a power of two >= k): such a row with at most SCRATCH candidates is selected by
     _select_appended through its program's scratch row, int32 [SCRATCH + 1] at scratch_ptr + (SCRATCH + 1) x
     program, instead of by the selection pass; THREADS = 32 x num_warps.
@@ -246,17 +227,17 @@ def topk_select_kernel(
     done = rem < 0  # false, as a tensor so the passes below can update it
     appended = done
     if RESIDENT_PAIRS > 0:
-        t, resident_rem, kk, candidates, done = _resident_band(val_ptr, row_off, n_items, n_values, forced_item,
-                                                               k_select, RESIDENT_PAIRS, GROUP, ASM)
+        t, resident_rem, kk, candidates, done = _resident_band(val_ptr, row_off, n_items, k_select, RESIDENT_PAIRS,
+                                                               ASM)
         lo = tl.where(done, (t << 16).to(tl.uint32), lo)
         hi = tl.where(done, ((t << 16) | LOW_HALF).to(tl.uint32), hi)
         rem = tl.where(done, resident_rem, rem)
         if SCRATCH > 0:
             appended = done & (candidates <= SCRATCH)
             if appended:
-                _select_appended(val_ptr, row_off, n_items, n_values, forced_item, t, candidates, kk, rem, k, first,
+                _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first,
                                  scratch_ptr + tl.program_id(0).to(tl.int64) * (SCRATCH + 1), out_row,
-                                 BLOCK, GROUP, SCRATCH, THREADS, ASM)
+                                 BLOCK, SCRATCH, THREADS, ASM)
     bf16_keys = done
     for p in tl.static_range(4):
         shift = 24 - RADIX_BITS * p
