@@ -89,50 +89,14 @@ def test_fused_collapse_and_expand_match_the_references(device: str, T: int, D: 
     _within_one_bf16_rounding(hcf.hc_expand_fused(y, H, want[1], want[2]), ops.hc_expand(y, H, want[1], want[2]))
 
 
-# the production tiling, and small ieee ones (several slices per D, the last one ragged at D = 1001 or 256 / 48)
-EXPAND_MIXES = [pytest.param(hcf.DEFAULT_EXPAND_MIX, id="default-bf16x3",
-                             marks=pytest.mark.skipif(INTERPRET, reason="interpreter: bf16 tl.dot unsupported")),
-                pytest.param(hcf.ExpandMixConfig(block_t=16, block_d=16, d_slice=48, dot="ieee"), id="small-slices"),
-                pytest.param(hcf.ExpandMixConfig(block_t=32, block_d=32, d_slice=64, dot="ieee", num_warps=4),
-                             id="ieee")]
-
-
-@pytest.mark.parametrize("tiling", EXPAND_MIXES)
-@pytest.mark.parametrize("device,T,D", CASES)
-def test_fused_expand_mix_collapse_match_the_references(device: str, T: int, D: int,
-                                                         tiling: hcf.ExpandMixConfig) -> None:
-    """H' within one bf16 rounding of hc_expand; the mixes (within 1e-5) and the collapse (one rounding) against
-    the references applied to the kernel's own H' (the values it stores are the ones it mixes and collapses); a
-    token's results bit-identical without the rest of its batch."""
-    cfg = V41Config() if D == 5120 else tiny_config()
-    H, fn, scale, base, y = _inputs(T, D, device, seed=T + D + 1)
-    pre, post, comb = ops.hc_mixes(H, fn, scale, base, cfg)
-    new_H, mixes, u = hcf.hc_expand_mix_collapse_fused(y, H, post, comb, fn, scale, base, pre, cfg, tiling)
-    _within_one_bf16_rounding(new_H, ops.hc_expand(y, H, post, comb))
-    for name, a, b in zip(("pre", "post", "comb"), mixes, ops.hc_mixes(new_H, fn, scale, base, cfg)):
-        assert a.shape == b.shape and a.dtype == torch.float32, name
-        err = (a - b).abs().max().item()
-        print(f"{name} max abs error vs the reference on the kernel's H': {err:.2e}")
-        assert err <= 1e-5, (name, err)
-    _within_one_bf16_rounding(u, ops.hc_collapse(new_H, pre))
-    if T > 1:
-        h = T // 2
-        alone = hcf.hc_expand_mix_collapse_fused(y[:h].clone(), H[:h].clone(), post[:h].clone(), comb[:h].clone(),
-                                                 fn, scale, base, pre[:h].clone(), cfg, tiling)
-        assert torch.equal(alone[0], new_H[:h]) and torch.equal(alone[2], u[:h])
-        for a, b in zip(alone[1], mixes):
-            assert torch.equal(a, b[:h])
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_engine_blocks_use_the_fused_ops_and_the_reference_does_not() -> None:
     cfg = tiny_config()
     H = torch.randn(3, 4, cfg.hidden_size, device="cuda").to(torch.bfloat16)
     fused = ops._hc_ops(H, ops.KernelWeights())
-    assert fused == (hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused,
-                     hcf.hc_expand_mix_collapse_fused)
-    assert ops._hc_ops(H, {}) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand, ops.hc_expand_mix_collapse)
+    assert fused == (hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused)
+    assert ops._hc_ops(H, {}) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
@@ -145,4 +109,4 @@ def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "match_the"],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert proc.returncode == 0 and "10 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -15,10 +15,6 @@ bf16 [T, 4, D]; each kernel here reads them once.
   The K slice is fixed (MixConfig.k_slice), not derived from T, so a token's mixes do not depend on the batch.
 - `hc_collapse_fused`: u = sum_k pre[k] * H[k] (fp32, bf16 out).
 - `hc_expand_fused`: H'[j] = post[j] * y + sum_i comb[i, j] * H[i] (fp32, bf16 out).
-- `hc_expand_mix_collapse_fused` (session 36): a sublayer's expand, then the next sublayer's mixes and collapse of
-  its output (whose `pre` is known before the expand: the one-sublayer delay), in one pass: the expand kernel's
-  program also feeds the bf16 H' it stores into the mix projection (its own K slice, the same workspace) and into
-  the collapse, so H' is written once and not read back twice. ops.hc_expand_mix_collapse is the reference.
 
 Numerics: the same formulas in fp32 as ops.py, with other summation orders (the projection's K-sum, the stream
 sums); results agree with the references to fp32 rounding before the bf16 casts (tests: test_hyper_connections.py).
@@ -73,47 +69,7 @@ class MixConfig:
 
 DEFAULT_MIX = MixConfig()
 
-
-@dataclass(frozen=True)
-class ExpandMixConfig:
-    """Tiling of hc_expand_mix_kernel: a program covers block_t tokens and d_slice features of every stream (a K
-    slice of 4 x d_slice of the mix projection), block_d features per stream and step. dot as in MixConfig. Fixed,
-    not derived from T, so a token's results do not depend on the batch. Defaults (offline, triton 3.6, sm_90a):
-    a program holds y and the four streams' tiles at once, and 8 elements per thread and tile is the most that
-    stays out of local memory (64 x 32 at 8 warps: 24 bytes of stack; 64 x 64 at 8 warps: 1,472; software
-    pipelining (num_stages > 1) spills more). d_slice = 256: 20 programs per token block at D = 5,120, so a
-    decode batch still spreads over 20 SMs."""
-
-    block_t: int = 64
-    block_d: int = 32
-    d_slice: int = 256
-    dot: str = "bf16x3"
-    num_warps: int = 8
-    num_stages: int = 1
-
-    def __post_init__(self) -> None:
-        if self.d_slice % self.block_d or self.block_d < 16 or self.block_t < 16 or self.dot not in ("ieee", "bf16x3"):
-            raise ValueError(f"bad ExpandMixConfig {self}")
-
-
-DEFAULT_EXPAND_MIX = ExpandMixConfig()
-
 if triton is not None:
-
-    @triton.jit
-    def _mix_dot(xb, w, acc, BF16X3: tl.constexpr):
-        """acc + xb @ w with fp32 products: xb bf16 [M, BK] (exact in bf16), w fp32 [BK, N]."""
-        if BF16X3:
-            w_hi = w.to(tl.bfloat16)
-            rest = w - w_hi.to(tl.float32)  # exact: the low 16 significand bits
-            w_mid = rest.to(tl.bfloat16)
-            w_lo = (rest - w_mid.to(tl.float32)).to(tl.bfloat16)  # exact: w = w_hi + w_mid + w_lo
-            # smallest part first; the chunk's sum joins acc by a separate fp32 add (a fresh accumulator per chunk
-            # keeps the tensor cores' accumulation chain to one chunk)
-            part = tl.dot(xb, w_lo, out_dtype=tl.float32)
-            part = tl.dot(xb, w_mid, part)
-            return acc + tl.dot(xb, w_hi, part)
-        return tl.dot(xb.to(tl.float32), w, acc, input_precision="ieee")
 
     @triton.jit
     def hc_mix_partial_kernel(h_ptr, fn_ptr, ws_ptr, T, K, K_SLICE, MIX: tl.constexpr, NW: tl.constexpr,
@@ -132,7 +88,18 @@ if triton is not None:
             x = xb.to(tl.float32)
             ss += tl.sum(x * x, axis=1)
             w = tl.load(fn_ptr + n[None, :] * K + k[:, None], mask=k_mask[:, None] & (n < MIX)[None, :], other=0.0)
-            acc = _mix_dot(xb, w, acc, BF16X3)
+            if BF16X3:
+                w_hi = w.to(tl.bfloat16)
+                rest = w - w_hi.to(tl.float32)  # exact: the low 16 significand bits
+                w_mid = rest.to(tl.bfloat16)
+                w_lo = (rest - w_mid.to(tl.float32)).to(tl.bfloat16)  # exact: w = w_hi + w_mid + w_lo
+                # smallest part first; the chunk's sum joins acc by a separate fp32 add (a fresh accumulator per
+                # chunk keeps the tensor cores' accumulation chain to one chunk)
+                part = tl.dot(xb, w_lo, out_dtype=tl.float32)
+                part = tl.dot(xb, w_mid, part)
+                acc += tl.dot(xb, w_hi, part)
+            else:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
         out = tl.where((n == MIX)[None, :], ss[:, None], acc)
         tl.store(ws_ptr + (split * T + t)[:, None] * NW + n[None, :], out, mask=t_mask[:, None])
 
@@ -203,51 +170,6 @@ if triton is not None:
                 acc += c[:, None] * h
             tl.store(out_ptr + (t[:, None] * HCS + j) * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
-    @triton.jit
-    def hc_expand_mix_kernel(y_ptr, h_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, out_ptr, u_ptr, ws_ptr, T, D, D_SLICE,
-                             MIX: tl.constexpr, NW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BF16X3: tl.constexpr):
-        """Program (token block, slice of D_SLICE features per stream): H' = expand (as hc_expand_kernel), stored
-        bf16; u = sum_j pre[j] H'[j] of the stored values, stored bf16; the mix projection and sum of squares of
-        those values over the program's K slice (4 x D_SLICE features) into ws[slice, t] (hc_mix_partial_kernel's
-        workspace rows)."""
-        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-        split = tl.program_id(1)
-        tm = t < T
-        n = tl.arange(0, NW)
-        acc = tl.zeros((BLOCK_T, NW), dtype=tl.float32)
-        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        d_begin = split * D_SLICE
-        for d0 in range(d_begin, tl.minimum(d_begin + D_SLICE, D), BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            dm = d < D
-            m = tm[:, None] & dm[None, :]
-            y = tl.load(y_ptr + t[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            # the four streams read once per step (HC = 4 is checked at the call)
-            h0 = tl.load(h_ptr + (t[:, None] * 4 + 0) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            h1 = tl.load(h_ptr + (t[:, None] * 4 + 1) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            h2 = tl.load(h_ptr + (t[:, None] * 4 + 2) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            h3 = tl.load(h_ptr + (t[:, None] * 4 + 3) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            u = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
-            for j in tl.static_range(4):
-                comb_row = comb_ptr + t * 16 + j  # comb[t, i, j] at t * 16 + i * 4 + j
-                x = tl.load(post_ptr + t * 4 + j, mask=tm, other=0.0)[:, None] * y
-                x += tl.load(comb_row, mask=tm, other=0.0)[:, None] * h0
-                x += tl.load(comb_row + 4, mask=tm, other=0.0)[:, None] * h1
-                x += tl.load(comb_row + 8, mask=tm, other=0.0)[:, None] * h2
-                x += tl.load(comb_row + 12, mask=tm, other=0.0)[:, None] * h3
-                xb = x.to(tl.bfloat16)
-                tl.store(out_ptr + (t[:, None] * 4 + j) * D + d[None, :], xb, mask=m)
-                x = xb.to(tl.float32)  # the mixes and the collapse read the stored (rounded) streams
-                u += tl.load(pre_ptr + t * 4 + j, mask=tm, other=0.0)[:, None] * x
-                ss += tl.sum(x * x, axis=1)
-                w = tl.load(fn_ptr + n[None, :] * (4 * D) + (j * D + d)[:, None],
-                            mask=dm[:, None] & (n < MIX)[None, :], other=0.0)
-                acc = _mix_dot(xb, w, acc, BF16X3)
-            tl.store(u_ptr + t[:, None] * D + d[None, :], u.to(tl.bfloat16), mask=m)
-        out = tl.where((n == MIX)[None, :], ss[:, None], acc)
-        tl.store(ws_ptr + (split * T + t)[:, None] * NW + n[None, :], out, mask=tm[:, None])
-
 
 def available(H: torch.Tensor) -> bool:
     """Whether the fused kernels apply: Triton importable, bf16 streams on CUDA, HC of them (what the kernels
@@ -298,32 +220,3 @@ def hc_expand_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: 
         hc_expand_kernel[grid](y.contiguous(), H.contiguous(), post.float().contiguous(), comb.float().contiguous(),
                                out, T, D, HCS=hc, BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=POINTWISE_BLOCK_D)
     return out
-
-
-def hc_expand_mix_collapse_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-                                 fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre: torch.Tensor,
-                                 cfg: V41Config, tiling: ExpandMixConfig = DEFAULT_EXPAND_MIX
-                                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                                            torch.Tensor]:
-    """ops.hc_expand_mix_collapse, same arguments: H' = expand(y, H, post, comb) bf16 [T, 4, D], the mixes of H'
-    (fn, scale, base as hc_mixes_fused: (pre' [T, 4], post' [T, 4], comb' [T, 4, 4]) fp32) and collapse(H', pre)
-    bf16 [T, D], from one pass over the streams (hc_expand_mix_kernel) and the mixes' finish kernel."""
-    T, hc, D = H.shape
-    out = torch.empty(T, hc, D, dtype=H.dtype, device=H.device)
-    u = torch.empty(T, D, dtype=H.dtype, device=H.device)
-    mix_pre = torch.empty(T, hc, dtype=torch.float32, device=H.device)
-    mix_post = torch.empty_like(mix_pre)
-    mix_comb = torch.empty(T, hc, hc, dtype=torch.float32, device=H.device)
-    if T:
-        n_splits = triton.cdiv(D, tiling.d_slice)
-        workspace = torch.empty(n_splits, T, WORKSPACE_COLUMNS, dtype=torch.float32, device=H.device)
-        hc_expand_mix_kernel[(triton.cdiv(T, tiling.block_t), n_splits)](
-            y.contiguous(), H.contiguous(), post.float().contiguous(), comb.float().contiguous(),
-            pre.float().contiguous(), fn.float().contiguous(), out, u, workspace, T, D, tiling.d_slice,
-            MIX=MIX_COLUMNS, NW=WORKSPACE_COLUMNS, BLOCK_T=tiling.block_t, BLOCK_D=tiling.block_d,
-            BF16X3=tiling.dot == "bf16x3", num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-        hc_mix_finish_kernel[(triton.cdiv(T, FINISH_BLOCK_T),)](
-            workspace, scale.float().contiguous(), base.float().contiguous(), mix_pre, mix_post, mix_comb, T,
-            hc * D, n_splits, cfg.rms_norm_eps, cfg.hc_eps, SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc,
-            NW=WORKSPACE_COLUMNS, BLOCK_T=FINISH_BLOCK_T)
-    return out, (mix_pre, mix_post, mix_comb), u
