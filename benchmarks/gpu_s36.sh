@@ -8,8 +8,8 @@
 #       of time compiling); .ab-alt.tar.gz = 06b2038 (main + wo_a as one bmm + the rounds' raw sums, without the
 #       candidate blocks), .ab-base.tar.gz = d4441b4: the mini-flashmla GPU suite, bench_topk's levels, blocks and
 #       decode parts and bench_prefill on new, alt and base)
-#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s36.sh   (1 x H200, tree = main + wo_a as one bmm + the rounds'
-#       raw sums + the append pass's offsets summed in int32 + the fused expand / mixes / collapse pass;
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s36.sh   (1 x H200, tree = main + wo_a as one bmm + the
+#       rounds' raw sums + the append pass's offsets summed in int32 + the fused expand / mixes / collapse pass;
 #       .ab-alt.tar.gz = the same without the fused pass: the mini-flashmla GPU suite, the hyper-connection GPU tests,
 #       the runtime's core GPU tests, bench_hc_expand_mix and bench_prefill on new and alt)
 set -u
@@ -44,7 +44,8 @@ r3)
   run hc_tests 70 $PYTEST -n 8 runtime/tests/test_hyper_connections.py runtime/tests/test_hyper_connections_strides.py \
     -m gpu
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  run bench_hc_expand_mix 70 bash -c "cd benchmarks && python3 bench_hc_expand_mix.py --out $OUT/bench_hc_expand_mix.json"
+  run bench_hc_expand_mix 70 bash -c \
+    "cd benchmarks && python3 bench_hc_expand_mix.py --out $OUT/bench_hc_expand_mix.json"
   prefill_sides 95 new
   prefill_sides 60 alt
   cat "$OUT/summary.txt"; test_summary flashmla_tests hc_tests runtime_tests
