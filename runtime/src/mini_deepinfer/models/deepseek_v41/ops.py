@@ -366,7 +366,7 @@ def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
 
 def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config,
                      freqs: torch.Tensor) -> torch.Tensor:
-    """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 einsum) then wo_b (FP8). [T, D] bf16.
+    """Inverse RoPE on the attention output, grouped low-rank wo_a (bf16 batched GEMM) then wo_b (FP8). [T, D] bf16.
     The RoPE rotates o in place: callers pass the attention kernel's fresh output and do not read it again."""
     o = rope_(o, positions, freqs, w, inverse=True)
     G = cfg.o_groups
