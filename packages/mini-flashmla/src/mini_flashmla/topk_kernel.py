@@ -170,7 +170,7 @@ def _select_appended(val_ptr, row_off, n_items, t, candidates, kk, rem, k, first
             written += tl.sum(per_thread)
         slot = base[:, None] + tl.cumsum(take, axis=1) - take
         tl.store(scratch_ptr + slot, code, mask=code >= 0)
-        offs += RUNS * THREADS
+        offs = offs_next
     tl.debug_barrier()
     s = tl.arange(0, SCRATCH)
     code = tl.load(scratch_ptr + s, mask=s < candidates, other=0x7FFFFFFF)
