@@ -43,6 +43,8 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (hc_fused, "hc_mixes_fused", "hc"),
         (hc_fused, "hc_collapse_fused", "hc"),
         (hc_fused, "hc_expand_fused", "hc"),
+        (ops, "hc_expand_collapse", "hc"),
+        (hc_fused, "hc_expand_collapse_fused", "hc"),
         (ops, "rmsnorm", "norm"),
         *([(norm_fused, "rmsnorm_fused", "norm")] if norm_fused is not None else []),
         (ops, "linear", "linear"),

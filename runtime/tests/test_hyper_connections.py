@@ -86,7 +86,12 @@ def test_fused_collapse_and_expand_match_the_references(device: str, T: int, D: 
     H, fn, scale, base, y = _inputs(T, D, device, seed=T + D)
     want = ops.hc_mixes(H, fn, scale, base, cfg)
     _within_one_bf16_rounding(hcf.hc_collapse_fused(H, want[0]), ops.hc_collapse(H, want[0]))
-    _within_one_bf16_rounding(hcf.hc_expand_fused(y, H, want[1], want[2]), ops.hc_expand(y, H, want[1], want[2]))
+    expanded = hcf.hc_expand_fused(y, H, want[1], want[2])
+    _within_one_bf16_rounding(expanded, ops.hc_expand(y, H, want[1], want[2]))
+    # expand + collapse in one kernel: the same H', and the collapse of exactly those values
+    both = hcf.hc_expand_collapse_fused(y, H, want[1], want[2], want[0])
+    assert torch.equal(both[0], expanded)
+    _within_one_bf16_rounding(both[1], ops.hc_collapse(expanded, want[0]))
 
 
 @pytest.mark.gpu
@@ -95,8 +100,8 @@ def test_engine_blocks_use_the_fused_ops_and_the_reference_does_not() -> None:
     cfg = tiny_config()
     H = torch.randn(3, 4, cfg.hidden_size, device="cuda").to(torch.bfloat16)
     fused = ops._hc_ops(H, ops.KernelWeights())
-    assert fused == (hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused)
-    assert ops._hc_ops(H, {}) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand)
+    assert fused == (hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_collapse_fused)
+    assert ops._hc_ops(H, {}) == (ops.hc_mixes, ops.hc_collapse, ops.hc_expand_collapse)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")

@@ -15,6 +15,9 @@ bf16 [T, 4, D]; each kernel here reads them once.
   The K slice is fixed (MixConfig.k_slice), not derived from T, so a token's mixes do not depend on the batch.
 - `hc_collapse_fused`: u = sum_k pre[k] * H[k] (fp32, bf16 out).
 - `hc_expand_fused`: H'[j] = post[j] * y + sum_i comb[i, j] * H[i] (fp32, bf16 out).
+- `hc_expand_collapse_fused`: the same kernel also collapsing H' with a `pre` known before the expand (the
+  attention expand's H' feeds the FFN's collapse with the attention mixes' pre), so that collapse does not read H'
+  again.
 
 Numerics: the same formulas in fp32 as ops.py, with other summation orders (the projection's K-sum, the stream
 sums); results agree with the references to fp32 rounding before the bf16 casts (tests: test_hyper_connections.py).
@@ -155,20 +158,28 @@ if triton is not None:
         tl.store(out_ptr + t[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def hc_expand_kernel(y_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, T, D, HCS: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    def hc_expand_kernel(y_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, pre_ptr, u_ptr, T, D, HCS: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, COLLAPSE: tl.constexpr):
+        """out = the expanded streams (bf16); COLLAPSE: also u = sum_j pre[j] * out[j] from the stored (rounded)
+        values, as hc_collapse_kernel would compute it from out (pre_ptr and u_ptr are unused otherwise)."""
         t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         tm = t < T
         m = tm[:, None] & (d < D)[None, :]
         y = tl.load(y_ptr + t[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+        u = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
         for j in tl.static_range(HCS):
             acc = tl.load(post_ptr + t * HCS + j, mask=tm, other=0.0)[:, None] * y
             for i in tl.static_range(HCS):
                 c = tl.load(comb_ptr + t * (HCS * HCS) + i * HCS + j, mask=tm, other=0.0)
                 h = tl.load(h_ptr + (t[:, None] * HCS + i) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
                 acc += c[:, None] * h
-            tl.store(out_ptr + (t[:, None] * HCS + j) * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
+            stored = acc.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + (t[:, None] * HCS + j) * D + d[None, :], stored, mask=m)
+            if COLLAPSE:
+                u += tl.load(pre_ptr + t * HCS + j, mask=tm, other=0.0)[:, None] * stored.to(tl.float32)
+        if COLLAPSE:
+            tl.store(u_ptr + t[:, None] * D + d[None, :], u.to(u_ptr.dtype.element_ty), mask=m)
 
 
 def available(H: torch.Tensor) -> bool:
@@ -213,10 +224,29 @@ def hc_collapse_fused(H: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 def hc_expand_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """ops.hc_expand: bf16 [T, 4, D], H'[j] = post[j] * y + sum_i comb[i, j] * H[i] in fp32."""
+    return _launch_expand(y, H, post, comb, None)[0]
+
+
+def hc_expand_collapse_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                             pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.hc_expand_collapse: (H' as hc_expand_fused, bit for bit; bf16 [T, D] = sum_j pre[:, j] * H'[:, j] in
+    fp32), one kernel: the collapse comes from the values the expand stores instead of a second read of H'."""
+    out, u = _launch_expand(y, H, post, comb, pre)
+    return out, u
+
+
+def _launch_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                   pre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hc_expand_kernel, collapsing with pre when it is given."""
     T, hc, D = H.shape
     out = torch.empty(T, hc, D, dtype=H.dtype, device=H.device)  # not empty_like: it keeps a permuted H's strides
+    u = None if pre is None else torch.empty(T, D, dtype=H.dtype, device=H.device)
+    # the collapse's fp32 accumulator does not fit beside the expand's 256-wide tile (offline, triton 3.6, sm_90a:
+    # 203 registers without it; 255 and 16 bytes of stack with it; 141 at 128 wide)
+    block_d = POINTWISE_BLOCK_D if pre is None else POINTWISE_BLOCK_D // 2
     if T:
-        grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, POINTWISE_BLOCK_D))
+        grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, block_d))
         hc_expand_kernel[grid](y.contiguous(), H.contiguous(), post.float().contiguous(), comb.float().contiguous(),
-                               out, T, D, HCS=hc, BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=POINTWISE_BLOCK_D)
-    return out
+                               out, post if pre is None else pre.float().contiguous(), out if u is None else u, T, D,
+                               HCS=hc, BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=block_d, COLLAPSE=pre is not None)
+    return out, u

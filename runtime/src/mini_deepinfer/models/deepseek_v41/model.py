@@ -173,19 +173,21 @@ class V41Model(torch.nn.Module):
         # the rows the layers compute (H's rows): all of the step's, or past a bounded-replay boundary the kept ones
         live, live_pos, sample_rows = spans, positions, t.sample_rows
         kept = None if self._prefill_keep_tokens is None else self._bounded_replay_rows(spans, batch.sample_rows)
+        collapsed = None  # hc_collapse(H, pre), from the block that produced H
         for role in self.roles:
             p = f"layers.{role.layer_id}"
             if role.has_engram:
                 H = self._engram(H, compressed, spans, role, cache)  # never past the boundary (check_keep_tokens)
-            H, pre = ops.decoder_block(
+                collapsed = None
+            H, pre, collapsed = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
                 attention=lambda u, role=role: self._attention(u, live_pos, live, t.slots, role, cache, shared),
-                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
+                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"), collapsed=collapsed)
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
             if kept is not None and role.layer_id == self._replay_boundary:
                 live, rows = kept
-                H, pre, live_pos = H[rows], pre[rows], positions[rows]
+                H, pre, collapsed, live_pos = H[rows], pre[rows], collapsed[rows], positions[rows]
                 new_row = torch.full_like(positions, -1)
                 new_row[rows] = torch.arange(rows.shape[0], device=self.device)
                 sample_rows = new_row[sample_rows]
@@ -247,6 +249,7 @@ class V41Model(torch.nn.Module):
         history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
         H, pre = ops.initial_streams(self.w["embed.weight"][input_ids], cfg)
         shared: dict = {"topk": None, "candidates": None}
+        collapsed = None  # hc_collapse(H, pre), from the block that produced H
         for role in self.roles:
             p = f"layers.{role.layer_id}"
             if role.has_engram:
@@ -254,10 +257,11 @@ class V41Model(torch.nn.Module):
                 seq = torch.cat([history, compressed[:, None]], dim=1)
                 shifted = [seq[:, -1 - k] for k in range(cfg.engram_max_ngram_size)]
                 H = self._engram_inject(H, engram_hash(cfg, li, shifted, self.engram_mult[li]), f"{p}.engram")
-            H, pre = ops.decoder_block(
+                collapsed = None
+            H, pre, collapsed = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
                 attention=lambda u, role=role: self._attention_decode(u, rows, role, cache, shared),
-                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"))
+                ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"), collapsed=collapsed)
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
         cache.engram_history[t.slots] = torch.cat([history[:, 1:], compressed[:, None]], dim=1)

@@ -286,6 +286,14 @@ def hc_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.
     return out.to(H.dtype)
 
 
+def hc_expand_collapse(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, pre: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H' = hc_expand(y, H, post, comb), hc_collapse(H', pre)): one op where pre is known before the expand, so the
+    engine's kernel collapses the values it stores (hyper_connections.hc_expand_collapse_fused)."""
+    H = hc_expand(y, H, post, comb)
+    return H, hc_collapse(H, pre)
+
+
 # --------------------------------------------------------------------------- attention pieces
 def attention_qkv(u: torch.Tensor, positions: torch.Tensor, w: Weights, p: str, cfg: V41Config, freqs: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -447,18 +455,23 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
 # --------------------------------------------------------------------------- one decoder block
 def decoder_block(H: torch.Tensor, pre: torch.Tensor, w: Weights, lid: int, cfg: V41Config,
                   attention: Callable[[torch.Tensor], torch.Tensor],
-                  ffn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                  ffn: Callable[[torch.Tensor], torch.Tensor], collapsed: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One block inside the hyper-connection streams (spec 2.1), with the one-sublayer delay of `pre`: the
     attention input collapses H with the `pre` of the previous sublayer, the FFN input with the attention
-    boundary's. attention / ffn map bf16 [T, D] -> bf16 [T, D]. Returns (H, the pre for the next block)."""
+    boundary's. attention / ffn map bf16 [T, D] -> bf16 [T, D]. collapsed: hc_collapse(H, pre) when the caller has
+    it (the previous block's third output, if nothing changed H since), else computed here.
+    Returns (H, the pre for the next block, hc_collapse of the two): each sublayer's expand also collapses its
+    output with the pre the next sublayer needs, which is known before the expand."""
     p = f"layers.{lid}"
-    mixes, collapse, expand = _hc_ops(H, w)
+    mixes, collapse, expand_collapse = _hc_ops(H, w)
     a_pre, a_post, a_comb = mixes(H, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"], w[f"{p}.hc_attn_base"], cfg)
-    u = norm(collapse(H, pre), w, f"{p}.attn_norm.weight", cfg.rms_norm_eps)
-    H = expand(attention(u), H, a_post, a_comb)
+    u = norm(collapse(H, pre) if collapsed is None else collapsed, w, f"{p}.attn_norm.weight", cfg.rms_norm_eps)
+    H, v = expand_collapse(attention(u), H, a_post, a_comb, a_pre)
     f_pre, f_post, f_comb = mixes(H, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"], w[f"{p}.hc_ffn_base"], cfg)
-    v = norm(collapse(H, a_pre), w, f"{p}.ffn_norm.weight", cfg.rms_norm_eps)
-    return expand(ffn(v), H, f_post, f_comb), f_pre
+    v = norm(v, w, f"{p}.ffn_norm.weight", cfg.rms_norm_eps)
+    H, collapsed = expand_collapse(ffn(v), H, f_post, f_comb, f_pre)
+    return H, f_pre, collapsed
 
 
 def _hc_ops(H: torch.Tensor, w: Weights) -> tuple[Callable, Callable, Callable]:
@@ -466,8 +479,8 @@ def _hc_ops(H: torch.Tensor, w: Weights) -> tuple[Callable, Callable, Callable]:
     signatures) for the engine model on CUDA (KernelWeights), the torch functions above otherwise (the reference
     stays kernel-free)."""
     if isinstance(w, KernelWeights) and hcf.available(H):
-        return hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_fused
-    return hc_mixes, hc_collapse, hc_expand
+        return hcf.hc_mixes_fused, hcf.hc_collapse_fused, hcf.hc_expand_collapse_fused
+    return hc_mixes, hc_collapse, hc_expand_collapse
 
 
 def initial_streams(h: torch.Tensor, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
