@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 37's GPU runs (docs/reports/gpu-session-2026-12-03-s37.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s37.sh   (1 x H200, tree = main + session 36's prepared
+#       3f1e1be (both expands collapse their output); .ab-alt.tar.gz = main + 521b64f (the attention expand only),
+#       .ab-base.tar.gz = main: the hyper-connection GPU tests, the runtime's core GPU tests, bench_prefill on new,
+#       alt and base, bench_decode on new and base)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s37
+case "${PART:-r1}" in
+r1)
+  run hc_tests 40 $PYTEST -n 8 runtime/tests/test_hyper_connections.py runtime/tests/test_hyper_connections_strides.py \
+    -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 80 new
+  prefill_sides 50 alt base
+  decode_bench decode_new
+  decode_bench decode_base env PYTHONPATH="$(side_path base)"
+  cat "$OUT/summary.txt"; test_summary hc_tests runtime_tests
+  show_sides new alt base
+  grep -E "^(hc|projections|moe experts) " "$OUT"/prefill_{new,alt,base}.txt
+  grep -hE "ms/step|batch" "$OUT"/decode_*.txt | head -8
+  ;;
+esac
+pack_out
