@@ -154,7 +154,7 @@ if triton is not None:
         for k in tl.static_range(HCS):
             w = tl.load(pre_ptr + t * HCS + k, mask=t < T, other=0.0)
             h = tl.load(h_ptr + (t[:, None] * HCS + k) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-            acc += w[:, None] * h
+            acc = tl.fma(w[:, None], h, acc)  # explicit: hc_expand_kernel's collapse computes the same FMAs
         tl.store(out_ptr + t[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
@@ -169,15 +169,18 @@ if triton is not None:
         y = tl.load(y_ptr + t[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
         u = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
         for j in tl.static_range(HCS):
+            # Explicit FMAs: with `acc += c * h` the backend contracted post * y + c0 * h0 either way round, per
+            # element and per tile shape (triton 3.6 PTX: fma(post, y, c0 * h0) beside fma(c0, h0, post * y)), so
+            # the COLLAPSE variant's H' differed from the plain one's in the last bit (H200, session 37 run 1)
             acc = tl.load(post_ptr + t * HCS + j, mask=tm, other=0.0)[:, None] * y
             for i in tl.static_range(HCS):
                 c = tl.load(comb_ptr + t * (HCS * HCS) + i * HCS + j, mask=tm, other=0.0)
                 h = tl.load(h_ptr + (t[:, None] * HCS + i) * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-                acc += c[:, None] * h
+                acc = tl.fma(c[:, None], h, acc)
             stored = acc.to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + (t[:, None] * HCS + j) * D + d[None, :], stored, mask=m)
             if COLLAPSE:
-                u += tl.load(pre_ptr + t * HCS + j, mask=tm, other=0.0)[:, None] * stored.to(tl.float32)
+                u = tl.fma(tl.load(pre_ptr + t * HCS + j, mask=tm, other=0.0)[:, None], stored.to(tl.float32), u)
         if COLLAPSE:
             tl.store(u_ptr + t[:, None] * D + d[None, :], u.to(u_ptr.dtype.element_ty), mask=m)
 
