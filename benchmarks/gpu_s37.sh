@@ -4,6 +4,9 @@
 #       3f1e1be (both expands collapse their output); .ab-alt.tar.gz = main + 521b64f (the attention expand only),
 #       .ab-base.tar.gz = main: the hyper-connection GPU tests, the runtime's core GPU tests, bench_prefill on new,
 #       alt and base, bench_decode on new and base)
+#   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s37.sh   (1 x H200, tree = run 1's + explicit FMAs in the hc
+#       kernels: the hyper-connection GPU tests, the runtime's core GPU tests, exp_moe_contiguous_small, bench_prefill,
+#       the rest of the runtime's GPU suite)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s37
 case "${PART:-r1}" in
@@ -19,6 +22,18 @@ r1)
   show_sides new alt base
   grep -E "^(hc|projections|moe experts) " "$OUT"/prefill_{new,alt,base}.txt
   grep -hE "ms/step|batch" "$OUT"/decode_*.txt | head -8
+  ;;
+r2)
+  run hc_tests 40 $PYTEST -n 8 runtime/tests/test_hyper_connections.py runtime/tests/test_hyper_connections_strides.py \
+    -m gpu
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run exp_moe_small 170 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_contiguous_small.py"
+  prefill_sides 80 new
+  run runtime_rest 150 $PYTEST runtime/tests integration_tests $RUNTIME_CORE_IGNORES -m "not multigpu" -n 16
+  cat "$OUT/summary.txt"; test_summary hc_tests runtime_tests runtime_rest
+  show_sides new
+  grep -E "^(hc|projections|moe experts) " "$OUT"/prefill_new.txt
+  grep -E "^(==|   )" "$OUT/exp_moe_small.txt"
   ;;
 esac
 pack_out
