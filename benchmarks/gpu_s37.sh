@@ -7,6 +7,8 @@
 #   source .devdeps/env.sh && PART=r2 bash benchmarks/gpu_s37.sh   (1 x H200, tree = run 1's + explicit FMAs in the hc
 #       kernels: the hyper-connection GPU tests, the runtime's core GPU tests, exp_moe_contiguous_small, bench_prefill,
 #       the rest of the runtime's GPU suite)
+#   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s37.sh   (1 x H200: Nsight Compute on the contiguous MoE
+#       kernel at one GPU's prefill shape (384 experts of 32-96 rows, w13), whole and without its conversion or MMAs)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s37
 case "${PART:-r1}" in
@@ -34,6 +36,11 @@ r2)
   show_sides new
   grep -E "^(hc|projections|moe experts) " "$OUT"/prefill_new.txt
   grep -E "^(==|   )" "$OUT/exp_moe_small.txt"
+  ;;
+r3)
+  NCU_SECS=80 ncu_profile moe384_w13_fold128 moe384_w13_fold128_no_convert moe384_w13_fold128_no_mma
+  cat "$OUT/summary.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -120
   ;;
 esac
 pack_out

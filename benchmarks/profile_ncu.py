@@ -66,14 +66,17 @@ def _fold128(a, b):
     return reference.fold_ue8m0_to_128(*a, 1), (b[0], sb), G.fold_fp4_weight_scales(sb)
 
 
-def moe_w13_fold128():
-    _, layout, _, _, a, b, d = bd.contiguous_operands(96, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0))
+def moe_w13_fold128(groups: int = 96, rows_range: tuple[int, int] = (128, 1024)):
+    """The contiguous FP8-MMA route on w13: 96 experts of 128-1,024 rows, or (groups=384, rows_range=(32, 96)) one
+    GPU's prefill step, where a tile is about half padding."""
+    _, layout, _, _, a, b, d = bd.contiguous_operands(groups, *bd.MOE_SHAPES["w13"], torch.Generator().manual_seed(0),
+                                                      rows_range)
     a, b, folded = _fold128(a, b)
     return lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, layout, weight_scale_max=bd.FP4_SCALE_BOUND,
                                                           folded=folded)
 
 
-def moe_w13_fold128_variant(name: str):
+def moe_w13_fold128_variant(name: str, *shape):
     """moe_w13_fold128 with the contiguous kernel swapped for exp_moe_breakdown's variant `name` (its module is
     written to a folder that lives as long as the process)."""
     import tempfile
@@ -84,7 +87,7 @@ def moe_w13_fold128_variant(name: str):
     module = eb.edited_module(kernel_module, [eb.absolute_imports("mini_deepgemm"), *eb.VARIANTS["contiguous"][name]],
                               f"moe_contiguous_{name}", tempfile.mkdtemp())
     setattr(kernel_module, eb.KERNEL["contiguous"], getattr(module, eb.KERNEL["contiguous"]))
-    return moe_w13_fold128()
+    return moe_w13_fold128(*shape)
 
 
 def masked32_w13_fold128():
@@ -126,6 +129,9 @@ CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": c
          "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
          "moe_w13_fold128_no_convert": lambda: moe_w13_fold128_variant("no_convert"),
          "moe_w13_fold128_no_mma": lambda: moe_w13_fold128_variant("no_mma"),
+         "moe384_w13_fold128": lambda: moe_w13_fold128(384, (32, 96)),
+         "moe384_w13_fold128_no_convert": lambda: moe_w13_fold128_variant("no_convert", 384, (32, 96)),
+         "moe384_w13_fold128_no_mma": lambda: moe_w13_fold128_variant("no_mma", 384, (32, 96)),
          "sparse_prefill": sparse_prefill, "sparse_prefill_bf16": sparse_prefill_bf16, "sparse_decode": sparse_decode,
          "indexer": indexer, "indexer_decode": indexer_decode}
 
