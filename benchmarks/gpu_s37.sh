@@ -9,6 +9,9 @@
 #       the rest of the runtime's GPU suite)
 #   source .devdeps/env.sh && PART=r3 bash benchmarks/gpu_s37.sh   (1 x H200: Nsight Compute on the contiguous MoE
 #       kernel at one GPU's prefill shape (384 experts of 32-96 rows, w13), whole and without its conversion or MMAs)
+#   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s37.sh   (1 x H200, tree = run 2's + the contiguous MoE
+#       kernel's padding-half tiles split between both math warpgroups; .ab-base.tar.gz = run 2's tree: the
+#       mini-deepgemm GPU suite, bench_fp4_e4m3_route and bench_prefill on new and base, the runtime's core GPU tests)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s37
 case "${PART:-r1}" in
@@ -41,6 +44,17 @@ r3)
   NCU_SECS=80 ncu_profile moe384_w13_fold128 moe384_w13_fold128_no_convert moe384_w13_fold128_no_mma
   cat "$OUT/summary.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -120
+  ;;
+r4)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu
+  route_sides 70 new base
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 80 new
+  prefill_sides 50 base
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  show_sides new base
+  grep -E "^(moe experts|hc) " "$OUT"/prefill_{new,base}.txt
+  for side in new base; do echo "== route $side"; grep -E "contiguous|masked" "$OUT/route_$side.txt" | head -12; done
   ;;
 esac
 pack_out
