@@ -161,40 +161,6 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
 
 
 @gluon.jit
-def _half_tile_math(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, g, off_m, off_n, M, N,
-                    num_k, stride_sa, stride_d, step, COL0: gl.constexpr):
-    """A tile whose rows 64-127 are all padding, activations folded per 128: this warpgroup's 64 of its 128 weight
-    rows (columns COL0 .. COL0 + 63) for rows 0-63, one m64n64k128 MMA and one FMA per element per K step, the used
-    rows stored by masked pointer stores -> the ring's step count after the tile. Both warpgroups take such a tile
-    together, so neither waits idle beside the other's MMAs (one GPU's prefill: ~64 rows per expert, about half the
-    tiles)."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
-    zero = gl.zeros([64, 64], gl.float32, mma)
-    offs_m = off_m + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-    wa = gl.load(sa_rows)
-    acc = gl.zeros([64, 64], gl.float32, mma)
-    for k in range(num_k):
-        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-        slot = step % STAGES
-        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        b_half = b_ring.index(slot).slice(COL0, 64, dim=0)
-        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-            a_ring.index(slot).slice(0, 64, dim=0), b_half.permute((1, 0)), zero, use_acc=False, is_async=True),))
-        acc = acc + part * wa[:, None]
-        mbarrier.arrive(empty.index(slot), count=1)
-        wa = wa_next
-        step += 1
-    cols = off_n + COL0 + gl.arange(0, 64, layout=gl.SliceLayout(0, mma))
-    acc = acc * gl.load(colscale_ptr + g * N + cols)[None, :]
-    row_groups = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1)
-    gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
-             mask=(row_groups >= 0)[:, None])
-    return step
-
-
-@gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
                      stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
     """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
@@ -202,9 +168,8 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
     that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile). Rows
     64-127 of a tile whose row 64 is padding are all padding (an expert's segment is 128-aligned and its padding comes
-    last). With SA_PER_128 such a tile goes to _half_tile_math, both warpgroups on rows 0-63 with 64 weight rows
-    each; on the per-32 loop warpgroup 1 only passes the ring's barriers, with no MMA and no store. Experts of at
-    most 64 rows (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) make about half the tiles.
+    last): warpgroup 1 then only passes the ring's barriers, with no MMA and no store. Experts of at most 64 rows
+    (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave that half of the tile to it.
     sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 fp32
     scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from
     shared memory and one FMA per element per K step."""
@@ -218,13 +183,6 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
         g = gl.load(layout_ptr + off_m)
         half_g = gl.load(layout_ptr + gl.minimum(off_m + ROW0, M - 1))
-        if SA_PER_128:
-            split = (g >= 0) & (gl.load(layout_ptr + gl.minimum(off_m + 64, M - 1)) < 0)
-            if split:
-                step = _half_tile_math(a_ring, b_ring, ready, empty, d_ptr, sa_ptr, colscale_ptr, layout_ptr, g,
-                                       off_m, off_n, M, N, num_k, stride_sa, stride_d, step, ROW0)
-            g = gl.where(split, -1, g)  # done: neither branch below runs
-            half_g = gl.where(split, -1, half_g)
         if (g >= 0) & (half_g < 0):  # this warpgroup's rows are all padding: keep the ring's counts only
             for k in range(num_k):
                 slot = step % STAGES
