@@ -234,8 +234,7 @@ def hc_expand_collapse_fused(y: torch.Tensor, H: torch.Tensor, post: torch.Tenso
                              pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ops.hc_expand_collapse: (H' as hc_expand_fused, bit for bit; bf16 [T, D] = sum_j pre[:, j] * H'[:, j] in
     fp32), one kernel: the collapse comes from the values the expand stores instead of a second read of H'."""
-    out, u = _launch_expand(y, H, post, comb, pre)
-    return out, u
+    return _launch_expand(y, H, post, comb, pre)
 
 
 def _launch_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
@@ -245,7 +244,8 @@ def _launch_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: t
     out = torch.empty(T, hc, D, dtype=H.dtype, device=H.device)  # not empty_like: it keeps a permuted H's strides
     u = None if pre is None else torch.empty(T, D, dtype=H.dtype, device=H.device)
     # the collapse's fp32 accumulator does not fit beside the expand's 256-wide tile (offline, triton 3.6, sm_90a:
-    # 203 registers without it; 255 and 16 bytes of stack with it; 141 at 128 wide)
+    # 208 registers without it; 255 and 16 bytes of stack with it; at 128 wide 128 and 16 bytes of stack: four words
+    # stored and reloaded once per thread)
     block_d = POINTWISE_BLOCK_D if pre is None else POINTWISE_BLOCK_D // 2
     if T:
         grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, block_d))
