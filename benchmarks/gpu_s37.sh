@@ -12,6 +12,8 @@
 #   source .devdeps/env.sh && PART=r4 bash benchmarks/gpu_s37.sh   (1 x H200, tree = run 2's + the contiguous MoE
 #       kernel's padding-half tiles split between both math warpgroups; .ab-base.tar.gz = run 2's tree: the
 #       mini-deepgemm GPU suite, bench_fp4_e4m3_route and bench_prefill on new and base, the runtime's core GPU tests)
+#   source .devdeps/env.sh && PART=r5 bash benchmarks/gpu_s37.sh   (1 x H200, the final tree; .ab-base.tar.gz =
+#       b740a38 (the session's start): bench_decode on new and base)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s37
 case "${PART:-r1}" in
@@ -55,6 +57,12 @@ r4)
   show_sides new base
   grep -E "^(moe experts|hc) " "$OUT"/prefill_{new,base}.txt
   for side in new base; do echo "== route $side"; grep -E "contiguous|masked" "$OUT/route_$side.txt" | head -12; done
+  ;;
+r5)
+  decode_bench decode_new
+  decode_bench decode_base env PYTHONPATH="$(side_path base)"
+  cat "$OUT/summary.txt"
+  grep -hE "zos=1 graphs=1" "$OUT"/decode_new.txt "$OUT"/decode_base.txt
   ;;
 esac
 pack_out
