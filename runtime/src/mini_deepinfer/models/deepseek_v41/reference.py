@@ -60,16 +60,17 @@ class ReferenceV41:
         H, pre = ops.initial_streams(self.w["embed.weight"][tokens], cfg)
         compressed = self.token_map[tokens]
         shared: dict = {"topk": None, "candidates": None}
-        collapsed = None  # hc_collapse(H, pre), from the block that produced H
         for role in self.roles:
             p = f"layers.{role.layer_id}"
             if role.has_engram:
                 H = self._engram(H, compressed, role, state)
-                collapsed = None
-            H, pre, collapsed = ops.decoder_block(
+            # Every block collapses its own input (collapsed=None), the same op on the same tensors as the engine's
+            # hand-off of the previous block's collapse, so the reference's bits do not depend on it and the engine's
+            # hand-off (its resets after Engram, its bounded-replay rows) is checked against an independent path.
+            H, pre, _ = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
                 attention=lambda u, role=role: self._attention(u, positions, role, state, shared),
-                ffn=lambda v, p=p: ops.moe(v, self.w, f"{p}.ffn", cfg), collapsed=collapsed)
+                ffn=lambda v, p=p: ops.moe(v, self.w, f"{p}.ffn", cfg))
             if self.capture is not None:
                 self.capture.append(ops.hc_collapse(H, pre).float())
         self._advance_engram_history(compressed, state)
