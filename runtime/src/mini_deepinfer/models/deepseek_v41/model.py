@@ -184,7 +184,7 @@ class V41Model(torch.nn.Module):
                 attention=lambda u, role=role: self._attention(u, live_pos, live, t.slots, role, cache, shared),
                 ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"), collapsed=collapsed)
             if self.capture is not None:
-                self.capture.append(ops.hc_collapse(H, pre).float())
+                self.capture.append(collapsed.float())  # hc_collapse(H, pre), the next block's attention input
             if kept is not None and role.layer_id == self._replay_boundary:
                 live, rows = kept
                 H, pre, collapsed, live_pos = H[rows], pre[rows], collapsed[rows], positions[rows]
@@ -263,7 +263,7 @@ class V41Model(torch.nn.Module):
                 attention=lambda u, role=role: self._attention_decode(u, rows, role, cache, shared),
                 ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"), collapsed=collapsed)
             if self.capture is not None:
-                self.capture.append(ops.hc_collapse(H, pre).float())
+                self.capture.append(collapsed.float())  # hc_collapse(H, pre), the next block's attention input
         cache.engram_history[t.slots] = torch.cat([history[:, 1:], compressed[:, None]], dim=1)
         return ops.final_logits(H[t.sample_rows], pre[t.sample_rows], self.w, cfg)
 

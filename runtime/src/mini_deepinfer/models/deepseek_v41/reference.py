@@ -67,12 +67,12 @@ class ReferenceV41:
             # Every block collapses its own input (collapsed=None), the same op on the same tensors as the engine's
             # hand-off of the previous block's collapse, so the reference's bits do not depend on it and the engine's
             # hand-off (its resets after Engram, its bounded-replay rows) is checked against an independent path.
-            H, pre, _ = ops.decoder_block(
+            H, pre, collapsed = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
                 attention=lambda u, role=role: self._attention(u, positions, role, state, shared),
                 ffn=lambda v, p=p: ops.moe(v, self.w, f"{p}.ffn", cfg))
             if self.capture is not None:
-                self.capture.append(ops.hc_collapse(H, pre).float())
+                self.capture.append(collapsed.float())  # hc_collapse(H, pre)
         self._advance_engram_history(compressed, state)
         state.length += S
         return ops.final_logits(H, pre, self.w, cfg)
