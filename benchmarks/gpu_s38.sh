@@ -2,10 +2,11 @@
 # Session 38's GPU runs (docs/reports/gpu-session-2026-12-04-s38.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s38.sh   (1 x H200, tree = main: the runtime's core GPU
 #       tests (session 37's capture mend 1cfaf2e had not run on a GPU), exp_moe_converter_sync)
+#   PART=r2: the same, after the first try's run 1 was lost with it (warp4 partitions reordered, differing rows)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
-r1)
+r1|r2)
   run exp_moe_sync 230 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary runtime_tests
