@@ -7,7 +7,7 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
 r1|r2)
-  run exp_moe_sync 230 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
+  run exp_moe_sync 360 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary runtime_tests
   grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
