@@ -48,7 +48,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-VARIANTS = ("raw8", "warp4", "raw8_warp4")
+VARIANTS = tuple(os.environ.get("VARIANTS", "raw8,warp4,raw8_warp4").split(","))
+# raw8 with its raw-slot release changed, to find why its rows differ (session 38, run 2): after a proxy fence, or
+# only once the B tile is stored
+RAW_RELEASE = {"raw8_fence": 1, "raw8_late": 2}
 RAW_STAGES = 8
 
 
@@ -119,10 +122,12 @@ def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr, LAYOUT: gl.con
 
 @gluon.jit
 def _convert(raw_ring, b_ring, ready, raw_ready, raw_empty, empty, offsets_ptr, layout_ptr, M, N, K,
-             GROUP_M: gl.constexpr, ROWS: gl.constexpr, ROW0: gl.constexpr, OWN_RAW: gl.constexpr):
+             GROUP_M: gl.constexpr, ROWS: gl.constexpr, ROW0: gl.constexpr, OWN_RAW: gl.constexpr,
+             RELEASE: gl.constexpr = 0):
     """A converter partition of ROWS // 32 warps (one weight row per thread) for rows [ROW0, ROW0 + ROWS) of each
-    step. OWN_RAW: the raw tile is in a ring of its own: release its slot once read, and wait for the B slot's
-    "empty" before storing (the shipped producer waited for it before bringing the raw tile)."""
+    step. OWN_RAW: the raw tile is in a ring of its own: release its slot once read (RELEASE 0; 1: after a proxy
+    fence; 2: only after the B tile is stored and announced), and wait for the B slot's "empty" before storing (the
+    shipped producer waited for it before bringing the raw tile)."""
     LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [ROWS // 32, 1], [1, 0])
     STAGES: gl.constexpr = b_ring.type.shape[0]
     RAW: gl.constexpr = raw_ring.type.shape[0]
@@ -148,11 +153,16 @@ def _convert(raw_ring, b_ring, ready, raw_ready, raw_empty, empty, offsets_ptr, 
                                                      dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
                 tile_words = gl.reshape(gl.join(q03, q47), [ROWS, 32])
                 if OWN_RAW:
-                    mbarrier.arrive(raw_empty.index(rs), count=1)
+                    if RELEASE == 1:
+                        fence_async_shared()
+                    if RELEASE < 2:
+                        mbarrier.arrive(raw_empty.index(rs), count=1)
                     mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
                 b_ring.index(slot).slice(ROW0, ROWS, dim=0).store(tile_words)
                 fence_async_shared()
                 mbarrier.arrive(ready.index(slot), count=1)
+                if OWN_RAW and RELEASE == 2:
+                    mbarrier.arrive(raw_empty.index(rs), count=1)
                 offsets, offsets_next = offsets_next, offsets_after
                 step += 1
 
@@ -160,7 +170,7 @@ def _convert(raw_ring, b_ring, ready, raw_ready, raw_empty, empty, offsets_ptr, 
 @gluon.jit
 def variant_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K, stride_sa,
                    stride_d, STAGES: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
-                   WARP4: gl.constexpr, OWN_RAW: gl.constexpr):
+                   WARP4: gl.constexpr, OWN_RAW: gl.constexpr, RELEASE: gl.constexpr):
     """fp4_e4m3_contiguous_kernel with SA_PER_128 and the converter of the variant (module docstring); launch with
     num_warps=4 and maxnreg 128. With WARP4 math warpgroup 0 is the default partition (200 registers) and the four
     1-warp converters must fill one warpgroup of their own: Triton places partitions by size, largest first, then in
@@ -222,7 +232,7 @@ def variant_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     else:
         gl.warp_specialize(
             [(_convert, (raw_ring, b_ring, ready, raw_ready, raw_empty, empty, offsets_ptr, layout_ptr, M, N, K,
-                         GROUP_M, 128, 0, True)),
+                         GROUP_M, 128, 0, True, RELEASE)),
              (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr,
                                  colscale_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, True)),
              (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr,
@@ -252,7 +262,7 @@ def launch(a128: tuple[torch.Tensor, torch.Tensor], bq: torch.Tensor, folded: G.
     variant_kernel[(min(-(-m // 128) * (n // 128), sm_count(d.device)),)](
         G._tma_desc(aq, (128, 128)), w_desc, G._tma_desc(d, (64, 128)), d, folded.offsets, sa,
         folded.column_scales, layout, m, n, k, k // 128, d.stride(0), STAGES=4, RAW=RAW_STAGES if own_raw else 4,
-        GROUP_M=8, WARP4=warp4, OWN_RAW=own_raw, num_warps=4, maxnreg=128)
+        GROUP_M=8, WARP4=warp4, OWN_RAW=own_raw, RELEASE=RAW_RELEASE.get(variant, 0), num_warps=4, maxnreg=128)
 
 
 def main() -> None:

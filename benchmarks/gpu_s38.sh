@@ -3,6 +3,7 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s38.sh   (1 x H200, tree = main: the runtime's core GPU
 #       tests (session 37's capture mend 1cfaf2e had not run on a GPU), exp_moe_converter_sync)
 #   PART=r2: the same, after the first try's run 1 was lost with it (warp4 partitions reordered, differing rows)
+#   PART=r3: exp_moe_converter_sync's raw8 with its raw-slot release after a proxy fence, or after the B store
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -10,6 +11,10 @@ r1|r2)
   run exp_moe_sync 360 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary runtime_tests
+  grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
+  ;;
+r3)
+  run exp_moe_sync 200 env OUT="$OUT" VARIANTS=raw8,raw8_fence,raw8_late bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
   ;;
 esac
