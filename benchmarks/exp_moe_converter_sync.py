@@ -307,7 +307,8 @@ def main() -> None:
         for variant in VARIANTS:
             print(f"   {variant}: {r[f'tflops_{variant}']:.0f} TFLOP/s, "
                   f"{r[f'tflops_{variant}'] / r['tflops_shipped']:.3f}x shipped, "
-                  f"{r[f'tflops_{variant}'] / r['tflops_scaled_grouped_mm']:.2f}x peer, bitwise {r[f'bitwise_{variant}']} "
+                  f"{r[f'tflops_{variant}'] / r['tflops_scaled_grouped_mm']:.2f}x peer, "
+                  f"bitwise {r[f'bitwise_{variant}']} "
                   f"({r.get(f'differing_rows_{variant}')} of {r['rows']} rows differ)")
 
 

@@ -14,7 +14,8 @@ r1|r2)
   grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
   ;;
 r3)
-  run exp_moe_sync 200 env OUT="$OUT" VARIANTS=raw8,raw8_fence,raw8_late bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
+  run exp_moe_sync 200 env OUT="$OUT" VARIANTS=raw8,raw8_fence,raw8_late \
+    bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
   ;;
 esac
