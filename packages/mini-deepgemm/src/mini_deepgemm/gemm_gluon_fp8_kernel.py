@@ -365,6 +365,11 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
                     acc = _promote(acc, part, _word_scale(wa, j), _word_scale(wb0, j), _word_scale(wb1, j),
                                    _word_scale(wb2, j), _word_scale(wb3, j))
             # every MMA that read the slot is done (each warpgroup waited for its own; see _math_v3)
+            if SCALES_IN_RING:
+                # ptxas issues the last scale loads (LDS) from the slot just before the arrive and reads them after
+                # it: a proxy fence waits for them, or the producer's TMA refill may land first (session 38:
+                # benchmarks/check_smem_release.py; docs/reports/deepgemm-moe-fold-128.md)
+                fence_async_shared()
             mbarrier.arrive(empty.index(slot), count=1)
             if not SCALES_IN_RING:
                 wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
