@@ -178,7 +178,8 @@ def configurations() -> dict[str, Callable[[], None]]:
 
     return {"fp4_e4m3 contiguous (SA_PER_128)": contiguous, "fp4_e4m3 masked, 16 tokens": masked(8),
             "fp4_e4m3 masked, 32 tokens": masked(32), "fp4_e4m3 masked, 64 tokens": masked(64),
-            "fp8 v3 dense": dense_v3, "fp8 v41 dense": dense_v41(False), "fp8 v41 dense, scales in ring": dense_v41(True),
+            "fp8 v3 dense": dense_v3, "fp8 v41 dense": dense_v41(False),
+            "fp8 v41 dense, scales in ring": dense_v41(True),
             "fp4 contiguous warp-specialized": fp4_contiguous_ws}
 
 

@@ -4,6 +4,8 @@
 #       tests (session 37's capture mend 1cfaf2e had not run on a GPU), exp_moe_converter_sync)
 #   PART=r2: the same, after the first try's run 1 was lost with it (warp4 partitions reordered, differing rows)
 #   PART=r3: exp_moe_converter_sync's raw8 with its raw-slot release after a proxy fence, or after the B store
+#   PART=r4 (.ab-base.tar.gz = be332d9^'s src folders, carried): the mini-deepgemm GPU suite (the V4.1 kernel's
+#       fence), exp_gemm_v41_scale_ring on new and base (the ring's cost of the fence)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -17,6 +19,15 @@ r3)
   run exp_moe_sync 200 env OUT="$OUT" VARIANTS=raw8,raw8_fence,raw8_late \
     bash -c "cd benchmarks && python3 exp_moe_converter_sync.py"
   grep -E "^(==|   )" "$OUT/exp_moe_sync.txt"; grep -m3 -E "error|Error" "$OUT/exp_moe_sync.txt" | cut -c1-400
+  ;;
+r4)
+  run deepgemm_tests 170 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  for side in new base; do
+    run "v41_ring_$side" 180 env PYTHONPATH="$(side_path $side)" OUT="$OUT/v41_ring_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_gemm_v41_scale_ring.py"
+  done
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests
+  for side in new base; do echo "== $side"; grep -E "^\|" "$OUT/v41_ring_$side.txt" | head -30; done
   ;;
 esac
 pack_out
