@@ -265,6 +265,19 @@ def launch(a128: tuple[torch.Tensor, torch.Tensor], bq: torch.Tensor, folded: G.
         GROUP_M=8, WARP4=warp4, OWN_RAW=own_raw, RELEASE=RAW_RELEASE.get(variant, 0), num_warps=4, maxnreg=128)
 
 
+def profile_call(variant: str):
+    """profile_ncu.py's case exp_moe_converter_sync:profile_call:VARIANT: one call of VARIANT ("shipped": the
+    package's call) at profile_ncu's moe384_w13_fold128 shape (384 experts of 32-96 rows, w13, seed 0)."""
+    rows, layout, ends, M, (a, sa), (bq, _), d = contiguous_operands(384, *dict(
+        (name, (N, K)) for name, N, K in MOE_SHAPES)["w13"], torch.Generator().manual_seed(0), (32, 96))
+    sb = rand_fp4_weight_scales(384, d.shape[1], a.shape[1] // 32, low=118)
+    folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
+    if variant == "shipped":
+        return lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(a128, (bq, sb), d, layout,
+                                                              weight_scale_max=FP4_SCALE_BOUND, folded=folded)
+    return lambda: launch(a128, bq, folded, d, layout, variant)
+
+
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     result = {"environment": environment(torch.device("cuda")), "rows": []}

@@ -6,6 +6,7 @@
 #   PART=r3: exp_moe_converter_sync's raw8 with its raw-slot release after a proxy fence, or after the B store
 #   PART=r4 (.ab-base.tar.gz = be332d9^'s src folders, carried): the mini-deepgemm GPU suite (the V4.1 kernel's
 #       fence), exp_gemm_v41_scale_ring on new and base (the ring's cost of the fence)
+#   PART=r5: Nsight Compute on the contiguous MoE kernel at 384 experts of 32-96 rows, w13: shipped, warp4, raw8_fence
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -28,6 +29,12 @@ r4)
   done
   cat "$OUT/summary.txt"; test_summary deepgemm_tests
   for side in new base; do echo "== $side"; grep -E "^\|" "$OUT/v41_ring_$side.txt" | head -30; done
+  ;;
+r5)
+  NCU_SECS=100 ncu_profile exp_moe_converter_sync:profile_call:shipped exp_moe_converter_sync:profile_call:warp4 \
+    exp_moe_converter_sync:profile_call:raw8_fence
+  cat "$OUT/summary.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -150
   ;;
 esac
 pack_out

@@ -131,13 +131,13 @@ show_sides() {
 # samples, gzipped) and every raw metric. The binary report is dropped (a run carries the tree, 64 MiB at most;
 # profile_ncu.py regenerates one in ~20 s); benchmarks/ncu_summary.py reads the exports, plain or gzipped.
 # NCU_TAG (optional) is appended to the files' names, e.g. to profile another side's tree under its PYTHONPATH;
-# NCU_SECS (default 180) is each case's limit.
+# NCU_SECS (default 180) is each case's limit. A case MODULE:FACTORY:ARG names its files MODULE_FACTORY_ARG.
 ncu_profile() {
   local ncu c c0
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   mkdir -p "$OUT/ncu"
   for c0 in "$@"; do
-    c=$c0${NCU_TAG:-}
+    c=${c0//:/_}${NCU_TAG:-}
     run "ncu_$c" "${NCU_SECS:-180}" bash -c "cd benchmarks && $ncu --profile-from-start off --clock-control none --set full \
       -f -o $OUT/ncu/$c python3 profile_ncu.py $c0"
     "$ncu" --import "$OUT/ncu/$c.ncu-rep" --page details > "$OUT/ncu/${c}_details.txt" 2>&1

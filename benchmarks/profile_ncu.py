@@ -18,11 +18,14 @@ Cases (the shapes of the issue's tables):
 - sparse_prefill_bf16: sparse_mla_fwd on the same indices over bf16 rows (the issue's 550 TFLOP/s case);
 - sparse_decode: sparse_mla_fwd_paged, batch 64, one query each, same index shape;
 - indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128;
-- indexer_decode: indexer_scores on the per-query (decode) path, batch 64, 65,536 keys each (bench_flashmla's case).
+- indexer_decode: indexer_scores on the per-query (decode) path, batch 64, 65,536 keys each (bench_flashmla's case);
+- MODULE:FACTORY[:ARG...]: the call FACTORY(*ARGS) of a script beside this one returns (an experiment's variant, e.g.
+  session 38's exp_moe_converter_sync:profile_call:warp4), for experiments that do not outlive their session.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import torch
@@ -138,7 +141,11 @@ CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": c
 
 def main() -> None:
     (case,) = sys.argv[1:]
-    call = CASES[case]()
+    if ":" in case:  # MODULE:FACTORY[:ARG...]: a call built by a script beside this one (an experiment's variant)
+        module, factory, *args = case.split(":")
+        call = getattr(importlib.import_module(module), factory)(*args)
+    else:
+        call = CASES[case]()
     for _ in range(3):
         call()
     torch.cuda.synchronize()
