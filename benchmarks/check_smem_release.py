@@ -1,9 +1,9 @@
 """Offline check (no GPU): does a Gluon kernel release a TMA-filled shared-memory slot while one of its shared-memory
 loads from it may still be in flight?
 
-Why (session 38, docs/reports/deepgemm-moe-fold-128.md): exp_moe_converter_sync's raw8 variant gave wrong rows (19-72%
-of them) until its converter, which reads a slot with LDS and then arrives on the barrier that lets the TMA producer
-refill it, fenced first (fence.proxy.async) or arrived only after a later fence. Its SASS showed the cause: the last
+Why (session 38, docs/reports/deepgemm-moe-fold-128.md): exp_moe_converter_sync's raw8 variant (commit 0b99c15)
+gave wrong rows (19-72% of them) until its converter, which reads a slot with LDS and then arrives on the barrier
+that lets the TMA producer refill it, fenced first (fence.proxy.async) or arrived only after a later fence. Its SASS showed the cause: the last
 LDS.128 of the slot was issued just before the partition's BAR.SYNC and its registers were first read after the
 arrive. BAR.SYNC orders the load against the CTA's other threads, not against the TMA unit's write, so the refill
 could land before the load read the slot. The pattern is decided by ptxas's schedule, so it is checked on the SASS.
@@ -35,7 +35,7 @@ from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "packages", "mini-deepgemm", "src")]
-from mini_deepgemm import gemm as G  # noqa: E402
+from mini_deepgemm import gemm as G
 
 _LOAD = re.compile(r"^(@!?U?P\w+\s+)?(LDS(M)?[.\w]*)\s+R(\d+)")
 _RELEASE = ("SYNCS.ARRIVE.TRANS64.A1T0", "UTMALDG")
@@ -160,7 +160,7 @@ def configurations() -> dict[str, Callable[[], None]]:
         aq, bq = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn)
         G._gluon_fp8_v3_gemm(aq, torch.empty(m, k // 128), bq, torch.empty(n // 128, k // 128),
                              torch.empty(m, n, dtype=torch.bfloat16),
-                             dict(GLUON_BLOCK_M=128, GLUON_STAGES=4, GLUON_PROGRAMS_PER_SM=1, GROUP_M=8))
+                             {"GLUON_BLOCK_M": 128, "GLUON_STAGES": 4, "GLUON_PROGRAMS_PER_SM": 1, "GROUP_M": 8})
 
     def dense_v41(scales_in_ring: bool):
         def call():

@@ -20,7 +20,8 @@ Cases (the shapes of the issue's tables):
 - indexer: indexer_scores, 4,096 queries x 65,536 FP4 keys, 32 heads x 128;
 - indexer_decode: indexer_scores on the per-query (decode) path, batch 64, 65,536 keys each (bench_flashmla's case);
 - MODULE:FACTORY[:ARG...]: the call FACTORY(*ARGS) of a script beside this one returns (an experiment's variant, e.g.
-  session 38's exp_moe_converter_sync:profile_call:warp4), for experiments that do not outlive their session.
+  session 38's exp_moe_converter_sync:profile_call:warp4, commit 0b99c15), for experiments that do not outlive
+  their session.
 """
 
 from __future__ import annotations
