@@ -270,7 +270,7 @@ def main() -> None:
             layout, _, _, a128, d = sides[256]
             out = torch.empty_like(d)
             calls["m256"] = (functools.partial(launch, a128, bq, folded, out, layout), out, layout)
-            row["tflops_scaled_grouped_mm"] = flops / ms(scaled_grouped_mm_peer(sides[128][2], sides[128][1], groups,
+            row["tflops_scaled_grouped_mm"] = flops / ms(scaled_grouped_mm_peer(sides[128][2][0], sides[128][1], groups,
                                                                                 N, K)) / 1e9
             for key in ("shipped_128", "shipped_256", "m256"):
                 call = calls[key][0]

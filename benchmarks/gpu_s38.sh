@@ -8,6 +8,7 @@
 #       fence), exp_gemm_v41_scale_ring on new and base (the ring's cost of the fence)
 #   PART=r5: Nsight Compute on the contiguous MoE kernel at 384 experts of 32-96 rows, w13: shipped, warp4, raw8_fence
 #   PART=r6: exp_moe_contiguous_m256 (256-row tiles); Nsight Compute on it and the shipped kernel at 96 experts, w13
+#   PART=r7: exp_moe_contiguous_m256 again (r6's stopped at its peer's operands)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -37,12 +38,13 @@ r5)
   cat "$OUT/summary.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -150
   ;;
-r6)
+r6|r7)
   run exp_m256 240 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_contiguous_m256.py"
-  NCU_SECS=100 ncu_profile exp_moe_contiguous_m256:profile_call:shipped exp_moe_contiguous_m256:profile_call:m256
+  [ "$PART" = r6 ] && NCU_SECS=100 ncu_profile exp_moe_contiguous_m256:profile_call:shipped \
+    exp_moe_contiguous_m256:profile_call:m256
   cat "$OUT/summary.txt"
   grep -E "^==" "$OUT/exp_m256.txt"; grep -m3 -E "error|Error" "$OUT/exp_m256.txt" | cut -c1-400
-  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
+  [ "$PART" = r6 ] && python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
   ;;
 esac
 pack_out
