@@ -4,7 +4,8 @@ The FP8-MMA route runs twice: on activations with UE8M0 scales per 32 ("fp8_rout
 folded per 128 ("fp8_route_fold128": float32 scales, the kernels' SA_PER_128 loop, what the engine passes since
 session 21; docs/reports/deepgemm-moe-fold-128.md).
 
-- Prefill (contiguous): 96 experts of 128-1,024 rows and 384 of 32-96 (one GPU's prefill step), w13
+- Prefill (contiguous): 96 experts of 128-1,024 rows, 96 of 192-320 (~256: EP4's prefill step, since session 38)
+  and 384 of 32-96 (one GPU's prefill step), w13
   4,608 x 5,120 and w2 5,120 x 2,304: TFLOP/s over the real rows, the ratio to the bf16 route's whole call
   (activation pass + GEMM) and to `torch._scaled_grouped_mm` (FP8 rowwise; the issue's peer).
 - Decode (masked): 96 experts of Poisson(8) and Poisson(32) rows: weight bytes per second as a fraction of the device
@@ -44,10 +45,10 @@ def scaled_grouped_mm_peer(a: torch.Tensor, ends: torch.Tensor, groups: int, N: 
     return lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16)
 
 
-# (experts, rows per expert): bench_deepgemm's 96 of 128-1,024, and one GPU's prefill step: 384 of 32-96 (~64:
-# 4,096 tokens x 6 / 384), where a 128-row tile is about half padding (the contiguous kernel skips an all-padding
-# half since session 30)
-PREFILL_LAYOUTS = ((96, (128, 1024)), (384, (32, 96)))
+# (experts, rows per expert): bench_deepgemm's 96 of 128-1,024; EP4's prefill step, 96 local experts of ~256 rows
+# (4 ranks x 4,096 tokens x 6 / 384); one GPU's prefill step: 384 of 32-96 (~64: 4,096 tokens x 6 / 384), where a
+# 128-row tile is about half padding (the contiguous kernel skips an all-padding half since session 30)
+PREFILL_LAYOUTS = ((96, (128, 1024)), (96, (192, 320)), (384, (32, 96)))
 
 
 def prefill_rows(gen) -> list[dict]:

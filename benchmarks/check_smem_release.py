@@ -3,10 +3,11 @@ loads from it may still be in flight?
 
 Why (session 38, docs/reports/deepgemm-moe-fold-128.md): exp_moe_converter_sync's raw8 variant (commit 0b99c15)
 gave wrong rows (19-72% of them) until its converter, which reads a slot with LDS and then arrives on the barrier
-that lets the TMA producer refill it, fenced first (fence.proxy.async) or arrived only after a later fence. Its SASS showed the cause: the last
-LDS.128 of the slot was issued just before the partition's BAR.SYNC and its registers were first read after the
-arrive. BAR.SYNC orders the load against the CTA's other threads, not against the TMA unit's write, so the refill
-could land before the load read the slot. The pattern is decided by ptxas's schedule, so it is checked on the SASS.
+that lets the TMA producer refill it, fenced first (fence.proxy.async) or arrived only after a later fence. Its SASS
+showed the cause: the last LDS.128 of the slot was issued just before the partition's BAR.SYNC and its registers
+were first read after the arrive. BAR.SYNC orders the load against the CTA's other threads, not against the TMA
+unit's write, so the refill could land before the load read the slot. The pattern is decided by ptxas's schedule,
+so it is checked on the SASS.
 
 What: each of the package's warp-specialized or TMA-fed Gluon kernels is compiled for sm_90 through its own launcher
 in mini_deepgemm.gemm, with CPU tensors and a stub driver that compiles instead of launching (Triton's warm-up path).
@@ -145,9 +146,12 @@ def configurations() -> dict[str, Callable[[], None]]:
     """name -> a call of a launcher in mini_deepgemm.gemm with the configuration the package routes to."""
     m, n, k, groups = 4096, 4608, 5120, 8
 
-    def contiguous():
-        aq, sa, bq, d, folded = _fp4_operands(groups, n, k, m, False)
-        G._fp4_e4m3_gemm(G._CONTIGUOUS, (aq, sa), (bq, None), d, torch.empty(m, dtype=torch.int32), folded, None)
+    def contiguous(experts: int):  # 4,096 rows over `experts`: the route's 128- or 256-row tiles
+        def call():
+            aq, sa, bq, d, folded = _fp4_operands(experts, n, k, m, False)
+            G._fp4_e4m3_gemm(G._CONTIGUOUS, (aq, sa), (bq, None), d, torch.empty(m, dtype=torch.int32), folded,
+                             None)
+        return call
 
     def masked(expected_m: int):
         def call():
@@ -176,7 +180,8 @@ def configurations() -> dict[str, Callable[[], None]]:
                                         torch.empty(groups, n, k // 32, dtype=torch.uint8),
                                         torch.empty(m, n, dtype=torch.bfloat16), torch.empty(m, dtype=torch.int32), 4)
 
-    return {"fp4_e4m3 contiguous (SA_PER_128)": contiguous, "fp4_e4m3 masked, 16 tokens": masked(8),
+    return {"fp4_e4m3 contiguous, 128-row tiles": contiguous(64), "fp4_e4m3 contiguous, 256-row tiles": contiguous(8),
+            "fp4_e4m3 masked, 16 tokens": masked(8),
             "fp4_e4m3 masked, 32 tokens": masked(32), "fp4_e4m3 masked, 64 tokens": masked(64),
             "fp8 v3 dense": dense_v3, "fp8 v41 dense": dense_v41(False),
             "fp8 v41 dense, scales in ring": dense_v41(True),

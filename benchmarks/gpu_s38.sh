@@ -9,6 +9,8 @@
 #   PART=r5: Nsight Compute on the contiguous MoE kernel at 384 experts of 32-96 rows, w13: shipped, warp4, raw8_fence
 #   PART=r6: exp_moe_contiguous_m256 (256-row tiles); Nsight Compute on it and the shipped kernel at 96 experts, w13
 #   PART=r7: exp_moe_contiguous_m256 again (r6's stopped at its peer's operands)
+#   PART=r8 (.ab-base.tar.gz = the src folders before the 256-row tiles, carried): the mini-deepgemm GPU suite,
+#       bench_fp4_e4m3_route on new and base, the runtime's core GPU tests, bench_prefill on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -45,6 +47,20 @@ r6|r7)
   cat "$OUT/summary.txt"
   grep -E "^==" "$OUT/exp_m256.txt"; grep -m3 -E "error|Error" "$OUT/exp_m256.txt" | cut -c1-400
   [ "$PART" = r6 ] && python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
+  ;;
+r8)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  route_sides 90 new base
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 80 new
+  prefill_sides 50 base
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for side in new base; do
+    echo "== route $side"
+    grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' "$OUT/route_$side.txt" \
+      | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
+  done
+  show_sides new base
   ;;
 esac
 pack_out

@@ -6,8 +6,10 @@ permutes emulated bit for bit against torch's e4m3 for every code and offset, th
 fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference on random data (DeepGEMM's diff
 below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
 layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
-equal. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 16-, 32- and
-64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with the
+equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (tiles holding two experts'
+rows, sub-tiles of padding, a last tile past M). Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending
+one row past a tile), 16-, 32- and 64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of
+several. Each GPU case runs with the
 activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
 then multiplies the folded operands exactly).
 """
@@ -186,6 +188,31 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
     again = torch.full_like(d, 7.0)
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), again, layout, folded=folded)
     assert torch.equal(again.view(torch.int16), d.view(torch.int16)), "repeated calls must give the same bits"
+
+
+def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations():
+    assert gemm._contiguous_block_m(4096, 16, True) == 256  # 256 rows per expert, EP4's prefill
+    assert gemm._contiguous_block_m(49152, 384, True) == 128  # ~64 real rows per expert, 1-GPU prefill
+    assert gemm._contiguous_block_m(4096, 16, False) == 128  # per-32 activations: 128-row tiles only
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
+    """Every row as the same MMA chain and promotion whatever the tile: 256-row tiles give the 128-row tiles' bits,
+    padding rows untouched by both (ragged: tiles whose two halves are different experts' and take two sweeps;
+    halves: second sub-tiles of padding; one-step and n384: a last tile past M)."""
+    rows, N, K = CONTIGUOUS_CASES[case]
+    gen = torch.Generator().manual_seed(5)
+    q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", "per_128")
+    folded = gemm.fold_fp4_weight_scales(sb)
+    out = {}
+    for block_m in (128, 256):
+        monkeypatch.setattr(gemm, "_contiguous_block_m", lambda M, groups, sa_per_128, b=block_m: b)
+        out[block_m] = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), out[block_m], layout, folded=folded)
+    assert torch.equal(out[256].view(torch.int16), out[128].view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -522,12 +522,16 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
         M = aq.shape[0]
-        # registers: the converter keeps 80, the producer 24, each math warpgroup 200 (80 + 2 x 200 + 24 <= 512 per
-        # thread of a warpgroup): with 192 the TMA-store epilogue spilled 28 bytes, with 200 one word per tile
-        fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
-            _tma_desc(aq, (128, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
-            folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), STAGES=4, GROUP_M=8, CONSUMER_REGS=200,
-            PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
+        block_m = _contiguous_block_m(M, G, sa_per_128)
+        # registers (per thread of a warpgroup, 512 in all): the producer 24; 128-row tiles: each math warpgroup 200,
+        # the converter 80 (with 192 the TMA-store epilogue spilled 28 bytes, with 200 one word per tile); 256-row
+        # tiles: each math warpgroup 216 (two accumulators and the MMA's part; 208 spilled in the K loop), the
+        # converter the 56 left (no spills). Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue.
+        consumer_regs, stages = (200, 4) if block_m == 128 else (216, 3)
+        fp4_e4m3_contiguous_kernel[(min(cdiv(M, block_m) * cdiv(N, 128), sm_count(d.device)),)](
+            _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
+            folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
+            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
     block_m, stages = _masked_tile(expected_m or max_m)
@@ -535,6 +539,17 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
         num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
+
+
+def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
+    """Rows of the FP8-MMA contiguous kernel's tiles: 256 on activations folded per 128 where the experts average at
+    least _BLOCK_M_256_MIN_ROWS rows (padding included, M / groups: no device read), else 128. A 256-row tile
+    converts each weight tile once for twice the rows; at ~64 rows per expert most of it would be padding (session 38,
+    docs/reports/deepgemm-moe-fold-128.md)."""
+    return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
+
+
+_BLOCK_M_256_MIN_ROWS = 256
 
 
 def _masked_tile(expected_m: int) -> tuple[int, int]:

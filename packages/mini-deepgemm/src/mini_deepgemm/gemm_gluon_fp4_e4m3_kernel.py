@@ -27,7 +27,10 @@ the folded scales alone).
   of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
   partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
-  when none is padding, else the used rows by masked pointer stores.
+  when none is padding, else the used rows by masked pointer stores. On activations folded per 128 and experts of
+  many rows, 256 x 128 tiles (gemm._contiguous_block_m; session 38: 1.10-1.12x at 96 experts of 128-1,024 rows):
+  each converted weight tile then feeds 256 rows, two 64-row sub-tiles per math warpgroup; a tile that holds the
+  end of one expert's segment and the start of the next takes one K sweep per expert.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
   ring, swap-AB MMAs; the used tokens' rows are stored. Per-32 activations: the conversion into a shared tile,
   m64nBLOCK_Mk32 MMAs. Folded activations (the engine's): each 64-row half converted straight into its MMA's A
@@ -111,29 +114,55 @@ def _raw_words(raw_ring, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
-                      GROUP_M: gl.constexpr):
-    """The producer warp: per step of the program's tiles, once the slot is empty, the activation tile (into "ready",
-    with the converter's arrival) and the packed weight rows (into "raw_ready") by TMA."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
-        g = gl.load(layout_ptr + off_m)
-        if g >= 0:  # an all-padding tile (first row -1: segments are 128-aligned) is skipped by every partition
-            for k in range(K // 128):
-                slot = step % STAGES
-                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-                mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
-                                                raw_ring.index(slot))
-                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
-                step += 1
+def _row_group(layout_ptr, row, M):
+    """layout[row], or -1 (padding) past the last row."""
+    return gl.where(row < M, gl.load(layout_ptr + gl.minimum(row, M - 1)), -1)
 
 
 @gluon.jit
-def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr):
+def _tile_experts(layout_ptr, off_m, M, BLOCK_M: gl.constexpr):
+    """(g0, g1, sweeps) of the tile at row off_m: the experts of its first and second 128 rows (g0 = -1: the tile is
+    all padding, since segments are 128-aligned with their padding last) and how many K sweeps it takes. A 128-row
+    tile is one expert's; a 256-row tile may hold two (an expert's segment ending at its middle row), each of which
+    gets a sweep of its own weights."""
+    g0 = gl.load(layout_ptr + off_m)
+    g1 = g0
+    sweeps = 1
+    if BLOCK_M == 256:
+        g1 = _row_group(layout_ptr, off_m + 128, M)
+        sweeps = gl.where((g1 >= 0) & (g1 != g0), 2, 1)
+    return g0, g1, sweeps
+
+
+@gluon.jit
+def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+                      GROUP_M: gl.constexpr):
+    """The producer warp: per step of the program's tiles (and sweeps, _tile_experts), once the slot is empty, the
+    activation tile (into "ready", with the converter's arrival) and the sweep's expert's packed weight rows (into
+    "raw_ready") by TMA."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
+        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
+        if g0 >= 0:  # an all-padding tile is skipped by every partition
+            for sweep in range(sweeps):
+                g = gl.where(sweep == 0, g0, g1)
+                for k in range(K // 128):
+                    slot = step % STAGES
+                    mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+                    mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
+                                                    raw_ring.index(slot))
+                    mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
+                    step += 1
+
+
+@gluon.jit
+def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr,
+                        BLOCK_M: gl.constexpr):
     """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
     an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
     STAGES: gl.constexpr = raw_ring.type.shape[0]
@@ -141,87 +170,128 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
     num_k = K // 128
     rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
     step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
-        g = gl.load(layout_ptr + off_m)
-        if g >= 0:
-            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
-            offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
-            for k in range(num_k):
-                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
-                slot = step % STAGES
-                mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
-                tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
-                # the slot's B tile is free: the producer waited for "empty" before this step's weights
-                b_ring.index(slot).store(tile_words)
-                fence_async_shared()
-                mbarrier.arrive(ready.index(slot), count=1)
-                offsets, offsets_next = offsets_next, offsets_after
-                step += 1
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
+        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
+        if g0 >= 0:
+            for sweep in range(sweeps):
+                g = gl.where(sweep == 0, g0, g1)
+                row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
+                offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
+                for k in range(num_k):
+                    offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
+                    slot = step % STAGES
+                    mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
+                    tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
+                    # the slot's B tile is free: the producer waited for "empty" before this step's weights
+                    b_ring.index(slot).store(tile_words)
+                    fence_async_shared()
+                    mbarrier.arrive(ready.index(slot), count=1)
+                    offsets, offsets_next = offsets_next, offsets_after
+                    step += 1
+
+
+@gluon.jit
+def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_d, MMA: gl.constexpr):
+    """The 64 output rows at off_m (acc column-scaled) whose layout id is not -1: when all are, as one TMA box from
+    d_smem (the warpgroup's own buffer) that drains under the next tile's MMAs, else by masked pointer stores (an
+    expert's last, partial rows); padding rows stay untouched."""
+    offs_m = off_m + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
+    cols = off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, MMA))
+    row_groups = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1)
+    if gl.min(row_groups, axis=0) >= 0:
+        _store_tile(acc, d_desc, d_smem, off_m, off_n)
+    else:
+        gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
+                 mask=(row_groups >= 0)[:, None])
 
 
 @gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
                      stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
-    """Rows [ROW0, ROW0 + 64) of every tile: per 32 of K one m64n128k32 MMA (A by ldmatrix, B the converted tile) and
-    acc += part * sa[m, kb]; the epilogue scales each column by 2^(ref - 127) and stores the rows whose layout id is
-    not -1 (padding rows stay untouched): when all 64 are, as one TMA box from d_smem (the warpgroup's own buffer)
-    that drains under the next tile's MMAs, else by masked pointer stores (an expert's last, partial tile). Rows
-    64-127 of a tile whose row 64 is padding are all padding (an expert's segment is 128-aligned and its padding comes
-    last): warpgroup 1 then only passes the ring's barriers, with no MMA and no store. Experts of at most 64 rows
-    (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave that half of the tile to it.
-    sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with SA_PER_128 fp32
-    scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128): then one m64n128k128 MMA from
-    shared memory and one FMA per element per K step."""
+    """Rows [ROW0, ROW0 + BLOCK_M / 2) of every tile, in 64-row sub-tiles (one for 128-row tiles, two for 256, each
+    with its accumulator): per K step and sub-tile, with SA_PER_128 one m64n128k128 MMA (A and B from shared memory,
+    B the converted tile) and acc += part * sa[m, k]; without it (128-row tiles only) per 32 of K one m64n128k32 MMA
+    (A by ldmatrix) and acc += part * sa[m, kb]. The epilogue scales each column by 2^(ref - 127) and stores the
+    used rows (_store_rows). The warpgroup's rows are one expert's segment or padding (segments are 128-aligned and
+    end in their padding): in a sweep of another expert (_tile_experts), or when its first row is padding, it only
+    passes the ring's barriers, with no MMA and no store; so does a second sub-tile whose first row is padding.
+    Experts of at most 64 rows (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave warpgroup 1
+    of a 128-row tile idle. sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with
+    SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
+    SUB_TILES: gl.constexpr = BLOCK_M // 128
+    gl.static_assert(SA_PER_128 or SUB_TILES == 1, "256-row tiles take activations folded per 128")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     num_k = K // 128
     zero = gl.zeros([64, 128], gl.float32, mma)
     step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, 128) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
-        g = gl.load(layout_ptr + off_m)
-        half_g = gl.load(layout_ptr + gl.minimum(off_m + ROW0, M - 1))
-        if (g >= 0) & (half_g < 0):  # this warpgroup's rows are all padding: keep the ring's counts only
-            for k in range(num_k):
-                slot = step % STAGES
-                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                mbarrier.arrive(empty.index(slot), count=1)
-                step += 1
-        if half_g >= 0:
-            offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-            sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-            wa = gl.load(sa_rows)
-            acc = gl.zeros([64, 128], gl.float32, mma)
-            for k in range(num_k):
-                wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-                slot = step % STAGES
-                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-                b_tile = b_ring.index(slot)
-                if SA_PER_128:
-                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                        a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
-                    acc = acc + part * wa[:, None]
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
+        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
+        half_g = _row_group(layout_ptr, off_m + ROW0, M)
+        if g0 >= 0:
+            for sweep in range(sweeps):
+                g = gl.where(sweep == 0, g0, g1)
+                if half_g != g:  # padding, or the other expert's sweep: keep the ring's counts only
+                    for k in range(num_k):
+                        slot = step % STAGES
+                        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                        mbarrier.arrive(empty.index(slot), count=1)
+                        step += 1
                 else:
-                    for j in gl.static_range(4):
-                        a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                            a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
-                            is_async=True),))
-                        acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
-                mbarrier.arrive(empty.index(slot), count=1)
-                wa = wa_next
-                step += 1
-            cols = off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma))
-            acc = acc * gl.load(colscale_ptr + g * N + cols)[None, :]
-            row_groups = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1)
-            if gl.min(row_groups, axis=0) >= 0:
-                _store_tile(acc, d_desc, d_smem, off_m + ROW0, off_n)
-            else:
-                gl.store(d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :], acc.to(gl.bfloat16),
-                         mask=(row_groups >= 0)[:, None])
+                    offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+                    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+                    wa = gl.load(sa_rows)
+                    acc = gl.zeros([64, 128], gl.float32, mma)
+                    if SUB_TILES == 2:
+                        used_1 = _row_group(layout_ptr, off_m + ROW0 + 64, M) >= 0
+                        sa_rows_1 = sa_ptr + gl.minimum(offs_m + 64, M - 1).to(gl.int64) * stride_sa
+                        wa_1 = gl.load(sa_rows_1)
+                        acc_1 = gl.zeros([64, 128], gl.float32, mma)
+                    for k in range(num_k):
+                        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
+                        if SUB_TILES == 2:
+                            wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
+                        slot = step % STAGES
+                        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+                        b_tile = b_ring.index(slot)
+                        if SA_PER_128:
+                            # always true here; as a branch, like the second sub-tile's, it keeps the 256-row tiles'
+                            # K loop free of spills (unguarded: ~340 spill instructions per warpgroup at 216 registers)
+                            if half_g >= 0:
+                                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                                    a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                                acc = acc + part * wa[:, None]
+                            if SUB_TILES == 2:
+                                if used_1:
+                                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                                        a_ring.index(slot).slice(ROW0 + 64, 64, dim=0), b_tile.permute((1, 0)),
+                                        zero, use_acc=False, is_async=True),))
+                                    acc_1 = acc_1 + part * wa_1[:, None]
+                        else:
+                            for j in gl.static_range(4):
+                                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                                    a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                                    is_async=True),))
+                                acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+                        mbarrier.arrive(empty.index(slot), count=1)
+                        wa = wa_next
+                        if SUB_TILES == 2:
+                            wa_1 = wa_1_next
+                        step += 1
+                    colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128,
+                                                                                 layout=gl.SliceLayout(0, mma)))
+                    _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
+                                stride_d, mma)
+                    if SUB_TILES == 2:
+                        if used_1:
+                            _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr,
+                                        off_m + ROW0 + 64, off_n, M, stride_d, mma)
     tma.store_wait(pendings=0)
 
 
@@ -231,17 +301,20 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
-    >= 0 (module docstring). a_desc: e4m3 [M, K] in [128, 128] boxes; w_desc: packed e2m1 uint8 [G * N, K / 2] in
-    [128, 64] boxes, 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes;
-    offsets int32 [G * N, K / 128]; sa int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32
-    [M, K / 128] (activations folded per 128); colscale fp32 [G * N]; layout int32 [M], segments 128-aligned;
-    N % 128 == 0, K % 128 == 0. Persistent: at most one program per SM; launch with num_warps=4 (the converter) and
-    maxnreg 128."""
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
+    >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256
+    with SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes, 64-byte swizzle; d bf16 [M,
+    N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words [M,
+    K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128); colscale
+    fp32 [G * N]; layout int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one
+    program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    # the converted B tile is a [128, 128] e4m3 tile in the 128-byte swizzle of A's boxes
+    e4m3_tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)
+    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], e4m3_tile)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -251,11 +324,12 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     gl.warp_specialize(
-        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M)),
+        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M,
+                                BLOCK_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
                              layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
+                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, BLOCK_M // 2, SA_PER_128)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
                               GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
