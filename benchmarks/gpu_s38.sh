@@ -11,6 +11,7 @@
 #   PART=r7: exp_moe_contiguous_m256 again (r6's stopped at its peer's operands)
 #   PART=r8 (.ab-base.tar.gz = the src folders before the 256-row tiles, carried): the mini-deepgemm GPU suite,
 #       bench_fp4_e4m3_route on new and base, the runtime's core GPU tests, bench_prefill on new and base
+#   PART=r9: after the 256-row tiles' threshold moved to 512 rows per expert: test_gemm_fp4_e4m3.py, the route
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s38
 case "${PART:-r1}" in
@@ -61,6 +62,13 @@ r8)
       | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   done
   show_sides new base
+  ;;
+r9)
+  run fp4_e4m3_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py --junitxml="$OUT/junit_fp4.xml"
+  route_sides 90 new
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
+  grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' "$OUT/route_new.txt" \
+    | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
 esac
 pack_out

@@ -544,12 +544,15 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
     """Rows of the FP8-MMA contiguous kernel's tiles: 256 on activations folded per 128 where the experts average at
     least _BLOCK_M_256_MIN_ROWS rows (padding included, M / groups: no device read), else 128. A 256-row tile
-    converts each weight tile once for twice the rows; at ~64 rows per expert most of it would be padding (session 38,
-    docs/reports/deepgemm-moe-fold-128.md)."""
+    converts each weight tile once for twice the rows, but a tile holding two experts' rows takes two sweeps with one
+    warpgroup idle in each (docs/reports/deepgemm-moe-fold-128.md, session 38)."""
     return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
 
 
-_BLOCK_M_256_MIN_ROWS = 256
+# Session 38 run 8 (H200, bench_fp4_e4m3_route, 256-row tiles against 128 in the same run): 1.047x / 1.052x (w13 /
+# w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.017x / 0.969x at 96 of 192-320 (EP4's ~256,
+# ~320 with padding); so from 512
+_BLOCK_M_256_MIN_ROWS = 512
 
 
 def _masked_tile(expected_m: int) -> tuple[int, int]:

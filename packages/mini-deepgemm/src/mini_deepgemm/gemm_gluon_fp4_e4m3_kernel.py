@@ -28,7 +28,7 @@ the folded scales alone).
   partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
   when none is padding, else the used rows by masked pointer stores. On activations folded per 128 and experts of
-  many rows, 256 x 128 tiles (gemm._contiguous_block_m; session 38: 1.10-1.12x at 96 experts of 128-1,024 rows):
+  many rows, 256 x 128 tiles (gemm._contiguous_block_m; session 38: 1.05x at 96 experts of 128-1,024 rows):
   each converted weight tile then feeds 256 rows, two 64-row sub-tiles per math warpgroup; a tile that holds the
   end of one expert's segment and the start of the next takes one K sweep per expert.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
