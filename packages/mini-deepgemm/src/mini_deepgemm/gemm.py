@@ -525,8 +525,9 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         block_m = _contiguous_block_m(M, G, sa_per_128)
         # registers (per thread of a warpgroup, 512 in all): the producer 24; 128-row tiles: each math warpgroup 200,
         # the converter the 88 left (with 192 the TMA-store epilogue spilled 28 bytes); 256-row tiles: each math
-        # warpgroup 216 (two accumulators and the MMA's part; 208 spilled in the K loop), the converter the 56 left
-        # (no spills). Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue buffers.
+        # warpgroup 216 (two accumulators and the MMA's part: 192; offline no spills in the K loop, ~40 spill
+        # instructions in a tile's set-up and epilogue, more at 208), the converter the 56 left (no spills).
+        # Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue buffers.
         consumer_regs, stages = (200, 4) if block_m == 128 else (216, 3)
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, block_m) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
