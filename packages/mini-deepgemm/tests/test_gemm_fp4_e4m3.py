@@ -202,11 +202,15 @@ def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations()
 @pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
 def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
     """Every row as the same MMA chain and promotion whatever the tile: 256-row tiles give the 128-row tiles' bits,
-    padding rows untouched by both (ragged: tiles whose two halves are different experts' and take two sweeps;
+    padding rows untouched by both (ragged: tiles whose two halves are different experts' and take two sweeps, and
+    two blocks of spare capacity inserted so that one tile is a padding block then the next expert's first block;
     halves: second sub-tiles of padding; one-step and n384: a last tile past M)."""
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(5)
     q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", "per_128")
+    if case == "ragged":  # an expert's spare capacity: a whole 128-row block of padding before the next expert's
+        layout = torch.cat([layout[:384], torch.full((256,), -1, dtype=layout.dtype, device="cuda"), layout[384:]])
+        q, s = (torch.cat([t[:384], t[:256], t[384:]]) for t in (q, s))  # (any values in padding rows)
     folded = gemm.fold_fp4_weight_scales(sb)
     out = {}
     for block_m in (128, 256):

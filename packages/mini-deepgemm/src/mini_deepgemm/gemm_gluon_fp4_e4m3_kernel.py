@@ -121,16 +121,19 @@ def _row_group(layout_ptr, row, M):
 
 @gluon.jit
 def _tile_experts(layout_ptr, off_m, M, BLOCK_M: gl.constexpr):
-    """(g0, g1, sweeps) of the tile at row off_m: the experts of its first and second 128 rows (g0 = -1: the tile is
-    all padding, since segments are 128-aligned with their padding last) and how many K sweeps it takes. A 128-row
-    tile is one expert's; a 256-row tile may hold two (an expert's segment ending at its middle row), each of which
-    gets a sweep of its own weights."""
+    """(g0, g1, sweeps) of the tile at row off_m: the expert of its first sweep (-1: the tile is all padding), that of
+    its second, and how many K sweeps it takes. Segments are 128-aligned with their padding last, so a 128-row block
+    whose first row is padding is all padding. A 128-row tile is one block; a 256-row tile is two, which may be two
+    experts' (a segment ending at the middle row: a sweep each, with its own weights) or a block of padding (an
+    expert's spare capacity) and the next expert's first block (one sweep, for the second block)."""
     g0 = gl.load(layout_ptr + off_m)
     g1 = g0
     sweeps = 1
     if BLOCK_M == 256:
         g1 = _row_group(layout_ptr, off_m + 128, M)
-        sweeps = gl.where((g1 >= 0) & (g1 != g0), 2, 1)
+        first_used = g0 >= 0
+        sweeps = gl.where(first_used & (g1 >= 0) & (g1 != g0), 2, 1)
+        g0 = gl.where(first_used, g0, g1)
     return g0, g1, sweeps
 
 
