@@ -311,13 +311,11 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     fp32 [G * N]; layout int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one
     program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    # the converted B tile is a [128, 128] e4m3 tile in the 128-byte swizzle of A's boxes
-    e4m3_tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], e4m3_tile)
+    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)  # A's 128-byte swizzle
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
