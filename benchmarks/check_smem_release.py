@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -80,26 +81,30 @@ def _compiled_cubins(launch: Callable[[], None]) -> list[tuple[str, bytes]]:
 def _instructions(cubin: bytes) -> list[str]:
     """The SASS instructions of a cubin, one string each, without addresses."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    path = "/tmp/check_smem_release.cubin"
-    with open(path, "wb") as f:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
-    text = subprocess.run([nvdisasm, "-c", path], check=True, capture_output=True, text=True).stdout
+        f.flush()
+        text = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
     return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip().rstrip(";").strip()
             for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
 
 
+def _opcode_operands(instruction: str) -> tuple[str, str]:
+    """(opcode, operands) of an instruction, its predicate dropped."""
+    opcode, _, operands = re.sub(r"^@!?U?P\w+\s+", "", instruction).partition(" ")
+    return opcode, operands
+
+
 def _sources(instruction: str) -> str:
     """The operands an instruction reads: all but the first (its destination), or all for stores and barriers."""
-    body = re.sub(r"^@!?U?P\w+\s+", "", instruction)
-    opcode, _, operands = body.partition(" ")
+    opcode, operands = _opcode_operands(instruction)
     if opcode.startswith(("ST", "SYNCS", "BAR", "UTMA", "RED", "ATOM")):
         return operands
     return operands.partition(",")[2]
 
 
 def _writes(instruction: str, reg: int) -> bool:
-    body = re.sub(r"^@!?U?P\w+\s+", "", instruction)
-    opcode, _, operands = body.partition(" ")
+    opcode, operands = _opcode_operands(instruction)
     return not opcode.startswith(("ST", "SYNCS", "BAR", "UTMA")) and re.match(rf"R{reg}\b", operands) is not None
 
 
@@ -123,8 +128,8 @@ def loads_in_flight_at_release(sass: list[str]) -> list[str]:
                     continue
                 for t in range(i + 1, len(sass)):
                     if re.search(rf"\bR{reg}\b", _sources(sass[t])):
-                        hits.append(f"{op.split()[0] if not op.startswith('@') else op.split()[1]} at {i}: R{reg} "
-                                    f"of '{sass[k][:48]}' at {k}, first read at {t}")
+                        hits.append(f"{_opcode_operands(op)[0]} at {i}: R{reg} of '{sass[k][:48]}' at {k}, first "
+                                    f"read at {t}")
                         break
                     if _writes(sass[t], reg):
                         break
