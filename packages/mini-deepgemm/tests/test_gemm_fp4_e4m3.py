@@ -6,8 +6,9 @@ permutes emulated bit for bit against torch's e4m3 for every code and offset, th
 fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference on random data (DeepGEMM's diff
 below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
 layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
-equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (tiles holding two experts'
-rows, sub-tiles of padding, a last tile past M). Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending
+equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (experts ending after one block
+of a tile, blocks of spare capacity, sub-tiles of padding, a last tile past M), and their device-built tile table
+against a plain one. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending
 one row past a tile), 16-, 32- and 64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of
 several. Each GPU case runs with the
 activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
@@ -197,14 +198,52 @@ def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations()
     assert gemm._contiguous_block_m(58880, 96, False) == 128  # per-32 activations: 128-row tiles only
 
 
+def _tile_table(layout: torch.Tensor) -> list[int]:
+    """contiguous_tile_table_kernel's table, written plainly: [count, first row of each 256-row tile], the tiles cut
+    from each expert's first 128-row block, none starting at a block of padding."""
+    starts, run_start, before = [], 0, None
+    for block in range(-(-layout.numel() // 128)):
+        g = int(layout[128 * block])
+        run_start = block if g != before else run_start
+        before = g
+        if g >= 0 and (block - run_start) % 2 == 0:
+            starts.append(128 * block)
+    return [len(starts), *starts]
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("chunk", [4, 1024])
+def test_the_256_row_tile_table(chunk):
+    """The device-built tile table against _tile_table on random 128-aligned layouts: experts of 0 to 9 blocks, whole
+    blocks of spare capacity, a last segment cut short of its padding; chunk 4 carries runs and the count across
+    chunks."""
+    from mini_deepgemm.gemm_gluon_fp4_e4m3_kernel import contiguous_tile_table_kernel
+
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(20):
+        experts = int(torch.randint(1, 40, (1,), generator=gen))
+        rows = torch.randint(0, 1100, (experts,), generator=gen) * (torch.rand(experts, generator=gen) < 0.8)
+        spare = torch.randint(0, 3, (experts,), generator=gen) * (torch.rand(experts, generator=gen) < 0.3)
+        ids = []
+        for g, (m, extra) in enumerate(zip(rows.tolist(), spare.tolist())):
+            ids += [g] * m + [-1] * (-(-m // 128) * 128 - m + 128 * extra)
+        ids = ids[:len(ids) - trial * 7] or [0]  # the last segment's padding cut short (or into its rows)
+        layout = torch.tensor(ids, dtype=torch.int32, device="cuda")
+        table = torch.full((1 + -(-layout.numel() // 128),), -7, dtype=torch.int32, device="cuda")
+        contiguous_tile_table_kernel[(1,)](layout, table, layout.numel(), CHUNK=chunk, num_warps=4)
+        want = _tile_table(layout.cpu())
+        assert table[:len(want)].tolist() == want, trial
+
+
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
 def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
     """Every row as the same MMA chain and promotion whatever the tile: 256-row tiles give the 128-row tiles' bits,
-    padding rows untouched by both (ragged: tiles whose two halves are different experts' and take two sweeps, and
-    two blocks of spare capacity inserted so that one tile is a padding block then the next expert's first block;
-    halves: second sub-tiles of padding; one-step and n384: a last tile past M)."""
+    padding rows untouched by both (ragged: experts of an odd number of 128-row blocks, whose last tile's second
+    block is the next expert's, and two blocks of spare capacity inserted, which start no tile; halves: second
+    sub-tiles of padding; one-step and n384: a last tile past M)."""
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(5)
     q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", "per_128")

@@ -512,7 +512,8 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gemm_gluon_fp4_e4m3_kernel import fp4_e4m3_contiguous_kernel, fp4_e4m3_masked_kernel
+    from .gemm_gluon_fp4_e4m3_kernel import (contiguous_tile_table_kernel, fp4_e4m3_contiguous_kernel,
+                                             fp4_e4m3_masked_kernel)
 
     (aq, sa), (bq, _) = a, b
     G, N, K2 = bq.shape
@@ -529,9 +530,13 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         # instructions in a tile's set-up and epilogue, more at 208), the converter the 56 left (no spills).
         # Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue buffers.
         consumer_regs, stages = (200, 4) if block_m == 128 else (216, 3)
-        fp4_e4m3_contiguous_kernel[(min(cdiv(M, block_m) * cdiv(N, 128), sm_count(d.device)),)](
+        table = group_arg  # 128-row tiles: unused
+        if block_m == 256:  # the tiles start at each expert's first row; their count stays on the device
+            table = torch.empty(1 + cdiv(M, 128), dtype=torch.int32, device=d.device)
+            contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4)
+        fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
-            folded.column_scales, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
+            folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
@@ -545,8 +550,8 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
     """Rows of the FP8-MMA contiguous kernel's tiles: 256 on activations folded per 128 where the experts average at
     least _BLOCK_M_256_MIN_ROWS rows (padding included, M / groups: no device read), else 128. A 256-row tile
-    converts each weight tile once for twice the rows, but a tile holding two experts' rows takes two sweeps with one
-    warpgroup idle in each (docs/reports/deepgemm-moe-fold-128.md, session 38)."""
+    converts each weight tile once for twice the rows, but an expert of an odd number of 128-row blocks ends in a
+    tile of 128 (docs/reports/deepgemm-moe-fold-128.md, sessions 38 and 39)."""
     return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
 
 

@@ -29,8 +29,9 @@ the folded scales alone).
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
   when none is padding, else the used rows by masked pointer stores. On activations folded per 128 and experts of
   many rows, 256 x 128 tiles (gemm._contiguous_block_m; session 38: 1.05x at 96 experts of 128-1,024 rows):
-  each converted weight tile then feeds 256 rows, two 64-row sub-tiles per math warpgroup; a tile that holds the
-  end of one expert's segment and the start of the next takes one K sweep per expert.
+  each converted weight tile then feeds 256 rows, two 64-row sub-tiles per math warpgroup. They start at each
+  expert's first row (a table built on the device by contiguous_tile_table_kernel, session 39), so none holds two
+  experts' rows; session 38's tiles at multiples of 256 took a K sweep per expert where a segment ended mid-tile.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
   ring, swap-AB MMAs; the used tokens' rows are stored. Per-32 activations: the conversion into a shared tile,
   m64nBLOCK_Mk32 MMAs. Folded activations (the engine's): each 64-row half converted straight into its MMA's A
@@ -41,6 +42,8 @@ the folded scales alone).
 
 from __future__ import annotations
 
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -119,53 +122,83 @@ def _row_group(layout_ptr, row, M):
     return gl.where(row < M, gl.load(layout_ptr + gl.minimum(row, M - 1)), -1)
 
 
-@gluon.jit
-def _tile_experts(layout_ptr, off_m, M, BLOCK_M: gl.constexpr):
-    """(g0, g1, sweeps) of the tile at row off_m: the expert of its first sweep (-1: the tile is all padding), that of
-    its second, and how many K sweeps it takes. Segments are 128-aligned with their padding last, so a 128-row block
-    whose first row is padding is all padding. A 128-row tile is one block; a 256-row tile is two, which may be two
-    experts' (a segment ending at the middle row: a sweep each, with its own weights) or a block of padding (an
-    expert's spare capacity) and the next expert's first block (one sweep, for the second block)."""
-    g0 = gl.load(layout_ptr + off_m)
-    g1 = g0
-    sweeps = 1
-    if BLOCK_M == 256:
-        g1 = _row_group(layout_ptr, off_m + 128, M)
-        first_used = g0 >= 0
-        sweeps = gl.where(first_used & (g1 >= 0) & (g1 != g0), 2, 1)
-        g0 = gl.where(first_used, g0, g1)
-    return g0, g1, sweeps
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def contiguous_tile_table_kernel(layout_ptr, table_ptr, M, CHUNK: tl.constexpr):
+    """The 256-row tiles of a contiguous layout (int32 [M], segments 128-aligned, padding last): table[0] = their
+    count, table[1 + i] = tile i's first row. Each expert's segment is cut into 256-row tiles from its first row, so
+    no tile holds two experts' rows; an expert of an odd number of 128-row blocks ends in a tile whose second block
+    is the next segment's (or padding, or past M). A block whose first row is padding is all padding and starts no
+    tile. One program, CHUNK blocks at a time (run starts and the count carried); table int32 [1 + cdiv(M, 128)]."""
+    num_blocks = tl.cdiv(M, 128)
+    count = 0
+    run_start = 0
+    for first in range(0, num_blocks, CHUNK):
+        blocks = first + tl.arange(0, CHUNK)
+        inside = blocks < num_blocks
+        g = tl.load(layout_ptr + blocks * 128, mask=inside, other=-1)
+        g_before = tl.load(layout_ptr + blocks * 128 - 128, mask=inside & (blocks > 0), other=-1)
+        # each block's run of equal ids starts at its last id change, or at the run carried from the chunk before
+        run = tl.maximum(tl.associative_scan(tl.where(g != g_before, blocks, -1), 0, _max), run_start)
+        starts = (g >= 0) & ((blocks - run) % 2 == 0)
+        tl.store(table_ptr + count + tl.cumsum(starts.to(tl.int32), 0), blocks * 128, mask=starts)
+        count += tl.sum(starts.to(tl.int32), 0)
+        run_start = tl.max(run, 0)
+    tl.store(table_ptr, count)
 
 
 @gluon.jit
-def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
+def _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
+    """(first row, first column, expert) of the program's `tile`: a 128-row tile is the tile-th in grouped order
+    (_tile_offsets; expert -1 = all padding, skipped by every partition); a 256-row tile starts at the row that
+    contiguous_tile_table_kernel put in the table, always an expert's."""
+    if BLOCK_M == 128:
+        off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
+    else:
+        index, off_n = _tile_offsets(tile, gl.load(table_ptr), N, 1, 128, GROUP_M)
+        off_m = gl.load(table_ptr + 1 + index)
+    return off_m, off_n, gl.load(layout_ptr + off_m)
+
+
+@gluon.jit
+def _contiguous_tiles(table_ptr, M, N, BLOCK_M: gl.constexpr):
+    """How many output tiles the contiguous kernel has: 128-row blocks, or the table's 256-row tiles, x N / 128."""
+    if BLOCK_M == 128:
+        num_m = gl.cdiv(M, 128)
+    else:
+        num_m = gl.load(table_ptr)
+    return num_m * gl.cdiv(N, 128)
+
+
+@gluon.jit
+def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N, K,
                       GROUP_M: gl.constexpr):
-    """The producer warp: per step of the program's tiles (and sweeps, _tile_experts), once the slot is empty, the
-    activation tile (into "ready", with the converter's arrival) and the sweep's expert's packed weight rows (into
-    "raw_ready") by TMA."""
+    """The producer warp: per step of the program's tiles, once the slot is empty, the activation tile (into
+    "ready", with the converter's arrival) and the tile's expert's packed weight rows (into "raw_ready") by TMA."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
-        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
-        if g0 >= 0:  # an all-padding tile is skipped by every partition
-            for sweep in range(sweeps):
-                g = gl.where(sweep == 0, g0, g1)
-                for k in range(K // 128):
-                    slot = step % STAGES
-                    mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-                    mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
-                                                    raw_ring.index(slot))
-                    mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
-                    step += 1
+    for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
+        off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        if g >= 0:  # an all-padding tile is skipped by every partition
+            for k in range(K // 128):
+                slot = step % STAGES
+                mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+                mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
+                                                raw_ring.index(slot))
+                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
+                step += 1
 
 
 @gluon.jit
-def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M: gl.constexpr,
-                        BLOCK_M: gl.constexpr):
+def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
+                        GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr):
     """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
     an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
     STAGES: gl.constexpr = raw_ring.type.shape[0]
@@ -173,25 +206,22 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_
     num_k = K // 128
     rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
     step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
-        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
-        if g0 >= 0:
-            for sweep in range(sweeps):
-                g = gl.where(sweep == 0, g0, g1)
-                row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
-                offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
-                for k in range(num_k):
-                    offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
-                    slot = step % STAGES
-                    mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
-                    tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
-                    # the slot's B tile is free: the producer waited for "empty" before this step's weights
-                    b_ring.index(slot).store(tile_words)
-                    fence_async_shared()
-                    mbarrier.arrive(ready.index(slot), count=1)
-                    offsets, offsets_next = offsets_next, offsets_after
-                    step += 1
+    for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
+        _, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        if g >= 0:
+            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
+            offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
+            for k in range(num_k):
+                offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
+                slot = step % STAGES
+                mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
+                tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
+                # the slot's B tile is free: the producer waited for "empty" before this step's weights
+                b_ring.index(slot).store(tile_words)
+                fence_async_shared()
+                mbarrier.arrive(ready.index(slot), count=1)
+                offsets, offsets_next = offsets_next, offsets_after
+                step += 1
 
 
 @gluon.jit
@@ -210,18 +240,20 @@ def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_
 
 
 @gluon.jit
-def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                     stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
-    """Rows [ROW0, ROW0 + BLOCK_M / 2) of every tile, in 64-row sub-tiles (one for 128-row tiles, two for 256, each
-    with its accumulator): per K step and sub-tile, with SA_PER_128 one m64n128k128 MMA (A and B from shared memory,
-    B the converted tile) and acc += part * sa[m, k]; without it (128-row tiles only) per 32 of K one m64n128k32 MMA
-    (A by ldmatrix) and acc += part * sa[m, kb]. The epilogue scales each column by 2^(ref - 127) and stores the
-    used rows (_store_rows). The warpgroup's rows are one expert's segment or padding (segments are 128-aligned and
-    end in their padding): in a sweep of another expert (_tile_experts), or when its first row is padding, it only
-    passes the ring's barriers, with no MMA and no store; so does a second sub-tile whose first row is padding.
-    Experts of at most 64 rows (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave warpgroup 1
-    of a 128-row tile idle. sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa words), or with
-    SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128)."""
+def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, table_ptr, layout_ptr,
+                     M, N, K, stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr,
+                     SA_PER_128: gl.constexpr):
+    """Rows ROW0 + [0, 64) of every tile and, in 256-row tiles, ROW0 + 128 + [0, 64): 64-row sub-tiles, each with
+    its accumulator (the two warpgroups take alternate sub-tiles, so a 256-row tile that ends its expert after one
+    128-row block keeps both busy): per K step and sub-tile, with SA_PER_128 one m64n128k128 MMA (A and B from shared
+    memory, B the converted tile) and acc += part * sa[m, k]; without it (128-row tiles only) per 32 of K one
+    m64n128k32 MMA (A by ldmatrix) and acc += part * sa[m, kb]. The epilogue scales each column by 2^(ref - 127) and
+    stores the used rows (_store_rows). A sub-tile's rows are one expert's or padding (segments are 128-aligned and
+    end in their padding); one whose first row is not the tile's expert's (padding, or the next segment's in a
+    256-row tile) gets no MMA and no store, and a warpgroup whose first sub-tile is such only passes the ring's
+    barriers. Experts of at most 64 rows (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave
+    warpgroup 1 of a 128-row tile idle. sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa
+    words), or with SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     SUB_TILES: gl.constexpr = BLOCK_M // 128
@@ -231,76 +263,67 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     num_k = K // 128
     zero = gl.zeros([64, 128], gl.float32, mma)
     step = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 128), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, 128, GROUP_M)
-        g0, g1, sweeps = _tile_experts(layout_ptr, off_m, M, BLOCK_M)
-        half_g = _row_group(layout_ptr, off_m + ROW0, M)
-        if g0 >= 0:
-            for sweep in range(sweeps):
-                g = gl.where(sweep == 0, g0, g1)
-                if half_g != g:  # padding, or the other expert's sweep: keep the ring's counts only
-                    for k in range(num_k):
-                        slot = step % STAGES
-                        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                        mbarrier.arrive(empty.index(slot), count=1)
-                        step += 1
-                else:
-                    offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-                    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-                    wa = gl.load(sa_rows)
-                    acc = gl.zeros([64, 128], gl.float32, mma)
-                    if SUB_TILES == 2:
-                        used_1 = _row_group(layout_ptr, off_m + ROW0 + 64, M) >= 0
-                        sa_rows_1 = sa_ptr + gl.minimum(offs_m + 64, M - 1).to(gl.int64) * stride_sa
-                        wa_1 = gl.load(sa_rows_1)
-                        acc_1 = gl.zeros([64, 128], gl.float32, mma)
-                    for k in range(num_k):
-                        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-                        if SUB_TILES == 2:
-                            wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
-                        slot = step % STAGES
-                        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-                        b_tile = b_ring.index(slot)
-                        if SA_PER_128:
-                            # always true here; as a branch, like the second sub-tile's, it keeps the 256-row tiles'
-                            # K loop free of spills (unguarded: ~340 spill instructions per warpgroup at 216 registers)
-                            if half_g >= 0:
-                                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                                    a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
-                                acc = acc + part * wa[:, None]
-                            if SUB_TILES == 2:
-                                if used_1:
-                                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                                        a_ring.index(slot).slice(ROW0 + 64, 64, dim=0), b_tile.permute((1, 0)),
-                                        zero, use_acc=False, is_async=True),))
-                                    acc_1 = acc_1 + part * wa_1[:, None]
-                        else:
-                            for j in gl.static_range(4):
-                                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                                    a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
-                                    is_async=True),))
-                                acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
-                        mbarrier.arrive(empty.index(slot), count=1)
-                        wa = wa_next
-                        if SUB_TILES == 2:
-                            wa_1 = wa_1_next
-                        step += 1
-                    colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128,
-                                                                                 layout=gl.SliceLayout(0, mma)))
-                    _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
-                                stride_d, mma)
-                    if SUB_TILES == 2:
-                        if used_1:
-                            _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr,
-                                        off_m + ROW0 + 64, off_n, M, stride_d, mma)
+    for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
+        off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        if g >= 0:
+            # one K loop whether or not the warpgroup has rows here (it then only passes the ring's barriers); the
+            # MMAs stay in branches on the loaded ids: with the first one unguarded ptxas spilled ~340 instructions
+            # per warpgroup in the 256-row tiles' loop at 216 registers (session 38)
+            used_0 = _row_group(layout_ptr, off_m + ROW0, M) == g
+            offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+            sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+            wa = gl.load(sa_rows)
+            acc = gl.zeros([64, 128], gl.float32, mma)
+            if SUB_TILES == 2:
+                used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
+                sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
+                wa_1 = gl.load(sa_rows_1)
+                acc_1 = gl.zeros([64, 128], gl.float32, mma)
+            for k in range(num_k):
+                wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
+                if SUB_TILES == 2:
+                    wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
+                slot = step % STAGES
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+                b_tile = b_ring.index(slot)
+                if used_0:
+                    if SA_PER_128:
+                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                            a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                        acc = acc + part * wa[:, None]
+                    else:
+                        for j in gl.static_range(4):
+                            a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                                a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                                is_async=True),))
+                            acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+                if SUB_TILES == 2:
+                    if used_1:
+                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                            a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
+                            use_acc=False, is_async=True),))
+                        acc_1 = acc_1 + part * wa_1[:, None]
+                mbarrier.arrive(empty.index(slot), count=1)
+                wa = wa_next
+                if SUB_TILES == 2:
+                    wa_1 = wa_1_next
+                step += 1
+            if used_0:
+                colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
+                _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
+                            stride_d, mma)
+                if SUB_TILES == 2:
+                    if used_1:
+                        _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0 + 128,
+                                    off_n, M, stride_d, mma)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, layout_ptr, M, N, K,
-                               stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, table_ptr,
+                               layout_ptr, M, N, K, stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
@@ -308,8 +331,9 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     with SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes, 64-byte swizzle; d bf16 [M,
     N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words [M,
     K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128); colscale
-    fp32 [G * N]; layout int32 [M], segments 128-aligned; N % 128 == 0, K % 128 == 0. Persistent: at most one
-    program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles contiguous_tile_table_kernel's
+    (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0. Persistent: at most one program
+    per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
@@ -325,14 +349,14 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     gl.warp_specialize(
-        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, layout_ptr, M, N, K, GROUP_M,
-                                BLOCK_M)),
+        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
+                                GROUP_M, BLOCK_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, BLOCK_M // 2, SA_PER_128)),
-         (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, layout_ptr, M, N, K,
-                              GROUP_M))],
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
+         (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
+                              K, GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
