@@ -2,6 +2,9 @@
 # Session 39's GPU runs (docs/reports/gpu-session-2026-12-04-s39.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s39.sh   (1 x H200, tree = main: the mini-deepgemm GPU
 #       suite and bench_fp4_e4m3_route after session 38's unrun mends (731a227, 98f7830, bc40823))
+#   PART=r2 (.ab-base.tar.gz = 0db79cb's src folders, carried): the 256-row tiles cut at each expert (tile table):
+#       the mini-deepgemm GPU suite, exp_moe_tile_table on new and base, the runtime's core GPU tests, bench_prefill
+#       on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
@@ -11,6 +14,20 @@ r1)
   cat "$OUT/summary.txt"; test_summary deepgemm_tests
   grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' "$OUT/route_new.txt" \
     | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
+  ;;
+r2)
+  run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  for side in new base; do
+    run "tile_table_$side" 110 env PYTHONPATH="$(side_path $side)" OUT="$OUT/tile_table_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
+  done
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  prefill_sides 70 new
+  prefill_sides 45 base
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for side in new base; do echo "== $side"; grep -E "^\|" "$OUT/tile_table_$side.txt"; done
+  grep -m3 -E "Error|error" "$OUT/tile_table_new.txt" | cut -c1-300
+  show_sides new base
   ;;
 esac
 pack_out
