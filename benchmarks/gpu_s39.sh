@@ -5,6 +5,9 @@
 #   PART=r2 (.ab-base.tar.gz = 0db79cb's src folders, carried): the 256-row tiles cut at each expert (tile table):
 #       the mini-deepgemm GPU suite, exp_moe_tile_table on new and base, the runtime's core GPU tests, bench_prefill
 #       on new and base
+#   PART=r3 (.ab-base.tar.gz as r2): the 128-row tiles' own idle loop back (r2's merged loop cost them 1-3%), the
+#       route's threshold at 256 rows per expert: the same, exp_moe_tile_table with a layout of ~255 rows per expert,
+#       bench_fp4_e4m3_route on new
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
@@ -15,7 +18,7 @@ r1)
   grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' "$OUT/route_new.txt" \
     | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
-r2)
+r2|r3)
   run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
   for side in new base; do
     run "tile_table_$side" 110 env PYTHONPATH="$(side_path $side)" OUT="$OUT/tile_table_$side" \
@@ -24,10 +27,13 @@ r2)
   run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   prefill_sides 70 new
   prefill_sides 45 base
+  [ "$PART" = r3 ] && route_sides 80 new
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   for side in new base; do echo "== $side"; grep -E "^\|" "$OUT/tile_table_$side.txt"; done
   grep -m3 -E "Error|error" "$OUT/tile_table_new.txt" | cut -c1-300
   show_sides new base
+  [ "$PART" = r3 ] && grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' \
+    "$OUT/route_new.txt" | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
 esac
 pack_out

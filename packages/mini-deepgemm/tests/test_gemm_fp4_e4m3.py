@@ -193,8 +193,9 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
 
 def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations():
     assert gemm._contiguous_block_m(58880, 96, True) == 256  # 96 experts of 128-1,024 rows (~613 with padding)
-    assert gemm._contiguous_block_m(30720, 96, True) == 128  # EP4's prefill: ~320 rows per expert with padding
+    assert gemm._contiguous_block_m(30720, 96, True) == 256  # EP4's prefill: ~320 rows per expert with padding
     assert gemm._contiguous_block_m(49152, 384, True) == 128  # 1-GPU prefill: ~64 real rows per expert
+    assert gemm._contiguous_block_m(24448, 96, True) == 128  # below 256 rows per expert with padding
     assert gemm._contiguous_block_m(58880, 96, False) == 128  # per-32 activations: 128-row tiles only
 
 

@@ -555,10 +555,10 @@ def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
     return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
 
 
-# Session 38 run 8 (H200, bench_fp4_e4m3_route, 256-row tiles against 128 in the same run): 1.047x / 1.052x (w13 /
-# w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.017x / 0.969x at 96 of 192-320 (EP4's ~256,
-# ~320 with padding); so from 512
-_BLOCK_M_256_MIN_ROWS = 512
+# H200, 256-row tiles against 128 in the same run (exp_moe_tile_table): session 39 run 2, tiles cut at each expert:
+# 1.11x / 1.11x (w13 / w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.08x / 1.09x at 96 of
+# 192-320 (EP4's ~256, ~320 with padding), 0.80x / 0.85x at 384 of 32-96 (128 with padding); so from 256
+_BLOCK_M_256_MIN_ROWS = 256
 
 
 def _masked_tile(expected_m: int) -> tuple[int, int]:

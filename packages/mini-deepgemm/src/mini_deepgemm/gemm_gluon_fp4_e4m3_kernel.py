@@ -240,6 +240,69 @@ def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_
 
 
 @gluon.jit
+def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, off_m, off_n, g,
+               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
+    """_contiguous_math's K loop and epilogue of one tile of expert g, from ring step `step`; returns the step after.
+    used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows (a sub-tile of padding or of the
+    next segment: no MMA, no store)."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    num_k = K // 128
+    zero = gl.zeros([64, 128], gl.float32, mma)
+    offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
+    wa = gl.load(sa_rows)
+    acc = gl.zeros([64, 128], gl.float32, mma)
+    if SUB_TILES == 2:
+        used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
+        sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
+        wa_1 = gl.load(sa_rows_1)
+        acc_1 = gl.zeros([64, 128], gl.float32, mma)
+    for k in range(num_k):
+        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
+        if SUB_TILES == 2:
+            wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
+        slot = step % STAGES
+        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+        b_tile = b_ring.index(slot)
+        if used_0:
+            if SA_PER_128:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                acc = acc + part * wa[:, None]
+            else:
+                for j in gl.static_range(4):
+                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                        is_async=True),))
+                    acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+        if SUB_TILES == 2:
+            if used_1:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
+                    use_acc=False, is_async=True),))
+                acc_1 = acc_1 + part * wa_1[:, None]
+        mbarrier.arrive(empty.index(slot), count=1)
+        wa = wa_next
+        if SUB_TILES == 2:
+            wa_1 = wa_1_next
+        step += 1
+    if used_0:
+        colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
+        _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
+                    stride_d, mma)
+        if SUB_TILES == 2:
+            if used_1:
+                _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0 + 128,
+                            off_n, M, stride_d, mma)
+    return step
+
+
+@gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, table_ptr, layout_ptr,
                      M, N, K, stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr,
                      SA_PER_128: gl.constexpr):
@@ -258,66 +321,29 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     SUB_TILES: gl.constexpr = BLOCK_M // 128
     gl.static_assert(SA_PER_128 or SUB_TILES == 1, "256-row tiles take activations folded per 128")
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    num_k = K // 128
-    zero = gl.zeros([64, 128], gl.float32, mma)
     step = 0
     for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
         off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
         if g >= 0:
-            # one K loop whether or not the warpgroup has rows here (it then only passes the ring's barriers); the
-            # MMAs stay in branches on the loaded ids: with the first one unguarded ptxas spilled ~340 instructions
-            # per warpgroup in the 256-row tiles' loop at 216 registers (session 38)
             used_0 = _row_group(layout_ptr, off_m + ROW0, M) == g
-            offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-            sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-            wa = gl.load(sa_rows)
-            acc = gl.zeros([64, 128], gl.float32, mma)
-            if SUB_TILES == 2:
-                used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
-                sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
-                wa_1 = gl.load(sa_rows_1)
-                acc_1 = gl.zeros([64, 128], gl.float32, mma)
-            for k in range(num_k):
-                wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-                if SUB_TILES == 2:
-                    wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
-                slot = step % STAGES
-                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-                b_tile = b_ring.index(slot)
+            if SUB_TILES == 1:
                 if used_0:
-                    if SA_PER_128:
-                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                            a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
-                        acc = acc + part * wa[:, None]
-                    else:
-                        for j in gl.static_range(4):
-                            a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                                a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
-                                is_async=True),))
-                            acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
-                if SUB_TILES == 2:
-                    if used_1:
-                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                            a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
-                            use_acc=False, is_async=True),))
-                        acc_1 = acc_1 + part * wa_1[:, None]
-                mbarrier.arrive(empty.index(slot), count=1)
-                wa = wa_next
-                if SUB_TILES == 2:
-                    wa_1 = wa_1_next
-                step += 1
-            if used_0:
-                colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
-                _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
-                            stride_d, mma)
-                if SUB_TILES == 2:
-                    if used_1:
-                        _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0 + 128,
-                                    off_n, M, stride_d, mma)
+                    step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
+                                      layout_ptr, off_m, off_n, g, used_0, step, M, N, K, stride_sa, stride_d, ROW0,
+                                      SA_PER_128)
+                else:  # padding: keep the ring's counts only
+                    for k in range(K // 128):
+                        slot = step % STAGES
+                        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                        mbarrier.arrive(empty.index(slot), count=1)
+                        step += 1
+            else:
+                # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
+                # the first MMA unguarded (as it is where the branch is known true) ptxas spilled ~340 instructions
+                # per warpgroup in the loop at 216 registers (session 38)
+                step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
+                                  layout_ptr, off_m, off_n, g, used_0, step, M, N, K, stride_sa, stride_d, ROW0,
+                                  SA_PER_128)
     tma.store_wait(pendings=0)
 
 
