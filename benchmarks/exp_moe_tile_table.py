@@ -27,8 +27,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     chosen = G._contiguous_block_m
     rows_out = []
-    # and 96 experts of 96-288 rows: ~255 per expert with padding, just under the route's 256
-    for groups, rows_range in (*PREFILL_LAYOUTS, (96, (96, 288))):
+    # and 96 experts of 96-288 rows (~255 per expert with padding) and 192 of 64-192 (EP2's prefill step: 2 ranks x
+    # 4,096 tokens x 6 / 384 = ~128 rows, ~192 with padding), below the route's 256
+    for groups, rows_range in (*PREFILL_LAYOUTS, (96, (96, 288)), (192, (64, 192))):
         for name, N, K in MOE_SHAPES:
             rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen, rows_range)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)

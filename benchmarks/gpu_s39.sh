@@ -8,6 +8,8 @@
 #   PART=r3 (.ab-base.tar.gz as r2): the 128-row tiles' own idle loop back (r2's merged loop cost them 1-3%), the
 #       route's threshold at 256 rows per expert: the same, exp_moe_tile_table with a layout of ~255 rows per expert,
 #       bench_fp4_e4m3_route on new
+#   PART=r4 (.ab-base.tar.gz as r2): exp_moe_tile_table on new (with EP2's layout), Nsight Compute on the contiguous
+#       route at 96 experts of 128-1,024 rows, w13 (moe_w13_fold128), on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
@@ -34,6 +36,13 @@ r2|r3)
   show_sides new base
   [ "$PART" = r3 ] && grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' \
     "$OUT/route_new.txt" | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
+  ;;
+r4)
+  run tile_table_new 110 env OUT="$OUT/tile_table_new" bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
+  NCU_SECS=100 ncu_profile moe_w13_fold128
+  (export PYTHONPATH=$BASE_PYTHONPATH; NCU_SECS=100 NCU_TAG=_base ncu_profile moe_w13_fold128)
+  cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/tile_table_new.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
   ;;
 esac
 pack_out
