@@ -38,7 +38,8 @@ r2|r3)
     "$OUT/route_new.txt" | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
 r4)
-  run tile_table_new 110 env OUT="$OUT/tile_table_new" bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
+  run tile_table_new 110 env OUT="$OUT/tile_table_new" \
+    bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
   NCU_SECS=100 ncu_profile moe_w13_fold128
   (export PYTHONPATH=$BASE_PYTHONPATH; NCU_SECS=100 NCU_TAG=_base ncu_profile moe_w13_fold128)
   cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/tile_table_new.txt"
