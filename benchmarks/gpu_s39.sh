@@ -10,6 +10,8 @@
 #       bench_fp4_e4m3_route on new
 #   PART=r4 (.ab-base.tar.gz as r2): exp_moe_tile_table on new (with EP2's layout), Nsight Compute on the contiguous
 #       route at 96 experts of 128-1,024 rows, w13 (moe_w13_fold128), on new and base
+#   PART=r5 (.ab-base.tar.gz as r2): the final tree (128-row path's SASS back to base's, threshold 192): the
+#       mini-deepgemm GPU suite, exp_moe_tile_table on new and base, bench_fp4_e4m3_route, the runtime's core GPU tests
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
@@ -44,6 +46,19 @@ r4)
   (export PYTHONPATH=$BASE_PYTHONPATH; NCU_SECS=100 NCU_TAG=_base ncu_profile moe_w13_fold128)
   cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/tile_table_new.txt"
   python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
+  ;;
+r5)
+  run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  for side in new base; do
+    run "tile_table_$side" 110 env PYTHONPATH="$(side_path $side)" OUT="$OUT/tile_table_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
+  done
+  route_sides 80 new
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
+  for side in new base; do echo "== $side"; grep -E "^\|" "$OUT/tile_table_$side.txt"; done
+  grep -o '"groups": [0-9]*, "name": "w[0-9]*".*"tflops_fp8_route_fold128": [0-9.]*' "$OUT/route_new.txt" \
+    | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
 esac
 pack_out

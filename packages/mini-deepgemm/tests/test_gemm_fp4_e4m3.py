@@ -195,7 +195,8 @@ def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations()
     assert gemm._contiguous_block_m(58880, 96, True) == 256  # 96 experts of 128-1,024 rows (~613 with padding)
     assert gemm._contiguous_block_m(30720, 96, True) == 256  # EP4's prefill: ~320 rows per expert with padding
     assert gemm._contiguous_block_m(49152, 384, True) == 128  # 1-GPU prefill: ~64 real rows per expert
-    assert gemm._contiguous_block_m(24448, 96, True) == 128  # below 256 rows per expert with padding
+    assert gemm._contiguous_block_m(36864, 192, True) == 256  # EP2's prefill: ~192 rows per expert with padding
+    assert gemm._contiguous_block_m(16384, 96, True) == 128  # ~171 rows per expert with padding
     assert gemm._contiguous_block_m(58880, 96, False) == 128  # per-32 activations: 128-row tiles only
 
 

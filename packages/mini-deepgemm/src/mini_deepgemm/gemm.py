@@ -555,10 +555,11 @@ def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
     return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
 
 
-# H200, 256-row tiles against 128 in the same run (exp_moe_tile_table): session 39 run 2, tiles cut at each expert:
-# 1.11x / 1.11x (w13 / w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.08x / 1.09x at 96 of
-# 192-320 (EP4's ~256, ~320 with padding), 0.80x / 0.85x at 384 of 32-96 (128 with padding); so from 256
-_BLOCK_M_256_MIN_ROWS = 256
+# H200, 256-row tiles against 128 in the same run (exp_moe_tile_table, tiles cut at each expert; session 39 runs 2-4):
+# 1.11x / 1.11x (w13 / w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.05-1.08x / 1.07-1.09x
+# at 96 of 192-320 (EP4's ~256; ~315), 1.05x / 1.08x at 96 of 96-288 (~243), 1.05x / 1.02x at 192 of 64-192 (EP2's
+# ~128; ~195), 0.78-0.80x / 0.83-0.85x at 384 of 32-96 (one GPU's ~64; 128); so from 192 (128-192 not measured)
+_BLOCK_M_256_MIN_ROWS = 192
 
 
 def _masked_tile(expected_m: int) -> tuple[int, int]:

@@ -324,25 +324,25 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     step = 0
     for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
         off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        own_g = _row_group(layout_ptr, off_m + ROW0, M)
         if g >= 0:
-            used_0 = _row_group(layout_ptr, off_m + ROW0, M) == g
             if SUB_TILES == 1:
-                if used_0:
-                    step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
-                                      layout_ptr, off_m, off_n, g, used_0, step, M, N, K, stride_sa, stride_d, ROW0,
-                                      SA_PER_128)
-                else:  # padding: keep the ring's counts only
+                if own_g != g:  # padding: keep the ring's counts only
                     for k in range(K // 128):
                         slot = step % STAGES
                         mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                         mbarrier.arrive(empty.index(slot), count=1)
                         step += 1
+                else:
+                    step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
+                                      layout_ptr, off_m, off_n, g, own_g >= 0, step, M, N, K, stride_sa, stride_d,
+                                      ROW0, SA_PER_128)
             else:
                 # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
                 # the first MMA unguarded (as it is where the branch is known true) ptxas spilled ~340 instructions
                 # per warpgroup in the loop at 216 registers (session 38)
                 step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
-                                  layout_ptr, off_m, off_n, g, used_0, step, M, N, K, stride_sa, stride_d, ROW0,
+                                  layout_ptr, off_m, off_n, g, own_g == g, step, M, N, K, stride_sa, stride_d, ROW0,
                                   SA_PER_128)
     tma.store_wait(pendings=0)
 
