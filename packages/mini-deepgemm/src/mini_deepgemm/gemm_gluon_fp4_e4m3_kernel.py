@@ -244,7 +244,8 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
                used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
     """_contiguous_math's K loop and epilogue of one tile of expert g, from ring step `step`; returns the step after.
     used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows (a sub-tile of padding or of the
-    next segment: no MMA, no store)."""
+    next segment: no MMA, no store); 128-row tiles pass used_0 = True (their caller has checked it), which keeps their
+    SASS the same as before the tile table."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
@@ -335,7 +336,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
                         step += 1
                 else:
                     step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
-                                      layout_ptr, off_m, off_n, g, own_g >= 0, step, M, N, K, stride_sa, stride_d,
+                                      layout_ptr, off_m, off_n, g, True, step, M, N, K, stride_sa, stride_d,
                                       ROW0, SA_PER_128)
             else:
                 # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
