@@ -12,10 +12,12 @@
 #       route at 96 experts of 128-1,024 rows, w13 (moe_w13_fold128), on new and base
 #   PART=r5 (.ab-base.tar.gz as r2): the final tree (128-row path's SASS back to base's, threshold 192): the
 #       mini-deepgemm GPU suite, exp_moe_tile_table on new and base, bench_fp4_e4m3_route, the runtime's core GPU tests
+#   PART=r6: the final tree (128-row tiles pass used_0 = True: their SASS 0db79cb's): the mini-deepgemm GPU suite,
+#       bench_fp4_e4m3_route
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
-r1)
+r1|r6)
   run deepgemm_tests 170 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
   route_sides 90 new
   cat "$OUT/summary.txt"; test_summary deepgemm_tests
