@@ -14,6 +14,8 @@
 #       mini-deepgemm GPU suite, exp_moe_tile_table on new and base, bench_fp4_e4m3_route, the runtime's core GPU tests
 #   PART=r6: the final tree (128-row tiles pass used_0 = True: their SASS 0db79cb's): the mini-deepgemm GPU suite,
 #       bench_fp4_e4m3_route
+# (the tile_table parts written with gpu_session.sh's script_sides after the runs: the same commands; the experiment
+# itself is in commit 2e3c1a0)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s39
 case "${PART:-r1}" in
@@ -26,10 +28,7 @@ r1|r6)
   ;;
 r2|r3)
   run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
-  for side in new base; do
-    run "tile_table_$side" 110 env PYTHONPATH="$(side_path $side)" OUT="$OUT/tile_table_$side" \
-      bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
-  done
+  script_sides 110 exp_moe_tile_table.py tile_table new base
   run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   prefill_sides 70 new
   prefill_sides 45 base
@@ -42,8 +41,7 @@ r2|r3)
     "$OUT/route_new.txt" | sed -E 's/"N".*"tflops_fp8_route_fold128"/ fold128/'
   ;;
 r4)
-  run tile_table_new 110 env OUT="$OUT/tile_table_new" \
-    bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
+  script_sides 110 exp_moe_tile_table.py tile_table new
   NCU_SECS=100 ncu_profile moe_w13_fold128
   (export PYTHONPATH=$BASE_PYTHONPATH; NCU_SECS=100 NCU_TAG=_base ncu_profile moe_w13_fold128)
   cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/tile_table_new.txt"
@@ -51,10 +49,7 @@ r4)
   ;;
 r5)
   run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
-  for side in new base; do
-    run "tile_table_$side" 110 env PYTHONPATH="$(side_path $side)" OUT="$OUT/tile_table_$side" \
-      bash -c "mkdir -p \$OUT && cd benchmarks && python3 exp_moe_tile_table.py"
-  done
+  script_sides 110 exp_moe_tile_table.py tile_table new base
   route_sides 80 new
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests

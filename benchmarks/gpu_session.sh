@@ -2,8 +2,8 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
-# `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`, `route_sides`,
-# `show_sides`), `ncu_profile CASE...` and `pack_out`.
+# `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`,
+# `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -109,13 +109,19 @@ prefill_sides() {
       --out "$OUT/prefill_${side}_h200.json"
   done
 }
+# script_sides SECS SCRIPT NAME SIDE...: benchmarks/SCRIPT (run from benchmarks/, its OUT $OUT/NAME_SIDE) on each
+# side, its output into $OUT/NAME_SIDE.txt
+script_sides() {
+  local secs=$1 script=$2 name=$3 side; shift 3
+  for side in "$@"; do
+    run "${name}_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/${name}_$side" \
+      bash -c "mkdir -p \$OUT && cd benchmarks && python3 $script"
+  done
+}
 # route_sides SECS SIDE...: bench_fp4_e4m3_route on each side, into $OUT/route_SIDE.txt
 route_sides() {
-  local secs=$1 side; shift
-  for side in "$@"; do
-    run "route_$side" "$secs" env PYTHONPATH="$(side_path $side)" OUT="$OUT/route_$side" \
-      bash -c "mkdir -p \$OUT && cd benchmarks && python3 bench_fp4_e4m3_route.py"
-  done
+  local secs=$1; shift
+  script_sides "$secs" bench_fp4_e4m3_route.py route "$@"
 }
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
 show_sides() {
