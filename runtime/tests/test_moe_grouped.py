@@ -53,6 +53,8 @@ def test_contiguous_plan_places_every_pair_in_its_experts_aligned_segment(T, k, 
         r = (layout == e).nonzero().squeeze(1)
         assert r[0] % 128 == 0 and torch.equal(r, torch.arange(r[0], r[0] + r.numel()))
         assert bool((plan.row_token[r].diff() > 0).all())
+    # the GEMMs' tile hint: pairs per touched expert, not the fixed capacity's rows per expert
+    assert plan.expected_m == (max(1, -(-T * k // min(E, T * k))) if T else 1)
 
 
 @pytest.mark.parametrize("T,k,E,skew", [(0, 6, 32, False), (1, 6, 32, False), (7, 6, 32, True), (64, 6, 384, False)])

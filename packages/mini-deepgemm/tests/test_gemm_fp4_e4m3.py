@@ -159,6 +159,8 @@ def test_folded_argument_errors_name_the_problem():
                                                                               folded.column_scales))
     with pytest.raises(ValueError, match="writes bf16"):
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d.float(), layout, folded=folded)
+    with pytest.raises(ValueError, match="expected_m must be a non-negative int"):
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded, expected_m=64.0)
 
 
 CONTIGUOUS_CASES = {  # rows per group, N, K
@@ -192,25 +194,20 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
 
 
 def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations():
+    # layouts of the 128-aligned segments alone: real rows ~ M / groups - 64
     assert gemm._contiguous_block_m(58880, 96, True) == 256  # 96 experts of 128-1,024 rows (~613 with padding)
     assert gemm._contiguous_block_m(30720, 96, True) == 256  # EP4's prefill: ~320 rows per expert with padding
-    assert gemm._contiguous_block_m(49152, 384, True) == 128  # 1-GPU prefill: ~64 real rows per expert
     assert gemm._contiguous_block_m(36864, 192, True) == 256  # EP2's prefill: ~192 rows per expert with padding
     assert gemm._contiguous_block_m(16384, 96, True) == 128  # ~171 rows per expert with padding
+    assert gemm._contiguous_block_m(49152, 384, True) == 128  # 1-GPU prefill: ~64 real rows per expert
     assert gemm._contiguous_block_m(58880, 96, False) == 128  # per-32 activations: 128-row tiles only
-
-
-def _tile_table(layout: torch.Tensor) -> list[int]:
-    """contiguous_tile_table_kernel's table, written plainly: [count, first row of each 256-row tile], the tiles cut
-    from each expert's first 128-row block, none starting at a block of padding."""
-    starts, run_start, before = [], 0, None
-    for block in range(-(-layout.numel() // 128)):
-        g = int(layout[128 * block])
-        run_start = block if g != before else run_start
-        before = g
-        if g >= 0 and (block - run_start) % 2 == 0:
-            starts.append(128 * block)
-    return [len(starts), *starts]
+    # a fixed capacity (the engine's: every pair plus 127 rows per expert) takes the caller's expected_m
+    capacity = 4096 * 6 + 384 * 127  # 4,096 tokens x 6 over 384 experts: 64 real rows each, M / groups ~191
+    assert gemm._contiguous_block_m(capacity, 384, True, expected_m=64) == 128
+    capacity = 6144 * 6 + 384 * 127  # 96 real rows each, M / groups ~223
+    assert gemm._contiguous_block_m(capacity, 384, True) == 256
+    assert gemm._contiguous_block_m(capacity, 384, True, expected_m=96) == 128
+    assert gemm._contiguous_block_m(8192 * 6 + 384 * 127, 384, True, expected_m=128) == 256
 
 
 @pytest.mark.gpu
@@ -255,7 +252,7 @@ def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
     folded = gemm.fold_fp4_weight_scales(sb)
     out = {}
     for block_m in (128, 256):
-        monkeypatch.setattr(gemm, "_contiguous_block_m", lambda M, groups, sa_per_128, b=block_m: b)
+        monkeypatch.setattr(gemm, "_contiguous_block_m", lambda *args, b=block_m: b)
         out[block_m] = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), out[block_m], layout, folded=folded)
     assert torch.equal(out[256].view(torch.int16), out[128].view(torch.int16))

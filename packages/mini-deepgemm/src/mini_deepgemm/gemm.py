@@ -19,7 +19,9 @@ Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in b
 - Contiguous (prefill): rows sorted by local expert, each expert's segment starting at a multiple of
   `get_m_alignment_for_contiguous_layout()` (128), its rows first and its padding after them; grouped_layout
   int32 [M] = expert id per row, -1 for padding rows. Padding rows of d are left untouched (not written). The
-  kernels skip a 128-row tile (or a 64-row half of one) whose first row is padding.
+  kernels skip a 128-row tile (or a 64-row half of one) whose first row is padding. The FP8 x FP4 form takes an
+  optional expected_m, the typical real rows per expert (a tile-height hint; a layout of a fixed capacity should
+  give it, since M / G then counts the spare rows).
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 
@@ -121,13 +123,15 @@ def m_grouped_fp8_gemm_nt_contiguous(
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(
     a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None,
-    *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None,
+    *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None, expected_m: int | None = None,
 ) -> None:
     """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
     weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weight_scales(sb), for the FP8-MMA route
-    (module docstring)."""
-    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, weight_scale_max=weight_scale_max,
-          folded=folded)
+    (module docstring). expected_m: the typical real rows per expert, a host-side hint for the FP8-MMA route's tile
+    height (_contiguous_block_m); without it the route estimates them from M / G, which suits a layout of just
+    the 128-aligned segments, not one of a fixed capacity (its spare rows would count as experts' rows)."""
+    _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, expected_m=expected_m,
+          weight_scale_max=weight_scale_max, folded=folded)
 
 
 def m_grouped_fp8_gemm_nt_masked(
@@ -277,6 +281,8 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
     docstring)."""
     _require(isinstance(weight_scale_max, int) and 0 <= weight_scale_max <= 255,
              lambda: f"weight_scale_max must be an int in [0, 255] (a bound on UE8M0 bytes), got {weight_scale_max!r}")
+    _require(expected_m is None or (isinstance(expected_m, int) and expected_m >= 0),
+             lambda: f"expected_m must be a non-negative int (rows per group, a host-side hint), got {expected_m!r}")
     recipe, b_fp4 = _validate(layout, a, b, d, c, group_arg, recipe, allow_fp4)
     if folded is not None:
         _validate_folded(layout, a, b, d, folded, b_fp4)
@@ -523,7 +529,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
         M = aq.shape[0]
-        block_m = _contiguous_block_m(M, G, sa_per_128)
+        block_m = _contiguous_block_m(M, G, sa_per_128, expected_m)
         # registers (per thread of a warpgroup, 512 in all): the producer 24; 128-row tiles: each math warpgroup 200,
         # the converter the 88 left (with 192 the TMA-store epilogue spilled 28 bytes); 256-row tiles: each math
         # warpgroup 216 (two accumulators and the MMA's part: 192; offline no spills in the K loop, ~40 spill
@@ -547,19 +553,22 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
 
 
-def _contiguous_block_m(M: int, groups: int, sa_per_128: bool) -> int:
+def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
     """Rows of the FP8-MMA contiguous kernel's tiles: 256 on activations folded per 128 where the experts average at
-    least _BLOCK_M_256_MIN_ROWS rows (padding included, M / groups: no device read), else 128. A 256-row tile
-    converts each weight tile once for twice the rows, but an expert of an odd number of 128-row blocks ends in a
-    tile of 128 (docs/reports/deepgemm-moe-fold-128.md, sessions 38 and 39)."""
-    return 256 if sa_per_128 and M >= _BLOCK_M_256_MIN_ROWS * groups else 128
+    least _BLOCK_M_256_MIN_ROWS real rows, else 128. Real rows per expert: the caller's expected_m, else M / groups
+    less 64, the average padding of 128-aligned segments (host arithmetic, no device read). A 256-row tile converts
+    each weight tile once for twice the rows, but an expert of an odd number of 128-row blocks ends in a tile of 128
+    (docs/reports/deepgemm-moe-fold-128.md, sessions 38 and 39)."""
+    rows = expected_m if expected_m is not None else M / groups - 64
+    return 256 if sa_per_128 and rows >= _BLOCK_M_256_MIN_ROWS else 128
 
 
-# H200, 256-row tiles against 128 in the same run (exp_moe_tile_table, tiles cut at each expert; session 39 runs 2-4):
-# 1.11x / 1.11x (w13 / w2) at 96 experts of 128-1,024 rows (~613 per expert with padding), 1.05-1.08x / 1.07-1.09x
-# at 96 of 192-320 (EP4's ~256; ~315), 1.05x / 1.08x at 96 of 96-288 (~243), 1.05x / 1.02x at 192 of 64-192 (EP2's
-# ~128; ~195), 0.78-0.80x / 0.83-0.85x at 384 of 32-96 (one GPU's ~64; 128); so from 192 (128-192 not measured)
-_BLOCK_M_256_MIN_ROWS = 192
+# H200, 256-row tiles against 128 in the same run (exp_moe_tile_table, tiles cut at each expert; session 39 runs 2-5),
+# w13 / w2, real rows per expert (and M / groups): 1.09-1.12x / 1.09-1.11x at 96 experts of 128-1,024 (~576; 613),
+# 1.05-1.08x / 1.06-1.09x at 96 of 192-320 (EP4's ~256; ~315), 1.05-1.07x / 1.06-1.08x at 96 of 96-288 (~192; ~243),
+# 1.05-1.08x / 1.01-1.02x at 192 of 64-192 (EP2's ~128; ~195), 0.78-0.80x / 0.82-0.85x at 384 of 32-96 (one GPU's
+# ~64; 128); so from 128 real rows (64-128 not measured)
+_BLOCK_M_256_MIN_ROWS = 128
 
 
 def _masked_tile(expected_m: int) -> tuple[int, int]:

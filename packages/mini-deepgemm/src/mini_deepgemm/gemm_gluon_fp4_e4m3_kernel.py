@@ -28,7 +28,7 @@ the folded scales alone).
   partition (4 warps, one weight row per thread) converts the weights into the slot's e4m3 tile; two math
   warpgroups (64 rows each) run the V4.1 dense kernel's loop on it; the epilogue stores a warpgroup's rows by TMA
   when none is padding, else the used rows by masked pointer stores. On activations folded per 128 and experts of
-  192+ rows, 256 x 128 tiles (gemm._contiguous_block_m): each converted weight tile then feeds 256 rows, two 64-row
+  128+ rows, 256 x 128 tiles (gemm._contiguous_block_m): each converted weight tile then feeds 256 rows, two 64-row
   sub-tiles per math warpgroup. They start at each expert's first row (a table built on the device by
   contiguous_tile_table_kernel), so none holds two experts' rows; session 38's tiles at multiples of 256 took a K
   sweep per expert where a segment ended mid-tile. H200, session 39: 1.09-1.12x the 128-row tiles at 96 experts of

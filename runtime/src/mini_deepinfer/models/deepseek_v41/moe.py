@@ -100,7 +100,8 @@ class ExpertRows:
 
     Contiguous form: grouped_layout int32 [M] expert (group) of each row, -1 for padding, masked_m None.
     Masked form: M = E * max_m rows, expert e owning rows [e * max_m, e * max_m + masked_m[e]); grouped_layout
-    None, masked_m int32 [E], expected_m the typical rows per touched expert (a tile-height hint).
+    None, masked_m int32 [E]. Both: expected_m the typical rows per touched expert (a tile-height hint; the
+    contiguous form's M is a fixed capacity, whose spare rows would mislead an estimate from M).
     Both: row_token int64 [M] token of each row (0 for padding: gathered but never stored); row_weight fp32 [M]
     routing weight (0 for padding); pair_row int64 [T, k] the row of each (token, slot), its slots sorted by
     ascending expert id."""
@@ -133,6 +134,7 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
     step's own, in order, so `plan_expert_segments` places the pairs (a stable sort by expert: tokens ascend inside
     an expert, as in ops.moe), at a fixed row count so nothing is read back to the host."""
     T, k = idx.shape
+    expected_m = max(1, -(-T * k // min(num_groups, T * k))) if T else 1
     if masked:  # packed segments (alignment 1), then each expert's rank-th pair moved to row e * T + rank
         seg = plan_expert_segments(idx, num_groups, 1, num_rows=T * k)
         counts = seg.num_tokens_per_expert.long()
@@ -143,16 +145,15 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
         M = max_rows(T * k, num_groups, align)
         if moe_kernels.available(idx):  # the same layout in four launches
             grouped_layout, row_token, row_weight, pair_row = moe_kernels.contiguous_plan(idx, wt, num_groups, align, M)
-            return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
+            return ExpertRows(grouped_layout, row_token, row_weight, pair_row, expected_m=expected_m)
         seg = plan_expert_segments(idx, num_groups, align, num_rows=M)
         row, grouped_layout = seg.positions.long(), seg.grouped_layout
     row_token = scatter_rows_values(row, torch.arange(T, device=idx.device)[:, None].expand(T, k), M, 0)
     row_weight = scatter_rows_values(row, wt.float(), M, 0.0)
     pair_row = row.gather(1, idx.argsort(dim=1))  # each token's slots by ascending expert id
     if masked:
-        return ExpertRows(None, row_token, row_weight, pair_row, seg.num_tokens_per_expert,
-                          expected_m=max(1, -(-T * k // min(num_groups, T * k))) if T else 1)
-    return ExpertRows(grouped_layout, row_token, row_weight, pair_row)
+        return ExpertRows(None, row_token, row_weight, pair_row, seg.num_tokens_per_expert, expected_m)
+    return ExpertRows(grouped_layout, row_token, row_weight, pair_row, expected_m=expected_m)
 
 
 def folds_activations(w: Weights, name: str) -> bool:
@@ -201,6 +202,8 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
     folds_activations(w, w13)) quantized rows;
     row_weight: fp32 [M]; the rows' experts (groups = indices into the layer's stacked experts) as either
     grouped_layout int32 [M] (contiguous, -1 padding) or masked_m int32 [E] with M = E * max_m (masked).
+    expected_m: the typical rows per touched expert (ExpertRows.expected_m), the GEMMs' tile-height hint; 0 (a
+    contiguous layout of just its segments, e.g. mini-deepep's dispatch) lets the GEMM estimate it from M.
     real_rows: indices of the non-padding rows (ExpertRows.pair_row), which the fused SwiGLU's grid covers; needed
     with the masked layout on CUDA, optional with the contiguous one (else its grid covers every row of the
     layout). Returns bf16 [M, D], each row weighted by its routing weight; padding rows are unspecified."""
@@ -217,7 +220,8 @@ def grouped_expert_ffn(a: tuple[torch.Tensor, torch.Tensor], row_weight: torch.T
         bound = w.fp4_scale_max.get(f"{name}.scale", 255) if kernel_weights else 255
         folded = w.fp4_folded.get(f"{name}.scale") if kernel_weights else None
         if masked_m is None:
-            m_grouped_fp8_fp4_gemm_nt_contiguous(x, b, out, grouped_layout, weight_scale_max=bound, folded=folded)
+            m_grouped_fp8_fp4_gemm_nt_contiguous(x, b, out, grouped_layout, weight_scale_max=bound, folded=folded,
+                                                 expected_m=expected_m or None)
         else:
             G = masked_m.shape[0]
             shaped = tuple(t.view(G, M // G, t.shape[-1]) for t in x)
