@@ -100,11 +100,11 @@ class ExpertRows:
 
     Contiguous form: grouped_layout int32 [M] expert (group) of each row, -1 for padding, masked_m None.
     Masked form: M = E * max_m rows, expert e owning rows [e * max_m, e * max_m + masked_m[e]); grouped_layout
-    None, masked_m int32 [E]. Both: expected_m the typical rows per touched expert (a tile-height hint; the
-    contiguous form's M is a fixed capacity, whose spare rows would mislead an estimate from M).
+    None, masked_m int32 [E].
     Both: row_token int64 [M] token of each row (0 for padding: gathered but never stored); row_weight fp32 [M]
     routing weight (0 for padding); pair_row int64 [T, k] the row of each (token, slot), its slots sorted by
-    ascending expert id."""
+    ascending expert id; expected_m the typical rows per touched expert, the GEMMs' tile-height hint (the
+    contiguous form's M is a fixed capacity, whose spare rows would mislead an estimate from M)."""
 
     grouped_layout: torch.Tensor | None
     row_token: torch.Tensor
