@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 40's GPU runs (docs/reports/gpu-session-2026-12-04-s40.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s40.sh   (1 x H200, tree = main + the bf16-rows L2
+#       prefetch): the mini-deepgemm GPU suite and the runtime's core GPU tests on session 39's unrun route commit
+#       (4ad2fb6), the mini-flashmla GPU suite, exp_flashmla_l2_prefetch
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s40
+case "${PART:-r1}" in
+r1)
+  script_sides 150 exp_flashmla_l2_prefetch.py l2_prefetch new
+  run flashmla_tests 130 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu --junitxml="$OUT/junit_flashmla.xml"
+  run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests deepgemm_tests runtime_tests
+  grep -E "^\|" "$OUT/l2_prefetch_new.txt"; grep -m3 -E "Error|error" "$OUT/l2_prefetch_new.txt" | cut -c1-300
+  ;;
+esac
+pack_out
