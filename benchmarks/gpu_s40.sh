@@ -3,6 +3,9 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s40.sh   (1 x H200, tree = main + the bf16-rows L2
 #       prefetch): the mini-deepgemm GPU suite and the runtime's core GPU tests on session 39's unrun route commit
 #       (4ad2fb6), the mini-flashmla GPU suite, exp_flashmla_l2_prefetch
+#   PART=r2 (tree = main + the prefetch's ids loaded an iteration ahead + the tile-table test's helper restored): the
+#       mini-deepgemm GPU suite, exp_flashmla_l2_prefetch, the mini-flashmla GPU suite, exp_moe_masked_tiles (token
+#       tile x ring depth on the register-A masked kernel)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -13,6 +16,15 @@ r1)
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary flashmla_tests deepgemm_tests runtime_tests
   grep -E "^\|" "$OUT/l2_prefetch_new.txt"; grep -m3 -E "Error|error" "$OUT/l2_prefetch_new.txt" | cut -c1-300
+  ;;
+r2)
+  run deepgemm_tests 140 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  script_sides 100 exp_flashmla_l2_prefetch.py l2_prefetch new
+  run flashmla_tests 130 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu --junitxml="$OUT/junit_flashmla.xml"
+  script_sides 200 exp_moe_masked_tiles.py masked_tiles new
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests
+  grep -E "^\|" "$OUT/l2_prefetch_new.txt" "$OUT/masked_tiles_new.txt"
+  grep -m3 -E "Error|error" "$OUT/l2_prefetch_new.txt" "$OUT/masked_tiles_new.txt" | cut -c1-300
   ;;
 esac
 pack_out

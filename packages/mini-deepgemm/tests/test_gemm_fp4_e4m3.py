@@ -210,6 +210,19 @@ def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations()
     assert gemm._contiguous_block_m(8192 * 6 + 384 * 127, 384, True, expected_m=128) == 256
 
 
+def _tile_table(layout: torch.Tensor) -> list[int]:
+    """contiguous_tile_table_kernel's table, written plainly: [count, first row of each 256-row tile], the tiles cut
+    from each expert's first 128-row block, none starting at a block of padding."""
+    starts, run_start, before = [], 0, None
+    for block in range(-(-layout.numel() // 128)):
+        g = int(layout[128 * block])
+        run_start = block if g != before else run_start
+        before = g
+        if g >= 0 and (block - run_start) % 2 == 0:
+            starts.append(128 * block)
+    return [len(starts), *starts]
+
+
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("chunk", [4, 1024])
@@ -224,11 +237,10 @@ def test_the_256_row_tile_table(chunk):
         experts = int(torch.randint(1, 40, (1,), generator=gen))
         rows = torch.randint(0, 1100, (experts,), generator=gen) * (torch.rand(experts, generator=gen) < 0.8)
         spare = torch.randint(0, 3, (experts,), generator=gen) * (torch.rand(experts, generator=gen) < 0.3)
-        ids = []
-        for g, (m, extra) in enumerate(zip(rows.tolist(), spare.tolist())):
-            ids += [g] * m + [-1] * (-(-m // 128) * 128 - m + 128 * extra)
-        ids = ids[:len(ids) - trial * 7] or [0]  # the last segment's padding cut short (or into its rows)
-        layout = torch.tensor(ids, dtype=torch.int32, device="cuda")
+        layout = contiguous_layout(rows.tolist(), 128, spare.tolist())
+        layout = layout[:layout.numel() - trial * 7].cuda()  # the last segment's padding cut short (or into its rows)
+        if layout.numel() == 0:
+            layout = torch.zeros(1, dtype=torch.int32, device="cuda")
         table = torch.full((1 + -(-layout.numel() // 128),), -7, dtype=torch.int32, device="cuda")
         contiguous_tile_table_kernel[(1,)](layout, table, layout.numel(), CHUNK=chunk, num_warps=4)
         want = _tile_table(layout.cpu())

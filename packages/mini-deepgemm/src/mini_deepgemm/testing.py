@@ -80,10 +80,11 @@ def random_fp4_weights(
     return w, q, s
 
 
-def contiguous_layout(rows_per_group: list[int], alignment: int) -> torch.Tensor:
-    """int32 grouped_layout for the contiguous grouped GEMM: group g's rows, then -1 up to the alignment."""
+def contiguous_layout(rows_per_group: list[int], alignment: int, spare_blocks: list[int] | None = None) -> torch.Tensor:
+    """int32 grouped_layout for the contiguous grouped GEMM: group g's rows, then -1 up to the alignment, then
+    spare_blocks[g] whole blocks of -1 (a fixed-capacity layout's unused rows)."""
     ids = []
     for g, m in enumerate(rows_per_group):
-        padded = -(-m // alignment) * alignment
+        padded = -(-m // alignment) * alignment + alignment * (spare_blocks[g] if spare_blocks else 0)
         ids += [g] * m + [-1] * (padded - m)
     return torch.tensor(ids, dtype=torch.int32)

@@ -288,7 +288,6 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
 
 # bf16 rows: how many blocks ahead of its gather the Gluon kernel's producer prefetches a block's rows into L2
 GLUON_L2_PREFETCH_BLOCKS = 2
-GLUON_L2_PREFETCH_BULK = False
 
 
 def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
@@ -315,7 +314,6 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
         sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, PREFETCH_BLOCKS=GLUON_L2_PREFETCH_BLOCKS if a_format == FORMAT_BF16.value else 0,
-        PREFETCH_BULK=GLUON_L2_PREFETCH_BULK,
         # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
         # accounts for the registers)
         num_warps=4, maxnreg=MAXNREG.value,
