@@ -2,7 +2,10 @@
 
 - sparse prefill, h = 64, d = 512, topk = 640 (128 window + 512 compressed), s_q = 4096, 131k-token context:
   bf16 rows (sparse_mla_fwd) and the paged FP8/FP4 cache (sparse_mla_fwd_paged);
-  TFLOP/s = 2 * s_q * h * topk * (512 + 512) / t, also as a ratio to bf16 cuBLAS matmul (8192^3) in this run.
+  TFLOP/s = 2 * s_q * h * topk * (512 + 512) / t, also as a ratio to bf16 cuBLAS matmul (8192^3) in this run, and
+  bf16 rows also as a ratio to a gather of the same rows (each query's 640 rows of 1 KB read into the SMs and summed,
+  no attention; since session 40): at h = 64 a 1 KB row feeds 128 FLOP per byte, so the rate at which the SMs can
+  gather rows bounds the kernel at 128 x that rate.
 - sparse decode, batch 8 / 32 / 64 / 128 / 256, one query token each, same index shape, paged quantized cache, timed by
   CUDA-graph replay (device time; since session 13): GB/s = (q + retrieved rows x row bytes + out) / t, as a ratio
   to a device-to-device copy in this run.
@@ -23,6 +26,7 @@ import time
 
 import torch
 import triton
+import triton.language as tl
 import triton.testing
 from mini_deepgemm.reference import fp4_fakequant
 
@@ -40,6 +44,7 @@ SCALE = D**-0.5
 DECODE_BATCHES = (8, 32, 64, 128, 256)
 INDEXER_DECODE_BATCHES = (64, 256)  # the per-query indexer kernel's recorded batches (sessions 14-32)
 DECODE_SPLIT_SWEEP = (1, 2, 3, 4, 5, 10)  # 640 slots = 10 blocks: 10 / 5 / 4 / 3 / 2 / 1 blocks per split
+L2_POOL_ROWS = 16384  # bf16 rows: 16 MB, well inside the H200's L2
 
 
 def bench(fn) -> float:
@@ -84,6 +89,31 @@ def prefill_case(dev) -> dict:
                 wid=wid, cid=cid.to(torch.int32))
 
 
+@triton.jit
+def gather_rows_kernel(kv_ptr, ids_ptr, out_ptr, n_ids, ROWS: tl.constexpr, D_: tl.constexpr):
+    """out[q] = sum of kv's rows ids[q, :] (fp32; -1 reads row 0): the bytes the attention gathers, without it."""
+    q = tl.program_id(0)
+    cols = tl.arange(0, D_)
+    acc = tl.zeros([ROWS, D_], tl.float32)
+    for j in range(0, n_ids, ROWS):
+        pos = j + tl.arange(0, ROWS)
+        rows = tl.load(ids_ptr + q * n_ids + pos, mask=pos < n_ids, other=0)
+        acc += tl.load(kv_ptr + tl.maximum(rows, 0).to(tl.int64)[:, None] * D_ + cols[None, :],
+                       mask=(pos < n_ids)[:, None], other=0.0).to(tl.float32)
+    tl.store(out_ptr + q * D_ + cols, tl.sum(acc, 0))
+
+
+def gather_peer_gbs(kv: torch.Tensor, idx: torch.Tensor) -> float:
+    """GB/s of rows gathered into the SMs by gather_rows_kernel (one program per query), the best over rows per
+    step and warp counts."""
+    out = torch.empty(idx.shape[0], kv.shape[1], device=kv.device)
+    n_bytes = idx.numel() * kv.shape[1] * kv.element_size()
+    best = min(bench(lambda r=r, w=w: gather_rows_kernel[(idx.shape[0],)](kv, idx, out, idx.shape[1], ROWS=r, D_=D,
+                                                                           num_warps=w))
+               for r in (8, 16, 32) for w in (4, 8))
+    return n_bytes / best / 1e6
+
+
 def bench_prefill(dev, result: dict) -> None:
     c = prefill_case(dev)
     q, sink, kv, idx = c["q"], c["sink"], c["kv"], c["idx"]
@@ -93,6 +123,15 @@ def bench_prefill(dev, result: dict) -> None:
     result["prefill_bf16_kernel"] = "gluon" if api._gluon_runs_on(q, kv) else "triton"
     result["prefill_bf16_ms"] = t
     result["prefill_bf16_tflops"] = flops / t / 1e9
+    result["prefill_bf16_gather_peer_gbs"] = gather_peer_gbs(kv, idx)
+    # the kernel's gathered bytes per second against the peer's: 1 KB per slot
+    gathered_gbs = S_Q * (W + TOPK_C) * D * 2 / t / 1e6
+    result["prefill_bf16_of_gather_peer"] = gathered_gbs / result["prefill_bf16_gather_peer_gbs"]
+    # the same, every row from a 16 MB pool (the first 16,384 rows; L2-resident): the L2's rate, not the DRAM's
+    idx_l2 = torch.where(idx >= 0, idx % L2_POOL_ROWS, idx)
+    t = bench(lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx_l2, SCALE, sink))
+    result["prefill_bf16_l2_pool_tflops"] = flops / t / 1e9
+    result["prefill_bf16_l2_pool_gather_peer_gbs"] = gather_peer_gbs(kv, idx_l2)
     bf16_source = (kv, idx, FORMAT_BF16.value)
     t = bench(lambda: api._launch_sparse_attn(q, bf16_source, None, SCALE, sink, 1))
     result["prefill_bf16_triton_tflops"] = flops / t / 1e9
@@ -287,6 +326,12 @@ def print_table(result: dict) -> None:
               "prefill_paged_triton_tflops", "prefill_bf16_triton_stages1_tflops"):
         if k in result:
             print(f"| {k} | {result[k]:.1f} TFLOP/s | {result[k] / pb:.2f} of bf16 cuBLAS |")
+    if "prefill_bf16_gather_peer_gbs" in result:
+        peer, peer_l2 = result["prefill_bf16_gather_peer_gbs"], result["prefill_bf16_l2_pool_gather_peer_gbs"]
+        print(f"| the same rows gathered (no attention) | {peer:.0f} GB/s = a bound of {peer * 128 / 1e3:.0f} TFLOP/s "
+              f"at 128 FLOP per byte | bf16 rows at {result['prefill_bf16_of_gather_peer']:.2f} of its rate |")
+        print(f"| bf16 rows from a 16,384-row (L2-resident) pool | {result['prefill_bf16_l2_pool_tflops']:.1f} "
+              f"TFLOP/s; its rows gathered {peer_l2:.0f} GB/s = a bound of {peer_l2 * 128 / 1e3:.0f} TFLOP/s | |")
     for b in DECODE_BATCHES:
         if f"decode_b{b}_gbs" in result:
             print(f"| decode batch {b} (graph replay) | {result[f'decode_b{b}_us']:.1f} us, "

@@ -6,6 +6,8 @@
 #   PART=r2 (tree = main + the prefetch's ids loaded an iteration ahead + the tile-table test's helper restored): the
 #       mini-deepgemm GPU suite, exp_flashmla_l2_prefetch, the mini-flashmla GPU suite, exp_moe_masked_tiles (token
 #       tile x ring depth on the register-A masked kernel)
+#   PART=r3 (tree = main, the prefetch reverted): bench_flashmla's prefill with its new gather peer (the same rows
+#       read and summed, no attention) and the L2-resident pool
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -25,6 +27,10 @@ r2)
   cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests
   grep -E "^\|" "$OUT/l2_prefetch_new.txt" "$OUT/masked_tiles_new.txt"
   grep -m3 -E "Error|error" "$OUT/l2_prefetch_new.txt" "$OUT/masked_tiles_new.txt" | cut -c1-300
+  ;;
+r3)
+  run flashmla_new 150 env BENCH_PARTS=prefill BENCH_JSON=flashmla_new.json bash -c "cd benchmarks && python3 bench_flashmla.py"
+  cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/flashmla_new.txt"; grep -m3 -E "Error|error" "$OUT/flashmla_new.txt"
   ;;
 esac
 pack_out

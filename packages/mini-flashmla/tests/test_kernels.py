@@ -288,26 +288,6 @@ def test_gluon_bf16_rows_match_reference_and_triton(gluon_device, s_q, h, n_kv, 
         assert_attn_close(out, lse, tri_out.float(), tri_lse)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_gluon_bf16_rows_l2_prefetch_changes_no_bit(gluon_device, monkeypatch, num_splits):
-    """The producer's L2 prefetch of later blocks' rows (any distance, also past the walk's end, for empty and
-    out-of-range ids, and per split) leaves out and lse bitwise equal to no prefetch."""
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
-
-    g = torch.Generator().manual_seed(40 + num_splits)
-    q = torch.randn(9, 64, 512, generator=g).bfloat16().to(gluon_device)
-    kv = torch.randn(700, 512, generator=g).bfloat16().to(gluon_device)
-    idx = torch.randint(-1, 703, (9, 600), generator=g, dtype=torch.int32).to(gluon_device)  # 10 blocks, ragged
-    idx[2] = -1
-    sink = torch.randn(64, generator=g).to(gluon_device)
-    results = []
-    for blocks in (0, 1, 2, 12):
-        monkeypatch.setattr(api, "GLUON_L2_PREFETCH_BLOCKS", blocks)
-        results.append(api._launch_gluon(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, num_splits))
-    for out, lse in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
-
-
 def _indexer_case(g, s_q, n_rows, device, n_heads=32):
     q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16().to(device)
     weights = (torch.randn(s_q, n_heads, generator=g) * 0.05).bfloat16().to(device)

@@ -286,16 +286,11 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
             and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0)
 
 
-# bf16 rows: how many blocks ahead of its gather the Gluon kernel's producer prefetches a block's rows into L2
-GLUON_L2_PREFETCH_BLOCKS = 2
-
-
 def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
     """A call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn; split
     into up to num_splits parts of each query's blocks, merged by _combine_splits. Same outputs as the Triton kernel
     within the rounding of the accumulation order."""
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
 
     s_q, h, d = q.shape
     out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
@@ -313,7 +308,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse, max(blocks_per_split, 1),
         sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, PREFETCH_BLOCKS=GLUON_L2_PREFETCH_BLOCKS if a_format == FORMAT_BF16.value else 0,
+        SPLIT=split,
         # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
         # accounts for the registers)
         num_warps=4, maxnreg=MAXNREG.value,

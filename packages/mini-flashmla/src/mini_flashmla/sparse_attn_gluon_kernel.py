@@ -154,21 +154,6 @@ TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element
 IDS_SLOTS: gl.constexpr = gl.constexpr(4)
 IDS_LOAD: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
 IDS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-# bf16 rows' L2 prefetch: a block's 64 rows as 128 half rows of 512 B, one per producer thread
-HALF_ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
-# An L2 prefetch of the 512 B at $1 (four 128-byte lines) where $2 != 0; $0 is a dummy result (the asm is kept as not
-# pure). The bulk form (cp.async.bulk.prefetch.L2) takes its address in uniform registers: ptxas loops over a warp.
-_PREFETCH_LINES_PTX: gl.constexpr = gl.constexpr("""
-{
-.reg .pred p;
-setp.ne.b32 p, $2, 0;
-@p prefetch.global.L2 [$1];
-@p prefetch.global.L2 [$1+128];
-@p prefetch.global.L2 [$1+256];
-@p prefetch.global.L2 [$1+384];
-mov.b32 $0, 0;
-}
-""")
 
 
 @gluon.jit
@@ -179,24 +164,6 @@ def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
     ids_ptr = gl.where(in_a, a_ids_ptr, b_ids_ptr)
     pos = gl.where(in_a, blk, blk - a_blocks) * BLOCK_N + gl.arange(0, BLOCK_N, IDS_LOAD)
     return gl.load(ids_ptr + pos, mask=pos < gl.where(in_a, a_len, b_len), other=-1)
-
-
-@gluon.jit
-def _prefetch_ids(blk, n_blocks, ids_ptr, ids_len):
-    """int32 [128] in HALF_ROWS: block blk's ids, each for its two half rows (-1 past the list or the walk's end)."""
-    pos = blk * BLOCK_N + gl.arange(0, 2 * BLOCK_N, HALF_ROWS) // 2
-    return gl.load(ids_ptr + pos, mask=(pos < ids_len) & (blk < n_blocks), other=-1)
-
-
-@gluon.jit
-def _prefetch_rows_l2(ids, kv_ptr, num_rows):
-    """bf16 rows: an L2 prefetch of a block's rows (_prefetch_ids; none for empty slots), so that the block's
-    cp.async gather, issued once the consumers free its tile, reads L2 instead of DRAM."""
-    half = gl.arange(0, 2 * BLOCK_N, HALF_ROWS) % 2
-    live = (ids >= 0) & (ids < num_rows)
-    addr = kv_ptr + gl.where(live, ids, 0).to(gl.int64) * D + half * (D // 2)
-    gl.inline_asm_elementwise(_PREFETCH_LINES_PTX, "=r,l,r", [addr, live.to(gl.int32)], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -340,8 +307,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
 
 @gluon.jit
 def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
-              a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr,
-              PREFETCH_BLOCKS: gl.constexpr):
+              a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
     waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
     (slot blk % IDS_SLOTS) ahead of their block, where the gathers and the consumers' masks read them: their latency
@@ -350,16 +316,9 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks,
     previous block's "full" barrier; quantized rows: two blocks ahead (_quantized_source)."""
     if A_FORMAT == BF16_ROWS:
         ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
-        for blk in gl.static_range(1, PREFETCH_BLOCKS):
-            _prefetch_rows_l2(_prefetch_ids(blk, n_blocks, a_ids_ptr, a_len), a_kv_ptr, a_rows)
-        # the ids of the block prefetched next, loaded an iteration ahead of their use (their latency off the loop)
-        pf_ids = _prefetch_ids(PREFETCH_BLOCKS, n_blocks, a_ids_ptr, a_len)
         gl.thread_barrier()
         for blk in range(n_blocks):
             t = blk % TILES
-            if PREFETCH_BLOCKS > 0:
-                _prefetch_rows_l2(pf_ids, a_kv_ptr, a_rows)
-                pf_ids = _prefetch_ids(blk + 1 + PREFETCH_BLOCKS, n_blocks, a_ids_ptr, a_len)
             next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
             ids_slot = ids_smem.index(blk % IDS_SLOTS)
             rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
@@ -610,7 +569,7 @@ def sparse_mla_fwd_gluon_kernel(
     part_out_ptr, part_lse_ptr, blocks_per_split,
     qk_scale_log2,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
-    SPLIT: gl.constexpr, PREFETCH_BLOCKS: gl.constexpr = 0,
+    SPLIT: gl.constexpr,
 ):
     """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps
     come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
@@ -644,6 +603,6 @@ def sparse_mla_fwd_gluon_kernel(
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
-                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT, PREFETCH_BLOCKS))],
+                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
