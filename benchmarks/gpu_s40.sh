@@ -8,6 +8,8 @@
 #       tile x ring depth on the register-A masked kernel)
 #   PART=r3 (tree = main, the prefetch reverted): bench_flashmla's prefill with its new gather peer (the same rows
 #       read and summed, no attention) and the L2-resident pool
+#   PART=r4 (tree = main, final packages): the rest of the runtime's GPU suite (parts A and B; last run in session 37,
+#       before session 39's expected_m in the MoE plan) and bench_prefill
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -31,6 +33,11 @@ r2)
 r3)
   run flashmla_new 150 env BENCH_PARTS=prefill BENCH_JSON=flashmla_new.json bash -c "cd benchmarks && python3 bench_flashmla.py"
   cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/flashmla_new.txt"; grep -m3 -E "Error|error" "$OUT/flashmla_new.txt"
+  ;;
+r4)
+  rest_ab 100 150
+  prefill_sides 80 new
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b; show_sides new
   ;;
 esac
 pack_out
