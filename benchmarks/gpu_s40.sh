@@ -10,6 +10,9 @@
 #       read and summed, no attention) and the L2-resident pool
 #   PART=r4 (tree = main, final packages): the rest of the runtime's GPU suite (parts A and B; last run in session 37,
 #       before session 39's expected_m in the MoE plan) and bench_prefill
+#   PART=r5 (.ab-base.tar.gz = 7a5d2f2's src folders, carried): warpgroup 1 adopts block A before its QK^T of block B
+#       (tile 1, released last in a pair, gets that long to fill): the mini-flashmla GPU suite, bench_flashmla on new
+#       and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -38,6 +41,11 @@ r4)
   rest_ab 100 150
   prefill_sides 80 new
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b; show_sides new
+  ;;
+r5)
+  run flashmla_tests 130 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu --junitxml="$OUT/junit_flashmla.xml"
+  flashmla_sides 110 new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests; show_sides new base
   ;;
 esac
 pack_out

@@ -455,20 +455,18 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
             mbarrier.arrive(empty.index(1), count=1)
         else:
-            # block b's QK^T first, so that it runs while warpgroup 0 does block a's softmax
+            # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
+            # (released last in the previous pair) gets that long to fill
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
             mbarrier.wait(full.index(1), phase)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            # block a: warpgroup 0's P and max; its PV runs under this warpgroup's softmax of block b
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
-            # (ptxas puts one wait for the QK^T in front of this PV (C7517): it was issued first and is mostly done)
-            acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
-            s = warpgroup_mma_wait(1, deps=[s_token])  # the QK^T, issued first, is done; the PV may still run
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
+            mbarrier.arrive(empty.index(0), count=1)
             m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
-            acc = warpgroup_mma_wait(0, deps=[acc_token])  # this warpgroup's read of block a's P is done
-            mbarrier.arrive(empty.index(0), count=1)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
