@@ -13,6 +13,7 @@
 #   PART=r5 (.ab-base.tar.gz = 7a5d2f2's src folders, carried): warpgroup 1 adopts block A before its QK^T of block B
 #       (tile 1, released last in a pair, gets that long to fill): the mini-flashmla GPU suite, bench_flashmla on new
 #       and base
+#   PART=r6 (.ab-base.tar.gz as r5): bench_prefill on new and base; attn_output_hash.py on both (the same bits)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -46,6 +47,14 @@ r5)
   run flashmla_tests 130 $PYTEST -n 8 packages/mini-flashmla/tests -m gpu --junitxml="$OUT/junit_flashmla.xml"
   flashmla_sides 110 new base
   cat "$OUT/summary.txt"; test_summary flashmla_tests; show_sides new base
+  ;;
+r6)
+  for side in new base; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+  prefill_sides 80 new
+  prefill_sides 60 base
+  cat "$OUT/summary.txt"; cat "$OUT/hash_new.txt" "$OUT/hash_base.txt" | tail -4; show_sides new base
   ;;
 esac
 pack_out
