@@ -27,8 +27,9 @@ series with the MMAs. Here they run in their own warps:
   memory for the whole walk) and its softmax, a row reduction within one warpgroup; it publishes the running max
   and P (bf16, the PV wgmma's shared-memory operand) and arrives on `pub`. Both warpgroups run PV on their own 256
   output columns of every block (a 128-register fp32 accumulator per thread), rescaled by every block's alpha, so
-  both follow the sequential online softmax. Warpgroup 1 issues its block's QK^T before it waits for warpgroup 0's
-  P, and its PV of the even block before its own softmax, so each softmax runs under the other warpgroup's MMAs.
+  both follow the sequential online softmax. Warpgroup 1 first adopts the even block (waits for warpgroup 0's P and
+  issues its PV), then waits for its own tile and issues its QK^T: its tile, the one released last in the previous
+  pair, gets that long to fill. The price: no QK^T of warpgroup 1 runs under warpgroup 0's softmax any more.
   One P buffer: an owner publishes only after the other warpgroup's `pfree` (its PV on the previous P is done).
   An odd block count ends with warpgroup 0's block alone. The row sums stay per warpgroup and are added at the end.
 
@@ -52,6 +53,9 @@ place of one buffer that held a whole block's gather before its conversion): pag
 Session 26: split decode (each split walks its own blocks and writes fp32 partials that
 sparse_attn_kernel.combine_splits_kernel merges), so that decode below one program per SM fills the SMs: 17.7 /
 22.9 / 30.1 us at batch 8 / 32 / 64, about 1.6 / 1.9 / 1.3x the routes before ("Session 26" in that report).
+Session 40 (warpgroup 1 adopts the even block before its QK^T, in place of the QK^T first, which waited ~28% of
+warpgroup 1's time for its tile; bitwise the same outputs): paged prefill 1.029x, the prefill step's sparse
+attention 46.47 -> 45.80 ms per 40 layers, bf16 rows 1.00x, decode 0.98-1.02x ("Session 40" in that report).
 api routes every call of whole 64-head programs here.
 """
 
