@@ -14,6 +14,8 @@
 #       (tile 1, released last in a pair, gets that long to fill): the mini-flashmla GPU suite, bench_flashmla on new
 #       and base
 #   PART=r6 (.ab-base.tar.gz as r5): bench_prefill on new and base; attn_output_hash.py on both (the same bits)
+#   (run 7: the runtime's core GPU tests on r6's tree, one command: see the session log)
+#   PART=r8 (.ab-base.tar.gz as r5): Nsight Compute on the sparse prefill, paged and bf16 rows, new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s40
 case "${PART:-r1}" in
@@ -55,6 +57,11 @@ r6)
   prefill_sides 80 new
   prefill_sides 60 base
   cat "$OUT/summary.txt"; cat "$OUT/hash_new.txt" "$OUT/hash_base.txt" | tail -4; show_sides new base
+  ;;
+r8)
+  NCU_SECS=90 ncu_profile sparse_prefill sparse_prefill_bf16
+  (export PYTHONPATH=$BASE_PYTHONPATH; NCU_SECS=90 NCU_TAG=_base ncu_profile sparse_prefill sparse_prefill_bf16)
+  cat "$OUT/summary.txt"; python3 benchmarks/ncu_summary.py "$OUT/ncu" 2>&1 | head -60
   ;;
 esac
 pack_out
