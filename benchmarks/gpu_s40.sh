@@ -37,7 +37,8 @@ r2)
   grep -m3 -E "Error|error" "$OUT/l2_prefetch_new.txt" "$OUT/masked_tiles_new.txt" | cut -c1-300
   ;;
 r3)
-  run flashmla_new 150 env BENCH_PARTS=prefill BENCH_JSON=flashmla_new.json bash -c "cd benchmarks && python3 bench_flashmla.py"
+  run flashmla_new 150 env BENCH_PARTS=prefill BENCH_JSON=flashmla_new.json \
+    bash -c "cd benchmarks && python3 bench_flashmla.py"
   cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/flashmla_new.txt"; grep -m3 -E "Error|error" "$OUT/flashmla_new.txt"
   ;;
 r4)
