@@ -8,14 +8,10 @@ check that a kernel change keeps every bit (gpu_session.sh's side_path).
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 
 import mini_flashmla
 import torch
-
-sys.path.insert(0, os.path.dirname(__file__))
-from bench_flashmla import SCALE, prefill_case  # beside this
+from bench_flashmla import SCALE, prefill_case  # beside this (Python puts the script's folder on sys.path)
 
 
 def main() -> None:

@@ -14,8 +14,6 @@ import builtins
 import pathlib
 import symtable
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("packages", "runtime", "integration_tests", "benchmarks")
 # names a module gets without defining them: set by the interpreter, or read through a guard such as
@@ -71,7 +69,3 @@ def test_the_check_finds_a_deleted_helper(tmp_path):
     assert unresolved_globals(module) == ["test_x: _tile_table"]
     module.write_text("def _tile_table(x):\n    return x\n\ndef test_x():\n    return _tile_table(1)\n")
     assert unresolved_globals(module) == []
-
-
-if __name__ == "__main__":
-    pytest.main([__file__])
