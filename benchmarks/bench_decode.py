@@ -6,10 +6,10 @@ EOS ignored). Metric: output tokens/s = batch x steps / wall time of `steps` LLM
 (the GPU is synchronised before and after the timed steps only), and ms per step = its inverse x batch.
 
 - Models: "tiny" = tiny_config() (8 layers, dim 128); "medium" = V41Config() widths (dim 5120, 64 heads x 512, 384
-  routed experts top-6, index top-k 512, ...) cut to four layers: window-only, ratio-2 FULL, ratio-1 FULL (candidate
-  source), ratio-1 REINDEX (bench_prefill.trimmed_config). Random weights in the checkpoint formats (FP8 blocks,
-  packed FP4 experts) from build_random_weights on the device; the engine's V41Model runs them (mini-deepgemm,
-  mini-flashmla on CUDA; their torch references on CPU).
+  routed experts top-6, index top-k 512, ...) cut to four layers by default (--layers): window-only, ratio-2 FULL,
+  ratio-1 FULL (candidate source), ratio-1 REINDEX (bench_prefill.trimmed_config). Random weights in the checkpoint
+  formats (FP8 blocks, packed FP4 experts) from build_random_weights on the device; the engine's V41Model runs them
+  (mini-deepgemm, mini-flashmla on CUDA; their torch references on CPU).
 - Context: the engine's prefill step is replaced by a synthetic one (bench_prefill.fill_cached_context: random
   packed rows for every cached entry, window ring, compressor tail and Engram history, as a real prefix leaves them),
   so a 64 x 8k context costs no prefill compute; decode steps run the real model. One engine per (batch, context)
@@ -21,7 +21,9 @@ EOS ignored). Metric: output tokens/s = batch x steps / wall time of `steps` LLM
   GPU time per step: CUDA events before and after each execute, i.e. the span the step's work occupies on the
   stream (with eager launches that includes the gaps while the host is still launching).
   "CPU time hidden by ZOS" = ms per step with ZOS off - ms per step with ZOS on.
-- Profile (CUDA, optional): the heaviest kernels of a few eager decode steps of the largest (batch, context).
+- Profile (optional): a few eager decode steps of the largest (batch, context) under torch.profiler: the
+  heaviest kernels, and kernel time per stage with bench_prefill's stage ranges (prefill_stages), as run and, when
+  --layers samples every mode of the real model (all of SAMPLE_LAYERS), weighted to the 40-layer model.
 
 Usage:
   python3 benchmarks/bench_decode.py --preset tiny --out $OUT/decode_tiny.json
@@ -39,8 +41,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, environment, fill_cached_context, log, select_moe_route,
-                           trimmed_config, write_json)
+from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, environment, fill_cached_context, log,
+                           real_layer_counts, sample_name, select_moe_route, trimmed_config, write_json)
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
@@ -49,13 +51,15 @@ from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.worker import model_runner
 from mini_deepinfer.worker.forward_batch import ForwardBatch
+from prefill_stages import LAYER_RANGE, OUTSIDE, attribute_profile, stage_ranges, stage_summary
 
 MEDIUM_LAYERS = ("window", "r2-full", "r1-full", "r1-reindex")
 PRESETS = {
-    "tiny": {"config": tiny_config, "batches": (1, 8, 32, 64), "contexts": (1024, 8192), "warmup": 3, "steps": 15},
-    "medium": {"config": lambda: trimmed_config(V41Config(), MEDIUM_LAYERS, None), "batches": (1, 8, 32, 64),
+    "tiny": {"config": lambda layers: tiny_config(), "batches": (1, 8, 32, 64), "contexts": (1024, 8192),
+             "warmup": 3, "steps": 15},
+    "medium": {"config": lambda layers: trimmed_config(V41Config(), layers, None), "batches": (1, 8, 32, 64),
                "contexts": (1024, 8192), "warmup": 3, "steps": 15},
-    "smoke": {"config": tiny_config, "batches": (1, 2), "contexts": (150,), "warmup": 1, "steps": 2},
+    "smoke": {"config": lambda layers: tiny_config(), "batches": (1, 2), "contexts": (150,), "warmup": 1, "steps": 2},
 }
 KV_CACHE_GB = 4.0
 
@@ -171,24 +175,56 @@ def full_batch_steps(engine: LLMEngine, batch: int, preemptions_before: int, wha
                          f"batch x context does not fit the KV budget; raise --kv-cache-gb")
 
 
-def profile_eager_steps(engine: LLMEngine, steps: int) -> list[dict]:
-    """The kernels taking the most device time over `steps` eager decode steps (ZOS off)."""
+class RangedRoles(list):
+    """Stands in for model.roles during the profile: the forward's layer loop iterates it, and each layer runs inside
+    a record_function range named after its sample layer (prefill_stages.LAYER_RANGE), so kernels are charged to
+    their layer. Indexing behaves as the plain list."""
+
+    def __iter__(self) -> Iterator:
+        for role in super().__iter__():
+            with torch.profiler.record_function(LAYER_RANGE + sample_name(role)):
+                yield role
+
+
+def profile_eager_steps(engine: LLMEngine, model: V41Model, steps: int, device: torch.device) -> dict:
+    """`steps` eager decode steps (ZOS off) under torch.profiler with the stage and layer ranges of bench_prefill's
+    breakdown (prefill_stages): the kernels taking the most device time (CPU: the ops taking the most CPU time), and
+    that time per headline stage, as run and (when every mode of the real model is sampled) weighted to the 40-layer
+    model, in ms per step."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = device.type == "cuda"
     engine.config = dataclasses.replace(engine.config, enable_zos=False)
     engine.runner.graphs = None
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            rows.append({"name": e.key[:120], "calls_per_step": e.count / steps,
-                         "us_per_step": e.self_device_time_total / steps})
-    rows.sort(key=lambda r: -r["us_per_step"])
-    return rows[:20]
+    roles, model.roles = model.roles, RangedRoles(model.roles)
+    synchronize(device)
+    try:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with stage_ranges(model) as missing, profile(activities=activities) as prof:
+            for _ in range(steps):
+                engine.step()
+            synchronize(device)
+    finally:
+        model.roles = roles
+    charged, kernels = attribute_profile(prof.events(), cuda)
+    per_step = {key: us / steps for key, us in charged.items()}
+    counts, n_engram = real_layer_counts()
+    sampled = {layer for layer, _ in per_step if layer != OUTSIDE}
+    summary = stage_summary(per_step, counts, n_engram)
+    by_layer: dict[str, float] = {}
+    for (layer, _), us in per_step.items():
+        by_layer[layer] = by_layer.get(layer, 0.0) + us / 1e3
+    return {
+        "method": ("eager steps (ZOS and graphs off) under torch.profiler; record_function ranges around each layer "
+                   "and the model's building blocks (prefill_stages); CUDA kernel time charged to the ranges open "
+                   "at its launch; ms per step"),
+        "steps": steps, "ranges_not_found": missing,
+        "kernel_ms_per_step": kernels["total_us"] / 1e3 / steps,
+        "stage_ms_per_step": summary["profiled_step_ms"],
+        "forty_layer_ms_per_step": summary["forty_layer_ms"] if {mode for mode in counts} <= sampled else None,
+        "layer_ms_per_step": by_layer,
+        "top_kernels": [{**k, "us": k["us"] / steps, "calls": k["calls"] / steps} for k in kernels["top"]],
+    }
 
 
 def bench_engine(model: V41Model, batch: int, context: int, args, device: torch.device) -> dict:
@@ -220,14 +256,23 @@ def bench_engine(model: V41Model, batch: int, context: int, args, device: torch.
     by = {(v["zos"], v["cuda_graphs"]): v["ms_per_step"] for v in out["variants"]}
     out["zos_hidden_ms_per_step"] = {("graphs" if g else "eager"): by[(False, g)] - by[(True, g)]
                                      for g in {g for _, g in by}}
-    if args.profile and device.type == "cuda" and batch == max(args.batches) and context == max(args.contexts):
-        out["profile_eager"] = profile_eager_steps(engine, 3)
+    if args.profile and batch == max(args.batches) and context == max(args.contexts):
+        out["profile_eager"] = profile_eager_steps(engine, model, 3, device)
+        log_stages(out["profile_eager"])
     for rid in list(engine._requests):
         engine.abort_request(rid)
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.kv.all_free()
     return out
+
+
+def log_stages(profile: dict) -> None:
+    """The profile's stage table: ms per step as run, and weighted to the 40-layer model where available."""
+    forty = profile["forty_layer_ms_per_step"] or {}
+    print(f"stage (eager, profiled)   ms as run   ms x40   (kernels {profile['kernel_ms_per_step']:.2f} ms per step)")
+    for stage, ms in profile["stage_ms_per_step"].items():
+        print(f"{stage:24s} {ms:10.3f} {forty.get(stage, float('nan')):8.2f}")
 
 
 # --------------------------------------------------------------------------- main
@@ -248,6 +293,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold",
                     help="the dense FP8 linears: fold (the engine's, V3-recipe GEMMs) or v41 (before session 20)")
     ap.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB, help="the engine's KV budget")
+    ap.add_argument("--layers", type=lambda s: tuple(s.split(",")), default=MEDIUM_LAYERS,
+                    help=f"the medium preset's sample layers, comma-separated, of {','.join(SAMPLE_LAYERS)} (all of "
+                         "them give --profile a 40-layer breakdown)")
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if key != "config" and getattr(args, key) is None:
@@ -258,7 +306,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
-    cfg = PRESETS[args.preset]["config"]()
+    cfg = PRESETS[args.preset]["config"](args.layers)
     res = {"benchmark": "decode", "preset": args.preset, "environment": environment(device),
            "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"},
            "dtype": "weights in the checkpoint formats (FP8 e4m3 blocks, packed FP4 experts), bf16 activations, "
@@ -266,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
            "workload": {"batches": list(args.batches), "contexts": list(args.contexts), "warmup_steps": args.warmup,
                         "timed_steps": args.steps, "sampling": "greedy, ignore_eos",
                         "kv_cache_gb": args.kv_cache_gb, "moe_route": args.moe_route,
-                        "dense_route": args.dense_route},
+                        "dense_route": args.dense_route,
+                        "layers": list(args.layers) if args.preset == "medium" else None},
            "results": []}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()

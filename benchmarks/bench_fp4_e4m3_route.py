@@ -91,7 +91,7 @@ def decode_rows(gen, copy_gbs: float) -> list[dict]:
     rows_out = []
     for expected_m in (8, 32):
         for name, N, K in MOE_SHAPES:
-            masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
+            masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
             folded = G.fold_fp4_weight_scales(sb)
             d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)

@@ -97,7 +97,7 @@ def cases(gen) -> list[tuple[str, str, object, object]]:
         out.append(("contiguous", name, call, check))
     for expected_m in (8, 32):
         for name, N, K in ((n, *MOE_SHAPES[n]) for n in ("w13", "w2")):
-            _, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K, gen)
+            _, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
             folded, a128, ref = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1), torch.empty_like(d)
 

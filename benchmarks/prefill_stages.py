@@ -61,8 +61,11 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (model_module, "candidate_blocks_of_scores", "top-k (candidate blocks)"),
         (model_module, "candidate_positions", "top-k"),
         (model, "_engram", "engram"),
+        (model, "_engram_inject", "engram"),
         (model, "_compress", "compressor"),
+        (model, "_compress_decode", "compressor"),  # the decode path's (bench_decode --profile)
         (model, "_indexer", "indexer"),
+        (model, "_indexer_decode", "indexer"),
         (model, "_window", "window cache"),
         (model, "_write_window", "window cache"),
     ]

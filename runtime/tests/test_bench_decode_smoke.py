@@ -28,6 +28,23 @@ def test_decode_benchmark_smoke_run(tmp_path):
         assert set(v["host_ms_per_step"]) == {"schedule", "execute", "process", "wait"}
         assert v["host_busy_ms"] <= v["ms_per_step"] * 1.05
     assert set(run["zos_hidden_ms_per_step"]) == {"eager"}
+    assert "profile_eager" not in run
+
+
+def test_decode_profile_charges_every_stage_of_the_step(tmp_path):
+    """--profile: eager steps under the profiler with bench_prefill's layer and stage ranges; on CPU the ops' self
+    CPU time is charged (on CUDA the kernels' device time). The tiny model samples neither Engram-free windows nor
+    every mode of the real model, so there is no 40-layer estimate."""
+    res = bench.main(["--preset", "smoke", "--device", "cpu", "--out", str(tmp_path / "decode.json"), "--batches",
+                      "2", "--steps", "1", "--profile"])
+    profile = res["results"][0]["profile_eager"]
+    stages = profile["stage_ms_per_step"]
+    for stage in ("moe experts", "sparse attention", "projections", "hc"):
+        assert stages.get(stage, 0.0) > 0, (stage, stages)
+    assert abs(sum(stages.values()) - profile["kernel_ms_per_step"]) < 1e-6 * profile["kernel_ms_per_step"] + 1e-9
+    assert profile["ranges_not_found"] == [] and profile["forty_layer_ms_per_step"] is None
+    assert set(profile["layer_ms_per_step"]) > {"outside layers"}
+    assert profile["top_kernels"] and profile["steps"] == 3
 
 
 def test_a_run_below_the_requested_batch_is_refused():
