@@ -3,20 +3,23 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s41.sh   (1 x H200, tree = main + bench_decode's stage
 #       breakdown + masked_operands' fixed row counts): bench_decode on the medium widths with all seven sample
 #       layers (a 40-layer breakdown of the decode step), batch 32 / 64 at 131,072 tokens, with --profile; the masked
-#       MoE figures of bench_fp4_e4m3_route and exp_moe_masked_tiles, now on the same row counts
+#       MoE figures of bench_fp4_e4m3_route and exp_moe_masked_tiles, now on the same row counts (the decode ran out
+#       of memory: the real Engram table, ~98 GB)
+#   PART=r2 (the medium preset's Engram vocabulary reduced as bench_prefill's): bench_decode as in r1
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
 case "${PART:-r1}" in
-r1)
+r1|r2)
   run decode_all 300 python3 benchmarks/bench_decode.py --preset medium --layers "$ALL_LAYERS" --batches 32,64 \
     --contexts 131072 --kv-cache-gb 24 --profile --out "$OUT/decode_all_h200.json"
-  route_sides 120 new
-  script_sides 150 exp_moe_masked_tiles.py masked_tiles new
+  if [ "$PART" = r1 ]; then
+    route_sides 120 new
+    script_sides 150 exp_moe_masked_tiles.py masked_tiles new
+  fi
   cat "$OUT/summary.txt"
   grep -E "ms/step|^stage|^[a-z].* [0-9.]+ +[0-9.na]+$|Error|error" "$OUT/decode_all.txt" | cut -c1-200 | tail -40
-  grep -E "^\| masked" "$OUT/route_new.txt"; grep -E "^\|" "$OUT/masked_tiles_new.txt"
-  grep -m3 -E "Error|error" "$OUT/route_new.txt" "$OUT/masked_tiles_new.txt" | cut -c1-300
+  [ "$PART" = r1 ] && grep -E "^\| masked" "$OUT/route_new.txt" && grep -E "^\|" "$OUT/masked_tiles_new.txt"
   ;;
 esac
 pack_out
