@@ -51,6 +51,7 @@ def _stage_targets(model: V41Model) -> list[tuple[object, str, str]]:
         (model, "_moe", "moe"),
         (ops, "moe_route", "routing"),
         (moe_module, "contiguous_plan", "layout"),
+        (moe_module, "masked_plan", "layout"),
         (moe_module, "grouped_expert_ffn", "experts"),
         (ops, "swiglu_expert", "experts"),
         (moe_module, "shared_expert", "experts"),

@@ -248,6 +248,20 @@ def test_contiguous_plan_kernels_equal_the_torch_plan(T, k, E) -> None:
 
 
 @kernel_test
+@pytest.mark.parametrize("T,k,E", [(0, 6, 32), (1, 6, 32), (7, 6, 32), (43, 6, 256), (65, 2, 8)]
+                         + ([(64, 6, 384)] if DEVICE == "cuda" else []))
+def test_masked_plan_kernels_equal_the_torch_plan(T, k, E) -> None:
+    """moe_kernels.masked_plan against moe._plan's masked torch chain: every output equal (T rows per expert, hot
+    and empty experts, a block of pairs that ends inside a token's slots); 64 tokens of 384 experts: decode."""
+    idx, wt = _routing(T, k, E, seed=3 * T + E)
+    want = moe._plan(idx, wt, E, masked=True)  # CPU: the torch chain
+    got = mk.masked_plan(idx.to(DEVICE), wt.to(DEVICE), E)
+    for name, g, w in zip(("row_token", "row_weight", "pair_row", "masked_m"), got,
+                          (want.row_token, want.row_weight, want.pair_row, want.masked_m)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
+
+
+@kernel_test
 @pytest.mark.parametrize("T", [0, 3])
 def test_empty_and_tiny_calls(T) -> None:
     """T = 0 launches nothing; outputs keep their shapes."""

@@ -149,12 +149,14 @@ if triton is not None:
 
     @triton.jit
     def plan_fill_kernel(grouped_layout_ptr, row_token_ptr, row_weight_ptr, counts_ptr, M, num_counts,
-                         BLOCK: tl.constexpr):
-        """Every layout row padding (-1, token 0, weight 0) and the per-block expert counts zero: the state the
-        count and place kernels start from."""
+                         BLOCK: tl.constexpr, LAYOUT: tl.constexpr):
+        """Every layout row padding (-1 with LAYOUT (the contiguous plan; the masked one has no grouped_layout),
+        token 0, weight 0) and the per-block expert counts zero: the state the count and place kernels start
+        from."""
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < M
-        tl.store(grouped_layout_ptr + i, tl.full([BLOCK], -1, tl.int32), mask=m)
+        if LAYOUT:
+            tl.store(grouped_layout_ptr + i, tl.full([BLOCK], -1, tl.int32), mask=m)
         tl.store(row_token_ptr + i, tl.zeros([BLOCK], tl.int64), mask=m)
         tl.store(row_weight_ptr + i, tl.zeros([BLOCK], tl.float32), mask=m)
         tl.store(counts_ptr + i, tl.zeros([BLOCK], tl.int32), mask=i < num_counts)
@@ -169,10 +171,11 @@ if triton is not None:
         tl.atomic_add(counts_ptr + b * E + e, tl.full([PAIRS], 1, tl.int32), mask=m, sem="relaxed")
 
     @triton.jit
-    def plan_offsets_kernel(counts_ptr, seg_start_ptr, num_blocks, E, align, BLOCK_E: tl.constexpr,
-                            BLOCKS_PER_STEP: tl.constexpr):
+    def plan_offsets_kernel(counts_ptr, seg_start_ptr, masked_m_ptr, num_blocks, E, align, BLOCK_E: tl.constexpr,
+                            BLOCKS_PER_STEP: tl.constexpr, MASKED: tl.constexpr):
         """One program: counts[b, e] becomes the exclusive prefix over blocks (pairs of e in blocks before b), and
-        seg_start[e] the first row of e's segment (segments in expert order, each padded to a multiple of align)."""
+        seg_start[e] the first row of e's segment: segments in expert order, each padded to a multiple of align,
+        or with MASKED align rows reserved per expert (seg_start = e x align) and masked_m[e] its pair count."""
         e = tl.arange(0, BLOCK_E)
         em = e < E
         total = tl.zeros([BLOCK_E], tl.int32)
@@ -183,16 +186,20 @@ if triton is not None:
             c = tl.load(ptr, mask=m, other=0)
             tl.store(ptr, tl.cumsum(c, axis=0) - c + total[None, :], mask=m)
             total += tl.sum(c, axis=0)
-        aligned = (total + align - 1) // align * align
-        tl.store(seg_start_ptr + e, tl.cumsum(aligned, axis=0) - aligned, mask=em)
+        if MASKED:
+            tl.store(seg_start_ptr + e, e * align, mask=em)
+            tl.store(masked_m_ptr + e, total, mask=em)
+        else:
+            aligned = (total + align - 1) // align * align
+            tl.store(seg_start_ptr + e, tl.cumsum(aligned, axis=0) - aligned, mask=em)
 
     @triton.jit
     def plan_place_kernel(idx_ptr, wt_ptr, counts_ptr, seg_start_ptr, grouped_layout_ptr, row_token_ptr,
                           row_weight_ptr, pair_row_ptr, num_pairs, E, K: tl.constexpr, K_PAD: tl.constexpr,
-                          PAIRS: tl.constexpr, CHUNK: tl.constexpr):
+                          PAIRS: tl.constexpr, CHUNK: tl.constexpr, LAYOUT: tl.constexpr):
         """Each pair's row: its expert's segment start + the pairs of that expert in earlier blocks + those before
-        it in its own block (a stable counting sort: tokens ascend inside an expert). Writes the row's expert,
-        token and weight, and pair_row[t, r] with r the pair's rank among its token's slots by expert id."""
+        it in its own block (a stable counting sort: tokens ascend inside an expert). Writes the row's expert (with
+        LAYOUT), token and weight, and pair_row[t, r] with r the pair's rank among its token's slots by expert id."""
         b = tl.program_id(0)
         p = b * PAIRS + tl.arange(0, PAIRS)
         m = p < num_pairs
@@ -206,7 +213,8 @@ if triton is not None:
         e_safe = tl.where(m, e, 0)
         row = tl.load(seg_start_ptr + e_safe) + tl.load(counts_ptr + b * E + e_safe) + rank
         t = p // K
-        tl.store(grouped_layout_ptr + row, e.to(tl.int32), mask=m)
+        if LAYOUT:
+            tl.store(grouped_layout_ptr + row, e.to(tl.int32), mask=m)
         tl.store(row_token_ptr + row, t.to(tl.int64), mask=m)
         tl.store(row_weight_ptr + row, tl.load(wt_ptr + p, mask=m, other=0.0), mask=m)
         j = tl.arange(0, K_PAD)
@@ -270,7 +278,7 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor | None, limi
     return q, _scales_out(s)
 
 
-PLAN_PAIRS = 256  # (token, slot) pairs per block of the contiguous plan's count and place kernels
+PLAN_PAIRS = 256  # (token, slot) pairs per block of the plans' count and place kernels
 PLAN_CHUNK = 32  # pairs compared at once when ranking a block's pairs
 
 
@@ -282,31 +290,55 @@ def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, align:
     (grouped_layout int32 [num_rows] (-1 padding), row_token int64 [num_rows] (0 padding), row_weight fp32
     [num_rows] (0 padding), pair_row int64 [T, k] (each token's rows by ascending expert id)), equal to the torch
     chain's."""
+    grouped_layout = torch.empty(num_rows, dtype=torch.int32, device=idx.device)
+    return (grouped_layout, *_launch_plan(idx, wt, num_groups, align, num_rows, grouped_layout, None))
+
+
+def masked_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe._plan's masked layout in four launches (the torch chain makes ~20, among them a radix sort of ~27 us at
+    64 decode tokens on H200; docs/reports/runtime-decode.md, session 41): idx, wt as contiguous_plan; T rows
+    reserved per expert, the rank-th token (ascending) routed to expert e at row e x T + rank. Returns (row_token
+    int64 [num_groups x T] (0 padding), row_weight fp32 [num_groups x T] (0 padding), pair_row int64 [T, k],
+    masked_m int32 [num_groups] (tokens per expert)), equal to the torch chain's."""
+    T = idx.shape[0]
+    masked_m = torch.empty(num_groups, dtype=torch.int32, device=idx.device)
+    return (*_launch_plan(idx, wt, num_groups, T, num_groups * T, None, masked_m), masked_m)
+
+
+def _launch_plan(idx, wt, num_groups, align, num_rows, grouped_layout, masked_m):
+    """The plans' four kernels: contiguous (grouped_layout given) or masked (masked_m given; align = rows per
+    expert). Returns (row_token, row_weight, pair_row)."""
     T, k = idx.shape
     dev = idx.device
     num_pairs, num_blocks = T * k, triton.cdiv(T * k, PLAN_PAIRS)
-    grouped_layout = torch.empty(num_rows, dtype=torch.int32, device=dev)
+    layout = grouped_layout is not None
     row_token = torch.empty(num_rows, dtype=torch.int64, device=dev)
     row_weight = torch.empty(num_rows, dtype=torch.float32, device=dev)
     pair_row = torch.empty(T, k, dtype=torch.int64, device=dev)
     counts = torch.empty(num_blocks, num_groups, dtype=torch.int32, device=dev)  # per block, then its prefix
     seg_start = torch.empty(num_groups, dtype=torch.int32, device=dev)
     if num_pairs == 0:
-        grouped_layout.fill_(-1)
+        if layout:
+            grouped_layout.fill_(-1)
+        else:
+            masked_m.zero_()
         row_token.zero_()
         row_weight.zero_()
-        return grouped_layout, row_token, row_weight, pair_row
+        return row_token, row_weight, pair_row
     fill = 1024
     plan_fill_kernel[(triton.cdiv(max(num_rows, counts.numel()), fill),)](
-        grouped_layout, row_token, row_weight, counts, num_rows, counts.numel(), BLOCK=fill)
+        grouped_layout if layout else row_token, row_token, row_weight, counts, num_rows, counts.numel(), BLOCK=fill,
+        LAYOUT=layout)
     idx, wt = idx.contiguous(), wt.float().contiguous()
     plan_count_kernel[(num_blocks,)](idx, counts, num_pairs, num_groups, PAIRS=PLAN_PAIRS)
-    plan_offsets_kernel[(1,)](counts, seg_start, num_blocks, num_groups, align,
-                              BLOCK_E=triton.next_power_of_2(num_groups), BLOCKS_PER_STEP=8)
+    plan_offsets_kernel[(1,)](counts, seg_start, seg_start if layout else masked_m, num_blocks, num_groups, align,
+                              BLOCK_E=triton.next_power_of_2(num_groups), BLOCKS_PER_STEP=8, MASKED=not layout)
     plan_place_kernel[(num_blocks,)](
-        idx, wt, counts, seg_start, grouped_layout, row_token, row_weight, pair_row, num_pairs, num_groups,
-        K=k, K_PAD=triton.next_power_of_2(k), PAIRS=PLAN_PAIRS, CHUNK=PLAN_CHUNK)
-    return grouped_layout, row_token, row_weight, pair_row
+        idx, wt, counts, seg_start, grouped_layout if layout else row_token, row_token, row_weight, pair_row,
+        num_pairs, num_groups, K=k, K_PAD=triton.next_power_of_2(k), PAIRS=PLAN_PAIRS, CHUNK=PLAN_CHUNK,
+        LAYOUT=layout)
+    return row_token, row_weight, pair_row
 
 
 def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int, fold_128: bool = False

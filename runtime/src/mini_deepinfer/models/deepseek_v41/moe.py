@@ -136,6 +136,9 @@ def _plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, masked: bool) ->
     T, k = idx.shape
     expected_m = max(1, -(-T * k // min(num_groups, T * k))) if T else 1
     if masked:  # packed segments (alignment 1), then each expert's rank-th pair moved to row e * T + rank
+        if moe_kernels.available(idx):  # the same layout in four launches
+            row_token, row_weight, pair_row, masked_m = moe_kernels.masked_plan(idx, wt, num_groups)
+            return ExpertRows(None, row_token, row_weight, pair_row, masked_m, expected_m)
         seg = plan_expert_segments(idx, num_groups, 1, num_rows=T * k)
         counts = seg.num_tokens_per_expert.long()
         rank = seg.positions.long() - (torch.cumsum(counts, 0) - counts)[idx]
