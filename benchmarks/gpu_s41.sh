@@ -6,6 +6,8 @@
 #       MoE figures of bench_fp4_e4m3_route and exp_moe_masked_tiles, now on the same row counts (the decode ran out
 #       of memory: the real Engram table, ~98 GB)
 #   PART=r2 (the medium preset's Engram vocabulary reduced as bench_prefill's): bench_decode as in r1
+#   PART=r3 (.ab-base.tar.gz = 6576820's src folders, carried): the masked MoE plan in four kernels: the MoE kernel
+#       tests and the runtime's core GPU tests; bench_decode (all seven sample layers, batch 32 / 64) on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -20,6 +22,17 @@ r1|r2)
   cat "$OUT/summary.txt"
   grep -E "ms/step|^stage|^[a-z].* [0-9.]+ +[0-9.na]+$|Error|error" "$OUT/decode_all.txt" | cut -c1-200 | tail -40
   [ "$PART" = r1 ] && grep -E "^\| masked" "$OUT/route_new.txt" && grep -E "^\|" "$OUT/masked_tiles_new.txt"
+  ;;
+r3)
+  run moe_kernel_tests 120 $PYTEST -n 8 runtime/tests/test_moe_kernels.py --junitxml="$OUT/junit_moe_kernels.xml"
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_${side}_h200.json"
+  done
+  cat "$OUT/summary.txt"; test_summary moe_kernel_tests runtime_tests
+  grep -hE "graphs=1|^moe dispatch|^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 esac
 pack_out
