@@ -8,6 +8,8 @@
 #   PART=r2 (the medium preset's Engram vocabulary reduced as bench_prefill's): bench_decode as in r1
 #   PART=r3 (.ab-base.tar.gz = 6576820's src folders, carried): the masked MoE plan in four kernels: the MoE kernel
 #       tests and the runtime's core GPU tests; bench_decode (all seven sample layers, batch 32 / 64) on new and base
+#   PART=r4 (tree = main): the rest of the runtime's GPU suite (parts A and B) on the masked plan's tree;
+#       exp_hc_mix_slices (the hyper-connection mixes' K slice at decode and prefill sizes)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -33,6 +35,12 @@ r3)
   done
   cat "$OUT/summary.txt"; test_summary moe_kernel_tests runtime_tests
   grep -hE "graphs=1|^moe dispatch|^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r4)
+  script_sides 150 exp_hc_mix_slices.py hc_slices new
+  rest_ab 110 200
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  grep -E "^\|" "$OUT/hc_slices_new.txt"; grep -m3 -E "Error|error" "$OUT/hc_slices_new.txt" | cut -c1-300
   ;;
 esac
 pack_out
