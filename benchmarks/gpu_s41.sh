@@ -10,6 +10,8 @@
 #       tests and the runtime's core GPU tests; bench_decode (all seven sample layers, batch 32 / 64) on new and base
 #   PART=r4 (tree = main): the rest of the runtime's GPU suite (parts A and B) on the masked plan's tree;
 #       exp_hc_mix_slices (the hyper-connection mixes' K slice at decode and prefill sizes)
+#   PART=r5 (.ab-base.tar.gz = 4370ea6's src folders, carried): the mixes' K slice 2,048 -> 1,024: the hyper-connection
+#       tests and the runtime's core GPU tests; bench_decode (as r3) and bench_prefill on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -41,6 +43,18 @@ r4)
   rest_ab 110 200
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   grep -E "^\|" "$OUT/hc_slices_new.txt"; grep -m3 -E "Error|error" "$OUT/hc_slices_new.txt" | cut -c1-300
+  ;;
+r5)
+  run hc_tests 90 $PYTEST -n 8 runtime/tests/test_hyper_connections.py --junitxml="$OUT/junit_hc.xml"
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_${side}_h200.json"
+  done
+  prefill_sides 150 new base
+  cat "$OUT/summary.txt"; test_summary hc_tests runtime_tests
+  grep -hE "graphs=1|^hc |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"; show_sides new base
   ;;
 esac
 pack_out
