@@ -9,7 +9,8 @@
 #   PART=r3 (.ab-base.tar.gz = 6576820's src folders, carried): the masked MoE plan in four kernels: the MoE kernel
 #       tests and the runtime's core GPU tests; bench_decode (all seven sample layers, batch 32 / 64) on new and base
 #   PART=r4 (tree = main): the rest of the runtime's GPU suite (parts A and B) on the masked plan's tree;
-#       exp_hc_mix_slices (the hyper-connection mixes' K slice at decode and prefill sizes)
+#       exp_hc_mix_slices (the hyper-connection mixes' K slice at decode and prefill sizes; removed after the run:
+#       git show 4370ea6:benchmarks/exp_hc_mix_slices.py)
 #   PART=r5 (.ab-base.tar.gz = 4370ea6's src folders, carried): the mixes' K slice 2,048 -> 1,024: the hyper-connection
 #       tests and the runtime's core GPU tests; bench_decode (as r3) and bench_prefill on new and base
 set -u

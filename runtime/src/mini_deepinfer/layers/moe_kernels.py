@@ -18,6 +18,10 @@ How, one pass each:
 - `quant_scatter`: quantizes each token row once and writes it to its k rows of the layout (plan.pair_row): reads
   T rows, writes T*k, never touches a padding row (the torch chain quantizes, then gathers all M rows).
 - `combine`: y[t] = bf16(sum_j out[pair_row[t, j]] + shared[t]), in fp32, in one pass.
+- `contiguous_plan` (session 31) and `masked_plan` (session 41): where each (token, expert) pair goes in the
+  expert-sorted layout, as a stable counting sort in four launches (count per block, block prefix, placement),
+  instead of the torch chains' ~35 and ~45 ops (a decode step at 64 tokens: 4.9 -> 0.6 ms per 40 layers;
+  docs/reports/runtime-decode.md).
 
 With fold_128 the two quantizing kernels also fold each row's scales per 128 columns (mini-deepgemm's
 `fold_groups_to_128`, as `per_token_group_quant_fp8(..., fold_128=True)`): fp32 [rows, width/128] powers of two,
@@ -296,8 +300,8 @@ def contiguous_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int, align:
 
 def masked_plan(idx: torch.Tensor, wt: torch.Tensor, num_groups: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """moe._plan's masked layout in four launches (the torch chain makes ~20, among them a radix sort of ~27 us at
-    64 decode tokens on H200; docs/reports/runtime-decode.md, session 41): idx, wt as contiguous_plan; T rows
+    """moe._plan's masked layout in four launches (the torch chain makes ~45 ops, among them a radix sort of ~27 us
+    at 64 decode tokens on H200; docs/reports/runtime-decode.md, session 41): idx, wt as contiguous_plan; T rows
     reserved per expert, the rank-th token (ascending) routed to expert e at row e x T + rank. Returns (row_token
     int64 [num_groups x T] (0 padding), row_weight fp32 [num_groups x T] (0 padding), pair_row int64 [T, k],
     masked_m int32 [num_groups] (tokens per expert)), equal to the torch chain's."""
