@@ -13,6 +13,7 @@
 #       git show 4370ea6:benchmarks/exp_hc_mix_slices.py)
 #   PART=r5 (.ab-base.tar.gz = 4370ea6's src folders, carried): the mixes' K slice 2,048 -> 1,024: the hyper-connection
 #       tests and the runtime's core GPU tests; bench_decode (as r3) and bench_prefill on new and base
+#   PART=r6 (tree = main, final): the rest of the runtime's GPU suite (parts A and B) with the slice of 1,024
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -38,6 +39,10 @@ r3)
   done
   cat "$OUT/summary.txt"; test_summary moe_kernel_tests runtime_tests
   grep -hE "graphs=1|^moe dispatch|^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r6)
+  rest_ab 110 200
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 r4)
   script_sides 150 exp_hc_mix_slices.py hc_slices new
