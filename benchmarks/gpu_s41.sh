@@ -17,6 +17,16 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
+# decode_all_sides SIDE...: bench_decode with every sample layer, batch 32 / 64 at 131,072 tokens, --profile, on each
+# side, into $OUT/decode_SIDE.{txt,_h200.json}
+decode_all_sides() {
+  local side
+  for side in "$@"; do
+    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_${side}_h200.json"
+  done
+}
 case "${PART:-r1}" in
 r1|r2)
   run decode_all 300 python3 benchmarks/bench_decode.py --preset medium --layers "$ALL_LAYERS" --batches 32,64 \
@@ -32,17 +42,9 @@ r1|r2)
 r3)
   run moe_kernel_tests 120 $PYTEST -n 8 runtime/tests/test_moe_kernels.py --junitxml="$OUT/junit_moe_kernels.xml"
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  for side in new base; do
-    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
-      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
-      --out "$OUT/decode_${side}_h200.json"
-  done
+  decode_all_sides new base
   cat "$OUT/summary.txt"; test_summary moe_kernel_tests runtime_tests
   grep -hE "graphs=1|^moe dispatch|^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
-  ;;
-r6)
-  rest_ab 110 200
-  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 r4)
   script_sides 150 exp_hc_mix_slices.py hc_slices new
@@ -53,14 +55,14 @@ r4)
 r5)
   run hc_tests 90 $PYTEST -n 8 runtime/tests/test_hyper_connections.py --junitxml="$OUT/junit_hc.xml"
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  for side in new base; do
-    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
-      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
-      --out "$OUT/decode_${side}_h200.json"
-  done
+  decode_all_sides new base
   prefill_sides 150 new base
   cat "$OUT/summary.txt"; test_summary hc_tests runtime_tests
   grep -hE "graphs=1|^hc |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"; show_sides new base
+  ;;
+r6)
+  rest_ab 110 200
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 esac
 pack_out
