@@ -222,7 +222,7 @@ def profile_eager_steps(engine: LLMEngine, model: V41Model, steps: int, device: 
         "steps": steps, "ranges_not_found": missing,
         "kernel_ms_per_step": kernels["total_us"] / 1e3 / steps,
         "stage_ms_per_step": summary["profiled_step_ms"],
-        "forty_layer_ms_per_step": summary["forty_layer_ms"] if {mode for mode in counts} <= sampled else None,
+        "forty_layer_ms_per_step": summary["forty_layer_ms"] if set(counts) <= sampled else None,
         "layer_ms_per_step": by_layer,
         "top_kernels": [{**k, "us": k["us"] / steps, "calls": k["calls"] / steps} for k in kernels["top"]],
     }

@@ -33,8 +33,8 @@ def test_decode_benchmark_smoke_run(tmp_path):
 
 def test_decode_profile_charges_every_stage_of_the_step(tmp_path):
     """--profile: eager steps under the profiler with bench_prefill's layer and stage ranges; on CPU the ops' self
-    CPU time is charged (on CUDA the kernels' device time). The tiny model samples neither Engram-free windows nor
-    every mode of the real model, so there is no 40-layer estimate."""
+    CPU time is charged (on CUDA the kernels' device time), and every stage's share adds up to the total. The tiny
+    model has no Engram-free ratio-2 reuse layer, one of the real model's modes, so there is no 40-layer estimate."""
     res = bench.main(["--preset", "smoke", "--device", "cpu", "--out", str(tmp_path / "decode.json"), "--batches",
                       "2", "--steps", "1", "--profile"])
     profile = res["results"][0]["profile_eager"]
