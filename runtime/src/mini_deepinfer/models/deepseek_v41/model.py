@@ -32,6 +32,7 @@ from mini_flashmla import (
 )
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 
+from mini_deepinfer.layers.entry_rows import visible_entry_rows
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
@@ -329,15 +330,13 @@ class V41Model(torch.nn.Module):
         qi, wts = qi.contiguous(), wts.contiguous()
         n_k = (d.pos + 1) // r  # entries each row may see
         n_cap = d.block_tables.shape[1] * BLOCK_SIZE // r
-        entries = torch.arange(n_cap, device=self.device).expand(n_k.shape[0], n_cap)
-        visible = entries < n_k[:, None]
         score = None
         # a REINDEX layer scores only its rows' candidate blocks (the candidate source's, this step)
         blocks = shared["candidates"] if role.uses_candidates else None
         # the publisher chain (spec 2.4): the last entry is unconditional, earlier ones apply where their ratio's
         # group closes this step
         for pub, ratio_cond in reversed(self.decode_publishers[lid]):
-            key_rows = torch.where(visible, d.entry_rows(entries, self.roles[pub].ratio), -1).to(torch.int32)
+            key_rows = visible_entry_rows(d.block_tables, n_k, BLOCK_SIZE // self.roles[pub].ratio, n_cap)
             s = indexer_scores(qi, wts, cache.index_k[pub], n_k, key_rows, blocks, cfg.candidate_block_size)
             score = s if score is None else torch.where(d.closes[ratio_cond][:, None], s, score)
         if role.is_candidate_source:
