@@ -14,6 +14,9 @@
 #   PART=r5 (.ab-base.tar.gz = 4370ea6's src folders, carried): the mixes' K slice 2,048 -> 1,024: the hyper-connection
 #       tests and the runtime's core GPU tests; bench_decode (as r3) and bench_prefill on new and base
 #   PART=r6 (tree = main, final): the rest of the runtime's GPU suite (parts A and B) with the slice of 1,024
+#   PART=r7 (tree = main + the decode indexer's key rows in one kernel): its tests and the runtime's core GPU tests;
+#       bench_decode (as r3) on the tree alone (the device time left allowed no base side: r5's new side is the
+#       cross-run reference); the rest of the runtime's GPU suite, last
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s41
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -63,6 +66,14 @@ r5)
 r6)
   rest_ab 110 200
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  ;;
+r7)
+  run entry_rows_tests 60 $PYTEST runtime/tests/test_entry_rows.py --junitxml="$OUT/junit_entry_rows.xml"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new
+  rest_ab 75 110
+  cat "$OUT/summary.txt"; test_summary entry_rows_tests runtime_tests runtime_rest_a runtime_rest_b
+  grep -hE "graphs=1|^indexer |^stage" "$OUT/decode_new.txt"
   ;;
 esac
 pack_out
