@@ -27,8 +27,8 @@ if triton is not None:
     @triton.jit
     def visible_entry_rows_kernel(tables_ptr, stride_table, n_k_ptr, out_ptr, n_cap, EPB: tl.constexpr,
                                   BLOCK: tl.constexpr):
-        """Program (row b, entries of block j): out[b, g] = tables[b, g // EPB] * EPB + g % EPB where g < n_k[b],
-        else -1."""
+        """Program (b, j): row b's entries g in [j x BLOCK, (j + 1) x BLOCK): out[b, g] = tables[b, g // EPB] x EPB
+        + g % EPB where g < n_k[b], else -1."""
         b = tl.program_id(0)
         g = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         visible = g < tl.load(n_k_ptr + b)
