@@ -41,8 +41,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, environment, fill_cached_context, log,
-                           real_layer_counts, sample_name, select_moe_route, trimmed_config, write_json)
+from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, Clock, TimedRoles, environment,
+                           fill_cached_context, log, real_layer_counts, select_moe_route, trimmed_config, write_json)
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
@@ -51,7 +51,7 @@ from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.worker import model_runner
 from mini_deepinfer.worker.forward_batch import ForwardBatch
-from prefill_stages import LAYER_RANGE, OUTSIDE, attribute_profile, stage_ranges, stage_summary
+from prefill_stages import OUTSIDE, attribute_profile, stage_ranges, stage_summary
 
 MEDIUM_LAYERS = ("window", "r2-full", "r1-full", "r1-reindex")
 PRESETS = {
@@ -176,17 +176,6 @@ def full_batch_steps(engine: LLMEngine, batch: int, preemptions_before: int, wha
                          f"batch x context does not fit the KV budget; raise --kv-cache-gb")
 
 
-class RangedRoles(list):
-    """Stands in for model.roles during the profile: the forward's layer loop iterates it, and each layer runs inside
-    a record_function range named after its sample layer (prefill_stages.LAYER_RANGE), so kernels are charged to
-    their layer. Indexing behaves as the plain list."""
-
-    def __iter__(self) -> Iterator:
-        for role in super().__iter__():
-            with torch.profiler.record_function(LAYER_RANGE + sample_name(role)):
-                yield role
-
-
 def profile_eager_steps(engine: LLMEngine, model: V41Model, steps: int, device: torch.device) -> dict:
     """`steps` eager decode steps (ZOS off) under torch.profiler with the stage and layer ranges of bench_prefill's
     breakdown (prefill_stages): the kernels taking the most device time (CPU: the ops taking the most CPU time), and
@@ -197,7 +186,9 @@ def profile_eager_steps(engine: LLMEngine, model: V41Model, steps: int, device: 
     cuda = device.type == "cuda"
     engine.config = dataclasses.replace(engine.config, enable_zos=False)
     engine.runner.graphs = None
-    roles, model.roles = model.roles, RangedRoles(model.roles)
+    # the layer loop iterates bench_prefill's TimedRoles: each layer in a range named after its sample layer
+    roles, model.roles = model.roles, TimedRoles(model.roles, Clock(device))
+    model.roles.ranges = True
     synchronize(device)
     try:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
