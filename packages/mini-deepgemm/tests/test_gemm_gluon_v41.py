@@ -38,8 +38,8 @@ SMOKE_S = 180
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_finishes():
-    """One 256 x 256 x 640 call per variant (five K steps: more than a lap of the ring) in a child process that
-    must finish within SMOKE_S."""
+    """One 256 x 256 x 640 call per variant (five K steps: more than a lap of the ring), and the split-K kernel on 64
+    of its rows in one, two and five slices, in a child process that must finish within SMOKE_S."""
     code = f"""
 import torch
 from mini_deepgemm import gemm
@@ -51,8 +51,11 @@ d = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
 for variant in {VARIANTS!r}:
     gemm._gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *variant)
     torch.cuda.synchronize()
+for slice_steps, splits in ((5, 1), (3, 2), (1, 5)):
+    gemm._gluon_fp8_v41_splitk_gemm(aq[:64], sa[:64], bq, sb, d[:64], slice_steps, splits)
+    torch.cuda.synchronize()
 """
-    run_finishes(code, SMOKE_S, "the Gluon V4.1 kernel on a 256 x 256 x 640 call")
+    run_finishes(code, SMOKE_S, "the Gluon V4.1 kernels on a 256 x 256 x 640 call")
 
 
 def v41_operands(M: int, N: int, K: int, gen: torch.Generator):
@@ -97,6 +100,37 @@ def test_a_row_does_not_depend_on_the_tile_or_the_batch(M, N, K):
         assert torch.equal(d.view(torch.int16), outs[0][:rows].view(torch.int16)), rows
 
 
+# (M, N, K) of the split-K kernel: one K step; five steps in two slices; the decode shapes of wkv, wq_a, wo_b, the
+# shared expert's w13 and w2 at 1-64 rows (token tiles of 16, 32 and 64; slices of several steps, the last shorter)
+SPLITK_SHAPES = [(1, 128, 128), (7, 256, 640), (16, 512, 5120), (33, 1280, 5120), (64, 5120, 8192), (64, 4608, 5120),
+                 (40, 5120, 2304)]
+
+
+@pytest.mark.parametrize("M,N,K", SPLITK_SHAPES)
+def test_splitk_matches_reference_and_the_tile_kernels(M, N, K):
+    """The split-K kernel (decode sizes): at its routed slices, a second call is bitwise equal and so is the 64 x 32
+    tile kernel's output (the same slices, the operands' roles swapped); at one slice and at one slice per K step it
+    stays within DeepGEMM's diff of 1e-5 of the reference. The output is a row-strided view (wider rows), as the
+    sum kernel and the one-slice stores address it by its stride."""
+    gen = torch.Generator().manual_seed(M * 7 + N + K)
+    ops = v41_operands(M, N, K, gen)
+    want = reference_out(*ops)
+    slice_steps, splits = gemm._splitk_slices(N, K)
+    for steps, count in ((slice_steps, splits), (K // 128, 1), (1, K // 128)):
+        wide = torch.full((M, N + 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+        got = wide[:, :N]
+        gemm._gluon_fp8_v41_splitk_gemm(*ops, got, steps, count)
+        assert wide[:, N:].isnan().all(), "columns past N must be left untouched"
+        assert calc_diff(got, want) < 1e-5, (steps, count)
+        if (steps, count) == (slice_steps, splits):
+            again = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+            gemm._gluon_fp8_v41_splitk_gemm(*ops, again, steps, count)
+            assert torch.equal(got.view(torch.int16), again.view(torch.int16)), "repeated calls must be bitwise equal"
+            tiles = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+            gemm._gluon_fp8_v41_gemm(*ops, tiles, 64, 32, 6, 0)
+            assert torch.equal(got.view(torch.int16), tiles.view(torch.int16)), "split-K against the 64 x 32 tiles"
+
+
 @pytest.mark.parametrize("ring", [False, True], ids=["words", "ring"])
 @pytest.mark.parametrize("case", ["byte_0", "wide"])
 def test_extreme_scale_bytes(case, ring):
@@ -121,19 +155,22 @@ def test_extreme_scale_bytes(case, ring):
 
 
 def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
-    """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernel at every row count
-    (decode-sized M on 64 x 32 tiles, large M on 128 x 128, in calls of at least _V41_RING_MIN_FLOP with the
-    scales through the ring); an fp32 output, accumulate-into or K % 128 != 0 do not."""
+    """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernels at every row count
+    (up to 64 rows and N % 128 == 0 the split-K kernel at the weight's slices; other decode-sized calls on 64 x 32
+    tiles, large M on 128 x 128, in calls of at least _V41_RING_MIN_FLOP with the scales through the ring); an fp32
+    output, accumulate-into or K % 128 != 0 do not."""
     import mini_deepgemm as dg
 
     tiles = []
-    launch = gemm._gluon_fp8_v41_gemm
+    launch, splitk = gemm._gluon_fp8_v41_gemm, gemm._gluon_fp8_v41_splitk_gemm
     monkeypatch.setattr(gemm, "_gluon_fp8_v41_gemm", lambda *args: tiles.append(args[5:]) or launch(*args))
+    monkeypatch.setattr(gemm, "_gluon_fp8_v41_splitk_gemm",
+                        lambda *args: tiles.append(("split-K", *args[5:])) or splitk(*args))
     gen = torch.Generator().manual_seed(5)
     e8 = torch.float8_e8m0fnu
     for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
-        for M, N, K, tile in ((1, 1280, 512, (64, 32, 6, 0, False)), (64, 4608, 256, (64, 32, 6, 0, False)),
-                              (300, 1280, 256, (64, 32, 6, 0, False)),
+        for M, N, K, tile in ((1, 1280, 512, ("split-K", 4, 1)), (64, 4608, 1280, ("split-K", 5, 2)),
+                              (64, 544, 512, (64, 32, 6, 0, False)), (300, 1280, 256, (64, 32, 6, 0, False)),
                               (1000, 4608, 256, (128, 128, 4, 1, False)), (4096, 1280, 256, (128, 128, 4, 1, False)),
                               (4096, 4608, 2560, (128, 128, 4, 1, True))):
             aq, sa, bq, sb = v41_operands(M, N, K, gen)

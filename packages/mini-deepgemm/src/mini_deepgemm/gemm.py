@@ -730,10 +730,11 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
                         block_m: int, block_n: int, stages: int, per_sm: int, scales_in_ring: bool = False) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM of the V4.1 recipe: FP8 MMAs promoted every 32 of K, block_m x block_n
     tiles (block_m 128: two math warpgroups, 64: one; block_n 128 or 32), `stages` ring steps of K = 128, per_sm
-    persistent programs per SM (0: one per tile). sa uint8 [M, K/32], sb uint8 [ceil(N/32), K/32]: read as 32-bit
-    words (K % 128 == 0, 4-byte aligned bases and row strides: checked by _use_gluon_v41), or with scales_in_ring
-    (block_n 128) first converted to fp32, A's M-major, and brought by the kernel's producer with the operands (the
-    same values: bitwise the same output)."""
+    persistent programs per SM (0: one per tile), K in the split-K kernel's slices of the weight's shape
+    (_splitk_slices, so that a row has the same bits on either kernel). sa uint8 [M, K/32], sb uint8 [ceil(N/32),
+    K/32]: read as 32-bit words (K % 128 == 0, 4-byte aligned bases and row strides: checked by _use_gluon_v41),
+    or with scales_in_ring (block_n 128) first converted to fp32, A's M-major, and brought by the kernel's producer
+    with the operands (the same values: bitwise the same output)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v41_kernel
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -747,8 +748,47 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
     fp8_gemm_v41_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, block_n)),
         sa.view(torch.int32), sb.view(torch.int32), sa_desc, sb_desc, M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
-        STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS,
-        SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)
+        _splitk_slices(N, K)[0], STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)
+
+
+# The V4.1 recipe's split-K kernel (gemm_gluon_fp8_splitk_kernel) takes calls of at most this many rows with
+# N % 128 == 0: one token tile of 16, 32 or 64 per program.
+_SPLITK_MAX_ROWS = 64
+# Its grid aims at this many programs (two per SM on an H200's 132) with slices of at least _SPLITK_MIN_STEPS K
+# steps of 128. Constants, not the device's SM count: the slices decide a row's bits, so they depend on the
+# weight's shape alone.
+_SPLITK_PROGRAMS, _SPLITK_MIN_STEPS = 256, 4
+
+
+def _splitk_slices(N: int, K: int) -> tuple[int, int]:
+    """(K steps per slice, slices) of the split-K kernel for a weight [N, K]: enough slices for the grid to reach
+    _SPLITK_PROGRAMS programs of 128 weight rows, none shorter than _SPLITK_MIN_STEPS steps (a program's
+    fixed costs and the partial sums' traffic, 4 x splits x M x N bytes, grow with the slice count)."""
+    steps = K // 128
+    splits = max(1, min(steps // _SPLITK_MIN_STEPS, cdiv(_SPLITK_PROGRAMS, cdiv(N, 128))))
+    per_slice = cdiv(steps, splits)
+    return per_slice, cdiv(steps, per_slice)
+
+
+def _gluon_fp8_v41_splitk_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
+                               d: torch.Tensor, slice_steps: int, splits: int, stages: int = 4) -> None:
+    """gemm_gluon_fp8_splitk_kernel's dense GEMM of the V4.1 recipe at M <= 64 rows: weights as the MMA's A
+    operand, K in `splits` slices of `slice_steps` steps of 128 (the last may be shorter), the slices' fp32 partial
+    sums added in order by splitk_sum_kernel. Operands as _gluon_fp8_v41_gemm's (checked by _use_gluon_v41), N %
+    128 == 0."""
+    from .gemm_gluon_fp8_splitk_kernel import fp8_gemm_v41_splitk_kernel, splitk_sum_kernel
+
+    M, K = aq.shape
+    N = bq.shape[0]
+    block_t = 16 if M <= 16 else 32 if M <= 32 else 64
+    part = torch.empty(splits, M, N, dtype=torch.float32, device=d.device) if splits > 1 else d
+    fp8_gemm_v41_splitk_kernel[(N // 128, splits)](
+        _tma_desc(bq, (128, 128)), _tma_desc(aq, (block_t, 128)), part, sa.view(torch.int32), sb.view(torch.int32),
+        M, N, K, slice_steps, sa.stride(0) // 4, sb.stride(0) // 4, part.stride(-2), STAGES=stages,
+        SPLIT=splits > 1, num_warps=4)
+    if splits > 1:
+        splitk_sum_kernel[(cdiv(M * N, 1024),)](part, d, M, N, splits, d.stride(0), BLOCK=1024, num_warps=4)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:
@@ -880,7 +920,10 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("GLUON_V41") and _use_gluon_v41(aq, sa, bq, sb, d, c, recipe):
-        _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, aq.shape[1], d.device))
+        if rows <= _SPLITK_MAX_ROWS and N % 128 == 0:
+            _gluon_fp8_v41_splitk_gemm(aq, sa, bq, sb, d, *_splitk_slices(N, K))
+        else:
+            _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, aq.shape[1], d.device))
         return
     if cfg.get("SWAP_AB"):
         _require(ue8m0, "the swap-AB kernel takes UE8M0 scales")

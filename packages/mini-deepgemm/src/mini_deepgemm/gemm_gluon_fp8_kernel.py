@@ -294,7 +294,8 @@ def _ring_scale(ring, slot, j: gl.constexpr, first: gl.constexpr, count: gl.cons
 
 @gluon.jit
 def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr, sb_ptr, M, N,
-              K, stride_sa, stride_sb, GROUP_M: gl.constexpr, ROW0: gl.constexpr, SCALES_IN_RING: gl.constexpr):
+              K, stride_sa, stride_sb, slice_steps, GROUP_M: gl.constexpr, ROW0: gl.constexpr,
+              SCALES_IN_RING: gl.constexpr):
     """One math warpgroup's partition for the V4.1 recipe: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile. Per
     ring step (K = 128) and per 32 of K: the A fragment loaded into registers (ldmatrix), one m64nBLOCK_Nk32 MMA into
     a fresh fp32 tile, wait, one FMA per accumulator element (_promote). ptxas places a K block's FMAs under the next
@@ -304,7 +305,9 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
     tiles: 565 -> 481 instructions per warp and step with the scale words, 450 -> 369 with the ring; session 18).
     Scales: with SCALES_IN_RING the step's fp32 scales are in the ring slot with its operands (sa_ring [4, BLOCK_M],
     sb_ring [4, 8], of which the tile's 4 column blocks are read: the producer's TMA), read with a shared-memory load
-    each; else the UE8M0 words are loaded from global memory a step ahead (sa_ptr, sb_ptr) and converted here."""
+    each; else the UE8M0 words are loaded from global memory a step ahead (sa_ptr, sb_ptr) and converted here.
+    K slices: the promotions of each slice_steps steps start from zero and the slices' sums are added in order, the
+    sums the split-K kernel's programs and splitk_sum_kernel form (gemm_gluon_fp8_splitk_kernel)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     ROWS: gl.constexpr = 64
@@ -336,46 +339,49 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
             wb1, wb2, wb3 = wb0, wb0, wb0
             if WIDE:
                 wb1, wb2, wb3 = gl.load(sb1), gl.load(sb2), gl.load(sb3)
-        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
-        for k in range(num_k):
-            slot = step % STAGES
-            if not SCALES_IN_RING:
-                # the next step's scale words (of this step at the last), loaded a step ahead as in _math_v3
-                ahead = gl.minimum(k + 1, num_k - 1)
-                na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
-                nb1, nb2, nb3 = nb0, nb0, nb0
-                if WIDE:
-                    nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            a_tile = a_ring.index(slot)
-            if ROWS < BLOCK_M:
-                a_tile = a_tile.slice(ROW0, ROWS, dim=0)
-            b_tile = b_ring.index(slot)
-            for j in gl.static_range(4):
-                a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                    a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True),))
+        total = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+        for k_first in range(0, num_k, slice_steps):
+            acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+            for k in range(k_first, gl.minimum(k_first + slice_steps, num_k)):
+                slot = step % STAGES
+                if not SCALES_IN_RING:
+                    # the next step's scale words (of this step at the last), loaded a step ahead as in _math_v3
+                    ahead = gl.minimum(k + 1, num_k - 1)
+                    na, nb0 = gl.load(sa_rows + ahead), gl.load(sb0 + ahead)
+                    nb1, nb2, nb3 = nb0, nb0, nb0
+                    if WIDE:
+                        nb1, nb2, nb3 = gl.load(sb1 + ahead), gl.load(sb2 + ahead), gl.load(sb3 + ahead)
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                a_tile = a_ring.index(slot)
+                if ROWS < BLOCK_M:
+                    a_tile = a_tile.slice(ROW0, ROWS, dim=0)
+                b_tile = b_ring.index(slot)
+                for j in gl.static_range(4):
+                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True),))
+                    if SCALES_IN_RING:
+                        acc = _promote(acc, part, _ring_scale(sa_ring, slot, j, ROW0, ROWS, rows_layout),
+                                       _ring_scale(sb_ring, slot, j, 0, 1, rows_layout),
+                                       _ring_scale(sb_ring, slot, j, 1, 1, rows_layout),
+                                       _ring_scale(sb_ring, slot, j, 2, 1, rows_layout),
+                                       _ring_scale(sb_ring, slot, j, 3, 1, rows_layout))
+                    else:
+                        acc = _promote(acc, part, _word_scale(wa, j), _word_scale(wb0, j), _word_scale(wb1, j),
+                                       _word_scale(wb2, j), _word_scale(wb3, j))
+                # every MMA that read the slot is done (each warpgroup waited for its own; see _math_v3)
                 if SCALES_IN_RING:
-                    acc = _promote(acc, part, _ring_scale(sa_ring, slot, j, ROW0, ROWS, rows_layout),
-                                   _ring_scale(sb_ring, slot, j, 0, 1, rows_layout),
-                                   _ring_scale(sb_ring, slot, j, 1, 1, rows_layout),
-                                   _ring_scale(sb_ring, slot, j, 2, 1, rows_layout),
-                                   _ring_scale(sb_ring, slot, j, 3, 1, rows_layout))
-                else:
-                    acc = _promote(acc, part, _word_scale(wa, j), _word_scale(wb0, j), _word_scale(wb1, j),
-                                   _word_scale(wb2, j), _word_scale(wb3, j))
-            # every MMA that read the slot is done (each warpgroup waited for its own; see _math_v3)
-            if SCALES_IN_RING:
-                # ptxas issues the last scale loads (LDS) from the slot just before the arrive and reads them after
-                # it: a proxy fence waits for them, or the producer's TMA refill may land first (session 38:
-                # benchmarks/check_smem_release.py; docs/reports/deepgemm-moe-fold-128.md)
-                fence_async_shared()
-            mbarrier.arrive(empty.index(slot), count=1)
-            if not SCALES_IN_RING:
-                wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
-            step += 1
+                    # ptxas issues the last scale loads (LDS) from the slot just before the arrive and reads them after
+                    # it: a proxy fence waits for them, or the producer's TMA refill may land first (session 38:
+                    # benchmarks/check_smem_release.py; docs/reports/deepgemm-moe-fold-128.md)
+                    fence_async_shared()
+                mbarrier.arrive(empty.index(slot), count=1)
+                if not SCALES_IN_RING:
+                    wa, wb0, wb1, wb2, wb3 = na, nb0, nb1, nb2, nb3
+                step += 1
+            total = total + acc
         tma.store_wait(pendings=0)  # the previous tile's store has read d_smem
-        d_smem.store(acc.to(d_desc.dtype))
+        d_smem.store(total.to(d_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(d_desc, [off_m + ROW0, off_n], d_smem)
     tma.store_wait(pendings=0)
@@ -384,7 +390,7 @@ def _math_v41(a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, e
 @gluon.jit
 def fp8_gemm_v41_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr, sa_desc, sb_desc,
-    M, N, K, stride_sa, stride_sb,
+    M, N, K, stride_sa, stride_sb, slice_steps,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SCALES_IN_RING: gl.constexpr,
 ):
@@ -421,16 +427,16 @@ def fp8_gemm_v41_kernel(
         d_smem_1 = gl.allocate_shared_memory(d_desc.dtype, [64, b_desc.block_type.shape[0]], d_desc.layout)
         gl.warp_specialize(
             [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
-                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
+                          sb_ptr, M, N, K, stride_sa, stride_sb, slice_steps, GROUP_M, 0, SCALES_IN_RING)),
              (_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem_1, sa_ptr,
-                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 64, SCALES_IN_RING)),
+                          sb_ptr, M, N, K, stride_sa, stride_sb, slice_steps, GROUP_M, 64, SCALES_IN_RING)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
                           scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_math_v41, (a_desc, b_desc, d_desc, a_ring, b_ring, sa_ring, sb_ring, ready, empty, d_smem, sa_ptr,
-                          sb_ptr, M, N, K, stride_sa, stride_sb, GROUP_M, 0, SCALES_IN_RING)),
+                          sb_ptr, M, N, K, stride_sa, stride_sb, slice_steps, GROUP_M, 0, SCALES_IN_RING)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, scale_descs[0],
                           scale_descs[1], sa_ring, sb_ring, SCALES_IN_RING))],
             [1], [PRODUCER_REGS])

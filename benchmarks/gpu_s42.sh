@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 42's GPU runs (docs/reports/gpu-session-2026-12-04-s42.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s42.sh   (1 x H200, tree = main + the V4.1 recipe's split-K
+#       kernel at decode sizes): the V4.1 GEMM tests and the dense batch-invariance test of mini-deepgemm;
+#       bench_dense_decode with its slice / ring sweep
+#   PART=r2 (.ab-base.tar.gz = 00e1a4b's src folders, carried): the runtime's core GPU tests; bench_decode (all seven
+#       sample layers, batch 32 / 64, --profile) on new and base
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s42
+ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
+# decode_all_sides SIDE...: bench_decode with every sample layer, batch 32 / 64 at 131,072 tokens, --profile, on each
+# side, into $OUT/decode_SIDE.{txt,_h200.json}
+decode_all_sides() {
+  local side
+  for side in "$@"; do
+    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_${side}_h200.json"
+  done
+}
+case "${PART:-r1}" in
+r1)
+  run v41_tests 240 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
+    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
+    --junitxml="$OUT/junit_v41.xml"
+  run dense_decode 240 python3 benchmarks/bench_dense_decode.py --sweep --out "$OUT"
+  cat "$OUT/summary.txt"; test_summary v41_tests
+  grep -E "^\|" "$OUT/dense_decode.txt"; grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
+  ;;
+r2)
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new base
+  cat "$OUT/summary.txt"; test_summary runtime_tests
+  grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+esac
+pack_out
