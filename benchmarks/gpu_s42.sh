@@ -2,7 +2,8 @@
 # Session 42's GPU runs (docs/reports/gpu-session-2026-12-04-s42.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s42.sh   (1 x H200, tree = main + the V4.1 recipe's split-K
 #       kernel at decode sizes): the V4.1 GEMM tests and the dense batch-invariance test of mini-deepgemm;
-#       bench_dense_decode with its slice / ring sweep
+#       bench_dense_decode with its slice / ring sweep (timed by do_bench: the host's launch time, not the kernels)
+#   PART=r1b (bench_dense_decode timed by CUDA-graph replay over weight copies): bench_dense_decode --sweep
 #   PART=r2 (.ab-base.tar.gz = 00e1a4b's src folders, carried): the runtime's core GPU tests; bench_decode (all seven
 #       sample layers, batch 32 / 64, --profile) on new and base
 set -u
@@ -26,6 +27,10 @@ r1)
   run dense_decode 240 python3 benchmarks/bench_dense_decode.py --sweep --out "$OUT"
   cat "$OUT/summary.txt"; test_summary v41_tests
   grep -E "^\|" "$OUT/dense_decode.txt"; grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
+  ;;
+r1b)
+  run dense_decode 240 python3 benchmarks/bench_dense_decode.py --sweep --out "$OUT"
+  cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/dense_decode.txt"; grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
   ;;
 r2)
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
