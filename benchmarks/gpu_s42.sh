@@ -4,8 +4,10 @@
 #       kernel at decode sizes): the V4.1 GEMM tests and the dense batch-invariance test of mini-deepgemm;
 #       bench_dense_decode with its slice / ring sweep (timed by do_bench: the host's launch time, not the kernels)
 #   PART=r1b (bench_dense_decode timed by CUDA-graph replay over weight copies): bench_dense_decode --sweep
-#   PART=r2 (.ab-base.tar.gz = 00e1a4b's src folders, carried): the runtime's core GPU tests; bench_decode (all seven
-#       sample layers, batch 32 / 64, --profile) on new and base
+#   PART=r2 (the split-K kernel routed by _splitk_runs, 3 stages): the V4.1 GEMM tests again, the runtime's core GPU
+#       tests, bench_dense_decode without the sweep
+#   PART=r3 (.ab-base.tar.gz = 00e1a4b's src folders, carried): bench_decode (all seven sample layers, batch 32 / 64,
+#       --profile) on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -30,12 +32,20 @@ r1)
   ;;
 r1b)
   run dense_decode 240 python3 benchmarks/bench_dense_decode.py --sweep --out "$OUT"
-  cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/dense_decode.txt"; grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
+  cat "$OUT/summary.txt"; grep -E "^\|" "$OUT/dense_decode.txt"
+  grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
   ;;
 r2)
-  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
+    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
+    --junitxml="$OUT/junit_v41.xml"
+  run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run dense_decode 120 python3 benchmarks/bench_dense_decode.py --out "$OUT"
+  cat "$OUT/summary.txt"; test_summary v41_tests runtime_tests; grep -E "^\|" "$OUT/dense_decode.txt"
+  ;;
+r3)
   decode_all_sides new base
-  cat "$OUT/summary.txt"; test_summary runtime_tests
+  cat "$OUT/summary.txt"
   grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 esac

@@ -156,7 +156,7 @@ def test_extreme_scale_bytes(case, ring):
 
 def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     """fp8_gemm_nt / fp8_fp4_gemm_nt with FP8 weights and the V4.1 recipe take the Gluon kernels at every row count
-    (up to 64 rows and N % 128 == 0 the split-K kernel at the weight's slices; other decode-sized calls on 64 x 32
+    (the split-K kernel at the weight's slices where gemm._splitk_runs picks it; other decode-sized calls on 64 x 32
     tiles, large M on 128 x 128, in calls of at least _V41_RING_MIN_FLOP with the scales through the ring); an fp32
     output, accumulate-into or K % 128 != 0 do not."""
     import mini_deepgemm as dg
@@ -169,8 +169,9 @@ def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     e8 = torch.float8_e8m0fnu
     for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
-        for M, N, K, tile in ((1, 1280, 512, ("split-K", 4, 1)), (64, 4608, 1280, ("split-K", 5, 2)),
-                              (64, 544, 512, (64, 32, 6, 0, False)), (300, 1280, 256, (64, 32, 6, 0, False)),
+        for M, N, K, tile in ((1, 1280, 512, ("split-K", 4, 1)), (64, 4608, 5120, ("split-K", 5, 8)),
+                              (64, 4608, 1280, (64, 32, 6, 0, False)), (16, 544, 512, (64, 32, 6, 0, False)),
+                              (300, 1280, 256, (64, 32, 6, 0, False)),
                               (1000, 4608, 256, (128, 128, 4, 1, False)), (4096, 1280, 256, (128, 128, 4, 1, False)),
                               (4096, 4608, 2560, (128, 128, 4, 1, True))):
             aq, sa, bq, sb = v41_operands(M, N, K, gen)

@@ -752,12 +752,20 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
         PRODUCER_REGS=_GLUON_PRODUCER_REGS, SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)
 
 
-# The V4.1 recipe's split-K kernel (gemm_gluon_fp8_splitk_kernel) takes calls of at most this many rows with
-# N % 128 == 0: one token tile of 16, 32 or 64 per program.
-_SPLITK_MAX_ROWS = 64
-# Its grid aims at this many programs (two per SM on an H200's 132) with slices of at least _SPLITK_MIN_STEPS K
-# steps of 128. Constants, not the device's SM count: the slices decide a row's bits, so they depend on the
-# weight's shape alone.
+def _splitk_runs(M: int, N: int, K: int) -> bool:
+    """Whether a V4.1-recipe call takes the split-K kernel (gemm_gluon_fp8_splitk_kernel: one token tile of 16, 32
+    or 64, N % 128 == 0) rather than the 64 x 32 tiles; both give a row the same bits, so the choice is speed
+    alone. Session 42 run 2 (H200, CUDA-graph replay, weights from HBM; docs/reports/deepgemm-v41-splitk.md): at 1
+    and 16 rows split-K ran 1.04-2.83x the tiles at the six decode shapes; at 32 and 64 rows 1.2-2.1x where K >=
+    5,120 (a tile program's serial chain of 40 or more K steps: wq_a, wkv, wo_b; shared_w13 1.20x at 32 rows and
+    at 64 0.82x at 4 stages, 1.20x at 3 in the sweep) and 0.73-1.19x at K = 1,280 and 2,304 (idx_wq_b, shared_w2:
+    128-160 tile programs of 10-18 steps fill the SMs already)."""
+    return N % 128 == 0 and (M <= 16 or (M <= 64 and K >= 4096))
+
+
+# The split-K kernel's grid aims at this many programs (two per SM on an H200's 132) with slices of at least
+# _SPLITK_MIN_STEPS K steps of 128. Constants, not the device's SM count: the slices decide a row's bits (in the
+# tile kernels too), so they depend on the weight's shape alone.
 _SPLITK_PROGRAMS, _SPLITK_MIN_STEPS = 256, 4
 
 
@@ -772,10 +780,11 @@ def _splitk_slices(N: int, K: int) -> tuple[int, int]:
 
 
 def _gluon_fp8_v41_splitk_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
-                               d: torch.Tensor, slice_steps: int, splits: int, stages: int = 4) -> None:
+                               d: torch.Tensor, slice_steps: int, splits: int, stages: int = 3) -> None:
     """gemm_gluon_fp8_splitk_kernel's dense GEMM of the V4.1 recipe at M <= 64 rows: weights as the MMA's A
     operand, K in `splits` slices of `slice_steps` steps of 128 (the last may be shorter), the slices' fp32 partial
-    sums added in order by splitk_sum_kernel. Operands as _gluon_fp8_v41_gemm's (checked by _use_gluon_v41), N %
+    sums added in order by splitk_sum_kernel; a ring of `stages` steps (3: session 42 run 2's sweep at 64 rows, 3
+    at least as fast as 4 and 6 at every shape). Operands as _gluon_fp8_v41_gemm's (checked by _use_gluon_v41), N %
     128 == 0."""
     from .gemm_gluon_fp8_splitk_kernel import fp8_gemm_v41_splitk_kernel, splitk_sum_kernel
 
@@ -920,7 +929,7 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
     # one check for both kernels: the swap-AB fallback below takes gemm_kernel_config's tiles, which divide it
     _require(layout != _CONTIGUOUS or _M_ALIGNMENT % cfg["BLOCK_M"] == 0, "BLOCK_M must divide the M alignment")
     if cfg.get("GLUON_V41") and _use_gluon_v41(aq, sa, bq, sb, d, c, recipe):
-        if rows <= _SPLITK_MAX_ROWS and N % 128 == 0:
+        if _splitk_runs(rows, N, K):
             _gluon_fp8_v41_splitk_gemm(aq, sa, bq, sb, d, *_splitk_slices(N, K))
         else:
             _gluon_fp8_v41_gemm(aq, sa, bq, sb, d, *_gluon_v41_tile(rows, N, aq.shape[1], d.device))
