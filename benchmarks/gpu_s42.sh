@@ -6,7 +6,8 @@
 #   PART=r1b (bench_dense_decode timed by CUDA-graph replay over weight copies): bench_dense_decode --sweep
 #   PART=r2 (the split-K kernel routed by _splitk_runs, 3 stages): the V4.1 GEMM tests again, the runtime's core GPU
 #       tests, bench_dense_decode without the sweep
-#   PART=r3 (.ab-base.tar.gz = 00e1a4b's src folders, carried): bench_decode (all seven sample layers, batch 32 / 64,
+#   PART=r3 (.ab-base.tar.gz = 00e1a4b's src folders, carried; the routing rule refined by run 3's table): the V4.1
+#       GEMM tests (the routing test's cases changed); bench_decode (all seven sample layers, batch 32 / 64,
 #       --profile) on new and base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
@@ -44,8 +45,9 @@ r2)
   cat "$OUT/summary.txt"; test_summary v41_tests runtime_tests; grep -E "^\|" "$OUT/dense_decode.txt"
   ;;
 r3)
+  run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py --junitxml="$OUT/junit_v41.xml"
   decode_all_sides new base
-  cat "$OUT/summary.txt"
+  cat "$OUT/summary.txt"; test_summary v41_tests
   grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 esac

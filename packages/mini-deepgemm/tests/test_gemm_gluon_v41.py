@@ -169,8 +169,9 @@ def test_public_api_routes_dense_v41_to_gluon(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     e8 = torch.float8_e8m0fnu
     for fn in (dg.fp8_gemm_nt, dg.fp8_fp4_gemm_nt):
-        for M, N, K, tile in ((1, 1280, 512, ("split-K", 4, 1)), (64, 4608, 5120, ("split-K", 5, 8)),
-                              (64, 4608, 1280, (64, 32, 6, 0, False)), (16, 544, 512, (64, 32, 6, 0, False)),
+        for M, N, K, tile in ((1, 1280, 512, ("split-K", 4, 1)), (64, 1280, 5120, ("split-K", 4, 10)),
+                              (32, 4608, 2304, ("split-K", 5, 4)), (64, 4608, 5120, (64, 32, 6, 0, False)),
+                              (32, 4608, 1280, (64, 32, 6, 0, False)), (16, 544, 512, (64, 32, 6, 0, False)),
                               (300, 1280, 256, (64, 32, 6, 0, False)),
                               (1000, 4608, 256, (128, 128, 4, 1, False)), (4096, 1280, 256, (128, 128, 4, 1, False)),
                               (4096, 4608, 2560, (128, 128, 4, 1, True))):

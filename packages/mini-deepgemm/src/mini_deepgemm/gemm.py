@@ -755,12 +755,15 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
 def _splitk_runs(M: int, N: int, K: int) -> bool:
     """Whether a V4.1-recipe call takes the split-K kernel (gemm_gluon_fp8_splitk_kernel: one token tile of 16, 32
     or 64, N % 128 == 0) rather than the 64 x 32 tiles; both give a row the same bits, so the choice is speed
-    alone. Session 42 run 2 (H200, CUDA-graph replay, weights from HBM; docs/reports/deepgemm-v41-splitk.md): at 1
-    and 16 rows split-K ran 1.04-2.83x the tiles at the six decode shapes; at 32 and 64 rows 1.2-2.1x where K >=
-    5,120 (a tile program's serial chain of 40 or more K steps: wq_a, wkv, wo_b; shared_w13 1.20x at 32 rows and
-    at 64 0.82x at 4 stages, 1.20x at 3 in the sweep) and 0.73-1.19x at K = 1,280 and 2,304 (idx_wq_b, shared_w2:
-    128-160 tile programs of 10-18 steps fill the SMs already)."""
-    return N % 128 == 0 and (M <= 16 or (M <= 64 and K >= 4096))
+    alone. Session 42 runs 2-3 (H200, CUDA-graph replay, weights from HBM; docs/reports/deepgemm-v41-splitk.md), at
+    the six decode shapes: at 1 and 16 rows split-K ran 1.06-2.85x the tiles; at 32 rows 1.24-2.07x where K >=
+    2,304 and 0.95x at idx_wq_b (K = 1,280: 128 tile programs of 10 steps fill the SMs already); at 64 rows
+    1.28-1.70x where the tiles give fewer programs than SMs (wq_a, wkv: N / 32 = 40, 16) or K = 8,192 (wo_b: a
+    tile program's serial chain of 64 steps), 0.73-0.95x at the other three (each weight block's 64-token
+    promotions, one FMA and one scale product per element and 32 of K, cost more than the split saves)."""
+    if N % 128 or M > 64:
+        return False
+    return M <= 16 or (M <= 32 and K >= 2048) or N <= 2048 or K >= 8192
 
 
 # The split-K kernel's grid aims at this many programs (two per SM on an H200's 132) with slices of at least
