@@ -6,9 +6,10 @@
 #   PART=r1b (bench_dense_decode timed by CUDA-graph replay over weight copies): bench_dense_decode --sweep
 #   PART=r2 (the split-K kernel routed by _splitk_runs, 3 stages): the V4.1 GEMM tests again, the runtime's core GPU
 #       tests, bench_dense_decode without the sweep
-#   PART=r3 (.ab-base.tar.gz = 00e1a4b's src folders, carried; the routing rule refined by run 3's table): the V4.1
-#       GEMM tests (the routing test's cases changed); bench_decode (all seven sample layers, batch 32 / 64,
-#       --profile) on new and base
+#   PART=r3 (.ab-base.tar.gz = 00e1a4b, .ab-mid.tar.gz = the split-K commit with run 3's routing rule, both
+#       carried: the runtime's working tree held a helper's unfinished routing change): the V4.1 GEMM tests (the
+#       routing test's cases changed); bench_decode (all seven sample layers, batch 32 / 64, --profile) on mid and
+#       base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -46,9 +47,9 @@ r2)
   ;;
 r3)
   run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py --junitxml="$OUT/junit_v41.xml"
-  decode_all_sides new base
+  decode_all_sides mid base
   cat "$OUT/summary.txt"; test_summary v41_tests
-  grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_mid.txt" "$OUT/decode_base.txt"
   ;;
 esac
 pack_out
