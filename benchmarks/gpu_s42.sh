@@ -10,6 +10,8 @@
 #       carried: the runtime's working tree held a helper's unfinished routing change): the V4.1 GEMM tests (the
 #       routing test's cases changed); bench_decode (all seven sample layers, batch 32 / 64, --profile) on mid and
 #       base
+#   PART=r4 (tree = main + the masked kernel's one-partial K loop, ONE_PART): the FP8-MMA route's GPU tests
+#       (test_gemm_fp4_e4m3.py); exp_moe_masked_tiles with the one-partial variants
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -50,6 +52,13 @@ r3)
   decode_all_sides mid base
   cat "$OUT/summary.txt"; test_summary v41_tests
   grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_mid.txt" "$OUT/decode_base.txt"
+  ;;
+r4)
+  run fp4_e4m3_tests 200 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
+    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  script_sides 200 exp_moe_masked_tiles.py masked_tiles new
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
+  grep -E "^\|" "$OUT/masked_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/masked_tiles_new.txt" | cut -c1-300
   ;;
 esac
 pack_out
