@@ -10,11 +10,6 @@ rate against the issue's 0.6). Session 22: a deeper ring now costs no residency 
 37 / 47 / 57 KB, 4 / 4 / 3 CTAs per SM; 32 tokens 128 / 124 / 128 and 41 / 53 / 66 KB, 4 / 4 / 3; 64 tokens
 233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles.
 
-Session 42: the 64-token tile with one partial tile (gemm_gluon_fp4_e4m3_kernel._masked_folded_steps_one_part,
-ONE_PART): two accumulators and one partial fit 168 registers (offline, 8 bytes of stack), 3 CTAs per SM where the
-two partials' 230 registers allowed 2; at ~32 rows it converts each expert's weights once where the 32-token tile
-converts ~45% of them twice.
-
 Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
 and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
 fraction of the device copy (same process), GPU time by CUDA-graph replay. Every variant's used rows are compared
@@ -38,15 +33,15 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# (tokens, stages, one partial tile: _masked_folded_steps_one_part, maxnreg or None for the routed launch options)
-VARIANTS = ((16, 2, False, None), (32, 2, False, None), (64, 2, False, None), (32, 2, True, None),
-            (64, 2, True, 168), (64, 3, True, 168))
+TILES = (16, 32, 64)
+STAGES = (2, 3, 4)
+VARIANTS = tuple((tile, stages) for tile in TILES for stages in STAGES)
 
 
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed, routed_options = G._masked_tile, G._masked_launch_options
+    routed = G._masked_tile
     for expected_m in (8, 32, 64):
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
@@ -55,35 +50,28 @@ def main() -> None:
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()), "routed": routed(expected_m)}
             first = None
-            for tile, stages, one_part, maxnreg in VARIANTS:
+            for tile, stages in VARIANTS:
                 G._masked_tile = lambda _expected_m, v=(tile, stages): v
-                G._masked_launch_options = lambda block_m, per_128, o=one_part, r=maxnreg: {
-                    **routed_options(block_m, per_128), "ONE_PART": o, **({"maxnreg": r} if r else {})}
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-                key = variant_key(tile, stages, one_part, maxnreg)
+                key = f"{tile}_{stages}"
                 row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
                 row[f"us_{key}"] = t * 1e3
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_tile, G._masked_launch_options = routed, routed_options
+            G._masked_tile = routed
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    keys = [variant_key(*v) for v in VARIANTS]
-    print(f"| rows per expert | GEMM | {' | '.join(keys)} | routed | bitwise |")
+    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tok, {s} st' for t, s in VARIANTS)} | routed | bitwise |")
     for r in result["rows"]:
-        fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
+        fracs = " | ".join(f"{r[f'frac_of_copy_{t}_{s}']:.3f}" for t, s in VARIANTS)
         print(f"| ~{r['expected_m']} | {r['name']} | {fracs} | {r['routed']} | "
-              f"{all(r[f'bitwise_{k}'] for k in keys)} |")
-
-
-def variant_key(tile: int, stages: int, one_part: bool, maxnreg: int | None) -> str:
-    return f"{tile}tok_{stages}st" + ("_onepart" if one_part else "") + (f"_r{maxnreg}" if maxnreg else "")
+              f"{all(r[f'bitwise_{t}_{s}'] for t, s in VARIANTS)} |")
 
 
 if __name__ == "__main__":

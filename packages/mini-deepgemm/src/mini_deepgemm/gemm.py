@@ -550,13 +550,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
-        num_warps=4, **_masked_launch_options(block_m, sa_per_128))
-
-
-def _masked_launch_options(block_m: int, sa_per_128: bool) -> dict:
-    """The masked kernel's launch options besides its tile: on folded activations up to 32 tokens, 128 registers
-    (4 CTAs per SM)."""
-    return {"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}
+        num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:

@@ -526,49 +526,8 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 
 @gluon.jit
-def _masked_folded_steps_one_part(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0,
-                                  max_m, K, stride_sa, mma: gl.constexpr):
-    """_masked_folded_steps with one partial tile (EXPERIMENT, session 42): per step the low half's MMA runs under
-    the high half's conversion and is promoted before the high half's MMA, which reuses its partial tile. Two
-    accumulators and one partial instead of two: the 64-token tile's registers fit 168 (3 CTAs per SM) where the two
-    partials took 230 (2 CTAs)."""
-    STAGES: gl.constexpr = w_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
-    offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
-    offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
-    sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
-    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
-    part = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
-    off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
-    for k in range(num_k):
-        if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
-        ahead = gl.minimum(k + 1, num_k - 1)
-        off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
-        slot = k % STAGES
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
-        b = x_ring.index(slot).permute((1, 0))
-        a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
-        lo_mma = warpgroup_mma(a_lo, b, part, use_acc=False, is_async=True)
-        a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
-        wa = gl.load(sa_tile + k + sa_rows)  # under the MMA
-        part = warpgroup_mma_wait(0, deps=(lo_mma,))
-        acc_lo = acc_lo + part * wa[None, :]
-        hi_mma = warpgroup_mma(a_hi, b, part, use_acc=False, is_async=True)
-        part = warpgroup_mma_wait(0, deps=(hi_mma,))
-        acc_hi = acc_hi + part * wa[None, :]
-        off_lo, off_hi = off_lo_next, off_hi_next
-    return acc_lo, acc_hi
-
-
-@gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False,
-                           ONE_PART: gl.constexpr = False):
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
     swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
@@ -602,10 +561,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 32])
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        if SA_PER_128 and ONE_PART:
-            acc_lo, acc_hi = _masked_folded_steps_one_part(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr,
-                                                           num_k, w_row, x_row, m0, max_m, K, stride_sa, mma)
-        elif SA_PER_128:
+        if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
                                                   w_row, x_row, m0, max_m, K, stride_sa, mma)
         else:
