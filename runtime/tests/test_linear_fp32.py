@@ -1,15 +1,40 @@
 """layers/linear_fp32.py: the head / MoE-gate kernel against an fp64 oracle and the fp32 reference, its batch
-invariance (a row's bits do not depend on the other rows), and the CPU fallback.
+invariance (a row's bits do not depend on the other rows), and the CPU fallback; the same for the split-K form
+(k_slice), whose two ways (planes + their sum, whole rows) must also give the same bits.
 
 Metric: relative L2 error against the fp64 product of the same bf16 values. The products are exact in fp32, so only
-the fp32 summation order differs from the reference; both must be within 1e-6 of the oracle."""
+the fp32 summation order differs from the reference; both must be within 1e-6 of the oracle.
+
+The unsliced kernel runs on CUDA only (marked gpu). The split-K tests run on CUDA (marked gpu) and on CPU under the
+Triton interpreter when TRITON_INTERPRET=1 is set (smaller K; there the kernel multiplies in fp32, since the
+interpreter's dot misreads bf16 operands, and adds with numpy); CPU CI runs them that way through the last test."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from mini_deepinfer.layers import linear_fp32 as lf
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if torch.cuda.is_available():
+    DEVICE, MARKS = "cuda", [pytest.mark.gpu]
+elif INTERPRET:
+    DEVICE, MARKS = "cpu", []
+else:
+    DEVICE, MARKS = "cuda", [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA or TRITON_INTERPRET=1")]
+
+
+def kernel_test(fn):
+    """A split-K test: marked gpu on CUDA, run by the interpreter on CPU, skipped on CPU without it."""
+    for mark in MARKS + [pytest.mark.skipif(lf.triton is None, reason="needs triton")]:
+        fn = mark(fn)
+    return fn
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -28,6 +53,10 @@ def test_cpu_falls_back_to_the_reference_and_rejects_mismatched_shapes():
     assert torch.equal(linear_fp32(x, w), linear_fp32_ref(x, w))
     with pytest.raises(ValueError, match="do not share D"):
         linear_fp32(x, w[:, :64])
+    assert torch.equal(linear_fp32(x, w, k_slice=64), linear_fp32_ref(x, w))
+    for bad in (0, 100, -64):
+        with pytest.raises(ValueError, match="k_slice"):
+            linear_fp32(x, w, k_slice=bad)
 
 
 @pytest.mark.gpu
@@ -55,3 +84,58 @@ def test_a_rows_bits_do_not_depend_on_the_batch():
     assert torch.equal(linear_fp32(x[40:73], w), full[40:73])
     assert torch.equal(linear_fp32(x[x.shape[0] - 1 :].clone(), w), full[-1:])
     assert torch.equal(linear_fp32(x, w), full)  # repeated calls
+
+
+# split-K cases (T, N, D, k_slice): the gate's shape (10 slices of 512 on CUDA, 3 under the interpreter), a ragged K
+# (1,000: neither a multiple of the slice nor of BLOCK_K), ragged N and T, one-step slices, no tokens
+SPLIT_CASES = [(64, 384, 1536, 512), (7, 100, 1000, 128), (33, 70, 320, 64), (0, 384, 512, 128)]
+if DEVICE == "cuda":
+    SPLIT_CASES += [(1, 384, 5120, 512), (64, 384, 5120, 512), (4096, 384, 5120, 512), (65, 130, 4160, 512),
+                    (200, 37, 96, 64), (3, 129280, 5120, 1024)]
+
+
+@kernel_test
+@pytest.mark.parametrize("T,N,D,k_slice", SPLIT_CASES)
+def test_split_k_matches_the_fp64_oracle_like_the_reference(T, N, D, k_slice):
+    x, w = operands(T, N, D, DEVICE)
+    planes = lf.linear_fp32_planes(x, w, k_slice, split=True)
+    whole = lf.linear_fp32_planes(x, w, k_slice, split=False)
+    assert planes.shape == (-(-D // k_slice), T, N) and whole.shape == (1, T, N) and planes.dtype == torch.float32
+    got = lf.sum_planes(planes)
+    assert torch.equal(got, whole[0])  # planes + their sum = whole rows, bit for bit
+    if DEVICE == "cuda":  # the dispatcher, whichever way split_grid picks for this T
+        assert torch.equal(linear_fp32(x, w, k_slice=k_slice), got)
+    if T:
+        oracle = x.double() @ w.double().T
+        err, ref_err = rel_l2(got, oracle), rel_l2(linear_fp32_ref(x, w), oracle)
+        print(f"split-K rel L2 vs fp64: {err:.2e} (fp32 reference: {ref_err:.2e})")
+        assert err < 1e-6, (err, ref_err)
+
+
+@kernel_test
+def test_split_k_rows_do_not_depend_on_the_batch():
+    """Rows of a 64-token call equal, bit for bit, the same rows computed alone, in 33-token calls, and either way
+    (planes or whole rows); on CUDA also inside a 4,096-token call (which split_grid runs as whole rows)."""
+    D = 5120 if DEVICE == "cuda" else 1536
+    x, w = operands(64, 384, D, DEVICE)
+    full = lf.sum_planes(lf.linear_fp32_planes(x, w, 512, split=True))
+    for rows in (slice(17, 18), slice(31, 64), slice(0, 33)):
+        for split in (True, False):
+            assert torch.equal(lf.sum_planes(lf.linear_fp32_planes(x[rows].clone(), w, 512, split=split)), full[rows])
+    if DEVICE == "cuda":
+        big = torch.cat([operands(4096 - 64, 384, D, DEVICE)[0], x])
+        assert not lf.split_grid(big.shape[0], 384, big.device) and lf.split_grid(64, 384, big.device)
+        assert torch.equal(linear_fp32(big, w, k_slice=512)[-64:], full)
+        assert torch.equal(linear_fp32(x[5:6], w, k_slice=512), full[5:6])
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET or lf.triton is None,
+                    reason="CUDA runs the kernels directly")
+def test_split_k_runs_under_the_triton_interpreter_on_cpu():
+    """CI has no GPU: run this file's split-K kernel tests once under TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "split_k and not interpreter"], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-2000:]

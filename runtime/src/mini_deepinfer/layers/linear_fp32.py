@@ -15,9 +15,24 @@ and is added into the fp32 accumulator by an ordinary (round-to-nearest) add, as
 Batch invariance: one tile shape for every T (128 weight rows x 32 tokens, K in steps of 64 in ascending order), so
 a row's outputs have the same bits whatever else is in the batch, as the engine's recomputation after preemption
 and its data-parallel ranks need (the GEMM kernels of mini-deepgemm keep the same property).
+
+Split-K (`k_slice`, the MoE gate): with N = 384 the unsplit grid is 3 programs per 32 tokens, each streaming all of
+K = 5,120 (~34 us per layer at 64 decode tokens on H200, latency-bound). With k_slice, K is cut into fixed slices of
+k_slice columns (the last may be shorter); each slice is summed as above from zero, and the slice sums are added in
+ascending slice order in fp32. The slice length is a constant of the call site, not of T, so a row's bits still do
+not depend on the batch. Two ways to run it, bit for bit the same sums:
+- split (few token tiles, decode): one program per (token tile, row tile, slice) writes its slice's sums to a plane
+  of an fp32 workspace [slices, T, N]; a second kernel (`sum_planes`, or the MoE routing kernel, which reads the
+  planes itself) adds the planes in ascending order, starting from zero;
+- whole rows (many token tiles, prefill): one program per (token tile, row tile) runs over all slices, adding each
+  slice sum into its accumulator in the same order: no workspace, whose traffic (slices x T x N x 4 bytes, 63 MB
+  for the gate at 4,096 tokens) buys little once the unsplit grid fills the GPU anyway.
+The split path has its own tile shape (SPLIT_BLOCK_N rows), the same in both ways and for every T.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -28,6 +43,10 @@ except ImportError:  # CPU-only installs: the reference formula runs instead
     triton = None
 
 BLOCK_N, BLOCK_T, BLOCK_K = 128, 32, 64
+# The split path's weight rows per program: 64 (the smallest wgmma M of one warpgroup) doubles the programs of a
+# narrow weight like the gate's (384 rows: 6 row tiles instead of 3) at no cost in weight traffic.
+SPLIT_BLOCK_N = 64
+SUM_BLOCK = 1024  # elements per program of sum_planes
 
 
 def linear_fp32_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -38,49 +57,155 @@ def linear_fp32_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _add_f32(a, b):
+    def _add_f32(a, b, INTERPRETED: tl.constexpr):
         """a + b, fp32, round to nearest, as inline PTX: Triton folds a plain `acc + tl.dot(w, x)` back into the MMA's
-        own accumulation (its dot-add combine pattern), which is what the kernel avoids."""
+        own accumulation (its dot-add combine pattern), which is what the kernel avoids. The interpreter (numpy)
+        runs no PTX; its `+` is the same IEEE add."""
+        if INTERPRETED:
+            return a + b
         return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
                                          pack=1)
 
     @triton.jit
-    def _linear_fp32_kernel(x_ptr, w_ptr, out_ptr, T, N, D, stride_x, stride_w, stride_out,
-                            BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Grid (token tiles, weight-row tiles): out[t, n] = sum_k x[t, k] * w[n, k] in fp32. Token tiles are the
-        fast axis, so the programs that share a weight tile run together and it is read from DRAM once."""
-        offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    def _k_range_sum(w_rows, x_rows, offs_n, offs_t, N, T, D, k_lo, k_hi, BLOCK_N: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):
+        """fp32 [BLOCK_N, BLOCK_T]: sum over k in [k_lo, k_hi) of w[n, k] * x[t, k], K steps of BLOCK_K from k_lo in
+        ascending order, each step's MMA from zero, added to the sum from zero (k_lo: a multiple of BLOCK_K)."""
         offs_k = tl.arange(0, BLOCK_K)
-        w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
-        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_x
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-        for k in range(0, D, BLOCK_K):
+        for k in range(k_lo, k_hi, BLOCK_K):
             in_k = (k + offs_k) < D
             w = tl.load(w_rows + (k + offs_k)[None, :], mask=(offs_n < N)[:, None] & in_k[None, :], other=0.0)
             x = tl.load(x_rows + (k + offs_k)[None, :], mask=(offs_t < T)[:, None] & in_k[None, :], other=0.0)
-            # weight rows as the MMA's M (T may be 1); each K step's MMA starts from zero and is added to acc in
-            # fp32 (round to nearest): chaining the MMAs through acc measured 5.6e-6 relative L2 against the fp64
-            # product at D = 5,120, 50x the fp32 GEMM's 1e-7 (session 15 run 3): the tensor core's accumulation is
-            # not IEEE fp32 addition
-            acc = _add_f32(acc, tl.dot(w, tl.trans(x)))
+            if INTERPRETED:  # the interpreter's dot misreads bf16; in fp32 the products are the same (exact)
+                step = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+            else:
+                # weight rows as the MMA's M (T may be 1); each K step's MMA starts from zero and is added to acc in
+                # fp32 (round to nearest): chaining the MMAs through acc measured 5.6e-6 relative L2 against the
+                # fp64 product at D = 5,120, 50x the fp32 GEMM's 1e-7 (session 15 run 3): the tensor core's
+                # accumulation is not IEEE fp32 addition
+                step = tl.dot(w, tl.trans(x))
+            acc = _add_f32(acc, step, INTERPRETED)
+        return acc
+
+    @triton.jit
+    def _linear_fp32_kernel(x_ptr, w_ptr, out_ptr, T, N, D, stride_x, stride_w, stride_out, k_slice, stride_plane,
+                            BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                            SLICED: tl.constexpr, SPLIT: tl.constexpr, INTERPRETED: tl.constexpr):
+        """Grid (token tiles, weight-row tiles[, slices]): out[t, n] = sum_k x[t, k] * w[n, k] in fp32. Token tiles
+        are the fast axis, so the programs that share a weight tile run together and it is read from DRAM once.
+        SLICED=False: one sum over all of K (the head). SLICED and SPLIT: program (.., .., s) writes the sum of
+        slice s (K columns [s * k_slice, (s + 1) * k_slice)) to plane s (out_ptr + s * stride_plane). SLICED, not
+        SPLIT: the slice sums added in ascending order into one accumulator from zero (what adding the planes
+        gives)."""
+        offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_x
+        if not SLICED:
+            acc = _k_range_sum(w_rows, x_rows, offs_n, offs_t, N, T, D, 0, D, BLOCK_N, BLOCK_T, BLOCK_K, INTERPRETED)
+        elif SPLIT:
+            k_lo = tl.program_id(2) * k_slice
+            acc = _k_range_sum(w_rows, x_rows, offs_n, offs_t, N, T, D, k_lo, tl.minimum(k_lo + k_slice, D),
+                               BLOCK_N, BLOCK_T, BLOCK_K, INTERPRETED)
+            out_ptr += tl.program_id(2).to(tl.int64) * stride_plane
+        else:
+            acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+            for k_lo in range(0, D, k_slice):
+                part = _k_range_sum(w_rows, x_rows, offs_n, offs_t, N, T, D, k_lo, tl.minimum(k_lo + k_slice, D),
+                                    BLOCK_N, BLOCK_T, BLOCK_K, INTERPRETED)
+                acc = _add_f32(acc, part, INTERPRETED)
         out = out_ptr + offs_t.to(tl.int64)[None, :] * stride_out + offs_n[:, None]
         tl.store(out, acc, mask=(offs_t < T)[None, :] & (offs_n < N)[:, None])
 
+    @triton.jit
+    def _sum_planes_kernel(planes_ptr, out_ptr, numel, n_planes, BLOCK: tl.constexpr):
+        """out[i] = ((0 + planes[0, i]) + planes[1, i]) + ..., fp32 adds in ascending plane order (no products: no
+        FMA can be formed, a plain add is round to nearest)."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < numel
+        plane = planes_ptr + offs
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for _ in range(n_planes):
+            acc += tl.load(plane, mask=m, other=0.0)
+            plane += numel
+        tl.store(out_ptr + offs, acc, mask=m)
 
-def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """fp32 [T, N] = x @ w^T of bf16 x [T, D] and bf16 w [N, D] (unit column strides): the Triton kernel on CUDA, the
-    reference elsewhere or for other dtypes. Equal to linear_fp32_ref up to the fp32 summation order."""
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_grid(T: int, N: int, device: torch.device) -> bool:
+    """Whether a sliced call of T rows on an N-row weight runs split (one program per slice, through planes): while
+    the unsplit grid (token tiles x row tiles) has fewer than two programs per SM, i.e. each SM would stream long
+    runs of K for a few programs. Either way gives the same bits, so the choice may follow T. Off CUDA (the
+    interpreter) it splits."""
+    if device.type != "cuda":
+        return True
+    return triton.cdiv(T, BLOCK_T) * triton.cdiv(N, SPLIT_BLOCK_N) < 2 * _sm_count(device.index or 0)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, k_slice: int | None) -> None:
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"linear_fp32: x {tuple(x.shape)} and w {tuple(w.shape)} do not share D")
+    if k_slice is not None and (k_slice <= 0 or k_slice % BLOCK_K):
+        raise ValueError(f"linear_fp32: k_slice {k_slice} is not a positive multiple of {BLOCK_K}")
+
+
+def linear_fp32(x: torch.Tensor, w: torch.Tensor, k_slice: int | None = None) -> torch.Tensor:
+    """fp32 [T, N] = x @ w^T of bf16 x [T, D] and bf16 w [N, D] (unit column strides): the Triton kernel on CUDA, the
+    reference elsewhere or for other dtypes. Equal to linear_fp32_ref up to the fp32 summation order.
+    k_slice (a multiple of BLOCK_K, fixed per call site): split-K in slices of k_slice columns (module docstring);
+    None: one sum over all of K (the head: its vocabulary already gives thousands of programs)."""
+    _check(x, w, k_slice)
     usable = (triton is not None and x.is_cuda and w.is_cuda and x.dtype == torch.bfloat16
               and w.dtype == torch.bfloat16 and x.stride(1) == 1 and w.stride(1) == 1)
     if not usable:
         return linear_fp32_ref(x, w)
+    if k_slice is None:
+        return _linear_fp32_call(x, w)
+    return sum_planes(linear_fp32_planes(x, w, k_slice))
+
+
+def _linear_fp32_call(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The unsliced kernel (k_slice None), on CUDA."""
     (T, D), N = x.shape, w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     if T:
         grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(N, BLOCK_N))
-        _linear_fp32_kernel[grid](x, w, out, T, N, D, x.stride(0), w.stride(0), out.stride(0),
-                                  BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4)
+        _linear_fp32_kernel[grid](x, w, out, T, N, D, x.stride(0), w.stride(0), out.stride(0), D, 0,
+                                  BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, SLICED=False, SPLIT=False,
+                                  INTERPRETED=False, num_warps=4, num_stages=4)
+    return out
+
+
+def linear_fp32_planes(x: torch.Tensor, w: torch.Tensor, k_slice: int, split: bool | None = None) -> torch.Tensor:
+    """The sliced product as fp32 planes [P, T, N] whose fp32 sum in ascending plane order, starting from zero, is
+    linear_fp32(x, w, k_slice) bit for bit: P = the number of slices (split) or 1 (whole rows). split None:
+    split_grid's choice. On any device Triton runs on (CUDA, or CPU tensors under TRITON_INTERPRET=1); bf16 x and w
+    with unit column strides."""
+    _check(x, w, k_slice)
+    (T, D), N = x.shape, w.shape[0]
+    if split is None:
+        split = split_grid(T, N, x.device)
+    n_slices = max(triton.cdiv(D, k_slice), 1)
+    planes = torch.empty(n_slices if split else 1, T, N, dtype=torch.float32, device=x.device)
+    if T and N:
+        grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(N, SPLIT_BLOCK_N)) + ((n_slices,) if split else ())
+        _linear_fp32_kernel[grid](x, w, planes, T, N, D, x.stride(0), w.stride(0), N, k_slice, T * N,
+                                  BLOCK_N=SPLIT_BLOCK_N, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, SLICED=True, SPLIT=split,
+                                  INTERPRETED=not x.is_cuda, num_warps=4, num_stages=4)
+    return planes
+
+
+def sum_planes(planes: torch.Tensor) -> torch.Tensor:
+    """fp32 [T, N] = the planes [P, T, N] added in ascending order from zero (one plane: itself, as a view)."""
+    if planes.shape[0] == 1:
+        return planes[0]
+    out = torch.empty(planes.shape[1:], dtype=torch.float32, device=planes.device)
+    if out.numel():
+        _sum_planes_kernel[(triton.cdiv(out.numel(), SUM_BLOCK),)](planes, out, out.numel(), planes.shape[0],
+                                                                  BLOCK=SUM_BLOCK)
     return out

@@ -25,6 +25,7 @@ from mini_deepgemm.reference import (
 )
 
 from mini_deepinfer.layers import hyper_connections as hcf
+from mini_deepinfer.layers import moe_route as routef
 from mini_deepinfer.layers import rmsnorm as rmsf
 from mini_deepinfer.layers import rope as ropef
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
@@ -391,9 +392,22 @@ def attention_output(o: torch.Tensor, positions: torch.Tensor, w: Weights, p: st
 # --------------------------------------------------------------------------- MoE
 def moe_route(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> tuple[torch.Tensor, torch.Tensor]:
     """sqrt(softplus) scores, biased top-k, unbiased normalised weights x route scale.
-    Returns (expert ids int64 [T, k], weights fp32 [T, k])."""
-    s = F.softplus(fp32_matmul(x, w, f"{p}.gate.weight") / cfg.gate_temp).sqrt()
-    idx = (s + w[f"{p}.gate.bias"].float()).topk(cfg.num_experts_per_tok, dim=-1).indices
+    Returns (expert ids int64 [T, k], weights fp32 [T, k]). The engine model on CUDA (KernelWeights) routes in two
+    Triton launches (layers/moe_route.py: the gate split-K, then the tail in one kernel), otherwise the gate's
+    fp32_matmul and moe_route_from_scores (the reference stays kernel-free)."""
+    gate, bias = w[f"{p}.gate.weight"], w[f"{p}.gate.bias"]
+    if isinstance(w, KernelWeights) and routef.available(x, gate, cfg.num_experts_per_tok):
+        return routef.moe_route_fused(x, gate, bias, cfg.num_experts_per_tok, cfg.gate_temp,
+                                      cfg.routed_scaling_factor)
+    return moe_route_from_scores(fp32_matmul(x, w, f"{p}.gate.weight"), bias, cfg)
+
+
+def moe_route_from_scores(scores: torch.Tensor, bias: torch.Tensor, cfg: V41Config
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_route after the gate: scores fp32 [T, E], bias [E] -> (expert ids int64 [T, k], weights fp32 [T, k]).
+    The torch chain: the reference, and the oracle of layers/moe_route.py's kernel."""
+    s = F.softplus(scores / cfg.gate_temp).sqrt()
+    idx = (s + bias.float()).topk(cfg.num_experts_per_tok, dim=-1).indices
     wt = s.gather(1, idx)
     wt = wt / (wt.sum(-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
     return idx, wt
