@@ -12,6 +12,9 @@
 #       base
 #   PART=r4 (tree = main + the masked kernel's one-partial K loop, ONE_PART): the FP8-MMA route's GPU tests
 #       (test_gemm_fp4_e4m3.py); exp_moe_masked_tiles with the one-partial variants
+#   PART=r6 (tree = main: split-K, the routing kernels; the final source tree): the routing and linear_fp32 tests,
+#       the runtime's core GPU tests, bench_decode on the tree (run 4's mid side is the cross-run reference), the rest
+#       of the runtime's GPU suite
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
 ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
@@ -59,6 +62,15 @@ r4)
   script_sides 200 exp_moe_masked_tiles.py masked_tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
   grep -E "^\|" "$OUT/masked_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/masked_tiles_new.txt" | cut -c1-300
+  ;;
+r6)
+  run route_tests 60 $PYTEST -n 8 runtime/tests/test_moe_route.py runtime/tests/test_linear_fp32.py \
+    --junitxml="$OUT/junit_route.xml"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new
+  rest_ab 80 160
+  cat "$OUT/summary.txt"; test_summary route_tests runtime_tests runtime_rest_a runtime_rest_b
+  grep -hE "graphs=1|^moe routing |^projections |^stage" "$OUT/decode_new.txt"
   ;;
 esac
 pack_out
