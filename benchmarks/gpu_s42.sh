@@ -68,7 +68,7 @@ r6)
     --junitxml="$OUT/junit_route.xml"
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   decode_all_sides new
-  rest_ab 80 160
+  rest_ab 75 120
   cat "$OUT/summary.txt"; test_summary route_tests runtime_tests runtime_rest_a runtime_rest_b
   grep -hE "graphs=1|^moe routing |^projections |^stage" "$OUT/decode_new.txt"
   ;;
