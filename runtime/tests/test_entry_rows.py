@@ -4,17 +4,14 @@ CPU CI, under the Triton interpreter in a child process (TRITON_INTERPRET must b
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from mini_deepinfer.layers import entry_rows as er
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernel_devices import INTERPRET, run_under_interpreter
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (rows, table width, ratio): a decode batch of one, several rows of ratio 1 and 2, a table of one block, 131k context
 CASES = [(1, 3, 2), (5, 7, 1), (9, 1, 2), (4, 40, 2)] + ([(64, 1025, 2)] if DEVICE == "cuda" else [])
@@ -62,8 +59,4 @@ def test_kernel_equals_the_torch_expression(rows, width, ratio) -> None:
 
 @pytest.mark.skipif(er.triton is None or DEVICE == "cuda" or INTERPRET, reason="CUDA runs the kernel directly")
 def test_kernel_runs_under_the_triton_interpreter_on_cpu() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "kernel_equals"], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
-        proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_under_interpreter(__file__, "-k", "kernel_equals", timeout=300)

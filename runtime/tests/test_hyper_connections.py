@@ -13,8 +13,6 @@ Inputs are random (streams of differing scales), never zeros.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -22,7 +20,8 @@ from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernel_devices import INTERPRET, run_under_interpreter
+
 pytestmark = pytest.mark.skipif(hcf.triton is None, reason="needs triton")
 
 if torch.cuda.is_available():
@@ -108,10 +107,4 @@ def test_engine_blocks_use_the_fused_ops_and_the_reference_does_not() -> None:
 def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
     """CI has no GPU: run this file's kernel comparisons once under TRITON_INTERPRET=1 (the interpreter executes the
     kernels' Triton code with numpy), so a logic error in the kernels fails on CPU too."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "match_the"],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "6 passed" in run_under_interpreter(__file__, "-k", "match_the", timeout=300)

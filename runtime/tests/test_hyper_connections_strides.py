@@ -7,19 +7,19 @@ the Triton interpreter (TRITON_INTERPRET=1; CI does that through the subprocess 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.models.deepseek_v41 import ops
 
+from kernel_devices import INTERPRET, run_under_interpreter
+
 pytestmark = pytest.mark.skipif(hcf.triton is None, reason="needs triton")
 
 if torch.cuda.is_available():
     DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)]
-elif os.environ.get("TRITON_INTERPRET") == "1":
+elif INTERPRET:
     DEVICES = ["cpu"]
 else:
     DEVICES = [pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA")])]
@@ -44,15 +44,9 @@ def test_permuted_streams_give_contiguous_outputs_equal_to_the_contiguous_case(d
     assert bool(((expanded.float() - want).abs() <= want.abs() * 2**-7 + 1e-6).all())
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET,
                     reason="CUDA (or an interpreter run) executes the test above directly")
 def test_runs_under_the_triton_interpreter_on_cpu() -> None:
     """CI has no GPU: run the test above once under TRITON_INTERPRET=1, in a subprocess (the interpreter is chosen
     when the kernels are defined)."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "permuted"],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in run_under_interpreter(__file__, "-k", "permuted", timeout=300)

@@ -11,30 +11,18 @@ interpreter's dot misreads bf16 operands, and adds with numpy); CPU CI runs them
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from mini_deepinfer.layers import linear_fp32 as lf
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if torch.cuda.is_available():
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu]
-elif INTERPRET:
-    DEVICE, MARKS = "cpu", []
-else:
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA or TRITON_INTERPRET=1")]
+from kernel_devices import DEVICE, interpreter_child, kernel_test, run_under_interpreter
 
 
-def kernel_test(fn):
-    """A split-K test: marked gpu on CUDA, run by the interpreter on CPU, skipped on CPU without it."""
-    for mark in MARKS + [pytest.mark.skipif(lf.triton is None, reason="needs triton")]:
-        fn = mark(fn)
-    return fn
+def split_k_test(fn):
+    """A split-K test: kernel_devices.kernel_test, and skipped without triton."""
+    return pytest.mark.skipif(lf.triton is None, reason="needs triton")(kernel_test(fn))
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -94,7 +82,7 @@ if DEVICE == "cuda":
                     (200, 37, 96, 64), (3, 129280, 5120, 1024)]
 
 
-@kernel_test
+@split_k_test
 @pytest.mark.parametrize("T,N,D,k_slice", SPLIT_CASES)
 def test_split_k_matches_the_fp64_oracle_like_the_reference(T, N, D, k_slice):
     x, w = operands(T, N, D, DEVICE)
@@ -112,7 +100,7 @@ def test_split_k_matches_the_fp64_oracle_like_the_reference(T, N, D, k_slice):
         assert err < 1e-6, (err, ref_err)
 
 
-@kernel_test
+@split_k_test
 def test_split_k_rows_do_not_depend_on_the_batch():
     """Rows of a 64-token call equal, bit for bit, the same rows computed alone, in 33-token calls, and either way
     (planes or whole rows); on CUDA also inside a 4,096-token call (which split_grid runs as whole rows)."""
@@ -129,13 +117,8 @@ def test_split_k_rows_do_not_depend_on_the_batch():
         assert torch.equal(linear_fp32(x[5:6], w, k_slice=512), full[5:6])
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET or lf.triton is None,
-                    reason="CUDA runs the kernels directly")
+@interpreter_child
+@pytest.mark.skipif(lf.triton is None, reason="needs triton")
 def test_split_k_runs_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's split-K kernel tests once under TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "split_k and not interpreter"], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
-        proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_under_interpreter(__file__, "-k", "split_k and not interpreter")

@@ -22,10 +22,6 @@ Metrics:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from mini_deepgemm.reference import act_dequant
@@ -34,23 +30,10 @@ from mini_deepinfer.layers import moe_kernels as mk
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, moe, ops, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.model import engine_weights
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, run_under_interpreter
+
 LIMIT = 10.0  # V41Config.swiglu_limit
 pytestmark = pytest.mark.skipif(mk.triton is None, reason="needs triton")
-
-if torch.cuda.is_available():
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu]
-elif INTERPRET:
-    DEVICE, MARKS = "cpu", []
-else:
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA or TRITON_INTERPRET=1")]
-
-
-def kernel_test(fn):
-    """A test that runs the kernels on DEVICE: marked gpu on CUDA, skipped on CPU without the interpreter."""
-    for mark in MARKS:
-        fn = mark(fn)
-    return fn
 
 # contiguous cases: rows per expert (0 = an empty expert), alignment of each segment, extra padding rows at the end,
 # intermediate size I. Ragged: padding inside segments, experts with 0 and 1 rows, M not a multiple of the tile.
@@ -296,11 +279,7 @@ def test_moe_grouped_with_kernels_matches_the_torch_chains(T, monkeypatch) -> No
     assert torch.isfinite(got).all() and rel <= 1e-3
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
+@interpreter_child
 def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
     """CI has no GPU: run this file's kernel tests once under TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
-        proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_under_interpreter(__file__)

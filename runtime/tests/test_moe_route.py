@@ -21,10 +21,6 @@ Metrics:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,22 +30,11 @@ from mini_deepinfer.layers import moe_route as mr
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, run_under_interpreter
+
 pytestmark = pytest.mark.skipif(mr.triton is None, reason="needs triton")
 
-if torch.cuda.is_available():
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu]
-elif INTERPRET:
-    DEVICE, MARKS = "cpu", []
-else:
-    DEVICE, MARKS = "cuda", [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA or TRITON_INTERPRET=1")]
 
-
-def kernel_test(fn):
-    """A test that runs the kernels on DEVICE: marked gpu on CUDA, skipped on CPU without the interpreter."""
-    for mark in MARKS:
-        fn = mark(fn)
-    return fn
 
 
 # (T, E, k): V4.1's 384 experts top-6, a small E (8, a power of two), E not a power of two, k = E, k = 1
@@ -229,11 +214,7 @@ def test_engine_route_matches_the_reference_route(T: int) -> None:
     assert torch.equal(biased.gather(1, idx), biased.gather(1, ref_idx))
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
+@interpreter_child
 def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
     """CI has no GPU: run this file's kernel tests once under TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
-        proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_under_interpreter(__file__)

@@ -1,0 +1,41 @@
+"""Where the runtime's Triton kernel tests run: on CUDA (marked gpu), or on CPU under the Triton interpreter
+(TRITON_INTERPRET=1). CPU CI sets neither, so each kernel test file also runs itself once under the interpreter in a
+child process (`run_under_interpreter`): the interpreter is chosen when triton is imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if torch.cuda.is_available():
+    DEVICE, MARKS = "cuda", [pytest.mark.gpu]
+elif INTERPRET:
+    DEVICE, MARKS = "cpu", []
+else:
+    DEVICE, MARKS = "cuda", [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA or TRITON_INTERPRET=1")]
+# the child-process test of a kernel file: CPU CI only (CUDA, or a run already under the interpreter, runs the
+# kernel tests directly)
+interpreter_child = pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
+
+
+def kernel_test(fn):
+    """A test that runs the kernels on DEVICE: marked gpu on CUDA, skipped on CPU without the interpreter."""
+    for mark in MARKS:
+        fn = mark(fn)
+    return fn
+
+
+def run_under_interpreter(test_file: str, *pytest_args: str, timeout: float = 600) -> str:
+    """pytest on test_file (pytest_args, e.g. "-k", "name") in a child process with TRITON_INTERPRET=1; asserts that
+    it passed and returns its output."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args],
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc.stdout
