@@ -17,17 +17,6 @@
 #       of the runtime's GPU suite
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
-ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
-# decode_all_sides SIDE...: bench_decode with every sample layer, batch 32 / 64 at 131,072 tokens, --profile, on each
-# side, into $OUT/decode_SIDE.{txt,_h200.json}
-decode_all_sides() {
-  local side
-  for side in "$@"; do
-    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
-      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
-      --out "$OUT/decode_${side}_h200.json"
-  done
-}
 case "${PART:-r1}" in
 r1)
   run v41_tests 240 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \

@@ -2,8 +2,8 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
-# `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`,
-# `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and `pack_out`.
+# `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`,
+# `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -91,6 +91,17 @@ fi
 side_path() {
   case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; alt) echo "$ALT_PYTHONPATH" ;;
     *) echo "$PYTHONPATH" ;; esac
+}
+# decode_all_sides SIDE...: bench_decode with all seven sample layers (every layer mode of the real model), batch
+# 32 / 64 at 131,072 tokens, --profile, on each side, into $OUT/decode_SIDE.{txt,_h200.json}
+ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
+decode_all_sides() {
+  local side
+  for side in "$@"; do
+    run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_${side}_h200.json"
+  done
 }
 # flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
 # (~40 s a side since session 26's decode split sweep; give it 110)
