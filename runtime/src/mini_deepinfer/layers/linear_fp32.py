@@ -32,8 +32,6 @@ The split path has its own tile shape (SPLIT_BLOCK_N rows), the same in both way
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 try:
@@ -47,6 +45,10 @@ BLOCK_N, BLOCK_T, BLOCK_K = 128, 32, 64
 # narrow weight like the gate's (384 rows: 6 row tiles instead of 3) at no cost in weight traffic.
 SPLIT_BLOCK_N = 64
 SUM_BLOCK = 1024  # elements per program of sum_planes
+# A sliced call runs split below this many whole-row programs: two per SM of an H200 (132 SMs). A constant, as the
+# choice changes no bits (split_grid); session 42's helper runs measured split faster up to 1,024 gate tokens and
+# whole rows at 2,048 (docs/reports/data/s42-helper-run4/).
+SPLIT_BELOW_PROGRAMS = 264
 
 
 def linear_fp32_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -132,19 +134,14 @@ if triton is not None:
         tl.store(out_ptr + offs, acc, mask=m)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def split_grid(T: int, N: int, device: torch.device) -> bool:
     """Whether a sliced call of T rows on an N-row weight runs split (one program per slice, through planes): while
-    the unsplit grid (token tiles x row tiles) has fewer than two programs per SM, i.e. each SM would stream long
-    runs of K for a few programs. Either way gives the same bits, so the choice may follow T. Off CUDA (the
-    interpreter) it splits."""
+    the unsplit grid (token tiles x row tiles) has fewer than SPLIT_BELOW_PROGRAMS programs, i.e. the SMs would each
+    stream long runs of K for a few programs. Either way gives the same bits, so the choice may follow T. Off CUDA
+    (the interpreter) it splits."""
     if device.type != "cuda":
         return True
-    return triton.cdiv(T, BLOCK_T) * triton.cdiv(N, SPLIT_BLOCK_N) < 2 * _sm_count(device.index or 0)
+    return triton.cdiv(T, BLOCK_T) * triton.cdiv(N, SPLIT_BLOCK_N) < SPLIT_BELOW_PROGRAMS
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, k_slice: int | None) -> None:
