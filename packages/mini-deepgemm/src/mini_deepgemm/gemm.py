@@ -345,7 +345,8 @@ def default_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool, n: int
     dense GEMMs with FP8 weights at every row count, FP8 MMAs promoted every 32 of K. Session 12 run 2 (H200):
     1.30-2.61x the swap-AB kernel at M = 4,096 on the 8 dense shapes, 1.6-3.9x at M = 1-64. Every tile shape it
     runs computes a row the same way, so a row's result does not depend on M (the tiles below, its fallback,
-    have the same property among themselves, on bf16 MMAs). Tiles: _gluon_v41_tile.
+    have the same property among themselves, on bf16 MMAs). Tiles: _gluon_v41_tile; up to 64 rows, where
+    _splitk_runs picks it, the split-K kernel (gemm_gluon_fp8_splitk_kernel: the same K slices, the same bits).
 
     gemm_gluon_kernel (GLUON, where _use_gluon allows it; the same products and order as the swap-AB kernel, the
     weights converted in the MMA's register layout; docs/reports/deepgemm-gluon.md), FP4 weights only:
