@@ -35,8 +35,6 @@ from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, ru
 pytestmark = pytest.mark.skipif(mr.triton is None, reason="needs triton")
 
 
-
-
 # (T, E, k): V4.1's 384 experts top-6, a small E (8, a power of two), E not a power of two, k = E, k = 1
 CASES = [(0, 384, 6), (1, 384, 6), (7, 384, 6), (64, 384, 6), (200, 8, 6), (64, 13, 6), (7, 6, 6), (9, 5, 1)]
 if DEVICE == "cuda":
