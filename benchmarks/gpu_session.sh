@@ -15,7 +15,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
-  date -u; git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
+  date -u
+  # the device copy's .git is stale (its HEAD is not the tree that runs): name the tree by the files that run, the
+  # hash `bash benchmarks/src_tree_hash.sh` prints for a checkout here
+  echo "src tree $(bash benchmarks/src_tree_hash.sh)"; } > "$OUT/env.txt" 2>&1
 # the session scripts' pytest command (quiet, skips listed with their reasons)
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 # decode_bench NAME [PREFIX...]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, PREFIX (e.g. env
