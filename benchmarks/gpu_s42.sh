@@ -10,8 +10,9 @@
 #       carried: the runtime's working tree held a helper's unfinished routing change): the V4.1 GEMM tests (the
 #       routing test's cases changed); bench_decode (all seven sample layers, batch 32 / 64, --profile) on mid and
 #       base
-#   PART=r4 (tree = main + the masked kernel's one-partial K loop, ONE_PART): the FP8-MMA route's GPU tests
-#       (test_gemm_fp4_e4m3.py); exp_moe_masked_tiles with the one-partial variants
+#   PART=r4 (tree = bf116da: the masked kernel's one-partial K loop, ONE_PART, and exp_moe_masked_tiles with its
+#       variants; reverted by f586d0a, so on main the script runs the routed tiles only): the FP8-MMA route's GPU
+#       tests (test_gemm_fp4_e4m3.py); exp_moe_masked_tiles
 #   PART=r6 (tree = main: split-K, the routing kernels; the final source tree): the routing and linear_fp32 tests,
 #       the runtime's core GPU tests, bench_decode on the tree (run 4's mid side is the cross-run reference), the rest
 #       of the runtime's GPU suite
