@@ -57,12 +57,7 @@ r6)
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 r7)
-  run entry_rows_tests 60 $PYTEST runtime/tests/test_entry_rows.py --junitxml="$OUT/junit_entry_rows.xml"
-  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  decode_all_sides new
-  rest_ab 75 110
-  cat "$OUT/summary.txt"; test_summary entry_rows_tests runtime_tests runtime_rest_a runtime_rest_b
-  grep -hE "graphs=1|^indexer |^stage" "$OUT/decode_new.txt"
+  tree_checks entry_rows_tests 110 indexer runtime/tests/test_entry_rows.py
   ;;
 esac
 pack_out

@@ -54,13 +54,8 @@ r4)
   grep -E "^\|" "$OUT/masked_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/masked_tiles_new.txt" | cut -c1-300
   ;;
 r6)
-  run route_tests 60 $PYTEST -n 8 runtime/tests/test_moe_route.py runtime/tests/test_linear_fp32.py \
-    --junitxml="$OUT/junit_route.xml"
-  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  decode_all_sides new
-  rest_ab 75 120
-  cat "$OUT/summary.txt"; test_summary route_tests runtime_tests runtime_rest_a runtime_rest_b
-  grep -hE "graphs=1|^moe routing |^projections |^stage" "$OUT/decode_new.txt"
+  tree_checks route_tests 120 "moe routing|projections" runtime/tests/test_moe_route.py \
+    runtime/tests/test_linear_fp32.py
   ;;
 esac
 pack_out

@@ -2,8 +2,9 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
-# `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, the A/B helpers (`side_path`, `flashmla_sides`,
-# `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and `pack_out`.
+# `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the A/B helpers (`side_path`,
+# `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and
+# `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -65,6 +66,19 @@ rest_ab() {
   run runtime_rest_a "${1:-90}" $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
   run runtime_rest_b "${2:-130}" $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" \
     -n 16 --junitxml="$OUT/junit_rest_b.xml"
+}
+# tree_checks NAME REST_B_SECS STAGES TEST_FILE...: a session's last run on its final tree: the change's own tests
+# (pytest -n 8, output $OUT/NAME.txt), the runtime's core GPU tests, bench_decode on the tree (decode_all_sides new),
+# the rest of the runtime suite (rest_ab 75 REST_B_SECS); then the summaries and the decode rows of the stages
+# matching STAGES (an extended regex, e.g. "indexer|hc")
+tree_checks() {
+  local name=$1 rest_b_secs=$2 stages=$3; shift 3
+  run "$name" 60 $PYTEST -n 8 "$@" --junitxml="$OUT/junit_$name.xml"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new
+  rest_ab 75 "$rest_b_secs"
+  cat "$OUT/summary.txt"; test_summary "$name" runtime_tests runtime_rest_a runtime_rest_b
+  grep -hE "graphs=1|^($stages) |^stage" "$OUT/decode_new.txt"
 }
 # rest_b SECS: part B of the rest of the runtime suite (-n 16, junit in $OUT), then its summary
 rest_b() {
