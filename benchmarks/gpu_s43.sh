@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 43's GPU runs (docs/reports/gpu-session-2026-12-04-s43.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s43.sh   (1 x H200; tree = main + the UE8M0 decode as one
+#       integer max + the step-tiled weight experiment's W_TILED flag; .ab-base.tar.gz = c8248c5, session 42's last
+#       tree): the V4.1 GEMM tests and the dense batch-invariance test; the FP8-MMA MoE kernels' tests (their source
+#       gained W_TILED, off by default); bench_dense_decode on the tree and the base; exp_moe_tiled_weights
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s43
+case "${PART:-r1}" in
+r1)
+  run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
+    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
+    --junitxml="$OUT/junit_v41.xml"
+  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
+    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  for side in new base; do
+    run "dense_decode_$side" 90 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_dense_decode.py \
+      --out "$OUT/dense_$side"
+  done
+  script_sides 240 exp_moe_tiled_weights.py tiled new
+  cat "$OUT/summary.txt"; test_summary v41_tests fp4_e4m3_tests
+  grep -E "^\|" "$OUT/dense_decode_new.txt" "$OUT/dense_decode_base.txt" "$OUT/tiled_new.txt"
+  grep -m3 -E "Error|error" "$OUT/tiled_new.txt" "$OUT/dense_decode_new.txt" | cut -c1-300
+  ;;
+esac
+pack_out
