@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 43's GPU runs (docs/reports/gpu-session-2026-12-04-s43.md); files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s43.sh   (1 x H200; tree = main + the UE8M0 decode as one
-#       integer max + the step-tiled weight experiment's W_TILED flag; .ab-base.tar.gz = c8248c5, session 42's last
-#       tree): the V4.1 GEMM tests and the dense batch-invariance test; the FP8-MMA MoE kernels' tests (their source
-#       gained W_TILED, off by default); bench_dense_decode on the tree and the base; exp_moe_tiled_weights
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s43.sh   (1 x H200; tree = 32b456c: main + the UE8M0 decode
+#       as one integer max + the step-tiled weight experiment's W_TILED flag, reverted by the next commit, so on main
+#       the part stops at exp_moe_tiled_weights; .ab-base.tar.gz = c8248c5, session 42's last tree): the V4.1 GEMM
+#       tests and the dense batch-invariance test; the FP8-MMA MoE kernels' tests (their source gained W_TILED, off
+#       by default); bench_dense_decode on the tree and the base; exp_moe_tiled_weights
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s43
 case "${PART:-r1}" in

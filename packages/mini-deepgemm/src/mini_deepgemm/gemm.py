@@ -512,7 +512,7 @@ def _packed_fp4_layout():
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
-                   folded: FoldedFP4Scales, expected_m: int | None, w_tiled: bool = False) -> None:
+                   folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, with the token tile
     and ring depth of _masked_tile(expected_m).
@@ -525,10 +525,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     (aq, sa), (bq, _) = a, b
     G, N, K2 = bq.shape
     K = aq.shape[-1]
-    # w_tiled (EXPERIMENT, session 43): bq's bytes in [G * N / 128, K / 128, 128, 64] order (each K step of a tile
-    # one contiguous 8 KB block), shaped [G, N, K / 2]
-    w_desc = TensorDescriptor.from_tensor(bq.reshape(-1, 64) if w_tiled else bq.view(G * N, K2), [128, 64],
-                                          _packed_fp4_layout())
+    w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
     sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
@@ -547,16 +544,14 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
-            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, W_TILED=w_tiled, num_warps=4,
-            maxnreg=128)
+            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
     block_m, stages = _masked_tile(expected_m or max_m)
     fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
-        W_TILED=w_tiled, num_warps=4,
-        **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
+        num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:

@@ -108,17 +108,6 @@ def _convert_rows(words, offsets):
 
 
 @gluon.jit
-def _weight_box(w_row, k, num_k, W_TILED: gl.constexpr):
-    """TMA coordinates of K step k of the 128 packed weight rows from w_row (a multiple of 128): [w_row, 64 k] in
-    the checkpoint's [G * N, K / 2]; W_TILED (EXPERIMENT, session 43): [G * N / 128, K / 128, 128, 64] viewed as
-    [G * N * K / 128, 64], each step of a tile one contiguous 8 KB block."""
-    if W_TILED:
-        return [w_row * num_k + k * 128, 0]
-    else:
-        return [w_row, k * 64]
-
-
-@gluon.jit
 def _raw_words(raw_ring, STAGES: gl.constexpr):
     """The packed weight ring [STAGES, 128, 64] uint8 (64-byte swizzle) read as int32 [STAGES, 128, 16]."""
     return raw_ring._reinterpret(gl.int32, [STAGES, 128, 16],
@@ -188,7 +177,7 @@ def _contiguous_tiles(table_ptr, M, N, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N, K,
-                      GROUP_M: gl.constexpr, W_TILED: gl.constexpr):
+                      GROUP_M: gl.constexpr):
     """The producer warp: per step of the program's tiles, once the slot is empty, the activation tile (into
     "ready", with the converter's arrival) and the tile's expert's packed weight rows (into "raw_ready") by TMA."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
@@ -201,8 +190,8 @@ def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty,
                 slot = step % STAGES
                 mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
                 mbarrier.expect(raw_ready.index(slot), w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w_desc, _weight_box(g * N + off_n, k, K // 128, W_TILED),
-                                                raw_ready.index(slot), raw_ring.index(slot))
+                tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(slot),
+                                                raw_ring.index(slot))
                 mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
                 step += 1
@@ -364,7 +353,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, table_ptr,
                                layout_ptr, M, N, K, stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                               SA_PER_128: gl.constexpr = False, W_TILED: gl.constexpr = False):
+                               SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256
     with SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes, 64-byte swizzle; d bf16 [M,
@@ -395,7 +384,7 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
                              table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
-                              K, GROUP_M, W_TILED))],
+                              K, GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -407,12 +396,11 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
 
 
 @gluon.jit
-def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row, num_k, W_TILED: gl.constexpr):
+def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
     """TMA step k's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] into ring slot k % STAGES."""
     slot = k % w_ring.type.shape[0]
     mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(w_desc, _weight_box(w_row, k, num_k, W_TILED), ready.index(slot),
-                                    w_ring.index(slot))
+    tma.async_copy_global_to_shared(w_desc, [w_row, k * 64], ready.index(slot), w_ring.index(slot))
     tma.async_copy_global_to_shared(x_desc, [x_row, k * 128], ready.index(slot), x_ring.index(slot))
 
 
@@ -429,11 +417,11 @@ def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, W_TILED: gl.constexpr):
+def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row):
     """The ring's first STAGES - 1 steps; step k then refills the slot step k - 1 read."""
     for s in gl.static_range(w_ring.type.shape[0] - 1):
         if s < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row, num_k, W_TILED)
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
 
 
 @gluon.jit
@@ -497,7 +485,7 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 @gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         K, stride_sa, mma: gl.constexpr, W_TILED: gl.constexpr):
+                         K, stride_sa, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
     half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
@@ -519,8 +507,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
     for k in range(num_k):
         if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, num_k,
-                          W_TILED)
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
         ahead = gl.minimum(k + 1, num_k - 1)
         off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
         slot = k % STAGES
@@ -540,8 +527,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False,
-                           W_TILED: gl.constexpr = False):
+                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
     m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
     swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
@@ -571,13 +557,13 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         num_k = K // 128
         w_row = g * N + n0
         x_row = g * max_m + m0
-        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, W_TILED)
+        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 32])
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, K, stride_sa, mma, W_TILED)
+                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
         else:
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
                 gl.int64) * (K // 128)
@@ -589,8 +575,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
             for k in range(num_k):
                 # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
                 if k + STAGES - 1 < num_k:
-                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, num_k,
-                          W_TILED)
+                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
                 ahead = gl.minimum(k + 1, num_k - 1)
                 offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
                 slot = k % STAGES
