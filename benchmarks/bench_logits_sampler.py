@@ -7,8 +7,10 @@ kernel against the reference's `y.float() @ head.float().T` (what the engine ran
 of the 1.3 GB head at every call, then cuBLAS's fp32 GEMM) and against cuBLAS bf16 `torch.matmul` (bf16 output:
 a speed peer only), with the relative L2 error against the fp32 reference and the head's bytes / time.
 Sampler: the sliced kernel (VOCAB_SLICE entries per program) against one program per row (the layout before
-session 15) and the torch reference, same tokens required; half the rows greedy, half at temperature 0.8.
-Timing: median of triton.testing.do_bench (25 ms warm-up, 100 ms measurement). Prints tables; writes JSON with the
+session 15) and the torch reference, same tokens required; all rows greedy, half greedy and half at temperature
+0.8, all at 0.8 (before session 43: the half mix only).
+Timing: the head by the median of triton.testing.do_bench (25 ms warm-up, 100 ms measurement); the sampler by
+CUDA-graph replay (do_bench_cudagraph, median; do_bench before session 43). Prints tables; writes JSON with the
 environment.
 """
 
@@ -51,25 +53,37 @@ def head_rows(head: torch.Tensor) -> list[dict]:
     return out
 
 
+def graph_ms(fn) -> float:
+    """GPU time per call by CUDA-graph replay: the sampler's ~10-150 us calls, without do_bench's launch path."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=100)
+
+
+# the rows' temperatures: all greedy (the decode benchmark's), half greedy, all sampled
+SAMPLER_MIXES = {"greedy": lambda r: 0.0, "half": lambda r: 0.0 if r % 2 else 0.8, "sampled": lambda r: 0.8}
+
+
 def sampler_rows() -> list[dict]:
     out = []
     one_per_row = -(-VOCAB // 2048) * 2048
     for rows in ROWS:
         g = torch.Generator(device="cuda").manual_seed(rows)
         logits = torch.randn(rows, VOCAB, device="cuda", generator=g) * 3
-        sb = SamplingBatch.build([0.0 if r % 2 else 0.8 for r in range(rows)], [-1] * rows, [1.0] * rows,
-                                 list(range(rows)), [7] * rows, "cuda")
-        keys = sample_keys(sb.seeds, sb.positions)
-        out_ids = torch.empty(rows, dtype=torch.int64, device="cuda")
-        want = gumbel_argmax_torch(logits, sb.temperatures, keys)
-        same = torch.equal(gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids), want) and torch.equal(
-            gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids, vocab_slice=one_per_row), want)
-        out.append(dict(
-            rows=rows, vocab=VOCAB, vocab_slice=VOCAB_SLICE, identical=same,
-            sliced_ms=bench(lambda: gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids)),
-            one_program_per_row_ms=bench(lambda: gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids,
-                                                                      vocab_slice=one_per_row)),
-            torch_ms=bench(lambda: gumbel_argmax_torch(logits, sb.temperatures, keys))))
+        for mix, temperature in SAMPLER_MIXES.items():
+            sb = SamplingBatch.build([temperature(r) for r in range(rows)], [-1] * rows, [1.0] * rows,
+                                     list(range(rows)), [7] * rows, "cuda")
+            keys = sample_keys(sb.seeds, sb.positions)
+            out_ids = torch.empty(rows, dtype=torch.int64, device="cuda")
+            want = gumbel_argmax_torch(logits, sb.temperatures, keys)
+            same = torch.equal(gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids), want) and torch.equal(
+                gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids, vocab_slice=one_per_row), want)
+            out.append(dict(
+                rows=rows, mix=mix, vocab=VOCAB, vocab_slice=VOCAB_SLICE, identical=same,
+                sliced_ms=graph_ms(lambda: gumbel_argmax_triton(logits, sb.temperatures, keys, out_ids)),
+                one_program_per_row_ms=graph_ms(lambda: gumbel_argmax_triton(
+                    logits, sb.temperatures, keys, out_ids, vocab_slice=one_per_row)),
+                torch_ms=graph_ms(lambda: gumbel_argmax_torch(logits, sb.temperatures, keys))))
     return out
 
 
@@ -87,7 +101,8 @@ def main() -> None:
     env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=torch.cuda.get_device_name(),
                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
                shapes=dict(vocab=VOCAB, dim=DIM, rows=ROWS), dtype="bf16 y and head, fp32 logits",
-               method="triton.testing.do_bench median, warmup 25 ms, rep 100 ms")
+               method="head: triton.testing.do_bench median, warmup 25 ms, rep 100 ms; "
+                      "sampler: do_bench_cudagraph median")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(env=env, head=heads, sampler=samplers), f, indent=2)
@@ -97,10 +112,11 @@ def main() -> None:
         print(f"| {r['rows']} | {r['kernel_ms']:.4f} | {r['fp32_reference_ms']:.4f} | {r['cublas_bf16_ms']:.4f} | "
               f"{r['fp32_reference_ms'] / r['kernel_ms']:.1f} | {r['kernel_head_tb_s']:.2f} | "
               f"{r['rel_l2_vs_fp32_reference']:.1e} |")
-    print("| rows | sampler sliced ms | one program per row ms | torch ms | per-row / sliced | identical |")
+    print("| rows | temperatures | sampler sliced ms | one program per row ms | torch ms | per-row / sliced | "
+          "identical |")
     for r in samplers:
-        print(f"| {r['rows']} | {r['sliced_ms']:.4f} | {r['one_program_per_row_ms']:.4f} | {r['torch_ms']:.4f} | "
-              f"{r['one_program_per_row_ms'] / r['sliced_ms']:.1f} | {r['identical']} |")
+        print(f"| {r['rows']} | {r['mix']} | {r['sliced_ms']:.4f} | {r['one_program_per_row_ms']:.4f} | "
+              f"{r['torch_ms']:.4f} | {r['one_program_per_row_ms'] / r['sliced_ms']:.1f} | {r['identical']} |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 #       the part stops at exp_moe_tiled_weights; .ab-base.tar.gz = c8248c5, session 42's last tree): the V4.1 GEMM
 #       tests and the dense batch-invariance test; the FP8-MMA MoE kernels' tests (their source gained W_TILED, off
 #       by default); bench_dense_decode on the tree and the base; exp_moe_tiled_weights
+#   PART=r2 (tree = main + the sampler's greedy path; .ab-base.tar.gz = c8248c5): test_sampler.py; bench_logits_sampler
+#       on the tree and the base; exp_hc_decode_tiles
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s43
 case "${PART:-r1}" in
@@ -22,6 +24,17 @@ r1)
   cat "$OUT/summary.txt"; test_summary v41_tests fp4_e4m3_tests
   grep -E "^\|" "$OUT/dense_decode_new.txt" "$OUT/dense_decode_base.txt" "$OUT/tiled_new.txt"
   grep -m3 -E "Error|error" "$OUT/tiled_new.txt" "$OUT/dense_decode_new.txt" | cut -c1-300
+  ;;
+r2)
+  run sampler_tests 90 $PYTEST -n 4 runtime/tests/test_sampler.py --junitxml="$OUT/junit_sampler.xml"
+  for side in new base; do
+    run "sampler_$side" 120 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_logits_sampler.py \
+      --out "$OUT/sampler_$side.json"
+  done
+  script_sides 200 exp_hc_decode_tiles.py hc_tiles new
+  cat "$OUT/summary.txt"; test_summary sampler_tests
+  grep -hE "^\| [0-9]+ \| (greedy|half|sampled)" "$OUT/sampler_new.txt" "$OUT/sampler_base.txt"
+  grep -E "^\|" "$OUT/hc_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/hc_tiles_new.txt" | cut -c1-300
   ;;
 esac
 pack_out

@@ -111,10 +111,13 @@ if triton is not None:
             in_vocab = cols < vocab
             x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + cols, mask=in_vocab, other=float("-inf"))
             x = x.to(tl.float64)
-            bits = _mix64_tl(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
-            u = (_shr_tl(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
-            noise = -libdevice.log(-libdevice.log(u))
-            scores = tl.where(temp == 0, x, x / temp + noise)
+            if temp == 0:  # greedy: the logits themselves; the noise (two float64 logs per entry) would be dropped
+                scores = x
+            else:
+                bits = _mix64_tl(key + (cols.to(tl.int64) + 1) * -7046029254386353131)  # 0x9E3779B97F4A7C15
+                u = (_shr_tl(bits, 11) | 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact
+                noise = -libdevice.log(-libdevice.log(u))
+                scores = x / temp + noise
             scores = tl.where(in_vocab, scores, float("-inf"))
             block_best = tl.max(scores, axis=0)
             block_idx = tl.argmax(scores, axis=0, tie_break_left=True).to(tl.int64) + start
