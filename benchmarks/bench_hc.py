@@ -215,7 +215,8 @@ def print_summary(result: dict) -> None:
         m = r["mix"]
         measured = r.get("error") or (f"err={r['max_abs_error']:.1e}  "
                                       + " ".join(f"{t}:{v:.4f}" for t, v in r["ms"].items()))
-        tiling = f"{m['dot']:6s} bt={m['block_t']:3d} bk={m['block_k']:3d} slice={m['k_slice']:5d} w={m['num_warps']}"
+        tiling = (f"{m['dot']:6s} bt={m['block_t'] or 'T':>3} bk={m['block_k']:3d} slice={m['k_slice']:5d} "
+                  f"w={m['num_warps']}")
         print(f"  {tiling}  {measured}"[:300])
     print(f"fastest within {result['error_bar']:.0e}: {result['fastest']}")
     for row in result["by_tokens"]:

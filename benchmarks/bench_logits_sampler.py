@@ -1,6 +1,6 @@
 """The decode step's tail on CUDA: the output head (fp32 logits) and the Gumbel-max sampler, V4.1 widths.
 
-    python3 benchmarks/bench_logits_sampler.py [--out results.json]
+    python3 benchmarks/bench_logits_sampler.py [--out results.json] [--sampler-only]
 
 Head: logits fp32 [rows, 129,280] = y @ head^T with y and the head bf16 (D = 5,120): layers/linear_fp32.py's
 kernel against the reference's `y.float() @ head.float().T` (what the engine ran until session 15: an fp32 copy
@@ -92,11 +92,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--sampler-only", action="store_true", help="skip the head's rows")
     args = parser.parse_args()
-    head = (torch.randn(VOCAB, DIM, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
-            * DIM**-0.5).to(torch.bfloat16)
-    heads = head_rows(head)
-    del head
+    heads = []
+    if not args.sampler_only:
+        head = (torch.randn(VOCAB, DIM, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+                * DIM**-0.5).to(torch.bfloat16)
+        heads = head_rows(head)
+        del head
     samplers = sampler_rows()
     env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=torch.cuda.get_device_name(),
                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),

@@ -7,6 +7,11 @@
 #       by default); bench_dense_decode on the tree and the base; exp_moe_tiled_weights
 #   PART=r2 (tree = main + the sampler's greedy path; .ab-base.tar.gz = c8248c5): test_sampler.py; bench_logits_sampler
 #       on the tree and the base; exp_hc_decode_tiles
+#   PART=r3 (tree = main: the sampler's greedy loop, the hc mixes' token block by T; .ab-base.tar.gz = c8248c5):
+#       test_sampler.py and test_hyper_connections.py; bench_logits_sampler --sampler-only on the tree and the base;
+#       the runtime's core GPU tests; bench_decode (all seven sample layers) on the tree and the base; the rest of the
+#       runtime suite
+#   PART=r4 (the same tree): mini-deepgemm's and mini-flashmla's GPU suites, mini-deepep's single-GPU tests
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s43
 case "${PART:-r1}" in
@@ -35,6 +40,26 @@ r2)
   cat "$OUT/summary.txt"; test_summary sampler_tests
   grep -hE "^\| [0-9]+ \| (greedy|half|sampled)" "$OUT/sampler_new.txt" "$OUT/sampler_base.txt"
   grep -E "^\|" "$OUT/hc_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/hc_tiles_new.txt" | cut -c1-300
+  ;;
+r3)
+  run own_tests 90 $PYTEST -n 8 runtime/tests/test_sampler.py runtime/tests/test_hyper_connections.py \
+    --junitxml="$OUT/junit_own.xml"
+  for side in new base; do
+    run "sampler_$side" 90 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_logits_sampler.py \
+      --sampler-only --out "$OUT/sampler_$side.json"
+  done
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new base
+  rest_ab 75 110
+  cat "$OUT/summary.txt"; test_summary own_tests runtime_tests runtime_rest_a runtime_rest_b
+  grep -hE "^\| [0-9]+ \| (greedy|half|sampled)" "$OUT/sampler_new.txt" "$OUT/sampler_base.txt"
+  grep -hE "graphs=1|^(hc|other) |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r4)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests --junitxml="$OUT/junit_deepgemm.xml"
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  run deepep_tests 90 $PYTEST -n 4 packages/mini-deepep/tests -m "not multigpu" --junitxml="$OUT/junit_deepep.xml"
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests deepep_tests
   ;;
 esac
 pack_out

@@ -79,6 +79,20 @@ def test_fused_mixes_match_the_reference(device: str, T: int, D: int, mix: hcf.M
             assert torch.equal(a, b[: T // 2])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("T", [1, 64, 200])
+def test_mixes_do_not_depend_on_the_token_block(T: int) -> None:
+    """mix_block_t picks the partial kernel's token block by the call's size, so the batch invariance above needs
+    every block to give the same bits (the MMA is mma.sync below 64 rows, wgmma from 64)."""
+    cfg = V41Config()
+    H, fn, scale, base, _ = _inputs(T, cfg.hidden_size, "cuda", seed=T)
+    want = hcf.hc_mixes_fused(H, fn, scale, base, cfg, hcf.MixConfig(block_t=128))
+    for block_t in (16, 32, 64, None):
+        got = hcf.hc_mixes_fused(H, fn, scale, base, cfg, hcf.MixConfig(block_t=block_t))
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), block_t
+
+
 @pytest.mark.parametrize("device,T,D", CASES)
 def test_fused_collapse_and_expand_match_the_references(device: str, T: int, D: int) -> None:
     cfg = V41Config() if D == 5120 else tiny_config()

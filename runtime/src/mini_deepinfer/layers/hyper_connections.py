@@ -12,7 +12,9 @@ bf16 [T, 4, D]; each kernel here reads them once.
     writes the slice's 24 projections and its sum of squares (column 24) to an fp32 workspace [splits, T, 32].
   - `hc_mix_finish_kernel`: sums the slices in ascending order (deterministic, no atomics), then computes pre,
     post and comb with the whole Sinkhorn normalisation in registers.
-  The K slice is fixed (MixConfig.k_slice), not derived from T, so a token's mixes do not depend on the batch.
+  The K slice is fixed (MixConfig.k_slice), not derived from T, so a token's mixes do not depend on the batch. The
+  token block is chosen by T (mix_block_t): it does not enter a token's sums (each chunk's MMA starts from a fresh
+  accumulator), and on H200 blocks of 16-128 tokens gave the same bits at 1-4,096 tokens (session 43).
 - `hc_collapse_fused`: u = sum_k pre[k] * H[k] (fp32, bf16 out).
 - `hc_expand_fused`: H'[j] = post[j] * y + sum_i comb[i, j] * H[i] (fp32, bf16 out).
 - `hc_expand_collapse_fused`: the same kernel also collapsing H' with a `pre` known before the expand (the
@@ -58,9 +60,10 @@ class MixConfig:
     Defaults: the fastest tiling within the 1e-5 bar on H200 (docs/reports/runtime-hc-mix-splitk.md): bf16x3,
     128 x 64: 0.086 ms at T = 4,096 against 0.57 ms for the fastest ieee tiling. Slices of 1,024 since session 41
     (20 programs per token block, chains of 16 steps): at 64 decode tokens 29.8 against 47.9 us for 2,048 (512:
-    24.0 us, but 0.90x at 4,096 tokens), at 4,096 tokens 77.9 against 80.7 us (CUDA-graph replay)."""
+    24.0 us, but 0.90x at 4,096 tokens), at 4,096 tokens 77.9 against 80.7 us (CUDA-graph replay).
+    block_t None (the default): mix_block_t(T), the token block by the call's size."""
 
-    block_t: int = 128
+    block_t: int | None = None
     block_k: int = 64
     k_slice: int = 1024
     dot: str = "bf16x3"
@@ -68,11 +71,20 @@ class MixConfig:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        if self.k_slice % self.block_k or self.block_k < 16 or self.block_t < 16 or self.dot not in ("ieee", "bf16x3"):
+        if (self.k_slice % self.block_k or self.block_k < 16 or (self.block_t is not None and self.block_t < 16)
+                or self.dot not in ("ieee", "bf16x3")):
             raise ValueError(f"bad MixConfig {self}")
 
 
 DEFAULT_MIX = MixConfig()
+
+
+def mix_block_t(tokens: int) -> int:
+    """The partial kernel's token block for a call of `tokens` tokens: more programs where the call is small. H200,
+    session 43 (benchmarks/exp_hc_decode_tiles.py, both kernels, CUDA-graph replay, us at 1 / 64 / 128 / 512 / 4,096
+    tokens): block 16: 18.0 / 20.1 / 24.6 / 41.6 / 257.9; 64: 20.9 / 22.6 / 22.6 / 26.9 / 88.7; 128 (the block of
+    sessions 3-42): 23.7 / 29.9 / 30.0 / 30.3 / 78.4; 32 was slower than 16 and 64 everywhere."""
+    return 16 if tokens <= 64 else 64 if tokens <= 512 else 128
 
 if triton is not None:
 
@@ -207,8 +219,9 @@ def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     if T:
         n_splits = triton.cdiv(K, mix.k_slice)
         workspace = torch.empty(n_splits, T, WORKSPACE_COLUMNS, dtype=torch.float32, device=H.device)
-        hc_mix_partial_kernel[(triton.cdiv(T, mix.block_t), n_splits)](
-            H, fn, workspace, T, K, mix.k_slice, MIX=MIX_COLUMNS, NW=WORKSPACE_COLUMNS, BLOCK_T=mix.block_t,
+        block_t = mix.block_t or mix_block_t(T)
+        hc_mix_partial_kernel[(triton.cdiv(T, block_t), n_splits)](
+            H, fn, workspace, T, K, mix.k_slice, MIX=MIX_COLUMNS, NW=WORKSPACE_COLUMNS, BLOCK_T=block_t,
             BLOCK_K=mix.block_k, BF16X3=mix.dot == "bf16x3", num_warps=mix.num_warps, num_stages=mix.num_stages)
         hc_mix_finish_kernel[(triton.cdiv(T, FINISH_BLOCK_T),)](
             workspace, scale, base, pre, post, comb, T, K, n_splits, cfg.rms_norm_eps, cfg.hc_eps,
