@@ -12,6 +12,10 @@
 #       the runtime's core GPU tests; bench_decode (all seven sample layers) on the tree and the base; the rest of the
 #       runtime suite
 #   PART=r4 (the same tree): mini-deepgemm's and mini-flashmla's GPU suites, mini-deepep's single-GPU tests
+#   PART=r5 (tree = main + the per-query indexer kernel's loads one / two tiles ahead, and an experiment knob for its
+#       register cap; .ab-base.tar.gz = c8248c5): mini-flashmla's GPU suite; bench_flashmla's indexer part on the
+#       tree, the tree capped at 128 registers, and the base; bench_reindex on the tree and the base; the runtime's
+#       core GPU tests; bench_decode (all seven sample layers) on the tree and the base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s43
 case "${PART:-r1}" in
@@ -60,6 +64,26 @@ r4)
   run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
   run deepep_tests 90 $PYTEST -n 4 packages/mini-deepep/tests -m "not multigpu" --junitxml="$OUT/junit_deepep.xml"
   cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests deepep_tests
+  ;;
+r5)
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  for side in new capped base; do
+    patch="pass"
+    [ "$side" = capped ] && patch="import mini_flashmla.api as A; A.INDEXER_PER_QUERY_MAXNREG = 128"
+    run "indexer_$side" 90 env PYTHONPATH="$(side_path $side)" OUT="$OUT" BENCH_PARTS=indexer \
+      BENCH_JSON="indexer_$side.json" \
+      bash -c "cd benchmarks && python3 -c \"$patch; import runpy; runpy.run_path('bench_flashmla.py', run_name='__main__')\""
+  done
+  for side in new base; do
+    run "reindex_$side" 90 env PYTHONPATH="$(side_path $side)" OUT="$OUT/reindex_$side" \
+      bash -c "mkdir -p \$OUT && python3 benchmarks/bench_reindex.py"
+  done
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -hiE "indexer.*decode|^\| indexer" "$OUT"/indexer_*.txt | cut -c1-200
+  grep -hE "new|old|candidate" "$OUT"/reindex_*.txt | cut -c1-200 | head -20
+  grep -hE "graphs=1|^(indexer) |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 esac
 pack_out
