@@ -12,8 +12,9 @@
 #       the runtime's core GPU tests; bench_decode (all seven sample layers) on the tree and the base; the rest of the
 #       runtime suite
 #   PART=r4 (the same tree): mini-deepgemm's and mini-flashmla's GPU suites, mini-deepep's single-GPU tests
-#   PART=r5 (tree = main + the per-query indexer kernel's loads one / two tiles ahead, and an experiment knob for its
-#       register cap; .ab-base.tar.gz = c8248c5): mini-flashmla's GPU suite; bench_flashmla's indexer part on the
+#   PART=r5 (tree = 9a3c15d: main + the per-query indexer kernel's loads one / two tiles ahead, and an experiment knob
+#       for its register cap, both reverted by the next commit (on main the capped side is the tree again);
+#       .ab-base.tar.gz = c8248c5): mini-flashmla's GPU suite; bench_flashmla's indexer part on the
 #       tree, the tree capped at 128 registers, and the base; bench_reindex on the tree and the base; the runtime's
 #       core GPU tests; bench_decode (all seven sample layers) on the tree and the base
 set -u

@@ -48,7 +48,6 @@ INDEXER_PER_QUERY_BLOCK_K = 128
 INDEXER_PER_QUERY_STAGES = 1
 INDEXER_PER_QUERY_WARPS = 4
 INDEXER_PER_QUERY_PROGRAMS_PER_SM = 4
-INDEXER_PER_QUERY_MAXNREG = None  # EXPERIMENT (session 43): a register cap for the prefetching kernel (145 -> 128)
 
 
 @functools.cache
@@ -422,8 +421,7 @@ def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cac
         key_rows, key_rows.stride(0) if key_rows.dim() == 2 else 0, blocks_arg, blocks_arg.stride(0), visible,
         out, out.stride(0), n_columns, key_rows.shape[-1], keys_per_program, H=q.shape[1], D=q.shape[2],
         BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), GROUP=block,
-        num_warps=INDEXER_PER_QUERY_WARPS,
-        **({"maxnreg": INDEXER_PER_QUERY_MAXNREG} if INDEXER_PER_QUERY_MAXNREG else {}))
+        num_warps=INDEXER_PER_QUERY_WARPS)
 
 
 def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,

@@ -33,32 +33,17 @@ RELU_TIMES_WEIGHT_PTX = tl.constexpr("{ .reg .b32 z, r; mov.b32 z, 0; max.bf16x2
 
 
 @triton.jit
-def _load_keys(cache_ptr, num_rows, rows, D: tl.constexpr):
-    """The packed bytes of cache rows `rows` (int32 [BLOCK_K]): (e2m1 pairs uint8 [BLOCK_K, D / 2], UE8M0 exponents
-    uint8 [BLOCK_K, D / 32], row_ok); rows that are -1 or outside the cache read nothing and give zeros."""
+def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr):
+    """(bf16 [BLOCK_K, D] keys of cache rows `rows` (int32 [BLOCK_K]), row_ok): rows that are -1 or outside the cache
+    read nothing and give zeros. ASM: the inline-PTX e2m1 decode (CUDA), else the integer one (any backend)."""
+    BLOCK_K: tl.constexpr = rows.shape[0]
     row_ok = (rows >= 0) & (rows < num_rows)
     row = cache_ptr + rows.to(tl.int64)[:, None] * INDEX_K_ROW_BYTES
     byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=row_ok[:, None], other=0)
     e = tl.load(row + D // 2 + tl.arange(0, D // 32)[None, :], mask=row_ok[:, None], other=0)
-    return byte, e, row_ok
-
-
-@triton.jit
-def _decode_keys(byte, e, ASM: tl.constexpr):
-    """_load_keys's bytes -> bf16 [BLOCK_K, D] keys. ASM: the inline-PTX e2m1 decode (CUDA), else the integer one
-    (any backend)."""
-    BLOCK_K: tl.constexpr = byte.shape[0]
-    D: tl.constexpr = byte.shape[1] * 2
     scale = ue8m0_to_bf16(e)[:, :, None]  # one per 32 dims = 16 bytes
     even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_K, D // 32, 16]), scale, ASM)
-    return tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2]))  # low = even
-
-
-@triton.jit
-def _dequant_keys(cache_ptr, num_rows, rows, D: tl.constexpr, ASM: tl.constexpr):
-    """(bf16 [BLOCK_K, D] keys of cache rows `rows` (int32 [BLOCK_K]), row_ok): _load_keys then _decode_keys."""
-    byte, e, row_ok = _load_keys(cache_ptr, num_rows, rows, D)
-    return _decode_keys(byte, e, ASM), row_ok
+    return tl.interleave(tl.reshape(even, [BLOCK_K, D // 2]), tl.reshape(odd, [BLOCK_K, D // 2])), row_ok  # low = even
 
 
 @triton.jit
@@ -133,19 +118,6 @@ def indexer_scores_kernel(
 
 
 @triton.jit
-def _key_rows(key_rows, blocks, c, end, visible, GROUP: tl.constexpr):
-    """The cache rows of a query's columns c (int32 [BLOCK_K]; key_rows / blocks: the query's rows of each): -1 at
-    or past end, for keys at or past visible, and in a -1 candidate block."""
-    c_ok = c < end
-    if GROUP == 0:
-        t = c
-    else:
-        blk = tl.load(blocks + c // GROUP, mask=c_ok, other=-1)
-        t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
-    return tl.load(key_rows + t, mask=c_ok & (t < visible), other=-1)
-
-
-@triton.jit
 def indexer_scores_per_query_kernel(
     q_ptr, stride_q_s, stride_q_h, w_ptr, stride_w_s, cache_ptr, num_rows, key_rows_ptr, stride_key_rows_s,
     blocks_ptr, stride_blocks_s, visible_ptr, out_ptr, stride_out_s, n_columns, n_keys, keys_per_program,
@@ -176,18 +148,15 @@ def indexer_scores_per_query_kernel(
     w = tl.load(w_ptr + i * stride_w_s + h)
     visible = tl.minimum(tl.load(visible_ptr + i), n_keys)
     end = tl.minimum(first + keys_per_program, n_columns)
-    # Loads run ahead of the math: a tile's key bytes one tile ahead, its row ids two, so no step waits on the chain
-    # row id -> key bytes (two dependent global reads) of its own tile. The same products and sums per key.
-    rows_of = key_rows_ptr + i * stride_key_rows_s
-    blocks_of = blocks_ptr + i * stride_blocks_s
-    c = first + tl.arange(0, BLOCK_K)
-    byte, e, row_ok = _load_keys(cache_ptr, num_rows, _key_rows(rows_of, blocks_of, c, end, visible, GROUP), D)
-    rows_next = _key_rows(rows_of, blocks_of, c + BLOCK_K, end, visible, GROUP)
     for start in tl.range(first, end, BLOCK_K, num_stages=STAGES):
         c = start + tl.arange(0, BLOCK_K)
-        byte_now, e_now, row_ok_now = byte, e, row_ok
-        byte, e, row_ok = _load_keys(cache_ptr, num_rows, rows_next, D)
-        rows_next = _key_rows(rows_of, blocks_of, c + 2 * BLOCK_K, end, visible, GROUP)
-        k = _decode_keys(byte_now, e_now, ASM)
+        c_ok = c < end
+        if GROUP == 0:
+            t = c
+        else:
+            blk = tl.load(blocks_ptr + i * stride_blocks_s + c // GROUP, mask=c_ok, other=-1)
+            t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
+        rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
+        k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
         score = tl.reshape(_score_tile(k, q, w, 1, H, ASM), [BLOCK_K])
-        tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok_now, score, float("-inf")), mask=c < end)
+        tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok, score, float("-inf")), mask=c_ok)
