@@ -17,6 +17,9 @@
 #       .ab-base.tar.gz = c8248c5): mini-flashmla's GPU suite; bench_flashmla's indexer part on the
 #       tree, the tree capped at 128 registers, and the base; bench_reindex on the tree and the base; the runtime's
 #       core GPU tests; bench_decode (all seven sample layers) on the tree and the base
+#   PART=r6 (tree = main: the decode step's window rows once per step, the REUSE layers' compressed rows once per
+#       ratio; .ab-base.tar.gz = a4d8d80, runs 3-4's tree): the runtime's core GPU tests; bench_decode (all seven
+#       sample layers) on the tree and the base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s43
 case "${PART:-r1}" in
@@ -85,6 +88,12 @@ r5)
   grep -hiE "indexer.*decode|^\| indexer" "$OUT"/indexer_*.txt | cut -c1-200
   grep -hE "new|old|candidate" "$OUT"/reindex_*.txt | cut -c1-200 | head -20
   grep -hE "graphs=1|^(indexer) |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r6)
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new base
+  cat "$OUT/summary.txt"; test_summary runtime_tests
+  grep -hE "graphs=1|^(sparse attention|other|projections) |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 esac
 pack_out

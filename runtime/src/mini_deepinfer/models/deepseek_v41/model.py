@@ -47,12 +47,24 @@ from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 
 @dataclass(frozen=True)
 class DecodeRows:
-    """Per-row device metadata of a decode step (one token per sequence), all int64 / bool [B, ...]."""
+    """Per-row device metadata of a decode step (one token per sequence), int64 / bool [B, ...] unless noted; built
+    once per step by of_step, since every layer reads the same rows (session 43: the window rows had been
+    recomputed in each layer, ~10 small kernels per layer)."""
 
     pos: torch.Tensor  # [B]
     slots: torch.Tensor  # [B]
     block_tables: torch.Tensor  # [B, width]
     closes: dict[int, torch.Tensor]  # ratio > 1 -> bool [B]: this token closes its compressor group
+    ring_rows: torch.Tensor  # [B]: the window ring row this token writes, slot x W + pos % W
+    window_ids: torch.Tensor  # int32 [B, W]: the ring rows of positions pos - W + 1 .. pos, -1 before the start
+
+    @classmethod
+    def of_step(cls, t: StepTensors, ratios: set[int], window: int) -> "DecodeRows":
+        pos, slots = t.positions, t.slots
+        wpos = ops.window_positions(pos, window)
+        window_ids = torch.where(wpos >= 0, slots[:, None] * window + wpos % window, wpos).to(torch.int32)
+        return cls(pos, slots, t.block_tables, {r: (pos + 1) % r == 0 for r in ratios},
+                   slots * window + pos % window, window_ids)
 
     def entry_rows(self, entries: torch.Tensor, ratio: int) -> torch.Tensor:
         """Flat cache rows of compressed entries int64 [B, n] (entry g of row b: its table's block g // epb)."""
@@ -244,12 +256,12 @@ class V41Model(torch.nn.Module):
         inputs. Returns fp32 logits [len(t.sample_rows), vocab]. Call after_decode (host) for the same slots."""
         cfg = self.config
         pos = t.positions
-        ratios = {r.ratio for r in self.roles if r.ratio > 1}
-        rows = DecodeRows(pos, t.slots, t.block_tables, {r: (pos + 1) % r == 0 for r in ratios})
+        rows = DecodeRows.of_step(t, {r.ratio for r in self.roles if r.ratio > 1}, cfg.sliding_window)
         compressed = self.token_map[input_ids]
         history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
         H, pre = ops.initial_streams(self.w["embed.weight"][input_ids], cfg)
-        shared: dict = {"topk": None, "candidates": None}
+        # the selection a layer publishes for the next (topk, candidates), and the cache rows of topk per ratio
+        shared: dict = {"topk": None, "candidates": None, "comp_ids": {}}
         collapsed = None  # hc_collapse(H, pre), from the block that produced H
         for role in self.roles:
             p = f"layers.{role.layer_id}"
@@ -272,23 +284,26 @@ class V41Model(torch.nn.Module):
         cfg, w, lid = self.config, self.w, role.layer_id
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
-        W = cfg.sliding_window
         qr, q, kv = ops.attention_qkv(u, d.pos, w, p, cfg, freqs)
         ring = cache.window[lid]
-        ring[d.slots * W + d.pos % W] = pack_window_fp8(kv)  # written first: a decode token reads itself
-        wpos = ops.window_positions(d.pos, W)
-        win_ids = torch.where(wpos >= 0, d.slots[:, None] * W + wpos % W, wpos)
+        ring[d.ring_rows] = pack_window_fp8(kv)  # written first: a decode token reads itself
         comp_table = comp_ids = None
         if role.ratio > 0:
             if role.mode == LayerMode.FULL:
                 self._compress_decode(u, d, role, cache)
             if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
                 shared["topk"] = self._indexer_decode(qr, u, d, role, cache, shared)
+                shared["comp_ids"] = {}
             topk = shared["topk"]
             if topk is not None:
                 comp_table = cache.compressed_kv[role.kv_source]
-                comp_ids = torch.where(topk >= 0, d.entry_rows(topk.clamp_min(0), role.ratio), topk).to(torch.int32)
-        o, _ = sparse_mla_fwd_paged(q, ring, comp_table, win_ids.to(torch.int32), comp_ids, cfg.head_dim ** -0.5,
+                # the REUSE layers after a selection read the same entries: their rows once per ratio
+                comp_ids = shared["comp_ids"].get(role.ratio)
+                if comp_ids is None:
+                    comp_ids = torch.where(topk >= 0, d.entry_rows(topk.clamp_min(0), role.ratio), topk).to(
+                        torch.int32)
+                    shared["comp_ids"][role.ratio] = comp_ids
+        o, _ = sparse_mla_fwd_paged(q, ring, comp_table, d.window_ids, comp_ids, cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
         return ops.attention_output(o, d.pos, w, p, cfg, freqs)
 
