@@ -20,9 +20,7 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s42
 case "${PART:-r1}" in
 r1)
-  run v41_tests 240 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
-    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
-    --junitxml="$OUT/junit_v41.xml"
+  v41_tests 240
   run dense_decode 240 python3 benchmarks/bench_dense_decode.py --sweep --out "$OUT"
   cat "$OUT/summary.txt"; test_summary v41_tests
   grep -E "^\|" "$OUT/dense_decode.txt"; grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
@@ -33,9 +31,7 @@ r1b)
   grep -m3 -E "Error|error" "$OUT/dense_decode.txt" | cut -c1-300
   ;;
 r2)
-  run v41_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
-    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
-    --junitxml="$OUT/junit_v41.xml"
+  v41_tests 150
   run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   run dense_decode 120 python3 benchmarks/bench_dense_decode.py --out "$OUT"
   cat "$OUT/summary.txt"; test_summary v41_tests runtime_tests; grep -E "^\|" "$OUT/dense_decode.txt"

@@ -1,10 +1,10 @@
 # Shared set-up of the GPU session scripts (gpu_suite.sh, gpu_prefill_round.sh, gpu_final_check.sh); sourced, with
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
-# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `decode_bench`,
-# `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the A/B helpers (`side_path`,
-# `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile CASE...` and
-# `pack_out`.
+# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`,
+# `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the A/B helpers
+# (`side_path`, `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile
+# CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -54,6 +54,13 @@ RUNTIME_REST_A="runtime/tests/test_bounded_replay.py runtime/tests/test_hyper_co
 # cores here, 2 in CPU CI); generate_data_parallel spawns them since.
 RUNTIME_REST_B_IGNORES=$RUNTIME_CORE_IGNORES
 for f in $RUNTIME_REST_A; do RUNTIME_REST_B_IGNORES="$RUNTIME_REST_B_IGNORES --ignore=$f"; done
+# v41_tests SECS: mini-deepgemm's V4.1 GEMM tests and the dense batch-invariance test (-n 8, output
+# $OUT/v41_tests.txt, junit in $OUT)
+v41_tests() {
+  run v41_tests "$1" $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
+    "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
+    --junitxml="$OUT/junit_v41.xml"
+}
 # test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt, for the call's output
 test_summary() {
   local files=() n

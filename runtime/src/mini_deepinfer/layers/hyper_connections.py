@@ -86,6 +86,7 @@ def mix_block_t(tokens: int) -> int:
     sessions 3-42): 23.7 / 29.9 / 30.0 / 30.3 / 78.4; 32 was slower than 16 and 64 everywhere."""
     return 16 if tokens <= 64 else 64 if tokens <= 512 else 128
 
+
 if triton is not None:
 
     @triton.jit

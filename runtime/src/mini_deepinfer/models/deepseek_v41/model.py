@@ -45,6 +45,12 @@ from mini_deepinfer.models.deepseek_v41.engram import (
 from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 
 
+def _ring_ids(slots: torch.Tensor, wpos: torch.Tensor, window: int) -> torch.Tensor:
+    """The window ring rows of positions wpos (int64 [B, n], -1 = none) in each row's slot: slot x W + wpos % W, with
+    the -1 kept."""
+    return torch.where(wpos >= 0, slots[:, None] * window + wpos % window, wpos)
+
+
 @dataclass(frozen=True)
 class DecodeRows:
     """Per-row device metadata of a decode step (one token per sequence), int64 / bool [B, ...] unless noted; built
@@ -59,10 +65,10 @@ class DecodeRows:
     window_ids: torch.Tensor  # int32 [B, W]: the ring rows of positions pos - W + 1 .. pos, -1 before the start
 
     @classmethod
-    def of_step(cls, t: StepTensors, ratios: set[int], window: int) -> "DecodeRows":
+    def of_step(cls, t: StepTensors, ratios: set[int], window: int) -> DecodeRows:
+        """A step's rows from its tensors; ratios: the model's compressor ratios above 1; window: W."""
         pos, slots = t.positions, t.slots
-        wpos = ops.window_positions(pos, window)
-        window_ids = torch.where(wpos >= 0, slots[:, None] * window + wpos % window, wpos).to(torch.int32)
+        window_ids = _ring_ids(slots, ops.window_positions(pos, window), window).to(torch.int32)
         return cls(pos, slots, t.block_tables, {r: (pos + 1) % r == 0 for r in ratios},
                    slots * window + pos % window, window_ids)
 
@@ -255,7 +261,6 @@ class V41Model(torch.nn.Module):
         read, no shape that depends on a value, so it can be captured in a CUDA graph and replayed with new
         inputs. Returns fp32 logits [len(t.sample_rows), vocab]. Call after_decode (host) for the same slots."""
         cfg = self.config
-        pos = t.positions
         rows = DecodeRows.of_step(t, {r.ratio for r in self.roles if r.ratio > 1}, cfg.sliding_window)
         compressed = self.token_map[input_ids]
         history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
@@ -432,8 +437,7 @@ class V41Model(torch.nn.Module):
         wpos = ops.window_positions(positions, W)
         if all(sp.qlen == 1 for sp in spans):
             self._write_window(packed, positions, spans, ring)
-            ids = torch.where(wpos >= 0, slots[:, None] * W + wpos % W, wpos)
-            return ring, ids, True
+            return ring, _ring_ids(slots, wpos, W), True
         table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
         ids = torch.full_like(wpos, -1)
         for b, sp in enumerate(spans):
