@@ -47,12 +47,19 @@ def visible_entry_rows(block_tables: torch.Tensor, n_k: torch.Tensor, entries_pe
     return visible_entry_rows_kernel_call(block_tables, n_k, entries_per_block, n_cap)
 
 
+def table_rows(block_tables: torch.Tensor, entries: torch.Tensor, entries_per_block: int) -> torch.Tensor:
+    """The flat cache rows of compressed entries int64 [B, n] of each row b's block table (entry g: block
+    block_tables[b, g // entries_per_block], row g % entries_per_block in it), as torch operations: the decode
+    step's rows of its selected entries (model.DecodeRows) and this module's reference."""
+    epb = entries_per_block
+    return block_tables.gather(1, entries // epb) * epb + entries % epb
+
+
 def visible_entry_rows_torch(block_tables: torch.Tensor, n_k: torch.Tensor, entries_per_block: int, n_cap: int
                              ) -> torch.Tensor:
     """visible_entry_rows as torch operations."""
-    epb = entries_per_block
     entries = torch.arange(n_cap, device=block_tables.device).expand(block_tables.shape[0], n_cap)
-    rows = block_tables.long().gather(1, entries // epb) * epb + entries % epb
+    rows = table_rows(block_tables.long(), entries, entries_per_block)
     return torch.where(entries < n_k[:, None], rows, -1).to(torch.int32)
 
 

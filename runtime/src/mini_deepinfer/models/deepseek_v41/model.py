@@ -32,7 +32,7 @@ from mini_flashmla import (
 )
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 
-from mini_deepinfer.layers.entry_rows import visible_entry_rows
+from mini_deepinfer.layers.entry_rows import table_rows, visible_entry_rows
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
@@ -73,9 +73,8 @@ class DecodeRows:
                    slots * window + pos % window, window_ids)
 
     def entry_rows(self, entries: torch.Tensor, ratio: int) -> torch.Tensor:
-        """Flat cache rows of compressed entries int64 [B, n] (entry g of row b: its table's block g // epb)."""
-        epb = BLOCK_SIZE // ratio
-        return self.block_tables.gather(1, entries // epb) * epb + entries % epb
+        """Flat cache rows of compressed entries int64 [B, n] at compression ratio `ratio`."""
+        return table_rows(self.block_tables, entries, BLOCK_SIZE // ratio)
 
 
 @dataclass
