@@ -10,6 +10,11 @@ rate against the issue's 0.6). Session 22: a deeper ring now costs no residency 
 37 / 47 / 57 KB, 4 / 4 / 3 CTAs per SM; 32 tokens 128 / 124 / 128 and 41 / 53 / 66 KB, 4 / 4 / 3; 64 tokens
 233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles.
 
+Session 44: an 8-token tile (m64n8k32 MMAs: half the 16-token tile's tensor work and promotions, where one GPU's
+decode has 1-3 rows per touched expert) and register caps that fit 5 or 6 CTAs per SM (offline, triton 3.6 /
+sm_90a, 2 stages: 8 tokens 103 / 95 / 80 registers at caps 128 / 96 / 80, no stack; 16 tokens 118 / 96 with 16
+bytes of stack), at 384 experts of ~1 / 2 / 4 rows and 96 of ~8.
+
 Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
 and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
 fraction of the device copy (same process), GPU time by CUDA-graph replay. Every variant's used rows are compared
@@ -33,29 +38,30 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-TILES = (16, 32, 64)
-STAGES = (2, 3, 4)
-VARIANTS = tuple((tile, stages) for tile in TILES for stages in STAGES)
+# (tokens per tile, ring stages, register cap); the routed variant first
+VARIANTS = ((16, 2, 128), (16, 2, 96), (8, 2, 128), (8, 2, 96), (8, 2, 80))
+CASES = ((384, 1), (384, 2), (384, 4), (96, 8))  # (experts, expected rows per expert)
 
 
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
     routed = G._masked_tile
-    for expected_m in (8, 32, 64):
+    for groups, expected_m in CASES:
         for name, N, K in MOE_SHAPES:
-            masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
-            sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
+            masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K)
+            sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
-            row = {"expected_m": expected_m, "name": name, "rows": int(masked.sum()), "routed": routed(expected_m)}
+            row = {"experts": groups, "expected_m": expected_m, "name": name, "rows": int(masked.sum()),
+                   "routed": routed(expected_m)}
             first = None
-            for tile, stages in VARIANTS:
-                G._masked_tile = lambda _expected_m, v=(tile, stages): v
+            for variant in VARIANTS:
+                G._masked_tile = lambda _expected_m, v=variant: v
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-                key = f"{tile}_{stages}"
+                key = "_".join(map(str, variant))
                 row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
                 row[f"us_{key}"] = t * 1e3
                 if first is None:
@@ -67,11 +73,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"| rows per expert | GEMM | {' | '.join(f'{t} tok, {s} st' for t, s in VARIANTS)} | routed | bitwise |")
+    keys = ["_".join(map(str, v)) for v in VARIANTS]
+    print(f"| experts, rows | GEMM | {' | '.join(f'{t} tok, {s} st, {r} regs' for t, s, r in VARIANTS)} | bitwise |")
     for r in result["rows"]:
-        fracs = " | ".join(f"{r[f'frac_of_copy_{t}_{s}']:.3f}" for t, s in VARIANTS)
-        print(f"| ~{r['expected_m']} | {r['name']} | {fracs} | {r['routed']} | "
-              f"{all(r[f'bitwise_{t}_{s}'] for t, s in VARIANTS)} |")
+        fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
+        print(f"| {r['experts']}, ~{r['expected_m']} | {r['name']} | {fracs} | {all(r[f'bitwise_{k}'] for k in keys)} |")
 
 
 if __name__ == "__main__":

@@ -547,11 +547,11 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
-    block_m, stages = _masked_tile(expected_m or max_m)
+    block_m, stages, maxnreg = _masked_tile(expected_m or max_m)
     fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
         group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
-        num_warps=4, **({"maxnreg": 128} if sa_per_128 and block_m <= 32 else {}))  # folded: 4 CTAs per SM
+        num_warps=4, **({"maxnreg": maxnreg} if sa_per_128 and block_m <= 32 else {}))
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
@@ -572,13 +572,13 @@ def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int |
 _BLOCK_M_256_MIN_ROWS = 128
 
 
-def _masked_tile(expected_m: int) -> tuple[int, int]:
+def _masked_tile(expected_m: int) -> tuple[int, int, int]:
     """(tokens per tile, ring stages) of the FP8-MMA masked kernel. Tokens: session 19 (per-32 activations) picked 16
     up to ~16 rows per expert and 32 above; session 21 run 3 (folded activations, benchmarks/exp_moe_masked_tiles.py)
     kept them and found 64 best at ~64 rows: 0.256-0.270 of the copy rate against 0.218-0.231 (at ~32: 1.01-1.02x,
     within noise, so 32 stays there). Stages: 2 (session 19 runs 9-10, 16 tokens per 32: fewer stages, more resident
     CTAs; session 22 run 2, folded: 3 and 4 stages slower or equal at every tile and ~8 / 32 / 64 rows)."""
-    return (16 if expected_m <= 16 else 32 if expected_m <= 32 else 64), 2
+    return (16 if expected_m <= 16 else 32 if expected_m <= 32 else 64), 2, 128  # folded: 4 CTAs per SM
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
