@@ -13,7 +13,10 @@ rate against the issue's 0.6). Session 22: a deeper ring now costs no residency 
 Session 44: an 8-token tile (m64n8k32 MMAs: half the 16-token tile's tensor work and promotions, where one GPU's
 decode has 1-3 rows per touched expert) and register caps that fit 5 or 6 CTAs per SM (offline, triton 3.6 /
 sm_90a, 2 stages: 8 tokens 103 / 95 / 80 registers at caps 128 / 96 / 80, no stack; 16 tokens 118 / 96 with 16
-bytes of stack), at 384 experts of ~1 / 2 / 4 rows and 96 of ~8.
+bytes of stack), at 384 experts of ~1 / 2 / 4 rows and 96 of ~8 (run 1); then (run 2) one program per expert and
+weight rows looping over the expert's token tiles against one program per tile, at the engine's capacities (max_m =
+the batch: 64 / 128 / 256 tokens at ~1 / 2 / 4 rows, where one program per tile leaves 7 / 15 / 31 of every 8-token
+expert's programs nothing to do).
 
 Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
 and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
@@ -38,26 +41,26 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# (tokens per tile, ring stages, register cap); the routed variant first
-VARIANTS = ((16, 2, 128), (16, 2, 96), (8, 2, 128), (8, 2, 96), (8, 2, 80))
-CASES = ((384, 1), (384, 2), (384, 4), (96, 8))  # (experts, expected rows per expert)
+# G.MaskedTile fields (tokens, ring stages, register cap, one program per expert); session 43's route first
+VARIANTS = ((16, 2, 128, False), (8, 2, 96, False), (8, 2, 96, True), (16, 2, 128, True))
+CASES = ((384, 1, 64), (384, 2, 128), (384, 4, 256), (96, 8, 128))  # (experts, expected rows per expert, max_m)
 
 
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
     routed = G._masked_tile
-    for groups, expected_m in CASES:
+    for groups, expected_m, max_m in CASES:
         for name, N, K in MOE_SHAPES:
-            masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K)
+            masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
-            row = {"experts": groups, "expected_m": expected_m, "name": name, "rows": int(masked.sum()),
-                   "routed": routed(expected_m)}
+            row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
+                   "rows": int(masked.sum()), "routed": list(routed(expected_m, True))}
             first = None
             for variant in VARIANTS:
-                G._masked_tile = lambda _expected_m, v=variant: v
+                G._masked_tile = lambda *_args, v=G.MaskedTile(*variant): v
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
@@ -74,10 +77,11 @@ def main() -> None:
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
     keys = ["_".join(map(str, v)) for v in VARIANTS]
-    print(f"| experts, rows | GEMM | {' | '.join(f'{t} tok, {s} st, {r} regs' for t, s, r in VARIANTS)} | bitwise |")
+    print(f"| experts, rows, max_m | GEMM | {' | '.join(keys)} | bitwise |")
     for r in result["rows"]:
         fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
-        print(f"| {r['experts']}, ~{r['expected_m']} | {r['name']} | {fracs} | {all(r[f'bitwise_{k}'] for k in keys)} |")
+        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {fracs} | "
+              f"{all(r[f'bitwise_{k}'] for k in keys)} |")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s44.sh   (1 x H200; tree = main + _masked_tile's register
 #       cap): the FP8-MMA MoE kernels' tests; exp_moe_masked_tiles (8- and 16-token tiles, register caps 128 / 96 /
 #       80, at 384 experts of ~1 / 2 / 4 rows and 96 of ~8)
+#   PART=r2 (tree = main: the 8-token tile routed up to ~4 rows, one program per expert looping over its token tiles;
+#       .ab-base.tar.gz = a60d3ca, session 43's last tree): the FP8-MMA MoE kernels' tests; exp_moe_masked_tiles
+#       (one program per tile against one per expert, at the engine's capacities); the runtime's core GPU tests;
+#       bench_decode (all seven sample layers) on the tree, on the tree with one program per tile ("grid") and on the
+#       base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s44
 case "${PART:-r1}" in
@@ -12,6 +17,21 @@ r1)
   script_sides 240 exp_moe_masked_tiles.py tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
   grep -E "^\|" "$OUT/tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/tiles_new.txt" | cut -c1-300
+  ;;
+r2)
+  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
+    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  script_sides 150 exp_moe_masked_tiles.py tiles new
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  decode_all_sides new
+  grid="import mini_deepgemm.gemm as G; f = G._masked_tile; G._masked_tile = lambda *a: f(*a)._replace(one_program=False)"
+  run decode_grid 200 python3 -c "$grid; import runpy, sys; sys.argv = ['bench_decode.py', '--preset', 'medium',
+    '--layers', '$ALL_LAYERS', '--batches', '32,64', '--contexts', '131072', '--kv-cache-gb', '24', '--profile',
+    '--out', '$OUT/decode_grid_h200.json']; runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')"
+  decode_all_sides base
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -E "^\|" "$OUT/tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/tiles_new.txt" | cut -c1-300
+  grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_grid.txt" "$OUT/decode_base.txt"
   ;;
 esac
 pack_out

@@ -9,8 +9,8 @@ layout (the weights are the MMA's B operand in one kernel and its A operand in t
 equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (experts ending after one block
 of a tile, blocks of spare capacity, sub-tiles of padding, a last tile past M), and their device-built tile table
 against a plain one. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending
-one row past a tile), 16-, 32- and 64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of
-several. Each GPU case runs with the
+one row past a tile), 8-, 16-, 32- and 64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step
+and of several; the masked kernel's programs looping over an expert's token tiles bitwise its one program per tile. Each GPU case runs with the
 activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
 then multiplies the folded operands exactly).
 """
@@ -273,7 +273,7 @@ def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("activations", ["per_32", "per_128"])
-@pytest.mark.parametrize("expected_m", [8, 32, 64])  # 16-, 32- and 64-token tiles
+@pytest.mark.parametrize("expected_m", [2, 8, 32, 64])  # 8- (folded activations), 16-, 32- and 64-token tiles
 def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m, activations):
     G, N, K, max_m = 6, 384, 640, 64
     masked = [0, 1, 17, max_m, 5, 40]
@@ -308,3 +308,30 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
     d_c = torch.empty(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q_c, s_c), (bq, sb), d_c, layout, folded=folded)
     assert torch.equal(d[used].view(torch.int16), d_c[where].view(torch.int16)), "masked vs contiguous rows"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("activations", ["per_32", "per_128"])
+@pytest.mark.parametrize("tokens", [8, 16, 32])
+def test_masked_programs_looping_over_token_tiles_give_the_same_bits(tokens, activations, monkeypatch):
+    """One program per expert and weight rows walking its token tiles (MaskedTile.one_program) computes each tile as
+    the program per tile does, its ring's phases running on from tile to tile: K of 5 steps on a 2-deep ring (an odd
+    count, so a second tile starts on the other phase) and experts of 0, 1, 17, all 64, 5 and 40 rows."""
+    G, N, K, max_m = 6, 384, 640, 64
+    masked_m = torch.tensor([0, 1, 17, max_m, 5, 40], dtype=torch.int32, device="cuda")
+    gen = torch.Generator().manual_seed(6)
+    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
+    q, s = q.cuda(), s.cuda()
+    bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
+    folded = gemm.fold_fp4_weight_scales(sb)
+    out = {}
+    for one_program in (False, True):
+        tile = gemm.MaskedTile(tokens, 2, 128 if activations == "per_128" else None, one_program)
+        monkeypatch.setattr(gemm, "_masked_tile", lambda *args, t=tile: t)
+        out[one_program] = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), out[one_program], masked_m, 8, folded=folded)
+    assert torch.equal(out[True].view(torch.int16), out[False].view(torch.int16))
+    want = reference.m_grouped_gemm_nt_masked_ref(q, _per_32(s), bq, sb, masked_m, 1, 32)
+    used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+    assert calc_diff(out[True][used].float(), want[used]) < 1e-5

@@ -515,7 +515,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
                    folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, with the token tile
-    and ring depth of _masked_tile(expected_m).
+    ring depth and register cap of _masked_tile(expected_m, folded activations).
     Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -547,11 +547,11 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
         return
     max_m = aq.shape[1]
-    block_m, stages, maxnreg = _masked_tile(expected_m or max_m)
-    fp4_e4m3_masked_kernel[(cdiv(max_m, block_m), N // 128, G)](
-        w_desc, _tma_desc(aq.view(G * max_m, K), (block_m, 128)), d, folded.offsets, sa_words, folded.column_scales,
-        group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=stages, SA_PER_128=sa_per_128,
-        num_warps=4, **({"maxnreg": maxnreg} if sa_per_128 and block_m <= 32 else {}))
+    tile = _masked_tile(expected_m or max_m, sa_per_128)
+    fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
+        w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
+        folded.column_scales, group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=tile.stages,
+        SA_PER_128=sa_per_128, num_warps=4, **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
@@ -572,13 +572,31 @@ def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int |
 _BLOCK_M_256_MIN_ROWS = 128
 
 
-def _masked_tile(expected_m: int) -> tuple[int, int, int]:
-    """(tokens per tile, ring stages) of the FP8-MMA masked kernel. Tokens: session 19 (per-32 activations) picked 16
+class MaskedTile(NamedTuple):
+    """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's), and
+    whether one program per expert and 128 weight rows loops over the expert's token tiles (the grid's first axis
+    1) instead of one program per tile (that axis cdiv(max_m, tokens), most of whose programs exit at once where
+    experts have few rows)."""
+    tokens: int
+    stages: int
+    maxnreg: int | None
+    one_program: bool
+
+
+def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
+    """The masked kernel's launch for ~expected_m rows per expert. Tokens: session 19 (per-32 activations) picked 16
     up to ~16 rows per expert and 32 above; session 21 run 3 (folded activations, benchmarks/exp_moe_masked_tiles.py)
     kept them and found 64 best at ~64 rows: 0.256-0.270 of the copy rate against 0.218-0.231 (at ~32: 1.01-1.02x,
-    within noise, so 32 stays there). Stages: 2 (session 19 runs 9-10, 16 tokens per 32: fewer stages, more resident
-    CTAs; session 22 run 2, folded: 3 and 4 stages slower or equal at every tile and ~8 / 32 / 64 rows)."""
-    return (16 if expected_m <= 16 else 32 if expected_m <= 32 else 64), 2, 128  # folded: 4 CTAs per SM
+    within noise, so 32 stays there). Session 44 run 1: on folded activations up to ~4 rows (one GPU's decode: 384
+    experts of ~1 / 2 / 4 rows), 8 tokens (m64n8k32 MMAs, half the tensor work and promotions of 16 tokens) ran
+    1.03-1.08x, bitwise equal; at ~8 rows 0.78-0.80x (a second tile converts the weights again). Stages: 2 (session
+    19 runs 9-10, 16 tokens per 32: fewer stages, more resident CTAs; session 22 run 2, folded: 3 and 4 stages slower
+    or equal at every tile and ~8 / 32 / 64 rows). Register cap (folded, up to 32 tokens): 128, 4 CTAs per SM; 96 at
+    8 tokens (95 registers, no stack offline: 5 CTAs, 1.00-1.01x)."""
+    if folded_activations and expected_m <= 4:
+        return MaskedTile(8, 2, 96, True)
+    tokens = 16 if expected_m <= 16 else 32 if expected_m <= 32 else 64
+    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, False)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

@@ -396,9 +396,10 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
 
 
 @gluon.jit
-def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row):
-    """TMA step k's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] into ring slot k % STAGES."""
-    slot = k % w_ring.type.shape[0]
+def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row, step0):
+    """TMA step k's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] into ring slot (step0 + k) %
+    STAGES (step0: the ring steps of the program's earlier token tiles)."""
+    slot = (step0 + k) % w_ring.type.shape[0]
     mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(w_desc, [w_row, k * 64], ready.index(slot), w_ring.index(slot))
     tma.async_copy_global_to_shared(x_desc, [x_row, k * 128], ready.index(slot), x_ring.index(slot))
@@ -417,11 +418,11 @@ def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row):
-    """The ring's first STAGES - 1 steps; step k then refills the slot step k - 1 read."""
+def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0):
+    """The tile's first STAGES - 1 steps; step k then refills the slot step k - 1 read."""
     for s in gl.static_range(w_ring.type.shape[0] - 1):
         if s < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row)
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row, step0)
 
 
 @gluon.jit
@@ -485,7 +486,7 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 @gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         K, stride_sa, mma: gl.constexpr):
+                         K, stride_sa, step0, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
     half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
@@ -507,11 +508,11 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
     for k in range(num_k):
         if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, step0)
         ahead = gl.minimum(k + 1, num_k - 1)
         off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
-        slot = k % STAGES
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+        slot = (step0 + k) % STAGES
+        mbarrier.wait(ready.index(slot), ((step0 + k) // STAGES) & 1)
         b = x_ring.index(slot).permute((1, 0))
         a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
         lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
@@ -537,7 +538,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
     (activations folded per 128), each half's weights converted into its MMA's A registers
     (_masked_folded_steps), one pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128
-    up to 32 tokens (4 CTAs per SM)."""
+    at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
@@ -548,22 +549,24 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                                      gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     # token tiles vary fastest in the grid: an expert's tiles of the same weight rows run together, and all but the
-    # first read the weights from L2 (with the tile axis last, each came back from HBM a wave later)
-    m0 = gl.program_id(0) * BLOCK_M
+    # first read the weights from L2 (with the tile axis last, each came back from HBM a wave later). A program takes
+    # token tiles program_id(0), + num_programs(0), ...: the grid's first axis covers max_m (one tile each) or, at
+    # few rows per expert, is 1 (a program per expert and weight rows, looping over its tiles: no programs that
+    # only read masked_m and exit); the ring's phases run on across a program's tiles (step0).
     n0 = gl.program_id(1) * 128
     g = gl.program_id(2)
     rows_used = gl.load(masked_m_ptr + g)
-    if m0 < rows_used:
-        num_k = K // 128
-        w_row = g * N + n0
+    num_k = K // 128
+    w_row = g * N + n0
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
+    step0 = 0
+    for m0 in range(gl.program_id(0) * BLOCK_M, rows_used, gl.num_programs(0) * BLOCK_M):
         x_row = g * max_m + m0
-        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_M, 32])
+        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, K, stride_sa, mma)
+                                                  w_row, x_row, m0, max_m, K, stride_sa, step0, mma)
         else:
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
                 gl.int64) * (K // 128)
@@ -575,11 +578,11 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
             for k in range(num_k):
                 # the slot read in step k - 1 is free (its MMAs were waited for): refill it a ring ahead
                 if k + STAGES - 1 < num_k:
-                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row)
+                    _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, step0)
                 ahead = gl.minimum(k + 1, num_k - 1)
                 offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
-                slot = k % STAGES
-                mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+                slot = (step0 + k) % STAGES
+                mbarrier.wait(ready.index(slot), ((step0 + k) // STAGES) & 1)
                 w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
                 fence_async_shared()
                 gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
@@ -596,5 +599,6 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                     acc_hi = acc_hi + part_hi * fa
                 offsets, wa = offsets_next, wa_next
         _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
+        step0 += num_k
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
