@@ -24,7 +24,8 @@ r2)
   script_sides 150 exp_moe_masked_tiles.py tiles new
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   decode_all_sides new
-  grid="import mini_deepgemm.gemm as G; f = G._masked_tile; G._masked_tile = lambda *a: f(*a)._replace(one_program=False)"
+  grid="import mini_deepgemm.gemm as G; f = G._masked_tile
+G._masked_tile = lambda *a: f(*a)._replace(one_program=False)"
   run decode_grid 200 python3 -c "$grid; import runpy, sys; sys.argv = ['bench_decode.py', '--preset', 'medium',
     '--layers', '$ALL_LAYERS', '--batches', '32,64', '--contexts', '131072', '--kv-cache-gb', '24', '--profile',
     '--out', '$OUT/decode_grid_h200.json']; runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')"

@@ -8,11 +8,11 @@ below 1e-5), padding and unused rows untouched, a token's row bitwise the same i
 layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
 equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (experts ending after one block
 of a tile, blocks of spare capacity, sub-tiles of padding, a last tile past M), and their device-built tile table
-against a plain one. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending
-one row past a tile), 8-, 16-, 32- and 64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step
-and of several; the masked kernel's programs looping over an expert's token tiles bitwise its one program per tile. Each GPU case runs with the
-activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference
-then multiplies the folded operands exactly).
+against a plain one; the masked kernel's programs looping over an expert's token tiles bitwise its program per
+tile. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 8-, 16-, 32- and
+64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with
+the activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the
+reference then multiplies the folded operands exactly).
 """
 
 import pytest
