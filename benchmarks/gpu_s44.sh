@@ -6,8 +6,11 @@
 #   PART=r2 (tree = main: the 8-token tile routed up to ~4 rows, one program per expert looping over its token tiles;
 #       .ab-base.tar.gz = a60d3ca, session 43's last tree): the FP8-MMA MoE kernels' tests; exp_moe_masked_tiles
 #       (one program per tile against one per expert, at the engine's capacities); the runtime's core GPU tests;
-#       bench_decode (all seven sample layers) on the tree, on the tree with one program per tile ("grid") and on the
-#       base
+#       bench_decode (all seven sample layers) on the tree and on the base (a third side, the tree with one program
+#       per tile, failed at its import: bench_prefill off the path)
+#   PART=r3 (tree = main: one program per expert also for 16-token tiles up to ~8 rows; the same base): the FP8-MMA
+#       MoE kernels' tests; the runtime's core GPU tests; bench_decode at batch 128 / 256 (~2 / ~4 rows per expert),
+#       32,768 tokens of context, on the tree and the base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s44
 case "${PART:-r1}" in
@@ -24,15 +27,22 @@ r2)
   script_sides 150 exp_moe_masked_tiles.py tiles new
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   decode_all_sides new
-  grid="import mini_deepgemm.gemm as G; f = G._masked_tile
-G._masked_tile = lambda *a: f(*a)._replace(one_program=False)"
-  run decode_grid 200 python3 -c "$grid; import runpy, sys; sys.argv = ['bench_decode.py', '--preset', 'medium',
-    '--layers', '$ALL_LAYERS', '--batches', '32,64', '--contexts', '131072', '--kv-cache-gb', '24', '--profile',
-    '--out', '$OUT/decode_grid_h200.json']; runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')"
   decode_all_sides base
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -E "^\|" "$OUT/tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/tiles_new.txt" | cut -c1-300
-  grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_grid.txt" "$OUT/decode_base.txt"
+  grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r3)
+  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
+    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    run "decode_wide_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py \
+      --preset medium --layers "$ALL_LAYERS" --batches 128,256 --contexts 32768 --kv-cache-gb 24 --profile \
+      --out "$OUT/decode_wide_${side}_h200.json"
+  done
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_wide_new.txt" "$OUT/decode_wide_base.txt"
   ;;
 esac
 pack_out

@@ -592,11 +592,15 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     1.03-1.08x, bitwise equal; at ~8 rows 0.78-0.80x (a second tile converts the weights again). Stages: 2 (session
     19 runs 9-10, 16 tokens per 32: fewer stages, more resident CTAs; session 22 run 2, folded: 3 and 4 stages slower
     or equal at every tile and ~8 / 32 / 64 rows). Register cap (folded, up to 32 tokens): 128, 4 CTAs per SM; 96 at
-    8 tokens (95 registers, no stack offline: 5 CTAs, 1.00-1.01x)."""
+    8 tokens (95 registers, no stack offline: 5 CTAs, 1.00-1.01x). One program per expert (session 44 run 2, at the
+    engine's capacity of one row per token of the batch): 8 tokens at ~1 / 2 / 4 rows 0.99-1.04x / 1.02-1.06x /
+    1.04-1.11x, 16 tokens at ~8 rows 1.01-1.03x. Not at ~16 rows and more, where many experts take two tiles: a
+    program's second tile would read the weights again, while programs per tile run side by side and share them
+    through L2."""
     if folded_activations and expected_m <= 4:
         return MaskedTile(8, 2, 96, True)
     tokens = 16 if expected_m <= 16 else 32 if expected_m <= 32 else 64
-    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, False)
+    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
