@@ -11,6 +11,9 @@
 #   PART=r3 (tree = main: one program per expert also for 16-token tiles up to ~8 rows; the same base): the FP8-MMA
 #       MoE kernels' tests; the runtime's core GPU tests; bench_decode at batch 128 / 256 (~2 / ~4 rows per expert),
 #       32,768 tokens of context, on the tree and the base
+#   PART=r4 (tree = main: the masked layout up to 256 tokens, CUDA graphs of 96-256 rows; the same base): the runtime's
+#       core GPU tests; bench_decode at batch 128 / 256, 32,768 tokens, on the tree, on the tree with the masked
+#       layout capped at 64 tokens again ("contiguous"), and on the base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s44
 case "${PART:-r1}" in
@@ -43,6 +46,21 @@ r3)
   done
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_wide_new.txt" "$OUT/decode_wide_base.txt"
+  ;;
+r4)
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  wide="--preset medium --layers $ALL_LAYERS --batches 128,256 --contexts 32768 --kv-cache-gb 24"
+  run decode_wide_new 200 python3 benchmarks/bench_decode.py $wide --profile --out "$OUT/decode_wide_new_h200.json"
+  contiguous="import runpy, sys; sys.path.insert(0, 'benchmarks'); import mini_deepinfer.models.deepseek_v41.moe as M
+M.MASKED_MAX_TOKENS = 64
+sys.argv = ['bench_decode.py'] + '$wide'.split() + ['--out', '$OUT/decode_wide_contiguous_h200.json']
+runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')"
+  run decode_wide_contiguous 200 python3 -c "$contiguous"
+  run decode_wide_base 200 env PYTHONPATH="$(side_path base)" python3 benchmarks/bench_decode.py $wide \
+    --out "$OUT/decode_wide_base_h200.json"
+  cat "$OUT/summary.txt"; test_summary runtime_tests
+  grep -hE "graphs=1|^moe experts |^stage" "$OUT"/decode_wide_{new,contiguous,base}.txt
+  grep -m3 -hE "Error|error" "$OUT"/decode_wide_{new,contiguous,base}.txt | cut -c1-300
   ;;
 esac
 pack_out

@@ -53,8 +53,11 @@ Weights = dict[str, torch.Tensor]
 QUANT_BLOCK = 32
 # Up to this many tokens (decode batches) the experts use the masked layout: [E, T, K] with T rows reserved per
 # expert and small GEMM tiles, instead of a 128-row contiguous segment per touched expert (at 64 decode tokens
-# that is ~300 experts x 128 rows computed for 384 real rows; docs/reports/runtime-decode.md).
-MASKED_MAX_TOKENS = 64
+# that is ~300 experts x 128 rows computed for 384 real rows; docs/reports/runtime-decode.md). Session 44: 64 left
+# batches of 128-256 on the contiguous kernel, 1.6 ms per layer at 256 tokens (~4 rows per expert). At 256 the
+# masked layout's buffers are ~2.6 GB per layer for V4.1-Flash's 384 experts (the activations and both GEMMs'
+# outputs, T rows per expert), ~1.3 GB more than the contiguous one's, transient.
+MASKED_MAX_TOKENS = 256
 
 
 # --------------------------------------------------------------------------- weights
