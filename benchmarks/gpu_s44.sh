@@ -14,6 +14,9 @@
 #   PART=r4 (tree = main: the masked layout up to 256 tokens, CUDA graphs of 96-256 rows; the same base): the runtime's
 #       core GPU tests; bench_decode at batch 128 / 256, 32,768 tokens, on the tree, on the tree with the masked
 #       layout capped at 64 tokens again ("contiguous"), and on the base
+#   PART=r5 (tree = main, the session's final source): mini-deepgemm's GPU suite, mini-deepep's single-GPU tests;
+#       tree_checks: test_cuda_decode.py (graphs past 64 rows), the runtime's core GPU tests, bench_decode (seven
+#       sample layers, batch 32 / 64, 131,072 tokens), the rest of the runtime suite
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s44
 case "${PART:-r1}" in
@@ -61,6 +64,12 @@ runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')"
   cat "$OUT/summary.txt"; test_summary runtime_tests
   grep -hE "graphs=1|^moe experts |^stage" "$OUT"/decode_wide_{new,contiguous,base}.txt
   grep -m3 -hE "Error|error" "$OUT"/decode_wide_{new,contiguous,base}.txt | cut -c1-300
+  ;;
+r5)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests --junitxml="$OUT/junit_deepgemm.xml"
+  run deepep_tests 60 $PYTEST -n 4 packages/mini-deepep/tests -m "not multigpu" --junitxml="$OUT/junit_deepep.xml"
+  tree_checks cuda_decode_tests 110 "moe experts" runtime/tests/test_cuda_decode.py
+  test_summary deepgemm_tests deepep_tests
   ;;
 esac
 pack_out

@@ -157,19 +157,20 @@ def test_graph_decode_matches_eager(model, n):
             assert torch.equal(t[mine.to(t.device)], eager_state[name][mine.to(t.device)]), name
 
 
-def test_engine_greedy_tokens_with_and_without_graphs():
+@pytest.mark.parametrize("prompts,max_seqs,bucket", [(5, 8, 8), (70, 96, 96)])  # 70 rows: the masked MoE past 64
+def test_engine_greedy_tokens_with_and_without_graphs(prompts, max_seqs, bucket):
     from mini_deepinfer import LLM, SamplingParams
 
     outs = {}
     for eager in (False, True):
-        llm = LLM("tiny-random/deepseek-v4.1-flash-1017", max_model_len=512, max_num_seqs=8, kv_cache_memory_gb=0.5,
-                  device="cuda", enforce_eager=eager, record_logits=True)
+        llm = LLM("tiny-random/deepseek-v4.1-flash-1017", max_model_len=512, max_num_seqs=max_seqs,
+                  kv_cache_memory_gb=0.5, device="cuda", enforce_eager=eager, record_logits=True)
         g = torch.Generator().manual_seed(11)
-        ps = [torch.randint(3, 1000, (30 + 41 * i,), generator=g).tolist() for i in range(5)]  # 5 rows: bucket 8
+        ps = [torch.randint(3, 1000, (30 + 41 * i % 400,), generator=g).tolist() for i in range(prompts)]
         res = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
         outs[eager] = res
         if not eager:
-            assert llm.engine.runner.graphs is not None and 8 in llm.engine.runner.graphs.graphs
+            assert llm.engine.runner.graphs is not None and bucket in llm.engine.runner.graphs.graphs
         else:
             assert llm.engine.runner.graphs is None
     # Graph replay runs the same fixed-shape decode forward as eager mode: measured bit-identical on H200
@@ -186,4 +187,4 @@ def test_engine_greedy_tokens_with_and_without_graphs():
             if float(top2[0] - top2[1]) < 2 * bound:
                 break  # a near tie: later tokens may legitimately differ
             assert a.token_ids[j] == b.token_ids[j], f"{a.request_id} token {j}"
-    print(f"\n[cuda graphs] engine, 5 prompts x 12 greedy tokens: max |graph - eager| logits = {worst:.3g}")
+    print(f"\n[cuda graphs] engine, {prompts} prompts x 12 greedy tokens: max |graph - eager| logits = {worst:.3g}")
