@@ -43,8 +43,7 @@ r3)
   grep -hE "graphs=1|^projections |^moe experts |^stage" "$OUT/decode_mid.txt" "$OUT/decode_base.txt"
   ;;
 r4)
-  run fp4_e4m3_tests 200 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
-    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  fp4_e4m3_tests 200
   script_sides 200 exp_moe_masked_tiles.py masked_tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
   grep -E "^\|" "$OUT/masked_tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/masked_tiles_new.txt" | cut -c1-300

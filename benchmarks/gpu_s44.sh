@@ -21,15 +21,13 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s44
 case "${PART:-r1}" in
 r1)
-  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
-    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  fp4_e4m3_tests 120
   script_sides 240 exp_moe_masked_tiles.py tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
   grep -E "^\|" "$OUT/tiles_new.txt"; grep -m3 -E "Error|error" "$OUT/tiles_new.txt" | cut -c1-300
   ;;
 r2)
-  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
-    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  fp4_e4m3_tests 120
   script_sides 150 exp_moe_masked_tiles.py tiles new
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   decode_all_sides new
@@ -39,8 +37,7 @@ r2)
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
 r3)
-  run fp4_e4m3_tests 120 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
-    --junitxml="$OUT/junit_fp4_e4m3.xml"
+  fp4_e4m3_tests 120
   run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   for side in new base; do
     run "decode_wide_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py \

@@ -2,9 +2,9 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`,
-# `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the A/B helpers
-# (`side_path`, `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`), `ncu_profile
-# CASE...` and `pack_out`.
+# `fp4_e4m3_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the
+# A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`),
+# `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -60,6 +60,12 @@ v41_tests() {
   run v41_tests "$1" $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_v41.py \
     "packages/mini-deepgemm/tests/test_gemm.py::test_ue8m0_results_do_not_depend_on_the_batch" \
     --junitxml="$OUT/junit_v41.xml"
+}
+# fp4_e4m3_tests SECS: mini-deepgemm's FP8-MMA MoE kernel tests, test_gemm_fp4_e4m3.py (-n 8, output
+# $OUT/fp4_e4m3_tests.txt, junit in $OUT)
+fp4_e4m3_tests() {
+  run fp4_e4m3_tests "$1" $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
+    --junitxml="$OUT/junit_fp4_e4m3.xml"
 }
 # test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt, for the call's output
 test_summary() {
