@@ -1,5 +1,5 @@
-"""Experiment (issue 4, sessions 21-22): the FP8-MMA masked MoE kernel's token tile and ring depth, on activations
-folded per 128.
+"""Experiment (issue 4, sessions 21-22 and 44): the FP8-MMA masked MoE kernel's token tile, ring depth and launch
+shape, on activations folded per 128.
 
 Why: session 19 picked 16-token tiles up to ~16 rows per expert and 32 above, and a 2-deep ring, on per-32
 activations, where the 32- and 64-token tiles needed 175 and 255 registers (2 CTAs per SM) and deeper rings cost
@@ -8,7 +8,7 @@ resident CTAs. Folded activations (SA_PER_128) took the 32-token tile to 128 reg
 rate against the issue's 0.6). Session 22: a deeper ring now costs no residency where registers already cap it
 (offline, triton 3.6 / sm_90a, registers and shared memory per CTA at 2 / 3 / 4 stages: 16 tokens 98 / 80 / 98 and
 37 / 47 / 57 KB, 4 / 4 / 3 CTAs per SM; 32 tokens 128 / 124 / 128 and 41 / 53 / 66 KB, 4 / 4 / 3; 64 tokens
-233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so the stages are swept with the tiles.
+233 / 235 / 233 and 49 / 66 / 82 KB, 2 CTAs at each), so session 22 swept the stages with the tiles.
 
 Session 44: an 8-token tile (m64n8k32 MMAs: half the 16-token tile's tensor work and promotions, where one GPU's
 decode has 1-3 rows per touched expert) and register caps that fit 5 or 6 CTAs per SM (offline, triton 3.6 /
@@ -18,9 +18,10 @@ weight rows looping over the expert's token tiles against one program per tile, 
 the batch: 64 / 128 / 256 tokens at ~1 / 2 / 4 rows, where one program per tile leaves 7 / 15 / 31 of every 8-token
 expert's programs nothing to do).
 
-Measured: 96 experts, Poisson(8 / 32 / 64) rows (at most 128), w13 and w2, the public masked GEMM with folded weights
-and folded activations, each (tokens, stages) forced through gemm._masked_tile; weight bytes per second as a
-fraction of the device copy (same process), GPU time by CUDA-graph replay. Every variant's used rows are compared
+Measured (the script as of session 44): each of CASES (experts, Poisson rows per expert, at least 1 and at most the
+capacity max_m), w13 and w2, the public masked GEMM with folded weights and folded activations, each of VARIANTS
+forced through gemm._masked_tile; weight bytes per second as a fraction of the device copy (same process), GPU time
+by CUDA-graph replay. Sessions 21-22 ran 96 experts at ~8 / 32 / 64 rows with (tokens, stages) variants. Every variant's used rows are compared
 bitwise with the first's (each output element is the same sequence of MMAs and FMAs). Writes
 $OUT/exp_moe_masked_tiles.json.
 

@@ -166,7 +166,7 @@ def test_engine_greedy_tokens_with_and_without_graphs(prompts, max_seqs, bucket)
         llm = LLM("tiny-random/deepseek-v4.1-flash-1017", max_model_len=512, max_num_seqs=max_seqs,
                   kv_cache_memory_gb=0.5, device="cuda", enforce_eager=eager, record_logits=True)
         g = torch.Generator().manual_seed(11)
-        ps = [torch.randint(3, 1000, (30 + 41 * i % 400,), generator=g).tolist() for i in range(prompts)]
+        ps = [torch.randint(3, 1000, (30 + (41 * i) % 400,), generator=g).tolist() for i in range(prompts)]
         res = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
         outs[eager] = res
         if not eager:
