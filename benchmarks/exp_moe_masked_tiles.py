@@ -21,9 +21,9 @@ expert's programs nothing to do).
 Measured (the script as of session 44): each of CASES (experts, Poisson rows per expert, at least 1 and at most the
 capacity max_m), w13 and w2, the public masked GEMM with folded weights and folded activations, each of VARIANTS
 forced through gemm._masked_tile; weight bytes per second as a fraction of the device copy (same process), GPU time
-by CUDA-graph replay. Sessions 21-22 ran 96 experts at ~8 / 32 / 64 rows with (tokens, stages) variants. Every variant's used rows are compared
-bitwise with the first's (each output element is the same sequence of MMAs and FMAs). Writes
-$OUT/exp_moe_masked_tiles.json.
+by CUDA-graph replay. Sessions 21-22 ran 96 experts at ~8 / 32 / 64 rows with (tokens, stages) variants. Every
+variant's used rows are compared bitwise with the first's (each output element is the same sequence of MMAs and
+FMAs). Writes $OUT/exp_moe_masked_tiles.json.
 
     cd benchmarks && python3 exp_moe_masked_tiles.py
 """
