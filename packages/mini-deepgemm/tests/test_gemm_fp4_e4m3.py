@@ -145,6 +145,19 @@ def test_folded_on_the_cpu_is_the_reference():
     assert torch.equal(d.view(torch.int16), want.view(torch.int16))
 
 
+@pytest.mark.parametrize("expected_m,folded,want", [
+    (1, True, (8, True)), (4, True, (8, True)), (5, True, (16, True)), (8, True, (16, True)),
+    (9, True, (16, False)), (32, True, (32, False)), (33, True, (64, False)),
+    (1, False, (16, True)), (8, False, (16, True)), (16, False, (16, False))])
+def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
+    """The masked kernel's route (session 44): 8-token tiles only on folded activations up to ~4 rows, one program
+    per expert only up to ~8 rows (above, experts take several tiles that should share their weights through L2),
+    and a register cap only on the folded loop up to 32 tokens."""
+    tile = gemm._masked_tile(expected_m, folded)
+    assert (tile.tokens, tile.one_program) == want
+    assert tile.maxnreg == (96 if tile.tokens == 8 else 128 if folded and tile.tokens <= 32 else None)
+
+
 def test_folded_argument_errors_name_the_problem():
     gen = torch.Generator().manual_seed(2)
     q, s, bq, sb, layout = _contiguous_case([3], 256, 256, gen)
