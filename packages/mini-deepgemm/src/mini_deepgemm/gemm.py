@@ -443,8 +443,8 @@ def gemm_kernel_config(layout: int, rows_hint: int, gran_k: int, ue8m0: bool) ->
     if layout != _CONTIGUOUS and rows_hint <= 64:
         if ue8m0:
             return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=True)
-        block_m = 16 if rows_hint <= 16 else 32 if rows_hint <= 32 else 64
-        return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6, BF16_MMA=False)
+        return dict(BLOCK_M=_token_tile(rows_hint), BLOCK_N=128, BLOCK_K=gran_k, GROUP_M=8, num_warps=4, num_stages=6,
+                    BF16_MMA=False)
     if not ue8m0:
         # dense V3 recipe: gemm_gluon_fp8_kernel where _use_gluon_v3 allows it (the tile below is the fallback)
         gluon = dict(GLUON=True, GLUON_BLOCK_M=128, GLUON_STAGES=4, GLUON_PROGRAMS_PER_SM=1) if layout == _DENSE else {}
@@ -572,6 +572,12 @@ def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int |
 _BLOCK_M_256_MIN_ROWS = 128
 
 
+def _token_tile(rows: int) -> int:
+    """The token tile (16, 32 or 64) of the kernels whose tokens are an MMA's N (swap-AB: the masked and split-K
+    kernels, gemm_kernel's few-row configs): the smallest that holds `rows`, 64 above."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
 class MaskedTile(NamedTuple):
     """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's), and
     whether one program per expert and 128 weight rows loops over the expert's token tiles (the grid's first axis
@@ -599,7 +605,7 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     through L2."""
     if folded_activations and expected_m <= 4:
         return MaskedTile(8, 2, 96, True)
-    tokens = 16 if expected_m <= 16 else 32 if expected_m <= 32 else 64
+    tokens = _token_tile(expected_m)
     return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8)
 
 
@@ -816,7 +822,7 @@ def _gluon_fp8_v41_splitk_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Ten
 
     M, K = aq.shape
     N = bq.shape[0]
-    block_t = 16 if M <= 16 else 32 if M <= 32 else 64
+    block_t = _token_tile(M)
     part = torch.empty(splits, M, N, dtype=torch.float32, device=d.device) if splits > 1 else d
     fp8_gemm_v41_splitk_kernel[(N // 128, splits)](
         _tma_desc(bq, (128, 128)), _tma_desc(aq, (block_t, 128)), part, sa.view(torch.int32), sb.view(torch.int32),
