@@ -39,3 +39,12 @@ def run_under_interpreter(test_file: str, *pytest_args: str, timeout: float = 60
     assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
         proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc.stdout
+
+
+def sum_in_order(planes: torch.Tensor) -> torch.Tensor:
+    """fp32 planes [P, ...] added in ascending order from zero, ((0 + p0) + p1) + ...: the order in which the split-K
+    planes of layers/linear_fp32.py are defined to be summed (by the MoE routing kernel), as plain fp32 adds."""
+    total = torch.zeros_like(planes[0])
+    for plane in planes:
+        total = total + plane
+    return total

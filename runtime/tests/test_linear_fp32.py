@@ -1,6 +1,6 @@
 """layers/linear_fp32.py: the head / MoE-gate kernel against an fp64 oracle and the fp32 reference, its batch
 invariance (a row's bits do not depend on the other rows), and the CPU fallback; the same for the split-K form
-(k_slice), whose two ways (planes + their sum, whole rows) must also give the same bits.
+(linear_fp32_planes), whose two ways (planes summed in order, whole rows) must also give the same bits.
 
 Metric: relative L2 error against the fp64 product of the same bf16 values. The products are exact in fp32, so only
 the fp32 summation order differs from the reference; both must be within 1e-6 of the oracle.
@@ -17,7 +17,7 @@ import torch
 from mini_deepinfer.layers import linear_fp32 as lf
 from mini_deepinfer.layers.linear_fp32 import linear_fp32, linear_fp32_ref
 
-from kernel_devices import DEVICE, interpreter_child, kernel_test, run_under_interpreter
+from kernel_devices import DEVICE, interpreter_child, kernel_test, run_under_interpreter, sum_in_order
 
 
 def split_k_test(fn):
@@ -41,10 +41,9 @@ def test_cpu_falls_back_to_the_reference_and_rejects_mismatched_shapes():
     assert torch.equal(linear_fp32(x, w), linear_fp32_ref(x, w))
     with pytest.raises(ValueError, match="do not share D"):
         linear_fp32(x, w[:, :64])
-    assert torch.equal(linear_fp32(x, w, k_slice=64), linear_fp32_ref(x, w))
     for bad in (0, 100, -64):
         with pytest.raises(ValueError, match="k_slice"):
-            linear_fp32(x, w, k_slice=bad)
+            lf.linear_fp32_planes(x, w, bad)
 
 
 @pytest.mark.gpu
@@ -89,10 +88,10 @@ def test_split_k_matches_the_fp64_oracle_like_the_reference(T, N, D, k_slice):
     planes = lf.linear_fp32_planes(x, w, k_slice, split=True)
     whole = lf.linear_fp32_planes(x, w, k_slice, split=False)
     assert planes.shape == (-(-D // k_slice), T, N) and whole.shape == (1, T, N) and planes.dtype == torch.float32
-    got = lf.sum_planes(planes)
-    assert torch.equal(got, whole[0])  # planes + their sum = whole rows, bit for bit
-    if DEVICE == "cuda":  # the dispatcher, whichever way split_grid picks for this T
-        assert torch.equal(linear_fp32(x, w, k_slice=k_slice), got)
+    got = sum_in_order(planes)
+    assert torch.equal(got, whole[0])  # planes summed in order = whole rows, bit for bit
+    if DEVICE == "cuda":  # whichever way split_grid picks for this T
+        assert torch.equal(sum_in_order(lf.linear_fp32_planes(x, w, k_slice)), got)
     if T:
         oracle = x.double() @ w.double().T
         err, ref_err = rel_l2(got, oracle), rel_l2(linear_fp32_ref(x, w), oracle)
@@ -106,15 +105,15 @@ def test_split_k_rows_do_not_depend_on_the_batch():
     (planes or whole rows); on CUDA also inside a 4,096-token call (which split_grid runs as whole rows)."""
     D = 5120 if DEVICE == "cuda" else 1536
     x, w = operands(64, 384, D, DEVICE)
-    full = lf.sum_planes(lf.linear_fp32_planes(x, w, 512, split=True))
+    full = sum_in_order(lf.linear_fp32_planes(x, w, 512, split=True))
     for rows in (slice(17, 18), slice(31, 64), slice(0, 33)):
         for split in (True, False):
-            assert torch.equal(lf.sum_planes(lf.linear_fp32_planes(x[rows].clone(), w, 512, split=split)), full[rows])
+            assert torch.equal(sum_in_order(lf.linear_fp32_planes(x[rows].clone(), w, 512, split=split)), full[rows])
     if DEVICE == "cuda":
         big = torch.cat([operands(4096 - 64, 384, D, DEVICE)[0], x])
         assert not lf.split_grid(big.shape[0], 384, big.device) and lf.split_grid(64, 384, big.device)
-        assert torch.equal(linear_fp32(big, w, k_slice=512)[-64:], full)
-        assert torch.equal(linear_fp32(x[5:6], w, k_slice=512), full[5:6])
+        assert torch.equal(sum_in_order(lf.linear_fp32_planes(big, w, 512))[-64:], full)
+        assert torch.equal(sum_in_order(lf.linear_fp32_planes(x[5:6], w, 512)), full[5:6])
 
 
 @interpreter_child

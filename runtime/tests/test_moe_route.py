@@ -30,7 +30,7 @@ from mini_deepinfer.layers import moe_route as mr
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 
-from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, run_under_interpreter
+from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, run_under_interpreter, sum_in_order
 
 pytestmark = pytest.mark.skipif(mr.triton is None, reason="needs triton")
 
@@ -153,8 +153,8 @@ def test_gate_temperature_and_all_equal_biases() -> None:
 @kernel_test
 @pytest.mark.parametrize("T", [1, 64])
 def test_routing_from_planes_equals_routing_from_their_sum(T: int) -> None:
-    """The kernel adds the split-K planes in linear_fp32's order: routing from the planes = routing from
-    sum_planes(planes), bit for bit; moe_route_fused = planes of GATE_K_SLICE, then the route."""
+    """The kernel adds the split-K planes in linear_fp32's order: routing from the planes = routing from their
+    in-order sum, bit for bit; moe_route_fused = planes of GATE_K_SLICE, then the route."""
     g = torch.Generator().manual_seed(T)
     D, E = 1536 if INTERPRET else 5120, 384
     x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(DEVICE)
@@ -163,7 +163,7 @@ def test_routing_from_planes_equals_routing_from_their_sum(T: int) -> None:
     planes = lf.linear_fp32_planes(x, w, mr.GATE_K_SLICE, split=True)
     assert planes.shape == (D // mr.GATE_K_SLICE, T, E)
     from_planes = mr.route_from_planes(planes, bias, 6, 1.0, 1.5)
-    from_sum = mr.route_from_planes(lf.sum_planes(planes), bias, 6, 1.0, 1.5)
+    from_sum = mr.route_from_planes(sum_in_order(planes), bias, 6, 1.0, 1.5)
     assert all(torch.equal(a, b) for a, b in zip(from_planes, from_sum))
     fused = mr.moe_route_fused(x, w, bias, 6, 1.0, 1.5)
     assert all(torch.equal(a, b) for a, b in zip(fused, from_planes))

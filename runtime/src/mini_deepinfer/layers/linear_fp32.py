@@ -22,8 +22,8 @@ k_slice columns (the last may be shorter); each slice is summed as above from ze
 ascending slice order in fp32. The slice length is a constant of the call site, not of T, so a row's bits still do
 not depend on the batch. Two ways to run it, bit for bit the same sums:
 - split (few token tiles, decode): one program per (token tile, row tile, slice) writes its slice's sums to a plane
-  of an fp32 workspace [slices, T, N]; a second kernel (`sum_planes`, or the MoE routing kernel, which reads the
-  planes itself) adds the planes in ascending order, starting from zero;
+  of an fp32 workspace [slices, T, N]; the consumer (the MoE routing kernel, layers/moe_route.py) adds the planes
+  in ascending order, starting from zero;
 - whole rows (many token tiles, prefill): one program per (token tile, row tile) runs over all slices, adding each
   slice sum into its accumulator in the same order: no workspace, whose traffic (slices x T x N x 4 bytes, 63 MB
   for the gate at 4,096 tokens) buys little once the unsplit grid fills the GPU anyway.
@@ -44,7 +44,6 @@ BLOCK_N, BLOCK_T, BLOCK_K = 128, 32, 64
 # The split path's weight rows per program: 64 (the smallest wgmma M of one warpgroup) doubles the programs of a
 # narrow weight like the gate's (384 rows: 6 row tiles instead of 3) at no cost in weight traffic.
 SPLIT_BLOCK_N = 64
-SUM_BLOCK = 1024  # elements per program of sum_planes
 # A sliced call runs split below this many whole-row programs: two per SM of an H200 (132 SMs). A constant, as the
 # choice changes no bits (split_grid); session 42's helper runs measured split faster up to 1,024 gate tokens and
 # whole rows at 2,048 (docs/reports/data/s42-helper-run4/).
@@ -120,19 +119,6 @@ if triton is not None:
         out = out_ptr + offs_t.to(tl.int64)[None, :] * stride_out + offs_n[:, None]
         tl.store(out, acc, mask=(offs_t < T)[None, :] & (offs_n < N)[:, None])
 
-    @triton.jit
-    def _sum_planes_kernel(planes_ptr, out_ptr, numel, n_planes, BLOCK: tl.constexpr):
-        """out[i] = ((0 + planes[0, i]) + planes[1, i]) + ..., fp32 adds in ascending plane order (no products: no
-        FMA can be formed, a plain add is round to nearest)."""
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < numel
-        plane = planes_ptr + offs
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for _ in range(n_planes):
-            acc += tl.load(plane, mask=m, other=0.0)
-            plane += numel
-        tl.store(out_ptr + offs, acc, mask=m)
-
 
 def split_grid(T: int, N: int, device: torch.device) -> bool:
     """Whether a sliced call of T rows on an N-row weight runs split (one program per slice, through planes): while
@@ -151,23 +137,16 @@ def _check(x: torch.Tensor, w: torch.Tensor, k_slice: int | None) -> None:
         raise ValueError(f"linear_fp32: k_slice {k_slice} is not a positive multiple of {BLOCK_K}")
 
 
-def linear_fp32(x: torch.Tensor, w: torch.Tensor, k_slice: int | None = None) -> torch.Tensor:
+def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """fp32 [T, N] = x @ w^T of bf16 x [T, D] and bf16 w [N, D] (unit column strides): the Triton kernel on CUDA, the
-    reference elsewhere or for other dtypes. Equal to linear_fp32_ref up to the fp32 summation order.
-    k_slice (a multiple of BLOCK_K, fixed per call site): split-K in slices of k_slice columns (module docstring);
-    None: one sum over all of K (the head: its vocabulary already gives thousands of programs)."""
-    _check(x, w, k_slice)
+    reference elsewhere or for other dtypes. Equal to linear_fp32_ref up to the fp32 summation order. One sum over
+    all of K (the head: its vocabulary already gives thousands of programs); the gate's split-K form is
+    linear_fp32_planes."""
+    _check(x, w, None)
     usable = (triton is not None and x.is_cuda and w.is_cuda and x.dtype == torch.bfloat16
               and w.dtype == torch.bfloat16 and x.stride(1) == 1 and w.stride(1) == 1)
     if not usable:
         return linear_fp32_ref(x, w)
-    if k_slice is None:
-        return _linear_fp32_call(x, w)
-    return sum_planes(linear_fp32_planes(x, w, k_slice))
-
-
-def _linear_fp32_call(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The unsliced kernel (k_slice None), on CUDA."""
     (T, D), N = x.shape, w.shape[0]
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     if T:
@@ -179,10 +158,10 @@ def _linear_fp32_call(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_fp32_planes(x: torch.Tensor, w: torch.Tensor, k_slice: int, split: bool | None = None) -> torch.Tensor:
-    """The sliced product as fp32 planes [P, T, N] whose fp32 sum in ascending plane order, starting from zero, is
-    linear_fp32(x, w, k_slice) bit for bit: P = the number of slices (split) or 1 (whole rows). split None:
-    split_grid's choice. On any device Triton runs on (CUDA, or CPU tensors under TRITON_INTERPRET=1); bf16 x and w
-    with unit column strides."""
+    """The split-K product (slices of k_slice columns, a multiple of BLOCK_K fixed per call site) as fp32 planes
+    [P, T, N] whose fp32 sum in ascending plane order, starting from zero, is the same bits whichever way and at
+    every T: P = the number of slices (split) or 1 (whole rows). split None: split_grid's choice. On any device
+    Triton runs on (CUDA, or CPU tensors under TRITON_INTERPRET=1); bf16 x and w with unit column strides."""
     _check(x, w, k_slice)
     (T, D), N = x.shape, w.shape[0]
     if split is None:
@@ -196,13 +175,3 @@ def linear_fp32_planes(x: torch.Tensor, w: torch.Tensor, k_slice: int, split: bo
                                   INTERPRETED=not x.is_cuda, num_warps=4, num_stages=4)
     return planes
 
-
-def sum_planes(planes: torch.Tensor) -> torch.Tensor:
-    """fp32 [T, N] = the planes [P, T, N] added in ascending order from zero (one plane: itself, as a view)."""
-    if planes.shape[0] == 1:
-        return planes[0]
-    out = torch.empty(planes.shape[1:], dtype=torch.float32, device=planes.device)
-    if out.numel():
-        _sum_planes_kernel[(triton.cdiv(out.numel(), SUM_BLOCK),)](planes, out, out.numel(), planes.shape[0],
-                                                                  BLOCK=SUM_BLOCK)
-    return out

@@ -8,9 +8,9 @@ gather, sum, divide, multiply).
 How:
 - the gate: `linear_fp32_planes` with GATE_K_SLICE (split-K with a slice length fixed here, so a token's scores do
   not depend on the batch); at decode it writes one fp32 plane per K slice;
-- `moe_route_kernel`, one program per token: adds the planes in ascending order (the sum linear_fp32(x, w,
-  GATE_K_SLICE) returns), then s = sqrt(softplus(scores / gate_temp)), the top k of s + bias, the weights gathered
-  from s, normalised and scaled, all in registers; writes ids int64 [T, k] and weights fp32 [T, k].
+- `moe_route_kernel`, one program per token: adds the planes in ascending order from zero (the sum whose bits do
+  not depend on the batch, linear_fp32.py), then s = sqrt(softplus(scores / gate_temp)), the top k of s + bias, the
+  weights gathered from s, normalised and scaled, all in registers; writes ids int64 [T, k] and weights fp32 [T, k].
 
 Numerics against the torch chain (ops.moe_route_from_scores) on the same fp32 scores:
 - on CUDA bit-identical up to the weights' sum: the divide by gate_temp (an IEEE division; torch on CUDA multiplies by
@@ -81,7 +81,7 @@ if triton is not None:
         real = e < E
         plane = planes_ptr + t * E + e
         logit = tl.zeros([E_PAD], dtype=tl.float32)
-        for _ in range(n_planes):  # as linear_fp32.sum_planes: (0 + p0) + p1 + ...
+        for _ in range(n_planes):  # (0 + p0) + p1 + ..., the order linear_fp32_planes defines
             logit += tl.load(plane, mask=real, other=0.0)
             plane += T * E
         z = tl.div_rn(logit, tl.zeros([E_PAD], dtype=tl.float32) + gate_temp)  # div_rn does not broadcast
