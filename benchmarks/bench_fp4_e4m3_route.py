@@ -57,13 +57,13 @@ def prefill_rows(gen) -> list[dict]:
         for name, N, K in MOE_SHAPES:
             rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N, K, gen, rows_range)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
-            folded = G.fold_fp4_weight_scales(sb)
+            bq_route, folded = G.fold_fp4_weights(bq, sb)
             d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)
             calls = {
                 "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
-                    (a, sa), (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                    (a, sa), (bq_route, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
                 "fp8_route_fold128": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
-                    a128, (bq, sb), d128, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                    a128, (bq_route, sb), d128, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
                 "bf16_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
                     (a, sa), (bq, sb), d_bf16, layout, weight_scale_max=FP4_SCALE_BOUND),
             }
@@ -93,13 +93,15 @@ def decode_rows(gen, copy_gbs: float) -> list[dict]:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
-            folded = G.fold_fp4_weight_scales(sb)
+            bq_route, folded = G.fold_fp4_weights(bq, sb)
             d_bf16, d128, a128 = torch.empty_like(d), torch.empty_like(d), fold_ue8m0_to_128(a, sa, 1)
             calls = {
                 "fp8_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
-                    (a, sa), (bq, sb), d, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                    (a, sa), (bq_route, sb), d, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND,
+                    folded=folded),
                 "fp8_route_fold128": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
-                    a128, (bq, sb), d128, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND, folded=folded),
+                    a128, (bq_route, sb), d128, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND,
+                    folded=folded),
                 "bf16_route": lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
                     (a, sa), (bq, sb), d_bf16, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND),
             }

@@ -121,10 +121,11 @@ DENSE_ROUTES = ("fold", "v41")
 
 def select_moe_route(model: V41Model, route: str) -> None:
     """--moe-route: "fp8" keeps the engine's default, the FP4 experts on mini-deepgemm's FP8-MMA route where their
-    scales fold (KernelWeights.fp4_folded); "bf16" drops the folded scales, so the experts' GEMMs take the bf16-MMA
-    route the engine used before session 20 (the before of docs/reports/deepgemm-fp8-moe.md's end-to-end rows)."""
+    scales fold (KernelWeights.fp4_folded); "bf16" drops the route (KernelWeights.drop_fp8_mma_route: the weights back
+    in the checkpoint's order, the folded scales dropped), so the experts' GEMMs take the bf16-MMA route the engine
+    used before session 20 (the before of docs/reports/deepgemm-fp8-moe.md's end-to-end rows)."""
     if route == "bf16" and isinstance(model.w, KernelWeights):
-        model.w.fp4_folded.clear()
+        model.w.drop_fp8_mma_route()
 
 
 def trimmed_config(base: V41Config, layers: Sequence[str], engram_vocab: int | None) -> V41Config:

@@ -82,9 +82,9 @@ def cases(gen) -> list[tuple[str, str, object, object]]:
     for name, N, K in ((n, *MOE_SHAPES[n]) for n in ("w13", "w2")):
         _, layout, _, _, (a, sa), (bq, _), d = contiguous_operands(96, N, K, gen)
         sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
-        folded, a128, ref = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1), torch.empty_like(d)
+        (bq_route, folded), a128, ref = G.fold_fp4_weights(bq, sb), fold_ue8m0_to_128(a, sa, 1), torch.empty_like(d)
 
-        def call(a128=a128, bq=bq, sb=sb, d=d, layout=layout, folded=folded):
+        def call(a128=a128, bq=bq_route, sb=sb, d=d, layout=layout, folded=folded):
             G.m_grouped_fp8_fp4_gemm_nt_contiguous(a128, (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND,
                                                    folded=folded)
 
@@ -99,9 +99,10 @@ def cases(gen) -> list[tuple[str, str, object, object]]:
         for name, N, K in ((n, *MOE_SHAPES[n]) for n in ("w13", "w2")):
             _, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)
-            folded, a128, ref = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1), torch.empty_like(d)
+            (bq_route, folded), a128 = G.fold_fp4_weights(bq, sb), fold_ue8m0_to_128(a, sa, 1)
+            ref = torch.empty_like(d)
 
-            def call(a128=a128, bq=bq, sb=sb, d=d, masked_m=masked_m, folded=folded, expected_m=expected_m):
+            def call(a128=a128, bq=bq_route, sb=sb, d=d, masked_m=masked_m, folded=folded, expected_m=expected_m):
                 G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), d, masked_m, expected_m,
                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded)
 

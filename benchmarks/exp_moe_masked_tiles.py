@@ -55,7 +55,7 @@ def main() -> None:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
-            folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
+            (bq_route, folded), a128 = G.fold_fp4_weights(bq, sb), fold_ue8m0_to_128(a, sa, 1)
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
                    "rows": int(masked.sum()), "routed": list(routed(expected_m, True))}
@@ -63,7 +63,7 @@ def main() -> None:
             for variant in VARIANTS:
                 G._masked_tile = lambda *_args, v=G.MaskedTile(*variant): v
                 out = torch.empty_like(d)
-                t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq, sb), out, masked_m, expected_m,
+                t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
                 key = "_".join(map(str, variant))
                 row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs

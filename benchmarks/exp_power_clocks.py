@@ -79,10 +79,10 @@ def main() -> None:
     groups, N13, K13 = 96, 4608, 5120
     rows, layout, ends, _, (a, sa), (bq, _), d = contiguous_operands(groups, N13, K13, gen)
     sb = rand_fp4_weight_scales(groups, N13, K13 // 32, low=118)
-    folded, a128 = G.fold_fp4_weight_scales(sb), fold_ue8m0_to_128(a, sa, 1)
+    (bq_route, folded), a128 = G.fold_fp4_weights(bq, sb), fold_ue8m0_to_128(a, sa, 1)
     moe_flops = 2 * sum(rows) * N13 * K13
     cases["MoE w13, FP8-MMA route, folded per 128"] = (moe_flops, lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
-        a128, (bq, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded))
+        a128, (bq_route, sb), d, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded))
     cases["torch._scaled_grouped_mm, w13"] = (moe_flops, scaled_grouped_mm_peer(a, ends, groups, N13, K13))
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     cases["cuBLAS bf16 matmul, 8192^3"] = (2 * 8192**3, lambda: torch.matmul(x, x))

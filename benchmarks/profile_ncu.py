@@ -64,10 +64,11 @@ def masked_w13():
 
 
 def _fold128(a, b):
-    """The FP8-MMA route's operands: folded weight scales, activations folded per 128 (weight scales drawn as
-    bench_fp4_e4m3_route does, bytes 118-128, so that they fold)."""
+    """The FP8-MMA route's operands: folded weights (reordered) and scales, activations folded per 128 (weight scales
+    drawn as bench_fp4_e4m3_route does, bytes 118-128, so that they fold)."""
     sb = bd.rand_fp4_weight_scales(*b[1].shape, low=118)
-    return reference.fold_ue8m0_to_128(*a, 1), (b[0], sb), G.fold_fp4_weight_scales(sb)
+    bq_route, folded = G.fold_fp4_weights(b[0], sb)
+    return reference.fold_ue8m0_to_128(*a, 1), (bq_route, sb), folded
 
 
 def moe_w13_fold128(groups: int = 96, rows_range: tuple[int, int] = (128, 1024)):

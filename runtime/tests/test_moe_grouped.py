@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from mini_deepgemm.reference import fp4_to_fp8_mma_order
 
 from mini_deepinfer.models.deepseek_v41 import load_checkpoint, moe, ops, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.model import engine_weights
@@ -130,6 +131,33 @@ def test_kernel_weights_bound_each_expert_scale_stack(tiny_weights) -> None:
         assert ws.fp4_scale_max[name] == int(ws[name].view(torch.uint8).max()) <= 128
     ws[scales[0]] = ws[scales[0]].clone()
     assert scales[0] not in ws.fp4_scale_max
+
+
+def test_kernel_weights_hold_folded_experts_in_the_route_order(tiny_weights) -> None:
+    """A folded expert stack and its per-expert views are held in the FP8-MMA route's order, sharing one tensor (no
+    second copy); ops.moe (the oracle, which reads the views one by one) gives the same bits as on the checkpoint's
+    order; drop_fp8_mma_route gives the checkpoint's bytes back; a replaced weight leaves the route."""
+    cfg, w = tiny_weights
+    ws = ops.KernelWeights(engine_weights(w, "cpu"))
+    p = "layers.2.ffn"
+    stack = ws[f"{p}.experts.w13.weight"]
+    assert f"{p}.experts.w13.scale" in ws.fp4_folded and f"{p}.experts.w13.weight" in ws.fp4_route_order
+    for e in (0, cfg.n_routed_experts - 1):
+        for name in ("w1", "w2", "w3"):
+            view = ws[f"{p}.experts.{e}.{name}.weight"]
+            assert f"{p}.experts.{e}.{name}.weight" in ws.fp4_route_order
+            assert torch.equal(view, fp4_to_fp8_mma_order(w[f"{p}.experts.{e}.{name}.weight"]))
+    assert ws[f"{p}.experts.0.w1.weight"].untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    x = (torch.randn(37, cfg.hidden_size, generator=torch.Generator().manual_seed(3)) * 0.5).to(torch.bfloat16)
+    routed = ops.moe(x, ws, p, cfg)
+    ws.drop_fp8_mma_route()
+    assert not ws.fp4_folded and not ws.fp4_route_order
+    for name in (f"{p}.experts.w13.weight", f"{p}.experts.w2.weight", f"{p}.experts.3.w2.weight"):
+        assert torch.equal(ws[name], engine_weights(w, "cpu")[name])
+    assert torch.equal(ops.moe(x, ws, p, cfg).view(torch.int16), routed.view(torch.int16))
+    ws = ops.KernelWeights(engine_weights(w, "cpu"))
+    ws[f"{p}.experts.w2.weight"] = engine_weights(w, "cpu")[f"{p}.experts.w2.weight"]
+    assert f"{p}.experts.w2.scale" not in ws.fp4_folded and f"{p}.experts.w2.weight" not in ws.fp4_route_order
 
 
 @pytest.mark.gpu

@@ -1,18 +1,19 @@
-"""The FP8-MMA route of the grouped FP8 x FP4 GEMMs (gemm.fold_fp4_weight_scales, gemm_gluon_fp4_e4m3_kernel;
+"""The FP8-MMA route of the grouped FP8 x FP4 GEMMs (gemm.fold_fp4_weights, gemm_gluon_fp4_e4m3_kernel;
 docs/reports/deepgemm-fp8-moe.md).
 
-CPU: the folded scales (each row's exponents recovered exactly, the span rule), the kernels' e2m1 -> e4m3 byte
-permutes emulated bit for bit against torch's e4m3 for every code and offset, the argument checks, and the reference
-fallback. GPU (H200, triton 3.6): both layouts against the pure-torch reference on random data (DeepGEMM's diff
-below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
-layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise
-equal; the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (experts ending after one block
-of a tile, blocks of spare capacity, sub-tiles of padding, a last tile past M), and their device-built tile table
-against a plain one; the masked kernel's programs looping over an expert's token tiles bitwise its program per
-tile. Shapes: ragged groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 8-, 16-, 32- and
-64-token masked tiles with groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with
-the activations' UE8M0 scales per 32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the
-reference then multiplies the folded operands exactly).
+CPU: the folded scales (each row's exponents recovered exactly, the span rule), the route's weight order (each word's
+values and signs where the kernels read them, inverted bit for bit), the kernels' e2m1 -> e4m3 byte permutes emulated
+bit for bit against torch's e4m3 for every code, position and offset, the argument checks, and the reference fallback on
+the reordered weights. GPU (H200, triton 3.6): both layouts against the pure-torch reference on random data (DeepGEMM's
+diff below 1e-5), padding and unused rows untouched, a token's row bitwise the same in the contiguous and the masked
+layout (the weights are the MMA's B operand in one kernel and its A operand in the other), repeated calls bitwise equal;
+the contiguous kernel's 256-row tiles bitwise the same as its 128-row tiles (experts ending after one block of a tile,
+blocks of spare capacity, sub-tiles of padding, a last tile past M), and their device-built tile table against a plain
+one; the masked kernel's programs looping over an expert's token tiles bitwise its program per tile. Shapes: ragged
+groups (empty, one row, 1,024 rows, a segment ending one row past a tile), 8-, 16-, 32- and 64-token masked tiles with
+groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case runs with the activations' UE8M0 scales per
+32 and folded per 128 (float32 scales, the kernels' SA_PER_128 loop; the reference then multiplies the folded operands
+exactly).
 """
 
 import pytest
@@ -34,9 +35,8 @@ def foldable_fp4_weights(G: int, N: int, K: int, gen: torch.Generator, device: s
 
 
 def test_folded_scales_recover_every_exponent():
-    _, sb = foldable_fp4_weights(3, 256, 640, torch.Generator().manual_seed(0))
-    folded = gemm.fold_fp4_weight_scales(sb)
-    assert folded is not None
+    bq, sb = foldable_fp4_weights(3, 256, 640, torch.Generator().manual_seed(0))
+    folded = gemm.fold_fp4_weights(bq, sb)[1]
     e = sb.view(torch.uint8).long()
     offsets = folded.offsets.view(torch.uint8).view(3, 256, 20).long()
     assert int(offsets.min()) >= 0 and int(offsets.max()) <= 11
@@ -47,10 +47,28 @@ def test_folded_scales_recover_every_exponent():
 
 def test_a_row_spanning_more_than_11_is_refused():
     sb = torch.full((1, 128, 8), 120, dtype=torch.uint8)
+    bq = torch.zeros(1, 128, 128, dtype=torch.uint8)
     sb[0, 5, 3] = 132  # one row spans 12
-    assert gemm.fold_fp4_weight_scales(sb.view(torch.float8_e8m0fnu)) is None
+    assert gemm.fold_fp4_weights(bq, sb.view(torch.float8_e8m0fnu)) is None
     sb[0, 5, 3] = 131
-    assert gemm.fold_fp4_weight_scales(sb.view(torch.float8_e8m0fnu)) is not None
+    assert gemm.fold_fp4_weights(bq, sb.view(torch.float8_e8m0fnu)) is not None
+    with pytest.raises(ValueError, match="bq must be packed FP4"):
+        gemm.fold_fp4_weights(bq[:, :, :64], sb.view(torch.float8_e8m0fnu))
+
+
+def test_the_route_weight_order():
+    """fold_fp4_weights's weights: in each 64-byte K step, word 4q + c holds values 32c + 4q .. + 3 (low half) and
+    32c + 16 + 4q .. + 3 (high half), value i's magnitude in bits 4i .. 4i + 2 and its sign in bit SIGN_BITS[i]; the
+    inverse gives the checkpoint's bytes back."""
+    bq, sb = foldable_fp4_weights(2, 128, 256, torch.Generator().manual_seed(9))
+    ordered = gemm.fold_fp4_weights(bq, sb)[0]
+    assert ordered.shape == bq.shape and ordered.dtype == bq.dtype
+    assert torch.equal(reference.fp4_from_fp8_mma_order(ordered), bq)
+    codes = torch.stack([bq & 0xF, bq >> 4], -1).view(2, 128, 2, 4, 2, 4, 4)  # (g, n, step, c, s, q, value)
+    words = ordered.view(torch.int32).view(2, 128, 2, 4, 4).long() & 0xFFFFFFFF  # (g, n, step, q, c)
+    for i, sign_bit in enumerate((7, 15, 23, 31, 3, 11, 19, 27)):
+        code = ((words >> (4 * i)) & 7) | (((words >> sign_bit) & 1) << 3)
+        assert torch.equal(code, codes[:, :, :, :, i // 4, :, i % 4].transpose(-1, -2).long()), i
 
 
 def _prmt(a: int, b: int, selector: int) -> int:
@@ -66,8 +84,8 @@ def _prmt(a: int, b: int, selector: int) -> int:
 
 
 def test_the_byte_permute_conversion_is_exact():
-    """The kernels' _E2M1_TO_E4M3_PTX, step by step, for all 16 codes at each of the 8 positions of a word and every
-    offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts them (+0 and -0 alike)."""
+    """The kernels' _E2M1_TO_E4M3_PTX, step by step, for all 16 codes at each of the 8 positions of a route-order word
+    and every offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts them (+0 and -0 alike)."""
     k = pytest.importorskip("mini_deepgemm.gemm_gluon_fp4_e4m3_kernel")
     magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     for offset in range(12):
@@ -75,12 +93,15 @@ def test_the_byte_permute_conversion_is_exact():
         hi = (k.LUT_HI_BASE.value + offset * k.LUT_HI_STEP.value) & 0xFFFFFFFF
         for code in range(16):
             for pos in range(8):
-                w = code << (4 * pos)
+                # a K step whose only nonzero value is value `pos` of the route's first word: k = pos or 16 + pos - 4
+                k_value = pos if pos < 4 else 12 + pos
+                natural = torch.zeros(1, 64, dtype=torch.uint8)
+                natural[0, k_value // 2] = code << (4 * (k_value % 2))
+                w = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
                 m = w & 0x77777777
                 r0, r1 = _prmt(lo, hi, m), _prmt(lo, hi, m >> 16)
-                w4 = (w << 4) & 0xFFFFFFFF
-                r0 |= _prmt(w4, w, 0x5140) & 0x80808080
-                r1 |= _prmt(w4, w, 0x7362) & 0x80808080
+                r0 |= w & 0x80808080
+                r1 |= (w << 4) & 0x80808080
                 got = ((r1 << 32 | r0) >> (8 * pos)) & 0xFF
                 value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
                 want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()
@@ -113,7 +134,8 @@ def test_folded_activations_are_their_per_32_form_everywhere_but_the_fp8_mma_rou
     assert s.dtype == torch.float32 and tuple(s.shape) == (layout.numel(), 3)
     assert torch.equal(reference.act_dequant(q, s, 128), reference.act_dequant(q, _per_32(s), 32))
     d, want = (torch.full((layout.numel(), 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=gemm.fold_fp4_weight_scales(sb))
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, _per_32(s)), (bq, sb), want, layout)
     assert torch.equal(d.view(torch.int16), want.view(torch.int16))
     G, max_m = 3, 40
@@ -136,11 +158,13 @@ def test_folded_activation_errors_name_the_problem():
 
 
 def test_folded_on_the_cpu_is_the_reference():
+    """Where the Gluon kernels do not run, the reordered weights are read back in the checkpoint's order: the
+    reference's bits."""
     gen = torch.Generator().manual_seed(1)
     q, s, bq, sb, layout = _contiguous_case([5, 0, 130], 256, 256, gen)
-    folded = gemm.fold_fp4_weight_scales(sb)
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     d, want = (torch.full((layout.numel(), 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), want, layout)
     assert torch.equal(d.view(torch.int16), want.view(torch.int16))
 
@@ -161,7 +185,7 @@ def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
 def test_folded_argument_errors_name_the_problem():
     gen = torch.Generator().manual_seed(2)
     q, s, bq, sb, layout = _contiguous_case([3], 256, 256, gen)
-    folded = gemm.fold_fp4_weight_scales(sb)
+    bq, folded = gemm.fold_fp4_weights(bq, sb)
     d = torch.empty(layout.numel(), 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiples of 128"):
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq[:, :192].contiguous(), sb[:, :192].contiguous()),
@@ -193,16 +217,15 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(3)
     q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", activations)
-    folded = gemm.fold_fp4_weight_scales(sb)
-    assert folded is not None
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), d, layout, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
     want = reference.m_grouped_gemm_nt_contiguous_ref(q, _per_32(s), bq, sb, layout, 1, 32)
     used = layout >= 0
     assert calc_diff(d[used].float(), want[used]) < 1e-5
     assert bool((d[~used] == 7.0).all()), "padding rows must stay untouched"
     again = torch.full_like(d, 7.0)
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), again, layout, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), again, layout, folded=folded)
     assert torch.equal(again.view(torch.int16), d.view(torch.int16)), "repeated calls must give the same bits"
 
 
@@ -274,7 +297,7 @@ def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
     if case == "ragged":  # an expert's spare capacity: a whole 128-row block of padding before the next expert's
         layout = torch.cat([layout[:384], torch.full((256,), -1, dtype=layout.dtype, device="cuda"), layout[384:]])
         q, s = (torch.cat([t[:384], t[:256], t[384:]]) for t in (q, s))  # (any values in padding rows)
-    folded = gemm.fold_fp4_weight_scales(sb)
+    bq, folded = gemm.fold_fp4_weights(bq, sb)
     out = {}
     for block_m in (128, 256):
         monkeypatch.setattr(gemm, "_contiguous_block_m", lambda *args, b=block_m: b)
@@ -294,11 +317,10 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
     q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
-    folded = gemm.fold_fp4_weight_scales(sb)
-    assert folded is not None
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
     d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
-    gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), d, masked_m, expected_m, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq_route, sb), d, masked_m, expected_m, folded=folded)
     want = reference.m_grouped_gemm_nt_masked_ref(q, _per_32(s), bq, sb, masked_m, 1, 32)
     used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
     assert calc_diff(d[used].float(), want[used]) < 1e-5
@@ -319,7 +341,7 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
         q_c[where], s_c[where] = q[used], s.view(torch.uint8)[used]
         s_c = s_c.view(torch.float8_e8m0fnu)
     d_c = torch.empty(layout.numel(), N, dtype=torch.bfloat16, device="cuda")
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q_c, s_c), (bq, sb), d_c, layout, folded=folded)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q_c, s_c), (bq_route, sb), d_c, layout, folded=folded)
     assert torch.equal(d[used].view(torch.int16), d_c[where].view(torch.int16)), "masked vs contiguous rows"
 
 
@@ -337,13 +359,13 @@ def test_masked_programs_looping_over_token_tiles_give_the_same_bits(tokens, act
     q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
-    folded = gemm.fold_fp4_weight_scales(sb)
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     out = {}
     for one_program in (False, True):
         tile = gemm.MaskedTile(tokens, 2, 128 if activations == "per_128" else None, one_program)
         monkeypatch.setattr(gemm, "_masked_tile", lambda *args, t=tile: t)
         out[one_program] = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
-        gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq, sb), out[one_program], masked_m, 8, folded=folded)
+        gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq_route, sb), out[one_program], masked_m, 8, folded=folded)
     assert torch.equal(out[True].view(torch.int16), out[False].view(torch.int16))
     want = reference.m_grouped_gemm_nt_masked_ref(q, _per_32(s), bq, sb, masked_m, 1, 32)
     used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]

@@ -33,14 +33,16 @@ Read it once per weight tensor (`int(sb.view(torch.uint8).max())`, a host sync) 
 per call; a byte above the stated bound makes its values inf or NaN. Every FP4 kernel reads scale byte 0 as 0 (the
 reference: 2^-127).
 
-FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4_weight_scales(sb)`, once per
-weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion. Given to a call, the Gluon
-kernels of gemm_gluon_fp4_e4m3_kernel.py run it: no activation pass, the conversion 9 instructions per 8 values
-(docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route: prefill 1.03-1.05x, decode at
-~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its rows differ from the bf16
-route's by rounding and agree bitwise between the two layouts, so pass `folded` for a weight tensor in every call or
-in none. Where the Gluon kernels do not run, `folded` is ignored (the Triton kernels or the references, the same in
-every layout).
+FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4_weights(bq, sb)`, once per
+weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion and returns the packed weights
+reordered for the route's kernels (reference.fp4_to_fp8_mma_order: a thread's bytes of a K step contiguous, the
+sign bits where the e4m3 bytes want them; session 45). Given the reordered weights as b's data and the folded scales
+as `folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no activation pass, the conversion 7
+instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route:
+prefill 1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its
+rows differ from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a
+weight tensor in every call or in none. Where the Gluon kernels do not run, the call reads the weights back in the
+checkpoint's order (a copy per call) and takes the Triton kernels or the references, the same in every layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
 FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,
@@ -78,7 +80,7 @@ __all__ = [
     "fp8_gemm_nt", "fp8_fp4_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
-    "FoldedFP4Scales", "fold_fp4_weight_scales", "fold_fp8_weight_scales",
+    "FoldedFP4Scales", "fold_fp4_weights", "fold_fp8_weight_scales",
 ]
 
 V41_RECIPE = (1, 32, 32)
@@ -125,11 +127,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(
     a: FP8Operand, b: FP8Operand, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Recipe | None = None,
     *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None, expected_m: int | None = None,
 ) -> None:
-    """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
-    weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weight_scales(sb), for the FP8-MMA route
-    (module docstring). expected_m: the typical real rows per expert, a host-side hint for the FP8-MMA route's tile
-    height (_contiguous_block_m); without it the route estimates them from M / G, which suits a layout of just
-    the 128-aligned segments, not one of a fixed capacity (its spare rows would count as experts' rows)."""
+    """As `m_grouped_fp8_gemm_nt_contiguous`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32]. weight_scale_max:
+    an upper bound on sb's bytes; folded: fold_fp4_weights(bq, sb)'s scales, for the FP8-MMA route, with b.q its
+    reordered weights (module docstring). expected_m: the typical real rows per expert, a host-side hint for the FP8-MMA
+    route's tile height (_contiguous_block_m); without it the route estimates them from M / G, which suits a layout of
+    just the 128-aligned segments, not one of a fixed capacity (its spare rows would count as experts' rows)."""
     _gemm(_CONTIGUOUS, a, b, d, None, grouped_layout, recipe, allow_fp4=True, expected_m=expected_m,
           weight_scale_max=weight_scale_max, folded=folded)
 
@@ -147,14 +149,14 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     recipe: Recipe | None = None, *, weight_scale_max: int = 255, folded: FoldedFP4Scales | None = None,
 ) -> None:
     """As `m_grouped_fp8_gemm_nt_masked`; b.q may be packed FP4 [G, N, K/2] with sb [G, N, K/32].
-    weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weight_scales(sb), for the FP8-MMA route
-    (module docstring)."""
+    weight_scale_max: an upper bound on sb's bytes; folded: fold_fp4_weights(bq, sb)'s scales, for the FP8-MMA route,
+    with b.q its reordered weights (module docstring)."""
     _gemm(_MASKED, a, b, d, None, masked_m, recipe, allow_fp4=True, expected_m=expected_m,
           weight_scale_max=weight_scale_max, folded=folded)
 
 
 class FoldedFP4Scales(NamedTuple):
-    """FP4 weight scales folded for the FP8-MMA route (fold_fp4_weight_scales)."""
+    """FP4 weight scales folded for the FP8-MMA route (fold_fp4_weights)."""
 
     offsets: torch.Tensor  # int32 [G, N, K / 128]: per weight row and 32-block, e - ref + 5 in [0, 11], 4 per word
     column_scales: torch.Tensor  # fp32 [G, N]: 2^(ref - 127), ref = the row's largest scale exponent - 6
@@ -164,21 +166,31 @@ class FoldedFP4Scales(NamedTuple):
 _FOLD_D_MIN, _FOLD_D_MAX = -5, 6
 
 
-def fold_fp4_weight_scales(sb: torch.Tensor) -> FoldedFP4Scales | None:
-    """The FP8-MMA route's form of FP4 weight scales sb (UE8M0 [G, N, K / 32], K % 128 == 0): each weight row's
-    values become e4m3 x 2^(e - ref) with ref = its largest scale exponent - 6, and 2^(ref - 127) scales its
-    outputs. None (keep the bf16 route) when a row's scale bytes span more than 11 or a ref would leave fp32's
-    normal range. Once per weight tensor, at load: it reads every scale byte and syncs with the host."""
+def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, FoldedFP4Scales] | None:
+    """FP4 weights (packed e2m1 [G, N, K / 2], UE8M0 sb [G, N, K / 32], K % 128 == 0) in the FP8-MMA route's form:
+    (the packed weights in the route's order, reference.fp4_to_fp8_mma_order, a new tensor like bq; the folded
+    scales). Each weight row's values become e4m3 x 2^(e - ref) with ref = its largest scale exponent - 6, and
+    2^(ref - 127) scales its outputs. None (keep the bf16 route) when a row's scale bytes span more than 11 or a ref
+    would leave fp32's normal range. Pass the returned weights as b's data with `folded` in every call (the other
+    routes read them back in the checkpoint's order on each call: a copy of the weights, where the Gluon kernels do
+    not run). Once per weight tensor, at load: it reads every scale byte and syncs with the host; the reorder runs
+    one expert at a time, so it holds one expert's temporaries beside the new tensor."""
     _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES,
              lambda: f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} {tuple(sb.shape)}")
     _require(sb.shape[-1] % 4 == 0, lambda: f"K = {32 * sb.shape[-1]} must be a multiple of 128")
+    _require(bq.dim() == 3 and bq.dtype in (torch.uint8, torch.int8) and tuple(bq.shape) == (*sb.shape[:2],
+             16 * sb.shape[-1]), lambda: f"bq must be packed FP4 {(*sb.shape[:2], 16 * sb.shape[-1])}, got "
+             f"{bq.dtype} {tuple(bq.shape)}")
     e = sb.view(torch.uint8).to(torch.int32)
     ref = e.amax(-1) - _FOLD_D_MAX
     d = e - ref[..., None]
     if not bool((d.amin() >= _FOLD_D_MIN) & (ref.amin() >= 1)):  # one host sync
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
-    return FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
+    ordered = torch.empty_like(bq, memory_format=torch.contiguous_format)
+    for g in range(bq.shape[0]):
+        ordered[g] = reference.fp4_to_fp8_mma_order(bq[g])
+    return ordered, FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
 
 
 def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:
@@ -291,6 +303,8 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
     if folded is not None and backend is None and _gluon_runs_on(d):
         _fp4_e4m3_gemm(layout, a, b, d, group_arg, folded, expected_m)
         return
+    if folded is not None:  # the other routes read the weights in the checkpoint's order
+        b = (reference.fp4_from_fp8_mma_order(b[0]), b[1])
     if _folded_per_128(a, b_fp4):  # the other routes take the folded scales as UE8M0 per 32, exactly
         a = (a[0], reference.ue8m0_from_fold_128(a[1]))
     if backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):

@@ -2,14 +2,14 @@
 memory with their per-32 scales folded per weight row, the FP8 activations fed to the MMA as they are.
 
 Why (docs/reports/deepgemm-fp8-moe.md, session 19): the bf16-MMA kernels of gemm_gluon_kernel.py spend 2.5-3
-instructions per weight value on the FP4 -> bf16 conversion and need an activation pass in front. e2m1 x 2^d is
-exact in e4m3 for d in [-8, 6], so a weight row n takes one reference exponent ref[n] = max over K of its scale
-exponent - 6, its values become e4m3 x 2^(e - ref[n]), and 2^(ref[n] - 127) multiplies the row's outputs once. With
-d in [-5, 6] (a row's scale bytes span at most 11; gemm.fold_fp4_weight_scales checks it) the 8-entry table of a row
-and 32-block is two words built by integer multiply-adds, and the conversion is 9 instructions per 8 values. The
-activations' per-32 scales stay in the loop: one FMA per accumulator element and 32 of K after an m64nXk32 MMA.
-Measured on H200 (same report, session 20 run 1), against the bf16 route: prefill 1.03-1.05x at 128-1,024 rows
-per expert, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the device-copy rate, at ~32 rows 0.85-0.87x.
+instructions per weight value on the FP4 -> bf16 conversion and need an activation pass in front. e2m1 x 2^d is exact in
+e4m3 for d in [-8, 6], so a weight row n takes one reference exponent ref[n] = max over K of its scale exponent - 6, its
+values become e4m3 x 2^(e - ref[n]), and 2^(ref[n] - 127) multiplies the row's outputs once. With d in [-5, 6] (a row's
+scale bytes span at most 11; gemm.fold_fp4_weights checks it) the 8-entry table of a row and 32-block is two words built
+by integer multiply-adds, and the conversion is 9 instructions per 8 values (7 since session 45, below). The
+activations' per-32 scales stay in the loop: one FMA per accumulator element and 32 of K after an m64nXk32 MMA. Measured
+on H200 (same report, session 20 run 1), against the bf16 route: prefill 1.03-1.05x at 128-1,024 rows per expert, decode
+at ~8 rows per expert 1.28-1.36x and 0.61 of the device-copy rate, at ~32 rows 0.85-0.87x.
 
 SA_PER_128 (the engine's form since session 21, docs/reports/deepgemm-moe-fold-128.md): activations folded per 128
 (fp32 power-of-two scales per 128 of K) let a K step be one 128-deep MMA chain and one FMA per accumulator element,
@@ -22,6 +22,13 @@ as the MMA's B operand (contiguous) or its A operand (masked, swap-AB); the H200
 form, so a token's row does not depend on the layout that carries it (tests/test_gemm_fp4_e4m3.py). The bf16
 route's rows differ from these by rounding, so one weight tensor takes one route in every layout (gemm.py routes on
 the folded scales alone).
+
+The weights come in the route's order (reference.fp4_to_fp8_mma_order, made once at load by gemm.fold_fp4_weights;
+session 45, docs/reports/deepgemm-moe-fold-128.md): per K step, 32-bit word 4q + c of a row holds the 8 values of k32
+chunk c that lane q of a wgmma A fragment holds, with the sign bits where the e4m3 bytes want them. The masked
+kernel's thread then loads its 4 words of a row as one 16-byte chunk (it took 16 two-byte loads and a pack per word
+in the checkpoint's order), and the conversion drops two byte permutes per word in both kernels; the contiguous
+kernel's converter, which holds a whole row per thread, puts its words back in K order by renaming registers.
 
 - Contiguous (prefill): fp4_e4m3_contiguous_kernel, one persistent CTA per SM, 128 x 128 output tiles, K in steps
   of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
@@ -59,22 +66,22 @@ LUT_LO_STEP: gl.constexpr = gl.constexpr(0x08080800)
 LUT_HI_BASE: gl.constexpr = gl.constexpr(0x24201C18)
 LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
 
-# $2: 8 packed e2m1 values (value i in bits 4i..4i+3), $3 / $4: the row's table -> $0: values 0-3 as e4m3 bytes, $1:
-# values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign bits cleared) index the table.
-# The signs, bit 4i + 3, must become bit 7 of byte i: w << 4 holds the even values' signs at its bytes' top bits and
-# w the odd values', so a byte permute with a constant selector interleaves them and an AND-OR adds them.
+# $2: a word of the route's weight order (reference.fp4_to_fp8_mma_order): value i's magnitude in bits 4i..4i+2, the
+# signs of values 0-3 in bits 7, 15, 23, 31 and of values 4-7 in bits 3, 11, 19, 27; $3 / $4: the row's table -> $0:
+# values 0-3 as e4m3 bytes, $1: values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign
+# bits cleared) index the table. The signs of values 0-3 already sit at their bytes' top bits (one AND-OR), those of
+# values 4-7 one nibble below (a shift and an AND-OR): 7 instructions where the checkpoint's order (sign i in bit
+# 4i + 3) took 9 (session 45).
 _E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr("""
 {
-.reg .b32 m, t, w4;
+.reg .b32 m, t;
 and.b32 m, $2, 0x77777777;
 prmt.b32 $0, $3, $4, m;
 shr.u32 m, m, 16;
 prmt.b32 $1, $3, $4, m;
-shl.b32 w4, $2, 4;
-prmt.b32 t, w4, $2, 0x5140;
-and.b32 t, t, 0x80808080;
+and.b32 t, $2, 0x80808080;
 or.b32 $0, $0, t;
-prmt.b32 t, w4, $2, 0x7362;
+shl.b32 t, $2, 4;
 and.b32 t, t, 0x80808080;
 or.b32 $1, $1, t;
 }
@@ -87,9 +94,9 @@ _ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
 @gluon.jit
 def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
     """One table word ([128, 16] in _ROW_WORDS) per packed word: BASE + STEP x the offset byte of the word's 32-block
-    (offsets: int32 [128], a row's 4 bytes of the step). The block is a constant of each register, so the selects
-    fold away and a thread computes its row's 4 words once."""
-    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4
+    (offsets: int32 [128], a row's 4 bytes of the step; word 4q + c is of block c). The block is a constant of each
+    register, so the selects fold away and a thread computes its row's 4 words once."""
+    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] % 4
     return gl.where(for_k32 == 0, (BASE + (offsets & 0xFF) * STEP)[:, None],
                     gl.where(for_k32 == 1, (BASE + ((offsets >> 8) & 0xFF) * STEP)[:, None],
                              gl.where(for_k32 == 2, (BASE + ((offsets >> 16) & 0xFF) * STEP)[:, None],
@@ -98,13 +105,16 @@ def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
 
 @gluon.jit
 def _convert_rows(words, offsets):
-    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows; offsets: int32 [128], each row's 4 offset
-    bytes of the step -> the e4m3 tile as int32 [128, 32] (4 values per word, K order kept)."""
+    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows in the route's order (word 4q + c: values
+    32c + 4q .. + 3 and 32c + 16 + 4q .. + 3); offsets: int32 [128], each row's 4 offset bytes of the step -> the
+    e4m3 tile as int32 [128, 32] in K order (4 values per word). A thread holds its row, so putting the words back in
+    K order (join, reshape, permute) renames registers and moves no data."""
     lo = _table_words(offsets, LUT_LO_BASE, LUT_LO_STEP)
     hi = _table_words(offsets, LUT_HI_BASE, LUT_HI_STEP)
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    return gl.reshape(gl.join(q03, q47), [128, 32])
+    w = gl.permute(gl.reshape(gl.join(q03, q47), [128, 4, 4, 2]), [0, 2, 3, 1])  # (row, q, c, s) -> (row, c, s, q)
+    return gl.reshape(w, [128, 32])  # word 8c + 4s + q: values 32c + 16s + 4q .. + 3
 
 
 @gluon.jit
@@ -355,13 +365,13 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
-    >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256
-    with SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes, 64-byte swizzle; d bf16 [M,
-    N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words [M,
-    K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128); colscale
-    fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles contiguous_tile_table_kernel's
-    (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0. Persistent: at most one program
-    per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256 with
+    SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes, 64-byte
+    swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa
+    int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128);
+    colscale fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles
+    contiguous_tile_table_kernel's (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0.
+    Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
@@ -438,14 +448,10 @@ def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, row
     gl.store(out + (n0 + 64 + rows)[:, None], (acc_hi * scale_hi).to(gl.bfloat16), mask=keep)
 
 
-# The folded masked path's A operand, converted in registers (docs/reports/deepgemm-moe-fold-128.md, session 25).
-# Half a K step's pieces, int16 [64 rows, 32 pieces]: a thread (q = lane % 4, g = lane / 4 + 16 x warp) holds rows g
-# and g + 8 and pieces 8c + 4s + q, i.e. bytes 16c + 8s + 2q and + 1 of each k32 chunk c: its part of the wgmma A
-# fragment (values 32c + 4q .. + 3 and 32c + 16 + 4q .. + 3).
-_HALF_PIECES: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 4], [0, 8], [0, 16], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
-# The same as int32 words [64, 16]: word 4q + c holds chunk c's 8 values of the thread (pieces 8c + q and 8c + 4 + q)
+# The folded masked path's A operand, converted in registers (docs/reports/deepgemm-moe-fold-128.md, sessions 25-26,
+# 45). Half a K step's words, int32 [64 rows, 16] in the route's order: a thread (q = lane % 4, g = lane / 4 + 16 x
+# warp) holds rows g and g + 8 and words 4q .. 4q + 3 of each, one 16-byte load per row; word 4q + c holds k32 chunk
+# c's values 32c + 4q .. + 3 and 32c + 16 + 4q .. + 3, the thread's part of the wgmma A fragment.
 _HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
@@ -454,16 +460,10 @@ _IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
 
 @gluon.jit
 def _fragment_words(w_ring, slot, half: gl.constexpr):
-    """Half `half` (rows 64 x half ..) of ring slot `slot`'s packed weights (the checkpoint's byte order) -> each
-    thread's A-fragment words (int32 [64, 16] in _HALF_WORDS): 16-bit shared loads and one pack per word."""
-    STAGES: gl.constexpr = w_ring.type.shape[0]
-    pieces_smem = w_ring._reinterpret(gl.int16, [STAGES, 128, 32],
-                                      gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
-    pieces_smem = pieces_smem.index(slot).slice(64 * half, 64, dim=0)
-    pieces = gl.permute(gl.reshape(pieces_smem.load(_HALF_PIECES), [64, 4, 2, 4]), [0, 3, 1, 2])  # (row, q, c, s)
-    lo, hi = gl.split(pieces)
-    words = (hi.to(gl.int32) << 16) | (lo.to(gl.int32) & 0xFFFF)
-    return gl.convert_layout(gl.reshape(words, [64, 16]), _HALF_WORDS, assert_trivial=True)
+    """Half `half` (rows 64 x half ..) of ring slot `slot`'s packed weights -> each thread's A-fragment words (int32
+    [64, 16] in _HALF_WORDS), as they lie in shared memory."""
+    words = _raw_words(w_ring, w_ring.type.shape[0]).index(slot).slice(64 * half, 64, dim=0)
+    return words.load(_HALF_WORDS)
 
 
 @gluon.jit
@@ -529,16 +529,15 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
                            stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
-    """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for
-    m < masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in [128, 64] boxes (64-byte
-    swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32 words
-    [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
-    K % 128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights
-    converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and
-    64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
-    (activations folded per 128), each half's weights converted into its MMA's A registers
-    (_masked_folded_steps), one pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128
-    at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
+    """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
+    masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes
+    (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32
+    words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0, K %
+    128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted
+    into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the
+    activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
+    128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
+    one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)

@@ -217,6 +217,39 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.where((nib & 8) != 0, -mag, mag)
 
 
+# --------------------------------------------------------------------------- the FP8-MMA route's weight order
+# Bit of a route-order word that holds the sign of its value i (a checkpoint word holds it in bit 4i + 3)
+_FP8_MMA_SIGN_BITS = (7, 15, 23, 31, 3, 11, 19, 27)
+
+
+def fp4_to_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 weights uint8 or int8 [..., K/2] (low nibble = even k, K % 128 == 0) -> the same values in the order
+    mini-deepgemm's FP8-MMA MoE kernels read (gemm_gluon_fp4_e4m3_kernel; docs/reports/deepgemm-moe-fold-128.md, session
+    45). Per 128 values of K (64 bytes, one K step), 32-bit word 4q + c (c, q in 0..3) holds values 32c + 4q .. + 3 in
+    its low half and 32c + 16 + 4q .. + 3 in its high half: a wgmma A-fragment thread's 8 values of k32 chunk c, so that
+    thread loads its 4 words of a row as one 16-byte chunk. Within a word, value i keeps its magnitude in bits 4i .. 4i
+    + 2 and its sign moves to bit _FP8_MMA_SIGN_BITS[i], where the e4m3 conversion wants it (7 instructions per word
+    instead of 9). A new tensor of packed's dtype; fp4_from_fp8_mma_order inverts it bit for bit."""
+    lead = packed.shape[:-1]
+    pieces = packed.contiguous().view(torch.int16).view(*lead, -1, 4, 2, 4)  # (step, c, s, q): 2-byte piece 8c+4s+q
+    words = pieces.permute(*range(len(lead) + 1), -1, -3, -2).contiguous().view(torch.int32)  # word (q, c)
+    out = words & 0x77777777
+    for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
+        out |= ((words >> (4 * i + 3)) & 1) << bit
+    return out.view(packed.dtype).view(packed.shape)
+
+
+def fp4_from_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
+    """The checkpoint's order of weights given in fp4_to_fp8_mma_order's ([..., K/2]): a new tensor of their dtype."""
+    lead = packed.shape[:-1]
+    words = packed.contiguous().view(torch.int32)
+    natural = words & 0x77777777
+    for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
+        natural |= ((words >> bit) & 1) << (4 * i + 3)
+    pieces = natural.view(torch.int16).view(*lead, -1, 4, 4, 2)  # (step, q, c, s)
+    return pieces.permute(*range(len(lead) + 1), -2, -1, -3).contiguous().view(packed.dtype).view(packed.shape)
+
+
 def fp4_dequant(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
     """Inverse of `fp4_quant`: fp32 [..., K]."""
     v = unpack_fp4(packed)

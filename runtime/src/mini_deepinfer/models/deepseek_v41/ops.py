@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from mini_deepgemm import (fold_fp4_weight_scales, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
+from mini_deepgemm import (fold_fp4_weights, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
                            per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, per_token_group_quant_fp8)
 from mini_deepgemm.reference import (
     fp4_fakequant,
+    fp4_from_fp8_mma_order,
     fp4_linear_ref,
     fp8_fakequant,
     fp8_linear_ref,
@@ -43,11 +44,15 @@ class KernelWeights(dict):
     fp4_scale_max: the largest UE8M0 byte of each stacked FP4 expert scale tensor (`*.experts.w13.scale`,
     `*.experts.w2.scale`), read once here (a host sync at load, none per step) and passed to the grouped GEMMs as
     their weight_scale_max, which lets the kernels fold the conversion's 2^126 into the scale (mini_deepgemm.gemm).
-    fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weight_scales`, also once
-    here), passed as `folded` in every layout so that prefill and decode share its numerics; absent where the
-    route does not apply (N or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route).
-    Replacing a weight drops its entries (the GEMM then assumes nothing); changing a weight tensor in place is not
-    supported.
+    fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weights`, also once here),
+    passed as `folded` in every layout so that prefill and decode share its numerics; absent where the route does not
+    apply (N or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route). A folded tensor's
+    `.weight` is replaced by the route's order of its bytes (no extra memory once loaded; the GEMMs elsewhere than
+    the Hopper kernels read it back per call), and so are its views (moe.expert_views's per-expert weights, which
+    ops.moe, the oracle, reads one by one: `linear` reads those back per call). fp4_route_order names every weight
+    held in the route's order. Replacing a weight or its scale drops its entries (the GEMM then assumes nothing; set
+    a new `.weight` in the checkpoint's order); changing a weight tensor in place is not supported;
+    drop_fp8_mma_route() returns every expert weight to the checkpoint's order and the bf16 route.
     fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
     of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
     block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
@@ -82,13 +87,35 @@ class KernelWeights(dict):
         scales = {name: t for name, t in self.items()
                   if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
         self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
-        self.fp4_folded = {}
+        self.fp4_folded, self.fp4_route_order = {}, set()
         for name, t in scales.items():
             weight = self.get(name.removesuffix(".scale") + ".weight")
             fits = t.shape[1] % 128 == 0 and t.shape[2] % 4 == 0 and weight is not None and weight.is_contiguous()
-            folded = fold_fp4_weight_scales(t.contiguous()) if fits else None
-            if folded is not None:
-                self.fp4_folded[name] = folded
+            route = fold_fp4_weights(weight, t.contiguous()) if fits else None
+            if route is not None:
+                self.fp4_route_order |= self._replace_with_views(name.removesuffix(".scale") + ".weight", route[0])
+                self.fp4_folded[name] = route[1]
+
+    def _replace_with_views(self, name: str, new: torch.Tensor) -> set[str]:
+        """self[name] = new (of its shape), every other entry viewing self[name]'s storage re-pointed at the same
+        elements of new; returns the names replaced."""
+        old = self[name]
+        replaced = {name}
+        for key, t in list(self.items()):
+            if key != name and t.untyped_storage().data_ptr() == old.untyped_storage().data_ptr():
+                super().__setitem__(key, new.as_strided(t.shape, t.stride(), t.storage_offset() - old.storage_offset()))
+                replaced.add(key)
+        super().__setitem__(name, new)
+        return replaced
+
+    def drop_fp8_mma_route(self) -> None:
+        """Every FP4 expert weight back in the checkpoint's order and its folded scales dropped: the experts' GEMMs
+        then take the bf16-MMA route (bench_prefill's --moe-route bf16)."""
+        for name in self.fp4_folded:
+            weight = name.removesuffix(".scale") + ".weight"
+            self._replace_with_views(weight, fp4_from_fp8_mma_order(self[weight]))
+        self.fp4_folded.clear()
+        self.fp4_route_order.clear()
 
     def _stack_shared_w13(self, p: str) -> None:
         """`{p}.w13.{kind}` = w1 | w3 along the rows for each stored kind, w1 and w3 re-pointed at its halves."""
@@ -113,6 +140,9 @@ class KernelWeights(dict):
                 super().pop(name.split(".shared_experts.")[0] + f".shared_experts.w13.{k}", None)
         self.fp4_scale_max.pop(name, None)
         self.fp4_folded.pop(name, None)
+        if name.endswith(".weight"):  # a folded expert weight is held in the route's order, a new one is not
+            self.fp4_folded.pop(name.removesuffix(".weight") + ".scale", None)
+            self.fp4_route_order.discard(name)
         if name.endswith((".weight", ".scale")):  # a replaced dense FP8 weight or scale: its V3 form is stale
             super().pop(name.rsplit(".", 1)[0] + ".scale_128", None)
         super().__setitem__(name, value)
@@ -211,6 +241,8 @@ def quantized_linear(a: tuple[torch.Tensor, torch.Tensor] | None, rows: int, wei
     w = weights[f"{name}.weight"]
     out = torch.empty(rows, w.shape[0], dtype=torch.bfloat16, device=w.device)
     if rows:
+        if f"{name}.weight" in weights.fp4_route_order:  # an expert's view of a folded stack (ops.moe, the oracle)
+            w = fp4_from_fp8_mma_order(w)
         fp8_fp4_gemm_nt(a, (w, weights[f"{name}.scale_128" if v3_form else f"{name}.scale"]), out)
     return out
 
