@@ -134,13 +134,15 @@ def test_kernel_weights_bound_each_expert_scale_stack(tiny_weights) -> None:
 
 
 def test_kernel_weights_hold_folded_experts_in_the_route_order(tiny_weights) -> None:
-    """A folded expert stack and its per-expert views are held in the FP8-MMA route's order, sharing one tensor (no
+    """A folded expert stack and its per-expert views are held in the FP8-MMA route's order, reordered in place (no
     second copy); ops.moe (the oracle, which reads the views one by one) gives the same bits as on the checkpoint's
     order; drop_fp8_mma_route gives the checkpoint's bytes back; a replaced weight leaves the route."""
     cfg, w = tiny_weights
-    ws = ops.KernelWeights(engine_weights(w, "cpu"))
-    p = "layers.2.ffn"
+    loaded, p = engine_weights(w, "cpu"), "layers.2.ffn"
+    natural = loaded[f"{p}.experts.w13.weight"].clone()
+    ws = ops.KernelWeights(loaded)
     stack = ws[f"{p}.experts.w13.weight"]
+    assert stack is loaded[f"{p}.experts.w13.weight"] and torch.equal(stack, fp4_to_fp8_mma_order(natural))
     assert f"{p}.experts.w13.scale" in ws.fp4_folded and f"{p}.experts.w13.weight" in ws.fp4_route_order
     for e in (0, cfg.n_routed_experts - 1):
         for name in ("w1", "w2", "w3"):

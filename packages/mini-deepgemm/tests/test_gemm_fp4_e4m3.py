@@ -57,18 +57,22 @@ def test_a_row_spanning_more_than_11_is_refused():
 
 
 def test_the_route_weight_order():
-    """fold_fp4_weights's weights: in each 64-byte K step, word 4q + c holds values 32c + 4q .. + 3 (low half) and
+    """fold_fp4_weights's weights: in each 64-byte K step, word 4c + q holds values 32c + 4q .. + 3 (low half) and
     32c + 16 + 4q .. + 3 (high half), value i's magnitude in bits 4i .. 4i + 2 and its sign in bit SIGN_BITS[i]; the
     inverse gives the checkpoint's bytes back."""
     bq, sb = foldable_fp4_weights(2, 128, 256, torch.Generator().manual_seed(9))
     ordered = gemm.fold_fp4_weights(bq, sb)[0]
     assert ordered.shape == bq.shape and ordered.dtype == bq.dtype
     assert torch.equal(reference.fp4_from_fp8_mma_order(ordered), bq)
+    in_place = bq.clone()
+    assert gemm.fold_fp4_weights(in_place, sb, out=in_place)[0] is in_place and torch.equal(in_place, ordered)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        gemm.fold_fp4_weights(bq, sb, out=torch.empty_like(bq)[:, :64])
     codes = torch.stack([bq & 0xF, bq >> 4], -1).view(2, 128, 2, 4, 2, 4, 4)  # (g, n, step, c, s, q, value)
-    words = ordered.view(torch.int32).view(2, 128, 2, 4, 4).long() & 0xFFFFFFFF  # (g, n, step, q, c)
+    words = ordered.view(torch.int32).view(2, 128, 2, 4, 4).long() & 0xFFFFFFFF  # (g, n, step, c, q)
     for i, sign_bit in enumerate((7, 15, 23, 31, 3, 11, 19, 27)):
         code = ((words >> (4 * i)) & 7) | (((words >> sign_bit) & 1) << 3)
-        assert torch.equal(code, codes[:, :, :, :, i // 4, :, i % 4].transpose(-1, -2).long()), i
+        assert torch.equal(code, codes[:, :, :, :, i // 4, :, i % 4].long()), i
 
 
 def _prmt(a: int, b: int, selector: int) -> int:

@@ -166,15 +166,17 @@ class FoldedFP4Scales(NamedTuple):
 _FOLD_D_MIN, _FOLD_D_MAX = -5, 6
 
 
-def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, FoldedFP4Scales] | None:
-    """FP4 weights (packed e2m1 [G, N, K / 2], UE8M0 sb [G, N, K / 32], K % 128 == 0) in the FP8-MMA route's form:
-    (the packed weights in the route's order, reference.fp4_to_fp8_mma_order, a new tensor like bq; the folded
-    scales). Each weight row's values become e4m3 x 2^(e - ref) with ref = its largest scale exponent - 6, and
-    2^(ref - 127) scales its outputs. None (keep the bf16 route) when a row's scale bytes span more than 11 or a ref
-    would leave fp32's normal range. Pass the returned weights as b's data with `folded` in every call (the other
-    routes read them back in the checkpoint's order on each call: a copy of the weights, where the Gluon kernels do
-    not run). Once per weight tensor, at load: it reads every scale byte and syncs with the host; the reorder runs
-    one expert at a time, so it holds one expert's temporaries beside the new tensor."""
+def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, FoldedFP4Scales] | None:
+    """FP4 weights (packed e2m1 [G, N, K / 2], UE8M0 sb [G, N, K / 32], K % 128 == 0) in the FP8-MMA route's form: (the
+    packed weights in the route's order, reference.fp4_to_fp8_mma_order, written into out: a contiguous tensor like bq,
+    bq itself to reorder in place, None for a new one; the folded scales). Each weight row's values become e4m3 x 2^(e -
+    ref) with ref = its largest scale exponent - 6, and 2^(ref - 127) scales its outputs. None (keep the bf16 route)
+    when a row's scale bytes span more than 11 or a ref would leave fp32's normal range. Pass the returned weights as
+    b's data with `folded` in every call (the other routes read them back in the checkpoint's order on each call: a copy
+    of the weights, where the Gluon kernels do not run). Once per weight tensor, at load: it reads every scale byte and
+    syncs with the host; the reorder runs one expert at a time (one expert's temporaries), and only where the scales
+    fold (None leaves out untouched)."""
     _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES,
              lambda: f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} {tuple(sb.shape)}")
     _require(sb.shape[-1] % 4 == 0, lambda: f"K = {32 * sb.shape[-1]} must be a multiple of 128")
@@ -187,7 +189,9 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, 
     if not bool((d.amin() >= _FOLD_D_MIN) & (ref.amin() >= 1)):  # one host sync
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
-    ordered = torch.empty_like(bq, memory_format=torch.contiguous_format)
+    ordered = torch.empty_like(bq, memory_format=torch.contiguous_format) if out is None else out
+    _require(ordered.shape == bq.shape and ordered.dtype == bq.dtype and ordered.is_contiguous(),
+             lambda: f"out must be contiguous {bq.dtype} {tuple(bq.shape)}, got {ordered.dtype} {tuple(ordered.shape)}")
     for g in range(bq.shape[0]):
         ordered[g] = reference.fp4_to_fp8_mma_order(bq[g])
     return ordered, FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)

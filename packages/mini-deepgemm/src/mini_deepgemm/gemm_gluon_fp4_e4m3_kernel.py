@@ -24,11 +24,12 @@ route's rows differ from these by rounding, so one weight tensor takes one route
 the folded scales alone).
 
 The weights come in the route's order (reference.fp4_to_fp8_mma_order, made once at load by gemm.fold_fp4_weights;
-session 45, docs/reports/deepgemm-moe-fold-128.md): per K step, 32-bit word 4q + c of a row holds the 8 values of k32
+session 45, docs/reports/deepgemm-moe-fold-128.md): per K step, 32-bit word 4c + q of a row holds the 8 values of k32
 chunk c that lane q of a wgmma A fragment holds, with the sign bits where the e4m3 bytes want them. The masked
-kernel's thread then loads its 4 words of a row as one 16-byte chunk (it took 16 two-byte loads and a pack per word
-in the checkpoint's order), and the conversion drops two byte permutes per word in both kernels; the contiguous
-kernel's converter, which holds a whole row per thread, puts its words back in K order by renaming registers.
+kernel's thread then loads each word whole (four 4-byte loads per row and half step, where the checkpoint's order
+took 16-bit pieces and a pack per word), and the conversion drops two byte permutes per word in both kernels; the
+contiguous kernel's converter, which holds a whole row per thread, puts its words back in K order by renaming
+registers.
 
 - Contiguous (prefill): fp4_e4m3_contiguous_kernel, one persistent CTA per SM, 128 x 128 output tiles, K in steps
   of 128. A producer warp brings each step's activation tile and packed weight rows by TMA into a ring; the default
@@ -94,9 +95,9 @@ _ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
 @gluon.jit
 def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
     """One table word ([128, 16] in _ROW_WORDS) per packed word: BASE + STEP x the offset byte of the word's 32-block
-    (offsets: int32 [128], a row's 4 bytes of the step; word 4q + c is of block c). The block is a constant of each
+    (offsets: int32 [128], a row's 4 bytes of the step; word 4c + q is of block c). The block is a constant of each
     register, so the selects fold away and a thread computes its row's 4 words once."""
-    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] % 4
+    for_k32 = gl.arange(0, 16, layout=gl.SliceLayout(0, _ROW_WORDS))[None, :] // 4
     return gl.where(for_k32 == 0, (BASE + (offsets & 0xFF) * STEP)[:, None],
                     gl.where(for_k32 == 1, (BASE + ((offsets >> 8) & 0xFF) * STEP)[:, None],
                              gl.where(for_k32 == 2, (BASE + ((offsets >> 16) & 0xFF) * STEP)[:, None],
@@ -105,15 +106,16 @@ def _table_words(offsets, BASE: gl.constexpr, STEP: gl.constexpr):
 
 @gluon.jit
 def _convert_rows(words, offsets):
-    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows in the route's order (word 4q + c: values
+    """words: int32 [128, 16] in _ROW_WORDS, a K step of 128 packed rows in the route's order (word 4c + q: values
     32c + 4q .. + 3 and 32c + 16 + 4q .. + 3); offsets: int32 [128], each row's 4 offset bytes of the step -> the
     e4m3 tile as int32 [128, 32] in K order (4 values per word). A thread holds its row, so putting the words back in
-    K order (join, reshape, permute) renames registers and moves no data."""
+    K order (join, reshape, permute) renames registers and moves no data; a 16-byte load (chunk c's words) gives two
+    16-byte stores, so few words stay live (word 4q + c, one of each load per store, spilled at 56 registers)."""
     lo = _table_words(offsets, LUT_LO_BASE, LUT_LO_STEP)
     hi = _table_words(offsets, LUT_HI_BASE, LUT_HI_STEP)
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    w = gl.permute(gl.reshape(gl.join(q03, q47), [128, 4, 4, 2]), [0, 2, 3, 1])  # (row, q, c, s) -> (row, c, s, q)
+    w = gl.permute(gl.reshape(gl.join(q03, q47), [128, 4, 4, 2]), [0, 1, 3, 2])  # (row, c, q, s) -> (row, c, s, q)
     return gl.reshape(w, [128, 32])  # word 8c + 4s + q: values 32c + 16s + 4q .. + 3
 
 
@@ -450,10 +452,11 @@ def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, row
 
 # The folded masked path's A operand, converted in registers (docs/reports/deepgemm-moe-fold-128.md, sessions 25-26,
 # 45). Half a K step's words, int32 [64 rows, 16] in the route's order: a thread (q = lane % 4, g = lane / 4 + 16 x
-# warp) holds rows g and g + 8 and words 4q .. 4q + 3 of each, one 16-byte load per row; word 4q + c holds k32 chunk
-# c's values 32c + 4q .. + 3 and 32c + 16 + 4q .. + 3, the thread's part of the wgmma A fragment.
+# warp) holds rows g and g + 8 and words q, 4 + q, 8 + q, 12 + q of each (four 4-byte loads per row, a warp's 32
+# lanes on distinct banks); word 4c + q holds k32 chunk c's values 32c + 4q .. + 3 and 32c + 16 + 4q .. + 3, the
+# thread's part of the wgmma A fragment.
 _HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    reg_bases=[[0, 4], [0, 8], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
 _IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
 
@@ -471,13 +474,13 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
     """_fragment_words's words and their rows' offset bytes (int32 [64], one byte per 32-block) -> the e4m3 [64, 128]
     wgmma A operand in registers: the 8-value conversion gives each word's two fragment registers, which join,
     reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement."""
-    chunk = gl.arange(0, 16, gl.SliceLayout(0, _HALF_WORDS))[None, :] % 4  # word 4q + c: chunk c, a register constant
+    chunk = gl.arange(0, 16, gl.SliceLayout(0, _HALF_WORDS))[None, :] // 4  # word 4c + q: chunk c, a register constant
     offset = (offsets[:, None] >> (8 * chunk)) & 0xFF
     lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables
     q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, "=r,=r,r,r,r", [words, lo, hi],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4q + c, s), s = first or second 16 of the chunk
-    w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 2, 3, 1])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
+    w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4c + q, s), s = first or second 16 of the chunk
+    w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 1, 3, 2])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
     w = gl.reshape(w, [64, 32])
     w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [64, 128])  # each word for its 4 values
     a = gl.inline_asm_elementwise(_IDENTITY_PTX, "=r,r,r,r,r", [w], dtype=gl.float8e4nv, is_pure=True, pack=4)

@@ -225,14 +225,15 @@ _FP8_MMA_SIGN_BITS = (7, 15, 23, 31, 3, 11, 19, 27)
 def fp4_to_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 weights uint8 or int8 [..., K/2] (low nibble = even k, K % 128 == 0) -> the same values in the order
     mini-deepgemm's FP8-MMA MoE kernels read (gemm_gluon_fp4_e4m3_kernel; docs/reports/deepgemm-moe-fold-128.md, session
-    45). Per 128 values of K (64 bytes, one K step), 32-bit word 4q + c (c, q in 0..3) holds values 32c + 4q .. + 3 in
+    45). Per 128 values of K (64 bytes, one K step), 32-bit word 4c + q (c, q in 0..3) holds values 32c + 4q .. + 3 in
     its low half and 32c + 16 + 4q .. + 3 in its high half: a wgmma A-fragment thread's 8 values of k32 chunk c, so that
-    thread loads its 4 words of a row as one 16-byte chunk. Within a word, value i keeps its magnitude in bits 4i .. 4i
-    + 2 and its sign moves to bit _FP8_MMA_SIGN_BITS[i], where the e4m3 conversion wants it (7 instructions per word
-    instead of 9). A new tensor of packed's dtype; fp4_from_fp8_mma_order inverts it bit for bit."""
+    thread loads each word whole, and a 16-byte chunk is one k32 chunk's values. Within a word, value i keeps its
+    magnitude in bits 4i .. 4i + 2 and its sign moves to bit _FP8_MMA_SIGN_BITS[i], where the e4m3 conversion wants it
+    (7 instructions per word instead of 9). A new tensor of packed's dtype; fp4_from_fp8_mma_order inverts it bit for
+    bit."""
     lead = packed.shape[:-1]
     pieces = packed.contiguous().view(torch.int16).view(*lead, -1, 4, 2, 4)  # (step, c, s, q): 2-byte piece 8c+4s+q
-    words = pieces.permute(*range(len(lead) + 1), -1, -3, -2).contiguous().view(torch.int32)  # word (q, c)
+    words = pieces.permute(*range(len(lead) + 1), -3, -1, -2).contiguous().view(torch.int32)  # word (c, q)
     out = words & 0x77777777
     for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
         out |= ((words >> (4 * i + 3)) & 1) << bit
@@ -246,8 +247,8 @@ def fp4_from_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
     natural = words & 0x77777777
     for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
         natural |= ((words >> bit) & 1) << (4 * i + 3)
-    pieces = natural.view(torch.int16).view(*lead, -1, 4, 4, 2)  # (step, q, c, s)
-    return pieces.permute(*range(len(lead) + 1), -2, -1, -3).contiguous().view(packed.dtype).view(packed.shape)
+    pieces = natural.view(torch.int16).view(*lead, -1, 4, 4, 2)  # (step, c, q, s)
+    return pieces.permute(*range(len(lead) + 1), -3, -1, -2).contiguous().view(packed.dtype).view(packed.shape)
 
 
 def fp4_dequant(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:

@@ -44,15 +44,15 @@ class KernelWeights(dict):
     fp4_scale_max: the largest UE8M0 byte of each stacked FP4 expert scale tensor (`*.experts.w13.scale`,
     `*.experts.w2.scale`), read once here (a host sync at load, none per step) and passed to the grouped GEMMs as
     their weight_scale_max, which lets the kernels fold the conversion's 2^126 into the scale (mini_deepgemm.gemm).
-    fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weights`, also once here),
-    passed as `folded` in every layout so that prefill and decode share its numerics; absent where the route does not
-    apply (N or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route). A folded tensor's
-    `.weight` is replaced by the route's order of its bytes (no extra memory once loaded; the GEMMs elsewhere than
-    the Hopper kernels read it back per call), and so are its views (moe.expert_views's per-expert weights, which
-    ops.moe, the oracle, reads one by one: `linear` reads those back per call). fp4_route_order names every weight
-    held in the route's order. Replacing a weight or its scale drops its entries (the GEMM then assumes nothing; set
-    a new `.weight` in the checkpoint's order); changing a weight tensor in place is not supported;
-    drop_fp8_mma_route() returns every expert weight to the checkpoint's order and the bf16 route.
+    fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weights`, also once here), passed
+    as `folded` in every layout so that prefill and decode share its numerics; absent where the route does not apply (N
+    or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route). A folded tensor's `.weight` is
+    reordered in place into the route's order (no extra memory: the stacks are engine_weights' own; the GEMMs elsewhere
+    than the Hopper kernels read it back per call), and so are its views (moe.expert_views's per-expert weights, which
+    ops.moe, the oracle, reads one by one: `linear` reads those back per call). fp4_route_order names every weight held
+    in the route's order. Replacing a weight or its scale drops its entries (the GEMM then assumes nothing; set a new
+    `.weight` in the checkpoint's order); changing a weight tensor in place is not supported; drop_fp8_mma_route()
+    returns every expert weight to the checkpoint's order and the bf16 route.
     fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
     of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
     block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
@@ -91,29 +91,22 @@ class KernelWeights(dict):
         for name, t in scales.items():
             weight = self.get(name.removesuffix(".scale") + ".weight")
             fits = t.shape[1] % 128 == 0 and t.shape[2] % 4 == 0 and weight is not None and weight.is_contiguous()
-            route = fold_fp4_weights(weight, t.contiguous()) if fits else None
+            route = fold_fp4_weights(weight, t.contiguous(), out=weight) if fits else None
             if route is not None:
-                self.fp4_route_order |= self._replace_with_views(name.removesuffix(".scale") + ".weight", route[0])
+                self.fp4_route_order |= self._views_of(weight)
                 self.fp4_folded[name] = route[1]
 
-    def _replace_with_views(self, name: str, new: torch.Tensor) -> set[str]:
-        """self[name] = new (of its shape), every other entry viewing self[name]'s storage re-pointed at the same
-        elements of new; returns the names replaced."""
-        old = self[name]
-        replaced = {name}
-        for key, t in list(self.items()):
-            if key != name and t.untyped_storage().data_ptr() == old.untyped_storage().data_ptr():
-                super().__setitem__(key, new.as_strided(t.shape, t.stride(), t.storage_offset() - old.storage_offset()))
-                replaced.add(key)
-        super().__setitem__(name, new)
-        return replaced
+    def _views_of(self, t: torch.Tensor) -> set[str]:
+        """The names of every entry on t's storage (t's own included)."""
+        return {k for k, v in self.items() if v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()}
 
     def drop_fp8_mma_route(self) -> None:
         """Every FP4 expert weight back in the checkpoint's order and its folded scales dropped: the experts' GEMMs
         then take the bf16-MMA route (bench_prefill's --moe-route bf16)."""
         for name in self.fp4_folded:
-            weight = name.removesuffix(".scale") + ".weight"
-            self._replace_with_views(weight, fp4_from_fp8_mma_order(self[weight]))
+            weight = self[name.removesuffix(".scale") + ".weight"]
+            for g in range(weight.shape[0]):  # in place, as the load reordered it
+                weight[g] = fp4_from_fp8_mma_order(weight[g])
         self.fp4_folded.clear()
         self.fp4_route_order.clear()
 
