@@ -24,7 +24,7 @@ import torch
 
 from mini_deepinfer.engine.block_manager import KVCacheManager
 from mini_deepinfer.engine.sampling_params import SamplingParams
-from mini_deepinfer.engine.scheduler import Scheduler, SchedulerConfig
+from mini_deepinfer.engine.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerConfig
 from mini_deepinfer.engine.sequence import FinishReason, Sequence
 from mini_deepinfer.worker.cuda_graphs import DEFAULT_BATCH_SIZES
 from mini_deepinfer.worker.model_runner import CachePlan, CacheType, ModelRunner, StepHandle, plan_cache
@@ -33,7 +33,7 @@ from mini_deepinfer.worker.model_runner import CachePlan, CacheType, ModelRunner
 @dataclass(frozen=True)
 class EngineConfig:
     max_model_len: int = 4096
-    max_num_seqs: int = 64
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None  # None: max(4096, max_num_seqs, max_model_len if not chunked)
     chunked_prefill: bool = True
     prefill_attempt_interval: int = 70

@@ -16,9 +16,15 @@ from mini_deepinfer.engine.block_manager import AllocStatus, KVCacheManager
 from mini_deepinfer.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
+# Sequences decoded together by default (the engine's and LLM's too); 64 until session 45. A decode step streams the
+# routed experts' weights once whatever the batch, so tokens per second grow with it: one H200 at the real widths,
+# 32,768 tokens of context, CUDA graphs to 256 rows: batch 64 / 256 in docs/reports/runtime-decode.md, "Session 45".
+DEFAULT_MAX_NUM_SEQS = 256
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 4096  # query tokens of one step
     max_model_len: int = 4096  # prompt + output tokens of one sequence
     chunked_prefill: bool = True

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from mini_deepinfer.engine.block_manager import BLOCK_SIZE
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput, check_request
+from mini_deepinfer.engine.scheduler import DEFAULT_MAX_NUM_SEQS
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.checkpoint import CONFIG_FILE, TOKENIZER_FILE
 from mini_deepinfer.worker.model_runner import CacheType, check_weights_fit
@@ -55,7 +56,7 @@ class LLM:
         max_model_len: int = 4096,
         kv_cache_memory_gb: float | None = None,
         gpu_memory_utilization: float | None = None,
-        max_num_seqs: int = 64,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens: int | None = None,
         chunked_prefill: bool = True,
         prefill_attempt_interval: int = 70,
