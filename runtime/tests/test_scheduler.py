@@ -218,4 +218,4 @@ def test_config_validation():
     with pytest.raises(ValueError, match="max_num_seqs"):
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8)
     with pytest.raises(ValueError, match="chunked prefill"):
-        SchedulerConfig(max_num_batched_tokens=128, max_model_len=256, chunked_prefill=False)
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256, chunked_prefill=False)
