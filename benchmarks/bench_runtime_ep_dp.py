@@ -1,11 +1,15 @@
-"""EP x DP layer timings of the V4.1 runtime: the MoE layer single-process vs over the EP group (one combine, and
-exact_moe's num_topk combines), and the Engram row gather, per rank-local token count. Launch with torchrun:
+"""EP x DP layer timings of the V4.1 runtime: the MoE layer single-process (V41Model._moe: the engine's grouped MoE,
+the oracle the EP override is tested against) vs over the EP group (one combine, and exact_moe's num_topk combines),
+and the Engram row gather, per rank-local token count. Launch with torchrun:
 
     torchrun --nproc-per-node 2 benchmarks/bench_runtime_ep_dp.py --device cuda --out DIR   # NCCL + NVSHMEM
     torchrun --nproc-per-node 2 benchmarks/bench_runtime_ep_dp.py --device cpu --out DIR    # gloo
 
 Every rank runs the same token count; times are per call, the mean of --iters after --warmup calls, measured on
 rank 0 between barriers (CUDA: synchronised). Writes DIR/bench_runtime_ep_dp.json with hardware and versions.
+Until session 45 the single-process figure timed ops.moe, the per-expert loop with a host read of the counts
+(docs/reports/data/runtime-ep-dp-cpu.json); on CUDA that loop now also reads each expert's weights back from the
+FP8-MMA route's order (ops.KernelWeights), so it is no longer a fair baseline.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.distributed as dist
 from mini_deepep import Buffer
 
 from mini_deepinfer.distributed import init_torchrun_process_group
-from mini_deepinfer.models.deepseek_v41 import load_checkpoint, load_token_map, ops, resolve_checkpoint
+from mini_deepinfer.models.deepseek_v41 import load_checkpoint, load_token_map, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
 
@@ -72,8 +76,8 @@ def main() -> None:
             v = torch.randn(T, cfg.hidden_size, generator=gen).to(device, torch.bfloat16)
             ids = torch.randint(0, cfg.engram_num_embeddings[0], (T * 12,), generator=gen).to(device)
             row = {"tokens_per_rank": T,
-                   "moe_single_process_ms": timed_ms(lambda v=v: ops.moe(v, single.w, "layers.0.ffn", cfg), device,
-                                                     args.warmup, args.iters)}
+                   "moe_single_process_ms": timed_ms(lambda v=v: single._moe(v, "layers.0.ffn"), device, args.warmup,
+                                                     args.iters)}
             for exact in (False, True):
                 ep.exact_moe = exact
                 key = "moe_ep_exact_ms" if exact else "moe_ep_one_combine_ms"
