@@ -10,6 +10,8 @@
 #   PART=r3 (tree = main, the session's final source: max_num_seqs 256 by default; the same base): the FP8-MMA MoE
 #       kernels' tests; the runtime's core GPU tests and the rest of the runtime suite; LLM with its defaults on the
 #       tiny checkpoint (CUDA graphs to 256 rows); bench_decode at batch 64 / 256, 32,768 tokens, on both sides
+#   PART=r4 (tree = main): Nsight Compute on the masked MoE kernel in the route's order at one GPU's decode (384
+#       experts of ~1 row) and at ~32 rows (profile_ncu's masked384_w13_fold128, masked32_w13_fold128)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s45
 case "${PART:-r1}" in
@@ -55,6 +57,11 @@ print('generated', [len(o.token_ids) for o in outs])"
   tail -3 "$OUT/llm_defaults.txt" | cut -c1-300
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_wide_new.txt" "$OUT/decode_wide_base.txt"
   grep -m3 -hE "Error|error" "$OUT/decode_wide_new.txt" "$OUT/decode_wide_base.txt" | cut -c1-300
+  ;;
+r4)
+  NCU_SECS=75 ncu_profile masked384_w13_fold128 masked32_w13_fold128
+  cat "$OUT/summary.txt"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu" masked384_w13_fold128 masked32_w13_fold128 2>&1 | head -60
   ;;
 esac
 pack_out

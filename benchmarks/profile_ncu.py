@@ -12,6 +12,8 @@ Cases (the shapes of the issue's tables):
 - masked_w13: grouped FP8 x FP4 masked, 96 experts, Poisson(8) rows, w13, folded conversion (scale bound 128);
 - moe_w13_fold128, masked32_w13_fold128: the engine's route since session 21, the FP8-MMA kernels with folded weights
   and activations folded per 128, at moe_w13's shape and at Poisson(32) rows (the masked case below its target);
+- masked384_w13_fold128: the same masked route at one GPU's decode (384 experts of ~1 row, capacity 64: batch 64's
+  8-token tiles, one program per expert);
 - moe_w13_fold128_no_convert, moe_w13_fold128_no_mma: moe_w13_fold128 on exp_moe_breakdown.py's variants of the
   contiguous kernel without the conversion or without the MMAs (garbage outputs; where the rest's time goes);
 - sparse_prefill: sparse_mla_fwd_paged, s_q 4,096, h 64, topk 128 window + 512 compressed, 131k context;
@@ -103,6 +105,13 @@ def masked32_w13_fold128():
                                                       weight_scale_max=bd.FP4_SCALE_BOUND, folded=folded)
 
 
+def masked384_w13_fold128():
+    _, masked_m, a, b, d = bd.masked_operands(384, 1, *bd.MOE_SHAPES["w13"], max_m=64)
+    a, b, folded = _fold128(a, b)
+    return lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 1, weight_scale_max=bd.FP4_SCALE_BOUND,
+                                                      folded=folded)
+
+
 def sparse_prefill():
     c = bf.prefill_case(torch.device("cuda"))
     return lambda: mini_flashmla.sparse_mla_fwd_paged(c["q"], c["window_cache"], c["compressed_cache"], c["wid"],
@@ -132,6 +141,7 @@ def indexer_decode():
 
 CASES = {"v41": lambda: dense("v41"), "v3": lambda: dense("v3"), "cublas_fp8": cublas_fp8, "moe_w13": moe_w13,
          "masked_w13": masked_w13, "moe_w13_fold128": moe_w13_fold128, "masked32_w13_fold128": masked32_w13_fold128,
+         "masked384_w13_fold128": masked384_w13_fold128,
          "moe_w13_fold128_no_convert": lambda: moe_w13_fold128_variant("no_convert"),
          "moe_w13_fold128_no_mma": lambda: moe_w13_fold128_variant("no_mma"),
          "moe384_w13_fold128": lambda: moe_w13_fold128(384, (32, 96)),
