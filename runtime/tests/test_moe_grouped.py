@@ -136,7 +136,8 @@ def test_kernel_weights_bound_each_expert_scale_stack(tiny_weights) -> None:
 def test_kernel_weights_hold_folded_experts_in_the_route_order(tiny_weights) -> None:
     """A folded expert stack and its per-expert views are held in the FP8-MMA route's order, reordered in place (no
     second copy); ops.moe (the oracle, which reads the views one by one) gives the same bits as on the checkpoint's
-    order; drop_fp8_mma_route gives the checkpoint's bytes back; a replaced weight leaves the route."""
+    order; drop_fp8_mma_route gives the checkpoint's bytes back; a second KernelWeights over the reordered stacks
+    raises; a replaced weight leaves the route."""
     cfg, w = tiny_weights
     loaded, p = engine_weights(w, "cpu"), "layers.2.ffn"
     natural = loaded[f"{p}.experts.w13.weight"].clone()
@@ -158,6 +159,8 @@ def test_kernel_weights_hold_folded_experts_in_the_route_order(tiny_weights) -> 
         assert torch.equal(ws[name], engine_weights(w, "cpu")[name])
     assert torch.equal(ops.moe(x, ws, p, cfg).view(torch.int16), routed.view(torch.int16))
     ws = ops.KernelWeights(engine_weights(w, "cpu"))
+    with pytest.raises(ValueError, match="already in the FP8-MMA route's order"):
+        ops.KernelWeights(dict(ws))  # the same stacks reordered twice would scramble them
     ws[f"{p}.experts.w2.weight"] = engine_weights(w, "cpu")[f"{p}.experts.w2.weight"]
     assert f"{p}.experts.w2.scale" not in ws.fp4_folded and f"{p}.experts.w2.weight" not in ws.fp4_route_order
 

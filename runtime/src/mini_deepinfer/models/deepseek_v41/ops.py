@@ -52,7 +52,8 @@ class KernelWeights(dict):
     ops.moe, the oracle, reads one by one: `linear` reads those back per call). fp4_route_order names every weight held
     in the route's order. Replacing a weight or its scale drops its entries (the GEMM then assumes nothing; set a new
     `.weight` in the checkpoint's order); changing a weight tensor in place is not supported; drop_fp8_mma_route()
-    returns every expert weight to the checkpoint's order and the bf16 route.
+    returns every expert weight to the checkpoint's order and the bf16 route. A second KernelWeights over a stack that
+    one already reordered (an engine's weights passed back in) raises ValueError.
     fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
     of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
     block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
@@ -91,8 +92,14 @@ class KernelWeights(dict):
         for name, t in scales.items():
             weight = self.get(name.removesuffix(".scale") + ".weight")
             fits = t.shape[1] % 128 == 0 and t.shape[2] % 4 == 0 and weight is not None and weight.is_contiguous()
+            # a stack reordered in place carries a mark, so that a second KernelWeights over it (an engine's
+            # weights passed back in) raises instead of reordering its bytes again
+            if getattr(weight, "in_fp8_mma_order", False):
+                raise ValueError(f"{name.removesuffix('.scale')}.weight is already in the FP8-MMA route's order "
+                                 "(another KernelWeights reordered it in place): build from the checkpoint's weights")
             route = fold_fp4_weights(weight, t.contiguous(), out=weight) if fits else None
             if route is not None:
+                weight.in_fp8_mma_order = True
                 self.fp4_route_order |= self._views_of(weight)
                 self.fp4_folded[name] = route[1]
 
@@ -107,6 +114,7 @@ class KernelWeights(dict):
             weight = self[name.removesuffix(".scale") + ".weight"]
             for g in range(weight.shape[0]):  # in place, as the load reordered it
                 weight[g] = fp4_from_fp8_mma_order(weight[g])
+            weight.in_fp8_mma_order = False
         self.fp4_folded.clear()
         self.fp4_route_order.clear()
 
