@@ -7,7 +7,8 @@ Why (docs/reports/deepgemm-moe-fold-128.md, sessions 25, 32 and 44): the masked 
 SASS instructions per thread and K step, ~45 of them 16-bit loads and their packing (a thread's two 2-byte pieces of
 each k32 chunk lie 8 bytes apart in the checkpoint's order) and ~160 the conversion, 7 of whose 10 per word place
 the sign bits. Offline (triton 3.6, sm_90a) the reordered weights take the K loop from 379 to 300 instructions at 8
-tokens, 451 -> 376 at 16, 594 -> 517 at 32: 4 LDS.128 per step instead of 32 LDS.U16, 2 PRMT fewer per word.
+tokens, 451 -> 376 at 16, 594 -> 517 at 32: 4 ldmatrix.x4 per step instead of 32 LDS.U16, 2 PRMT fewer per word
+(run 1's order, word 4q + c, loaded the same words by 4 LDS.128 and spilled the contiguous kernel's converter).
 
 What: the public grouped GEMMs on folded weights and activations folded per 128 (the engine's route), timed by
 CUDA-graph replay:
