@@ -16,6 +16,8 @@ groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case run
 exactly).
 """
 
+import types
+
 import pytest
 import torch
 
@@ -54,6 +56,17 @@ def test_a_row_spanning_more_than_11_is_refused():
     assert gemm.fold_fp4_weights(bq, sb.view(torch.float8_e8m0fnu)) is not None
     with pytest.raises(ValueError, match="bq must be packed FP4"):
         gemm.fold_fp4_weights(bq[:, :, :64], sb.view(torch.float8_e8m0fnu))
+
+
+def test_no_fold_on_a_cuda_device_without_the_route_kernels(monkeypatch):
+    """A CUDA device where the Gluon kernels do not run (not Hopper, another triton) keeps the bf16 route: folding
+    there would make every call read the weights back. CPU folds (the references read them back) and so does a
+    device where the kernels run."""
+    cuda_tensor = types.SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(gemm, "gluon_runs_on", lambda t: False)
+    assert not gemm._folds_on(cuda_tensor) and gemm._folds_on(torch.zeros(1))
+    monkeypatch.setattr(gemm, "gluon_runs_on", lambda t: True)
+    assert gemm._folds_on(cuda_tensor)
 
 
 def test_the_route_weight_order():

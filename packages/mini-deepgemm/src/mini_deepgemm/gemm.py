@@ -41,8 +41,9 @@ as `folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no
 instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route:
 prefill 1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its
 rows differ from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a
-weight tensor in every call or in none. Where the Gluon kernels do not run, the call reads the weights back in the
-checkpoint's order (a copy per call) and takes the Triton kernels or the references, the same in every layout.
+weight tensor in every call or in none. `fold_fp4_weights` returns None on a CUDA device where the Gluon kernels do
+not run (the bf16 route there); elsewhere (the CPU references, a forced backend) a call with `folded` reads the
+weights back in the checkpoint's order (a copy per call), the same in every layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
 FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,
@@ -172,17 +173,20 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
     packed weights in the route's order, reference.fp4_to_fp8_mma_order, written into out: a contiguous tensor like bq,
     bq itself to reorder in place, None for a new one; the folded scales). Each weight row's values become e4m3 x 2^(e -
     ref) with ref = its largest scale exponent - 6, and 2^(ref - 127) scales its outputs. None (keep the bf16 route)
-    when a row's scale bytes span more than 11 or a ref would leave fp32's normal range. Pass the returned weights as
-    b's data with `folded` in every call (the other routes read them back in the checkpoint's order on each call: a copy
-    of the weights, where the Gluon kernels do not run). Once per weight tensor, at load: it reads every scale byte and
-    syncs with the host; the reorder runs one expert at a time (one expert's temporaries), and only where the scales
-    fold (None leaves out untouched)."""
+    when a row's scale bytes span more than 11, a ref would leave fp32's normal range, or bq sits on a CUDA device
+    where the route's Gluon kernels do not run (every call would read the weights back there; not Hopper, or another
+    triton). Pass the returned weights as b's data with `folded` in every call (the CPU references read them back in
+    the checkpoint's order on each call: a copy of the weights). Once per weight tensor, at load: it reads every scale
+    byte and syncs with the host; the reorder runs one expert at a time (one expert's temporaries), and only where the
+    route applies (None leaves out untouched)."""
     _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES,
              lambda: f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} {tuple(sb.shape)}")
     _require(sb.shape[-1] % 4 == 0, lambda: f"K = {32 * sb.shape[-1]} must be a multiple of 128")
     _require(bq.dim() == 3 and bq.dtype in (torch.uint8, torch.int8) and tuple(bq.shape) == (*sb.shape[:2],
              16 * sb.shape[-1]), lambda: f"bq must be packed FP4 {(*sb.shape[:2], 16 * sb.shape[-1])}, got "
              f"{bq.dtype} {tuple(bq.shape)}")
+    if not _folds_on(bq):
+        return None
     e = sb.view(torch.uint8).to(torch.int32)
     ref = e.amax(-1) - _FOLD_D_MAX
     d = e - ref[..., None]
@@ -195,6 +199,13 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
     for g in range(bq.shape[0]):
         ordered[g] = reference.fp4_to_fp8_mma_order(bq[g])
     return ordered, FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
+
+
+def _folds_on(t: torch.Tensor) -> bool:
+    """Whether fold_fp4_weights folds weights on t's device: on CPU (the references, which read the route's order
+    back per call) and where the route's Gluon kernels run; not on other CUDA devices, where every call would read
+    the weights back (the bf16 route there, as for weights whose scales do not fold)."""
+    return not t.is_cuda or gluon_runs_on(t)
 
 
 def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:

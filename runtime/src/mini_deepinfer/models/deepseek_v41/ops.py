@@ -46,16 +46,16 @@ class KernelWeights(dict):
     their weight_scale_max, which lets the kernels fold the conversion's 2^126 into the scale (mini_deepgemm.gemm).
     fp4_folded: the same tensors folded for mini-deepgemm's FP8-MMA route (`fold_fp4_weights`, also once here), passed
     as `folded` in every layout so that prefill and decode share its numerics; absent where the route does not apply (N
-    or K not a multiple of 128, or a row's scales spanning more than 11: the bf16 route). A folded tensor's `.weight` is
-    reordered in place into the route's order (no extra memory: the stacks are engine_weights' own; the GEMMs elsewhere
-    than the Hopper kernels read it back per call), and so are its views (moe.expert_views's per-expert weights, which
-    ops.moe, the oracle, reads one by one: `linear` reads those back per call). fp4_route_order names every weight held
-    in the route's order. Replacing a weight or its scale drops its entries (the GEMM then assumes nothing; set a new
-    `.weight` in the checkpoint's order); changing a weight tensor in place is not supported; drop_fp8_mma_route()
-    returns every expert weight to the checkpoint's order and the bf16 route. A second KernelWeights over a stack that
-    one already reordered (an engine's weights passed back in) raises ValueError.
-    fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples
-    of 128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
+    or K not a multiple of 128, a row's scales spanning more than 11, or a CUDA device without the route's kernels: the
+    bf16 route). A folded tensor's `.weight` is reordered in place into the route's order (no extra memory: the stacks
+    are engine_weights' own; on CPU the references read it back per call), and so are its views (moe.expert_views's
+    per-expert weights, which ops.moe, the oracle, reads one by one: `linear` reads those back per call).
+    fp4_route_order names every weight held in the route's order. Replacing a weight or its scale drops its entries (the
+    GEMM then assumes nothing; set a new `.weight` in the checkpoint's order); changing a weight tensor in place is not
+    supported; drop_fp8_mma_route() returns every expert weight to the checkpoint's order and the bf16 route. A second
+    KernelWeights over a stack that one already reordered (an engine's weights passed back in) raises ValueError.
+    fold_dense_fp8 (default): every dense FP8 linear weight (e4m3 [N, K] with UE8M0 [N/32, K/32], N and K multiples of
+    128) is replaced by its folded form (`fold_fp8_weight_scales`: values re-expressed under each 128 x 128
     block's largest scale, within calc_diff ~1e-12 of the V4.1 product; docs/reports/deepgemm-v41-fold.md), held
     with both scale forms: `.scale` UE8M0 [N/32, K/32] (each 128 x 128 block's one exponent, repeated) and
     `.scale_128` fp32 [N/128, K/128]. `linear` runs calls of at least DENSE_FOLD_MIN_TILES output tiles on the
