@@ -77,6 +77,9 @@ def test_the_route_weight_order():
     ordered = gemm.fold_fp4_weights(bq, sb)[0]
     assert ordered.shape == bq.shape and ordered.dtype == bq.dtype
     assert torch.equal(reference.fp4_from_fp8_mma_order(ordered), bq)
+    signed = reference.fp4_to_fp8_mma_order(bq.view(torch.int8))  # int8 checkpoints: the same bytes, their dtype
+    assert signed.dtype == torch.int8 and torch.equal(signed.view(torch.uint8), ordered)
+    assert torch.equal(reference.fp4_from_fp8_mma_order(signed), bq.view(torch.int8))
     in_place = bq.clone()
     assert gemm.fold_fp4_weights(in_place, sb, out=in_place)[0] is in_place and torch.equal(in_place, ordered)
     with pytest.raises(ValueError, match="out must be contiguous"):
