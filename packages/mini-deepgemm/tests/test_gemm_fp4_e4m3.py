@@ -69,14 +69,20 @@ def test_no_fold_on_a_cuda_device_without_the_route_kernels(monkeypatch):
     assert gemm._folds_on(cuda_tensor)
 
 
-def test_the_route_weight_order():
+def test_the_route_weight_order(monkeypatch):
     """fold_fp4_weights's weights: in each 64-byte K step, word 4c + q holds values 32c + 4q .. + 3 (low half) and
     32c + 16 + 4q .. + 3 (high half), value i's magnitude in bits 4i .. 4i + 2 and its sign in bit SIGN_BITS[i]; the
-    inverse gives the checkpoint's bytes back."""
+    inverse gives the checkpoint's bytes back; the same bytes whatever the chunk of rows per pass, in place too."""
     bq, sb = foldable_fp4_weights(2, 128, 256, torch.Generator().manual_seed(9))
     ordered = gemm.fold_fp4_weights(bq, sb)[0]
     assert ordered.shape == bq.shape and ordered.dtype == bq.dtype
     assert torch.equal(reference.fp4_from_fp8_mma_order(ordered), bq)
+    monkeypatch.setattr(reference, "_ORDER_CHUNK_BYTES", 3 * 128)  # 3 of the 256 rows per pass, the last pass 1
+    assert torch.equal(reference.fp4_to_fp8_mma_order(bq), ordered)
+    assert torch.equal(reference.fp4_from_fp8_mma_order(ordered), bq)
+    chunked_in_place = bq.clone()
+    assert torch.equal(reference.fp4_to_fp8_mma_order(chunked_in_place, out=chunked_in_place), ordered)
+    monkeypatch.undo()
     signed = reference.fp4_to_fp8_mma_order(bq.view(torch.int8))  # int8 checkpoints: the same bytes, their dtype
     assert signed.dtype == torch.int8 and torch.equal(signed.view(torch.uint8), ordered)
     assert torch.equal(reference.fp4_from_fp8_mma_order(signed), bq.view(torch.int8))

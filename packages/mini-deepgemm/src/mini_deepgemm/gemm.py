@@ -177,8 +177,8 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
     where the route's Gluon kernels do not run (every call would read the weights back there; not Hopper, or another
     triton). Pass the returned weights as b's data with `folded` in every call (the CPU references read them back in
     the checkpoint's order on each call: a copy of the weights). Once per weight tensor, at load: it reads every scale
-    byte and syncs with the host; the reorder runs one expert at a time (one expert's temporaries), and only where the
-    route applies (None leaves out untouched)."""
+    byte and syncs with the host; the reorder runs in chunks of rows (bounded temporaries), and only where the route
+    applies (None leaves out untouched)."""
     _require(sb.dim() == 3 and sb.dtype in _UE8M0_DTYPES,
              lambda: f"sb must be UE8M0 [G, N, K/32], got {sb.dtype} {tuple(sb.shape)}")
     _require(sb.shape[-1] % 4 == 0, lambda: f"K = {32 * sb.shape[-1]} must be a multiple of 128")
@@ -193,12 +193,8 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
     if not bool((d.amin() >= _FOLD_D_MIN) & (ref.amin() >= 1)):  # one host sync
         return None
     column_scales = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - 127).to(torch.float32))
-    ordered = torch.empty_like(bq, memory_format=torch.contiguous_format) if out is None else out
-    _require(ordered.shape == bq.shape and ordered.dtype == bq.dtype and ordered.is_contiguous(),
-             lambda: f"out must be contiguous {bq.dtype} {tuple(bq.shape)}, got {ordered.dtype} {tuple(ordered.shape)}")
-    for g in range(bq.shape[0]):
-        ordered[g] = reference.fp4_to_fp8_mma_order(bq[g])
-    return ordered, FoldedFP4Scales((d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32), column_scales)
+    offsets = (d - _FOLD_D_MIN).to(torch.uint8).contiguous().view(torch.int32)
+    return reference.fp4_to_fp8_mma_order(bq, out), FoldedFP4Scales(offsets, column_scales)
 
 
 def _folds_on(t: torch.Tensor) -> bool:

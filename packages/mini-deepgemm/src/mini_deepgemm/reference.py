@@ -220,35 +220,61 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- the FP8-MMA route's weight order
 # Bit of a route-order word that holds the sign of its value i (a checkpoint word holds it in bit 4i + 3)
 _FP8_MMA_SIGN_BITS = (7, 15, 23, 31, 3, 11, 19, 27)
+# Bytes of rows per pass of the order's conversions: few launches on an expert stack (GBs at load), int32
+# temporaries of a few times this
+_ORDER_CHUNK_BYTES = 128 << 20
 
 
-def fp4_to_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
+def fp4_to_fp8_mma_order(packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Packed e2m1 weights uint8 or int8 [..., K/2] (low nibble = even k, K % 128 == 0) -> the same values in the order
     mini-deepgemm's FP8-MMA MoE kernels read (gemm_gluon_fp4_e4m3_kernel; docs/reports/deepgemm-moe-fold-128.md, session
     45). Per 128 values of K (64 bytes, one K step), 32-bit word 4c + q (c, q in 0..3) holds values 32c + 4q .. + 3 in
     its low half and 32c + 16 + 4q .. + 3 in its high half: a wgmma A-fragment thread's 8 values of k32 chunk c, so that
     thread loads each word whole, and a 16-byte chunk is one k32 chunk's values. Within a word, value i keeps its
     magnitude in bits 4i .. 4i + 2 and its sign moves to bit _FP8_MMA_SIGN_BITS[i], where the e4m3 conversion wants it
-    (7 instructions per word instead of 9). A new tensor of packed's dtype; fp4_from_fp8_mma_order inverts it bit for
+    (7 instructions per word instead of 9). Written into out (a contiguous tensor like packed; packed itself reorders
+    in place; None: a new one), rows in chunks of _ORDER_CHUNK_BYTES. fp4_from_fp8_mma_order inverts it bit for
     bit."""
-    lead = packed.shape[:-1]
-    pieces = packed.contiguous().view(torch.int16).view(*lead, -1, 4, 2, 4)  # (step, c, s, q): 2-byte piece 8c+4s+q
-    words = pieces.permute(*range(len(lead) + 1), -3, -1, -2).contiguous().view(torch.int32)  # word (c, q)
+    return _by_row_chunks(_rows_to_fp8_mma_order, packed, out)
+
+
+def fp4_from_fp8_mma_order(packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The checkpoint's order of weights given in fp4_to_fp8_mma_order's ([..., K/2]), into out as there."""
+    return _by_row_chunks(_rows_from_fp8_mma_order, packed, out)
+
+
+def _by_row_chunks(convert, packed: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """out[rows] = convert(packed[rows]) over packed's rows [R, K/2], _ORDER_CHUNK_BYTES at a time."""
+    if out is None:
+        out = torch.empty_like(packed, memory_format=torch.contiguous_format)
+    if out.shape != packed.shape or out.dtype != packed.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {packed.dtype} {tuple(packed.shape)}, got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    rows, dst = packed.reshape(-1, packed.shape[-1]), out.view(-1, packed.shape[-1])
+    step = max(1, _ORDER_CHUNK_BYTES // max(1, rows.shape[1]))
+    for r in range(0, rows.shape[0], step):
+        dst[r:r + step] = convert(rows[r:r + step].contiguous().view(torch.uint8)).view(packed.dtype)
+    return out
+
+
+def _rows_to_fp8_mma_order(rows: torch.Tensor) -> torch.Tensor:
+    """fp4_to_fp8_mma_order of uint8 rows [R, K/2], a new tensor."""
+    pieces = rows.view(torch.int16).view(rows.shape[0], -1, 4, 2, 4)  # (row, step, c, s, q): 2-byte piece 8c + 4s + q
+    words = pieces.permute(0, 1, 2, 4, 3).contiguous().view(torch.int32)  # word (c, q)
     out = words & 0x77777777
     for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
         out |= ((words >> (4 * i + 3)) & 1) << bit
-    return out.view(packed.dtype).view(packed.shape)
+    return out.view(torch.uint8).view(rows.shape)
 
 
-def fp4_from_fp8_mma_order(packed: torch.Tensor) -> torch.Tensor:
-    """The checkpoint's order of weights given in fp4_to_fp8_mma_order's ([..., K/2]): a new tensor of their dtype."""
-    lead = packed.shape[:-1]
-    words = packed.contiguous().view(torch.int32)
+def _rows_from_fp8_mma_order(rows: torch.Tensor) -> torch.Tensor:
+    """fp4_from_fp8_mma_order of uint8 rows [R, K/2], a new tensor."""
+    words = rows.view(torch.int32)
     natural = words & 0x77777777
     for i, bit in enumerate(_FP8_MMA_SIGN_BITS):
         natural |= ((words >> bit) & 1) << (4 * i + 3)
-    pieces = natural.view(torch.int16).view(*lead, -1, 4, 4, 2)  # (step, c, q, s)
-    return pieces.permute(*range(len(lead) + 1), -3, -1, -2).contiguous().view(packed.dtype).view(packed.shape)
+    pieces = natural.view(torch.int16).view(rows.shape[0], -1, 4, 4, 2)  # (row, step, c, q, s)
+    return pieces.permute(0, 1, 2, 4, 3).contiguous().view(torch.uint8).view(rows.shape)
 
 
 def fp4_dequant(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:

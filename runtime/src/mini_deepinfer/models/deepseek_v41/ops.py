@@ -112,8 +112,7 @@ class KernelWeights(dict):
         then take the bf16-MMA route (bench_prefill's --moe-route bf16)."""
         for name in self.fp4_folded:
             weight = self[name.removesuffix(".scale") + ".weight"]
-            for g in range(weight.shape[0]):  # in place, as the load reordered it
-                weight[g] = fp4_from_fp8_mma_order(weight[g])
+            fp4_from_fp8_mma_order(weight, out=weight)  # in place, as the load reordered it
             weight.in_fp8_mma_order = False
         self.fp4_folded.clear()
         self.fp4_route_order.clear()
