@@ -89,6 +89,9 @@ class KernelWeights(dict):
                   if name.endswith((".experts.w13.scale", ".experts.w2.scale")) and t.numel()}
         self.fp4_scale_max = {name: int(t.view(torch.uint8).max()) for name, t in scales.items()}
         self.fp4_folded, self.fp4_route_order = {}, set()
+        on_storage: dict[int, set[str]] = {}  # the names on each storage: a stack and its views (moe.expert_views)
+        for name, t in self.items():
+            on_storage.setdefault(t.untyped_storage().data_ptr(), set()).add(name)
         for name, t in scales.items():
             weight = self.get(name.removesuffix(".scale") + ".weight")
             fits = t.shape[1] % 128 == 0 and t.shape[2] % 4 == 0 and weight is not None and weight.is_contiguous()
@@ -100,12 +103,8 @@ class KernelWeights(dict):
             route = fold_fp4_weights(weight, t.contiguous(), out=weight) if fits else None
             if route is not None:
                 weight.in_fp8_mma_order = True
-                self.fp4_route_order |= self._views_of(weight)
+                self.fp4_route_order |= on_storage[weight.untyped_storage().data_ptr()]
                 self.fp4_folded[name] = route[1]
-
-    def _views_of(self, t: torch.Tensor) -> set[str]:
-        """The names of every entry on t's storage (t's own included)."""
-        return {k for k, v in self.items() if v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()}
 
     def drop_fp8_mma_route(self) -> None:
         """Every FP4 expert weight back in the checkpoint's order and its folded scales dropped: the experts' GEMMs
