@@ -543,13 +543,15 @@ def final_logits(H: torch.Tensor, pre: torch.Tensor, w: Weights, cfg: V41Config)
 
 
 def prepare_weights(w: Weights) -> Weights:
-    """Load-time derived tensors: wo_a dequantized to bf16 (the reference keeps it in bf16, spec U3)."""
+    """Load-time derived tensors: wo_a dequantized to bf16 (`{p}.wo_a.weight_bf16`; the reference keeps it in bf16,
+    spec U3). It replaces the stored FP8 wo_a and its scale: nothing reads those afterwards, and keeping them cost
+    33.6 MB per layer, 1.34 GB of HBM per rank for the 40-layer model (session 47), now left to the KV cache."""
     out = dict(w)
     for name, t in w.items():
         if name.endswith("wo_a.weight"):
             base = name[: -len(".weight")]
-            if t.dtype == torch.float8_e4m3fn:
-                out[f"{base}.weight_bf16"] = weight_dequant_fp8(t, w[f"{base}.scale"]).to(torch.bfloat16)
-            else:
-                out[f"{base}.weight_bf16"] = t.to(torch.bfloat16)
+            scale = out.pop(f"{base}.scale", None)
+            bf16 = weight_dequant_fp8(t, scale) if t.dtype == torch.float8_e4m3fn else t
+            out[f"{base}.weight_bf16"] = bf16.to(torch.bfloat16)
+            del out[name]
     return out
