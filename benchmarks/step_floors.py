@@ -55,6 +55,7 @@ DEFAULT_PREFILL = DATA / "s45-run2/prefill_new_h200.json"
 DEFAULT_DECODE = (DATA / "s45-run2/decode_new_h200.json", DATA / "s45-run3/decode_wide_new_h200.json")
 DEFAULT_COPY = DATA / "s45-run2/order_new/exp_moe_weight_order.json"
 BF16_TFLOPS = 813.0
+SWEEP_TOKENS = (1024, 2048, 4096, 8192, 16384)
 
 FP8_STAGES = ("projections", "moe experts", "indexer", "engram")
 ESTIMATED = ("moe experts", "projections", "sparse attention", "indexer", "hc", "engram", "compressor",
@@ -235,6 +236,20 @@ def decode_cases(path: Path, cfg: V41Config, fp8_tflops: float, bf16_tflops: flo
     return out
 
 
+def prefill_token_sweep(cfg: V41Config, context: int, fp8_tflops: float, bf16_tflops: float, copy_gbs: float,
+                        tokens: Sequence[int] = SWEEP_TOKENS) -> list[dict]:
+    """The sum of the stage floors of one prefill step ending at `context`, per tokens per step: where the routed
+    experts turn from bound by weight bytes (read once per step, whatever the tokens) to bound by FLOPs."""
+    rows = []
+    for t in tokens:
+        floors = floors_ms(step_work(cfg, t, context, 1), fp8_tflops, bf16_tflops, copy_gbs)
+        step = sum(f["floor_ms"] for f in floors.values())
+        moe = floors["moe experts"]
+        rows.append({"tokens": t, "floor_ms": step, "tokens_per_s": t / step * 1e3,
+                     "moe_compute_ms": moe["compute_ms"], "moe_memory_ms": moe["memory_ms"]})
+    return rows
+
+
 def print_case(case: dict) -> None:
     print(f"\n### {case['case']} ({case['source']}, commit {case['git_commit'][:7]})\n")
     print("| stage | measured ms | floor ms | floor / measured | bound | compute ms | memory ms |")
@@ -272,9 +287,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
           f"TFLOP/s, copy {copy_gbs:.0f} GB/s ({args.copy_json.relative_to(ROOT)})")
     for case in cases:
         print_case(case)
+    context = json.loads(args.prefill.read_text())["workload"]["context"]
+    sweep = prefill_token_sweep(cfg, context, prefill["fp8_tflops"], args.bf16_tflops, copy_gbs)
+    print(f"\n### prefill floors by tokens per step (context {context})\n")
+    print("| tokens | floor ms (sum of stages) | tokens/s at the floor | moe experts: compute ms | memory ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for r in sweep:
+        print(f"| {r['tokens']} | {r['floor_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['moe_compute_ms']:.1f} "
+              f"| {r['moe_memory_ms']:.1f} |")
     if args.out:
         args.out.write_text(json.dumps({"fp8_tflops": prefill["fp8_tflops"], "bf16_tflops": args.bf16_tflops,
-                                        "copy_gbs": copy_gbs, "cases": cases}, indent=1))
+                                        "copy_gbs": copy_gbs, "cases": cases, "prefill_token_sweep": sweep},
+                                       indent=1))
     return cases
 
 

@@ -73,3 +73,11 @@ def test_floors_of_the_committed_runs_lie_below_the_measurements(tmp_path):
                 assert 0 < row["floor_ms"] <= row["measured_ms"], (case["case"], row)
         assert case["overlapped_floor_ms"] <= case["sum_of_stage_floors_ms"] <= case["estimated_measured_ms"]
     assert json.loads(out.read_text())["cases"][0]["stages"][0]["stage"] == "moe experts"
+
+
+def test_prefill_sweep_tokens_per_second_grow_to_the_compute_bound():
+    rows = step_floors.prefill_token_sweep(V41Config(), 131072, 1328.0, 813.0, 4282.0)
+    rates = [r["tokens_per_s"] for r in rows]
+    assert rates == sorted(rates)
+    first, last = rows[0], rows[-1]
+    assert first["moe_memory_ms"] > first["moe_compute_ms"] and last["moe_compute_ms"] > last["moe_memory_ms"]
