@@ -188,8 +188,7 @@ def floors_ms(work: dict[str, dict[str, float]], fp8_tflops: float, bf16_tflops:
     return out
 
 
-def compare(measured: dict[str, float], floors: dict[str, dict[str, float]], fp8_tflops: float,
-            bf16_tflops: float, copy_gbs: float, work: dict[str, dict[str, float]]) -> dict:
+def compare(measured: dict[str, float], floors: dict[str, dict[str, float]]) -> dict:
     """Rows per stage (measured, floor, floor / measured, bound), sorted by measured time, and the step floors."""
     rows = []
     for stage, ms in sorted(measured.items(), key=lambda kv: -kv[1]):
@@ -199,8 +198,7 @@ def compare(measured: dict[str, float], floors: dict[str, dict[str, float]], fp8
                          "bound": "compute" if f["compute_ms"] >= f["memory_ms"] else "memory",
                          "compute_ms": f["compute_ms"], "memory_ms": f["memory_ms"]} if f else {})})
     estimated = [r for r in rows if "floor_ms" in r]
-    overlap = max(sum(w["flops"] / (fp8_tflops if s in FP8_STAGES else bf16_tflops) / 1e9 for s, w in work.items()),
-                  sum(w["bytes"] for w in work.values()) / copy_gbs / 1e6)
+    overlap = max(sum(f["compute_ms"] for f in floors.values()), sum(f["memory_ms"] for f in floors.values()))
     return {"stages": rows,
             "measured_ms": sum(measured.values()),
             "estimated_measured_ms": sum(r["measured_ms"] for r in estimated),
@@ -209,18 +207,26 @@ def compare(measured: dict[str, float], floors: dict[str, dict[str, float]], fp8
             "not_estimated_ms": sum(r["measured_ms"] for r in rows if "floor_ms" not in r)}
 
 
+def shown(path: Path) -> str:
+    """A path as the tables name it: relative to the repository when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def prefill_case(path: Path, cfg: V41Config, bf16_tflops: float, copy_gbs: float) -> dict:
+    """The comparison for a bench_prefill.py JSON (its stages' 40-layer ms, its own FP8 rate)."""
     res = json.loads(path.read_text())
     w = res["workload"]
     fp8 = res["fp8_matmul"]["tflops"]
     work = step_work(cfg, w["tokens"], w["context"], w["sequences"])
     floors = floors_ms(work, fp8, bf16_tflops, copy_gbs)
-    return {"source": str(path.relative_to(ROOT)), "case": f"prefill {w['tokens']} tokens at {w['context']}",
+    return {"source": shown(path), "case": f"prefill {w['tokens']} tokens at {w['context']}",
             "git_commit": res["environment"]["git_commit"], "fp8_tflops": fp8,
-            **compare(res["stages"]["summary"]["forty_layer_ms"], floors, fp8, bf16_tflops, copy_gbs, work)}
+            **compare(res["stages"]["summary"]["forty_layer_ms"], floors)}
 
 
 def decode_cases(path: Path, cfg: V41Config, fp8_tflops: float, bf16_tflops: float, copy_gbs: float) -> list[dict]:
+    """One comparison per result of a bench_decode.py JSON that has a --profile breakdown (profile_eager)."""
     res = json.loads(path.read_text())
     out = []
     for r in res["results"]:
@@ -229,10 +235,9 @@ def decode_cases(path: Path, cfg: V41Config, fp8_tflops: float, bf16_tflops: flo
         B, C = r["batch"], r["context"]
         work = step_work(cfg, B, C, B)
         floors = floors_ms(work, fp8_tflops, bf16_tflops, copy_gbs)
-        out.append({"source": str(path.relative_to(ROOT)), "case": f"decode batch {B} at {C}",
+        out.append({"source": shown(path), "case": f"decode batch {B} at {C}",
                     "git_commit": res["environment"]["git_commit"],
-                    **compare(r["profile_eager"]["forty_layer_ms_per_step"], floors, fp8_tflops, bf16_tflops,
-                              copy_gbs, work)})
+                    **compare(r["profile_eager"]["forty_layer_ms_per_step"], floors)})
     return out
 
 
@@ -284,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     cases = [prefill] + [c for d in args.decode
                          for c in decode_cases(d, cfg, prefill["fp8_tflops"], args.bf16_tflops, copy_gbs)]
     print(f"rates: FP8 {prefill['fp8_tflops']:.0f} TFLOP/s ({prefill['source']}), bf16 {args.bf16_tflops:.0f} "
-          f"TFLOP/s, copy {copy_gbs:.0f} GB/s ({args.copy_json.relative_to(ROOT)})")
+          f"TFLOP/s, copy {copy_gbs:.0f} GB/s ({shown(args.copy_json)})")
     for case in cases:
         print_case(case)
     context = json.loads(args.prefill.read_text())["workload"]["context"]
