@@ -56,6 +56,7 @@ DEFAULT_DECODE = (DATA / "s45-run2/decode_new_h200.json", DATA / "s45-run3/decod
 DEFAULT_COPY = DATA / "s45-run2/order_new/exp_moe_weight_order.json"
 BF16_TFLOPS = 813.0
 SWEEP_TOKENS = (1024, 2048, 4096, 8192, 16384)
+EP_SIZES = (1, 2, 4, 8)
 
 FP8_STAGES = ("projections", "moe experts", "indexer", "engram")
 ESTIMATED = ("moe experts", "projections", "sparse attention", "indexer", "hc", "engram", "compressor",
@@ -153,13 +154,17 @@ def activation_bytes(cfg: V41Config, role: LayerRole, tokens: int, context: int,
     return out
 
 
-def step_work(cfg: V41Config, tokens: int, context: int, sequences: int) -> dict[str, dict[str, float]]:
-    """{stage: {"flops", "bytes"}} of one whole step of `cfg`'s layers and head: `sequences` sequences of
-    tokens / sequences query tokens each, each ending at position context - 1 (prefill: one sequence of 4,096
-    tokens; decode: `tokens` one-token sequences)."""
+def step_work(cfg: V41Config, tokens: int, context: int, sequences: int, ep: int = 1) -> dict[str, dict[str, float]]:
+    """{stage: {"flops", "bytes"}} of one whole step of `cfg`'s layers and head on one rank: `sequences` sequences
+    of tokens / sequences query tokens each, each ending at position context - 1 (prefill: one sequence of 4,096
+    tokens; decode: `tokens` one-token sequences).
+
+    ep > 1: one rank of EP x DP over `ep` ranks, each with such a batch. Everything but the routed experts is the
+    rank's own; the rank holds 1 / ep of the routed experts, which the ep x tokens tokens of all ranks pick from,
+    and computes ep x tokens x k / ep = tokens x k (token, expert) pairs in expectation, as on one GPU."""
     per_query = tokens // sequences
     layers_w, outside_w = weight_bytes_by_layer(cfg)
-    routed = touched_fraction(tokens, cfg.num_experts_per_tok, cfg.n_routed_experts)
+    routed = touched_fraction(ep * tokens, cfg.num_experts_per_tok, cfg.n_routed_experts) / ep
     work: dict[str, dict[str, float]] = defaultdict(lambda: {"flops": 0.0, "bytes": 0.0})
     for role in cfg.layer_roles:
         for stage, f in stage_flops(cfg, role, per_query, context - per_query).items():
@@ -221,6 +226,7 @@ def prefill_case(path: Path, cfg: V41Config, bf16_tflops: float, copy_gbs: float
     work = step_work(cfg, w["tokens"], w["context"], w["sequences"])
     floors = floors_ms(work, fp8, bf16_tflops, copy_gbs)
     return {"source": shown(path), "case": f"prefill {w['tokens']} tokens at {w['context']}",
+            "workload": (w["tokens"], w["context"], w["sequences"]),
             "git_commit": res["environment"]["git_commit"], "fp8_tflops": fp8,
             **compare(res["stages"]["summary"]["forty_layer_ms"], floors)}
 
@@ -235,7 +241,7 @@ def decode_cases(path: Path, cfg: V41Config, fp8_tflops: float, bf16_tflops: flo
         B, C = r["batch"], r["context"]
         work = step_work(cfg, B, C, B)
         floors = floors_ms(work, fp8_tflops, bf16_tflops, copy_gbs)
-        out.append({"source": shown(path), "case": f"decode batch {B} at {C}",
+        out.append({"source": shown(path), "case": f"decode batch {B} at {C}", "workload": (B, C, B),
                     "git_commit": res["environment"]["git_commit"],
                     **compare(r["profile_eager"]["forty_layer_ms_per_step"], floors)})
     return out
@@ -252,6 +258,22 @@ def prefill_token_sweep(cfg: V41Config, context: int, fp8_tflops: float, bf16_tf
         moe = floors["moe experts"]
         rows.append({"tokens": t, "floor_ms": step, "tokens_per_s": t / step * 1e3,
                      "moe_compute_ms": moe["compute_ms"], "moe_memory_ms": moe["memory_ms"]})
+    return rows
+
+
+def ep_floors(cfg: V41Config, cases: Sequence[dict], fp8_tflops: float, bf16_tflops: float, copy_gbs: float,
+              ep_sizes: Sequence[int] = EP_SIZES) -> list[dict]:
+    """Per rank, the sum of the stage floors and the routed experts' floor of each case's workload under EP x DP
+    over each of `ep_sizes` ranks (arithmetic only: no EP run is compared; dispatch / combine not estimated)."""
+    rows = []
+    for case in cases:
+        tokens, context, sequences = case["workload"]
+        for ep in ep_sizes:
+            floors = floors_ms(step_work(cfg, tokens, context, sequences, ep), fp8_tflops, bf16_tflops, copy_gbs)
+            moe = floors["moe experts"]
+            rows.append({"case": case["case"], "ep": ep, "floor_ms": sum(f["floor_ms"] for f in floors.values()),
+                         "moe_floor_ms": moe["floor_ms"],
+                         "moe_bound": "compute" if moe["compute_ms"] >= moe["memory_ms"] else "memory"})
     return rows
 
 
@@ -300,10 +322,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for r in sweep:
         print(f"| {r['tokens']} | {r['floor_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['moe_compute_ms']:.1f} "
               f"| {r['moe_memory_ms']:.1f} |")
+    ep = ep_floors(cfg, cases, prefill["fp8_tflops"], args.bf16_tflops, copy_gbs)
+    print("\n### per-rank floors under EP x DP (arithmetic; each rank with the case's batch)\n")
+    print("| case | EP ranks | floor ms (sum of stages) | moe experts floor ms | moe bound |")
+    print("|---|---:|---:|---:|---|")
+    for r in ep:
+        print(f"| {r['case']} | {r['ep']} | {r['floor_ms']:.1f} | {r['moe_floor_ms']:.1f} | {r['moe_bound']} |")
     if args.out:
         args.out.write_text(json.dumps({"fp8_tflops": prefill["fp8_tflops"], "bf16_tflops": args.bf16_tflops,
-                                        "copy_gbs": copy_gbs, "cases": cases, "prefill_token_sweep": sweep},
-                                       indent=1))
+                                        "copy_gbs": copy_gbs, "cases": cases, "prefill_token_sweep": sweep,
+                                        "ep_floors": ep}, indent=1))
     return cases
 
 

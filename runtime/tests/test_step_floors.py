@@ -81,3 +81,18 @@ def test_prefill_sweep_tokens_per_second_grow_to_the_compute_bound():
     assert rates == sorted(rates)
     first, last = rows[0], rows[-1]
     assert first["moe_memory_ms"] > first["moe_compute_ms"] and last["moe_compute_ms"] > last["moe_memory_ms"]
+
+
+def test_expert_parallel_rank_holds_a_share_of_the_touched_experts():
+    cfg = V41Config()
+    one, four = step_floors.step_work(cfg, 64, 131072, 64), step_floors.step_work(cfg, 64, 131072, 64, ep=4)
+    assert step_floors.step_work(cfg, 64, 131072, 64, ep=1) == one
+    for stage in one:  # the rank's own work is unchanged, the experts' FLOPs too (tokens x k pairs per rank)
+        assert four[stage]["flops"] == one[stage]["flops"]
+        if stage != "moe experts":
+            assert four[stage]["bytes"] == one[stage]["bytes"]
+    layers, _ = step_floors.weight_bytes_by_layer(cfg)
+    routed = sum(layers[i]["moe experts (routed)"] for i in layers)
+    k, E = cfg.num_experts_per_tok, cfg.n_routed_experts
+    drop = routed * (step_floors.touched_fraction(64, k, E) - step_floors.touched_fraction(256, k, E) / 4)
+    assert one["moe experts"]["bytes"] - four["moe experts"]["bytes"] == pytest.approx(drop)
