@@ -51,7 +51,7 @@ from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
 from mini_deepinfer.worker import model_runner
 from mini_deepinfer.worker.forward_batch import ForwardBatch
-from prefill_stages import OUTSIDE, attribute_profile, stage_ranges, stage_summary
+from prefill_stages import OUTSIDE, attribute_profile, by_layer_and_path_ms, stage_ranges, stage_summary
 
 MEDIUM_LAYERS = ("window", "r2-full", "r1-full", "r1-reindex")
 PRESETS = {
@@ -215,6 +215,7 @@ def profile_eager_steps(engine: LLMEngine, model: V41Model, steps: int, device: 
         "stage_ms_per_step": summary["profiled_step_ms"],
         "forty_layer_ms_per_step": summary["forty_layer_ms"] if set(counts) <= sampled else None,
         "layer_ms_per_step": by_layer,
+        "by_layer_and_path_ms_per_step": by_layer_and_path_ms(per_step),
         "top_kernels": [{**k, "us": k["us"] / steps, "calls": k["calls"] / steps} for k in kernels["top"]],
     }
 

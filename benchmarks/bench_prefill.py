@@ -69,8 +69,8 @@ from mini_deepinfer.models.deepseek_v41.ops import KernelWeights
 from mini_deepinfer.models.deepseek_v41.parallel import ExpertParallelV41Model
 from mini_deepinfer.worker.forward_batch import ForwardBatch
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
-from prefill_stages import (LAYER_RANGE, OUTSIDE, attribute_profile, host_by_stage, host_summary, stage_ranges,
-                            stage_summary)
+from prefill_stages import (LAYER_RANGE, OUTSIDE, attribute_profile, by_layer_and_path_ms, host_by_stage,
+                            host_summary, stage_ranges, stage_summary)
 
 # One sample layer per layer mode, in model order; a name is mode_key(role) plus "+engram" for the Engram layer.
 SAMPLE_LAYERS = ("window", "window+engram", "r2-full", "r2-reuse", "r1-full", "r1-reindex", "r1-reuse")
@@ -323,8 +323,7 @@ def profile_step(model, cache, batch, snapshot, cuda: bool) -> dict:
         "ranges_not_found": missing,
         "summary": stage_summary(charged, counts, n_engram),
         "host_as_run": host_summary(host_by_stage(events)),
-        "by_layer_and_path_ms": {f"{layer} | {path}": us / 1e3
-                                 for (layer, path), us in sorted(charged.items(), key=lambda kv: -kv[1])},
+        "by_layer_and_path_ms": by_layer_and_path_ms(charged),
         "kernels": kernels,
     }
 

@@ -234,6 +234,11 @@ def _ranges_at(ranges: list[tuple[float, float, str]], items: list[tuple[float, 
             yield ((layers[0] if layers else OUTSIDE), path), us, name
 
 
+def by_layer_and_path_ms(charged: dict[tuple[str, str], float]) -> dict[str, float]:
+    """{"layer | stage path": ms}, largest first: the profile's finest breakdown (charged in us)."""
+    return {f"{layer} | {path}": us / 1e3 for (layer, path), us in sorted(charged.items(), key=lambda kv: -kv[1])}
+
+
 def stage_summary(charged: dict[tuple[str, str], float], counts: Counter, n_engram: int) -> dict:
     """Headline stages in ms: for the profiled step as run, and weighted to the 40-layer model (each mode's
     sample layer x its count; the Engram layer contributes only its Engram stage, x n_engram)."""

@@ -44,6 +44,9 @@ def test_decode_profile_charges_every_stage_of_the_step(tmp_path):
     assert abs(sum(stages.values()) - profile["kernel_ms_per_step"]) < 1e-6 * profile["kernel_ms_per_step"] + 1e-9
     assert profile["ranges_not_found"] == [] and profile["forty_layer_ms_per_step"] is None
     assert set(profile["layer_ms_per_step"]) > {"outside layers"}
+    paths = profile["by_layer_and_path_ms_per_step"]
+    assert abs(sum(paths.values()) - profile["kernel_ms_per_step"]) < 1e-6 * profile["kernel_ms_per_step"] + 1e-9
+    assert list(paths.values()) == sorted(paths.values(), reverse=True)
     assert profile["top_kernels"] and profile["steps"] == 3
 
 
