@@ -550,8 +550,8 @@ def prepare_weights(w: Weights) -> Weights:
     for name, t in w.items():
         if name.endswith("wo_a.weight"):
             base = name[: -len(".weight")]
-            scale = out.pop(f"{base}.scale", None)
-            bf16 = weight_dequant_fp8(t, scale) if t.dtype == torch.float8_e4m3fn else t
+            bf16 = weight_dequant_fp8(t, w[f"{base}.scale"]) if t.dtype == torch.float8_e4m3fn else t
             out[f"{base}.weight_bf16"] = bf16.to(torch.bfloat16)
             del out[name]
+            out.pop(f"{base}.scale", None)
     return out
