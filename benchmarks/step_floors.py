@@ -37,6 +37,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -90,15 +91,17 @@ def weight_stage(name: str) -> str:
     raise ValueError(f"no stage for checkpoint tensor {name!r}")
 
 
+@functools.cache
 def weight_bytes_by_layer(cfg: V41Config) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
-    """({layer id: {stage: bytes}}, {stage: bytes} outside the layers): every tensor of expected_tensors once."""
+    """({layer id: {stage: bytes}}, {stage: bytes} outside the layers): every tensor of expected_tensors once.
+    Cached per config (the real model lists ~92k tensors; the sweep and EP tables ask again and again): read only."""
     layers: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     outside: dict[str, int] = defaultdict(int)
     for name, (shape, dtype) in expected_tensors(cfg).items():
         size = math.prod(shape) * dtype.itemsize
         m = re.match(r"layers\.(\d+)\.", name)
         (layers[int(m.group(1))] if m else outside)[weight_stage(name)] += size
-    return layers, outside
+    return {lid: dict(stages) for lid, stages in layers.items()}, dict(outside)
 
 
 def touched_fraction(tokens: int, k: int, experts: int) -> float:
@@ -314,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
           f"TFLOP/s, copy {copy_gbs:.0f} GB/s ({shown(args.copy_json)})")
     for case in cases:
         print_case(case)
-    context = json.loads(args.prefill.read_text())["workload"]["context"]
+    context = prefill["workload"][1]
     sweep = prefill_token_sweep(cfg, context, prefill["fp8_tflops"], args.bf16_tflops, copy_gbs)
     print(f"\n### prefill floors by tokens per step (context {context})\n")
     print("| tokens | floor ms (sum of stages) | tokens/s at the floor | moe experts: compute ms | memory ms |")
