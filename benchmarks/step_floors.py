@@ -37,6 +37,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import math
@@ -230,7 +231,7 @@ def prefill_case(path: Path, cfg: V41Config, bf16_tflops: float, copy_gbs: float
     floors = floors_ms(work, fp8, bf16_tflops, copy_gbs)
     return {"source": shown(path), "case": f"prefill {w['tokens']} tokens at {w['context']}",
             "workload": (w["tokens"], w["context"], w["sequences"]),
-            "git_commit": res["environment"]["git_commit"], "fp8_tflops": fp8,
+            "environment": res["environment"], "fp8_tflops": fp8,
             **compare(res["stages"]["summary"]["forty_layer_ms"], floors)}
 
 
@@ -245,7 +246,7 @@ def decode_cases(path: Path, cfg: V41Config, fp8_tflops: float, bf16_tflops: flo
         work = step_work(cfg, B, C, B)
         floors = floors_ms(work, fp8_tflops, bf16_tflops, copy_gbs)
         out.append({"source": shown(path), "case": f"decode batch {B} at {C}", "workload": (B, C, B),
-                    "git_commit": res["environment"]["git_commit"],
+                    "environment": res["environment"],
                     **compare(r["profile_eager"]["forty_layer_ms_per_step"], floors)})
     return out
 
@@ -281,7 +282,9 @@ def ep_floors(cfg: V41Config, cases: Sequence[dict], fp8_tflops: float, bf16_tfl
 
 
 def print_case(case: dict) -> None:
-    print(f"\n### {case['case']} ({case['source']}, commit {case['git_commit'][:7]})\n")
+    env = case["environment"]
+    print(f"\n### {case['case']} ({case['source']}: {env['hardware']['gpu']}, torch {env['torch']}, triton "
+          f"{env['triton']}, {env['date'][:10]}, commit {env['git_commit'][:7]})\n")
     print("| stage | measured ms | floor ms | floor / measured | bound | compute ms | memory ms |")
     print("|---|---:|---:|---:|---|---:|---:|")
     for r in case["stages"]:
@@ -332,9 +335,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for r in ep:
         print(f"| {r['case']} | {r['ep']} | {r['floor_ms']:.1f} | {r['moe_floor_ms']:.1f} | {r['moe_bound']} |")
     if args.out:
-        args.out.write_text(json.dumps({"fp8_tflops": prefill["fp8_tflops"], "bf16_tflops": args.bf16_tflops,
-                                        "copy_gbs": copy_gbs, "cases": cases, "prefill_token_sweep": sweep,
-                                        "ep_floors": ep}, indent=1))
+        rates = {"fp8_tflops": prefill["fp8_tflops"], "fp8_source": prefill["source"], "bf16_tflops": args.bf16_tflops,
+                 "copy_gbs": copy_gbs, "copy_source": shown(args.copy_json)}
+        args.out.write_text(json.dumps({"analysed": datetime.date.today().isoformat(), **rates, "cases": cases,
+                                        "prefill_token_sweep": sweep, "ep_floors": ep}, indent=1))
     return cases
 
 
