@@ -188,12 +188,13 @@ def step_work(cfg: V41Config, tokens: int, context: int, sequences: int, ep: int
 
 def floors_ms(work: dict[str, dict[str, float]], fp8_tflops: float, bf16_tflops: float, copy_gbs: float
               ) -> dict[str, dict[str, float]]:
-    """{stage: {"compute_ms", "memory_ms", "floor_ms"}} from step_work's FLOPs and bytes."""
+    """{stage: {"compute_ms", "memory_ms", "floor_ms", "bound"}} from step_work's FLOPs and bytes."""
     out = {}
     for stage, w in work.items():
         rate = fp8_tflops if stage in FP8_STAGES else bf16_tflops
         compute, memory = w["flops"] / rate / 1e9, w["bytes"] / copy_gbs / 1e6
-        out[stage] = {"compute_ms": compute, "memory_ms": memory, "floor_ms": max(compute, memory)}
+        out[stage] = {"compute_ms": compute, "memory_ms": memory, "floor_ms": max(compute, memory),
+                      "bound": "compute" if compute >= memory else "memory"}
     return out
 
 
@@ -204,7 +205,7 @@ def compare(measured: dict[str, float], floors: dict[str, dict[str, float]]) -> 
         f = floors.get(stage)
         rows.append({"stage": stage, "measured_ms": ms,
                      **({"floor_ms": f["floor_ms"], "floor_over_measured": f["floor_ms"] / ms,
-                         "bound": "compute" if f["compute_ms"] >= f["memory_ms"] else "memory",
+                         "bound": f["bound"],
                          "compute_ms": f["compute_ms"], "memory_ms": f["memory_ms"]} if f else {})})
     estimated = [r for r in rows if "floor_ms" in r]
     overlap = max(sum(f["compute_ms"] for f in floors.values()), sum(f["memory_ms"] for f in floors.values()))
@@ -277,7 +278,7 @@ def ep_floors(cfg: V41Config, cases: Sequence[dict], fp8_tflops: float, bf16_tfl
             moe = floors["moe experts"]
             rows.append({"case": case["case"], "ep": ep, "floor_ms": sum(f["floor_ms"] for f in floors.values()),
                          "moe_floor_ms": moe["floor_ms"],
-                         "moe_bound": "compute" if moe["compute_ms"] >= moe["memory_ms"] else "memory"})
+                         "moe_bound": moe["bound"]})
     return rows
 
 
