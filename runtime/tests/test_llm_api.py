@@ -39,6 +39,11 @@ def test_generate_returns_outputs_in_prompt_order():
         ([1, 512], SamplingParams(), "out of range"),
         ([1, -1], SamplingParams(), "out of range"),
         ([1.5], SamplingParams(), "integers"),
+        ([3, True], SamplingParams(), "not bools"),
+        (torch.tensor([1, 0], dtype=torch.bool), SamplingParams(), "not bools"),
+        (torch.tensor([1.0, 2.0]), SamplingParams(), "integers"),
+        (iter([3, 4, 512]), SamplingParams(), "out of range"),
+        ([3, 4], SamplingParams(stop_token_ids=[7, 512]), "stop token id 512"),
         ([3] * 257, SamplingParams(), "longer than max_model_len"),
     ],
 )
@@ -65,11 +70,45 @@ def test_bad_prompts_raise_before_any_state_changes(prompt, params, message):
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
         (dict(top_k=-3), "top_k"),
+        (dict(temperature=float("nan")), "temperature must be finite"),
+        (dict(temperature=float("inf")), "temperature must be finite"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(stop_token_ids=[5, -1]), "stop_token_ids must be >= 0"),
     ],
 )
 def test_bad_sampling_params_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(max_tokens=2.5), "max_tokens must be an int"),
+        (dict(max_tokens=True), "max_tokens must be an int"),
+        (dict(top_k=2.0), "top_k must be an int"),
+        (dict(seq_seed=1.5), "seq_seed must be an int"),
+        (dict(temperature="1"), "temperature must be a number"),
+        (dict(ignore_eos="no"), "ignore_eos must be a bool"),
+        (dict(stop_token_ids=5), "stop_token_ids must be a list"),
+        (dict(stop_token_ids="7"), "stop_token_ids must be a list"),
+        (dict(stop_token_ids=[7, 8.0]), "stop_token_ids must be an int"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type_are_refused(kwargs, message):
+    """Each of these was once accepted and then failed inside a step (a float seed), or silently sampled token 0 for
+    ever (a NaN temperature), or stopped on nothing."""
+    with pytest.raises(TypeError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_numpy_and_torch_scalars_become_python_numbers():
+    import numpy as np
+
+    sp = SamplingParams(temperature=np.float32(0.5), max_tokens=np.int64(4), top_k=torch.tensor(3).item(),
+                        seq_seed=np.uint64(2**63), stop_token_ids=(np.int32(7),))
+    assert (type(sp.temperature), type(sp.max_tokens), type(sp.seq_seed)) == (float, int, int)
+    assert sp.stop_token_ids == [7] and type(sp.stop_token_ids[0]) is int and sp.seq_seed == 2**63
 
 
 def test_params_list_must_match_prompts():

@@ -92,8 +92,13 @@ def check_request(prompt_token_ids: Iterable[int], params: SamplingParams, vocab
     SamplingParams); returns the ids as ints. Shared by the engine and the data-parallel launcher's parent."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+    items = list(prompt_token_ids)  # once: it may be a generator
+    # bools pass operator.index (True is 1), so they are refused by name
+    if (isinstance(prompt_token_ids, torch.Tensor) and prompt_token_ids.dtype == torch.bool
+            or any(isinstance(t, bool) for t in items)):
+        raise ValueError("prompt token ids must be integers, not bools")
     try:
-        tokens = [operator.index(t) for t in prompt_token_ids]
+        tokens = [operator.index(t) for t in items]
     except TypeError:
         raise ValueError("prompt token ids must be integers") from None
     if not tokens:
@@ -101,6 +106,9 @@ def check_request(prompt_token_ids: Iterable[int], params: SamplingParams, vocab
     bad = [t for t in tokens if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is out of range [0, {vocab_size})")
+    bad = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad:
+        raise ValueError(f"stop token id {bad[0]} is out of range [0, {vocab_size})")
     if len(tokens) > max_model_len:
         raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_model_len={max_model_len}")
     return tokens
