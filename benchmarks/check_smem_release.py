@@ -10,7 +10,7 @@ unit's write, so the refill could land before the load read the slot. The patter
 so it is checked on the SASS.
 
 What: each of the package's warp-specialized or TMA-fed Gluon kernels is compiled for sm_90 through its own launcher
-in mini_deepgemm.gemm, with CPU tensors and a stub driver that compiles instead of launching (Triton's warm-up path).
+in mini_deepgemm.gemm, with CPU tensors, under integration_tests/sm90_compile.py (launches compile, they do not run).
 In the SASS, for every plain mbarrier arrive (SYNCS.ARRIVE.TRANS64.A1T0, a release) and every TMA load issue
 (UTMALDG, a refill by the same warps), it lists the LDS / LDSM loads since the previous barrier operation or memory
 fence whose destination registers are not read before that point but are read after it. An empty list means no load
@@ -32,50 +32,15 @@ from collections.abc import Callable
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-from triton.runtime.jit import JITFunction
 
-sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "packages", "mini-deepgemm", "src")]
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path[:0] = [os.path.join(ROOT, "packages", "mini-deepgemm", "src"), os.path.join(ROOT, "integration_tests")]
 from mini_deepgemm import gemm as G
+from sm90_compile import compiling_for_sm90
 
 _LOAD = re.compile(r"^(@!?U?P\w+\s+)?(LDS(M)?[.\w]*)\s+R(\d+)")
 _RELEASE = ("SYNCS.ARRIVE.TRANS64.A1T0", "UTMALDG")
 _WINDOW_START = ("SYNCS.", "MEMBAR", "FENCE", "UTMALDG")
-
-
-class _CompileOnlyDriver:
-    """driver.active for Triton's JIT on a machine without a GPU: an sm_90 target; launches become warm-ups."""
-
-    def __init__(self) -> None:
-        self._target = GPUTarget("cuda", 90, 32)
-
-    def get_current_target(self) -> GPUTarget:
-        return self._target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-
-def _compiled_cubins(launch: Callable[[], None]) -> list[tuple[str, bytes]]:
-    """(kernel name, cubin) of every kernel the launcher launches, compiled, not run."""
-    compiled = []
-    run = JITFunction.run
-
-    def warm_up(self, *args, grid, warmup, **kwargs):
-        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled.append((self.__name__, kernel.asm["cubin"]))
-        return kernel
-
-    JITFunction.run = warm_up
-    try:
-        launch()
-    finally:
-        JITFunction.run = run
-    return compiled
 
 
 def _instructions(cubin: bytes) -> list[str]:
@@ -194,12 +159,12 @@ def configurations() -> dict[str, Callable[[], None]]:
 
 
 def main() -> None:
-    G.sm_count = lambda device: 132  # the H200's
-    driver.set_active(_CompileOnlyDriver())
     for name, launch in configurations().items():
-        for kernel, cubin in _compiled_cubins(launch):
-            hits = loads_in_flight_at_release(_instructions(cubin))
-            print(f"{name}: {kernel}: {len(hits)} loads in flight at a release")
+        with compiling_for_sm90() as kernels:
+            launch()
+        for kernel in kernels:
+            hits = loads_in_flight_at_release(_instructions(kernel.cubin))
+            print(f"{name}: {kernel.name}: {len(hits)} loads in flight at a release")
             for hit in hits:
                 print(f"    {hit}")
 

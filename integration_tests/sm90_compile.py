@@ -1,0 +1,174 @@
+"""Compiles the repository's GPU kernels for an H200 (sm_90) on a machine without a GPU, through the real APIs.
+
+Why: CPU CI runs the references and, under Triton's interpreter, the Triton kernels' arithmetic; it never compiles a
+kernel. What only compilation finds reached the GPU machine instead: a Gluon API renamed between releases, a
+constexpr branch that only CUDA tensors take (inline PTX, libdevice), shared memory over the SM's 227 KiB, a
+register count that caps the programs per SM. Inside `compiling_for_sm90()` a public API called with `cuda_like`
+CPU tensors takes the route it takes on an H200, and every kernel launch compiles for sm_90 instead of running
+(Triton's warm-up path; the outputs stay unwritten). Each compiled kernel comes back with the resources ptxas gave it.
+
+What is assumed of the H200: compute capability 9.0, 132 SMs. Under triton 3.6 (the GPU machine's) the Gluon
+kernels take their calls as they do there; under another release (the uv lock's) mini_deepgemm routes to the
+Triton kernels (mini_deepgemm._backend.gluon_usable), so that is what compiles.
+
+    from sm90_compile import compiling_for_sm90, cuda_like
+    with compiling_for_sm90() as kernels:
+        api(cuda_like(torch.empty(...)), ...)
+    # kernels: list[CompiledKernel], in launch order
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+H200_SMS = 132
+SM90_SHARED_BYTES = 232448  # the most dynamic shared memory one program may ask for on sm_90 (227 KiB)
+SM90_REGISTERS = 65536  # per SM, so per program at most
+
+
+class CudaLike(torch.Tensor):
+    """A CPU tensor that says it is on CUDA (is_cuda), so that the APIs take their GPU routes; its data is never
+    touched, because no kernel runs."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def cuda_like(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(CudaLike)
+
+
+class _AllocationsCudaLike(TorchFunctionMode):
+    """Within: every plain tensor a torch function returns is cuda_like, as every tensor is on CUDA on the GPU. The
+    buffers an API allocates itself (torch.empty on its operands' device) then take the GPU routes too: without this,
+    mini_deepgemm's activation pass output compiled the swap-AB kernel's interpreter variant (FP4_ASM False), and
+    mini_flashmla's indexer_topk ran its selection on the CPU reference (the scores it allocates were not is_cuda).
+    Integer torch.empty buffers come back zeroed: they hold kernel outputs (positions, rows) that host code may
+    gather with, and no kernel writes them here; float buffers (scores up to 1 GiB) stay untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.empty, torch.empty_like, torch.empty_strided) and not out.is_floating_point():
+            out.zero_()
+        return tree_map(lambda t: cuda_like(t) if type(t) is torch.Tensor else t, out)
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """One kernel compiled for sm_90: its name, warps per program (the warp-specialized partitions' included), dynamic
+    shared memory, and from the cubin the registers per thread and local memory per thread (its stack frame:
+    spills and local arrays)."""
+
+    name: str
+    num_warps: int
+    shared_bytes: int
+    registers: int
+    local_bytes: int
+    constexprs: str
+    cubin: bytes = field(repr=False, compare=False)
+
+    def fits_sm90(self) -> list[str]:
+        """What keeps this kernel from launching on an H200, if anything (an empty list: it launches)."""
+        problems = []
+        if self.shared_bytes > SM90_SHARED_BYTES:
+            problems.append(f"{self.name}: {self.shared_bytes} B of shared memory > {SM90_SHARED_BYTES}")
+        if self.registers * 32 * self.num_warps > SM90_REGISTERS:
+            problems.append(f"{self.name}: {self.registers} registers x {32 * self.num_warps} threads > "
+                            f"{SM90_REGISTERS}")
+        return problems
+
+    def row(self, case: str) -> str:
+        """One line of a resource table: case, kernel, warps, registers, local bytes, shared bytes, constexprs."""
+        return (f"{case:44s} {self.name:34s} {self.num_warps:3d} warps {self.registers:3d} regs "
+                f"{self.local_bytes:4d} B local {self.shared_bytes:7d} B shared  {self.constexprs}")
+
+
+class _CompileOnlyDriver:
+    """Triton's driver.active on a machine without a GPU: an sm_90 target, device 0, stream 0."""
+
+    def __init__(self, target) -> None:
+        self._target = target
+
+    def get_current_target(self):
+        return self._target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def _resources(cubin: bytes, name: str) -> tuple[int, int]:
+    """(registers, local memory bytes) per thread of kernel `name` in a cubin, from cuobjdump (in triton's wheel).
+    Local memory is the stack frame, where ptxas puts spills and local arrays (STACK), plus module-scope .local
+    (LOCAL, which Triton does not emit)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], check=True, capture_output=True,
+                              text=True).stdout
+    usage = text.split(f"Function {name}:", 1)[1]
+    registers, stack, local = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK", "LOCAL"))
+    return registers, stack + local
+
+
+@contextmanager
+def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
+    """Within: kernel launches compile for sm_90 and are recorded (in launch order) instead of running; every tensor
+    a torch function returns is cuda_like (_AllocationsCudaLike); torch.cuda reports an H200's capability and SM
+    count. Everything is restored on exit. Routes decided by a tensor's device.type (still "cpu") are not covered:
+    the tests patch those few by name."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compiling_for_sm90: TRITON_INTERPRET=1 makes the kernels interpreted functions")
+    from mini_deepgemm import _backend
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    kernels: list[CompiledKernel] = []
+    run = JITFunction.run
+
+    def warm_up(self, *args, grid, warmup, **kwargs):
+        compiled = run(self, *args, grid=grid, warmup=True, **kwargs)
+        name = compiled.metadata.name
+        registers, local_bytes = _resources(compiled.asm["cubin"], name)
+        constexprs = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k[:1].isupper())
+        kernels.append(CompiledKernel(name, compiled.metadata.num_warps, compiled.metadata.shared, registers,
+                                      local_bytes, constexprs, compiled.asm["cubin"]))
+        return compiled
+
+    saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties")}
+    active = driver._active  # None until a first use; reset_active() would look for a GPU driver
+    driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
+    JITFunction.run = warm_up
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(multi_processor_count=H200_SMS)
+    _backend.sm_count.cache_clear()
+    try:
+        with _AllocationsCudaLike():
+            yield kernels
+    finally:
+        JITFunction.run = run
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+        driver._active = active
+        _backend.sm_count.cache_clear()
