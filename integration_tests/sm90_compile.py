@@ -55,12 +55,13 @@ class _AllocationsCudaLike(TorchFunctionMode):
     buffers an API allocates itself (torch.empty on its operands' device) then take the GPU routes too: without this,
     mini_deepgemm's activation pass output compiled the swap-AB kernel's interpreter variant (FP4_ASM False), and
     mini_flashmla's indexer_topk ran its selection on the CPU reference (the scores it allocates were not is_cuda).
-    Integer torch.empty buffers come back zeroed: they hold kernel outputs (positions, rows) that host code may
-    gather with, and no kernel writes them here; float buffers (scores up to 1 GiB) stay untouched."""
+    int32 / int64 torch.empty buffers come back zeroed: they hold kernel outputs (positions, rows) that host code may
+    gather with, and no kernel writes them here; other buffers (scores up to 1 GiB, packed weights) stay untouched,
+    so they cost no memory."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in (torch.empty, torch.empty_like, torch.empty_strided) and not out.is_floating_point():
+        if func in (torch.empty, torch.empty_like, torch.empty_strided) and out.dtype in (torch.int32, torch.int64):
             out.zero_()
         return tree_map(lambda t: cuda_like(t) if type(t) is torch.Tensor else t, out)
 
