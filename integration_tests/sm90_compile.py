@@ -11,6 +11,14 @@ What is assumed of the H200: compute capability 9.0, 132 SMs. Under triton 3.6 (
 kernels take their calls as they do there; under another release (the uv lock's) mini_deepgemm routes to the
 Triton kernels (mini_deepgemm._backend.gluon_usable), so that is what compiles.
 
+Run the three files (test_compile_sm90_*.py) under the uv lock's triton, and under the GPU machine's:
+
+    uv run pytest -s integration_tests/test_compile_sm90_*.py          # -s prints each kernel's resources
+    pip install --no-deps --target /tmp/triton36 triton==3.6.0
+    PYTHONPATH=/tmp/triton36 uv run pytest -s integration_tests/test_compile_sm90_*.py
+
+Use:
+
     from sm90_compile import compiling_for_sm90, cuda_like
     with compiling_for_sm90() as kernels:
         api(cuda_like(torch.empty(...)), ...)
