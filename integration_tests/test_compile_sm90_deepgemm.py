@@ -12,8 +12,9 @@ What it checks, per call (a quantizer, a dense GEMM, a grouped MoE GEMM), inside
   bytes per thread are an upper bound here (Case.local_bytes, each with the reason in a comment: spills outside the
   K loops, where they cost a few loads per tile). A kernel that starts to spill, or spills more, fails here.
 Why: CPU CI runs the references and Triton's interpreter, which compile nothing, and the GPU tests run only on the
-GPU machine (sm90_compile.py's docstring says more). Operands are `torch.empty` tensors made `cuda_like`: nothing
-runs, so no value is read, and the real sizes cost no memory.
+GPU machine (sm90_compile.py's docstring says more). Operands are `torch.empty` tensors, made when a case is called
+inside the harness (which makes them `cuda_like`): nothing runs, so no value is read, and the real sizes cost no
+memory.
 
 Shapes (runtime/src/mini_deepinfer/models/deepseek_v41): hidden 5,120; a routed expert's w13 (w1 and w3 stacked)
 [4,608, 5,120] and w2 [5,120, 2,304]; 384 routed experts, 96 per GPU at EP4; dense FP8 weights such as the shared
@@ -63,18 +64,13 @@ TILE_TABLE = "contiguous_tile_table_kernel"  # gemm_gluon_fp4_e4m3_kernel: the 2
 V41_RING = [SCALES_TO_F32, SCALES_TO_F32, V41_GEMM]
 
 
-def empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor that takes the CUDA routes (its values are never read: nothing runs)."""
-    return cuda_like(torch.empty(*shape, dtype=dtype))
-
-
 def activations(rows: int, k: int, scales: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantized activations as the runtime hands them to a GEMM: e4m3 [rows, k] with UE8M0 scales per 32
     ("ue8m0", V4.1), or fp32 scales per 128: the V3 recipe's ("fp32"), or V4.1's folded per 128 into powers of two
     ("fold_128": the form the FP8-MMA expert route runs fastest on, and the folded dense route's; same dtype)."""
     if scales == "ue8m0":
-        return empty(rows, k, dtype=E4M3), empty(rows, k // 32, dtype=UE8M0)
-    return empty(rows, k, dtype=E4M3), empty(rows, k // 128, dtype=FP32)
+        return torch.empty(rows, k, dtype=E4M3), torch.empty(rows, k // 32, dtype=UE8M0)
+    return torch.empty(rows, k, dtype=E4M3), torch.empty(rows, k // 128, dtype=FP32)
 
 
 def masked_activations(groups: int, max_m: int, k: int, scales: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,45 +84,46 @@ def fp8_weights(n: int, k: int, recipe: tuple[int, int, int] = dg.V41_RECIPE, gr
     lead = () if groups is None else (groups,)
     block = recipe[1]
     scale_dtype = UE8M0 if recipe == dg.V41_RECIPE else FP32
-    return empty(*lead, n, k, dtype=E4M3), empty(*lead, n // block, k // block, dtype=scale_dtype)
+    return torch.empty(*lead, n, k, dtype=E4M3), torch.empty(*lead, n // block, k // block, dtype=scale_dtype)
 
 
 def fp4_weights(n: int, k: int, groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed e2m1 [(G,) n, k / 2] with UE8M0 scales per weight row and 32 of K."""
     lead = () if groups is None else (groups,)
-    return empty(*lead, n, k // 2, dtype=torch.uint8), empty(*lead, n, k // 32, dtype=UE8M0)
+    return torch.empty(*lead, n, k // 2, dtype=torch.uint8), torch.empty(*lead, n, k // 32, dtype=UE8M0)
 
 
 def folded_scales(groups: int, n: int, k: int) -> dg.FoldedFP4Scales:
     """fold_fp4_weights's scales, in their shapes and dtypes (test_fold_fp4_weights_takes_the_route checks them
     against the function): folding real weights of these sizes on the host would take longer than the compiles."""
-    return dg.FoldedFP4Scales(empty(groups, n, k // 128, dtype=torch.int32), empty(groups, n, dtype=FP32))
+    return dg.FoldedFP4Scales(torch.empty(groups, n, k // 128, dtype=torch.int32), torch.empty(groups, n, dtype=FP32))
 
 
 # --------------------------------------------------------------------------- the calls
 def quant_fp8(rows: int, k: int, group: int, scale_fmt: str, fold_128: bool = False) -> Callable[[], None]:
-    return lambda: dg.per_token_group_quant_fp8(empty(rows, k, dtype=BF16), group, scale_fmt, fold_128=fold_128)
+    return lambda: dg.per_token_group_quant_fp8(torch.empty(rows, k, dtype=BF16), group, scale_fmt, fold_128=fold_128)
 
 
 def fakequant_fp8(rows: int, k: int) -> Callable[[], None]:
-    return lambda: dg.per_token_group_fakequant_fp8(empty(rows, k, dtype=BF16), 32)
+    return lambda: dg.per_token_group_fakequant_fp8(torch.empty(rows, k, dtype=BF16), 32)
 
 
 def quant_fp4(rows: int, k: int, group: int, scale_fmt: str) -> Callable[[], None]:
-    return lambda: dg.per_token_group_quant_fp4(empty(rows, k, dtype=BF16), group, scale_fmt)
+    return lambda: dg.per_token_group_quant_fp4(torch.empty(rows, k, dtype=BF16), group, scale_fmt)
 
 
 def fakequant_fp4(rows: int, k: int, group: int, scale_fmt: str) -> Callable[[], None]:
-    return lambda: dg.per_token_group_fakequant_fp4(empty(rows, k, dtype=BF16), group, scale_fmt)
+    return lambda: dg.per_token_group_fakequant_fp4(torch.empty(rows, k, dtype=BF16), group, scale_fmt)
 
 
 def dense_fp8(rows: int, n: int, k: int, recipe: tuple[int, int, int] = dg.V41_RECIPE) -> Callable[[], None]:
     scales = "ue8m0" if recipe == dg.V41_RECIPE else "fp32"
-    return lambda: dg.fp8_gemm_nt(activations(rows, k, scales), fp8_weights(n, k, recipe), empty(rows, n, dtype=BF16))
+    return lambda: dg.fp8_gemm_nt(activations(rows, k, scales), fp8_weights(n, k, recipe),
+                                  torch.empty(rows, n, dtype=BF16))
 
 
 def dense_fp4(rows: int, n: int, k: int) -> Callable[[], None]:
-    return lambda: dg.fp8_fp4_gemm_nt(activations(rows, k), fp4_weights(n, k), empty(rows, n, dtype=BF16))
+    return lambda: dg.fp8_fp4_gemm_nt(activations(rows, k), fp4_weights(n, k), torch.empty(rows, n, dtype=BF16))
 
 
 def moe_fp4_contiguous(n: int, k: int, scales: str = "ue8m0", folded: bool = False) -> Callable[[], None]:
@@ -136,8 +133,8 @@ def moe_fp4_contiguous(n: int, k: int, scales: str = "ue8m0", folded: bool = Fal
 
     def call() -> None:
         dg.m_grouped_fp8_fp4_gemm_nt_contiguous(
-            activations(rows, k, scales), fp4_weights(n, k, LOCAL_EXPERTS), empty(rows, n, dtype=BF16),
-            empty(rows, dtype=torch.int32), weight_scale_max=CHECKPOINT_SCALE_MAX,
+            activations(rows, k, scales), fp4_weights(n, k, LOCAL_EXPERTS), torch.empty(rows, n, dtype=BF16),
+            torch.empty(rows, dtype=torch.int32), weight_scale_max=CHECKPOINT_SCALE_MAX,
             folded=folded_scales(LOCAL_EXPERTS, n, k) if folded else None, expected_m=PREFILL_ROWS_PER_EXPERT)
     return call
 
@@ -154,7 +151,7 @@ def moe_fp4_masked(expected_m: int, n: int, k: int, scales: str = "ue8m0", folde
     def call() -> None:
         dg.m_grouped_fp8_fp4_gemm_nt_masked(
             masked_activations(groups, max_m, k, scales), fp4_weights(n, k, groups),
-            empty(groups, max_m, n, dtype=BF16), empty(groups, dtype=torch.int32), expected_m,
+            torch.empty(groups, max_m, n, dtype=BF16), torch.empty(groups, dtype=torch.int32), expected_m,
             weight_scale_max=CHECKPOINT_SCALE_MAX, folded=folded_scales(groups, n, k) if folded else None)
     return call
 
@@ -162,15 +159,16 @@ def moe_fp4_masked(expected_m: int, n: int, k: int, scales: str = "ue8m0", folde
 def moe_fp8_contiguous(n: int, k: int) -> Callable[[], None]:
     rows = LOCAL_EXPERTS * PREFILL_ROWS_PER_EXPERT
     return lambda: dg.m_grouped_fp8_gemm_nt_contiguous(
-        activations(rows, k), fp8_weights(n, k, groups=LOCAL_EXPERTS), empty(rows, n, dtype=BF16),
-        empty(rows, dtype=torch.int32))
+        activations(rows, k), fp8_weights(n, k, groups=LOCAL_EXPERTS), torch.empty(rows, n, dtype=BF16),
+        torch.empty(rows, dtype=torch.int32))
 
 
 def moe_fp8_masked(expected_m: int, n: int, k: int) -> Callable[[], None]:
     groups, max_m, expected_m = MASKED_DECODE[expected_m]
     return lambda: dg.m_grouped_fp8_gemm_nt_masked(
-        masked_activations(groups, max_m, k), fp8_weights(n, k, groups=groups), empty(groups, max_m, n, dtype=BF16),
-        empty(groups, dtype=torch.int32), expected_m)
+        masked_activations(groups, max_m, k), fp8_weights(n, k, groups=groups),
+        torch.empty(groups, max_m, n, dtype=BF16),
+        torch.empty(groups, dtype=torch.int32), expected_m)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import mini_flashmla  # noqa: E402
 from mini_deepgemm._backend import gluon_usable  # noqa: E402
 from mini_flashmla import api  # noqa: E402
 from mini_flashmla.cache_layout import COMPRESSED_KV_ROW_BYTES, INDEX_K_ROW_BYTES, WINDOW_ROW_BYTES  # noqa: E402
-from sm90_compile import H200_SMS, compiling_for_sm90, cuda_like  # noqa: E402
+from sm90_compile import H200_SMS, compiling_for_sm90  # noqa: E402
 
 HEADS = 64
 HEAD_DIM = 512
@@ -73,54 +73,51 @@ SCORES_PER_QUERY = "indexer_scores_per_query_kernel"
 SELECT = "topk_select_kernel"
 
 
-def _empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    return cuda_like(torch.empty(shape, dtype=dtype))
-
-
 def _ids(s_q: int, n: int) -> torch.Tensor:
     """Row ids of the attention's index lists: zeros, valid rows (the host never reads them)."""
-    return cuda_like(torch.zeros((s_q, n), dtype=torch.int32))
+    return torch.zeros((s_q, n), dtype=torch.int32)
 
 
 # --------------------------------------------------------------------------- calls at V4.1 shapes
 def attn_bf16(s_q: int) -> None:
     """sparse_mla_fwd over bf16 rows, the window's 128 and the top 512 compressed slots in one list."""
-    q = _empty(s_q, HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    kv = _empty(KEYS_RATIO_2, HEAD_DIM, dtype=torch.bfloat16)
-    mini_flashmla.sparse_mla_fwd(q, kv, _ids(s_q, WINDOW + TOPK), SM_SCALE, _empty(HEADS, dtype=torch.float32))
+    q = torch.empty(s_q, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    kv = torch.empty(KEYS_RATIO_2, HEAD_DIM, dtype=torch.bfloat16)
+    mini_flashmla.sparse_mla_fwd(q, kv, _ids(s_q, WINDOW + TOPK), SM_SCALE, torch.empty(HEADS, dtype=torch.float32))
 
 
 def attn_paged(s_q: int, compressed: bool = True) -> None:
     """sparse_mla_fwd_paged over the quantized window ring (FP8 rows) and compressed cache (FP4 rows), the
     automatic split (num_splits=None) as the engine calls it; compressed False: a window-only layer (ratio 0)."""
-    q = _empty(s_q, HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    window_cache = _empty(WINDOW_RING_ROWS, WINDOW_ROW_BYTES, dtype=torch.uint8)
-    compressed_cache = _empty(COMPRESSED_ROWS, COMPRESSED_KV_ROW_BYTES, dtype=torch.uint8) if compressed else None
+    q = torch.empty(s_q, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    window_cache = torch.empty(WINDOW_RING_ROWS, WINDOW_ROW_BYTES, dtype=torch.uint8)
+    compressed_cache = torch.empty(COMPRESSED_ROWS, COMPRESSED_KV_ROW_BYTES, dtype=torch.uint8) if compressed else None
     compressed_ids = _ids(s_q, TOPK) if compressed else None
     mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, _ids(s_q, WINDOW), compressed_ids,
-                                       SM_SCALE, _empty(HEADS, dtype=torch.float32))
+                                       SM_SCALE, torch.empty(HEADS, dtype=torch.float32))
 
 
 def _indexer_operands(s_q: int, n_keys: int) -> tuple[torch.Tensor, ...]:
     """(q bf16 [s_q, 32, 128], weights bf16 [s_q, 32], index-key cache uint8 [n_keys, 68], visible int64 [s_q])."""
-    return (_empty(s_q, INDEX_HEADS, INDEX_DIM, dtype=torch.bfloat16), _empty(s_q, INDEX_HEADS, dtype=torch.bfloat16),
-            _empty(n_keys, INDEX_K_ROW_BYTES, dtype=torch.uint8),
-            cuda_like(torch.full((s_q,), n_keys, dtype=torch.int64)))
+    return (torch.empty(s_q, INDEX_HEADS, INDEX_DIM, dtype=torch.bfloat16),
+            torch.empty(s_q, INDEX_HEADS, dtype=torch.bfloat16),
+            torch.empty(n_keys, INDEX_K_ROW_BYTES, dtype=torch.uint8),
+            torch.full((s_q,), n_keys, dtype=torch.int64))
 
 
 def _shared_key_rows(n_keys: int) -> torch.Tensor:
     """One sequence's keys in contiguous rows (prefill: key_rows [n_keys] shared by every query)."""
-    return cuda_like(api.key_range_rows(0, n_keys, "cpu"))
+    return api.key_range_rows(0, n_keys, "cpu")
 
 
 def _per_query_key_rows(s_q: int, n_keys: int) -> torch.Tensor:
     """Decode: key_rows [batch, n_keys], one sequence per query (model.visible_entry_rows' shape)."""
-    return cuda_like(torch.zeros((s_q, n_keys), dtype=torch.int32))
+    return torch.zeros((s_q, n_keys), dtype=torch.int32)
 
 
 def _candidates(s_q: int) -> torch.Tensor:
     """A REINDEX layer's candidate blocks: int32 [s_q, 2048] ascending block ids."""
-    return cuda_like(torch.zeros((s_q, CANDIDATE_BLOCKS), dtype=torch.int32))
+    return torch.zeros((s_q, CANDIDATE_BLOCKS), dtype=torch.int32)
 
 
 def scores_prefill() -> None:
@@ -155,11 +152,11 @@ def candidate_blocks_prefill() -> None:
 
 
 def topk_of_scores(s_q: int, n_keys: int) -> None:
-    mini_flashmla.topk_of_scores(_empty(s_q, n_keys, dtype=torch.float32), TOPK)
+    mini_flashmla.topk_of_scores(torch.empty(s_q, n_keys, dtype=torch.float32), TOPK)
 
 
 def candidate_blocks_of_scores(s_q: int) -> None:
-    mini_flashmla.candidate_blocks_of_scores(_empty(s_q, KEYS_RATIO_2, dtype=torch.float32), KEYS_RATIO_2,
+    mini_flashmla.candidate_blocks_of_scores(torch.empty(s_q, KEYS_RATIO_2, dtype=torch.float32), KEYS_RATIO_2,
                                              CANDIDATE_BLOCK, CANDIDATE_BLOCKS)
 
 

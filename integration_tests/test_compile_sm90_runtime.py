@@ -57,7 +57,7 @@ from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE  # noqa: E402
 from mini_deepinfer.models.deepseek_v41.config import V41Config  # noqa: E402
 from mini_deepinfer.models.deepseek_v41.moe import MASKED_MAX_TOKENS, max_rows  # noqa: E402
 
-from sm90_compile import compiling_for_sm90, cuda_like  # noqa: E402
+from sm90_compile import compiling_for_sm90  # noqa: E402
 
 CFG = V41Config()  # the defaults are DeepSeek-V4.1-Flash's
 HIDDEN = CFG.hidden_size  # 5,120
@@ -89,25 +89,25 @@ LOCAL_MEMORY_BYTES: dict[tuple[str, str], int] = {
 
 
 def bf16(*shape: int) -> torch.Tensor:
-    """A bf16 activation or weight on 'CUDA' whose values nothing reads (no kernel runs)."""
-    return cuda_like(torch.empty(shape, dtype=torch.bfloat16))
+    """A bf16 activation or weight whose values nothing reads (no kernel runs); cuda_like inside the harness."""
+    return torch.empty(shape, dtype=torch.bfloat16)
 
 
 def fp32(*shape: int) -> torch.Tensor:
-    """An fp32 tensor on 'CUDA' whose values nothing reads."""
-    return cuda_like(torch.empty(shape, dtype=torch.float32))
+    """An fp32 tensor whose values nothing reads."""
+    return torch.empty(shape, dtype=torch.float32)
 
 
 def routing(tokens: int, num_experts: int = EXPERTS) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids int64 [T, 6], distinct per token and spread over the experts; weights fp32 [T, 6]), as moe_route
     returns them."""
     ids = (torch.arange(tokens)[:, None] * TOPK + torch.arange(TOPK)[None, :]) % num_experts
-    return cuda_like(ids), cuda_like(torch.full((tokens, TOPK), 1.0 / TOPK))
+    return ids, torch.full((tokens, TOPK), 1.0 / TOPK)
 
 
 def pair_rows(tokens: int) -> torch.Tensor:
     """int64 [T, 6]: each (token, slot) pair's row of an expert-sorted layout (distinct, in range)."""
-    return cuda_like(torch.arange(tokens * TOPK).view(tokens, TOPK))
+    return torch.arange(tokens * TOPK).view(tokens, TOPK)
 
 
 def layout_rows(tokens: int) -> int:
@@ -126,7 +126,7 @@ def call_rmsnorm(tokens: int, dim: int, monkeypatch: pytest.MonkeyPatch) -> None
 def call_rope(tokens: int, heads: int, head_dim: int, inverse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """heads 0: a [T, head_dim] tensor (the window kv, the index keys), else [T, heads, head_dim]."""
     x = bf16(tokens, head_dim) if heads == 0 else bf16(tokens, heads, head_dim)
-    rope.rope_fused_(x, cuda_like(torch.arange(tokens)), fp32(ROPE_HALF), inverse)
+    rope.rope_fused_(x, torch.arange(tokens), fp32(ROPE_HALF), inverse)
 
 
 def call_hc_mixes(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +182,7 @@ def call_swiglu_listed(tokens: int, fold_128: bool, monkeypatch: pytest.MonkeyPa
 def call_swiglu_layout(tokens: int, fold_128: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The EP path's SwiGLU over every row of a contiguous layout, padding marked -1 in grouped_layout."""
     rows = layout_rows(tokens)
-    layout = cuda_like(torch.full((rows,), -1, dtype=torch.int32))
+    layout = torch.full((rows,), -1, dtype=torch.int32)
     moe_kernels.swiglu_weight_quant(bf16(rows, 2 * INTER), fp32(rows), CFG.swiglu_limit, grouped_layout=layout,
                                     fold_128=fold_128)
 
@@ -199,18 +199,18 @@ def call_combine(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
 def call_entry_rows(rows: int, ratio: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode indexer's key rows of a publisher of `ratio` at 131k context: every row's table full."""
     per_block = BLOCK_SIZE // ratio
-    tables = cuda_like(torch.arange(rows * TABLE_WIDTH).view(rows, TABLE_WIDTH))
+    tables = torch.arange(rows * TABLE_WIDTH).view(rows, TABLE_WIDTH)
     n_cap = TABLE_WIDTH * per_block
-    entry_rows.visible_entry_rows(tables, cuda_like(torch.full((rows,), n_cap)), per_block, n_cap)
+    entry_rows.visible_entry_rows(tables, torch.full((rows,), n_cap), per_block, n_cap)
 
 
 def call_sample(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """sampler.sample with no top-k / top-p (the Gumbel-max kernels only); greedy and sampled rows mixed (one kernel
     serves both: the temperature is a runtime value)."""
     batch = sampler.SamplingBatch(
-        temperatures=cuda_like(torch.arange(rows, dtype=torch.float64) % 2), top_k=cuda_like(torch.full((rows,), -1)),
-        top_p=cuda_like(torch.ones(rows)), seeds=cuda_like(torch.arange(rows)),
-        positions=cuda_like(torch.zeros(rows, dtype=torch.int64)), needs_filter=False)
+        temperatures=torch.arange(rows, dtype=torch.float64) % 2, top_k=torch.full((rows,), -1),
+        top_p=torch.ones(rows), seeds=torch.arange(rows),
+        positions=torch.zeros(rows, dtype=torch.int64), needs_filter=False)
     sampler.sample(fp32(rows, CFG.vocab_size), batch)
 
 
