@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 
 import torch
-import triton
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 sys.path[:0] = [os.path.join(ROOT, "packages", "mini-deepgemm", "src"), os.path.join(ROOT, "integration_tests")]
@@ -41,17 +38,6 @@ from sm90_compile import compiling_for_sm90
 _LOAD = re.compile(r"^(@!?U?P\w+\s+)?(LDS(M)?[.\w]*)\s+R(\d+)")
 _RELEASE = ("SYNCS.ARRIVE.TRANS64.A1T0", "UTMALDG")
 _WINDOW_START = ("SYNCS.", "MEMBAR", "FENCE", "UTMALDG")
-
-
-def _instructions(cubin: bytes) -> list[str]:
-    """The SASS instructions of a cubin, one string each, without addresses."""
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
-    return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip().rstrip(";").strip()
-            for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
 
 
 def _opcode_operands(instruction: str) -> tuple[str, str]:
@@ -163,7 +149,7 @@ def main() -> None:
         with compiling_for_sm90() as kernels:
             launch()
         for kernel in kernels:
-            hits = loads_in_flight_at_release(_instructions(kernel.cubin))
+            hits = loads_in_flight_at_release(kernel.sass())
             print(f"{name}: {kernel.name}: {len(hits)} loads in flight at a release")
             for hit in hits:
                 print(f"    {hit}")

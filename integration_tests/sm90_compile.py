@@ -23,10 +23,16 @@ Use:
     with compiling_for_sm90() as kernels:
         api(cuda_like(torch.empty(...)), ...)
     # kernels: list[CompiledKernel], in launch order
+
+With SM90_SASS_LOG=FILE in the environment every compiled kernel also appends a JSON line to FILE (the pytest case,
+the kernel's resources, its SASS instruction count and digest) and its SASS to FILE.sass/DIGEST.sass:
+benchmarks/sass_diff.py compares two trees that way, kernel by kernel.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -43,6 +49,7 @@ from torch.utils._pytree import tree_map
 H200_SMS = 132
 SM90_SHARED_BYTES = 232448  # the most dynamic shared memory one program may ask for on sm_90 (227 KiB)
 SM90_REGISTERS = 65536  # per SM, so per program at most
+SASS_LOG_ENV = "SM90_SASS_LOG"
 
 
 class CudaLike(torch.Tensor):
@@ -98,6 +105,10 @@ class CompiledKernel:
                             f"{SM90_REGISTERS}")
         return problems
 
+    def sass(self) -> list[str]:
+        """The kernel's SASS instructions in order, one string each, without addresses and encodings."""
+        return sass_instructions(self.cubin)
+
     def row(self, case: str) -> str:
         """One line of a resource table: case, kernel, warps, registers, local bytes, shared bytes, constexprs."""
         return (f"{case:44s} {self.name:34s} {self.num_warps:3d} warps {self.registers:3d} regs "
@@ -123,18 +134,29 @@ class _CompileOnlyDriver:
         return torch.device("cpu")
 
 
-def _resources(cubin: bytes, name: str) -> tuple[int, int]:
-    """(registers, local memory bytes) per thread of kernel `name` in a cubin, from cuobjdump (in triton's wheel).
-    Local memory is the stack frame, where ptxas puts spills and local arrays (STACK), plus module-scope .local
-    (LOCAL, which Triton does not emit)."""
+def _run_on_cubin(tool: str, args: list[str], cubin: bytes) -> str:
+    """The output of one of the CUDA binary tools that ship in triton's wheel, run on a cubin."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run([path, *args, f.name], check=True, capture_output=True, text=True).stdout
+
+
+def sass_instructions(cubin: bytes) -> list[str]:
+    """The SASS instructions of a cubin (nvdisasm), one string each, without addresses and encodings."""
+    text = _run_on_cubin("nvdisasm", ["-c"], cubin)
+    return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip().rstrip(";").strip()
+            for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+
+
+def _resources(cubin: bytes, name: str) -> tuple[int, int]:
+    """(registers, local memory bytes) per thread of kernel `name` in a cubin, from cuobjdump. Local memory is the
+    stack frame, where ptxas puts spills and local arrays (STACK), plus module-scope .local (LOCAL, which Triton does
+    not emit)."""
+    text = _run_on_cubin("cuobjdump", ["--dump-resource-usage"], cubin)
     usage = text.split(f"Function {name}:", 1)[1]
     registers, stack, local = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK", "LOCAL"))
     return registers, stack + local
@@ -161,8 +183,11 @@ def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
         name = compiled.metadata.name
         registers, local_bytes = _resources(compiled.asm["cubin"], name)
         constexprs = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k[:1].isupper())
-        kernels.append(CompiledKernel(name, compiled.metadata.num_warps, compiled.metadata.shared, registers,
-                                      local_bytes, constexprs, compiled.asm["cubin"]))
+        kernel = CompiledKernel(name, compiled.metadata.num_warps, compiled.metadata.shared, registers, local_bytes,
+                                constexprs, compiled.asm["cubin"])
+        kernels.append(kernel)
+        if os.environ.get(SASS_LOG_ENV):
+            _log_sass(os.environ[SASS_LOG_ENV], kernel)
         return compiled
 
     saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties")}
@@ -181,3 +206,18 @@ def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
             setattr(torch.cuda, name, fn)
         driver._active = active
         _backend.sm_count.cache_clear()
+
+
+def _log_sass(path: str, kernel: CompiledKernel) -> None:
+    """Append the kernel's record to the JSON-lines file `path` and its SASS to path.sass/DIGEST.sass (module
+    docstring). The case is pytest's current test id (empty outside pytest)."""
+    text = "\n".join(kernel.sass()) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    os.makedirs(path + ".sass", exist_ok=True)
+    with open(os.path.join(path + ".sass", digest + ".sass"), "w") as f:
+        f.write(text)
+    record = {"case": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "name": kernel.name,
+              "num_warps": kernel.num_warps, "registers": kernel.registers, "local_bytes": kernel.local_bytes,
+              "shared_bytes": kernel.shared_bytes, "instructions": text.count("\n"), "sass": digest}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
