@@ -15,6 +15,7 @@ one side only is listed as such.
 
     uv run python benchmarks/sass_diff.py BASE [HEAD] [-k EXPR] [--expect-identical]
     PYTHONPATH=/tmp/triton36 uv run python benchmarks/sass_diff.py BASE    # triton 3.6: the Gluon routes
+    uv run python benchmarks/sass_diff.py HEAD --head-env TRITON_DEFAULT_FP_FUSION=0   # what a compiler knob changes
 
 HEAD defaults to the working tree. The SASS of both sides stays in the output folder (--out, default a temporary
 one), one file per digest, for `diff`. Exit status: 0, or 1 with --expect-identical when any kernel differs.
@@ -62,14 +63,14 @@ def side_sources(rev: str, folder: str) -> list[str]:
     return [os.path.join(folder, f) for f in SRC_FOLDERS]
 
 
-def compile_side(rev: str, out: str, label: str, pytest_args: list[str]) -> list[dict]:
-    """Run the compile tests on one side's sources; its records in launch order."""
+def compile_side(rev: str, out: str, label: str, pytest_args: list[str], extra_env: dict[str, str]) -> list[dict]:
+    """Run the compile tests on one side's sources (with extra_env set); its records in launch order."""
     sources = os.path.join(out, f"{label}-src")
     os.makedirs(sources, exist_ok=True)
     log = os.path.join(out, f"{label}.jsonl")
     if os.path.exists(log):
         os.remove(log)
-    env = dict(os.environ, SM90_SASS_LOG=log)
+    env = dict(os.environ, SM90_SASS_LOG=log, **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(side_sources(rev, sources) + [p for p in [os.environ.get("PYTHONPATH")] if p])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *COMPILE_TESTS, *pytest_args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -139,12 +140,15 @@ def main() -> None:
     parser.add_argument("-k", default=None, help="pytest -k expression: compile only these cases")
     parser.add_argument("--out", default=None, help="folder for the records and SASS (default: a temporary one)")
     parser.add_argument("--expect-identical", action="store_true", help="exit 1 if any launch differs")
+    parser.add_argument("--head-env", action="append", default=[], metavar="VAR=VALUE",
+                        help="an environment variable set on the head side only (repeatable)")
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="sass_diff_")
     os.makedirs(out, exist_ok=True)
     pytest_args = ["-k", args.k] if args.k else []
-    base = compile_side(args.base, out, "base", pytest_args)
-    head = compile_side(args.head, out, "head", pytest_args)
+    head_env = dict(item.split("=", 1) for item in args.head_env)
+    base = compile_side(args.base, out, "base", pytest_args, {})
+    head = compile_side(args.head, out, "head", pytest_args, head_env)
     changes = pair(base, head)
     print("\n".join(report(changes)))
     print(f"records and SASS: {out} (base.jsonl, head.jsonl; SASS in *.jsonl.sass/DIGEST.sass)")

@@ -149,7 +149,7 @@ def sass_instructions(cubin: bytes) -> list[str]:
     """The SASS instructions of a cubin (nvdisasm), one string each, without addresses and encodings."""
     text = _run_on_cubin("nvdisasm", ["-c"], cubin)
     return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip().rstrip(";").strip()
-            for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+            for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
 
 
 def _resources(cubin: bytes, name: str) -> tuple[int, int]:

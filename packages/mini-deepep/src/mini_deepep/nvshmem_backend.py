@@ -243,6 +243,8 @@ class NvshmemBackend:
         )
         if not launch:
             return notified
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         dispatch_notify_kernel[(1,)](
             self.buf32, self.buf64, self.peer_offsets, layout.num_tokens_per_rank, layout.num_tokens_per_expert,
             notified.segment_base, notified.recv_tokens, notified.source_tokens, notified.tokens_per_expert,
@@ -253,6 +255,7 @@ class NvshmemBackend:
             self._header(L.SOURCE_TOKENS), self._header(L.DISPATCH_CONSUMED), self._header(L.ERROR),
             NUM_RANKS=R, EXPERTS_PER_RANK=experts_per_rank, EXPERT_BLOCK=triton.next_power_of_2(experts_per_rank),
             MAX_LOCAL_EXPERTS=L.MAX_LOCAL_EXPERTS,
+            enable_fp_fusion=True,
         )
         self._last_notify_fused = False
         return notified
@@ -297,6 +300,7 @@ class NvshmemBackend:
             TRACE=self.trace,
             **_row_blocks(n.a_words, n.b_words),
             num_warps=self.dispatch_warps,
+            enable_fp_fusion=True,
         )
         self._dispatch_consumed += grid - senders
         self._last_notify_fused = fused_notify
@@ -359,6 +363,7 @@ class NvshmemBackend:
             TILE=self.combine_tile, COLS=min(self.combine_cols, triton.next_power_of_2(hidden)),
             ROW_TOKENS=2, ROW_HEAD=pieces["ROW_HEAD"], ROW_TAIL=pieces["ROW_TAIL"], ONE_PASS=one_pass, TRACE=self.trace,
             num_warps=self.combine_warps, maxnreg=register_budget(self.combine_warps, self.combine_programs_per_sm),
+            enable_fp_fusion=True,
         )
         self._combine_consumed += grid - senders
         return out

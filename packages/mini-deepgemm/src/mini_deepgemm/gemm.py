@@ -565,18 +565,22 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         table = group_arg  # 128-row tiles: unused
         if block_m == 256:  # the tiles start at each expert's first row; their count stays on the device
             table = torch.empty(1 + cdiv(M, 128), dtype=torch.int32, device=d.device)
-            contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4)
+            # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+            # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
+            contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4, enable_fp_fusion=True)
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
-            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128)
+            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128,
+            enable_fp_fusion=True)
         return
     max_m = aq.shape[1]
     tile = _masked_tile(expected_m or max_m, sa_per_128)
     fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
         w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
         folded.column_scales, group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=tile.stages,
-        SA_PER_128=sa_per_128, num_warps=4, **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
+        SA_PER_128=sa_per_128, num_warps=4, **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}),
+        enable_fp_fusion=True)
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
@@ -708,7 +712,7 @@ def _f32_scales_transposed(s: torch.Tensor) -> torch.Tensor:
     R, C = s.shape
     out = torch.empty(C, cdiv(R, 4) * 4, dtype=torch.float32, device=s.device)
     ue8m0_to_f32_transposed_kernel[(cdiv(R, 64), cdiv(C, 64))](s, out, R, C, s.stride(0), out.stride(0), BLOCK_R=64,
-                                                               BLOCK_C=64)
+                                                               BLOCK_C=64, enable_fp_fusion=True)
     return out[:, :R]
 
 
@@ -777,7 +781,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
         STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4, maxnreg=maxnreg)
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4, maxnreg=maxnreg, enable_fp_fusion=True)
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -803,7 +807,8 @@ def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, block_n)),
         sa.view(torch.int32), sb.view(torch.int32), sa_desc, sb_desc, M, N, K, sa.stride(0) // 4, sb.stride(0) // 4,
         _splitk_slices(N, K)[0], STAGES=stages, GROUP_M=8, CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg)
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, SCALES_IN_RING=scales_in_ring, num_warps=4, maxnreg=maxnreg,
+        enable_fp_fusion=True)
 
 
 def _splitk_runs(M: int, N: int, K: int) -> bool:
@@ -852,9 +857,10 @@ def _gluon_fp8_v41_splitk_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Ten
     fp8_gemm_v41_splitk_kernel[(N // 128, splits)](
         _tma_desc(bq, (128, 128)), _tma_desc(aq, (block_t, 128)), part, sa.view(torch.int32), sb.view(torch.int32),
         M, N, K, slice_steps, sa.stride(0) // 4, sb.stride(0) // 4, part.stride(-2), STAGES=stages,
-        SPLIT=splits > 1, num_warps=4)
+        SPLIT=splits > 1, num_warps=4, enable_fp_fusion=True)
     if splits > 1:
-        splitk_sum_kernel[(cdiv(M * N, 1024),)](part, d, M, N, splits, d.stride(0), BLOCK=1024, num_warps=4)
+        splitk_sum_kernel[(cdiv(M * N, 1024),)](
+            part, d, M, N, splits, d.stride(0), BLOCK=1024, num_warps=4, enable_fp_fusion=True)
 
 
 def _dequant_masked_rows(aq: torch.Tensor, sa: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:
@@ -886,7 +892,7 @@ def _gluon_fp4_grouped_gemm(layout: int, x: torch.Tensor, bq: torch.Tensor, sb: 
         x, bq, sb, d, group_arg, M, N, K, x.stride(0) if masked else 0, x.stride(-2), bq.stride(0), bq.stride(1),
         sb.stride(0), sb.stride(1), d.stride(0) if masked else 0, d.stride(-2),
         MASKED=masked, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], STAGES=cfg["GLUON_STAGES"],
-        GROUP_M=cfg["GROUP_M"], FOLD_SCALE=bool(cfg.get("GLUON_FOLD")), num_warps=4)
+        GROUP_M=cfg["GROUP_M"], FOLD_SCALE=bool(cfg.get("GLUON_FOLD")), num_warps=4, enable_fp_fusion=True)
 
 
 def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -904,7 +910,7 @@ def _gluon_fp4_contiguous_ws_gemm(x: torch.Tensor, bq: torch.Tensor, sb: torch.T
         _tma_desc(x, (_M_ALIGNMENT, 32)), _tma_desc(bq.view(G * N, K2), (256, 32)), sb, d, layout, M, N, K,
         sb.stride(0), sb.stride(1), d.stride(0), STAGES=stages, GROUP_M=8,
         CONSUMER_REGS=_GLUON_CONSUMER_REGS, PRODUCER_REGS=_GLUON_PRODUCER_REGS, FOLD_SCALE=fold, num_warps=4,
-        maxnreg=65536 // (12 * 32) // 8 * 8)
+        maxnreg=65536 // (12 * 32) // 8 * 8, enable_fp_fusion=True)
 
 
 def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -930,7 +936,7 @@ def _swapab_gemm(x: torch.Tensor, sx: torch.Tensor | None, bq: torch.Tensor, sb:
         W_IS_FP4=b_fp4, FP4_ASM=b_fp4 and x.is_cuda and cfg.get("FP4_ASM", True), X_FP8=sx is not None,
         SW_GRAN_N=1 if b_fp4 else 32, LAYOUT=layout, SCALE_WORDS=words, SUBS=cfg["SUBS"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=cfg["GROUP_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
 
 
 def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, block_m: int = 8, block_k: int = 512,
@@ -957,7 +963,7 @@ def _dequant_activations(aq: torch.Tensor, sa: torch.Tensor, fp4_order: bool, bl
         (rows, rows_per_group), row_filter = masked_m, MASKED_ROWS.value
     dequant_act_kernel[(cdiv(M, block_m), cdiv(K, block_k))](
         aq, sa, x, rows, M, K, rows_per_group, aq.stride(0), sa.stride(0), x.stride(0), PERMUTE_FP4=fp4_order,
-        ROW_FILTER=row_filter, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps)
+        ROW_FILTER=row_filter, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps, enable_fp_fusion=True)
     return x
 
 
@@ -1019,4 +1025,5 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
         d.stride(0) if layout == _MASKED else 0, d.stride(-2),
         GRAN_K=gran_k, SB_GRAN_N=gran_n, B_IS_FP4=b_fp4, UE8M0_SCALES=ue8m0,
         LAYOUT=layout, HAS_C=c is not None, **cfg,
+        enable_fp_fusion=True,
     )

@@ -59,9 +59,12 @@ def per_token_group_quant_fp8(
     num_scales = num_groups // 4 if fold_128 else num_groups
     s = torch.empty(M, num_scales, dtype=torch.uint8 if ue8m0 and not fold_128 else torch.float32, device=x.device)
     grid = (M, cdiv(num_groups, _GROUPS_PER_PROGRAM))
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
     act_quant_fp8_kernel[grid](
         x2, q, s, num_groups, x2.stride(0), q.stride(0), s.stride(0),
         GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=ue8m0, FOLD_128=fold_128,
+        enable_fp_fusion=True,
     )
     if s.dtype == torch.uint8:
         s = s.view(torch.float8_e8m0fnu)
@@ -82,7 +85,7 @@ def per_token_group_fakequant_fp8(x: torch.Tensor, group_size: int = 32) -> torc
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     act_quant_fp8_kernel[(x2.shape[0], cdiv(K // group_size, _GROUPS_PER_PROGRAM))](
         x2, out, out, K // group_size, x2.stride(0), out.stride(0), 0,
-        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=True, ROUND_TRIP=True)
+        GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, UE8M0=True, ROUND_TRIP=True, enable_fp_fusion=True)
     return out.reshape(x.shape)
 
 
@@ -116,7 +119,7 @@ def per_token_group_quant_fp4(
     scale_bytes = torch.empty(groups.shape[0], dtype=torch.uint8, device=x.device)
     fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
         groups, packed, scale_bytes, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM,
-        ROUND_TRIP=False, E4M3=scale_fmt == "e4m3")
+        ROUND_TRIP=False, E4M3=scale_fmt == "e4m3", enable_fp_fusion=True)
     K = x.shape[-1]
     scale_dtype = torch.float8_e4m3fn if scale_fmt == "e4m3" else torch.float8_e8m0fnu
     return (packed.reshape(*x.shape[:-1], K // 2),
@@ -135,7 +138,7 @@ def per_token_group_fakequant_fp4(x: torch.Tensor, group_size: int = 32, scale_f
     out = torch.empty(groups.shape, dtype=x.dtype, device=x.device)
     fp4_quant_kernel[(cdiv(groups.shape[0], _GROUPS_PER_PROGRAM),)](
         groups, out, out, groups.shape[0], GROUP=group_size, GROUPS_PER_PROGRAM=_GROUPS_PER_PROGRAM, ROUND_TRIP=True,
-        E4M3=scale_fmt == "e4m3")
+        E4M3=scale_fmt == "e4m3", enable_fp_fusion=True)
     return out.reshape(x.shape)
 
 

@@ -219,9 +219,12 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
 
     s_q, num_splits, h, d = part_out.shape
     block_d = 128  # 4 programs per (query, 16 heads) at d = 512: a small decode batch still fills the SMs
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
     combine_splits_kernel[(s_q, math.ceil(h / 16), d // block_d)](
         part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
         HAS_SINK=has_sink, BLOCK_H=16, D=d, BLOCK_D=block_d, num_warps=4,
+        enable_fp_fusion=True,
     )
 
 
@@ -266,6 +269,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d, FP4_ASM=q.is_cuda,
         **(ATTN_LAUNCH_64_HEADS["bf16" if a_format == FORMAT_BF16.value else "quantized"] if block_h == 64
            else {"num_warps": 4, "num_stages": 1}),
+        enable_fp_fusion=True,
     )
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
@@ -312,6 +316,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1):
         # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
         # accounts for the registers)
         num_warps=4, maxnreg=MAXNREG.value,
+        enable_fp_fusion=True,
     )
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
@@ -382,6 +387,7 @@ def indexer_scores(
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
         key_rows, 0, visible, out, out.stride(0), s_q, n_keys, queries_per_program, H=n_heads, D=d,
         BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(), num_warps=4, num_stages=1,
+        enable_fp_fusion=True,
     )
     return out
 
@@ -421,7 +427,7 @@ def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cac
         key_rows, key_rows.stride(0) if key_rows.dim() == 2 else 0, blocks_arg, blocks_arg.stride(0), visible,
         out, out.stride(0), n_columns, key_rows.shape[-1], keys_per_program, H=q.shape[1], D=q.shape[2],
         BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), GROUP=block,
-        num_warps=INDEXER_PER_QUERY_WARPS)
+        num_warps=INDEXER_PER_QUERY_WARPS, enable_fp_fusion=True)
 
 
 def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
@@ -675,4 +681,5 @@ def _launch_select(score: torch.Tensor, n_items: int, k: int, forced_item: int, 
         score, score.stride(0), score.shape[1], n_items, k, forced_item, out, out.stride(0), chunk_len, scratch,
         GROUP=group, BLOCK=block, CHUNKS=chunks, RESIDENT_PAIRS=pairs if resident else 0, SCRATCH=slots,
         THREADS=32 * num_warps, ASM=not _interpreting(), num_warps=num_warps,
+        enable_fp_fusion=True,
     )

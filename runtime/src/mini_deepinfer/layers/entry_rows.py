@@ -69,6 +69,9 @@ def visible_entry_rows_kernel_call(block_tables: torch.Tensor, n_k: torch.Tensor
     tables = block_tables.contiguous()
     out = torch.empty(tables.shape[0], n_cap, dtype=torch.int32, device=tables.device)
     if tables.shape[0] and n_cap:
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         visible_entry_rows_kernel[(tables.shape[0], triton.cdiv(n_cap, BLOCK_ENTRIES))](
-            tables, tables.stride(0), n_k.contiguous(), out, n_cap, EPB=entries_per_block, BLOCK=BLOCK_ENTRIES)
+            tables, tables.stride(0), n_k.contiguous(), out, n_cap, EPB=entries_per_block, BLOCK=BLOCK_ENTRIES,
+            enable_fp_fusion=True)
     return out

@@ -221,12 +221,16 @@ def hc_mixes_fused(H: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         n_splits = triton.cdiv(K, mix.k_slice)
         workspace = torch.empty(n_splits, T, WORKSPACE_COLUMNS, dtype=torch.float32, device=H.device)
         block_t = mix.block_t or mix_block_t(T)
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         hc_mix_partial_kernel[(triton.cdiv(T, block_t), n_splits)](
             H, fn, workspace, T, K, mix.k_slice, MIX=MIX_COLUMNS, NW=WORKSPACE_COLUMNS, BLOCK_T=block_t,
-            BLOCK_K=mix.block_k, BF16X3=mix.dot == "bf16x3", num_warps=mix.num_warps, num_stages=mix.num_stages)
+            BLOCK_K=mix.block_k, BF16X3=mix.dot == "bf16x3", num_warps=mix.num_warps, num_stages=mix.num_stages,
+            enable_fp_fusion=True)
         hc_mix_finish_kernel[(triton.cdiv(T, FINISH_BLOCK_T),)](
             workspace, scale, base, pre, post, comb, T, K, n_splits, cfg.rms_norm_eps, cfg.hc_eps,
-            SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc, NW=WORKSPACE_COLUMNS, BLOCK_T=FINISH_BLOCK_T)
+            SINKHORN_ITERS=cfg.hc_sinkhorn_iters, HCS=hc, NW=WORKSPACE_COLUMNS, BLOCK_T=FINISH_BLOCK_T,
+            enable_fp_fusion=True)
     return pre, post, comb
 
 
@@ -237,7 +241,7 @@ def hc_collapse_fused(H: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     if T:
         grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, POINTWISE_BLOCK_D))
         hc_collapse_kernel[grid](H.contiguous(), pre.float().contiguous(), out, T, D, HCS=hc,
-                                 BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=POINTWISE_BLOCK_D)
+                                 BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=POINTWISE_BLOCK_D, enable_fp_fusion=True)
     return out
 
 
@@ -267,5 +271,6 @@ def _launch_expand(y: torch.Tensor, H: torch.Tensor, post: torch.Tensor, comb: t
         grid = (triton.cdiv(T, POINTWISE_BLOCK_T), triton.cdiv(D, block_d))
         hc_expand_kernel[grid](y.contiguous(), H.contiguous(), post.float().contiguous(), comb.float().contiguous(),
                                out, post if pre is None else pre.float().contiguous(), out if u is None else u, T, D,
-                               HCS=hc, BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=block_d, COLLAPSE=pre is not None)
+                               HCS=hc, BLOCK_T=POINTWISE_BLOCK_T, BLOCK_D=block_d, COLLAPSE=pre is not None,
+                               enable_fp_fusion=True)
     return out, u

@@ -151,9 +151,11 @@ def linear_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, N, dtype=torch.float32, device=x.device)
     if T:
         grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(N, BLOCK_N))
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         _linear_fp32_kernel[grid](x, w, out, T, N, D, x.stride(0), w.stride(0), out.stride(0), D, 0,
                                   BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, SLICED=False, SPLIT=False,
-                                  INTERPRETED=False, num_warps=4, num_stages=4)
+                                  INTERPRETED=False, num_warps=4, num_stages=4, enable_fp_fusion=True)
     return out
 
 
@@ -172,6 +174,6 @@ def linear_fp32_planes(x: torch.Tensor, w: torch.Tensor, k_slice: int, split: bo
         grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(N, SPLIT_BLOCK_N)) + ((n_slices,) if split else ())
         _linear_fp32_kernel[grid](x, w, planes, T, N, D, x.stride(0), w.stride(0), N, k_slice, T * N,
                                   BLOCK_N=SPLIT_BLOCK_N, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, SLICED=True, SPLIT=split,
-                                  INTERPRETED=not x.is_cuda, num_warps=4, num_stages=4)
+                                  INTERPRETED=not x.is_cuda, num_warps=4, num_stages=4, enable_fp_fusion=True)
     return planes
 

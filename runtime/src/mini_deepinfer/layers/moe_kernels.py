@@ -275,10 +275,13 @@ def swiglu_weight_quant(h13: torch.Tensor, row_weight: torch.Tensor | None, limi
     if slots:
         weights = h13 if row_weight is None else row_weight.float().contiguous()  # w_ptr unread when unweighted
         grid = (triton.cdiv(slots, block_m), triton.cdiv(inter // QUANT_GROUP, groups_per_program))
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         swiglu_weight_quant_kernel[grid](
             h13.contiguous(), weights, valid, q, s, slots, inter, float(limit), LISTED=listed, DENSE=dense,
             WEIGHTED=row_weight is not None, GROUP=QUANT_GROUP, BLOCK_M=block_m,
-            GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda, FOLD_128=fold_128)
+            GROUPS_PER_PROGRAM=groups_per_program, LIBDEVICE_EXP=h13.is_cuda, FOLD_128=fold_128,
+            enable_fp_fusion=True)
     return q, _scales_out(s)
 
 
@@ -333,15 +336,16 @@ def _launch_plan(idx, wt, num_groups, align, num_rows, grouped_layout, masked_m)
     fill = 1024
     plan_fill_kernel[(triton.cdiv(max(num_rows, counts.numel()), fill),)](
         grouped_layout if layout else row_token, row_token, row_weight, counts, num_rows, counts.numel(), BLOCK=fill,
-        LAYOUT=layout)
+        LAYOUT=layout, enable_fp_fusion=True)
     idx, wt = idx.contiguous(), wt.float().contiguous()
-    plan_count_kernel[(num_blocks,)](idx, counts, num_pairs, num_groups, PAIRS=PLAN_PAIRS)
+    plan_count_kernel[(num_blocks,)](idx, counts, num_pairs, num_groups, PAIRS=PLAN_PAIRS, enable_fp_fusion=True)
     plan_offsets_kernel[(1,)](counts, seg_start, seg_start if layout else masked_m, num_blocks, num_groups, align,
-                              BLOCK_E=triton.next_power_of_2(num_groups), BLOCKS_PER_STEP=8, MASKED=not layout)
+                              BLOCK_E=triton.next_power_of_2(num_groups), BLOCKS_PER_STEP=8, MASKED=not layout,
+                              enable_fp_fusion=True)
     plan_place_kernel[(num_blocks,)](
         idx, wt, counts, seg_start, grouped_layout if layout else row_token, row_token, row_weight, pair_row,
         num_pairs, num_groups, K=k, K_PAD=triton.next_power_of_2(k), PAIRS=PLAN_PAIRS, CHUNK=PLAN_CHUNK,
-        LAYOUT=layout)
+        LAYOUT=layout, enable_fp_fusion=True)
     return row_token, row_weight, pair_row
 
 
@@ -356,7 +360,8 @@ def quant_scatter(x: torch.Tensor, pair_row: torch.Tensor, num_rows: int, fold_1
     if T:
         grid = (T, triton.cdiv(D // QUANT_GROUP, SCATTER_GROUPS_PER_PROGRAM))
         quant_scatter_kernel[grid](x.contiguous(), pair_row.contiguous(), q, s, D, K=pair_row.shape[1],
-                                   GROUP=QUANT_GROUP, GROUPS_PER_PROGRAM=SCATTER_GROUPS_PER_PROGRAM, FOLD_128=fold_128)
+                                   GROUP=QUANT_GROUP, GROUPS_PER_PROGRAM=SCATTER_GROUPS_PER_PROGRAM, FOLD_128=fold_128,
+                                   enable_fp_fusion=True)
     return q, _scales_out(s)
 
 
@@ -368,5 +373,6 @@ def combine(out: torch.Tensor, pair_row: torch.Tensor, shared: torch.Tensor) -> 
     if T:
         grid = (triton.cdiv(T, COMBINE_BLOCK_T), triton.cdiv(D, COMBINE_BLOCK_D))
         combine_kernel[grid](out.contiguous(), pair_row.contiguous(), shared.contiguous(), y, T, D,
-                             K=pair_row.shape[1], BLOCK_T=COMBINE_BLOCK_T, BLOCK_D=COMBINE_BLOCK_D)
+                             K=pair_row.shape[1], BLOCK_T=COMBINE_BLOCK_T, BLOCK_D=COMBINE_BLOCK_D,
+                             enable_fp_fusion=True)
     return y

@@ -151,8 +151,10 @@ def route_from_planes(planes: torch.Tensor, bias: torch.Tensor, k: int, gate_tem
         # where torch's returns a subnormal (z < -87.3); the interpreter takes no such option
         cuda_only = {"enable_reflect_ftz": False} if planes.is_cuda else {}
         warps = ROUTE_WARPS if T < MANY_T else ROUTE_WARPS_MANY_T
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         moe_route_kernel[(T,)](planes, bias, idx, wt, T, E, P, float(gate_temp), float(route_scale), K=k,
                                K_PAD=triton.next_power_of_2(k), E_PAD=triton.next_power_of_2(E),
-                               LIBDEVICE=planes.is_cuda, num_warps=warps, **cuda_only)
+                               LIBDEVICE=planes.is_cuda, num_warps=warps, **cuda_only, enable_fp_fusion=True)
     return idx, wt
 

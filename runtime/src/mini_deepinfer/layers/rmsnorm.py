@@ -60,7 +60,9 @@ def rmsnorm_fused(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return y.view(x.shape)
     block_d = triton.next_power_of_2(D)
     block_r = max(1, ROW_ELEMENTS // block_d)
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
     rmsnorm_kernel[(triton.cdiv(R, block_r),)](
         x2, w.contiguous(), y, R, D, x2.stride(0), y.stride(0), eps, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=8 if block_d >= 4096 else 4)
+        num_warps=8 if block_d >= 4096 else 4, enable_fp_fusion=True)
     return y.view(x.shape)

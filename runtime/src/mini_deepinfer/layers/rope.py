@@ -84,7 +84,10 @@ def rope_fused_(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, i
         return x
     block_h = triton.next_power_of_2(x3.shape[1])
     block_t = max(1, TILE_ELEMENTS // (block_h * 2 * half))
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
     rope_kernel[(triton.cdiv(T, block_t),)](
         x3, positions.contiguous(), freqs.float().contiguous(), T, x3.shape[1], x3.stride(0), x3.stride(1),
-        D - 2 * half, HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INVERSE=inverse, LIBDEVICE=x.is_cuda)
+        D - 2 * half, HALF=half, BLOCK_T=block_t, BLOCK_H=block_h, INVERSE=inverse, LIBDEVICE=x.is_cuda,
+        enable_fp_fusion=True)
     return x

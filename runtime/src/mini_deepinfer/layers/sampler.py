@@ -173,9 +173,12 @@ def gumbel_argmax_triton(
         slices = max(1, -(-vocab // vocab_slice))
         best_val = torch.empty(rows, slices, dtype=torch.float64, device=logits.device)
         best_idx = torch.empty(rows, slices, dtype=torch.int64, device=logits.device)
+        # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+        # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
         _gumbel_argmax_slice_kernel[(rows, slices)](logits, logits.stride(0), temperatures, keys, best_val, best_idx,
-                                                    vocab, SLICE=vocab_slice, BLOCK=block)
-        _best_slice_kernel[(rows,)](best_val, best_idx, out, slices, SLICES_POW2=triton.next_power_of_2(slices))
+                                                    vocab, SLICE=vocab_slice, BLOCK=block, enable_fp_fusion=True)
+        _best_slice_kernel[(rows,)](best_val, best_idx, out, slices, SLICES_POW2=triton.next_power_of_2(slices),
+                                    enable_fp_fusion=True)
     return out
 
 

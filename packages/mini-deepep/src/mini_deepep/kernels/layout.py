@@ -159,14 +159,18 @@ def dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) ->
     counts = torch.empty(num_experts + num_ranks, num_blocks, dtype=torch.int32, device=device)
     shape = dict(NUM_TOPK=num_topk, TOPK_PAD=triton.next_power_of_2(num_topk), NUM_RANKS=num_ranks,
                  RANKS_PAD=triton.next_power_of_2(num_ranks), BLOCK_T=BLOCK_TOKENS)
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
     layout_block_kernel[(num_blocks,)](
         topk_idx, topk_idx.stride(0), topk_idx.stride(1), counts, is_token_in_rank, send_slot, rank_in_expert,
         num_tokens, num_blocks, num_experts, experts_per_rank, FILL_BLOCK=FILL_ROWS, **shape,
+        enable_fp_fusion=True,
     )
     total_programs = triton.cdiv(num_experts + num_ranks, TOTAL_ROWS)
     layout_offsets_kernel[(num_blocks + total_programs,)](
         topk_idx, topk_idx.stride(0), topk_idx.stride(1), counts, send_slot, rank_in_expert,
         num_tokens_per_expert, num_tokens_per_rank, num_tokens, num_blocks, num_experts,
         PREFIX_BLOCK=PREFIX_BLOCKS, TOTAL_BLOCK=TOTAL_ROWS, **shape,
+        enable_fp_fusion=True,
     )
     return DispatchLayout(num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank, send_slot, rank_in_expert)
