@@ -65,13 +65,14 @@ def side_sources(rev: str, folder: str) -> list[str]:
 
 def compile_side(rev: str, out: str, label: str, pytest_args: list[str], extra_env: dict[str, str]) -> list[dict]:
     """Run the compile tests on one side's sources (with extra_env set); its records in launch order."""
-    sources = os.path.join(out, f"{label}-src")
-    os.makedirs(sources, exist_ok=True)
+    folder = os.path.join(out, f"{label}-src")
+    os.makedirs(folder, exist_ok=True)
+    sources = side_sources(rev, folder)
     log = os.path.join(out, f"{label}.jsonl")
     if os.path.exists(log):
         os.remove(log)
     env = dict(os.environ, SM90_SASS_LOG=log, **extra_env)
-    env["PYTHONPATH"] = os.pathsep.join(side_sources(rev, sources) + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join(sources + [p for p in [os.environ.get("PYTHONPATH")] if p])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *COMPILE_TESTS, *pytest_args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
@@ -83,7 +84,13 @@ def compile_side(rev: str, out: str, label: str, pytest_args: list[str], extra_e
         sys.exit(f"sass_diff: no kernel compiled on the {label} side; pytest said:\n{done.stdout[-3000:]}"
                  f"{done.stderr[-3000:]}")
     with open(log) as f:
-        return [json.loads(line) for line in f]
+        records = [json.loads(line) for line in f]
+    # a kernel compiled from another tree (an installed copy first on sys.path) would make the sides look alike
+    roots = tuple(os.path.realpath(p) + os.sep for p in sources)
+    strays = sorted({r["file"] for r in records if not os.path.realpath(r["file"]).startswith(roots)})
+    if strays:
+        sys.exit(f"sass_diff: on the {label} side these kernels came from outside its sources: {strays}")
+    return records
 
 
 def pair(base: list[dict], head: list[dict]) -> list[Change]:

@@ -25,8 +25,8 @@ Use:
     # kernels: list[CompiledKernel], in launch order
 
 With SM90_SASS_LOG=FILE in the environment every compiled kernel also appends a JSON line to FILE (the pytest case,
-the kernel's resources, its SASS instruction count and digest) and its SASS to FILE.sass/DIGEST.sass:
-benchmarks/sass_diff.py compares two trees that way, kernel by kernel.
+the kernel's resources, its SASS instruction count and digest, the file defining it) and its SASS to
+FILE.sass/DIGEST.sass: benchmarks/sass_diff.py compares two trees that way, kernel by kernel.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
                                 constexprs, compiled.asm["cubin"])
         kernels.append(kernel)
         if os.environ.get(SASS_LOG_ENV):
-            _log_sass(os.environ[SASS_LOG_ENV], kernel)
+            _log_sass(os.environ[SASS_LOG_ENV], kernel, self.fn.__code__.co_filename)
         return compiled
 
     saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties")}
@@ -208,9 +208,10 @@ def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
         _backend.sm_count.cache_clear()
 
 
-def _log_sass(path: str, kernel: CompiledKernel) -> None:
+def _log_sass(path: str, kernel: CompiledKernel, source_file: str) -> None:
     """Append the kernel's record to the JSON-lines file `path` and its SASS to path.sass/DIGEST.sass (module
-    docstring). The case is pytest's current test id (empty outside pytest)."""
+    docstring). The case is pytest's current test id (empty outside pytest); source_file, the file that defines the
+    kernel, shows which tree it came from."""
     text = "\n".join(kernel.sass()) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     os.makedirs(path + ".sass", exist_ok=True)
@@ -218,6 +219,6 @@ def _log_sass(path: str, kernel: CompiledKernel) -> None:
         f.write(text)
     record = {"case": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "name": kernel.name,
               "num_warps": kernel.num_warps, "registers": kernel.registers, "local_bytes": kernel.local_bytes,
-              "shared_bytes": kernel.shared_bytes, "instructions": text.count("\n"), "sass": digest}
+              "shared_bytes": kernel.shared_bytes, "instructions": text.count("\n"), "sass": digest, "file": source_file}
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")

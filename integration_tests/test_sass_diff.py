@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -56,3 +59,20 @@ def test_compiled_kernel_is_logged_with_its_sass(tmp_path, monkeypatch) -> None:
     text = (tmp_path / "kernels.jsonl.sass" / f"{logged['sass']}.sass").read_text()
     assert hashlib.sha256(text.encode()).hexdigest()[:16] == logged["sass"]
     assert text.splitlines() == kernels[0].sass() and logged["instructions"] == len(kernels[0].sass()) > 50
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter compiles nothing")
+def test_one_revision_against_itself_is_identical(tmp_path) -> None:
+    """End to end on one case: both sides are `git archive`s of HEAD, each kernel is checked to come from its own
+    side's sources (sass_diff exits otherwise), and the two compile to the same SASS."""
+    pytest.importorskip("triton")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "sass_diff.py"), "HEAD", "HEAD", "-k",
+                           "fakequant_fp8_window_kv", "--out", str(tmp_path), "--expect-identical"],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 of 1 kernel launches compile to the same SASS on both sides" in done.stdout
+    (record,) = [json.loads(line) for line in (tmp_path / "head.jsonl").read_text().splitlines()]
+    assert record["file"].startswith(str(tmp_path / "head-src"))
