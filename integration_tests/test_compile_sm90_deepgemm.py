@@ -156,19 +156,22 @@ def moe_fp4_masked(expected_m: int, n: int, k: int, scales: str = "ue8m0", folde
     return call
 
 
-def moe_fp8_contiguous(n: int, k: int) -> Callable[[], None]:
+def moe_fp8_contiguous(n: int, k: int, recipe: tuple[int, int, int] = dg.V41_RECIPE) -> Callable[[], None]:
     rows = LOCAL_EXPERTS * PREFILL_ROWS_PER_EXPERT
+    scales = "ue8m0" if recipe == dg.V41_RECIPE else "fp32"
     return lambda: dg.m_grouped_fp8_gemm_nt_contiguous(
-        activations(rows, k), fp8_weights(n, k, groups=LOCAL_EXPERTS), torch.empty(rows, n, dtype=BF16),
-        torch.empty(rows, dtype=torch.int32))
+        activations(rows, k, scales), fp8_weights(n, k, recipe, groups=LOCAL_EXPERTS),
+        torch.empty(rows, n, dtype=BF16), torch.empty(rows, dtype=torch.int32), recipe=recipe)
 
 
-def moe_fp8_masked(expected_m: int, n: int, k: int) -> Callable[[], None]:
+def moe_fp8_masked(expected_m: int, n: int, k: int, recipe: tuple[int, int, int] = dg.V41_RECIPE
+                   ) -> Callable[[], None]:
     groups, max_m, expected_m = MASKED_DECODE[expected_m]
+    scales = "ue8m0" if recipe == dg.V41_RECIPE else "fp32"
     return lambda: dg.m_grouped_fp8_gemm_nt_masked(
-        masked_activations(groups, max_m, k), fp8_weights(n, k, groups=groups),
+        masked_activations(groups, max_m, k, scales), fp8_weights(n, k, recipe, groups=groups),
         torch.empty(groups, max_m, n, dtype=BF16),
-        torch.empty(groups, dtype=torch.int32), expected_m)
+        torch.empty(groups, dtype=torch.int32), expected_m, recipe=recipe)
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,9 @@ CASES: list[Case] = [
     Case("moe_fp8_masked_w13_e1", moe_fp8_masked(1, W13_N, HIDDEN), [SWAPAB], [SWAPAB]),
     Case("moe_fp8_masked_w13_e8", moe_fp8_masked(8, W13_N, HIDDEN), [SWAPAB], [SWAPAB]),
     Case("moe_fp8_masked_w13_e32", moe_fp8_masked(32, W13_N, HIDDEN), [SWAPAB], [SWAPAB]),
+    # the V3 recipe's grouped GEMMs (fp32 scales per 128): gemm_kernel's grouped layouts on both routes
+    Case("moe_fp8_v3_contiguous_w13", moe_fp8_contiguous(W13_N, HIDDEN, dg.V3_RECIPE), [TRITON_GEMM], [TRITON_GEMM]),
+    Case("moe_fp8_v3_masked_w13_e8", moe_fp8_masked(8, W13_N, HIDDEN, dg.V3_RECIPE), [TRITON_GEMM], [TRITON_GEMM]),
 ]
 
 

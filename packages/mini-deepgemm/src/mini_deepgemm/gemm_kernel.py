@@ -79,21 +79,22 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def contiguous_tile_group(group_ptr, offs_m, M):
-    """(expert id, rows of the tile that belong to it) of a contiguous-layout row tile. Segments start on multiples
-    of the tile height, so a tile holds one group plus, at its end, padding (-1); an all-padding tile gets -1."""
-    ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
-    group = tl.max(ids, axis=0)
-    return group, ids == group
-
-
-@triton.jit
-def masked_tile_group(group_ptr, first_row, offs_m):
-    """(group as int64, rows of the tile that hold tokens, whether none does) of a masked-layout program: its group
-    is grid axis 1, and group g uses rows [0, masked_m[g])."""
-    group = tl.program_id(1)
-    rows_in_group = tl.load(group_ptr + group)
-    return group.to(tl.int64), offs_m < rows_in_group, first_row >= rows_in_group
+def layout_tile(group_ptr, offs_m, first_row, M, LAYOUT: tl.constexpr):
+    """Where a row tile's operands live in the grouped layouts: (skip: the tile has no rows to compute, row_ok: its
+    rows that do, weight_group: the int64 group of its weights, token_group: the int64 group of its activations and
+    outputs). Dense: group 0, rows below M. Contiguous: one group per tile (segments start on multiples of the tile
+    height, so a tile holds one group plus, at its end, padding -1), activations not grouped; an all-padding tile is
+    skipped. Masked: the group is grid axis 1 for both, and group g uses rows [0, masked_m[g])."""
+    if LAYOUT == LAYOUT_CONTIGUOUS:
+        ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
+        group = tl.max(ids, axis=0)
+        return group < 0, ids == group, group.to(tl.int64), 0
+    elif LAYOUT == LAYOUT_MASKED:
+        group = tl.program_id(1)
+        rows_in_group = tl.load(group_ptr + group)
+        return first_row >= rows_in_group, offs_m < rows_in_group, group.to(tl.int64), group.to(tl.int64)
+    else:
+        return False, offs_m < M, 0, 0
 
 
 @triton.jit
@@ -120,30 +121,15 @@ def scaled_gemm_nt_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
-    a_base = a_ptr
-    sa_base = sa_ptr
-    b_base = b_ptr
-    sb_base = sb_ptr
-    d_base = d_ptr
-    c_base = c_ptr
-    if LAYOUT == LAYOUT_CONTIGUOUS:
-        group, row_ok = contiguous_tile_group(group_ptr, offs_m, M)
-        if group < 0:
-            return
-        b_base = b_ptr + group.to(tl.int64) * stride_b_g
-        sb_base = sb_ptr + group.to(tl.int64) * stride_sb_g
-    elif LAYOUT == LAYOUT_MASKED:
-        g64, row_ok, empty = masked_tile_group(group_ptr, pid_m * BLOCK_M, offs_m)
-        if empty:
-            return
-        a_base = a_ptr + g64 * stride_a_g
-        sa_base = sa_ptr + g64 * stride_sa_g
-        b_base = b_ptr + g64 * stride_b_g
-        sb_base = sb_ptr + g64 * stride_sb_g
-        d_base = d_ptr + g64 * stride_d_g
-        c_base = c_ptr + g64 * stride_d_g
-    else:
-        row_ok = offs_m < M
+    skip, row_ok, weight_group, token_group = layout_tile(group_ptr, offs_m, pid_m * BLOCK_M, M, LAYOUT)
+    if skip:
+        return
+    a_base = a_ptr + token_group * stride_a_g
+    sa_base = sa_ptr + token_group * stride_sa_g
+    b_base = b_ptr + weight_group * stride_b_g
+    sb_base = sb_ptr + weight_group * stride_sb_g
+    d_base = d_ptr + token_group * stride_d_g
+    c_base = c_ptr + token_group * stride_d_g
 
     # Out-of-range rows/columns read a valid row instead (wrap), so the K loop needs no load masks;
     # their results are dropped by the store mask.

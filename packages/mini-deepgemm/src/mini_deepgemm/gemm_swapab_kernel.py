@@ -42,8 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import (LAYOUT_CONTIGUOUS, LAYOUT_MASKED, contiguous_tile_group, grouped_tile, masked_tile_group,
-                          ue8m0_to_fp32)
+from .gemm_kernel import grouped_tile, layout_tile, ue8m0_to_fp32
 
 
 @triton.jit
@@ -182,28 +181,14 @@ def swapab_gemm_kernel(
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    x_base = x_ptr
-    sx_base = sx_ptr
-    w_base = w_ptr
-    sw_base = sw_ptr
-    d_base = d_ptr
-    if LAYOUT == LAYOUT_CONTIGUOUS:
-        group, row_ok = contiguous_tile_group(group_ptr, offs_m, M)
-        if group < 0:
-            return
-        w_base = w_ptr + group.to(tl.int64) * stride_w_g
-        sw_base = sw_ptr + group.to(tl.int64) * stride_sw_g
-    elif LAYOUT == LAYOUT_MASKED:
-        g64, row_ok, empty = masked_tile_group(group_ptr, pid_m * BLOCK_M, offs_m)
-        if empty:
-            return
-        x_base = x_ptr + g64 * stride_x_g
-        sx_base = sx_ptr + g64 * stride_sx_g
-        w_base = w_ptr + g64 * stride_w_g
-        sw_base = sw_ptr + g64 * stride_sw_g
-        d_base = d_ptr + g64 * stride_d_g
-    else:
-        row_ok = offs_m < M
+    skip, row_ok, weight_group, token_group = layout_tile(group_ptr, offs_m, pid_m * BLOCK_M, M, LAYOUT)
+    if skip:
+        return
+    x_base = x_ptr + token_group * stride_x_g
+    sx_base = sx_ptr + token_group * stride_sx_g
+    w_base = w_ptr + weight_group * stride_w_g
+    sw_base = sw_ptr + weight_group * stride_sw_g
+    d_base = d_ptr + token_group * stride_d_g
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
     j = tl.arange(0, 32)
