@@ -45,6 +45,8 @@ def test_generate_returns_outputs_in_prompt_order():
         (iter([3, 4, 512]), SamplingParams(), "out of range"),
         ([3, 4], SamplingParams(stop_token_ids=[7, 512]), "stop token id 512"),
         ([3] * 257, SamplingParams(), "longer than max_model_len"),
+        (torch.tensor([[3, 4]]), SamplingParams(), "got a 2-D tensor"),
+        (torch.tensor(3), SamplingParams(), "got a 0-D tensor"),
     ],
 )
 def test_bad_prompts_raise_before_any_state_changes(prompt, params, message):
@@ -109,6 +111,18 @@ def test_numpy_and_torch_scalars_become_python_numbers():
                         seq_seed=np.uint64(2**63), stop_token_ids=(np.int32(7),))
     assert (type(sp.temperature), type(sp.max_tokens), type(sp.seq_seed)) == (float, int, int)
     assert sp.stop_token_ids == [7] and type(sp.stop_token_ids[0]) is int and sp.seq_seed == 2**63
+
+
+@pytest.mark.parametrize("flat", [[5, 6, 7], torch.tensor([5, 6, 7])], ids=["list", "tensor"])
+def test_one_flat_prompt_of_ids_is_named(flat):
+    """generate([5, 6, 7]) once failed on `'int' object is not iterable` inside the request check."""
+    llm = make_llm()
+    for kwargs in ({"prompts": flat}, {"prompt_token_ids": flat}):
+        with pytest.raises(TypeError, match=r"generate\(\[\[5, 6, 7\]\]\), not generate\(\[5, 6, 7\]\)"):
+            llm.generate(**kwargs, use_tqdm=False)
+    with pytest.raises(ValueError, match="a prompt is a sequence or 1-D tensor of token ids, got 5"):
+        llm.engine.add_request(5, SamplingParams())
+    assert not llm.engine.has_unfinished_requests()
 
 
 def test_params_list_must_match_prompts():

@@ -92,6 +92,10 @@ def check_request(prompt_token_ids: Iterable[int], params: SamplingParams, vocab
     SamplingParams); returns the ids as ints. Shared by the engine and the data-parallel launcher's parent."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+    if isinstance(prompt_token_ids, torch.Tensor) and prompt_token_ids.dim() != 1:
+        raise ValueError(f"a prompt is a sequence or 1-D tensor of token ids, got a {prompt_token_ids.dim()}-D tensor")
+    if not isinstance(prompt_token_ids, Iterable):
+        raise ValueError(f"a prompt is a sequence or 1-D tensor of token ids, got {prompt_token_ids!r}")
     items = list(prompt_token_ids)  # once: it may be a generator
     # bools pass operator.index (True is 1), so they are refused by name
     if (isinstance(prompt_token_ids, torch.Tensor) and prompt_token_ids.dtype == torch.bool

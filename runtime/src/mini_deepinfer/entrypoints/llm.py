@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import time
 from collections.abc import Sequence
@@ -139,6 +140,9 @@ class LLM:
         if isinstance(prompts, str):
             raise TypeError("prompts is a list: generate([text]), not generate(text)")
         token_ids = [self._encode(p) for p in prompts] if prompts is not None else list(prompt_token_ids)
+        if token_ids and all(isinstance(p, numbers.Integral) or isinstance(p, torch.Tensor) and p.dim() == 0
+                             for p in token_ids):  # one prompt's ids, not wrapped in a list
+            raise TypeError("prompts is a list of prompts: generate([[5, 6, 7]]), not generate([5, 6, 7])")
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
