@@ -125,6 +125,17 @@ def test_one_flat_prompt_of_ids_is_named(flat):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_a_vanishing_temperature_with_top_p_is_greedy_and_the_batch_goes_on():
+    """temperature 1e-38 with top_p once raised inside a step (test_sampler.py), losing every request in flight."""
+    llm = make_llm()
+    prompts = [[4] * 10, [7] * 20]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    params = [SamplingParams(temperature=1e-38, top_p=0.9, max_tokens=4, seq_seed=1, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in greedy]
+
+
 def test_params_list_must_match_prompts():
     with pytest.raises(ValueError, match="2 sampling params for 1 prompts"):
         make_llm().generate([[3, 4]], [SamplingParams(), SamplingParams()], use_tqdm=False)

@@ -97,6 +97,16 @@ def test_top_k_and_top_p_keep_the_right_sets():
     assert torch.equal(sample(logits, batch(64, temperature=5.0, top_k=1)), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45])
+def test_a_vanishing_temperature_with_filters_samples_the_top_logit(temperature):
+    """logits / temperature overflows fp32 near 1e-38, the scaled softmax is NaN, and the filter once kept no entry
+    and indexed -1: the step raised and took every request of the engine with it. The top entry now always stays."""
+    logits = torch.randn(16, 200, generator=torch.Generator().manual_seed(5))
+    for top_k, top_p in ((-1, 0.9), (5, 1.0), (3, 0.5)):
+        tokens = sample(logits, batch(16, temperature=temperature, top_k=top_k, top_p=top_p))
+        assert torch.equal(tokens, logits.argmax(-1)), (top_k, top_p)
+
+
 def test_frequencies_follow_the_tempered_softmax():
     """Chi-square over 6000 positions of one row; bar: p-value > 1e-4 (fails ~1 in 10^4 for a correct sampler)."""
     vocab, n, temp = 8, 6000, 0.8

@@ -188,7 +188,9 @@ def apply_top_k_top_p(
     """Set to -inf every logit outside the row's top-k and then top-p set (temperature-scaled probabilities).
 
     logits fp32 [R, V]; temperatures float64 [R]; top_k int64 [R] (-1 = all); top_p float32 [R] (1 = all).
-    The kept set is a prefix of the row sorted by logit; values tied with the last kept one are kept too.
+    The kept set is a prefix of the row sorted by logit; values tied with the last kept one are kept too. The top
+    entry always stays, also when the scaled logits overflow fp32 (a temperature near 1e-38 makes them inf and the
+    probabilities NaN): the row then keeps its largest logit, the limit of a vanishing temperature.
     """
     vocab = logits.shape[1]
     sorted_logits = logits.sort(dim=-1, descending=True).values
@@ -199,7 +201,7 @@ def apply_top_k_top_p(
     scaled = (sorted_logits / t[:, None]).masked_fill(~in_top_k, float("-inf"))
     probs = scaled.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    keep = in_top_k & (mass_before < top_p[:, None])  # the first entry always stays
+    keep = in_top_k & ((mass_before < top_p[:, None]) | (ranks == 0)[None, :])
     cutoff = sorted_logits.gather(1, (keep.sum(dim=-1, keepdim=True) - 1))
     return logits.masked_fill(logits < cutoff, float("-inf"))
 
