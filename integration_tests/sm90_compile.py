@@ -219,6 +219,7 @@ def _log_sass(path: str, kernel: CompiledKernel, source_file: str) -> None:
         f.write(text)
     record = {"case": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "name": kernel.name,
               "num_warps": kernel.num_warps, "registers": kernel.registers, "local_bytes": kernel.local_bytes,
-              "shared_bytes": kernel.shared_bytes, "instructions": text.count("\n"), "sass": digest, "file": source_file}
+              "shared_bytes": kernel.shared_bytes, "instructions": text.count("\n"), "sass": digest,
+              "file": source_file}
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -221,10 +221,10 @@ def random_params(rng: random.Random) -> SamplingParams:
 def random_schedule(seed: int) -> dict[str, int]:
     """One seeded random schedule of everything a caller can do between steps (requests arriving at any step, any
     live request aborted in any state: waiting, mid-chunk, decoding, its token in flight under ZOS; ids reused
-    after an abort, at once or later; finished and unknown ids aborted), on a random engine configuration whose KV budget is small
-    enough to preempt. Checks: every request that was not aborted equals the sequential oracle (tokens, reason,
-    logits), an aborted one holds a prefix of it, each request gets exactly one output, and every block and slot is
-    free at the end. Returns what the schedule exercised."""
+    after an abort, at once or later; finished and unknown ids aborted), on a random engine configuration whose KV
+    budget is small enough to preempt. Checks: every request that was not aborted equals the sequential oracle
+    (tokens, reason, logits), an aborted one holds a prefix of it, each request gets exactly one output, and every
+    block and slot is free at the end. Returns what the schedule exercised."""
     rng = random.Random(seed)
     chunked = rng.random() < 0.75
     engine = make_engine(
@@ -297,7 +297,8 @@ def test_random_schedule_matches_the_oracle_and_frees_everything(seed):
 
 def test_the_random_schedules_exercise_preemption_aborts_and_reused_ids():
     """A guard on the generator above: its schedules, together, preempt (with ZOS on and off), abort requests that
-    already produced tokens, and reuse ids (some before the abort's output is out); a change that made them tamer would show here."""
+    already produced tokens, and reuse ids (some before the abort's output is out); a change that made them tamer
+    would show here."""
     stats = [random_schedule(seed) for seed in RANDOM_SCHEDULES]
     for zos in (0, 1):
         assert sum(s["preemptions"] for s in stats if s["zos"] == zos) >= 3, zos
