@@ -631,15 +631,11 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     engine's capacity of one row per token of the batch): 8 tokens at ~1 / 2 / 4 rows 0.99-1.04x / 1.02-1.06x /
     1.04-1.11x, 16 tokens at ~8 rows 1.01-1.03x. Not at ~16 rows and more, where many experts take two tiles: a
     program's second tile would read the weights again, while programs per tile run side by side and share them
-    through L2. Prepared in session 45, not measured: the folded loop converts the next step's first half under this
-    step's MMAs, so its ring has 3 stages, and 32 tokens take 168 registers (166, no stack offline; at 128 they spill
-    24 bytes)."""
+    through L2."""
     if folded_activations and expected_m <= 4:
-        return MaskedTile(8, 3, 96, True)
+        return MaskedTile(8, 2, 96, True)
     tokens = _token_tile(expected_m)
-    if folded_activations:  # the folded loop converts a step ahead (3 stages); 168 registers at 32 tokens, 3 CTAs
-        return MaskedTile(tokens, 3, 128 if tokens <= 16 else 168 if tokens == 32 else None, expected_m <= 8)
-    return MaskedTile(tokens, 2, None, expected_m <= 8)
+    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

@@ -472,12 +472,10 @@ def _fragment_words(w_ring, slot, half: gl.constexpr):
 
 
 @gluon.jit
-def _register_words(words, offsets):
-    """_fragment_words's words and their rows' offset bytes (int32 [64], one byte per 32-block) -> the e4m3 bytes of
-    the [64, 128] wgmma A operand as int32 [64, 32]: the 8-value conversion gives each word's two fragment registers,
-    which join, reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement. Words,
-    not e4m3 values, are what a loop carries (an e4m3 operand carried from one step to the next took a byte permute
-    per value, offline)."""
+def _register_operand(words, offsets, A_OP: gl.constexpr):
+    """_fragment_words's words and their rows' offset bytes (int32 [64], one byte per 32-block) -> the e4m3 [64, 128]
+    wgmma A operand in registers: the 8-value conversion gives each word's two fragment registers, which join,
+    reshape and permute put in the operand's order (k / 4 = 8c + 4s + q) with no data movement."""
     chunk = gl.arange(0, 16, gl.SliceLayout(0, _HALF_WORDS))[None, :] // 4  # word 4c + q: chunk c, a register constant
     offset = (offsets[:, None] >> (8 * chunk)) & 0xFF
     lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables
@@ -485,13 +483,8 @@ def _register_words(words, offsets):
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     w = gl.join(q03, q47)  # [64, 16, 2]: (row, 4c + q, s), s = first or second 16 of the chunk
     w = gl.permute(gl.reshape(w, [64, 4, 4, 2]), [0, 1, 3, 2])  # (row, c, s, q): a register's k / 4 = 8c + 4s + q
-    return gl.reshape(w, [64, 32])
-
-
-@gluon.jit
-def _register_operand(words, A_OP: gl.constexpr):
-    """_register_words's int32 [64, 32] -> the e4m3 [64, 128] A operand (each word for its 4 values)."""
-    w = gl.reshape(gl.join(gl.join(words, words), gl.join(words, words)), [64, 128])
+    w = gl.reshape(w, [64, 32])
+    w = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [64, 128])  # each word for its 4 values
     a = gl.inline_asm_elementwise(_IDENTITY_PTX, "=r,r,r,r,r", [w], dtype=gl.float8e4nv, is_pure=True, pack=4)
     return gl.convert_layout(a, A_OP, assert_trivial=True)
 
@@ -501,11 +494,9 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
                          K, stride_sa, step0, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
-    half's conversion, and the next step's first half is converted under both MMAs: session 45, prepared for a
-    3-stage ring, whose next slot is then filled a step ahead), then acc += part * sa[token, k] -> (acc_lo, acc_hi).
-    The ring stays safe without a CTA barrier: a slot is refilled after the steps that read it (its first half in the
-    step before) waited for their MMAs, and an MMA with register A operands starts only once all four warps have
-    issued it, that is, after every warp's loads of the slot."""
+    half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
+    barrier: a slot is refilled after the step that read it waited for its MMAs, and an MMA with register A operands
+    starts only once all four warps have issued it, that is, after every warp's loads of the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -520,23 +511,18 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
     off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
-    slot = step0 % STAGES
-    mbarrier.wait(ready.index(slot), (step0 // STAGES) & 1)
-    w_lo = _register_words(_fragment_words(w_ring, slot, 0), off_lo)
     for k in range(num_k):
         if k + STAGES - 1 < num_k:
             _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, step0)
         ahead = gl.minimum(k + 1, num_k - 1)
         off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
         slot = (step0 + k) % STAGES
+        mbarrier.wait(ready.index(slot), ((step0 + k) // STAGES) & 1)
         b = x_ring.index(slot).permute((1, 0))
-        lo_mma = warpgroup_mma(_register_operand(w_lo, a_op), b, zero, use_acc=False, is_async=True)
-        a_hi = _register_operand(_register_words(_fragment_words(w_ring, slot, 1), off_hi), a_op)
+        a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
+        lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
+        a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
         hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
-        if k + 1 < num_k:  # the next step's first half converted under this step's MMAs
-            after = step0 + k + 1
-            mbarrier.wait(ready.index(after % STAGES), (after // STAGES) & 1)
-            w_lo = _register_words(_fragment_words(w_ring, after % STAGES, 0), off_lo_next)
         wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
         part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
         acc_lo = acc_lo + part_lo * wa[None, :]
