@@ -6,6 +6,7 @@
 #       experiment's tree); mini-deepgemm's test_gemm.py and test_gemm_swapab.py (gemm_kernel.layout_tile); the sm_90
 #       compile tests and the launch test on the GPU machine's triton
 #   PART=r3: run 1's failing test case (each request alone against the reference), three times on main
+#   PART=r4: mini-flashmla's and mini-deepep's single-GPU suites and the rest of the runtime suite, on main
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s49
 case "${PART:-r2}" in
@@ -25,6 +26,13 @@ r3)  # run 1's failing case, three times on main: is its capture error the exper
       -k "each_request_alone_matches_reference_within_tolerance" --junitxml="$OUT/junit_capture_$i.xml"
   done
   cat "$OUT/summary.txt"; test_summary capture_1 capture_2 capture_3
+  ;;
+r4)  # the GPU suites this session's launch option touched and runs 1-3 did not run: mini-flashmla, mini-deepep
+     # (one GPU), the rest of the runtime suite
+  run flashmla_tests 150 $PYTEST packages/mini-flashmla/tests -m "not multigpu" -n 8 --junitxml="$OUT/junit_flashmla.xml"
+  run deepep_tests 100 $PYTEST packages/mini-deepep/tests -m "not multigpu" -n 8 --junitxml="$OUT/junit_deepep.xml"
+  rest_ab 100 150
+  cat "$OUT/summary.txt"; test_summary flashmla_tests deepep_tests runtime_rest_a runtime_rest_b
   ;;
 esac
 pack_out
