@@ -18,6 +18,12 @@ weight rows looping over the expert's token tiles against one program per tile, 
 the batch: 64 / 128 / 256 tokens at ~1 / 2 / 4 rows, where one program per tile leaves 7 / 15 / 31 of every 8-token
 expert's programs nothing to do).
 
+Session 50: split tiles (gemm._masked_launches). A T-token tile takes an expert of T + 1 .. 2T rows in two
+programs, each converting its weights, and at ~32 rows per expert (Poisson) ~45% of the experts have more than 32;
+the kernel at ~32 rows is bound by issue and latency per converted weight step (session 45's profile), not by its
+MMAs. So two launches: the experts of at most T rows on T-token tiles, the others on 2T-token tiles (64 tokens: 252
+registers, 2 CTAs per SM, offline). At ~16 and ~32 rows on 96 experts, against one launch of T and of 2T tokens.
+
 Measured (the script as of session 44): each of CASES (experts, Poisson rows per expert, at least 1 and at most the
 capacity max_m), w13 and w2, the public masked GEMM with folded weights and folded activations, each of VARIANTS
 forced through gemm._masked_tile; weight bytes per second as a fraction of the device copy (same process), GPU time
@@ -42,9 +48,12 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# G.MaskedTile fields (tokens, ring stages, register cap, one program per expert); session 43's route first
-VARIANTS = ((16, 2, 128, False), (8, 2, 96, False), (8, 2, 96, True), (16, 2, 128, True))
-CASES = ((384, 1, 64), (384, 2, 128), (384, 4, 256), (96, 8, 128))  # (experts, expected rows per expert, max_m)
+# G.MaskedTile fields (tokens, ring stages, register cap, one program per expert, split); the route before session
+# 50 first at each row count
+VARIANTS = {16: ((16, 2, 128, False), (16, 2, 128, False, True), (32, 2, 128, False)),
+            32: ((32, 2, 128, False), (32, 2, 128, False, True), (64, 2, None, False)),
+            64: ((64, 2, None, False), (32, 2, 128, False, True))}
+CASES = ((96, 16, 128), (96, 32, 128), (96, 64, 128))  # (experts, expected rows per expert, max_m)
 
 
 def main() -> None:
@@ -60,7 +69,7 @@ def main() -> None:
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
                    "rows": int(masked.sum()), "routed": list(routed(expected_m, True))}
             first = None
-            for variant in VARIANTS:
+            for variant in VARIANTS[expected_m]:
                 G._masked_tile = lambda *_args, v=G.MaskedTile(*variant): v
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
@@ -77,9 +86,9 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    keys = ["_".join(map(str, v)) for v in VARIANTS]
-    print(f"| experts, rows, max_m | GEMM | {' | '.join(keys)} | bitwise |")
     for r in result["rows"]:
+        keys = ["_".join(map(str, v)) for v in VARIANTS[r["expected_m"]]]
+        print(f"| experts, rows, max_m | GEMM | {' | '.join(keys)} | bitwise |")
         fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
         print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {fracs} | "
               f"{all(r[f'bitwise_{k}'] for k in keys)} |")

@@ -206,6 +206,18 @@ def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
     tile = gemm._masked_tile(expected_m, folded)
     assert (tile.tokens, tile.one_program) == want
     assert tile.maxnreg == (96 if tile.tokens == 8 else 128 if folded and tile.tokens <= 32 else None)
+    assert tile.split == (folded and 8 < expected_m <= 32)
+
+
+def test_a_split_masked_tile_launches_each_expert_once():
+    """A split tile (session 50): experts of at most T rows on T-token tiles, one program each, the rest on 2T-token
+    tiles; row-count ranges that cover every count once."""
+    big = 2**31 - 1
+    assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False)) == [(gemm.MaskedTile(32, 2, 128, False), 0, big)]
+    assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False, split=True)) == [
+        (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False), 33, big)]
+    assert gemm._masked_launches(gemm._masked_tile(16, True)) == [
+        (gemm.MaskedTile(16, 2, 128, True), 0, 16), (gemm.MaskedTile(32, 2, 128, False), 17, big)]
 
 
 def test_folded_argument_errors_name_the_problem():
@@ -335,7 +347,8 @@ def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("activations", ["per_32", "per_128"])
-@pytest.mark.parametrize("expected_m", [2, 8, 32, 64])  # 8- (folded activations), 16-, 32- and 64-token tiles
+# 8- (folded activations), 16-, 32- and 64-token tiles; 16 and 32 split on folded activations (_masked_launches)
+@pytest.mark.parametrize("expected_m", [2, 8, 16, 32, 64])
 def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m, activations):
     G, N, K, max_m = 6, 384, 640, 64
     masked = [0, 1, 17, max_m, 5, 40]

@@ -575,12 +575,12 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             enable_fp_fusion=True)
         return
     max_m = aq.shape[1]
-    tile = _masked_tile(expected_m or max_m, sa_per_128)
-    fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
-        w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
-        folded.column_scales, group_arg, max_m, N, K, K // 128, d.stride(0), d.stride(1), STAGES=tile.stages,
-        SA_PER_128=sa_per_128, num_warps=4, **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}),
-        enable_fp_fusion=True)
+    for tile, min_rows, max_rows in _masked_launches(_masked_tile(expected_m or max_m, sa_per_128)):
+        fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
+            w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
+            folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
+            STAGES=tile.stages, SA_PER_128=sa_per_128, num_warps=4,
+            **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
@@ -607,6 +607,9 @@ def _token_tile(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
+_INT32_MAX = 2**31 - 1
+
+
 class MaskedTile(NamedTuple):
     """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's), and
     whether one program per expert and 128 weight rows loops over the expert's token tiles (the grid's first axis
@@ -616,6 +619,19 @@ class MaskedTile(NamedTuple):
     stages: int
     maxnreg: int | None
     one_program: bool
+    split: bool = False
+
+
+def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
+    """The masked kernel's launches for `tile`, each (tile, min_rows, max_rows): one for every expert, or with
+    tile.split two, the experts of at most tile.tokens rows on one program each and the others on tiles twice as
+    wide. A tile of T tokens takes an expert of T + 1 .. 2T rows in two passes, each converting the expert's weights;
+    at ~32 rows per expert (Poisson) about 45% of the experts have more than 32."""
+    if not tile.split:
+        return [(tile, 0, _INT32_MAX)]
+    wide = 2 * tile.tokens
+    return [(tile._replace(one_program=True, split=False), 0, tile.tokens),
+            (MaskedTile(wide, tile.stages, 128 if wide <= 32 else None, False), tile.tokens + 1, _INT32_MAX)]
 
 
 def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
@@ -635,7 +651,8 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     if folded_activations and expected_m <= 4:
         return MaskedTile(8, 2, 96, True)
     tokens = _token_tile(expected_m)
-    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8)
+    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8,
+                      split=folded_activations and expected_m > 8 and tokens <= 32)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

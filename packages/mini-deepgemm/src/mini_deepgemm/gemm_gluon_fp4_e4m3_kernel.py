@@ -532,10 +532,12 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 
 @gluon.jit
-def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, max_m, N, K,
-                           stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr, SA_PER_128: gl.constexpr = False):
+def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, min_rows, max_rows,
+                           max_m, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
+                           SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
-    masked_m[g]; other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes
+    masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
+    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes
     (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa int32
     words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0, K %
     128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted
@@ -560,11 +562,14 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     n0 = gl.program_id(1) * 128
     g = gl.program_id(2)
     rows_used = gl.load(masked_m_ptr + g)
+    rows_end = rows_used
+    if (rows_used < min_rows) | (rows_used > max_rows):
+        rows_end = 0
     num_k = K // 128
     w_row = g * N + n0
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
     step0 = 0
-    for m0 in range(gl.program_id(0) * BLOCK_M, rows_used, gl.num_programs(0) * BLOCK_M):
+    for m0 in range(gl.program_id(0) * BLOCK_M, rows_end, gl.num_programs(0) * BLOCK_M):
         x_row = g * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
