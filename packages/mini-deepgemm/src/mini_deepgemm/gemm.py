@@ -579,9 +579,8 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
             w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
             folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
-            STAGES=tile.stages, SA_PER_128=sa_per_128, num_warps=4, enable_fp_fusion=True,
-            **({"SA_STEPS": 1 << (K // 128 - 1).bit_length()} if sa_per_128 else {}),
-            **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
+            STAGES=tile.stages, SA_PER_128=sa_per_128, num_warps=4,
+            **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
 
 
 def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:

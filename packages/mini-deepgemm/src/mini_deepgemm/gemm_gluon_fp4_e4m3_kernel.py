@@ -461,8 +461,6 @@ _HALF_WORDS: gl.constexpr = gl.DistributedLinearLayout(
     reg_bases=[[0, 4], [0, 8], [8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
 _IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
-# the folded loop's scale fill: threads along the steps, a token's scales contiguous in memory
-_SA_FILL: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
 
 
 @gluon.jit
@@ -492,32 +490,23 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 
 @gluon.jit
-def _masked_folded_steps(w_ring, x_ring, ready, sa_steps, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row,
-                         m0, max_m, K, stride_sa, step0, mma: gl.constexpr):
+def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
+                         K, stride_sa, step0, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
     half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
     barrier: a slot is refilled after the step that read it waited for its MMAs, and an MMA with register A operands
-    starts only once all four warps have issued it, that is, after every warp's loads of the slot. sa_steps: fp32
-    [SA_STEPS, BLOCK_M] in shared memory, the tile's activation scales step-major, filled here once per tile: a step
-    reads its row (one shared load per thread) where 8 global loads at 32 tokens each took an address multiply-add
-    and a register for the token's offset (session 50)."""
+    starts only once all four warps have issued it, that is, after every warp's loads of the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
     offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
     offsets_hi_ptr = offsets_ptr + (w_row + 64 + half_rows).to(gl.int64) * (K // 128)
-    steps = gl.arange(0, sa_steps.type.shape[0], layout=gl.SliceLayout(1, _SA_FILL))[:, None]
-    tokens = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _SA_FILL)), max_m - 1 - m0)[None, :]
-    sa_tile = gl.load(sa_ptr + x_row.to(gl.int64) * stride_sa + tokens * stride_sa + steps, mask=steps < num_k,
-                      other=0.0)
-    gl.thread_barrier()  # the program's previous tile has read its scales
-    sa_steps.store(sa_tile)
-    gl.thread_barrier()
-    # the same bytes as rows of a 1-D layout, so that a step's row is an index
-    sa_rows = sa_steps._reinterpret(gl.float32, sa_steps.type.shape,
-                                    gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+    # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would hold
+    # two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
+    sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
+    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
     zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
@@ -534,7 +523,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, sa_steps, w_desc, x_desc, offset
         lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
         a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
         hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
-        wa = sa_rows.index(k).load(gl.SliceLayout(0, mma))
+        wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
         part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
         acc_lo = acc_lo + part_lo * wa[None, :]
         acc_hi = acc_hi + part_hi * wa[None, :]
@@ -545,7 +534,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, sa_steps, w_desc, x_desc, offset
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, min_rows, max_rows,
                            max_m, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
-                           SA_PER_128: gl.constexpr = False, SA_STEPS: gl.constexpr = 1):
+                           SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
     masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
     programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64]
@@ -555,15 +544,11 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the
     activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
     128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
-    one FMA per element per K step, the tile's scales staged in shared memory (SA_STEPS: a power of two >= K / 128);
-    launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
+    one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     raw_words = _raw_words(w_ring, STAGES)
-    if SA_PER_128:
-        sa_steps = gl.allocate_shared_memory(gl.float32, [SA_STEPS, BLOCK_M],
-                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-    else:
+    if not SA_PER_128:
         w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
         w_e4m3 = w_tile._reinterpret(x_desc.dtype, [128, 128],
@@ -589,8 +574,8 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
-            acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, sa_steps, w_desc, x_desc, offsets_ptr,
-                                                  sa_ptr, num_k, w_row, x_row, m0, max_m, K, stride_sa, step0, mma)
+            acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
+                                                  w_row, x_row, m0, max_m, K, stride_sa, step0, mma)
         else:
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
                 gl.int64) * (K // 128)
