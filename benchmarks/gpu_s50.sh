@@ -7,6 +7,8 @@
 #       / 64 rows: one launch of T or 2T tokens against the split) on the tree and on mid; exp_moe_weight_order (the
 #       routed masked loads, ~1 to ~64 rows) on the tree and on base; the runtime's core GPU tests; bench_decode
 #       (seven layers) on the tree and on base
+#   PART=r3 (tree = main + the split alone, the staged scales reverted): the FP8-MMA MoE kernels' tests,
+#       exp_moe_weight_order, the runtime's core GPU tests
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s50
 case "${PART:-r2}" in
@@ -20,6 +22,13 @@ r2)
   grep -hE "^\|" "$OUT/tiles_new.txt" "$OUT/tiles_mid.txt" "$OUT/order_new.txt" "$OUT/order_base.txt"
   grep -m3 -hE "Error|error" "$OUT/tiles_new.txt" "$OUT/tiles_mid.txt" "$OUT/order_new.txt" | cut -c1-300
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
+r3)  # the shipped tree (the split alone; run 2's staged scales reverted): its tests and the routed masked loads
+  fp4_e4m3_tests 100
+  script_sides 100 exp_moe_weight_order.py order new
+  run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -hE "^\| masked" "$OUT/order_new.txt"
   ;;
 esac
 pack_out
