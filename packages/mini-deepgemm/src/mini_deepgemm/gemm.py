@@ -626,7 +626,10 @@ def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
     """The masked kernel's launches for `tile`, each (tile, min_rows, max_rows): one for every expert, or with
     tile.split two, the experts of at most tile.tokens rows on one program each and the others on tiles twice as
     wide. A tile of T tokens takes an expert of T + 1 .. 2T rows in two passes, each converting the expert's weights;
-    at ~32 rows per expert (Poisson) about 45% of the experts have more than 32."""
+    at ~32 rows per expert (Poisson) about 45% of the experts have more than 32. H200, session 50 run 2 (96 experts,
+    fraction of the copy rate, w13 / w2): at ~32 rows 0.524 / 0.491 against one launch of 32 tokens 0.453 / 0.441 and
+    of 64 tokens 0.461 / 0.439; at ~16 rows 0.683 / 0.652 against 0.604 / 0.578 (16 tokens) and 0.633 / 0.610 (32);
+    bitwise equal (docs/reports/deepgemm-moe-fold-128.md, "Session 50")."""
     if not tile.split:
         return [(tile, 0, _INT32_MAX)]
     wide = 2 * tile.tokens
@@ -647,7 +650,8 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     engine's capacity of one row per token of the batch): 8 tokens at ~1 / 2 / 4 rows 0.99-1.04x / 1.02-1.06x /
     1.04-1.11x, 16 tokens at ~8 rows 1.01-1.03x. Not at ~16 rows and more, where many experts take two tiles: a
     program's second tile would read the weights again, while programs per tile run side by side and share them
-    through L2."""
+    through L2. Split (folded, 16- and 32-token tiles, session 50): the experts above the tile on a second launch
+    of twice its tokens (_masked_launches)."""
     if folded_activations and expected_m <= 4:
         return MaskedTile(8, 2, 96, True)
     tokens = _token_tile(expected_m)

@@ -47,7 +47,10 @@ Offline (triton 3.6, sm_90a), the masked K loop takes 300 / 376 / 517 SASS instr
   m64nBLOCK_Mk32 MMAs. Folded activations (the engine's): each 64-row half converted straight into its MMA's A
   registers (_masked_folded_steps, session 26), no shared tile, fence or CTA barrier in between; H200, session 26
   run 1, against the shared-tile kernel in the same run: 1.01-1.04x at ~8 rows per expert, 1.00-1.08x at ~32,
-  decode step of the medium model 1.025 / 1.037x at batch 32 / 64 (docs/reports/deepgemm-moe-fold-128.md).
+  decode step of the medium model 1.025 / 1.037x at batch 32 / 64 (docs/reports/deepgemm-moe-fold-128.md). A launch
+  takes the experts whose row counts lie in [min_rows, max_rows]: at ~9-32 rows the host splits them in two launches
+  (gemm._masked_launches, session 50: 1.11-1.16x at ~16 and ~32 rows), so no expert of up to twice the token tile
+  has its weights converted twice.
 """
 
 from __future__ import annotations
