@@ -212,7 +212,7 @@ def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
 def test_a_split_masked_tile_launches_each_expert_once():
     """A split tile (session 50): experts of at most T rows on T-token tiles, one program each, the rest on 2T-token
     tiles; row-count ranges that cover every count once."""
-    big = 2**31 - 1
+    big = gemm._INT32_MAX
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False)) == [(gemm.MaskedTile(32, 2, 128, False), 0, big)]
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False, split=True)) == [
         (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False), 33, big)]

@@ -634,7 +634,13 @@ def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
         return [(tile, 0, _INT32_MAX)]
     wide = 2 * tile.tokens
     return [(tile._replace(one_program=True, split=False), 0, tile.tokens),
-            (MaskedTile(wide, tile.stages, 128 if wide <= 32 else None, False), tile.tokens + 1, _INT32_MAX)]
+            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False), tile.tokens + 1, _INT32_MAX)]
+
+
+def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
+    """maxnreg of the masked kernel's tiles of 16-64 tokens (_masked_tile has the measurements): 128 on the folded
+    loop up to 32 tokens (4 CTAs per SM), else the compiler's."""
+    return 128 if folded_activations and tokens <= 32 else None
 
 
 def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
@@ -655,7 +661,7 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     if folded_activations and expected_m <= 4:
         return MaskedTile(8, 2, 96, True)
     tokens = _token_tile(expected_m)
-    return MaskedTile(tokens, 2, 128 if folded_activations and tokens <= 32 else None, expected_m <= 8,
+    return MaskedTile(tokens, 2, _masked_register_cap(tokens, folded_activations), expected_m <= 8,
                       split=folded_activations and expected_m > 8 and tokens <= 32)
 
 
