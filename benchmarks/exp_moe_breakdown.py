@@ -1,5 +1,6 @@
-"""Experiment (issue 4, prepared in session 22, not yet run): where the FP8-MMA MoE kernels' time goes, by removing
-one part of a K step at a time (exp_flashmla_gluon_breakdown.py's method).
+"""Experiment (issue 4; prepared in session 22, run in session 23; masked variants redone in session 51, not yet run):
+where the FP8-MMA MoE kernels' time goes, by removing one part of a K step at a time (exp_flashmla_gluon_breakdown.py's
+method).
 
 Why (docs/reports/deepgemm-moe-fold-128.md, session 22): four changes to these kernels measured 0.93-1.01x. The
 contiguous kernel (0.81-0.94x `_scaled_grouped_mm`) has its tensor pipe at 45% and its issue slots at 38-44%, and
@@ -15,13 +16,17 @@ the public grouped GEMMs on folded weights and activations folded per 128 (the e
   hands the slot on without converting them), `no_mma` (the math warps wait for the slot and release it, no MMA),
   `no_fma` (the MMA's tile replaces the accumulator instead of being promoted into it), `handshakes_only` (neither
   conversion nor MMA: the producer's copies and the barriers);
-- masked (96 experts, Poisson(8) and Poisson(32) rows, the routed token tile): `no_convert`, `no_mma`, `loads_only`
-  (neither).
+- masked (96 experts, Poisson(8), (32) and (64) rows, the routed tiles: 16 tokens, the split 32 / 64 tokens, 64
+  tokens), on the folded loop (`_masked_folded_steps`; session 23's edits were of the per-32 loop, which the route
+  left in session 21): `no_convert` (the MMAs read the loaded words as they are, one XOR per word with its row's
+  offsets keeping their loads), `no_fma` (the MMA's part replaces the accumulator: no promotion, no scale loads),
+  `no_mma_no_convert` (no MMA; the conversion that only feeds them goes too), `loads_only` (that and no promotion:
+  the ring's copies and waits, and the offsets' loads).
 Offline (triton 3.6, sm_90a, every variant compiles): the contiguous variants keep 128 registers per thread (one
-persistent CTA per SM either way). The masked ones drop registers (16 tokens: 98 -> 59 / 72 / 40 for no_convert /
-no_mma / loads_only; 32 tokens: 128 -> 109 / 128 / 72), and loads_only drops the converted tile (16 KB of shared
-memory), so they fit more CTAs per SM. Their times bound the removed part from below; they are not the same kernel
-minus a part.
+persistent CTA per SM either way). The masked ones drop registers (session 51, w13, registers of the 16-token /
+split 32-token / 64-token tile, full -> no_convert / no_fma / no_mma_no_convert / loads_only: 118 -> 116 / 93 / 63 /
+48; 128 (8 B stack) -> 128 (16 B) / 122 / 106 / 80; 252 -> 252 / 182 / 148 / 96), so some fit more CTAs per SM.
+Their times bound the removed part from below; they are not the same kernel minus a part.
 Every variant computes garbage; only its time counts (CUDA-graph replay, `exp_gemm_gluon_v3.ms`). The shipped
 kernel's rows are checked against the bf16 route first (calc_diff), so the table's "full" is a correct kernel.
 Writes $OUT/exp_moe_breakdown.json.
@@ -52,19 +57,35 @@ CONVERT_CONTIGUOUS = [("                tile_words = _convert_rows(raw_words.ind
                        ""),
                       ("                b_ring.index(slot).store(tile_words)\n", "")]
 MMA_CONTIGUOUS = [(re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_mma\(\n\s+a_tile, b_tile\.permute\(\(1, "
-                              r"0\)\), zero, use_acc=False, is_async=True\),\)\)"), "part = zero")]
-FMA_CONTIGUOUS = [("                    acc = acc + part * wa[:, None]\n", "                    acc = part\n")]
-CONVERT_MASKED = [("            w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))\n", "")]
-MMA_MASKED = [(re.compile(r"lo_mma = warpgroup_mma\(w_e4m3\.slice\(0, 64, dim=0\), b, zero.*?\n.*?hi_mma = .*?\n"
-                          r".*?part_lo, part_hi = warpgroup_mma_wait\(0, deps=\(lo_mma, hi_mma\)\)"),
-               "part_lo, part_hi = zero, zero")]
+                              r"0\)\), zero, use_acc=False, is_async=True\),\)\)"), "part = zero"),
+                  (re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_mma\(\n\s+a_ring\.index\(slot\)\.slice\("
+                              r"ROW0 \+ 128, 64, dim=0\), b_tile\.permute\(\(1, 0\)\), zero,\n\s+use_acc=False, "
+                              r"is_async=True\),\)\)"), "part = zero")]
+FMA_CONTIGUOUS = [("\n                acc = acc + part * wa[:, None]\n", "\n                acc = part\n"),
+                  ("\n                acc_1 = acc_1 + part * wa_1[:, None]\n", "\n                acc_1 = part\n")]
+# the masked kernel's folded loop (_masked_folded_steps, the route on activations folded per 128): the A operand
+# straight from the loaded words (one XOR per word with its row's offsets keeps their loads), the two MMAs (which
+# also drops the conversion feeding them: an operand no MMA reads is not computed), the promotion (which also drops
+# the activation scales' loads)
+CONVERT_MASKED = [(
+    "    lo, hi = LUT_LO_BASE + offset * LUT_LO_STEP, LUT_HI_BASE + offset * LUT_HI_STEP  # the 32-block's tables\n"
+    "    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, \"=r,=r,r,r,r\", [words, lo, hi],\n"
+    "                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)\n",
+    "    q03, q47 = words, words ^ offsets[:, None]\n")]
+MMA_MASKED = [("\n        lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n        hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n        part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))\n",
+               "\n        part_lo, part_hi = zero, zero\n")]
+FMA_MASKED = [("\n        acc_lo = acc_lo + part_lo * wa[None, :]\n        acc_hi = acc_hi + part_hi * wa[None, :]\n",
+               "\n        acc_lo = part_lo\n        acc_hi = part_hi\n")]
 VARIANTS = {  # kernel -> variant -> edits of the kernel module's source (str: exactly once; regex: at least once)
     "contiguous": {"full": [], "no_convert": CONVERT_CONTIGUOUS, "no_mma": MMA_CONTIGUOUS, "no_fma": FMA_CONTIGUOUS,
                    "handshakes_only": CONVERT_CONTIGUOUS + MMA_CONTIGUOUS},
-    "masked": {"full": [], "no_convert": CONVERT_MASKED, "no_mma": MMA_MASKED,
-               "loads_only": CONVERT_MASKED + MMA_MASKED},
+    "masked": {"full": [], "no_convert": CONVERT_MASKED, "no_fma": FMA_MASKED, "no_mma_no_convert": MMA_MASKED,
+               "loads_only": MMA_MASKED + FMA_MASKED},
 }
 KERNEL = {"contiguous": "fp4_e4m3_contiguous_kernel", "masked": "fp4_e4m3_masked_kernel"}
+MASKED_ROWS = (8, 32, 64)  # Poisson rows per expert: 16-token tiles, the split 32 / 64-token tiles, 64-token tiles
 
 
 def variant_kernels(workdir: str) -> dict:
@@ -95,7 +116,7 @@ def cases(gen) -> list[tuple[str, str, object, object]]:
             return calc_diff(d[used].float(), ref[used].float())
 
         out.append(("contiguous", name, call, check))
-    for expected_m in (8, 32):
+    for expected_m in MASKED_ROWS:
         for name, N, K in ((n, *MOE_SHAPES[n]) for n in ("w13", "w2")):
             _, masked_m, (a, sa), (bq, _), d = masked_operands(96, expected_m, N, K)
             sb = rand_fp4_weight_scales(96, N, K // 32, low=118)

@@ -16,10 +16,10 @@ def absolute_imports(package: str) -> tuple:
     return re.compile(r"^from \.", re.M), f"from {package}."
 
 
-def edited_module(module: ModuleType, edits: list, name: str, workdir: str) -> ModuleType:
-    """module's source with each (pattern, replacement) applied and loaded from workdir as module `name`. A compiled
-    regex replaces every match and must match at least once; a str must occur exactly once. Either way an edit that
-    does not apply is an error: the kernel's text changed."""
+def edited_source(module: ModuleType, edits: list, name: str) -> str:
+    """module's source with each (pattern, replacement) applied. A compiled regex replaces every match and must match
+    at least once; a str must occur exactly once. Either way an edit that does not apply is an error naming the
+    variant: the kernel's text changed (integration_tests/test_experiment_edits.py checks that on the CPU)."""
     source = open(module.__file__).read()
     for pattern, replacement in edits:
         if isinstance(pattern, re.Pattern):
@@ -28,6 +28,12 @@ def edited_module(module: ModuleType, edits: list, name: str, workdir: str) -> M
         else:
             assert source.count(pattern) == 1, (name, pattern[:80])
             source = source.replace(pattern, replacement)
+    return source
+
+
+def edited_module(module: ModuleType, edits: list, name: str, workdir: str) -> ModuleType:
+    """edited_source's text loaded from workdir as module `name`."""
+    source = edited_source(module, edits, name)
     path = os.path.join(workdir, f"{name}.py")
     with open(path, "w") as f:
         f.write(source)
