@@ -17,8 +17,8 @@ the public grouped GEMMs on folded weights and activations folded per 128 (the e
   `no_fma` (the MMA's tile replaces the accumulator instead of being promoted into it), `handshakes_only` (neither
   conversion nor MMA: the producer's copies and the barriers);
 - masked (96 experts, Poisson(8), (32) and (64) rows, the routed tiles: 16 tokens, the split 32 / 64 tokens, 64
-  tokens), on the folded loop (`_masked_folded_steps`; session 23's edits were of the per-32 loop, which the route
-  left in session 21): `no_convert` (the MMAs read the loaded words as they are, one XOR per word with its row's
+  tokens), on the folded loop (`_masked_folded_steps`; session 23's edits were of the shared-tile conversion, which
+  the folded route left for register A operands in session 26): `no_convert` (the MMAs read the loaded words as they are, one XOR per word with its row's
   offsets keeping their loads), `no_fma` (the MMA's part replaces the accumulator: no promotion, no scale loads),
   `no_mma_no_convert` (no MMA; the conversion that only feeds them goes too), `loads_only` (that and no promotion:
   the ring's copies and waits, and the offsets' loads).
