@@ -18,10 +18,10 @@ the public grouped GEMMs on folded weights and activations folded per 128 (the e
   conversion nor MMA: the producer's copies and the barriers);
 - masked (96 experts, Poisson(8), (32) and (64) rows, the routed tiles: 16 tokens, the split 32 / 64 tokens, 64
   tokens), on the folded loop (`_masked_folded_steps`; session 23's edits were of the shared-tile conversion, which
-  the folded route left for register A operands in session 26): `no_convert` (the MMAs read the loaded words as they are, one XOR per word with its row's
-  offsets keeping their loads), `no_fma` (the MMA's part replaces the accumulator: no promotion, no scale loads),
-  `no_mma_no_convert` (no MMA; the conversion that only feeds them goes too), `loads_only` (that and no promotion:
-  the ring's copies and waits, and the offsets' loads).
+  the folded route left for register A operands in session 26): `no_convert` (the MMAs read the loaded words as
+  they are, one XOR per word with its row's offsets keeping their loads), `no_fma` (the MMA's part replaces the
+  accumulator: no promotion, no scale loads), `no_mma_no_convert` (no MMA; the conversion that only feeds them goes
+  too), `loads_only` (that and no promotion: the ring's copies and waits, and the offsets' loads).
 Offline (triton 3.6, sm_90a, every variant compiles): the contiguous variants keep 128 registers per thread (one
 persistent CTA per SM either way). The masked ones drop registers (session 51, w13, registers of the 16-token /
 split 32-token / 64-token tile, full -> no_convert / no_fma / no_mma_no_convert / loads_only: 118 -> 116 / 93 / 63 /

@@ -1,8 +1,8 @@
 """The kernel-variant experiments edit a kernel module's source (benchmarks/source_variants.py), so an edit written
 against one version of a kernel stops applying when the kernel changes, and the experiment then fails on the GPU
 machine, in device time. Session 51 found exp_moe_breakdown.py's masked and promotion edits stale (the folded masked
-loop on register operands since session 26, the 256-row tiles' second accumulator since session 38). Here every variant's edits are applied to today's
-source, as text: nothing compiles or runs."""
+loop on register operands since session 26, the 256-row tiles' second accumulator since session 38). Here every
+variant's edits are applied to today's source, as text: nothing compiles or runs."""
 
 from __future__ import annotations
 
