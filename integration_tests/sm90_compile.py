@@ -11,6 +11,12 @@ What is assumed of the H200: compute capability 9.0, 132 SMs. Under triton 3.6 (
 kernels take their calls as they do there; under another release (the uv lock's) mini_deepgemm routes to the
 Triton kernels (mini_deepgemm._backend.gluon_usable), so that is what compiles.
 
+`compiling_for(B200)` does the same for a B200 (compute capability 10.0, sm_100a, 148 SMs), the seeds' target,
+which no GPU here has. There the Gluon kernels (Hopper's wgmma) are never routed
+(mini_deepgemm._backend.gluon_runs_on), so what compiles is the Triton route. A kernel that would not launch there
+shows on the CPU (session 51: the bf16-rows attention at 2 stages took 262,944 B of shared memory on sm_100a). A
+compile is all it shows: nothing here says how fast a kernel runs there (test_compile_sm100.py).
+
 Run the three files (test_compile_sm90_*.py) under the uv lock's triton, and under the GPU machine's:
 
     uv run pytest -s integration_tests/test_compile_sm90_*.py          # -s prints each kernel's resources
@@ -46,10 +52,23 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-H200_SMS = 132
-SM90_SHARED_BYTES = 232448  # the most dynamic shared memory one program may ask for on sm_90 (227 KiB)
-SM90_REGISTERS = 65536  # per SM, so per program at most
+SM90_SHARED_BYTES = 232448  # the most dynamic shared memory one program may ask for on sm_90 and sm_100 (227 KiB)
+SM90_REGISTERS = 65536  # per SM, so per program at most (sm_90 and sm_100)
 SASS_LOG_ENV = "SM90_SASS_LOG"
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a compile-only run assumes of a GPU: its compute capability (the compile target) and SM count."""
+
+    name: str
+    capability: tuple[int, int]
+    sms: int
+
+
+H200 = Device("H200", (9, 0), 132)
+B200 = Device("B200", (10, 0), 148)
+H200_SMS = H200.sms
 
 
 class CudaLike(torch.Tensor):
@@ -83,9 +102,9 @@ class _AllocationsCudaLike(TorchFunctionMode):
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """One kernel compiled for sm_90: its name, warps per program (the warp-specialized partitions' included), dynamic
-    shared memory, and from the cubin the registers per thread and local memory per thread (its stack frame:
-    spills and local arrays)."""
+    """One kernel compiled (for sm_90, or another Device's target): its name, warps per program (the warp-specialized
+    partitions' included), dynamic shared memory, and from the cubin the registers per thread and local memory per
+    thread (its stack frame: spills and local arrays)."""
 
     name: str
     num_warps: int
@@ -95,8 +114,9 @@ class CompiledKernel:
     constexprs: str
     cubin: bytes = field(repr=False, compare=False)
 
-    def fits_sm90(self) -> list[str]:
-        """What keeps this kernel from launching on an H200, if anything (an empty list: it launches)."""
+    def fits(self) -> list[str]:
+        """What keeps this kernel from launching on an H200 or a B200 (the same limits per program), if anything (an
+        empty list: it launches)."""
         problems = []
         if self.shared_bytes > SM90_SHARED_BYTES:
             problems.append(f"{self.name}: {self.shared_bytes} B of shared memory > {SM90_SHARED_BYTES}")
@@ -116,7 +136,7 @@ class CompiledKernel:
 
 
 class _CompileOnlyDriver:
-    """Triton's driver.active on a machine without a GPU: an sm_90 target, device 0, stream 0."""
+    """Triton's driver.active on a machine without a GPU: a target (sm_90 or sm_100), device 0, stream 0."""
 
     def __init__(self, target) -> None:
         self._target = target
@@ -162,12 +182,17 @@ def _resources(cubin: bytes, name: str) -> tuple[int, int]:
     return registers, stack + local
 
 
+def compiling_for_sm90():
+    """compiling_for(H200)."""
+    return compiling_for(H200)
+
+
 @contextmanager
-def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
-    """Within: kernel launches compile for sm_90 and are recorded (in launch order) instead of running; every tensor
-    a torch function returns is cuda_like (_AllocationsCudaLike); torch.cuda reports an H200's capability and SM
-    count. Everything is restored on exit. Routes decided by a tensor's device.type (still "cpu") are not covered:
-    the tests patch those few by name."""
+def compiling_for(device: Device) -> Iterator[list[CompiledKernel]]:
+    """Within: kernel launches compile for the device's target and are recorded (in launch order) instead of
+    running; every tensor a torch function returns is cuda_like (_AllocationsCudaLike); torch.cuda reports the
+    device's capability and SM count. Everything is restored on exit. Routes decided by a tensor's device.type
+    (still "cpu") are not covered: the tests patch those few by name."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compiling_for_sm90: TRITON_INTERPRET=1 makes the kernels interpreted functions")
     from mini_deepgemm import _backend
@@ -192,10 +217,11 @@ def compiling_for_sm90() -> Iterator[list[CompiledKernel]]:
 
     saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties")}
     active = driver._active  # None until a first use; reset_active() would look for a GPU driver
-    driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
+    major, minor = device.capability
+    driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 10 * major + minor, 32)))
     JITFunction.run = warm_up
-    torch.cuda.get_device_capability = lambda device=None: (9, 0)
-    torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(multi_processor_count=H200_SMS)
+    torch.cuda.get_device_capability = lambda _device=None: device.capability
+    torch.cuda.get_device_properties = lambda _device=None: types.SimpleNamespace(multi_processor_count=device.sms)
     _backend.sm_count.cache_clear()
     try:
         with _AllocationsCudaLike():

@@ -7,7 +7,7 @@ What it checks, per call (a quantizer, a dense GEMM, a grouped MoE GEMM), inside
   lists, and a change of routing fails here, on CPU CI, before it reaches the GPU machine;
 - that each kernel compiles for sm_90 at all (a Gluon API renamed between releases, a constexpr branch that only
   CUDA tensors take: inline PTX) and can launch there: shared memory <= 227 KiB, registers x threads <= 64K
-  (`CompiledKernel.fits_sm90`);
+  (`CompiledKernel.fits`);
 - that no kernel has a stack frame (local memory: spills, local arrays), except the few that have one today, whose
   bytes per thread are an upper bound here (Case.local_bytes, each with the reason in a comment: spills outside the
   K loops, where they cost a few loads per tile). A kernel that starts to spill, or spills more, fails here.
@@ -292,7 +292,7 @@ def test_compiles_for_sm90(case: Case) -> None:
     names = [k.name for k in kernels]
     route = "gluon" if _backend.gluon_usable() else "triton"
     assert names == (case.gluon if route == "gluon" else case.triton), f"the {route} route's kernels"
-    assert [problem for k in kernels for problem in k.fits_sm90()] == []
+    assert [problem for k in kernels for problem in k.fits()] == []
     # stack bytes per thread: none, or no more than the case states (Case.local_bytes)
     assert {k.name: k.local_bytes for k in kernels if k.local_bytes > case.local_bytes.get(k.name, 0)} == {}
     # the H200's swap-AB FP4 kernels convert e2m1 by inline PTX (FP4_ASM); a False here would mean the call

@@ -249,7 +249,7 @@ def test_compiles_for_sm90(case: Case, h200_sm_count: None) -> None:
         print(k.row(case.name))
     expected = case.gluon_launches if gluon_usable() else case.triton_launches
     assert [k.name for k in kernels] == [name for name, _ in expected], "route changed"
-    assert [p for k in kernels for p in k.fits_sm90()] == []
+    assert [p for k in kernels for p in k.fits()] == []
     over = [f"{k.name}: {k.local_bytes} B > {bound} B" for k, (_, bound) in zip(kernels, expected)
             if k.local_bytes > bound]
     assert over == [], "local memory (spills) beyond today's"

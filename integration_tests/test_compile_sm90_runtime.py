@@ -307,7 +307,7 @@ def test_compiles_for_sm90_and_fits(case: Case, monkeypatch: pytest.MonkeyPatch)
     for k in kernels:
         print(k.row(case.id))
     assert tuple(k.name for k in kernels) == case.kernels
-    assert [p for k in kernels for p in k.fits_sm90()] == []
+    assert [p for k in kernels for p in k.fits()] == []
     local = {k.name: k.local_bytes for k in kernels
              if k.local_bytes > LOCAL_MEMORY_BYTES.get((case.id.split("/")[0], k.name), 0)}
     assert local == {}, "kernel: local bytes per thread beyond LOCAL_MEMORY_BYTES"

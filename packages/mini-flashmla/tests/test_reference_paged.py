@@ -4,6 +4,7 @@ the split merge under Triton's interpreter."""
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -163,6 +164,24 @@ def test_default_decode_splits(monkeypatch, programs, gluon, splits):
                                                      (4, 3, (2, 2)), (0, 5, (1, 0)), (7, 1, (1, 7))])
 def test_split_blocks_leaves_no_split_empty(n_blocks, asked, expected):
     assert api._split_blocks(n_blocks, asked) == expected
+
+
+@pytest.mark.parametrize("capability,bf16_rows,heads,want", [
+    ((9, 0), True, 64, {"num_warps": 8, "num_stages": 2}),  # the H200's measured launch
+    ((10, 0), True, 64, {"num_warps": 8, "num_stages": 1}),  # 2 stages would not fit a B200 program's shared memory
+    ((10, 0), False, 64, {"num_warps": 8, "num_stages": 1}),
+    ((9, 0), False, 64, {"num_warps": 8, "num_stages": 1}),
+    ((10, 0), True, 16, {"num_warps": 4, "num_stages": 1}),
+])
+def test_attention_launch_by_gpu(capability, bf16_rows, heads, want, monkeypatch):
+    """The attention kernel's launch options (api._attn_launch): the H200's for 64-head programs, except bf16 rows
+    elsewhere, which take 1 stage (integration_tests/test_compile_sm100.py); a tensor off CUDA (the interpreter) asks
+    no device."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+    assert api._attn_launch(bf16_rows, heads, on_gpu) == want
+    assert api._attn_launch(bf16_rows, heads, torch.empty(0)) == (
+        api.ATTN_LAUNCH_64_HEADS["bf16" if bf16_rows else "quantized"] if heads == 64 else want)
 
 
 _MERGE_CHECK = """

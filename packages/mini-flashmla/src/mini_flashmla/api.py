@@ -34,7 +34,8 @@ MAX_ATTN_BLOCK_H = 64  # heads per attention program (tensor-core M); h > 64 use
 # Launch options of the attention kernel for 64-head programs, by row format (measured on H200,
 # docs/reports/flashmla-sparse-attention.md): 8 warps hold the 64 x 512 fp32 accumulator in two warpgroups. bf16
 # rows pipeline their gathers over 2 stages (cp.async, +20%); quantized rows do not gain from it (the
-# dequantization sits between the load and the MMA: -6%). Smaller head blocks use 4 warps, 1 stage.
+# dequantization sits between the load and the MMA: -6%). Smaller head blocks use 4 warps, 1 stage. Off sm_90 bf16
+# rows take 1 stage too (_attn_launch).
 ATTN_LAUNCH_64_HEADS = {"bf16": {"num_warps": 8, "num_stages": 2}, "quantized": {"num_warps": 8, "num_stages": 1}}
 # Indexer scores per query chunk are fp32 [chunk, n_keys]: 256 MiB at this size bounds the transient memory.
 INDEXER_CHUNK_BYTES = 256 << 20
@@ -267,13 +268,24 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
         h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d, FP4_ASM=q.is_cuda,
-        **(ATTN_LAUNCH_64_HEADS["bf16" if a_format == FORMAT_BF16.value else "quantized"] if block_h == 64
-           else {"num_warps": 4, "num_stages": 1}),
-        enable_fp_fusion=True,
+        **_attn_launch(a_format == FORMAT_BF16.value, block_h, q), enable_fp_fusion=True,
     )
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
+
+
+def _attn_launch(bf16_rows: bool, block_h: int, q: torch.Tensor) -> dict[str, int]:
+    """num_warps and num_stages of sparse_mla_fwd_kernel: ATTN_LAUNCH_64_HEADS for 64-head programs, except bf16 rows
+    on a GPU other than sm_90, which take 1 stage. On sm_100a their 2 stages need 262,944 B of shared memory, more than
+    a program may have (232,448 B); on sm_90, 196,864 B (offline compiles under triton 3.6 and 3.9, session 51:
+    integration_tests/test_compile_sm100.py). The 1-stage launch was neither run nor timed on an sm_100 GPU."""
+    if block_h != MAX_ATTN_BLOCK_H:
+        return {"num_warps": 4, "num_stages": 1}
+    launch = ATTN_LAUNCH_64_HEADS["bf16" if bf16_rows else "quantized"]
+    if bf16_rows and q.is_cuda and torch.cuda.get_device_capability(q.device) != (9, 0):
+        return {**launch, "num_stages": 1}
+    return launch
 
 
 def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
