@@ -136,7 +136,10 @@ class CompiledKernel:
 
 
 class _CompileOnlyDriver:
-    """Triton's driver.active on a machine without a GPU: a target (sm_90 or sm_100), device 0, stream 0."""
+    """Triton's driver.active on a machine without a GPU: a target (sm_90 or sm_100), stream 0, and a device index of
+    its own per target (its arch: 90, 100). A jitted function keeps one cache per device index, made with the target
+    of its first compile: with one index for both, a B200 compile followed by an H200 one in the same process got the
+    B200's kernels back (session 51, test_compile_sm100.py before test_compile_sm90_*.py in CI)."""
 
     def __init__(self, target) -> None:
         self._target = target
@@ -145,7 +148,7 @@ class _CompileOnlyDriver:
         return self._target
 
     def get_current_device(self) -> int:
-        return 0
+        return self._target.arch
 
     def get_current_stream(self, device: int | None = None) -> int:
         return 0
