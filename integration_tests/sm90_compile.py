@@ -45,7 +45,7 @@ import subprocess
 import tempfile
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -185,7 +185,7 @@ def _resources(cubin: bytes, name: str) -> tuple[int, int]:
     return registers, stack + local
 
 
-def compiling_for_sm90():
+def compiling_for_sm90() -> AbstractContextManager[list[CompiledKernel]]:
     """compiling_for(H200)."""
     return compiling_for(H200)
 
@@ -197,7 +197,7 @@ def compiling_for(device: Device) -> Iterator[list[CompiledKernel]]:
     device's capability and SM count. Everything is restored on exit. Routes decided by a tensor's device.type
     (still "cpu") are not covered: the tests patch those few by name."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("compiling_for_sm90: TRITON_INTERPRET=1 makes the kernels interpreted functions")
+        raise RuntimeError("compiling_for: TRITON_INTERPRET=1 makes the kernels interpreted functions")
     from mini_deepgemm import _backend
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
