@@ -68,7 +68,6 @@ class Device:
 
 H200 = Device("H200", (9, 0), 132)
 B200 = Device("B200", (10, 0), 148)
-H200_SMS = H200.sms
 
 
 class CudaLike(torch.Tensor):

@@ -48,7 +48,7 @@ import mini_flashmla  # noqa: E402
 from mini_deepgemm._backend import gluon_usable  # noqa: E402
 from mini_flashmla import api  # noqa: E402
 from mini_flashmla.cache_layout import COMPRESSED_KV_ROW_BYTES, INDEX_K_ROW_BYTES, WINDOW_ROW_BYTES  # noqa: E402
-from sm90_compile import H200_SMS, compiling_for_sm90  # noqa: E402
+from sm90_compile import H200, compiling_for_sm90  # noqa: E402
 
 HEADS = 64
 HEAD_DIM = 512
@@ -238,7 +238,7 @@ CASES = [
 @pytest.fixture
 def h200_sm_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """api._num_sms answers 8 for a CPU device (CudaLike's device is the CPU); on the H200 it is 132."""
-    monkeypatch.setattr(api, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(api, "_num_sms", lambda device: H200.sms)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
