@@ -72,12 +72,13 @@ CONVERT_MASKED = [(
     "    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, \"=r,=r,r,r,r\", [words, lo, hi],\n"
     "                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)\n",
     "    q03, q47 = words, words ^ offsets[:, None]\n")]
-MMA_MASKED = [("\n        lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)\n", "\n"),
-              ("\n        hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)\n", "\n"),
-              ("\n        part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))\n",
-               "\n        part_lo, part_hi = zero, zero\n")]
-FMA_MASKED = [("\n        acc_lo = acc_lo + part_lo * wa[None, :]\n        acc_hi = acc_hi + part_hi * wa[None, :]\n",
-               "\n        acc_lo = part_lo\n        acc_hi = part_hi\n")]
+MMA_MASKED = [("\n            lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n            hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))\n",
+               "\n            part_lo, part_hi = zero, zero\n")]
+FMA_MASKED = [("\n            acc_lo = acc_lo + part_lo * wa[None, :]\n"
+               "            acc_hi = acc_hi + part_hi * wa[None, :]\n",
+               "\n            acc_lo = part_lo\n            acc_hi = part_hi\n")]
 VARIANTS = {  # kernel -> variant -> edits of the kernel module's source (str: exactly once; regex: at least once)
     "contiguous": {"full": [], "no_convert": CONVERT_CONTIGUOUS, "no_mma": MMA_CONTIGUOUS, "no_fma": FMA_CONTIGUOUS,
                    "handshakes_only": CONVERT_CONTIGUOUS + MMA_CONTIGUOUS},

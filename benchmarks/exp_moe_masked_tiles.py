@@ -1,5 +1,5 @@
-"""Experiment (issue 4, sessions 21-22 and 44): the FP8-MMA masked MoE kernel's token tile, ring depth and launch
-shape, on activations folded per 128.
+"""Experiment (issue 4, sessions 21-22, 44, 50 and 52): the FP8-MMA masked MoE kernel's token tile, ring depth and
+launch shape, on activations folded per 128.
 
 Why: session 19 picked 16-token tiles up to ~16 rows per expert and 32 above, and a 2-deep ring, on per-32
 activations, where the 32- and 64-token tiles needed 175 and 255 registers (2 CTAs per SM) and deeper rings cost
@@ -24,12 +24,18 @@ the kernel at ~32 rows is bound by issue and latency per converted weight step (
 MMAs. So two launches: the experts of at most T rows on T-token tiles, the others on 2T-token tiles (64 tokens: 252
 registers, 2 CTAs per SM, offline). At ~16 and ~32 rows on 96 experts, against one launch of T and of 2T tokens.
 
-Measured (the script as of session 44): each of CASES (experts, Poisson rows per expert, at least 1 and at most the
-capacity max_m), w13 and w2, the public masked GEMM with folded weights and folded activations, each of VARIANTS
-forced through gemm._masked_tile; weight bytes per second as a fraction of the device copy (same process), GPU time
-by CUDA-graph replay. Sessions 21-22 ran 96 experts at ~8 / 32 / 64 rows with (tokens, stages) variants. Every
-variant's used rows are compared bitwise with the first's (each output element is the same sequence of MMAs and
-FMAs). Writes $OUT/exp_moe_masked_tiles.json.
+Session 52: ring slots of two K steps (gemm._masked_k_per_slot, MaskedTile.k_per_slot): 3-D descriptors, K step
+outermost, so each refill, its handshakes and the four CTA barriers the compiler puts around the copies come once per
+two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
+instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
+tokens: 284 / 300 / 322 / 367 -> 242 / 252 / 290 (56 bytes of stack at the 128-register cap) / 325. At each case, the
+route's tiles with one step per slot (the route before), two everywhere, and the route (two but at 32 tokens).
+
+Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
+the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
+and gemm._masked_k_per_slot; weight bytes per second as a fraction of the device copy (same process), GPU time by
+CUDA-graph replay. Every variant's used rows are compared bitwise with the first's (each output element is the same
+sequence of MMAs and FMAs). Writes $OUT/exp_moe_masked_tiles.json.
 
     cd benchmarks && python3 exp_moe_masked_tiles.py
 """
@@ -48,51 +54,50 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# G.MaskedTile fields (tokens, ring stages, register cap, one program per expert, split); the route before session
-# 50 first at each row count
-VARIANTS = {16: ((16, 2, 128, False), (16, 2, 128, False, True), (32, 2, 128, False)),
-            32: ((32, 2, 128, False), (32, 2, 128, False, True), (64, 2, None, False)),
-            64: ((64, 2, None, False), (32, 2, 128, False, True))}
-CASES = ((96, 16, 128), (96, 32, 128), (96, 64, 128))  # (experts, expected rows per expert, max_m)
+# K steps per ring slot by tile tokens (gemm._masked_k_per_slot), applied to the route's tiles; the route before
+# session 52 first
+VARIANTS = {"one_step": lambda tokens: 1, "two_steps": lambda tokens: 2, "route": G._masked_k_per_slot}
+# (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
+# 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
+CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
 
 
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed = G._masked_tile
+    routed, routed_steps = G._masked_tile, G._masked_k_per_slot
     for groups, expected_m, max_m in CASES:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
             sb = rand_fp4_weight_scales(groups, N, K // 32, low=118)
             (bq_route, folded), a128 = G.fold_fp4_weights(bq, sb), fold_ue8m0_to_128(a, sa, 1)
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
+            tile = routed(expected_m, True)
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
-                   "rows": int(masked.sum()), "routed": list(routed(expected_m, True))}
+                   "rows": int(masked.sum()), "routed": list(tile)}
             first = None
-            for variant in VARIANTS[expected_m]:
-                G._masked_tile = lambda *_args, v=G.MaskedTile(*variant): v
+            for key, steps in VARIANTS.items():
+                G._masked_k_per_slot = steps
+                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps(tile.tokens)): t
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
-                key = "_".join(map(str, variant))
                 row[f"frac_of_copy_{key}"] = (bq.numel() + sb.numel()) / t / 1e6 / copy_gbs
                 row[f"us_{key}"] = t * 1e3
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_tile = routed
+            G._masked_tile, G._masked_k_per_slot = routed, routed_steps
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
+    print(f"| experts, rows, max_m | GEMM | tile | {' | '.join(VARIANTS)} | bitwise |")
     for r in result["rows"]:
-        keys = ["_".join(map(str, v)) for v in VARIANTS[r["expected_m"]]]
-        print(f"| experts, rows, max_m | GEMM | {' | '.join(keys)} | bitwise |")
-        fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in keys)
-        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {fracs} | "
-              f"{all(r[f'bitwise_{k}'] for k in keys)} |")
-
+        fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in VARIANTS)
+        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {r['routed'][0]} | {fracs} | "
+              f"{all(r[f'bitwise_{k}'] for k in VARIANTS)} |")
 
 if __name__ == "__main__":
     main()

@@ -528,12 +528,12 @@ def _validate_folded(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
 
 
 @functools.cache
-def _packed_fp4_layout():
-    """The shared layout of the FP8-MMA route's packed weight tiles [128 rows, 64 bytes]: a 64-byte swizzle, so the
-    converter's row-per-thread 16-byte loads hit distinct banks."""
+def _packed_fp4_layout(rank: int = 2):
+    """The shared layout of the FP8-MMA route's packed weight tiles [128 rows, 64 bytes] (rank 3: [steps, 128, 64]):
+    a 64-byte swizzle, so the converter's row-per-thread 16-byte loads hit distinct banks."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=rank)
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
@@ -550,7 +550,6 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     (aq, sa), (bq, _) = a, b
     G, N, K2 = bq.shape
     K = aq.shape[-1]
-    w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
     sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
@@ -568,6 +567,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
             # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
             contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4, enable_fp_fusion=True)
+        w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
@@ -576,8 +576,17 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         return
     max_m = aq.shape[1]
     for tile, min_rows, max_rows in _masked_launches(_masked_tile(expected_m or max_m, sa_per_128)):
+        # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
+        steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
+        if steps == 1:
+            w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
+            x_desc = _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
+        else:
+            w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
+                                                  _packed_fp4_layout(rank=3))
+            x_desc = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
         fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
-            w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128)), d, folded.offsets, sa_words,
+            w_desc, x_desc, d, folded.offsets, sa_words,
             folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
             STAGES=tile.stages, SA_PER_128=sa_per_128, num_warps=4,
             **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
@@ -611,15 +620,17 @@ _INT32_MAX = 2**31 - 1
 
 
 class MaskedTile(NamedTuple):
-    """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's), and
+    """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's),
     whether one program per expert and 128 weight rows loops over the expert's token tiles (the grid's first axis
     1) instead of one program per tile (that axis cdiv(max_m, tokens), most of whose programs exit at once where
-    experts have few rows)."""
+    experts have few rows), whether the experts above `tokens` rows go to a second launch (_masked_launches), and the
+    K steps a ring slot holds on folded activations (_masked_k_per_slot; 1 where K / 128 is odd)."""
     tokens: int
     stages: int
     maxnreg: int | None
     one_program: bool
     split: bool = False
+    k_per_slot: int = 1
 
 
 def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
@@ -634,13 +645,23 @@ def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
         return [(tile, 0, _INT32_MAX)]
     wide = 2 * tile.tokens
     return [(tile._replace(one_program=True, split=False), 0, tile.tokens),
-            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False), tile.tokens + 1, _INT32_MAX)]
+            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False,
+                        k_per_slot=_masked_k_per_slot(wide)), tile.tokens + 1, _INT32_MAX)]
 
 
 def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
     """maxnreg of the masked kernel's tiles of 16-64 tokens (_masked_tile has the measurements): 128 on the folded
     loop up to 32 tokens (4 CTAs per SM), else the compiler's."""
     return 128 if folded_activations and tokens <= 32 else None
+
+
+def _masked_k_per_slot(tokens: int) -> int:
+    """K steps per ring slot of the folded masked loop at `tokens` per tile: 2, so that the refill, its handshakes
+    and the CTA barriers the compiler puts around the copies come once per two steps; 1 at 32 tokens, whose loop
+    spills at the 128-register cap with two (offline, triton 3.6 / sm_90a, w13, instructions per warp and K step at
+    8 / 16 / 32 / 64 tokens, one step -> two: 284 -> 242, 300 -> 252, 322 -> 290 with 56 bytes of stack, 367 -> 325).
+    """
+    return 1 if tokens == 32 else 2
 
 
 def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
@@ -659,10 +680,11 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     through L2. Split (folded, 16- and 32-token tiles, session 50): the experts above the tile on a second launch
     of twice its tokens (_masked_launches)."""
     if folded_activations and expected_m <= 4:
-        return MaskedTile(8, 2, 96, True)
+        return MaskedTile(8, 2, 96, True, k_per_slot=_masked_k_per_slot(8))
     tokens = _token_tile(expected_m)
     return MaskedTile(tokens, 2, _masked_register_cap(tokens, folded_activations), expected_m <= 8,
-                      split=folded_activations and expected_m > 8 and tokens <= 32)
+                      split=folded_activations and expected_m > 8 and tokens <= 32,
+                      k_per_slot=_masked_k_per_slot(tokens) if folded_activations else 1)
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
@@ -744,7 +766,7 @@ def _f32_scales_transposed(s: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
+def _nvmma_layout(block: tuple[int, ...], dtype: torch.dtype):
     """The swizzled shared layout of a TMA tile (cached: building it costs ~9 us of host time, and a call's three
     descriptors are host time that small GEMMs wait for)."""
     from triton.experimental.gluon import language as gl
@@ -753,7 +775,7 @@ def _nvmma_layout(block: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
-def _tma_desc(t: torch.Tensor, block: tuple[int, int]):
+def _tma_desc(t: torch.Tensor, block: tuple[int, ...]):
     """A TMA descriptor of t in `block` tiles with the swizzled shared layout the Gluon kernels allocate."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

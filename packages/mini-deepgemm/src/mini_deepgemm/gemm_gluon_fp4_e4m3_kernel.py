@@ -413,21 +413,32 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
 
 
 @gluon.jit
-def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k, w_row, x_row, step0):
-    """TMA step k's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] into ring slot (step0 + k) %
-    STAGES (step0: the ring steps of the program's earlier token tiles)."""
-    slot = (step0 + k) % w_ring.type.shape[0]
+def _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, t, w_row, x_row, step0):
+    """TMA ring step t into ring slot (step0 + t) % STAGES (step0: the ring steps of the program's earlier token tiles):
+    K step t's packed weights [128, 64 bytes] and activations [BLOCK_M, 128] (2-D descriptors), or with 3-D ones (K
+    step outermost, S steps a box) K steps S t .. S t + S - 1 ([S, 128, 64], [S, BLOCK_M, 128])."""
+    slot = (step0 + t) % w_ring.type.shape[0]
     mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + x_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(w_desc, [w_row, k * 64], ready.index(slot), w_ring.index(slot))
-    tma.async_copy_global_to_shared(x_desc, [x_row, k * 128], ready.index(slot), x_ring.index(slot))
+    if len(w_desc.block_type.shape) == 3:
+        S: gl.constexpr = w_desc.block_type.shape[0]
+        tma.async_copy_global_to_shared(w_desc, [t * S, w_row, 0], ready.index(slot), w_ring.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [t * S, x_row, 0], ready.index(slot), x_ring.index(slot))
+    else:
+        tma.async_copy_global_to_shared(w_desc, [w_row, t * 64], ready.index(slot), w_ring.index(slot))
+        tma.async_copy_global_to_shared(x_desc, [x_row, t * 128], ready.index(slot), x_ring.index(slot))
 
 
 @gluon.jit
 def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
-    """The masked kernel's TMA ring: packed weights [STAGES, 128, 64 bytes], activations [STAGES, BLOCK_M, 128] and
-    one "ready" mbarrier per slot."""
-    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, x_desc.block_type.shape[0], 128], x_desc.layout)
+    """The masked kernel's TMA ring: a slot per descriptor box (packed weights [128, 64 bytes] and activations
+    [BLOCK_M, 128], or [S, ...] of each: S K steps a slot) and one "ready" mbarrier per slot."""
+    if len(w_desc.block_type.shape) == 3:
+        S: gl.constexpr = w_desc.block_type.shape[0]
+        w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, S, 128, 64], w_desc.layout)
+        x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, S, x_desc.block_type.shape[1], 128], x_desc.layout)
+    else:
+        w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+        x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, x_desc.block_type.shape[0], 128], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -435,10 +446,21 @@ def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0):
-    """The tile's first STAGES - 1 steps; step k then refills the slot step k - 1 read."""
+def _masked_steps(ring, dtype: gl.constexpr, cols: gl.constexpr, swizzle: gl.constexpr):
+    """A masked ring ([STAGES, rows, *], or [STAGES, S, rows, *] in the 3-D descriptors' layout) read as [STAGES x S,
+    rows, cols] of `dtype` in the same swizzle: index slot x S + j is K step j of the slot."""
+    STAGES: gl.constexpr = ring.type.shape[0]
+    S: gl.constexpr = ring.type.shape[1] if len(ring.type.shape) == 4 else 1
+    return ring._reinterpret(dtype, [STAGES * S, ring.type.shape[-2], cols],
+                             gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=dtype.primitive_bitwidth,
+                                                  rank=2))
+
+
+@gluon.jit
+def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_t, w_row, x_row, step0):
+    """The tile's first STAGES - 1 ring steps (of num_t); step t then refills the slot step t - 1 read."""
     for s in gl.static_range(w_ring.type.shape[0] - 1):
-        if s < num_k:
+        if s < num_t:
             _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, s, w_row, x_row, step0)
 
 
@@ -467,10 +489,10 @@ _IDENTITY_PTX: gl.constexpr = gl.constexpr("mov.b32 $0, $1;")
 
 
 @gluon.jit
-def _fragment_words(w_ring, slot, half: gl.constexpr):
-    """Half `half` (rows 64 x half ..) of ring slot `slot`'s packed weights -> each thread's A-fragment words (int32
-    [64, 16] in _HALF_WORDS), as they lie in shared memory."""
-    words = _raw_words(w_ring, w_ring.type.shape[0]).index(slot).slice(64 * half, 64, dim=0)
+def _fragment_words(w_ring, step, half: gl.constexpr):
+    """Half `half` (rows 64 x half ..) of a K step's packed weights (`step`: index into _masked_steps's view) -> each
+    thread's A-fragment words (int32 [64, 16] in _HALF_WORDS), as they lie in shared memory."""
+    words = _masked_steps(w_ring, gl.int32, 16, 64).index(step).slice(64 * half, 64, dim=0)
     return words.load(_HALF_WORDS)
 
 
@@ -497,11 +519,14 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
                          K, stride_sa, step0, mma: gl.constexpr):
     """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
     shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
-    half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). The ring stays safe without a CTA
-    barrier: a slot is refilled after the step that read it waited for its MMAs, and an MMA with register A operands
-    starts only once all four warps have issued it, that is, after every warp's loads of the slot."""
+    half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). A ring slot holds S K steps, so its
+    refill, the copies' handshakes and the CTA barriers the compiler puts around them come once per S steps. The ring
+    stays safe without a CTA barrier of its own: a slot is refilled after the step that read it waited for its MMAs,
+    and an MMA with register A operands starts only once all four warps have issued it, that is, after every warp's
+    loads of the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    S: gl.constexpr = w_ring.type.shape[1] if len(w_ring.type.shape) == 4 else 1
+    BLOCK_M: gl.constexpr = x_ring.type.shape[-2]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
     offsets_lo_ptr = offsets_ptr + (w_row + half_rows).to(gl.int64) * (K // 128)
@@ -514,23 +539,27 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
     off_lo, off_hi = gl.load(offsets_lo_ptr), gl.load(offsets_hi_ptr)
-    for k in range(num_k):
-        if k + STAGES - 1 < num_k:
-            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, k + STAGES - 1, w_row, x_row, step0)
-        ahead = gl.minimum(k + 1, num_k - 1)
-        off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
-        slot = (step0 + k) % STAGES
-        mbarrier.wait(ready.index(slot), ((step0 + k) // STAGES) & 1)
-        b = x_ring.index(slot).permute((1, 0))
-        a_lo = _register_operand(_fragment_words(w_ring, slot, 0), off_lo, a_op)
-        lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
-        a_hi = _register_operand(_fragment_words(w_ring, slot, 1), off_hi, a_op)
-        hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
-        wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
-        part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-        acc_lo = acc_lo + part_lo * wa[None, :]
-        acc_hi = acc_hi + part_hi * wa[None, :]
-        off_lo, off_hi = off_lo_next, off_hi_next
+    num_t = num_k // S
+    for t in range(num_t):
+        if t + STAGES - 1 < num_t:
+            _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, t + STAGES - 1, w_row, x_row, step0)
+        slot = (step0 + t) % STAGES
+        for j in gl.static_range(S):
+            k = t * S + j
+            ahead = gl.minimum(k + 1, num_k - 1)
+            off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
+            if j == 0:
+                mbarrier.wait(ready.index(slot), ((step0 + t) // STAGES) & 1)
+            b = _masked_steps(x_ring, x_ring.dtype, 128, 128).index(slot * S + j).permute((1, 0))
+            a_lo = _register_operand(_fragment_words(w_ring, slot * S + j, 0), off_lo, a_op)
+            lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
+            a_hi = _register_operand(_fragment_words(w_ring, slot * S + j, 1), off_hi, a_op)
+            hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
+            wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
+            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+            acc_lo = acc_lo + part_lo * wa[None, :]
+            acc_hi = acc_hi + part_hi * wa[None, :]
+            off_lo, off_hi = off_lo_next, off_hi_next
     return acc_lo, acc_hi
 
 
@@ -540,17 +569,19 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                            SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
     masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
-    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64]
-    boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; offsets int32 [G * N, K / 128]; sa
+    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, viewed [K /
+    128, G * N, 64] (K step outermost), in [S, 128, 64] boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] viewed
+    [K / 128, G * max_m, 128], in [S, BLOCK_M, 128] boxes: a ring slot holds S K steps (S divides K / 128; 1 on per-32
+    activations); offsets int32 [G * N, K / 128]; sa
     int32 words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
     K % 128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted
     into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the
     activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
     128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
     one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    S: gl.constexpr = w_desc.block_type.shape[0] if len(w_desc.block_type.shape) == 3 else 1
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[-2]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
-    raw_words = _raw_words(w_ring, STAGES)
     if not SA_PER_128:
         w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -574,12 +605,13 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     step0 = 0
     for m0 in range(gl.program_id(0) * BLOCK_M, rows_end, gl.num_programs(0) * BLOCK_M):
         x_row = g * max_m + m0
-        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k, w_row, x_row, step0)
+        _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k // S, w_row, x_row, step0)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
                                                   w_row, x_row, m0, max_m, K, stride_sa, step0, mma)
         else:
+            gl.static_assert(S == 1, "per-32 activations take one K step per ring slot")
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
                 gl.int64) * (K // 128)
             sa_cols = sa_ptr + (g * max_m + gl.minimum(tokens, max_m - 1)).to(gl.int64) * stride_sa
@@ -595,10 +627,11 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                 offsets_next, wa_next = gl.load(row_offsets + ahead), gl.load(sa_cols + ahead)
                 slot = (step0 + k) % STAGES
                 mbarrier.wait(ready.index(slot), ((step0 + k) // STAGES) & 1)
-                w_tile.store(_convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets))
+                words = _masked_steps(w_ring, gl.int32, 16, 64).index(slot).load(_ROW_WORDS)
+                w_tile.store(_convert_rows(words, offsets))
                 fence_async_shared()
                 gl.thread_barrier()  # every thread's rows of the tile are written before the MMAs read it
-                x_tile = x_ring.index(slot)
+                x_tile = _masked_steps(x_ring, x_ring.dtype, 128, 128).index(slot)
                 for j in gl.static_range(4):
                     b = x_tile.slice(32 * j, 32, dim=1).permute((1, 0))
                     lo_mma = warpgroup_mma(w_e4m3.slice(0, 64, dim=0).slice(32 * j, 32, dim=1), b, zero,
@@ -611,6 +644,6 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                     acc_hi = acc_hi + part_hi * fa
                 offsets, wa = offsets_next, wa_next
         _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
-        step0 += num_k
+        step0 += num_k // S
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
