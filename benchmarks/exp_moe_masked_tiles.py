@@ -29,7 +29,8 @@ outermost, so each refill, its handshakes and the four CTA barriers the compiler
 two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
 instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
 tokens: 284 / 300 / 322 / 367 -> 242 / 252 / 290 (56 bytes of stack at the 128-register cap) / 325. At each case, the
-route's tiles with one step per slot (the route before), two everywhere, and the route (two but at 32 tokens).
+route's tiles with one step per slot (the route before), two everywhere, the route (two but at 32 tokens), and the
+route on a 3-deep ring.
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
@@ -54,9 +55,11 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# K steps per ring slot by tile tokens (gemm._masked_k_per_slot), applied to the route's tiles; the route before
-# session 52 first
-VARIANTS = {"one_step": lambda tokens: 1, "two_steps": lambda tokens: 2, "route": G._masked_k_per_slot}
+# (K steps per ring slot by tile tokens, as gemm._masked_k_per_slot; ring stages) applied to the route's tiles; the
+# route before session 52 first. Three stages of two steps: 64 tokens 98 KB of shared memory, 2 CTAs per SM as at two
+# stages; 8 and 16 tokens lose a CTA per SM to shared memory (offline).
+VARIANTS = {"one_step": (lambda tokens: 1, 2), "two_steps": (lambda tokens: 2, 2), "route": (G._masked_k_per_slot, 2),
+            "route_3_stages": (G._masked_k_per_slot, 3)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
@@ -76,9 +79,9 @@ def main() -> None:
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
                    "rows": int(masked.sum()), "routed": list(tile)}
             first = None
-            for key, steps in VARIANTS.items():
+            for key, (steps, stages) in VARIANTS.items():
                 G._masked_k_per_slot = steps
-                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps(tile.tokens)): t
+                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps(tile.tokens), stages=stages): t
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
