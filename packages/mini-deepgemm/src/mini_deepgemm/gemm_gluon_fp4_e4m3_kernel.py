@@ -569,14 +569,14 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                            SA_PER_128: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
     masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
-    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, viewed [K /
-    128, G * N, 64] (K step outermost), in [S, 128, 64] boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] viewed
-    [K / 128, G * max_m, 128], in [S, BLOCK_M, 128] boxes: a ring slot holds S K steps (S divides K / 128; 1 on per-32
-    activations); offsets int32 [G * N, K / 128]; sa
-    int32 words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0,
-    K % 128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted
-    into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the
-    activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
+    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64]
+    boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; or (SA_PER_128 only) 3-D views, K
+    step outermost, [K / 128, G * N, 64] in [S, 128, 64] boxes and [K / 128, G * max_m, 128] in [S, BLOCK_M, 128]
+    boxes: a ring slot of S K steps (S divides K / 128). offsets int32 [G * N, K / 128]; sa int32 words [G * max_m, K /
+    128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0, K % 128 == 0. Grid
+    (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted into one shared
+    tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the activations as
+    B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
     128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
     one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
     S: gl.constexpr = w_desc.block_type.shape[0] if len(w_desc.block_type.shape) == 3 else 1
