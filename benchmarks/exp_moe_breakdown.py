@@ -17,7 +17,7 @@ the public grouped GEMMs on folded weights and activations folded per 128 (the e
   `no_fma` (the MMA's tile replaces the accumulator instead of being promoted into it), `handshakes_only` (neither
   conversion nor MMA: the producer's copies and the barriers);
 - masked (96 experts, Poisson(8), (32) and (64) rows, the routed tiles: 16 tokens, the split 32 / 64 tokens, 64
-  tokens), on the folded loop (`_masked_folded_steps`; session 23's edits were of the shared-tile conversion, which
+  tokens), on the folded loop (`_masked_folded_step`; session 23's edits were of the shared-tile conversion, which
   the folded route left for register A operands in session 26): `no_convert` (the MMAs read the loaded words as
   they are, one XOR per word with its row's offsets keeping their loads), `no_fma` (the MMA's part replaces the
   accumulator: no promotion, no scale loads), `no_mma_no_convert` (no MMA; the conversion that only feeds them goes
@@ -63,7 +63,7 @@ MMA_CONTIGUOUS = [(re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_m
                               r"is_async=True\),\)\)"), "part = zero")]
 FMA_CONTIGUOUS = [("\n                acc = acc + part * wa[:, None]\n", "\n                acc = part\n"),
                   ("\n                acc_1 = acc_1 + part * wa_1[:, None]\n", "\n                acc_1 = part\n")]
-# the masked kernel's folded loop (_masked_folded_steps, the route on activations folded per 128): the A operand
+# the masked kernel's folded loop (_masked_folded_step, the route on activations folded per 128): the A operand
 # straight from the loaded words (one XOR per word with its row's offsets keeps their loads), the two MMAs (which
 # also drops the conversion feeding them: an operand no MMA reads is not computed), the promotion (which also drops
 # the activation scales' loads)
@@ -72,13 +72,12 @@ CONVERT_MASKED = [(
     "    q03, q47 = gl.inline_asm_elementwise(_E2M1_TO_E4M3_PTX, \"=r,=r,r,r,r\", [words, lo, hi],\n"
     "                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)\n",
     "    q03, q47 = words, words ^ offsets[:, None]\n")]
-MMA_MASKED = [("\n            lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)\n", "\n"),
-              ("\n            hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)\n", "\n"),
-              ("\n            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))\n",
-               "\n            part_lo, part_hi = zero, zero\n")]
-FMA_MASKED = [("\n            acc_lo = acc_lo + part_lo * wa[None, :]\n"
-               "            acc_hi = acc_hi + part_hi * wa[None, :]\n",
-               "\n            acc_lo = part_lo\n            acc_hi = part_hi\n")]
+MMA_MASKED = [("\n    lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n    hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)\n", "\n"),
+              ("\n    part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))\n",
+               "\n    part_lo, part_hi = zero, zero\n")]
+FMA_MASKED = [("\n    acc_lo = acc_lo + part_lo * wa[None, :]\n    acc_hi = acc_hi + part_hi * wa[None, :]\n",
+               "\n    acc_lo = part_lo\n    acc_hi = part_hi\n")]
 VARIANTS = {  # kernel -> variant -> edits of the kernel module's source (str: exactly once; regex: at least once)
     "contiguous": {"full": [], "no_convert": CONVERT_CONTIGUOUS, "no_mma": MMA_CONTIGUOUS, "no_fma": FMA_CONTIGUOUS,
                    "handshakes_only": CONVERT_CONTIGUOUS + MMA_CONTIGUOUS},

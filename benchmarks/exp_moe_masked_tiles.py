@@ -24,17 +24,18 @@ the kernel at ~32 rows is bound by issue and latency per converted weight step (
 MMAs. So two launches: the experts of at most T rows on T-token tiles, the others on 2T-token tiles (64 tokens: 252
 registers, 2 CTAs per SM, offline). At ~16 and ~32 rows on 96 experts, against one launch of T and of 2T tokens.
 
-Session 52: ring slots of two K steps (gemm._masked_k_per_slot, MaskedTile.k_per_slot): 3-D descriptors, K step
+Session 52: ring slots of two K steps (gemm._masked_ring_slot, MaskedTile.k_per_slot): 3-D descriptors, K step
 outermost, so each refill, its handshakes and the four CTA barriers the compiler puts around the copies come once per
 two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
 instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
-tokens: 284 / 300 / 322 / 367 -> 242 / 252 / 290 (56 bytes of stack at the 128-register cap) / 325. At each case, the
-route's tiles with one step per slot (the route before), two everywhere, the route (two but at 32 tokens), and the
+tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the 128-register cap) /
+325; two in a loop ~253 / ~267 / ~296 / ~347. At each case the route's tiles with one step per slot (the route
+before), two unrolled everywhere, two in a loop everywhere, the route (unrolled, but a loop at 32 tokens), and the
 route on a 3-deep ring.
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
-and gemm._masked_k_per_slot; weight bytes per second as a fraction of the device copy (same process), GPU time by
+and gemm._masked_ring_slot; weight bytes per second as a fraction of the device copy (same process), GPU time by
 CUDA-graph replay. Every variant's used rows are compared bitwise with the first's (each output element is the same
 sequence of MMAs and FMAs). Writes $OUT/exp_moe_masked_tiles.json.
 
@@ -55,11 +56,13 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# (K steps per ring slot by tile tokens, as gemm._masked_k_per_slot; ring stages) applied to the route's tiles; the
-# route before session 52 first. Three stages of two steps: 64 tokens 98 KB of shared memory, 2 CTAs per SM as at two
-# stages; 8 and 16 tokens lose a CTA per SM to shared memory (offline).
-VARIANTS = {"one_step": (lambda tokens: 1, 2), "two_steps": (lambda tokens: 2, 2), "route": (G._masked_k_per_slot, 2),
-            "route_3_stages": (G._masked_k_per_slot, 3)}
+# (ring slot by tile tokens as gemm._masked_ring_slot: K steps, unrolled; ring stages) applied to the route's tiles;
+# the route before session 52 first (SASS-identical to main 108fa8f's masked kernels, offline). Three stages of two
+# steps: 64 tokens 98 KB of shared memory, 2 CTAs per SM as at two stages; 8 and 16 tokens lose a CTA per SM to
+# shared memory (offline).
+VARIANTS = {"one_step": (lambda tokens: (1, True), 2), "two_unrolled": (lambda tokens: (2, True), 2),
+            "two_looped": (lambda tokens: (2, False), 2), "route": (G._masked_ring_slot, 2),
+            "route_3_stages": (G._masked_ring_slot, 3)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
@@ -68,7 +71,7 @@ CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128)
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed, routed_steps = G._masked_tile, G._masked_k_per_slot
+    routed, routed_slot = G._masked_tile, G._masked_ring_slot
     for groups, expected_m, max_m in CASES:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
@@ -79,9 +82,11 @@ def main() -> None:
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
                    "rows": int(masked.sum()), "routed": list(tile)}
             first = None
-            for key, (steps, stages) in VARIANTS.items():
-                G._masked_k_per_slot = steps
-                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps(tile.tokens), stages=stages): t
+            for key, (slot, stages) in VARIANTS.items():
+                G._masked_ring_slot = slot  # the split's second launch
+                steps, unrolled = slot(tile.tokens)
+                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps, slot_unrolled=unrolled,
+                                                                stages=stages): t
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
@@ -90,7 +95,7 @@ def main() -> None:
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_tile, G._masked_k_per_slot = routed, routed_steps
+            G._masked_tile, G._masked_ring_slot = routed, routed_slot
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()

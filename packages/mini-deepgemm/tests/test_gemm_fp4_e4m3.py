@@ -207,7 +207,7 @@ def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
     assert (tile.tokens, tile.one_program) == want
     assert tile.maxnreg == (96 if tile.tokens == 8 else 128 if folded and tile.tokens <= 32 else None)
     assert tile.split == (folded and 8 < expected_m <= 32)
-    assert tile.k_per_slot == (2 if folded and tile.tokens != 32 else 1)
+    assert (tile.k_per_slot, tile.slot_unrolled) == ((2, tile.tokens != 32) if folded else (1, True))
 
 
 def test_a_split_masked_tile_launches_each_expert_once():
@@ -216,9 +216,10 @@ def test_a_split_masked_tile_launches_each_expert_once():
     big = gemm._INT32_MAX
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False)) == [(gemm.MaskedTile(32, 2, 128, False), 0, big)]
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False, split=True)) == [
-        (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False, k_per_slot=2), 33, big)]
+        (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False, False, 2), 33, big)]
     assert gemm._masked_launches(gemm._masked_tile(16, True)) == [
-        (gemm.MaskedTile(16, 2, 128, True, k_per_slot=2), 0, 16), (gemm.MaskedTile(32, 2, 128, False), 17, big)]
+        (gemm.MaskedTile(16, 2, 128, True, False, 2), 0, 16),
+        (gemm.MaskedTile(32, 2, 128, False, False, 2, False), 17, big)]
 
 
 def test_folded_argument_errors_name_the_problem():
@@ -390,10 +391,10 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
 @pytest.mark.parametrize("K", [768, 1024])
 @pytest.mark.parametrize("tokens", [8, 16, 32, 64])
 def test_masked_ring_slots_of_two_k_steps_give_the_same_bits(tokens, K, monkeypatch):
-    """A ring slot of two K steps (MaskedTile.k_per_slot, 3-D descriptors) computes each output element as one step
-    per slot does: K of 6 steps (3 ring steps on a 2-deep ring: a program's second tile starts on the other phase) and
-    8, per-tile programs and one program per expert, experts of 0, 1, 17, all 64, 5 and 40 rows; and a K of an odd
-    number of steps falls back to one per slot (the other tests' K of 5 steps)."""
+    """A ring slot of two K steps (MaskedTile.k_per_slot, 3-D descriptors), unrolled or in a loop, computes each output
+    element as one step per slot does: K of 6 steps (3 ring steps on a 2-deep ring: a program's second tile starts on
+    the other phase) and 8, per-tile programs and one program per expert, experts of 0, 1, 17, all 64, 5 and 40 rows;
+    a K of an odd number of steps falls back to one per slot (the other tests' K of 5 steps)."""
     G, N, max_m = 6, 384, 64
     masked_m = torch.tensor([0, 1, 17, max_m, 5, 40], dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(9)
@@ -403,16 +404,16 @@ def test_masked_ring_slots_of_two_k_steps_give_the_same_bits(tokens, K, monkeypa
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     out = {}
     for one_program in (False, True):
-        for steps in (1, 2):
-            tile = gemm.MaskedTile(tokens, 2, gemm._masked_register_cap(tokens, True), one_program, k_per_slot=steps)
+        for slot in ((1, True), (2, True), (2, False)):
+            tile = gemm.MaskedTile(tokens, 2, gemm._masked_register_cap(tokens, True), one_program, False, *slot)
             monkeypatch.setattr(gemm, "_masked_tile", lambda *args, t=tile: t)
-            d = out[one_program, steps] = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+            d = out[one_program, slot] = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
             gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq_route, sb), d, masked_m, 8, folded=folded)
     for key, d in out.items():
-        assert torch.equal(d.view(torch.int16), out[False, 1].view(torch.int16)), key
+        assert torch.equal(d.view(torch.int16), out[False, (1, True)].view(torch.int16)), key
     want = reference.m_grouped_gemm_nt_masked_ref(q, _per_32(s), bq, sb, masked_m, 1, 32)
     used = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
-    assert calc_diff(out[True, 2][used].float(), want[used]) < 1e-5
+    assert calc_diff(out[True, (2, True)][used].float(), want[used]) < 1e-5
 
 
 @pytest.mark.gpu

@@ -588,7 +588,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
             w_desc, x_desc, d, folded.offsets, sa_words,
             folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
-            STAGES=tile.stages, SA_PER_128=sa_per_128, num_warps=4,
+            STAGES=tile.stages, SA_PER_128=sa_per_128, SLOT_UNROLLED=tile.slot_unrolled, num_warps=4,
             **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
 
 
@@ -623,14 +623,16 @@ class MaskedTile(NamedTuple):
     """The FP8-MMA masked kernel's launch: tokens per tile, ring stages, register cap (None: the compiler's),
     whether one program per expert and 128 weight rows loops over the expert's token tiles (the grid's first axis
     1) instead of one program per tile (that axis cdiv(max_m, tokens), most of whose programs exit at once where
-    experts have few rows), whether the experts above `tokens` rows go to a second launch (_masked_launches), and the
-    K steps a ring slot holds on folded activations (_masked_k_per_slot; 1 where K / 128 is odd)."""
+    experts have few rows), whether the experts above `tokens` rows go to a second launch (_masked_launches), and on
+    folded activations the K steps a ring slot holds (1 where they do not divide K / 128) and whether they are
+    unrolled (_masked_ring_slot)."""
     tokens: int
     stages: int
     maxnreg: int | None
     one_program: bool
     split: bool = False
     k_per_slot: int = 1
+    slot_unrolled: bool = True
 
 
 def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
@@ -645,8 +647,8 @@ def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
         return [(tile, 0, _INT32_MAX)]
     wide = 2 * tile.tokens
     return [(tile._replace(one_program=True, split=False), 0, tile.tokens),
-            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False,
-                        k_per_slot=_masked_k_per_slot(wide)), tile.tokens + 1, _INT32_MAX)]
+            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False, False, *_masked_ring_slot(wide)),
+             tile.tokens + 1, _INT32_MAX)]
 
 
 def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
@@ -655,13 +657,14 @@ def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
     return 128 if folded_activations and tokens <= 32 else None
 
 
-def _masked_k_per_slot(tokens: int) -> int:
-    """K steps per ring slot of the folded masked loop at `tokens` per tile: 2, so that the refill, its handshakes
-    and the CTA barriers the compiler puts around the copies come once per two steps; 1 at 32 tokens, whose loop
-    spills at the 128-register cap with two (offline, triton 3.6 / sm_90a, w13, instructions per warp and K step at
-    8 / 16 / 32 / 64 tokens, one step -> two: 284 -> 242, 300 -> 252, 322 -> 290 with 56 bytes of stack, 367 -> 325).
-    """
-    return 1 if tokens == 32 else 2
+def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
+    """(K steps per ring slot, whether a slot's steps are unrolled) of the folded masked loop at `tokens` per tile:
+    two steps, so that the refill, its handshakes and the CTA barriers the compiler puts around the copies come once
+    per two steps; unrolled but at 32 tokens, whose unrolled loop spills at the 128-register cap. Offline (triton 3.6,
+    sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two
+    unrolled 242 / 252 / 290 (56 bytes of stack) / 325; two in a loop ~253 / ~267 / ~296 (8 bytes, as one step) /
+    ~347."""
+    return 2, tokens != 32
 
 
 def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
@@ -680,11 +683,11 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     through L2. Split (folded, 16- and 32-token tiles, session 50): the experts above the tile on a second launch
     of twice its tokens (_masked_launches)."""
     if folded_activations and expected_m <= 4:
-        return MaskedTile(8, 2, 96, True, k_per_slot=_masked_k_per_slot(8))
+        return MaskedTile(8, 2, 96, True, False, *_masked_ring_slot(8))
     tokens = _token_tile(expected_m)
     return MaskedTile(tokens, 2, _masked_register_cap(tokens, folded_activations), expected_m <= 8,
-                      split=folded_activations and expected_m > 8 and tokens <= 32,
-                      k_per_slot=_masked_k_per_slot(tokens) if folded_activations else 1)
+                      folded_activations and expected_m > 8 and tokens <= 32,
+                      *(_masked_ring_slot(tokens) if folded_activations else (1, True)))
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,

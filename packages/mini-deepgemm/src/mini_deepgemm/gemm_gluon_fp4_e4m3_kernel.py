@@ -515,15 +515,42 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 
 @gluon.jit
+def _masked_folded_step(w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_ptr, offsets_hi_ptr, off_lo, off_hi,
+                        sa_tile, sa_rows, acc_lo, acc_hi, zero, a_op: gl.constexpr, WAIT: gl.constexpr):
+    """K step j of ring step t (a slot of S steps) of the folded loop: each 64-row half's weights (offset words off_lo,
+    off_hi) converted into its MMA's A registers, the first half's MMA running under the second half's conversion,
+    then acc += part * sa[token, k] -> (acc_lo, acc_hi, the next step's offset words). WAIT: the slot's wait here,
+    after those loads are issued (else the caller's)."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    S: gl.constexpr = w_ring.type.shape[1] if len(w_ring.type.shape) == 4 else 1
+    k = t * S + j
+    ahead = gl.minimum(k + 1, num_k - 1)
+    off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
+    slot = (step0 + t) % STAGES
+    if WAIT:
+        mbarrier.wait(ready.index(slot), ((step0 + t) // STAGES) & 1)
+    b = _masked_steps(x_ring, x_ring.dtype, 128, 128).index(slot * S + j).permute((1, 0))
+    a_lo = _register_operand(_fragment_words(w_ring, slot * S + j, 0), off_lo, a_op)
+    lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
+    a_hi = _register_operand(_fragment_words(w_ring, slot * S + j, 1), off_hi, a_op)
+    hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
+    wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
+    part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
+    acc_lo = acc_lo + part_lo * wa[None, :]
+    acc_hi = acc_hi + part_hi * wa[None, :]
+    return acc_lo, acc_hi, off_lo_next, off_hi_next
+
+
+@gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         K, stride_sa, step0, mma: gl.constexpr):
-    """SA_PER_128's K loop: per step each 64-row half's weights converted straight into its MMA's A registers (no
-    shared tile, fence or CTA barrier between the conversion and the MMA; the first half's MMA runs under the second
-    half's conversion), then acc += part * sa[token, k] -> (acc_lo, acc_hi). A ring slot holds S K steps, so its
-    refill, the copies' handshakes and the CTA barriers the compiler puts around them come once per S steps. The ring
-    stays safe without a CTA barrier of its own: a slot is refilled after the step that read it waited for its MMAs,
-    and an MMA with register A operands starts only once all four warps have issued it, that is, after every warp's
-    loads of the slot."""
+                         K, stride_sa, step0, mma: gl.constexpr, SLOT_UNROLLED: gl.constexpr):
+    """SA_PER_128's K loop (_masked_folded_step per K step: no shared tile, fence or CTA barrier between the
+    conversion and the MMA) -> (acc_lo, acc_hi). A ring slot holds S K steps, so its refill, the copies' handshakes
+    and the CTA barriers the compiler puts around them come once per S steps; SLOT_UNROLLED: a slot's steps unrolled
+    (fewer instructions per step; at 32 tokens they spill at the 128-register cap, so a loop there). The ring stays
+    safe without a CTA barrier of its own: a slot is refilled after the step that read it waited for its MMAs, and an
+    MMA with register A operands starts only once all four warps have issued it, that is, after every warp's loads of
+    the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     S: gl.constexpr = w_ring.type.shape[1] if len(w_ring.type.shape) == 4 else 1
     BLOCK_M: gl.constexpr = x_ring.type.shape[-2]
@@ -543,30 +570,24 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     for t in range(num_t):
         if t + STAGES - 1 < num_t:
             _masked_issue(w_desc, x_desc, w_ring, x_ring, ready, t + STAGES - 1, w_row, x_row, step0)
-        slot = (step0 + t) % STAGES
-        for j in gl.static_range(S):
-            k = t * S + j
-            ahead = gl.minimum(k + 1, num_k - 1)
-            off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
-            if j == 0:
-                mbarrier.wait(ready.index(slot), ((step0 + t) // STAGES) & 1)
-            b = _masked_steps(x_ring, x_ring.dtype, 128, 128).index(slot * S + j).permute((1, 0))
-            a_lo = _register_operand(_fragment_words(w_ring, slot * S + j, 0), off_lo, a_op)
-            lo_mma = warpgroup_mma(a_lo, b, zero, use_acc=False, is_async=True)
-            a_hi = _register_operand(_fragment_words(w_ring, slot * S + j, 1), off_hi, a_op)
-            hi_mma = warpgroup_mma(a_hi, b, zero, use_acc=False, is_async=True)
-            wa = gl.load(sa_tile + k + sa_rows)  # under the MMAs
-            part_lo, part_hi = warpgroup_mma_wait(0, deps=(lo_mma, hi_mma))
-            acc_lo = acc_lo + part_lo * wa[None, :]
-            acc_hi = acc_hi + part_hi * wa[None, :]
-            off_lo, off_hi = off_lo_next, off_hi_next
+        if SLOT_UNROLLED:
+            for j in gl.static_range(S):
+                acc_lo, acc_hi, off_lo, off_hi = _masked_folded_step(
+                    w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_ptr, offsets_hi_ptr, off_lo, off_hi, sa_tile,
+                    sa_rows, acc_lo, acc_hi, zero, a_op, j == 0)
+        else:
+            mbarrier.wait(ready.index((step0 + t) % STAGES), ((step0 + t) // STAGES) & 1)
+            for j in range(S):
+                acc_lo, acc_hi, off_lo, off_hi = _masked_folded_step(
+                    w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_ptr, offsets_hi_ptr, off_lo, off_hi, sa_tile,
+                    sa_rows, acc_lo, acc_hi, zero, a_op, False)
     return acc_lo, acc_hi
 
 
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, min_rows, max_rows,
                            max_m, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
-                           SA_PER_128: gl.constexpr = False):
+                           SA_PER_128: gl.constexpr = False, SLOT_UNROLLED: gl.constexpr = True):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
     masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
     programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64]
@@ -578,7 +599,8 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the activations as
     B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
     128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
-    one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5)."""
+    one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5).
+    SLOT_UNROLLED: a slot's K steps unrolled, else a loop (_masked_folded_steps)."""
     S: gl.constexpr = w_desc.block_type.shape[0] if len(w_desc.block_type.shape) == 3 else 1
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[-2]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
@@ -609,7 +631,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, K, stride_sa, step0, mma)
+                                                  w_row, x_row, m0, max_m, K, stride_sa, step0, mma, SLOT_UNROLLED)
         else:
             gl.static_assert(S == 1, "per-32 activations take one K step per ring slot")
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
