@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Session 52's GPU runs (docs/reports/gpu-session-2026-12-05-s52.md); files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s52.sh   (1 x H200; tree = main 108fa8f + ring slots of two K
-#       steps in the folded masked loop (gemm._masked_k_per_slot); .ab-base.tar.gz = main 108fa8f): test_gemm_fp4_e4m3.py
-#       (with the new bitwise test of two-step slots; it also runs the check sessions 50-51 owed, a9e60b9's masked
-#       register cap), exp_moe_masked_tiles (one step per slot, two, the route) and mini-flashmla's GPU suite (the
-#       attention launch's stages per device, owed since session 51), the runtime's core GPU tests (owed since session
-#       50), exp_moe_breakdown (session 51's masked variants of the folded loop, never run), bench_decode (seven layers)
-#       on the tree and on base
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s52.sh   (1 x H200; tree = main 108fa8f + ring slots of two
+#       K steps in the folded masked loop (gemm._masked_ring_slot); .ab-base.tar.gz = main 108fa8f):
+#       test_gemm_fp4_e4m3.py (with the new bitwise test of two-step slots; it also runs the check sessions 50-51 owed,
+#       a9e60b9's masked register cap); exp_moe_masked_tiles (one step per slot, two unrolled, two in a loop, the
+#       route, the route on 3 stages); mini-flashmla's GPU suite (the attention launch's stages per device, owed since
+#       session 51); the runtime's core GPU tests (owed since session 50); exp_moe_breakdown (session 51's masked
+#       variants of the folded loop, never run); bench_decode (seven layers) on the tree and on base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s52
 case "${PART:-r1}" in
