@@ -29,7 +29,7 @@ outermost, so each refill, its handshakes and the four CTA barriers the compiler
 two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
 instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the 128-register cap) /
-325; two in a loop ~253 / ~267 / ~296 / ~347. At each case the route's tiles with one step per slot (the route
+325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot (the route
 before), two unrolled everywhere, two in a loop everywhere, the route (unrolled, but a loop at 32 tokens), and the
 route on a 3-deep ring.
 

@@ -662,8 +662,8 @@ def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
     two steps, so that the refill, its handshakes and the CTA barriers the compiler puts around the copies come once
     per two steps; unrolled but at 32 tokens, whose unrolled loop spills at the 128-register cap. Offline (triton 3.6,
     sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two
-    unrolled 242 / 252 / 290 (56 bytes of stack) / 325; two in a loop ~253 / ~267 / ~296 (8 bytes, as one step) /
-    ~347."""
+    unrolled 242 / 252 / 290 (56 bytes of stack) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one step) /
+    351.5 (docs/reports/deepgemm-moe-fold-128.md, "Session 52")."""
     return 2, tokens != 32
 
 
