@@ -4,8 +4,8 @@
 #       K steps in the folded masked loop (gemm._masked_ring_slot); .ab-base.tar.gz = main 108fa8f):
 #       test_gemm_fp4_e4m3.py (with the new bitwise test of two-step slots; it also runs the check sessions 50-51 owed,
 #       a9e60b9's masked register cap); exp_moe_masked_tiles (one step per slot, two unrolled, two in a loop, the
-#       route, the route on 3 stages); mini-flashmla's GPU suite (the attention launch's stages per device, owed since
-#       session 51); the runtime's core GPU tests (owed since session 50); bench_decode (seven layers) on the tree and
+#       route, the route on 3 stages); the runtime's core GPU tests (owed since session 50); mini-flashmla's GPU suite
+#       (the attention launch's stages per device, owed since session 51); bench_decode (seven layers) on the tree and
 #       on base; exp_moe_breakdown (session 51's masked variants of the folded loop, never run)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s52
@@ -13,8 +13,8 @@ case "${PART:-r1}" in
 r1)
   fp4_e4m3_tests 100
   script_sides 100 exp_moe_masked_tiles.py tiles new
-  run flashmla_tests 150 $PYTEST packages/mini-flashmla/tests -m "not multigpu" -n 8 --junitxml="$OUT/junit_flashmla.xml"
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  run flashmla_tests 150 $PYTEST packages/mini-flashmla/tests -m "not multigpu" -n 8 --junitxml="$OUT/junit_flashmla.xml"
   decode_all_sides new base
   script_sides 120 exp_moe_breakdown.py breakdown new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests flashmla_tests runtime_tests
