@@ -29,9 +29,9 @@ outermost, so each refill, its handshakes and the four CTA barriers the compiler
 two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
 instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the 128-register cap) /
-325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot (the route
-before), two unrolled everywhere, two in a loop everywhere, the route (unrolled, but a loop at 32 tokens), and the
-route on a 3-deep ring.
+325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot (the route),
+two unrolled everywhere, two in a loop everywhere, the candidate route (unrolled, but a loop at 32 tokens, whose
+unrolled slot spills), and the candidate on a 3-deep ring.
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
@@ -57,12 +57,12 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
 # (ring slot by tile tokens as gemm._masked_ring_slot: K steps, unrolled; ring stages) applied to the route's tiles;
-# the route before session 52 first (SASS-identical to main 108fa8f's masked kernels, offline). Three stages of two
+# the route first (one step per slot: SASS-identical to main 108fa8f's masked kernels, offline). Three stages of two
 # steps: 64 tokens 98 KB of shared memory, 2 CTAs per SM as at two stages; 8 and 16 tokens lose a CTA per SM to
 # shared memory (offline).
 VARIANTS = {"one_step": (lambda tokens: (1, True), 2), "two_unrolled": (lambda tokens: (2, True), 2),
-            "two_looped": (lambda tokens: (2, False), 2), "route": (G._masked_ring_slot, 2),
-            "route_3_stages": (G._masked_ring_slot, 3)}
+            "two_looped": (lambda tokens: (2, False), 2), "candidate": (lambda tokens: (2, tokens != 32), 2),
+            "candidate_3_stages": (lambda tokens: (2, tokens != 32), 3)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))

@@ -207,7 +207,7 @@ def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
     assert (tile.tokens, tile.one_program) == want
     assert tile.maxnreg == (96 if tile.tokens == 8 else 128 if folded and tile.tokens <= 32 else None)
     assert tile.split == (folded and 8 < expected_m <= 32)
-    assert (tile.k_per_slot, tile.slot_unrolled) == ((2, tile.tokens != 32) if folded else (1, True))
+    assert (tile.k_per_slot, tile.slot_unrolled) == (1, True)
 
 
 def test_a_split_masked_tile_launches_each_expert_once():
@@ -216,10 +216,9 @@ def test_a_split_masked_tile_launches_each_expert_once():
     big = gemm._INT32_MAX
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False)) == [(gemm.MaskedTile(32, 2, 128, False), 0, big)]
     assert gemm._masked_launches(gemm.MaskedTile(32, 2, 128, False, split=True)) == [
-        (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False, False, 2), 33, big)]
+        (gemm.MaskedTile(32, 2, 128, True), 0, 32), (gemm.MaskedTile(64, 2, None, False), 33, big)]
     assert gemm._masked_launches(gemm._masked_tile(16, True)) == [
-        (gemm.MaskedTile(16, 2, 128, True, False, 2), 0, 16),
-        (gemm.MaskedTile(32, 2, 128, False, False, 2, False), 17, big)]
+        (gemm.MaskedTile(16, 2, 128, True), 0, 16), (gemm.MaskedTile(32, 2, 128, False), 17, big)]
 
 
 def test_folded_argument_errors_name_the_problem():
