@@ -445,12 +445,18 @@ def _masked_ring(w_desc, x_desc, STAGES: gl.constexpr):
     return w_ring, x_ring, ready
 
 
+@gluon.constexpr_function
+def _slot_steps(ring_shape):
+    """K steps per slot of a masked ring: S of [STAGES, S, rows, cols] (3-D descriptors), else 1."""
+    return ring_shape[1] if len(ring_shape) == 4 else 1
+
+
 @gluon.jit
 def _masked_steps(ring, dtype: gl.constexpr, cols: gl.constexpr, swizzle: gl.constexpr):
     """A masked ring ([STAGES, rows, *], or [STAGES, S, rows, *] in the 3-D descriptors' layout) read as [STAGES x S,
     rows, cols] of `dtype` in the same swizzle: index slot x S + j is K step j of the slot."""
     STAGES: gl.constexpr = ring.type.shape[0]
-    S: gl.constexpr = ring.type.shape[1] if len(ring.type.shape) == 4 else 1
+    S: gl.constexpr = _slot_steps(ring.type.shape)
     return ring._reinterpret(dtype, [STAGES * S, ring.type.shape[-2], cols],
                              gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=dtype.primitive_bitwidth,
                                                   rank=2))
@@ -522,7 +528,7 @@ def _masked_folded_step(w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_pt
     then acc += part * sa[token, k] -> (acc_lo, acc_hi, the next step's offset words). WAIT: the slot's wait here,
     after those loads are issued (else the caller's)."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
-    S: gl.constexpr = w_ring.type.shape[1] if len(w_ring.type.shape) == 4 else 1
+    S: gl.constexpr = _slot_steps(w_ring.type.shape)
     k = t * S + j
     ahead = gl.minimum(k + 1, num_k - 1)
     off_lo_next, off_hi_next = gl.load(offsets_lo_ptr + ahead), gl.load(offsets_hi_ptr + ahead)
@@ -552,7 +558,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     MMA with register A operands starts only once all four warps have issued it, that is, after every warp's loads of
     the slot."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
-    S: gl.constexpr = w_ring.type.shape[1] if len(w_ring.type.shape) == 4 else 1
+    S: gl.constexpr = _slot_steps(w_ring.type.shape)
     BLOCK_M: gl.constexpr = x_ring.type.shape[-2]
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     half_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, _HALF_WORDS))
@@ -601,9 +607,9 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
     one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5).
     SLOT_UNROLLED: a slot's K steps unrolled, else a loop (_masked_folded_steps)."""
-    S: gl.constexpr = w_desc.block_type.shape[0] if len(w_desc.block_type.shape) == 3 else 1
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[-2]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
+    S: gl.constexpr = _slot_steps(w_ring.type.shape)
     if not SA_PER_128:
         w_tile = gl.allocate_shared_memory(gl.int32, [128, 32],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
