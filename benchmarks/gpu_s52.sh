@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 52's prepared GPU run (no machine could be started in session 52: deepgemm-moe-fold-128.md, "Session 52");
-# files under $OUT, packed by pack_out.
+# Session 52's GPU run (docs/reports/gpu-session-2026-12-05-s52.md; run 1 with DEADLINE=300 skipped mini-flashmla's
+# suite, run in a second call); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s52.sh   (1 x H200; tree = main 108fa8f + ring slots of two
 #       K steps in the folded masked loop, selectable, not routed: the routed kernels are main's SASS):
 #       test_gemm_fp4_e4m3.py (with the new bitwise test of two-step slots; it also runs the check sessions 50-51 owed,

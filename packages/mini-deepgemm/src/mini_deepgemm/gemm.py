@@ -659,9 +659,10 @@ def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
 
 def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
     """(K steps per ring slot, whether a slot's steps are unrolled) of the folded masked loop at `tokens` per tile:
-    one step, the route measured. Two steps per slot (MaskedTile.k_per_slot = 2) bring each refill, its handshakes
-    and the CTA barriers the compiler puts around the copies once per two steps; prepared in session 52 and not yet
-    measured on a GPU, so not routed. Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 /
+    one step. Two steps per slot (MaskedTile.k_per_slot = 2) bring each refill, its handshakes and the CTA barriers
+    the compiler puts around the copies once per two steps. H200, session 52 run 1 (bitwise equal): two unrolled
+    1.01-1.05x at ~1-8 rows (8- and 16-token tiles, no split), 0.94-1.01x with the split (~16, ~32 rows) and at ~64;
+    not routed yet (the runtime's tests have not run on that route). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 /
     32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the
     128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one step) / 351.5
     (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py measures them)."""
