@@ -550,6 +550,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     (aq, sa), (bq, _) = a, b
     G, N, K2 = bq.shape
     K = aq.shape[-1]
+    w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
     sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     if layout == _CONTIGUOUS:
@@ -567,7 +568,6 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
             # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
             contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4, enable_fp_fusion=True)
-        w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
@@ -578,15 +578,13 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     for tile, min_rows, max_rows in _masked_launches(_masked_tile(expected_m or max_m, sa_per_128)):
         # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
         steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
-        if steps == 1:
-            w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
-            x_desc = _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
-        else:
-            w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
+        w_slot, x_slot = w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
+        if steps > 1:
+            w_slot = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
                                                   _packed_fp4_layout(rank=3))
-            x_desc = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
+            x_slot = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
         fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
-            w_desc, x_desc, d, folded.offsets, sa_words,
+            w_slot, x_slot, d, folded.offsets, sa_words,
             folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
             STAGES=tile.stages, SA_PER_128=sa_per_128, SLOT_UNROLLED=tile.slot_unrolled, num_warps=4,
             **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
@@ -662,10 +660,10 @@ def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
     one step. Two steps per slot (MaskedTile.k_per_slot = 2) bring each refill, its handshakes and the CTA barriers
     the compiler puts around the copies once per two steps. H200, session 52 run 1 (bitwise equal): two unrolled
     1.01-1.05x at ~1-8 rows (8- and 16-token tiles, no split), 0.94-1.01x with the split (~16, ~32 rows) and at ~64;
-    not routed yet (the runtime's tests have not run on that route). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 /
-    32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the
-    128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one step) / 351.5
-    (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py measures them)."""
+    not routed yet (the runtime's tests have not run on that route). Offline (triton 3.6, sm_90a, w13),
+    instructions per warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 /
+    252 / 290 (56 bytes of stack at the 128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one
+    step) / 351.5 (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py measures them)."""
     return 1, True
 
 
