@@ -663,7 +663,8 @@ def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
     not routed yet (the runtime's tests have not run on that route). Offline (triton 3.6, sm_90a, w13),
     instructions per warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 /
     252 / 290 (56 bytes of stack at the 128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one
-    step) / 351.5 (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py measures them)."""
+    step) / 351.5 (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py
+    measures them)."""
     return 1, True
 
 
