@@ -29,9 +29,10 @@ outermost, so each refill, its handshakes and the four CTA barriers the compiler
 two steps (session 51: those barriers took 5.4% of the 32-token tile's stall samples, the copy issue ~48 of its ~322
 instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp and K step at 8 / 16 / 32 / 64
 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the 128-register cap) /
-325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot (the route),
-two unrolled everywhere, two in a loop everywhere, the candidate route (unrolled, but a loop at 32 tokens, whose
-unrolled slot spills), and the candidate on a 3-deep ring.
+325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot, two unrolled
+everywhere and two in a loop everywhere (session 52 run 1 measured a 3-deep ring of two steps too: slower at every
+case). Session 53 routes two unrolled steps to the tiles of at most 16 tokens that are not split; the rows record
+which slot the route takes.
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
@@ -56,13 +57,10 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# (ring slot by tile tokens as gemm._masked_ring_slot: K steps, unrolled; ring stages) applied to the route's tiles;
-# the route first (one step per slot: SASS-identical to main 108fa8f's masked kernels, offline). Three stages of two
-# steps: 64 tokens 98 KB of shared memory, 2 CTAs per SM as at two stages; 8 and 16 tokens lose a CTA per SM to
-# shared memory (offline).
-VARIANTS = {"one_step": (lambda tokens: (1, True), 2), "two_unrolled": (lambda tokens: (2, True), 2),
-            "two_looped": (lambda tokens: (2, False), 2), "candidate": (lambda tokens: (2, tokens != 32), 2),
-            "candidate_3_stages": (lambda tokens: (2, tokens != 32), 3)}
+# ring slot (K steps, unrolled) by the tile's tokens and split, as gemm._masked_ring_slot, applied to the route's
+# tiles; one step first. Session 52 measured three stages of two steps too: slower at every case.
+VARIANTS = {"one_step": lambda tokens, split: (1, True), "two_unrolled": lambda tokens, split: (2, True),
+            "two_looped": lambda tokens, split: (2, False)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
@@ -80,13 +78,12 @@ def main() -> None:
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             tile = routed(expected_m, True)
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
-                   "rows": int(masked.sum()), "routed": list(tile)}
+                   "rows": int(masked.sum()), "routed": list(tile), "routed_slot": routed_slot(tile.tokens, tile.split)}
             first = None
-            for key, (slot, stages) in VARIANTS.items():
+            for key, slot in VARIANTS.items():
                 G._masked_ring_slot = slot  # the split's second launch
-                steps, unrolled = slot(tile.tokens)
-                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps, slot_unrolled=unrolled,
-                                                                stages=stages): t
+                steps, unrolled = slot(tile.tokens, tile.split)
+                G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps, slot_unrolled=unrolled): t
                 out = torch.empty_like(d)
                 t = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(a128, (bq_route, sb), out, masked_m, expected_m,
                                                                    weight_scale_max=FP4_SCALE_BOUND, folded=folded))
@@ -101,11 +98,12 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_masked_tiles.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"| experts, rows, max_m | GEMM | tile | {' | '.join(VARIANTS)} | bitwise |")
+    print(f"| experts, rows, max_m | GEMM | tile, routed steps per slot | {' | '.join(VARIANTS)} | bitwise |")
     for r in result["rows"]:
         fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in VARIANTS)
-        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {r['routed'][0]} | {fracs} | "
+        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {r['routed'][0]}, {r['routed_slot'][0]} | {fracs} | "
               f"{all(r[f'bitwise_{k}'] for k in VARIANTS)} |")
+
 
 if __name__ == "__main__":
     main()

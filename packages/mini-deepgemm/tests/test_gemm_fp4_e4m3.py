@@ -202,12 +202,14 @@ def test_folded_on_the_cpu_is_the_reference():
 def test_the_masked_launch_by_expected_rows(expected_m, folded, want):
     """The masked kernel's route (session 44): 8-token tiles only on folded activations up to ~4 rows, one program
     per expert only up to ~8 rows (above, experts take several tiles that should share their weights through L2),
-    and a register cap only on the folded loop up to 32 tokens."""
+    a register cap only on the folded loop up to 32 tokens, and ring slots of two K steps (session 52) only on the
+    folded loop's tiles of at most 16 tokens that are not split."""
     tile = gemm._masked_tile(expected_m, folded)
     assert (tile.tokens, tile.one_program) == want
     assert tile.maxnreg == (96 if tile.tokens == 8 else 128 if folded and tile.tokens <= 32 else None)
     assert tile.split == (folded and 8 < expected_m <= 32)
-    assert (tile.k_per_slot, tile.slot_unrolled) == (1, True)
+    assert (tile.k_per_slot, tile.slot_unrolled) == ((2, True) if folded and tile.tokens <= 16 and not tile.split
+                                                     else (1, True))
 
 
 def test_a_split_masked_tile_launches_each_expert_once():

@@ -645,7 +645,8 @@ def _masked_launches(tile: MaskedTile) -> list[tuple[MaskedTile, int, int]]:
         return [(tile, 0, _INT32_MAX)]
     wide = 2 * tile.tokens
     return [(tile._replace(one_program=True, split=False), 0, tile.tokens),
-            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False, False, *_masked_ring_slot(wide)),
+            (MaskedTile(wide, tile.stages, _masked_register_cap(wide, True), False, False,
+                        *_masked_ring_slot(wide, False)),
              tile.tokens + 1, _INT32_MAX)]
 
 
@@ -655,17 +656,18 @@ def _masked_register_cap(tokens: int, folded_activations: bool) -> int | None:
     return 128 if folded_activations and tokens <= 32 else None
 
 
-def _masked_ring_slot(tokens: int) -> tuple[int, bool]:
+def _masked_ring_slot(tokens: int, split: bool) -> tuple[int, bool]:
     """(K steps per ring slot, whether a slot's steps are unrolled) of the folded masked loop at `tokens` per tile:
-    one step. Two steps per slot (MaskedTile.k_per_slot = 2) bring each refill, its handshakes and the CTA barriers
-    the compiler puts around the copies once per two steps. H200, session 52 run 1 (bitwise equal): two unrolled
-    1.01-1.05x at ~1-8 rows (8- and 16-token tiles, no split), 0.94-1.01x with the split (~16, ~32 rows) and at ~64;
-    not routed yet (the runtime's tests have not run on that route). Offline (triton 3.6, sm_90a, w13),
-    instructions per warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 /
-    252 / 290 (56 bytes of stack at the 128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 (8 bytes, as one
-    step) / 351.5 (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py
-    measures them)."""
-    return 1, True
+    two unrolled steps on tiles of at most 16 tokens that are not split (one GPU's decode, up to ~8 rows per expert),
+    else one. Two steps per slot (MaskedTile.k_per_slot = 2) bring each refill, its handshakes and the CTA barriers
+    the compiler puts around the copies once per two steps. H200, session 52 run 1 (fraction of the copy rate, w13 /
+    w2, bitwise equal), two unrolled against one step: 0.934 / 0.953 against 0.920 / 0.912 at ~1 row (8 tokens),
+    0.899 / 0.925 against 0.888 / 0.885 at ~4, 0.825 / 0.829 against 0.805 / 0.786 at ~8 (16 tokens); with the split
+    (~16, ~32 rows) and at ~64, 0.94-1.01x, so one step there. Offline (triton 3.6, sm_90a, w13), instructions per
+    warp and K step at 8 / 16 / 32 / 64 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56
+    bytes of stack at the 128-register cap) / 325; two in a loop 264.5 / 278.5 / 304 / 351.5
+    (docs/reports/deepgemm-moe-fold-128.md, "Session 52"; benchmarks/exp_moe_masked_tiles.py measures them)."""
+    return (2, True) if tokens <= 16 and not split else (1, True)
 
 
 def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
@@ -684,11 +686,11 @@ def _masked_tile(expected_m: int, folded_activations: bool) -> MaskedTile:
     through L2. Split (folded, 16- and 32-token tiles, session 50): the experts above the tile on a second launch
     of twice its tokens (_masked_launches)."""
     if folded_activations and expected_m <= 4:
-        return MaskedTile(8, 2, 96, True, False, *_masked_ring_slot(8))
+        return MaskedTile(8, 2, 96, True, False, *_masked_ring_slot(8, False))
     tokens = _token_tile(expected_m)
-    return MaskedTile(tokens, 2, _masked_register_cap(tokens, folded_activations), expected_m <= 8,
-                      folded_activations and expected_m > 8 and tokens <= 32,
-                      *(_masked_ring_slot(tokens) if folded_activations else (1, True)))
+    split = folded_activations and expected_m > 8 and tokens <= 32
+    return MaskedTile(tokens, 2, _masked_register_cap(tokens, folded_activations), expected_m <= 8, split,
+                      *(_masked_ring_slot(tokens, split) if folded_activations else (1, True)))
 
 
 def _use_gluon(layout: int, b_fp4: bool, d: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor,
