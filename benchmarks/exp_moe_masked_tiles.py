@@ -59,8 +59,11 @@ from mini_deepgemm.reference import fold_ue8m0_to_128
 
 # ring slot (K steps, unrolled) by the tile's tokens and split, as gemm._masked_ring_slot, applied to the route's
 # tiles; one step first. Session 52 measured three stages of two steps too: slower at every case.
+# "two_narrow": two steps on the tiles of one program per expert (a split's narrow launch too: unrolled at 16
+# tokens, a loop at 32, whose unrolled slot spills), one on a split's wide launch and on 64-token tiles.
 VARIANTS = {"one_step": lambda tokens, split: (1, True), "two_unrolled": lambda tokens, split: (2, True),
-            "two_looped": lambda tokens, split: (2, False)}
+            "two_looped": lambda tokens, split: (2, False),
+            "two_narrow": lambda tokens, split: (2, tokens <= 16) if split or tokens <= 16 else (1, True)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
