@@ -4,7 +4,8 @@
 #       K steps routed to the folded masked loop's tiles of at most 16 tokens that are not split;
 #       .ab-base.tar.gz = main 86d4e0a, one step per slot): the FP8-MMA MoE kernels' tests; the runtime's core GPU
 #       tests (the engine's decode runs the new route); bench_decode (seven layers, batch 32 / 64: ~0.75 / ~1.5 rows
-#       per expert, the 8-token tile) on the tree and on base; exp_moe_masked_tiles (one step, two unrolled, two looped, two on the one-program launches only)
+#       per expert, the 8-token tile) on the tree and on base; exp_moe_masked_tiles (one step, two unrolled, two
+#       looped, two on the one-program launches only)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s53
 fits() { [ $((${DEADLINE:-540} - SECONDS)) -gt "$1" ]; }
