@@ -10,9 +10,6 @@
 #       exp_moe_breakdown (session 51's masked variants of the folded loop, never run)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s52
-# fits SECS: at least SECS left before DEADLINE (default 540 s of this script), so that a call cut short by the device
-# time left still packs and prints what ran
-fits() { [ $((${DEADLINE:-540} - SECONDS)) -gt "$1" ]; }
 case "${PART:-r1}" in
 r1)
   fp4_e4m3_tests 100

@@ -8,7 +8,6 @@
 #       looped, two on the one-program launches only)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s53
-fits() { [ $((${DEADLINE:-540} - SECONDS)) -gt "$1" ]; }
 case "${PART:-r1}" in
 r1)
   fp4_e4m3_tests 100

@@ -2,7 +2,7 @@
 # the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
 # path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
 # the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`,
-# `fp4_e4m3_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the
+# `fits`, `fp4_e4m3_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the
 # A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`),
 # `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
@@ -29,6 +29,9 @@ decode_bench() {
   run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
     --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
 }
+# fits SECS: at least SECS left before DEADLINE (default 540 s of the script), so that a call cut short by the device
+# time left still packs and prints what ran
+fits() { [ $((${DEADLINE:-540} - SECONDS)) -gt "$1" ]; }
 run() {
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS
