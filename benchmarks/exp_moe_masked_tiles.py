@@ -31,8 +31,9 @@ instructions per step). Offline (triton 3.6, sm_90a, w13), instructions per warp
 tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes of stack at the 128-register cap) /
 325; two in a loop 264.5 / 278.5 / 304 / 351.5. At each case the route's tiles with one step per slot, two unrolled
 everywhere and two in a loop everywhere (session 52 run 1 measured a 3-deep ring of two steps too: slower at every
-case). Session 53 routes two unrolled steps to the tiles of at most 16 tokens that are not split; the rows record
-which slot the route takes.
+case). Session 53 routes two unrolled steps to the tiles of at most 16 tokens that are not split (the rows record
+which slot the route takes), and measures two steps on the one-program launches only and a split's two launches on
+two streams (gemm.MASKED_SPLIT_SIDE_STREAM: the wide launch fills the SMs the narrow one's last wave leaves idle).
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
@@ -57,13 +58,18 @@ from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
-# ring slot (K steps, unrolled) by the tile's tokens and split, as gemm._masked_ring_slot, applied to the route's
-# tiles; one step first. Session 52 measured three stages of two steps too: slower at every case.
-# "two_narrow": two steps on the tiles of one program per expert (a split's narrow launch too: unrolled at 16
-# tokens, a loop at 32, whose unrolled slot spills), one on a split's wide launch and on 64-token tiles.
-VARIANTS = {"one_step": lambda tokens, split: (1, True), "two_unrolled": lambda tokens, split: (2, True),
-            "two_looped": lambda tokens, split: (2, False),
-            "two_narrow": lambda tokens, split: (2, tokens <= 16) if split or tokens <= 16 else (1, True)}
+# (ring slot by the tile's tokens and split (K steps, unrolled), as gemm._masked_ring_slot; a split's wide launch on
+# a side stream, gemm.MASKED_SPLIT_SIDE_STREAM) applied to the route's tiles; one step first. Session 52 measured
+# three stages of two steps too: slower at every case. "two_narrow": two steps on the tiles of one program per expert
+# (a split's narrow launch too: unrolled at 16 tokens, a loop at 32, whose unrolled slot spills), one on a split's
+# wide launch and on 64-token tiles. "route_side_stream": this session's route with the wide launch beside the
+# narrow one (at ~16 and ~32 rows the route takes one step, so against one_step it isolates the stream; elsewhere
+# there is one launch and it repeats a column).
+VARIANTS = {"one_step": (lambda tokens, split: (1, True), False),
+            "two_unrolled": (lambda tokens, split: (2, True), False),
+            "two_looped": (lambda tokens, split: (2, False), False),
+            "two_narrow": (lambda tokens, split: (2, tokens <= 16) if split or tokens <= 16 else (1, True), False),
+            "route_side_stream": (G._masked_ring_slot, True)}
 # (experts, expected rows per expert, max_m): one GPU's decode at batch 64 / 256 (384 experts of ~1 / ~4 rows, the
 # 8-token tile), then 96 experts of ~8 (16 tokens), ~16 and ~32 (split tiles) and ~64 rows (64 tokens)
 CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128), (96, 64, 128))
@@ -83,8 +89,8 @@ def main() -> None:
             row = {"experts": groups, "expected_m": expected_m, "max_m": max_m, "name": name,
                    "rows": int(masked.sum()), "routed": list(tile), "routed_slot": routed_slot(tile.tokens, tile.split)}
             first = None
-            for key, slot in VARIANTS.items():
-                G._masked_ring_slot = slot  # the split's second launch
+            for key, (slot, side_stream) in VARIANTS.items():
+                G._masked_ring_slot, G.MASKED_SPLIT_SIDE_STREAM = slot, side_stream  # slot: the split's wide launch
                 steps, unrolled = slot(tile.tokens, tile.split)
                 G._masked_tile = lambda *_args, t=tile._replace(k_per_slot=steps, slot_unrolled=unrolled): t
                 out = torch.empty_like(d)
@@ -95,7 +101,7 @@ def main() -> None:
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_tile, G._masked_ring_slot = routed, routed_slot
+            G._masked_tile, G._masked_ring_slot, G.MASKED_SPLIT_SIDE_STREAM = routed, routed_slot, False
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()

@@ -419,6 +419,31 @@ def test_masked_ring_slots_of_two_k_steps_give_the_same_bits(tokens, K, monkeypa
 
 @pytest.mark.gpu
 @needs_gluon
+@pytest.mark.parametrize("expected_m", [16, 32])
+def test_a_split_masked_call_on_two_streams_gives_the_same_bits(expected_m, monkeypatch):
+    """The split's wide launch on a side stream (gemm.MASKED_SPLIT_SIDE_STREAM, session 53's experiment) writes the
+    same bits as the two launches in series, and the caller's stream sees them without a sync: experts of 0, 1,
+    expected_m, expected_m + 1, 2 x expected_m and all 64 rows, K of 8 steps, the default call (no graph)."""
+    G, N, K, max_m = 6, 384, 1024, 64
+    masked_m = torch.tensor([0, 1, expected_m, expected_m + 1, 2 * expected_m, max_m], dtype=torch.int32,
+                            device="cuda")
+    gen = torch.Generator().manual_seed(11)
+    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
+    q, s = q.cuda(), s.cuda()
+    bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
+    assert gemm._masked_tile(expected_m, True).split
+    out = {}
+    for side_stream in (False, True):
+        monkeypatch.setattr(gemm, "MASKED_SPLIT_SIDE_STREAM", side_stream)
+        d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq_route, sb), d, masked_m, expected_m, folded=folded)
+        out[side_stream] = d.clone()  # on the caller's stream: ordered after both launches
+    assert torch.equal(out[True].view(torch.int16), out[False].view(torch.int16))
+
+
+@pytest.mark.gpu
+@needs_gluon
 @pytest.mark.parametrize("activations", ["per_32", "per_128"])
 @pytest.mark.parametrize("tokens", [8, 16, 32])
 def test_masked_programs_looping_over_token_tiles_give_the_same_bits(tokens, activations, monkeypatch):
