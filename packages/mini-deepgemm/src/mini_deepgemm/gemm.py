@@ -576,10 +576,9 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         return
     max_m = aq.shape[1]
     launches = _masked_launches(_masked_tile(expected_m or max_m, sa_per_128))
-    stream = torch.cuda.current_stream(d.device)
-    side = _side_stream(d.device) if MASKED_SPLIT_SIDE_STREAM and len(launches) > 1 else stream
-    if side is not stream:
-        side.wait_stream(stream)
+    side = _side_stream(d.device) if MASKED_SPLIT_SIDE_STREAM and len(launches) > 1 else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(d.device))
     for i, (tile, min_rows, max_rows) in enumerate(launches):
         # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
         steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
@@ -588,14 +587,14 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             w_slot = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
                                                   _packed_fp4_layout(rank=3))
             x_slot = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
-        with torch.cuda.stream(side if i == 1 else stream):  # a split's wide launch beside its narrow one
+        with torch.cuda.stream(side if i == 1 else None):  # a split's wide launch beside its narrow one (None: no-op)
             fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
                 w_slot, x_slot, d, folded.offsets, sa_words,
                 folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
                 STAGES=tile.stages, SA_PER_128=sa_per_128, SLOT_UNROLLED=tile.slot_unrolled, num_warps=4,
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
-    if side is not stream:
-        stream.wait_stream(side)
+    if side is not None:
+        torch.cuda.current_stream(d.device).wait_stream(side)
 
 
 # Experiment (session 53, benchmarks/exp_moe_masked_tiles.py; not measured yet, off): a split's two launches
