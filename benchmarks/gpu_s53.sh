@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 53's GPU runs (docs/reports/gpu-session-2026-12-05-s53.md); files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s53.sh   (1 x H200; tree = main + ring slots of two unrolled
-#       K steps routed to the folded masked loop's tiles of at most 16 tokens that are not split;
-#       .ab-base.tar.gz = main 86d4e0a, one step per slot): the FP8-MMA MoE kernels' tests; the runtime's core GPU
-#       tests (the engine's decode runs the new route); bench_decode (seven layers, batch 32 / 64: ~0.75 / ~1.5 rows
-#       per expert, the 8-token tile) on the tree and on base; exp_moe_masked_tiles (one step, two unrolled, two
-#       looped, two on the one-program launches only)
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s53.sh   (1 x H200; tree = main + ring slots of two
+#       unrolled K steps routed to the folded masked loop's tiles of at most 16 tokens that are not split, and a
+#       split's wide launch on a side stream as an experiment (off); .ab-base.tar.gz = main 86d4e0a, one step per
+#       slot): the FP8-MMA MoE kernels' tests (with the side stream's bitwise test); the runtime's core GPU tests (the
+#       engine's decode runs the new route); bench_decode (seven layers, batch 32 / 64: ~0.75 / ~1.5 rows per
+#       expert, the 8-token tile) on the tree and on base; exp_moe_masked_tiles (one step, two unrolled, two looped,
+#       two on the one-program launches only, the route with a split's wide launch on a side stream)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s53
 case "${PART:-r1}" in
@@ -13,7 +14,7 @@ r1)
   fp4_e4m3_tests 100
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
   fits 200 && decode_all_sides new base
-  fits 80 && script_sides 80 exp_moe_masked_tiles.py tiles new
+  fits 100 && script_sides 100 exp_moe_masked_tiles.py tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   grep -hE "^\|" "$OUT/tiles_new.txt"
