@@ -33,7 +33,8 @@ tokens: one step 284 / 300 / 322 / 367; two unrolled 242 / 252 / 290 (56 bytes o
 everywhere and two in a loop everywhere (session 52 run 1 measured a 3-deep ring of two steps too: slower at every
 case). Session 53 routes two unrolled steps to the tiles of at most 16 tokens that are not split (the rows record
 which slot the route takes), and measures two steps on the one-program launches only and a split's two launches on
-two streams (gemm.MASKED_SPLIT_SIDE_STREAM: the wide launch fills the SMs the narrow one's last wave leaves idle).
+two streams (gemm.MASKED_SPLIT_SIDE_STREAM: the wide launch fills the SMs the narrow one's last wave leaves idle),
+and times each of a split's two launches alone (gemm._masked_launches cut to one).
 
 Measured: each of CASES (experts, Poisson rows per expert, at least 1 and at most the capacity max_m), w13 and w2,
 the public masked GEMM with folded weights and folded activations, each of VARIANTS forced through gemm._masked_tile
@@ -78,7 +79,7 @@ CASES = ((384, 1, 64), (384, 4, 256), (96, 8, 128), (96, 16, 128), (96, 32, 128)
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed, routed_slot = G._masked_tile, G._masked_ring_slot
+    routed, routed_slot, routed_launches = G._masked_tile, G._masked_ring_slot, G._masked_launches
     for groups, expected_m, max_m in CASES:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
@@ -102,6 +103,13 @@ def main() -> None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
             G._masked_tile, G._masked_ring_slot, G.MASKED_SPLIT_SIDE_STREAM = routed, routed_slot, False
+            if tile.split:  # each of the route's two launches alone: where a split call's time goes
+                for part, launch in zip(("narrow", "wide"), G._masked_launches(tile)):
+                    G._masked_launches = lambda _tile, one=launch: [one]
+                    row[f"us_{part}_alone"] = 1e3 * ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_masked(
+                        a128, (bq_route, sb), out, masked_m, expected_m, weight_scale_max=FP4_SCALE_BOUND,
+                        folded=folded))
+                G._masked_launches = routed_launches
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()
@@ -110,8 +118,12 @@ def main() -> None:
     print(f"| experts, rows, max_m | GEMM | tile, routed steps per slot | {' | '.join(VARIANTS)} | bitwise |")
     for r in result["rows"]:
         fracs = " | ".join(f"{r[f'frac_of_copy_{k}']:.3f}" for k in VARIANTS)
-        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {r['routed'][0]}, {r['routed_slot'][0]} | {fracs} | "
-              f"{all(r[f'bitwise_{k}'] for k in VARIANTS)} |")
+        print(f"| {r['experts']}, ~{r['expected_m']}, {r['max_m']} | {r['name']} | {r['routed'][0]}, "
+              f"{r['routed_slot'][0]} | {fracs} | {all(r[f'bitwise_{k}'] for k in VARIANTS)} |")
+    for r in (r for r in result["rows"] if "us_wide_alone" in r):
+        print(f"split ~{r['expected_m']} {r['name']}: narrow alone {r['us_narrow_alone']:.1f} us + wide alone "
+              f"{r['us_wide_alone']:.1f} = {r['us_narrow_alone'] + r['us_wide_alone']:.1f}; in series "
+              f"{r['us_one_step']:.1f}, side stream {r['us_route_side_stream']:.1f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ r1)
   fits 100 && script_sides 100 exp_moe_masked_tiles.py tiles new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
-  grep -hE "^\|" "$OUT/tiles_new.txt"
+  grep -hE "^\||^split" "$OUT/tiles_new.txt"
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 esac
