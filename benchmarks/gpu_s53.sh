@@ -13,8 +13,8 @@ case "${PART:-r1}" in
 r1)
   fp4_e4m3_tests 100
   run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  fits 200 && decode_all_sides new base
   fits 100 && script_sides 100 exp_moe_masked_tiles.py tiles new
+  fits 200 && decode_all_sides new base
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   grep -hE "^\||^split" "$OUT/tiles_new.txt"
