@@ -20,5 +20,11 @@ r1)
   grep -hE "^\||^split" "$OUT/tiles_new.txt"
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
+r2)  # the decode A/B on an H100 (run 1's seven layers at 24 GB of KV cache ran out of its 80 GB): bench_decode's
+  # default layers, 8 GB of cache, batch 32 / 64 at 131,072 tokens, on the tree and on base
+  decode_bench decode_new env PYTHONPATH="$(side_path new)"
+  decode_bench decode_base env PYTHONPATH="$(side_path base)"
+  cat "$OUT/summary.txt"; grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  ;;
 esac
 pack_out
