@@ -26,5 +26,11 @@ r2)  # the decode A/B on an H100 (run 1's seven layers at 24 GB of KV cache ran 
   decode_bench decode_base env PYTHONPATH="$(side_path base)"
   cat "$OUT/summary.txt"; grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
   ;;
+r3)  # the side stream on by default: the kernels' tests, the runtime's core GPU tests, the tiles again (a repeat)
+  fp4_e4m3_tests 60
+  run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  fits 90 && script_sides 90 exp_moe_masked_tiles.py tiles new
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests; grep -hE "^\||^split" "$OUT/tiles_new.txt"
+  ;;
 esac
 pack_out

@@ -601,7 +601,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
 # (_masked_launches) on two streams, so the wide launch's programs fill the SMs the narrow launch's last wave leaves
 # idle and the two kernels share SMs (registers: two 32-token CTAs and one 64-token CTA fit one SM), instead of the
 # wide launch starting when the narrow one has drained. The launches write disjoint experts' rows of d.
-MASKED_SPLIT_SIDE_STREAM = False
+MASKED_SPLIT_SIDE_STREAM = True
 
 
 @functools.cache
