@@ -60,12 +60,12 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 
 # (ring slot by the tile's tokens and split (K steps, unrolled), as gemm._masked_ring_slot; a split's wide launch on
-# a side stream, gemm.MASKED_SPLIT_SIDE_STREAM) applied to the route's tiles; one step first. Session 52 measured
+# a side stream or not, gemm.MASKED_SPLIT_SIDE_STREAM) applied to the route's tiles; one step first. Session 52 measured
 # three stages of two steps too: slower at every case. "two_narrow": two steps on the tiles of one program per expert
 # (a split's narrow launch too: unrolled at 16 tokens, a loop at 32, whose unrolled slot spills), one on a split's
-# wide launch and on 64-token tiles. "route_side_stream": this session's route with the wide launch beside the
-# narrow one (at ~16 and ~32 rows the route takes one step, so against one_step it isolates the stream; elsewhere
-# there is one launch and it repeats a column).
+# wide launch and on 64-token tiles. "route_side_stream": session 53's route, the wide launch beside the narrow one
+# (at ~16 and ~32 rows the route takes one step, so against one_step it isolates the stream; elsewhere there is one
+# launch and it repeats a column). The other variants launch in series.
 VARIANTS = {"one_step": (lambda tokens, split: (1, True), False),
             "two_unrolled": (lambda tokens, split: (2, True), False),
             "two_looped": (lambda tokens, split: (2, False), False),
@@ -80,6 +80,7 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
     routed, routed_slot, routed_launches = G._masked_tile, G._masked_ring_slot, G._masked_launches
+    routed_side_stream = G.MASKED_SPLIT_SIDE_STREAM
     for groups, expected_m, max_m in CASES:
         for name, N, K in MOE_SHAPES:
             masked, masked_m, (a, sa), (bq, _), d = masked_operands(groups, expected_m, N, K, max_m)
@@ -102,7 +103,7 @@ def main() -> None:
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G._masked_tile, G._masked_ring_slot, G.MASKED_SPLIT_SIDE_STREAM = routed, routed_slot, False
+            G._masked_tile, G._masked_ring_slot, G.MASKED_SPLIT_SIDE_STREAM = routed, routed_slot, routed_side_stream
             if tile.split:  # each of the route's two launches alone: where a split call's time goes
                 for part, launch in zip(("narrow", "wide"), G._masked_launches(tile)):
                     G._masked_launches = lambda _tile, one=launch: [one]

@@ -421,7 +421,7 @@ def test_masked_ring_slots_of_two_k_steps_give_the_same_bits(tokens, K, monkeypa
 @needs_gluon
 @pytest.mark.parametrize("expected_m", [16, 32])
 def test_a_split_masked_call_on_two_streams_gives_the_same_bits(expected_m, monkeypatch):
-    """The split's wide launch on a side stream (gemm.MASKED_SPLIT_SIDE_STREAM, session 53's experiment) writes the
+    """The split's wide launch on a side stream (gemm.MASKED_SPLIT_SIDE_STREAM, session 53) writes the
     same bits as the two launches in series, and the caller's stream sees them without a sync: experts of 0, 1,
     expected_m, expected_m + 1, 2 x expected_m and all 64 rows, K of 8 steps, the default call (no graph)."""
     G, N, K, max_m = 6, 384, 1024, 64

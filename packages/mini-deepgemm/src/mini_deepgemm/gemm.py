@@ -597,16 +597,18 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         torch.cuda.current_stream(d.device).wait_stream(side)
 
 
-# Experiment (session 53, benchmarks/exp_moe_masked_tiles.py; not measured yet, off): a split's two launches
-# (_masked_launches) on two streams, so the wide launch's programs fill the SMs the narrow launch's last wave leaves
-# idle and the two kernels share SMs (registers: two 32-token CTAs and one 64-token CTA fit one SM), instead of the
-# wide launch starting when the narrow one has drained. The launches write disjoint experts' rows of d.
+# A split's two launches (_masked_launches) on two streams: the wide launch's programs fill the SMs the narrow
+# launch's last wave leaves idle, and the two kernels share SMs (two 32-token CTAs and one 64-token CTA fit one SM's
+# registers), instead of the wide launch starting when the narrow one has drained. The launches write disjoint
+# experts' rows of d, so the bits are the same. H100, session 53 runs 1 and 3 (fraction of the copy rate, w13 / w2):
+# ~16 rows 0.824 / 0.824-0.825 against 0.788-0.789 / 0.798-0.800 in series, ~32 rows 0.711-0.712 / 0.683-0.687
+# against 0.693-0.696 / 0.653-0.663 (docs/reports/deepgemm-moe-fold-128.md, "Session 53").
 MASKED_SPLIT_SIDE_STREAM = True
 
 
 @functools.cache
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """A second stream on `device` for the masked split's wide launch (MASKED_SPLIT_SIDE_STREAM)."""
+    """A second stream on `device` for the masked split's wide launch (MASKED_SPLIT_SIDE_STREAM), made once."""
     return torch.cuda.Stream(device)
 
 
