@@ -540,7 +540,8 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
                    folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_gluon_fp4_e4m3_kernel's launches (operands checked by _validate_folded): the contiguous kernel
     persistent on 128 x 128 tiles; the masked kernel per 128 weight rows, expert and token tile, with the token tile
-    ring depth and register cap of _masked_tile(expected_m, folded activations).
+    ring depth and register cap of _masked_tile(expected_m, folded activations), a split's two launches
+    (_masked_launches) on two streams (MASKED_SPLIT_SIDE_STREAM) joined before the return.
     Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
