@@ -45,7 +45,7 @@ import subprocess
 import tempfile
 import types
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -134,6 +134,13 @@ class CompiledKernel:
                 f"{self.local_bytes:4d} B local {self.shared_bytes:7d} B shared  {self.constexprs}")
 
 
+class _NoStream:
+    """A CUDA stream's stand-in for compile_only: ordering between streams is a no-op."""
+
+    def wait_stream(self, _other: _NoStream) -> None:
+        pass
+
+
 class _CompileOnlyDriver:
     """Triton's driver.active on a machine without a GPU: a target (sm_90 or sm_100), stream 0, and a device index of
     its own per target (its arch: 90, 100). A jitted function keeps one cache per device index, made with the target
@@ -193,11 +200,11 @@ def compiling_for_sm90() -> AbstractContextManager[list[CompiledKernel]]:
 def compiling_for(device: Device) -> Iterator[list[CompiledKernel]]:
     """Within: kernel launches compile for the device's target and are recorded (in launch order) instead of
     running; every tensor a torch function returns is cuda_like (_AllocationsCudaLike); torch.cuda reports the
-    device's capability and SM count. Everything is restored on exit. Routes decided by a tensor's device.type
-    (still "cpu") are not covered: the tests patch those few by name."""
+    device's capability and SM count, and its streams are no-ops (_NoStream). Everything is restored on exit.
+    Routes decided by a tensor's device.type (still "cpu") are not covered: the tests patch those few by name."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compiling_for: TRITON_INTERPRET=1 makes the kernels interpreted functions")
-    from mini_deepgemm import _backend
+    from mini_deepgemm import _backend, gemm
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -217,13 +224,17 @@ def compiling_for(device: Device) -> Iterator[list[CompiledKernel]]:
             _log_sass(os.environ[SASS_LOG_ENV], kernel, self.fn.__code__.co_filename)
         return compiled
 
-    saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties")}
+    saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties", "Stream",
+                                                          "current_stream", "stream")}
     active = driver._active  # None until a first use; reset_active() would look for a GPU driver
     major, minor = device.capability
     driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 10 * major + minor, 32)))
     JITFunction.run = warm_up
     torch.cuda.get_device_capability = lambda _device=None: device.capability
     torch.cuda.get_device_properties = lambda _device=None: types.SimpleNamespace(multi_processor_count=device.sms)
+    # streams (the masked split's side stream): launches here only compile, so their order is moot
+    torch.cuda.Stream = torch.cuda.current_stream = lambda _device=None: _NoStream()
+    torch.cuda.stream = lambda _stream: nullcontext()
     _backend.sm_count.cache_clear()
     try:
         with _AllocationsCudaLike():
@@ -234,6 +245,7 @@ def compiling_for(device: Device) -> Iterator[list[CompiledKernel]]:
             setattr(torch.cuda, name, fn)
         driver._active = active
         _backend.sm_count.cache_clear()
+        gemm._side_stream.cache_clear()  # it may hold a _NoStream
 
 
 def _log_sass(path: str, kernel: CompiledKernel, source_file: str) -> None:
