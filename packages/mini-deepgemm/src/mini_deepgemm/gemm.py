@@ -579,12 +579,14 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     launches = _masked_launches(_masked_tile(expected_m or max_m, sa_per_128))
     side = _side_stream(d.device) if MASKED_SPLIT_SIDE_STREAM and len(launches) > 1 else None
     if side is not None:
-        side.wait_stream(torch.cuda.current_stream(d.device))
+        stream = torch.cuda.current_stream(d.device)
+        side.wait_stream(stream)
     for i, (tile, min_rows, max_rows) in enumerate(launches):
         # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
         steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
-        w_slot, x_slot = w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
-        if steps > 1:
+        if steps == 1:
+            w_slot, x_slot = w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
+        else:
             w_slot = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
                                                   _packed_fp4_layout(rank=3))
             x_slot = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
@@ -595,7 +597,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
                 STAGES=tile.stages, SA_PER_128=sa_per_128, SLOT_UNROLLED=tile.slot_unrolled, num_warps=4,
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
     if side is not None:
-        torch.cuda.current_stream(d.device).wait_stream(side)
+        stream.wait_stream(side)
 
 
 # A split's two launches (_masked_launches) on two streams: the wide launch's programs fill the SMs the narrow
