@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 54's GPU runs (docs/reports/gpu-session-2026-12-05-s54.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s54.sh   (1 GPU; tree = main 0a81288: session 53's
+#       two-step ring slots and a split's wide launch on a side stream; .ab-base.tar.gz = main 86d4e0a, before both):
+#       the FP8-MMA MoE kernels' tests; the runtime's core GPU tests; exp_moe_masked_tiles; the decode A/B (seven
+#       layers at 24 GB of KV cache where the card has an H200's memory, else bench_decode's default layers at 8 GB)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s54
+case "${PART:-r1}" in
+r1)
+  fp4_e4m3_tests 90
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  fits 100 && script_sides 100 exp_moe_masked_tiles.py tiles new
+  if grep -q H200 "$OUT/env.txt"; then
+    fits 200 && decode_all_sides new base
+  else
+    fits 120 && decode_bench decode_new env PYTHONPATH="$(side_path new)"
+    fits 120 && decode_bench decode_base env PYTHONPATH="$(side_path base)"
+  fi
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -hE "graphs=1|^moe experts |^stage" "$OUT/decode_new.txt" "$OUT/decode_base.txt"
+  grep -hE "^\||^split" "$OUT/tiles_new.txt"
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+esac
+pack_out
