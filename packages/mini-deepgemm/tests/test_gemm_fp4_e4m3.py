@@ -271,20 +271,24 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
 
 
 def test_contiguous_tiles_are_256_rows_for_large_experts_on_folded_activations():
+    def block_m(M, groups, per_128=True, expected_m=None):
+        return gemm._contiguous_block_m(gemm._contiguous_rows(M, groups, expected_m), per_128)
+
     # layouts of the 128-aligned segments alone: real rows ~ M / groups - 64
-    assert gemm._contiguous_block_m(58880, 96, True) == 256  # 96 experts of 128-1,024 rows (~613 with padding)
-    assert gemm._contiguous_block_m(30720, 96, True) == 256  # EP4's prefill: ~320 rows per expert with padding
-    assert gemm._contiguous_block_m(36864, 192, True) == 256  # EP2's prefill: ~192 rows per expert with padding
-    assert gemm._contiguous_block_m(16384, 96, True) == 128  # ~171 rows per expert with padding
-    assert gemm._contiguous_block_m(49152, 384, True) == 128  # 1-GPU prefill: ~64 real rows per expert
-    assert gemm._contiguous_block_m(58880, 96, False) == 128  # per-32 activations: 128-row tiles only
+    assert block_m(58880, 96) == 256  # 96 experts of 128-1,024 rows (~613 with padding)
+    assert block_m(30720, 96) == 256  # EP4's prefill: ~320 rows per expert with padding
+    assert block_m(36864, 192) == 256  # EP2's prefill: ~192 rows per expert with padding
+    assert block_m(16384, 96) == 128  # ~171 rows per expert with padding
+    assert block_m(49152, 384) == 128  # 1-GPU prefill: ~64 real rows per expert
+    assert block_m(58880, 96, per_128=False) == 128  # per-32 activations: 128-row tiles only
     # a fixed capacity (the engine's: every pair plus 127 rows per expert) takes the caller's expected_m
     capacity = 4096 * 6 + 384 * 127  # 4,096 tokens x 6 over 384 experts: 64 real rows each, M / groups ~191
-    assert gemm._contiguous_block_m(capacity, 384, True, expected_m=64) == 128
+    assert block_m(capacity, 384, expected_m=64) == 128
     capacity = 6144 * 6 + 384 * 127  # 96 real rows each, M / groups ~223
-    assert gemm._contiguous_block_m(capacity, 384, True) == 256
-    assert gemm._contiguous_block_m(capacity, 384, True, expected_m=96) == 128
-    assert gemm._contiguous_block_m(8192 * 6 + 384 * 127, 384, True, expected_m=128) == 256
+    assert block_m(capacity, 384) == 256
+    assert block_m(capacity, 384, expected_m=96) == 128
+    assert block_m(8192 * 6 + 384 * 127, 384, expected_m=128) == 256
+    assert gemm._contiguous_rows(128 * 96, 384, None) == 1  # most experts without a segment: at least one row
 
 
 def _tile_table(layout: torch.Tensor) -> list[int]:
@@ -342,9 +346,42 @@ def test_contiguous_256_row_tiles_bitwise_the_128_row_tiles(case, monkeypatch):
     out = {}
     for block_m in (128, 256):
         monkeypatch.setattr(gemm, "_contiguous_block_m", lambda *args, b=block_m: b)
+        monkeypatch.setattr(gemm, "CONTIGUOUS_SWAPAB_MAX_ROWS", 0)
         out[block_m] = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), out[block_m], layout, folded=folded)
     assert torch.equal(out[256].view(torch.int16), out[128].view(torch.int16))
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+# the swap-AB kernel's 8-token tile looping over a block's tiles, 16 and 32 split in two launches, 64 per tile
+@pytest.mark.parametrize("expected_m", [4, 16, 32, 64])
+def test_contiguous_on_the_swapab_kernel_gives_the_contiguous_kernels_bits(case, expected_m, monkeypatch):
+    """The contiguous layout on the swap-AB kernel (its 128-row blocks as masked groups, CONTIGUOUS_SWAPAB_MAX_ROWS)
+    gives the contiguous kernel's bits, padding rows untouched by both: experts of 0 to 1,024 rows, a whole block of
+    spare capacity (all padding: its programs exit), and M cut 9 rows into the last segment's padding (a last
+    block past M)."""
+    rows, N, K = CONTIGUOUS_CASES[case]
+    gen = torch.Generator().manual_seed(6)
+    q, s, bq, sb, layout = _contiguous_case(rows, N, K, gen, "cuda", "per_128")
+    spare = torch.full((128,), -1, dtype=layout.dtype, device="cuda")
+    layout, q, s = torch.cat([spare, layout[:-9]]), torch.cat([q[:128], q[:-9]]), torch.cat([s[:128], s[:-9]])
+    bq, folded = gemm.fold_fp4_weights(bq, sb)
+    out = {}
+    for max_rows in (0, 2**31):
+        monkeypatch.setattr(gemm, "CONTIGUOUS_SWAPAB_MAX_ROWS", max_rows)
+        out[max_rows] = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb), out[max_rows], layout, folded=folded,
+                                                  expected_m=expected_m)
+    assert torch.equal(out[2**31].view(torch.int16), out[0].view(torch.int16))
+    assert bool((out[2**31][layout < 0] == 7.0).all()), "padding rows must stay untouched"
+
+
+def test_contiguous_calls_take_the_swapab_kernel_up_to_its_rows_on_folded_activations():
+    top = gemm.CONTIGUOUS_SWAPAB_MAX_ROWS
+    assert gemm._contiguous_swapab(top, True) and not gemm._contiguous_swapab(top + 1, True)
+    assert not gemm._contiguous_swapab(1, False)  # per-32 activations: the contiguous kernel only
 
 
 @pytest.mark.gpu

@@ -554,9 +554,10 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
     sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
-    if layout == _CONTIGUOUS:
+    rows_hint = _contiguous_rows(aq.shape[0], G, expected_m) if layout == _CONTIGUOUS else expected_m or aq.shape[1]
+    if layout == _CONTIGUOUS and not _contiguous_swapab(rows_hint, sa_per_128):
         M = aq.shape[0]
-        block_m = _contiguous_block_m(M, G, sa_per_128, expected_m)
+        block_m = _contiguous_block_m(rows_hint, sa_per_128)
         # registers (per thread of a warpgroup, 512 in all): the producer 24; 128-row tiles: each math warpgroup 200,
         # the converter the 88 left (with 192 the TMA-store epilogue spilled 28 bytes); 256-row tiles: each math
         # warpgroup 216 (two accumulators and the MMA's part: 192; offline no spills in the K loop, ~40 spill
@@ -575,8 +576,13 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128,
             enable_fp_fusion=True)
         return
-    max_m = aq.shape[1]
-    launches = _masked_launches(_masked_tile(expected_m or max_m, sa_per_128))
+    # the swap-AB kernel: masked groups of max_m rows, or a contiguous layout's 128-row blocks (CONTIGUOUS)
+    contiguous = layout == _CONTIGUOUS
+    x_rows = aq.numel() // K
+    max_m = 128 if contiguous else aq.shape[1]
+    blocks = cdiv(x_rows, 128) if contiguous else G
+    d_strides = (128 * d.stride(0), d.stride(0)) if contiguous else (d.stride(0), d.stride(1))
+    launches = _masked_launches(_masked_tile(rows_hint, sa_per_128))
     side = _side_stream(d.device) if MASKED_SPLIT_SIDE_STREAM and len(launches) > 1 else None
     if side is not None:
         stream = torch.cuda.current_stream(d.device)
@@ -585,16 +591,16 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
         steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
         if steps == 1:
-            w_slot, x_slot = w_desc, _tma_desc(aq.view(G * max_m, K), (tile.tokens, 128))
+            w_slot, x_slot = w_desc, _tma_desc(aq.view(x_rows, K), (tile.tokens, 128))
         else:
             w_slot = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
                                                   _packed_fp4_layout(rank=3))
-            x_slot = _tma_desc(aq.view(G * max_m, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
+            x_slot = _tma_desc(aq.view(x_rows, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
         with torch.cuda.stream(side if i == 1 else None):  # a split's wide launch beside its narrow one (None: no-op)
-            fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, G)](
-                w_slot, x_slot, d, folded.offsets, sa_words,
-                folded.column_scales, group_arg, min_rows, max_rows, max_m, N, K, K // 128, d.stride(0), d.stride(1),
-                STAGES=tile.stages, SA_PER_128=sa_per_128, SLOT_UNROLLED=tile.slot_unrolled, num_warps=4,
+            fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, blocks)](
+                w_slot, x_slot, d, folded.offsets, sa_words, folded.column_scales, group_arg, min_rows, max_rows,
+                max_m, x_rows, N, K, K // 128, *d_strides, STAGES=tile.stages, SA_PER_128=sa_per_128,
+                SLOT_UNROLLED=tile.slot_unrolled, CONTIGUOUS=contiguous, num_warps=4,
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
     if side is not None:
         stream.wait_stream(side)
@@ -615,13 +621,28 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _contiguous_block_m(M: int, groups: int, sa_per_128: bool, expected_m: int | None = None) -> int:
-    """Rows of the FP8-MMA contiguous kernel's tiles: 256 on activations folded per 128 where the experts average at
-    least _BLOCK_M_256_MIN_ROWS real rows, else 128. Real rows per expert: the caller's expected_m, else M / groups
-    less 64, the average padding of 128-aligned segments (host arithmetic, no device read). A 256-row tile converts
-    each weight tile once for twice the rows, but an expert of an odd number of 128-row blocks ends in a tile of 128
+def _contiguous_rows(M: int, groups: int, expected_m: int | None) -> int:
+    """Real rows per expert of a contiguous call, the FP8-MMA route's tile hint: the caller's expected_m, else M /
+    groups less 64, the average padding of 128-aligned segments (host arithmetic, no device read); at least 1."""
+    return max(1, expected_m if expected_m is not None else M // groups - 64)
+
+
+# Real rows per expert up to which a contiguous call on folded activations takes the swap-AB kernel (the masked
+# kernel over the layout's 128-row blocks, its token tile from _masked_tile) instead of the contiguous kernel, whose
+# 128-row tiles at ~64 rows per expert are half padding (docs/reports/deepgemm-moe-fold-128.md, "Session 54").
+CONTIGUOUS_SWAPAB_MAX_ROWS = 64
+
+
+def _contiguous_swapab(rows: int, sa_per_128: bool) -> bool:
+    """Whether a contiguous call of `rows` real rows per expert (_contiguous_rows) takes the swap-AB kernel."""
+    return sa_per_128 and rows <= CONTIGUOUS_SWAPAB_MAX_ROWS
+
+
+def _contiguous_block_m(rows: int, sa_per_128: bool) -> int:
+    """Rows of the FP8-MMA contiguous kernel's tiles at `rows` real rows per expert (_contiguous_rows): 256 on
+    activations folded per 128 from _BLOCK_M_256_MIN_ROWS rows, else 128. A 256-row tile converts each weight tile
+    once for twice the rows, but an expert of an odd number of 128-row blocks ends in a tile of 128
     (docs/reports/deepgemm-moe-fold-128.md, sessions 38 and 39)."""
-    rows = expected_m if expected_m is not None else M / groups - 64
     return 256 if sa_per_128 and rows >= _BLOCK_M_256_MIN_ROWS else 128
 
 

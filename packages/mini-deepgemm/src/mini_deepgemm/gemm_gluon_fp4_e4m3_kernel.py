@@ -471,12 +471,12 @@ def _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_t, w_row, x_row, ste
 
 
 @gluon.jit
-def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m):
-    """The tile's used token rows of d: each 64-row half's accumulator (fp32 [64, BLOCK_M], weight rows x tokens)
-    times its rows' column scales, rounded to bf16."""
+def _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, block, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m):
+    """The tile's used token rows of d (rows of d's block `block`): each 64-row half's accumulator (fp32 [64,
+    BLOCK_M], weight rows x tokens) times its rows' column scales, rounded to bf16."""
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_lo.type.layout))
     keep = (tokens < rows_used)[None, :]
-    out = d_ptr + g.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
+    out = d_ptr + block.to(gl.int64) * stride_d_g + tokens.to(gl.int64)[None, :] * stride_d_m
     scale_lo = gl.load(colscale_ptr + w_row + rows)[:, None]
     scale_hi = gl.load(colscale_ptr + w_row + 64 + rows)[:, None]
     gl.store(out + (n0 + rows)[:, None], (acc_lo * scale_lo).to(gl.bfloat16), mask=keep)
@@ -521,6 +521,15 @@ def _register_operand(words, offsets, A_OP: gl.constexpr):
 
 
 @gluon.jit
+def _contiguous_block(layout_ptr, block, M):
+    """(expert, real rows) of a contiguous layout's 128-row block: its rows are one expert's, then padding (-1), so the
+    largest id is the expert (-1: all padding) and the ids >= 0 count its rows."""
+    rows = block * 128 + gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    ids = gl.load(layout_ptr + rows, mask=rows < M, other=-1)
+    return gl.max(ids, 0), gl.sum((ids >= 0).to(gl.int32), 0)
+
+
+@gluon.jit
 def _masked_folded_step(w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_ptr, offsets_hi_ptr, off_lo, off_hi,
                         sa_tile, sa_rows, acc_lo, acc_hi, zero, a_op: gl.constexpr, WAIT: gl.constexpr):
     """K step j of ring step t (a slot of S steps) of the folded loop: each 64-row half's weights (offset words off_lo,
@@ -548,15 +557,15 @@ def _masked_folded_step(w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_pt
 
 
 @gluon.jit
-def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0, max_m,
-                         K, stride_sa, step0, mma: gl.constexpr, SLOT_UNROLLED: gl.constexpr):
+def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0,
+                         last_row, K, stride_sa, step0, mma: gl.constexpr, SLOT_UNROLLED: gl.constexpr):
     """SA_PER_128's K loop (_masked_folded_step per K step: no shared tile, fence or CTA barrier between the
     conversion and the MMA) -> (acc_lo, acc_hi). A ring slot holds S K steps, so its refill, the copies' handshakes
     and the CTA barriers the compiler puts around them come once per S steps; SLOT_UNROLLED: a slot's steps unrolled
     (fewer instructions per step; at 32 tokens they spill at the 128-register cap, so a loop there). The ring stays
     safe without a CTA barrier of its own: a slot is refilled after the step that read it waited for its MMAs, and an
     MMA with register A operands starts only once all four warps have issued it, that is, after every warp's loads of
-    the slot."""
+    the slot. last_row: the slot's last row with activation scales (tokens past it read that row's)."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     S: gl.constexpr = _slot_steps(w_ring.type.shape)
     BLOCK_M: gl.constexpr = x_ring.type.shape[-2]
@@ -567,7 +576,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would hold
     # two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
     sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
-    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), max_m - 1 - m0) * stride_sa
+    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), last_row - m0) * stride_sa
     zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
@@ -591,22 +600,26 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 
 @gluon.jit
-def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, masked_m_ptr, min_rows, max_rows,
-                           max_m, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
-                           SA_PER_128: gl.constexpr = False, SLOT_UNROLLED: gl.constexpr = True):
+def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, rows_ptr, min_rows, max_rows,
+                           max_m, M, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
+                           SA_PER_128: gl.constexpr = False, SLOT_UNROLLED: gl.constexpr = True,
+                           CONTIGUOUS: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
-    masked_m[g], for the groups with min_rows <= masked_m[g] <= max_rows (a launch per row-count class: the others'
-    programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64]
-    boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; or (SA_PER_128 only) 3-D views, K
-    step outermost, [K / 128, G * N, 64] in [S, 128, 64] boxes and [K / 128, G * max_m, 128] in [S, BLOCK_M, 128]
-    boxes: a ring slot of S K steps (S divides K / 128). offsets int32 [G * N, K / 128]; sa int32 words [G * max_m, K /
-    128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N % 128 == 0, K % 128 == 0. Grid
-    (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's weights converted into one shared
-    tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63 and 64-127 as A, the activations as
-    B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128] (activations folded per
-    128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one pair of 128-deep MMAs and
-    one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM), 96 at 8 (5).
-    SLOT_UNROLLED: a slot's K steps unrolled, else a loop (_masked_folded_steps)."""
+    masked_m[g] (rows_ptr: masked_m int32 [G]), for the groups with min_rows <= masked_m[g] <= max_rows (a launch per
+    row-count class: the others' programs exit); other rows untouched. w_desc: packed e2m1 uint8 [G * N, K / 2] in
+    the route's order, in [128, 64] boxes (64-byte swizzle); x_desc: e4m3 [G * max_m, K] in [BLOCK_M, 128] boxes; or
+    (SA_PER_128 only) 3-D views, K step outermost, [K / 128, G * N, 64] in [S, 128, 64] boxes and [K / 128, G *
+    max_m, 128] in [S, BLOCK_M, 128] boxes: a ring slot of S K steps (S divides K / 128). offsets int32 [G * N, K /
+    128]; sa int32 words [G * max_m, K / 128] (row stride stride_sa); colscale fp32 [G * N]; d bf16 [G, max_m, N]. N
+    % 128 == 0, K % 128 == 0. Grid (cdiv(max_m, BLOCK_M) or 1, N / 128, G); num_warps=4. Per step: the ring slot's
+    weights converted into one shared tile (each thread a row), then per 32 of K two swap-AB MMAs (weight rows 0-63
+    and 64-127 as A, the activations as B) and acc += part * sa[token, kb]. SA_PER_128: sa fp32 [G * max_m, K / 128]
+    (activations folded per 128), each half's weights converted into its MMA's A registers (_masked_folded_steps), one
+    pair of 128-deep MMAs and one FMA per element per K step; launch with maxnreg 128 at 16-32 tokens (4 CTAs per SM),
+    96 at 8 (5). SLOT_UNROLLED: a slot's K steps unrolled, else a loop (_masked_folded_steps).
+    CONTIGUOUS (SA_PER_128 only): the contiguous layout, x [M, K], d [M, N], rows_ptr its grouped_layout int32 [M],
+    max_m = 128 and the grid's last axis cdiv(M, 128): program_id(2) is a 128-row block, its rows one expert's (g),
+    then padding (segments 128-aligned); masked_m[g] above reads the block's real rows."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[-2]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     S: gl.constexpr = _slot_steps(w_ring.type.shape)
@@ -622,8 +635,15 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     # few rows per expert, is 1 (a program per expert and weight rows, looping over its tiles: no programs that
     # only read masked_m and exit); the ring's phases run on across a program's tiles (step0).
     n0 = gl.program_id(1) * 128
-    g = gl.program_id(2)
-    rows_used = gl.load(masked_m_ptr + g)
+    block = gl.program_id(2)  # x's and d's rows block * max_m ..: the expert's (masked) or the 128-row block's
+    if CONTIGUOUS:
+        gl.static_assert(SA_PER_128, "the contiguous layout takes the folded loop")
+        g, rows_used = _contiguous_block(rows_ptr, block, M)
+        last_row = gl.minimum(max_m, M - block * max_m) - 1
+    else:
+        g = block
+        rows_used = gl.load(rows_ptr + g)
+        last_row = max_m - 1
     rows_end = rows_used
     if (rows_used < min_rows) | (rows_used > max_rows):
         rows_end = 0
@@ -632,12 +652,12 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 32])
     step0 = 0
     for m0 in range(gl.program_id(0) * BLOCK_M, rows_end, gl.num_programs(0) * BLOCK_M):
-        x_row = g * max_m + m0
+        x_row = block * max_m + m0
         _masked_fill(w_desc, x_desc, w_ring, x_ring, ready, num_k // S, w_row, x_row, step0)
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, max_m, K, stride_sa, step0, mma, SLOT_UNROLLED)
+                                                  w_row, x_row, m0, last_row, K, stride_sa, step0, mma, SLOT_UNROLLED)
         else:
             gl.static_assert(S == 1, "per-32 activations take one K step per ring slot")
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
@@ -671,7 +691,8 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
                     acc_lo = acc_lo + part_lo * fa
                     acc_hi = acc_hi + part_hi * fa
                 offsets, wa = offsets_next, wa_next
-        _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, g, n0, w_row, tokens, rows_used, stride_d_g, stride_d_m)
+        _masked_store(acc_lo, acc_hi, d_ptr, colscale_ptr, block, n0, w_row, tokens, rows_used, stride_d_g,
+                      stride_d_m)
         step0 += num_k // S
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
