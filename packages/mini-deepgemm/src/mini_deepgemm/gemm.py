@@ -599,7 +599,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         with torch.cuda.stream(side if i == 1 else None):  # a split's wide launch beside its narrow one (None: no-op)
             fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, blocks)](
                 w_slot, x_slot, d, folded.offsets, sa_words, folded.column_scales, group_arg, min_rows, max_rows,
-                max_m, x_rows, N, K, K // 128, *d_strides, STAGES=tile.stages, SA_PER_128=sa_per_128,
+                max_m, N, K, K // 128, *d_strides, x_rows, STAGES=tile.stages, SA_PER_128=sa_per_128,
                 SLOT_UNROLLED=tile.slot_unrolled, CONTIGUOUS=contiguous, num_warps=4,
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}), enable_fp_fusion=True)
     if side is not None:

@@ -558,14 +558,14 @@ def _masked_folded_step(w_ring, x_ring, ready, t, j, step0, num_k, offsets_lo_pt
 
 @gluon.jit
 def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k, w_row, x_row, m0,
-                         last_row, K, stride_sa, step0, mma: gl.constexpr, SLOT_UNROLLED: gl.constexpr):
+                         block_rows, K, stride_sa, step0, mma: gl.constexpr, SLOT_UNROLLED: gl.constexpr):
     """SA_PER_128's K loop (_masked_folded_step per K step: no shared tile, fence or CTA barrier between the
     conversion and the MMA) -> (acc_lo, acc_hi). A ring slot holds S K steps, so its refill, the copies' handshakes
     and the CTA barriers the compiler puts around them come once per S steps; SLOT_UNROLLED: a slot's steps unrolled
     (fewer instructions per step; at 32 tokens they spill at the 128-register cap, so a loop there). The ring stays
     safe without a CTA barrier of its own: a slot is refilled after the step that read it waited for its MMAs, and an
     MMA with register A operands starts only once all four warps have issued it, that is, after every warp's loads of
-    the slot. last_row: the slot's last row with activation scales (tokens past it read that row's)."""
+    the slot. block_rows: the rows of x's block (tokens past them read its last row's activation scales)."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     S: gl.constexpr = _slot_steps(w_ring.type.shape)
     BLOCK_M: gl.constexpr = x_ring.type.shape[-2]
@@ -576,7 +576,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
     # the tile's activation scales through one 64-bit base and 32-bit offsets (64-bit pointers per token would hold
     # two registers each across the loop; offline, 32 tokens spilled at 128 registers with them)
     sa_tile = sa_ptr + x_row.to(gl.int64) * stride_sa
-    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), last_row - m0) * stride_sa
+    sa_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)), block_rows - 1 - m0) * stride_sa
     zero = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_lo = gl.zeros([64, BLOCK_M], gl.float32, mma)
     acc_hi = gl.zeros([64, BLOCK_M], gl.float32, mma)
@@ -601,7 +601,7 @@ def _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_
 
 @gluon.jit
 def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, rows_ptr, min_rows, max_rows,
-                           max_m, M, N, K, stride_sa, stride_d_g, stride_d_m, STAGES: gl.constexpr,
+                           max_m, N, K, stride_sa, stride_d_g, stride_d_m, M, STAGES: gl.constexpr,
                            SA_PER_128: gl.constexpr = False, SLOT_UNROLLED: gl.constexpr = True,
                            CONTIGUOUS: gl.constexpr = False):
     """d[g, m, n] = colscale[g, n] * sum over 32-blocks kb of sa[g, m, kb] * (x[g, m, kb] . w'[g, n, kb]) for m <
@@ -639,11 +639,11 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     if CONTIGUOUS:
         gl.static_assert(SA_PER_128, "the contiguous layout takes the folded loop")
         g, rows_used = _contiguous_block(rows_ptr, block, M)
-        last_row = gl.minimum(max_m, M - block * max_m) - 1
+        block_rows = gl.minimum(max_m, M - block * max_m)
     else:
         g = block
         rows_used = gl.load(rows_ptr + g)
-        last_row = max_m - 1
+        block_rows = max_m
     rows_end = rows_used
     if (rows_used < min_rows) | (rows_used > max_rows):
         rows_end = 0
@@ -657,7 +657,7 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
         tokens = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         if SA_PER_128:
             acc_lo, acc_hi = _masked_folded_steps(w_ring, x_ring, ready, w_desc, x_desc, offsets_ptr, sa_ptr, num_k,
-                                                  w_row, x_row, m0, last_row, K, stride_sa, step0, mma, SLOT_UNROLLED)
+                                                  w_row, x_row, m0, block_rows, K, stride_sa, step0, mma, SLOT_UNROLLED)
         else:
             gl.static_assert(S == 1, "per-32 activations take one K step per ring slot")
             row_offsets = offsets_ptr + (w_row + gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))).to(
