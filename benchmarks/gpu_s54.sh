@@ -35,5 +35,15 @@ r2)  # tree = main + the contiguous layout on the swap-AB kernel up to 64 rows p
   show_sides new base
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
+r3)  # tree = r2's with the swap-AB kernel up to 32 rows per expert (r2's experiment: 1.11-1.27x at ~16-32, 0.85-0.91x
+  # at ~64); bench_prefill at 2,048 tokens (one GPU: ~32 rows per expert) on three sample layers (the seven of the
+  # default ran out of the H100's 80 GB in r2), on the tree and on base (main 0a81288)
+  for side in new base; do
+    run "prefill_$side" 150 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py --tokens 2048 \
+      --layers window,r1-full,r1-reuse --out "$OUT/prefill_${side}_h100.json"
+  done
+  cat "$OUT/summary.txt"; show_sides new base
+  grep -hE "moe experts" "$OUT/prefill_new.txt" "$OUT/prefill_base.txt" | head -6
+  ;;
 esac
 pack_out

@@ -630,7 +630,7 @@ def _contiguous_rows(M: int, groups: int, expected_m: int | None) -> int:
 # Real rows per expert up to which a contiguous call on folded activations takes the swap-AB kernel (the masked
 # kernel over the layout's 128-row blocks, its token tile from _masked_tile) instead of the contiguous kernel, whose
 # 128-row tiles at ~64 rows per expert are half padding (docs/reports/deepgemm-moe-fold-128.md, "Session 54").
-CONTIGUOUS_SWAPAB_MAX_ROWS = 64
+CONTIGUOUS_SWAPAB_MAX_ROWS = 32
 
 
 def _contiguous_swapab(rows: int, sa_per_128: bool) -> bool:
