@@ -45,5 +45,13 @@ r3)  # tree = r2's with the swap-AB kernel up to 32 rows per expert (r2's experi
   cat "$OUT/summary.txt"; show_sides new base
   grep -hE "moe experts" "$OUT/prefill_new.txt" "$OUT/prefill_base.txt" | head -6
   ;;
+r4)  # tree = r3's + the contiguous kernel's 64 x 256 tiles as an experiment (gemm.CONTIGUOUS_64_ROW_MAX_ROWS, off):
+  # the kernels' tests (64 x 256 tiles bitwise the 128 x 128 ones), the experiment with its new variant
+  fp4_e4m3_tests 90
+  fits 170 && script_sides 170 exp_moe_contiguous_swapab.py contig new
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
+  grep -hE "^\|" "$OUT/contig_new.txt"; grep -h "failed\|Error" "$OUT/contig_new.txt" | head -5
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
 esac
 pack_out
