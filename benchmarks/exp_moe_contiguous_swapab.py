@@ -6,8 +6,11 @@ rate on w13, 0.29 of the FP8 MMA rate: neither unit busy; docs/reports/step-floo
 which streams weights with tokens as the MMA's N (8-64 per tile), reached 0.44-0.47 of the copy rate at ~64 rows
 (H100, session 53). gemm.CONTIGUOUS_SWAPAB_MAX_ROWS routes a contiguous call to that kernel (its CONTIGUOUS form:
 each 128-row block of the layout as a masked group of its real rows), with the token tile _masked_tile picks for the
-call's rows per expert. Second experiment (gemm.CONTIGUOUS_64_ROW_MAX_ROWS): the contiguous kernel on 64 x 256
-tiles, where at most 64 rows of a 128-row tile leave its second math warpgroup idle.
+call's rows per expert. H100, session 54 runs 2 and 5: 1.27-1.30x the contiguous kernel at ~16 rows, 1.10-1.15x at
+~32, 0.85-0.91x at ~64 and below from there; so routed up to 32 rows. Run 5 also timed the contiguous kernel on
+64 x 256 tiles (each math warpgroup 128 of the columns, where a 128-row tile of at most 64 rows leaves the second
+idle): 0.71-0.78x at ~16-96 rows (at ~128-256 the variant was the 256-row tiles again: 0.98-0.99x, the run's repeat
+noise); reverted (`git show bceb995:benchmarks/exp_moe_contiguous_swapab.py` has the variant).
 
 Measured: each of CASES (experts, mean rows per expert: Poisson rows, experts of 0 rows without a segment; the
 segments alone, 128-aligned, expected_m stated as the engine does), w13 and w2, the public contiguous GEMM with
@@ -35,14 +38,11 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from mini_deepgemm.testing import contiguous_layout
 
-# name: (CONTIGUOUS_SWAPAB_MAX_ROWS, CONTIGUOUS_64_ROW_MAX_ROWS, forced swap-AB tile or None for _masked_tile's).
-# "contiguous_64x256": the contiguous kernel on 64 x 256 tiles (each math warpgroup 128 of the columns), session 54's
-# second experiment, wherever the other variants' contiguous kernel takes 128 x 128 tiles (up to 127 rows)
-VARIANTS = {"contiguous_kernel": (0, 0, None),
-            "swapab": (2**31, 0, None),
-            "swapab_64": (2**31, 0, G.MaskedTile(64, 2, None, False)),
-            "swapab_32_split": (2**31, 0, G.MaskedTile(32, 2, 128, False, True)),
-            "contiguous_64x256": (0, 127, None)}
+# name: (CONTIGUOUS_SWAPAB_MAX_ROWS, forced swap-AB tile or None for _masked_tile's)
+VARIANTS = {"contiguous_kernel": (0, None),
+            "swapab": (2**31, None),
+            "swapab_64": (2**31, G.MaskedTile(64, 2, None, False)),
+            "swapab_32_split": (2**31, G.MaskedTile(32, 2, 128, False, True))}
 # (experts, mean rows per expert): one GPU's prefill at 1,024 / 2,048 / 4,096 / 6,144 tokens (384 experts), EP2's
 # at 4,096 (192 local experts of ~128) and EP4's (96 of ~256)
 CASES = ((384, 16), (384, 32), (384, 64), (384, 96), (192, 128), (96, 256))
@@ -57,7 +57,7 @@ def layout_rows(groups: int, mean: int) -> list[int]:
 def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
-    routed = G.CONTIGUOUS_SWAPAB_MAX_ROWS, G.CONTIGUOUS_64_ROW_MAX_ROWS, G._masked_tile
+    routed_max_rows, routed_tile = G.CONTIGUOUS_SWAPAB_MAX_ROWS, G._masked_tile
     for groups, mean in CASES:
         rows = layout_rows(groups, mean)
         layout = contiguous_layout(rows, 128).cuda()
@@ -76,9 +76,9 @@ def main() -> None:
                    "touched": touched, "swapab_tile": list(G._masked_tile(mean, True))}
             t, first = {}, None
             used = layout >= 0
-            for key, (swapab_rows, rows_64, tile) in VARIANTS.items():
-                G.CONTIGUOUS_SWAPAB_MAX_ROWS, G.CONTIGUOUS_64_ROW_MAX_ROWS = swapab_rows, rows_64
-                G._masked_tile = routed[2] if tile is None else (lambda *_args, t=tile: t)
+            for key, (max_rows, tile) in VARIANTS.items():
+                G.CONTIGUOUS_SWAPAB_MAX_ROWS = max_rows
+                G._masked_tile = routed_tile if tile is None else (lambda *_args, t=tile: t)
                 out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
                 t[key] = ms(lambda: G.m_grouped_fp8_fp4_gemm_nt_contiguous(
                     x, (bq_route, sb), out, layout, weight_scale_max=FP4_SCALE_BOUND, folded=folded,
@@ -86,7 +86,7 @@ def main() -> None:
                 if first is None:
                     first = out[used].view(torch.int16)
                 row[f"bitwise_{key}"] = bool(torch.equal(out[used].view(torch.int16), first))
-            G.CONTIGUOUS_SWAPAB_MAX_ROWS, G.CONTIGUOUS_64_ROW_MAX_ROWS, G._masked_tile = routed
+            G.CONTIGUOUS_SWAPAB_MAX_ROWS, G._masked_tile = routed_max_rows, routed_tile
             bq = bq_route = None  # the peer's FP8 weights in their place
             try:
                 t["scaled_grouped_mm"] = ms(scaled_grouped_mm_peer(x[0], ends, groups, N, K))

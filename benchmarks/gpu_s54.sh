@@ -22,13 +22,14 @@ r1)
   grep -hE "^\||^split" "$OUT/tiles_new.txt"
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
-r2)  # tree = main + the contiguous layout on the swap-AB kernel up to 64 rows per expert (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS);
-  # .ab-base.tar.gz = main 0a81288 (the contiguous kernel only): the kernels' tests (with the new bitwise test), the
+r2)  # tree = main + the contiguous layout on the swap-AB kernel up to 64 rows per expert
+  # (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS); .ab-base.tar.gz = main 0a81288 (the contiguous kernel only): the kernels' tests (with the new bitwise test), the
   # experiment (the contiguous kernel against the swap-AB kernel's tiles, ~16-256 rows per expert), the runtime's
   # core GPU tests (the engine's prefill takes the new route), bench_prefill on both sides (one GPU: ~64 rows)
   fp4_e4m3_tests 90
   fits 150 && script_sides 150 exp_moe_contiguous_swapab.py contig new
-  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
   fits 100 && prefill_sides 100 new base
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -hE "^\|" "$OUT/contig_new.txt"; grep -h "failed" "$OUT/contig_new.txt" | head -3
@@ -51,6 +52,18 @@ r4)  # tree = r3's + the contiguous kernel's 64 x 256 tiles as an experiment (ge
   fits 170 && script_sides 170 exp_moe_contiguous_swapab.py contig new
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests
   grep -hE "^\|" "$OUT/contig_new.txt"; grep -h "failed\|Error" "$OUT/contig_new.txt" | head -5
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+r5)  # the final tree (r4's experiment reverted: the contiguous kernel's SASS is main's again, offline): the kernels'
+  # tests, the runtime's core GPU tests, bench_prefill at 1,024 tokens (one GPU: ~16 rows per expert) on both sides
+  fp4_e4m3_tests 90
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  for side in new base; do
+    fits 90 && run "prefill_$side" 90 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+      --tokens 1024 --layers window,r1-full,r1-reuse --out "$OUT/prefill_${side}_h100.json"
+  done
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests; show_sides new base
+  grep -hE "moe experts" "$OUT/prefill_new.txt" "$OUT/prefill_base.txt" | head -4
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 esac

@@ -557,17 +557,13 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     rows_hint = _contiguous_rows(aq.shape[0], G, expected_m) if layout == _CONTIGUOUS else expected_m or aq.shape[1]
     if layout == _CONTIGUOUS and not _contiguous_swapab(rows_hint, sa_per_128):
         M = aq.shape[0]
-        block_m = _contiguous_block_m(rows_hint, sa_per_128, N)
+        block_m = _contiguous_block_m(rows_hint, sa_per_128)
         # registers (per thread of a warpgroup, 512 in all): the producer 24; 128-row tiles: each math warpgroup 200,
         # the converter the 88 left (with 192 the TMA-store epilogue spilled 28 bytes); 256-row tiles: each math
         # warpgroup 216 (two accumulators and the MMA's part: 192; offline no spills in the K loop, ~40 spill
         # instructions in a tile's set-up and epilogue, more at 208), the converter the 56 left (no spills).
-        # 64 x 256 tiles: each math warpgroup 200 as at 128 rows. Shared memory: 4 stages of 48 KB (128 x 128), 3 of
-        # 56 KB (256 x 128, 64 x 256: activations 8 KB, packed weights 16 KB, converted 32 KB), and 32 KB of epilogue
-        # buffers.
-        consumer_regs, stages = {128: (200, 4), 256: (216, 3), 64: (200, 3)}[block_m]
-        if block_m == 64:  # 256 weight rows a step
-            w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [256, 64], _packed_fp4_layout())
+        # Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue buffers.
+        consumer_regs, stages = (200, 4) if block_m == 128 else (216, 3)
         table = group_arg  # 128-row tiles: unused
         if block_m == 256:  # the tiles start at each expert's first row; their count stays on the device
             table = torch.empty(1 + cdiv(M, 128), dtype=torch.int32, device=d.device)
@@ -642,22 +638,12 @@ def _contiguous_swapab(rows: int, sa_per_128: bool) -> bool:
     return sa_per_128 and rows <= CONTIGUOUS_SWAPAB_MAX_ROWS
 
 
-def _contiguous_block_m(rows: int, sa_per_128: bool, N: int) -> int:
+def _contiguous_block_m(rows: int, sa_per_128: bool) -> int:
     """Rows of the FP8-MMA contiguous kernel's tiles at `rows` real rows per expert (_contiguous_rows): 256 on
-    activations folded per 128 from _BLOCK_M_256_MIN_ROWS rows, 64 (tiles of 256 columns, N % 256 == 0) up to
-    CONTIGUOUS_64_ROW_MAX_ROWS, else 128. A 256-row tile converts each weight tile once for twice the rows, but an
-    expert of an odd number of 128-row blocks ends in a tile of 128 (docs/reports/deepgemm-moe-fold-128.md, sessions
-    38 and 39). A 64 x 256 tile gives each math warpgroup 128 of its columns, where a 128-row tile of an expert of at
-    most 64 rows leaves the second warpgroup idle; an expert of 65-128 rows then takes two tiles, each converting
-    its weights (session 54)."""
-    if sa_per_128 and rows >= _BLOCK_M_256_MIN_ROWS:
-        return 256
-    return 64 if sa_per_128 and rows <= CONTIGUOUS_64_ROW_MAX_ROWS and N % 256 == 0 else 128
-
-
-# Real rows per expert up to which the contiguous kernel takes 64 x 256 tiles on folded activations (an experiment
-# of session 54: 0, off, until measured)
-CONTIGUOUS_64_ROW_MAX_ROWS = 0
+    activations folded per 128 from _BLOCK_M_256_MIN_ROWS rows, else 128. A 256-row tile converts each weight tile
+    once for twice the rows, but an expert of an odd number of 128-row blocks ends in a tile of 128
+    (docs/reports/deepgemm-moe-fold-128.md, sessions 38 and 39)."""
+    return 256 if sa_per_128 and rows >= _BLOCK_M_256_MIN_ROWS else 128
 
 
 # H200, 256-row tiles against 128 in the same run (exp_moe_tile_table, tiles cut at each expert; session 39 runs 2-5),

@@ -126,8 +126,8 @@ def _convert_rows(words, offsets):
 
 @gluon.jit
 def _raw_words(raw_ring, STAGES: gl.constexpr):
-    """The packed weight ring [STAGES, rows, 64] uint8 (64-byte swizzle) read as int32 [STAGES, rows, 16]."""
-    return raw_ring._reinterpret(gl.int32, [STAGES, raw_ring.type.shape[1], 16],
+    """The packed weight ring [STAGES, 128, 64] uint8 (64-byte swizzle) read as int32 [STAGES, 128, 16]."""
+    return raw_ring._reinterpret(gl.int32, [STAGES, 128, 16],
                                  gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2))
 
 
@@ -171,13 +171,11 @@ def contiguous_tile_table_kernel(layout_ptr, table_ptr, M, CHUNK: tl.constexpr):
 
 @gluon.jit
 def _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
-    """(first row, first column, expert) of the program's `tile`: a 128 x 128 or 64 x 256 tile is the tile-th in
-    grouped order (_tile_offsets; expert -1 = all padding, skipped by every partition); a 256 x 128 tile starts at
-    the row that contiguous_tile_table_kernel put in the table, always an expert's."""
+    """(first row, first column, expert) of the program's `tile`: a 128-row tile is the tile-th in grouped order
+    (_tile_offsets; expert -1 = all padding, skipped by every partition); a 256-row tile starts at the row that
+    contiguous_tile_table_kernel put in the table, always an expert's."""
     if BLOCK_M == 128:
         off_m, off_n = _tile_offsets(tile, M, N, 128, 128, GROUP_M)
-    elif BLOCK_M == 64:
-        off_m, off_n = _tile_offsets(tile, M, N, 64, 256, GROUP_M)
     else:
         index, off_n = _tile_offsets(tile, gl.load(table_ptr), N, 1, 128, GROUP_M)
         off_m = gl.load(table_ptr + 1 + index)
@@ -186,15 +184,12 @@ def _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M: gl.constexpr, G
 
 @gluon.jit
 def _contiguous_tiles(table_ptr, M, N, BLOCK_M: gl.constexpr):
-    """How many output tiles the contiguous kernel has: 128-row blocks, or the table's 256-row tiles, x N / 128; or
-    64-row blocks x N / 256."""
+    """How many output tiles the contiguous kernel has: 128-row blocks, or the table's 256-row tiles, x N / 128."""
     if BLOCK_M == 128:
         num_m = gl.cdiv(M, 128)
-    elif BLOCK_M == 64:
-        num_m = gl.cdiv(M, 64)
     else:
         num_m = gl.load(table_ptr)
-    return num_m * gl.cdiv(N, 256 if BLOCK_M == 64 else 128)
+    return num_m * gl.cdiv(N, 128)
 
 
 @gluon.jit
@@ -223,8 +218,7 @@ def _contiguous_loads(a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty,
 def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
                         GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr):
     """The default partition (4 warps): per step, once the packed weights are in, their e4m3 tile into the slot, then
-    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead
-    (64 x 256 tiles: 256 weight rows a step, two halves of 128 in turn, the second half's words a step ahead)."""
+    an arrival on "ready". offsets_ptr: int32 words of the offset bytes [G * N, K / 128], loaded two steps ahead."""
     STAGES: gl.constexpr = raw_ring.type.shape[0]
     raw_words = _raw_words(raw_ring, STAGES)
     num_k = K // 128
@@ -235,25 +229,13 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_p
         if g >= 0:
             row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * (K // 128)
             offsets, offsets_next = gl.load(row_offsets), gl.load(row_offsets + gl.minimum(1, num_k - 1))
-            if BLOCK_M == 64:
-                row_offsets_hi = offsets_ptr + (g * N + gl.minimum(off_n + 128 + rows, N - 1)).to(gl.int64) * num_k
-                offsets_hi = gl.load(row_offsets_hi)
             for k in range(num_k):
                 offsets_after = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
                 slot = step % STAGES
                 mbarrier.wait(raw_ready.index(slot), (step // STAGES) & 1)
+                tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
                 # the slot's B tile is free: the producer waited for "empty" before this step's weights
-                if BLOCK_M == 64:
-                    offsets_hi_next = gl.load(row_offsets_hi + gl.minimum(k + 1, num_k - 1))
-                    words = raw_words.index(slot)
-                    b_ring.index(slot).slice(0, 128, dim=0).store(
-                        _convert_rows(words.slice(0, 128, dim=0).load(_ROW_WORDS), offsets))
-                    b_ring.index(slot).slice(128, 128, dim=0).store(
-                        _convert_rows(words.slice(128, 128, dim=0).load(_ROW_WORDS), offsets_hi))
-                    offsets_hi = offsets_hi_next
-                else:
-                    tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)
-                    b_ring.index(slot).store(tile_words)
+                b_ring.index(slot).store(tile_words)
                 fence_async_shared()
                 mbarrier.arrive(ready.index(slot), count=1)
                 offsets, offsets_next = offsets_next, offsets_after
@@ -277,14 +259,13 @@ def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_
 
 @gluon.jit
 def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, off_m, off_n, g,
-               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, COL0: gl.constexpr,
-               SA_PER_128: gl.constexpr):
+               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
     """_contiguous_math's K loop and epilogue of one tile of expert g, from ring step `step`; returns the step after.
     used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows (a sub-tile of padding or of the
     next segment: no MMA, no store); 128-row tiles pass used_0 = True (their caller has checked it), which keeps their
     SASS the same as before the tile table."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
-    SUB_TILES: gl.constexpr = 2 if a_ring.type.shape[1] == 256 else 1
+    SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     num_k = K // 128
@@ -305,10 +286,7 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
         slot = step % STAGES
         mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
         a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-        if b_ring.type.shape[1] == 256:  # 64 x 256 tiles: the warpgroup's 128 of the slot's weight rows
-            b_tile = b_ring.index(slot).slice(COL0, 128, dim=0)
-        else:
-            b_tile = b_ring.index(slot)
+        b_tile = b_ring.index(slot)
         if used_0:
             if SA_PER_128:
                 part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
@@ -333,8 +311,8 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
             wa_1 = wa_1_next
         step += 1
     if used_0:
-        colscale = gl.load(colscale_ptr + g * N + off_n + COL0 + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
-        _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n + COL0, M,
+        colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
+        _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
                     stride_d, mma)
         if SUB_TILES == 2:
             if used_1:
@@ -345,10 +323,9 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
 
 @gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, table_ptr, layout_ptr,
-                     M, N, K, stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr, COL0: gl.constexpr,
+                     M, N, K, stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr,
                      SA_PER_128: gl.constexpr):
-    """Rows ROW0 + [0, 64) and columns COL0 + [0, 128) of every tile (64 x 256 tiles: both warpgroups take the 64
-    rows, each 128 of the columns) and, in 256-row tiles, ROW0 + 128 + [0, 64): 64-row sub-tiles, each with
+    """Rows ROW0 + [0, 64) of every tile and, in 256-row tiles, ROW0 + 128 + [0, 64): 64-row sub-tiles, each with
     its accumulator (the two warpgroups take alternate sub-tiles, so a 256-row tile that ends its expert after one
     128-row block keeps both busy): per K step and sub-tile, with SA_PER_128 one m64n128k128 MMA (A and B from shared
     memory, B the converted tile) and acc += part * sa[m, k]; without it (128-row tiles only) per 32 of K one
@@ -361,7 +338,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     words), or with SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
-    SUB_TILES: gl.constexpr = 2 if BLOCK_M == 256 else 1
+    SUB_TILES: gl.constexpr = BLOCK_M // 128
     gl.static_assert(SA_PER_128 or SUB_TILES == 1, "256-row tiles take activations folded per 128")
     step = 0
     for tile in range(gl.program_id(0), _contiguous_tiles(table_ptr, M, N, BLOCK_M), gl.num_programs(0)):
@@ -378,14 +355,14 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
                 else:
                     step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
                                       layout_ptr, off_m, off_n, g, True, step, M, N, K, stride_sa, stride_d,
-                                      ROW0, COL0, SA_PER_128)
+                                      ROW0, SA_PER_128)
             else:
                 # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
                 # the first MMA unguarded (as it is where the branch is known true) ptxas spilled ~340 instructions
                 # per warpgroup in the loop at 216 registers (session 38)
                 step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
                                   layout_ptr, off_m, off_n, g, own_g == g, step, M, N, K, stride_sa, stride_d, ROW0,
-                                  COL0, SA_PER_128)
+                                  SA_PER_128)
     tma.store_wait(pendings=0)
 
 
@@ -395,23 +372,19 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
-    >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128, 256 or 64 (the tiles' rows; 256
-    with SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes (BLOCK_M
-    64: [256, 64], 64 x 256 tiles, N % 256 == 0), 64-byte swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa
+    >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256 with
+    SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes, 64-byte
+    swizzle; d bf16 [M, N] (row stride stride_d), also as d_desc in [64, 128] boxes; offsets int32 [G * N, K / 128]; sa
     int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128);
     colscale fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles
     contiguous_tile_table_kernel's (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0.
     Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    # the second math warpgroup's rows and columns of a tile: the next 64 rows, or (64 x 256) the next 128 columns
-    ROW1: gl.constexpr = 0 if BLOCK_M == 64 else 64
-    COL1: gl.constexpr = 128 if BLOCK_M == 64 else 0
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
-    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 64], w_desc.layout)
-    b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 32],
+    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, BLOCK_N, 128], a_desc.layout)  # A's 128-byte swizzle
+    b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)  # A's 128-byte swizzle
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -424,9 +397,9 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
         [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
                                 GROUP_M, BLOCK_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, 0, SA_PER_128)),
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, ROW1, COL1, SA_PER_128)),
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
                               K, GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
