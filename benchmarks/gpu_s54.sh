@@ -23,9 +23,10 @@ r1)
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 r2)  # tree = main + the contiguous layout on the swap-AB kernel up to 64 rows per expert
-  # (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS); .ab-base.tar.gz = main 0a81288 (the contiguous kernel only): the kernels' tests (with the new bitwise test), the
-  # experiment (the contiguous kernel against the swap-AB kernel's tiles, ~16-256 rows per expert), the runtime's
-  # core GPU tests (the engine's prefill takes the new route), bench_prefill on both sides (one GPU: ~64 rows)
+  # (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS); .ab-base.tar.gz = main 0a81288 (the contiguous kernel only): the kernels'
+  # tests (with the new bitwise test), the experiment (the contiguous kernel against the swap-AB kernel's tiles,
+  # ~16-256 rows per expert), the runtime's core GPU tests (the engine's prefill takes the new route), bench_prefill
+  # on both sides (one GPU: ~64 rows)
   fp4_e4m3_tests 90
   fits 150 && script_sides 150 exp_moe_contiguous_swapab.py contig new
   fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
