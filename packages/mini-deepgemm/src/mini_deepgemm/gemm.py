@@ -21,7 +21,9 @@ Grouped layouts (what mini-deepep's dispatch produces, so no copy is needed in b
   int32 [M] = expert id per row, -1 for padding rows. Padding rows of d are left untouched (not written). The
   kernels skip a 128-row tile (or a 64-row half of one) whose first row is padding. The FP8 x FP4 form takes an
   optional expected_m, the typical real rows per expert (a tile-height hint; a layout of a fixed capacity should
-  give it, since M / G then counts the spare rows).
+  give it, since M / G then counts the spare rows); on the FP8-MMA route with folded activations it also picks
+  the kernel: up to CONTIGUOUS_SWAPAB_MAX_ROWS rows the masked layout's swap-AB kernel over the 128-row blocks (the
+  same bits).
 - Masked (decode): group g uses rows [0, masked_m[g]) of a[g]; the other rows of d[g] are left untouched.
   expected_m is a host-side hint of the typical rows per group (it picks the tile height).
 
@@ -321,7 +323,8 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
     if backend == "tilelang" or (backend is None and _use_tilelang(layout, a, b, d, c, recipe, b_fp4)):
         from . import gemm_tilelang
 
-        _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4), "this call is outside the TileLang kernels' coverage")
+        _require(_tilelang_covers(layout, a, b, d, c, recipe, b_fp4),
+                 "this call is outside the TileLang kernels' coverage")
         gemm_tilelang.launch(layout, a, b, d, group_arg, recipe[1], recipe[2], b_fp4)
     elif use_triton(d):
         _launch(layout, a, b, d, c, group_arg, recipe, b_fp4, expected_m, config, b_fp4 and weight_scale_max <= 128)
@@ -334,7 +337,8 @@ def _tilelang_covers(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
     from . import gemm_tilelang
 
     contiguous = all(t.is_contiguous() for t in (a[0], b[0], d))
-    return d.is_cuda and contiguous and gemm_tilelang.supports(layout, b_fp4, recipe[1], recipe[2], a[0].shape[-1], d, c)
+    return d.is_cuda and contiguous and gemm_tilelang.supports(layout, b_fp4, recipe[1], recipe[2], a[0].shape[-1], d,
+                                                              c)
 
 
 def _use_tilelang(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,
@@ -628,8 +632,11 @@ def _contiguous_rows(M: int, groups: int, expected_m: int | None) -> int:
 
 
 # Real rows per expert up to which a contiguous call on folded activations takes the swap-AB kernel (the masked
-# kernel over the layout's 128-row blocks, its token tile from _masked_tile) instead of the contiguous kernel, whose
-# 128-row tiles at ~64 rows per expert are half padding (docs/reports/deepgemm-moe-fold-128.md, "Session 54").
+# kernel over the layout's 128-row blocks, its token tile and split from _masked_tile) instead of the contiguous
+# kernel, whose time below ~64 rows is set by its per-step chain of each 128 x 128 tile, not by the rows. H100,
+# session 54 runs 2 and 5, against the contiguous kernel (384 experts, w13 / w2, bitwise equal): 1.28-1.30x /
+# 1.27-1.28x at ~16 rows, 1.15x / 1.11x at ~32, 0.90-0.91x / 0.85-0.86x at ~64, 0.67-0.85x from ~96; prefill step of
+# three layers at 2,048 / 1,024 tokens 1.035-1.039x / 1.066x (docs/reports/deepgemm-moe-fold-128.md, "Session 54").
 CONTIGUOUS_SWAPAB_MAX_ROWS = 32
 
 

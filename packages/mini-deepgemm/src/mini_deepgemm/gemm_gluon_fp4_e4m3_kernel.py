@@ -50,7 +50,9 @@ Offline (triton 3.6, sm_90a), the masked K loop takes 300 / 376 / 517 SASS instr
   decode step of the medium model 1.025 / 1.037x at batch 32 / 64 (docs/reports/deepgemm-moe-fold-128.md). A launch
   takes the experts whose row counts lie in [min_rows, max_rows]: at ~9-32 rows the host splits them in two launches
   (gemm._masked_launches, session 50: 1.11-1.16x at ~16 and ~32 rows), so no expert of up to twice the token tile
-  has its weights converted twice.
+  has its weights converted twice. Its CONTIGUOUS form takes the contiguous layout's 128-row blocks as the groups
+  (prefill at up to ~32 rows per expert, gemm.CONTIGUOUS_SWAPAB_MAX_ROWS; H100, session 54: 1.11-1.30x the
+  contiguous kernel there, the same bits).
 """
 
 from __future__ import annotations
