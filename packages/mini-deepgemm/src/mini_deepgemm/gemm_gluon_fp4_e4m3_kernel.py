@@ -621,7 +621,9 @@ def fp4_e4m3_masked_kernel(w_desc, x_desc, d_ptr, offsets_ptr, sa_ptr, colscale_
     96 at 8 (5). SLOT_UNROLLED: a slot's K steps unrolled, else a loop (_masked_folded_steps).
     CONTIGUOUS (SA_PER_128 only): the contiguous layout, x [M, K], d [M, N], rows_ptr its grouped_layout int32 [M],
     max_m = 128 and the grid's last axis cdiv(M, 128): program_id(2) is a 128-row block, its rows one expert's (g),
-    then padding (segments 128-aligned); masked_m[g] above reads the block's real rows."""
+    then padding (segments 128-aligned); masked_m[g] above reads the block's real rows. M: x's rows, read by the
+    CONTIGUOUS form only; it comes last among the runtime arguments because placed before N it changed the masked
+    launches' register allocation (the 32-token tile spilled 32 bytes instead of 8, offline)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[-2]
     w_ring, x_ring, ready = _masked_ring(w_desc, x_desc, STAGES)
     S: gl.constexpr = _slot_steps(w_ring.type.shape)
