@@ -67,5 +67,11 @@ r5)  # the final tree (r4's experiment reverted: the contiguous kernel's SASS is
   grep -hE "moe experts" "$OUT/prefill_new.txt" "$OUT/prefill_base.txt" | head -4
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
+r6)  # the final tree's rest of the runtime suite (parts A and B; the engine's small models take the swap-AB
+  # contiguous route), in what is left of the session's device time: DEADLINE=220
+  fits 60 && rest_ab 80 130
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  grep -h "^FAILED\|^ERROR" "$OUT"/runtime_rest_*.txt | cut -c1-200
+  ;;
 esac
 pack_out
