@@ -49,6 +49,13 @@ OPS = {
     "PRMT and IMAD alternating": (("prmt.b32 {a}, {b}, {c}, {a};", "mad.lo.u32 {a}, {a}, {b}, {c};"), "b32"),
     "PRMT and HMUL2 alternating": (("prmt.b32 {a}, {b}, {c}, {a};", "mul.rn.bf16x2 {a}, {a}, {b};"), "b32"),
     "LOP3 and IMAD.HI alternating": (("lop3.b32 {a}, {a}, {b}, {c}, 0x96;", "mul.hi.u32 {a}, {a}, {b};"), "b32"),
+    # session 55: the conversions of the attention's FP8 window rows (e4m3 -> f16 pairs -> bf16; flashmla-gluon.md),
+    # against which the integer placement (PRMT, SHF, LOP3, HMUL2 above) was weighed; the 16-bit halves go through
+    # {s} / {t}, b16 registers of the chain, which ptxas reads as half-register operands (no moves)
+    "F2FP.F16.E4M3 (cvt.rn.f16x2.e4m3x2)": ("mov.b32 {{{s}, {t}}}, {b}; cvt.rn.f16x2.e4m3x2 {a}, {s};", "b32"),
+    "F2F.BF16.F16 (cvt.rn.bf16.f16), with a PRMT": ("mov.b32 {{{s}, {t}}}, {b}; cvt.rn.bf16.f16 {s}, {s}; "
+                                                     "mov.b32 {a}, {{{s}, {t}}};", "b32"),
+    "F2FP.BF16.F32.PACK_AB (cvt.rn.bf16x2.f32)": ("cvt.rn.bf16x2.f32 {a}, {b}, {c};", "b32"),
 }
 CHAINS = 8
 UNROLL = 4  # instructions per chain per asm block
@@ -57,11 +64,12 @@ UNROLL = 4  # instructions per chain per asm block
 def _asm(op: str | tuple[str, str], typ: str) -> str:
     """One step of the 8 chains, UNROLL instructions each: `op`, or a pair of ops on the even and odd chains."""
     ops = (op, op) if isinstance(op, str) else op
-    lines = ["{", f".reg .{typ} a<{CHAINS}>;"]
+    lines = ["{", f".reg .{typ} a<{CHAINS}>;", f".reg .b16 s<{CHAINS}>, t<{CHAINS}>;"]
     lines += [f"mov.b32 a{k}, ${CHAINS + k};" for k in range(CHAINS)]
     for _ in range(UNROLL):
         for k in range(CHAINS):
-            lines.append(ops[k % 2].format(a=f"a{k}", b=f"a{(k + 1) % CHAINS}", c=f"a{(k + 2) % CHAINS}"))
+            lines.append(ops[k % 2].format(a=f"a{k}", b=f"a{(k + 1) % CHAINS}", c=f"a{(k + 2) % CHAINS}", s=f"s{k}",
+                                           t=f"t{k}"))
     lines += [f"mov.b32 ${k}, a{k};" for k in range(CHAINS)]
     return "\n".join(lines + ["}"])
 

@@ -218,6 +218,29 @@ def test_gluon_quantized_reads_are_bit_exact(gluon_device):
     _check_quantized_reads(lambda *rows: _gluon_paged(*rows, None)[0], 64, 512, 300, 13, gluon_device)
 
 
+def test_gluon_window_reads_every_e4m3_code(gluon_device):
+    """Window rows built byte by byte: every finite e4m3 code (subnormals, both zeros) in every row, under UE8M0
+    scales from 2^-126 (bf16 subnormal products) to 2^13. A query with that row as its only slot returns the row's
+    dequantization bit for bit (P = 1, no sink). A row holding the NaN code (what pack_window_fp8 writes for a NaN
+    input) must not read as finite data: its query's output is NaN or, as for a row of no valid slot, zero."""
+    g = torch.Generator().manual_seed(55)
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # 254 codes
+    rows = 64
+    codes = torch.stack([finite[torch.randperm(254, generator=g)].repeat(3)[:512] for _ in range(rows)])
+    exponents = torch.tensor([1, 2, 7, 60, 100, 119, 120, 121, 125, 127, 130, 134, 135, 140], dtype=torch.uint8)
+    scales = exponents[torch.randint(0, len(exponents), (rows, 16), generator=g)]
+    codes[rows - 1, 5] = 0x7F  # the last row holds a NaN code
+    wc = torch.cat([codes, scales], dim=1).to(gluon_device)
+    q = (torch.randn(rows, 64, 512, generator=g) * 1e-3).bfloat16().to(gluon_device)
+    wid = torch.full((rows, 128), -1, dtype=torch.int32, device=gluon_device)
+    wid[:, 40] = torch.arange(rows, dtype=torch.int32, device=gluon_device)
+    out = _gluon_paged(q, wc, None, wid, None, None)[0]
+    expected = unpack_window_fp8(wc)[:, None, :].expand_as(out)
+    assert torch.equal(out[: rows - 1], expected[: rows - 1])
+    nan_row = out[rows - 1]
+    assert torch.isnan(nan_row).any() or (nan_row == 0).all(), "a NaN code read as finite data"
+
+
 # Split decode on the Gluon kernel: each split walks its own blocks (window then compressed, as one walk) and writes
 # fp32 partials that combine_splits_kernel merges. Block counts per split: odd (warpgroup 0 ends alone) and even, a
 # split across the window / compressed boundary, one that starts inside the compressed list, one-block splits.

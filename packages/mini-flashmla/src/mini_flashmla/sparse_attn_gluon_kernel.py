@@ -69,19 +69,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 # One int32 word of e4m3 values (dims 4i .. 4i + 3 in bytes 0 .. 3) -> two bf16x2 words ($0: dims 4i, 4i + 1; $1: the
-# next two) times $3, the group's scale as a bf16x2 pair: e4m3 -> f16 pairs (exact), f16 -> bf16 (exact: 4
-# significant bits, exponents within range), one multiply.
+# next two) times $3, the group's scale as a bf16x2 pair, by integer placement, not the conversion instructions (the
+# e4m3 -> f16 -> bf16 route issued one F2FP and two F2F per pair; docs/reports/flashmla-gluon.md, "Session 55").
+# Per pair, prmt puts code 0 in bits 8-15, its sign replicated in bits 16-23 and code 1 in bits 24-31; an arithmetic
+# shift by 4 leaves each code's magnitude (exponent and mantissa) in bf16 bits 4-10 and its sign in bit 15, which
+# (the other bits cleared) reads as the e4m3 value x 2^-120, subnormal codes too; exact bf16x2 multiplies by 2^120
+# and the scale give the value. A NaN code (magnitude 0x7F; pack_window_fp8 writes it for a NaN input) gets its
+# half's other bits set instead of cleared, a bf16 NaN: n's byte j has bit 7 set for it, and prmt replicates that
+# bit over the half (f); lop3 0xE4 takes the shifted word under the mask and f elsewhere.
 _FP8_WORD_PTX: gl.constexpr = gl.constexpr("""
 {
-.reg .b16 lo, hi, a, b;
-.reg .b32 h;
-mov.b32 {lo, hi}, $2;
-cvt.rn.f16x2.e4m3x2 h, lo; mov.b32 {a, b}, h; cvt.rn.bf16.f16 a, a; cvt.rn.bf16.f16 b, b; mov.b32 h, {a, b};
-mul.rn.bf16x2 $0, h, $3;
-cvt.rn.f16x2.e4m3x2 h, hi; mov.b32 {a, b}, h; cvt.rn.bf16.f16 a, a; cvt.rn.bf16.f16 b, b; mov.b32 h, {a, b};
-mul.rn.bf16x2 $1, h, $3;
-}
-""")
+.reg .b32 n, x, f, two120;
+mov.b32 two120, 0x7B807B80;
+and.b32 n, $2, 0x7F7F7F7F;
+add.u32 n, n, 0x01010101;
+""" + "".join(f"""prmt.b32 x, $2, $2, {place};
+shr.s32 x, x, 4;
+prmt.b32 f, n, n, {nan};
+lop3.b32 x, x, f, 0x87F087F0, 0xE4;
+mul.rn.bf16x2 x, x, two120;
+mul.rn.bf16x2 ${j}, x, $3;
+""" for j, (place, nan) in enumerate([("0x1800", "0x9988"), ("0x3A20", "0xBBAA")])) + "}\n")
 # One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
 # words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. Per output word, prmt puts byte j's
 # low nibble in the low half and its high nibble (byte j of the word shifted right by 4) in the high half; the

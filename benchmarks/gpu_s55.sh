@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 55's GPU runs (docs/reports/gpu-session-2026-12-05-s55.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && PART=r1 bash benchmarks/gpu_s55.sh   (1 GPU; tree = main + the attention's FP8 window
+#       rows decoded by integer placement instead of the e4m3 -> f16 -> bf16 conversions; .ab-base.tar.gz = main
+#       2459deb): mini-flashmla's GPU suite (with the new every-code test), the outputs' hash on both sides (the same
+#       bits), bench_flashmla on both sides (prefill and decode), exp_alu_rates (the conversions' issue rates), the
+#       runtime's core GPU tests (the engine's attention takes the paged kernel)
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s55
+case "${PART:-r1}" in
+r1)
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  for side in new base; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+  fits 240 && flashmla_sides 110 new base
+  fits 100 && run exp_alu 60 bash -c "cd benchmarks && OUT=$OUT python3 exp_alu_rates.py"
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -h "sha256" "$OUT"/hash_*.txt; show_sides new base
+  grep -hE "^\| (F2F|FFMA|LOP3 \(|PRMT, imm|SHF|HMUL2 \(|IMAD \()" "$OUT/exp_alu.txt"
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+esac
+pack_out
