@@ -5,6 +5,9 @@
 #       2459deb): mini-flashmla's GPU suite (with the new every-code test), the outputs' hash on both sides (the same
 #       bits), bench_flashmla on both sides (prefill and decode), exp_alu_rates (the conversions' issue rates), the
 #       runtime's core GPU tests (the engine's attention takes the paged kernel)
+#   PART=r2 (same tree and base): bench_prefill at 4,096 tokens on three sample layers (the seven of the default do not
+#       fit an H100's 80 GB) on both sides; the rest of the runtime suite (parts A and B; session 54's was cut short)
+#   PART=r3 (same tree): exp_moe_contiguous_swapab.py with its ~48-rows-per-expert case (session 54's threshold)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s55
 case "${PART:-r1}" in
@@ -21,6 +24,19 @@ r1)
   grep -h "sha256" "$OUT"/hash_*.txt; show_sides new base
   grep -hE "^\| (F2F|FFMA|LOP3 \(|PRMT, imm|SHF|HMUL2 \(|IMAD \()" "$OUT/exp_alu.txt"
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+r2)  # run as one command line with DEADLINE=560 (the device's idle release left no time to commit this part first)
+  for side in new base; do
+    run "prefill_$side" 130 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py --tokens 4096 \
+      --layers window,r1-full,r1-reuse --out "$OUT/prefill_${side}_h100.json"
+  done
+  fits 100 && rest_ab 80 180
+  cat "$OUT/summary.txt"; show_sides new base; grep -h "sparse attention" "$OUT"/prefill_*.txt
+  test_summary runtime_rest_a runtime_rest_b; grep -h "^FAILED\|^ERROR" "$OUT"/runtime_rest_*.txt | cut -c1-200
+  ;;
+r3)  # run as one command line with DEADLINE=300
+  script_sides 200 exp_moe_contiguous_swapab.py contig new
+  cat "$OUT/summary.txt"; grep -hE "^\|" "$OUT/contig_new.txt"; grep -h "failed\|Error" "$OUT/contig_new.txt" | head -5
   ;;
 esac
 pack_out
