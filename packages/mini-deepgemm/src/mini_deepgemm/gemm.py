@@ -532,12 +532,15 @@ def _validate_folded(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
 
 
 @functools.cache
-def _packed_fp4_layout(rank: int = 2):
-    """The shared layout of the FP8-MMA route's packed weight tiles [128 rows, 64 bytes] (rank 3: [steps, 128, 64]):
-    a 64-byte swizzle, so the converter's row-per-thread 16-byte loads hit distinct banks."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=rank)
+def _packed_fp4_desc(bq: torch.Tensor, steps: int = 1):
+    """_tma_desc of the FP8-MMA route's packed weights (uint8 [G, N, K / 2]) in [128 rows, 64 bytes] boxes, or with
+    steps > 1 in [steps, 128, 64] boxes of a 3-D view, K step outermost (a masked ring slot of `steps` K steps). The
+    default layout of 64-byte rows is a 64-byte swizzle, which the kernels assume: the converter's row-per-thread
+    16-byte loads hit distinct banks."""
+    G, N, K2 = bq.shape
+    if steps == 1:
+        return _tma_desc(bq.view(G * N, K2), (128, 64))
+    return _tma_desc(bq.view(G * N, K2 // 64, 64).transpose(0, 1), (steps, 128, 64))
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
@@ -547,15 +550,12 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     ring depth and register cap of _masked_tile(expected_m, folded activations), a split's two launches
     (_masked_launches) on two streams (MASKED_SPLIT_SIDE_STREAM) joined before the return.
     Activations folded per 128 (float32 sa) take the kernels' SA_PER_128 loop."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .gemm_gluon_fp4_e4m3_kernel import (contiguous_tile_table_kernel, fp4_e4m3_contiguous_kernel,
                                              fp4_e4m3_masked_kernel)
 
     (aq, sa), (bq, _) = a, b
-    G, N, K2 = bq.shape
+    G, N, _ = bq.shape
     K = aq.shape[-1]
-    w_desc = TensorDescriptor.from_tensor(bq.view(G * N, K2), [128, 64], _packed_fp4_layout())
     sa_per_128 = _folded_per_128(a, True)
     sa_words = sa if sa_per_128 else sa.view(torch.uint8).view(torch.int32)
     rows_hint = _contiguous_rows(aq.shape[0], G, expected_m) if layout == _CONTIGUOUS else expected_m or aq.shape[1]
@@ -575,7 +575,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
             contiguous_tile_table_kernel[(1,)](group_arg, table, M, CHUNK=1024, num_warps=4, enable_fp_fusion=True)
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
-            _tma_desc(aq, (block_m, 128)), w_desc, _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
+            _tma_desc(aq, (block_m, 128)), _packed_fp4_desc(bq), _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128,
             enable_fp_fusion=True)
@@ -594,11 +594,10 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     for i, (tile, min_rows, max_rows) in enumerate(launches):
         # a ring slot of k_per_slot K steps takes 3-D views, K step outermost, and boxes of that depth
         steps = tile.k_per_slot if (K // 128) % tile.k_per_slot == 0 else 1
+        w_slot = _packed_fp4_desc(bq, steps)
         if steps == 1:
-            w_slot, x_slot = w_desc, _tma_desc(aq.view(x_rows, K), (tile.tokens, 128))
+            x_slot = _tma_desc(aq.view(x_rows, K), (tile.tokens, 128))
         else:
-            w_slot = TensorDescriptor.from_tensor(bq.view(G * N, K // 128, 64).transpose(0, 1), [steps, 128, 64],
-                                                  _packed_fp4_layout(rank=3))
             x_slot = _tma_desc(aq.view(x_rows, K // 128, 128).transpose(0, 1), (steps, tile.tokens, 128))
         with torch.cuda.stream(side if i == 1 else None):  # a split's wide launch beside its narrow one (None: no-op)
             fp4_e4m3_masked_kernel[(1 if tile.one_program else cdiv(max_m, tile.tokens), N // 128, blocks)](
