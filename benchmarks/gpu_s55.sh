@@ -8,6 +8,9 @@
 #   PART=r2 (same tree and base): bench_prefill at 4,096 tokens on three sample layers (the seven of the default do not
 #       fit an H100's 80 GB) on both sides; the rest of the runtime suite (parts A and B; session 54's was cut short)
 #   PART=r3 (same tree): exp_moe_contiguous_swapab.py with its ~48-rows-per-expert case (session 54's threshold)
+#   PART=r4 (the review's mend: the packed-weight descriptors built per launch through _tma_desc; offline the same
+#       SASS for all 185 mini-deepgemm and runtime launches): the FP8-MMA MoE kernels' tests, the runtime's core GPU
+#       tests
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s55
 case "${PART:-r1}" in
@@ -37,6 +40,12 @@ r2)  # run as one command line with DEADLINE=560 (the device's idle release left
 r3)  # run as one command line with DEADLINE=300
   script_sides 200 exp_moe_contiguous_swapab.py contig new
   cat "$OUT/summary.txt"; grep -hE "^\|" "$OUT/contig_new.txt"; grep -h "failed\|Error" "$OUT/contig_new.txt" | head -5
+  ;;
+r4)
+  fp4_e4m3_tests 90
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 esac
 pack_out
