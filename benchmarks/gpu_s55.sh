@@ -10,7 +10,8 @@
 #   PART=r3 (same tree): exp_moe_contiguous_swapab.py with its ~48-rows-per-expert case (session 54's threshold)
 #   PART=r4 (the review's mend: the packed-weight descriptors built per launch through _tma_desc; offline the same
 #       SASS for all 185 mini-deepgemm and runtime launches): the FP8-MMA MoE kernels' tests, the runtime's core GPU
-#       tests
+#       tests; on an H200 also the owed H200 figures: exp_moe_masked_tiles (the masked target at ~32 rows with
+#       session 53's side stream) and bench_flashmla on both sides (.ab-base.tar.gz = main 2459deb)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s55
 case "${PART:-r1}" in
@@ -44,8 +45,14 @@ r3)  # run as one command line with DEADLINE=300
 r4)
   fp4_e4m3_tests 90
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  if grep -q H200 "$OUT/env.txt"; then
+    fits 110 && script_sides 100 exp_moe_masked_tiles.py tiles new
+    fits 200 && flashmla_sides 100 new base
+  fi
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  [ -f "$OUT/tiles_new.txt" ] && grep -hE "^\||^split" "$OUT/tiles_new.txt"
+  show_sides new base
   ;;
 esac
 pack_out
