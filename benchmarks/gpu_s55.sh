@@ -12,6 +12,7 @@
 #       SASS for all 185 mini-deepgemm and runtime launches): the FP8-MMA MoE kernels' tests, the runtime's core GPU
 #       tests; on an H200 also the owed H200 figures: exp_moe_masked_tiles (the masked target at ~32 rows with
 #       session 53's side stream) and bench_flashmla on both sides (.ab-base.tar.gz = main 2459deb)
+#   PART=r5 (after r4's fix): the rest of the runtime suite (run as one command line with DEADLINE=330)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s55
 case "${PART:-r1}" in
@@ -53,6 +54,11 @@ r4)
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   [ -f "$OUT/tiles_new.txt" ] && grep -hE "^\||^split" "$OUT/tiles_new.txt"
   show_sides new base
+  ;;
+r5)
+  rest_ab 80 200
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  grep -h "^FAILED\|^ERROR" "$OUT"/runtime_rest_*.txt | cut -c1-200
   ;;
 esac
 pack_out
