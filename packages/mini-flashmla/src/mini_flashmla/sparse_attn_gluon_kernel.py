@@ -93,17 +93,22 @@ mul.rn.bf16x2 x, x, two120;
 mul.rn.bf16x2 ${j}, x, $3;
 """ for j, (place, nan) in enumerate([("0x1800", "0x9988"), ("0x3A20", "0xBBAA")])) + "}\n")
 # One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
-# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. Per output word, prmt puts byte j's
-# low nibble in the low half and its high nibble (byte j of the word shifted right by 4) in the high half; the
-# and-mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits 6-8 and its sign to bit
-# 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give the value.
+# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. The word's codes are split once into
+# the odd dims' (hi, a shift and a mask) and the even dims' (lo = w - 16 hi, a multiply-add: the FMA pipe, not the
+# ALU's, which bounds this loop: docs/reports/flashmla-gluon.md, "Session 56"), each in its bytes' low nibble. Per
+# output word, prmt puts lo's byte j in the low half and hi's in the high half, with zero bytes between (the sign
+# of a byte below 0x80); the mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits
+# 6-8 and its sign to bit 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give
+# the value.
 _FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
 {
-.reg .b32 w4, t, two126;
+.reg .b32 lo, hi, t, two126;
 mov.b32 two126, 0x7E807E80;
-shr.b32 w4, $4, 4;
-""" + "".join(f"""prmt.b32 t, $4, w4, 0x0{4 + j}0{j};
-and.b32 t, t, 0x000F000F; mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
+shr.b32 hi, $4, 4;
+and.b32 hi, hi, 0x0F0F0F0F;
+mad.lo.u32 lo, hi, 0xFFFFFFF0, $4;
+""" + "".join(f"""prmt.b32 t, lo, hi, 0x8{4 + j}8{j};
+mul.lo.u32 t, t, 0x1040; and.b32 t, t, 0x81C081C0;
 mul.rn.bf16x2 t, t, two126; mul.rn.bf16x2 ${j}, t, $5;
 """ for j in range(4)) + "}\n")
 
