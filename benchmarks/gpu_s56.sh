@@ -5,6 +5,11 @@
 #       sessions 53-55 (bench_flashmla on both sides, exp_moe_masked_tiles with session 53's side stream,
 #       exp_moe_contiguous_swapab with session 54's route); on an H100 the paged prefill kernel's Nsight Compute
 #       profile (where the producer's time goes after session 55)
+#   PART=r2 (tree = the attention producer's conversions with fewer ALU instructions: FP4 rows 10 per word instead of
+#       13, window rows' shifts as multiplies; .ab-mid.tar.gz = 3fda408, the FP4 rows' change alone; .ab-base.tar.gz
+#       = main 13c3ba6): mini-flashmla's GPU suite (with the new every-e2m1-pair test), the outputs' hash on the three
+#       sides (the same bits), bench_flashmla on the three sides, the runtime's core GPU tests, bench_prefill on the
+#       tree and the base
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s56
 case "${PART:-r1}" in
@@ -20,6 +25,19 @@ r1)
   cat "$OUT/summary.txt"; show_sides new base
   [ -f "$OUT/tiles_new.txt" ] && grep -hE "^\||^split" "$OUT/tiles_new.txt"
   [ -f "$OUT/contig_new.txt" ] && grep -hE "^\|" "$OUT/contig_new.txt"
+  ;;
+r2)  # DEADLINE=570
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  for side in new mid base; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+  fits 250 && flashmla_sides 100 new mid base
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 200 && prefill_sides 95 new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid base
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 esac
 pack_out

@@ -241,6 +241,26 @@ def test_gluon_window_reads_every_e4m3_code(gluon_device):
     assert torch.isnan(nan_row).any() or (nan_row == 0).all(), "a NaN code read as finite data"
 
 
+def test_gluon_compressed_reads_every_e2m1_pair(gluon_device):
+    """Compressed rows built byte by byte: each row's 256 value bytes a permutation of all 256 e2m1 pairs (so every
+    pair at every byte position of a word over the rows), under e4m3 scales drawn from every finite code, negative
+    and subnormal ones too (every product is exact in bf16). A query with that row as its only slot returns the
+    row's dequantization bit for bit."""
+    g = torch.Generator().manual_seed(56)
+    rows = 64
+    codes = torch.stack([torch.randperm(256, generator=g) for _ in range(rows)]).to(torch.uint8)
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    scales = finite[torch.randint(0, len(finite), (rows, 32), generator=g)]
+    cc = torch.cat([codes, scales], dim=1).to(gluon_device)
+    q = (torch.randn(rows, 64, 512, generator=g) * 1e-3).bfloat16().to(gluon_device)
+    cid = torch.full((rows, 512), -1, dtype=torch.int32, device=gluon_device)
+    cid[:, 300] = torch.arange(rows, dtype=torch.int32, device=gluon_device)
+    empty_w = torch.full((rows, 128), -1, dtype=torch.int32, device=gluon_device)
+    wc = torch.zeros(1, 528, dtype=torch.uint8, device=gluon_device)
+    out = _gluon_paged(q, wc, cc, empty_w, cid, None)[0]
+    assert torch.equal(out, unpack_compressed_kv_fp4(cc)[:, None, :].expand_as(out))
+
+
 # Split decode on the Gluon kernel: each split walks its own blocks (window then compressed, as one walk) and writes
 # fp32 partials that combine_splits_kernel merges. Block counts per split: odd (warpgroup 0 ends alone) and even, a
 # split across the window / compressed boundary, one that starts inside the compressed list, one-block splits.

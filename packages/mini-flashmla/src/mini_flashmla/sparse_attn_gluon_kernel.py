@@ -73,12 +73,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 # One int32 word of e4m3 values (dims 4i .. 4i + 3 in bytes 0 .. 3) -> two bf16x2 words ($0: dims 4i, 4i + 1; $1: the
 # next two) times $3, the group's scale as a bf16x2 pair, by integer placement, not the conversion instructions (the
 # e4m3 -> f16 -> bf16 route issued one F2FP and two F2F per pair; docs/reports/flashmla-gluon.md, "Session 55").
-# Per pair, prmt puts code 0 in bits 8-15, its sign replicated in bits 16-23 and code 1 in bits 24-31; an arithmetic
-# shift by 4 leaves each code's magnitude (exponent and mantissa) in bf16 bits 4-10 and its sign in bit 15, which
-# (the other bits cleared) reads as the e4m3 value x 2^-120, subnormal codes too; exact bf16x2 multiplies by 2^120
+# Per pair, prmt puts each code in its half's low byte with its sign replicated over the byte above; a multiply by
+# 16 (the FMA pipe; a shift would take the ALU's, which bounds this loop: "Session 56") leaves each code's magnitude
+# (exponent and mantissa) in bf16 bits 4-10 and its sign in bit 15, which (the other bits cleared) reads as the e4m3
+# value x 2^-120, subnormal codes too; exact bf16x2 multiplies by 2^120
 # and the scale give the value. A NaN code (magnitude 0x7F; pack_window_fp8 writes it for a NaN input) gets its
 # half's other bits set instead of cleared, a bf16 NaN: n's byte j has bit 7 set for it, and prmt replicates that
-# bit over the half (f); lop3 0xE4 takes the shifted word under the mask and f elsewhere.
+# bit over the half (f); lop3 0xE4 takes the placed word under the mask and f elsewhere.
 _FP8_WORD_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 n, x, f, two120;
@@ -86,12 +87,12 @@ mov.b32 two120, 0x7B807B80;
 and.b32 n, $2, 0x7F7F7F7F;
 add.u32 n, n, 0x01010101;
 """ + "".join(f"""prmt.b32 x, $2, $2, {place};
-shr.s32 x, x, 4;
+mul.lo.u32 x, x, 16;
 prmt.b32 f, n, n, {nan};
 lop3.b32 x, x, f, 0x87F087F0, 0xE4;
 mul.rn.bf16x2 x, x, two120;
 mul.rn.bf16x2 ${j}, x, $3;
-""" for j, (place, nan) in enumerate([("0x1800", "0x9988"), ("0x3A20", "0xBBAA")])) + "}\n")
+""" for j, (place, nan) in enumerate([("0x9180", "0x9988"), ("0xB3A2", "0xBBAA")])) + "}\n")
 # One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
 # words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. The word's codes are split once into
 # the odd dims' (hi, a shift and a mask) and the even dims' (lo = w - 16 hi, a multiply-add: the FMA pipe, not the
