@@ -10,6 +10,9 @@
 #       = main 13c3ba6): mini-flashmla's GPU suite (with the new every-e2m1-pair test), the outputs' hash on the three
 #       sides (the same bits), bench_flashmla on the three sides, the runtime's core GPU tests, bench_prefill on the
 #       tree and the base
+#   PART=r3 (tree = the MoE converter's selector shift as a high multiply, IMAD.HI on the FMA pipe; .ab-base.tar.gz =
+#       main bd5a617): the FP8-MMA MoE kernels' tests, bench_fp4_e4m3_route and exp_moe_masked_tiles on both sides,
+#       the runtime's core GPU tests
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s56
 case "${PART:-r1}" in
@@ -44,6 +47,18 @@ r2)  # DEADLINE=570
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
   grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid base
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+r3)  # DEADLINE=560
+  fp4_e4m3_tests 90
+  route_sides 110 new base
+  fits 230 && script_sides 100 exp_moe_masked_tiles.py tiles new base
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  for side in new base; do
+    echo "== $side"; grep -hE "^\|" "$OUT/route_$side.txt" | cut -c1-230; grep -hE "^\|" "$OUT/tiles_$side.txt" 2>/dev/null
+  done
   ;;
 esac
 pack_out
