@@ -78,15 +78,13 @@ LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
 # values 0-3 as e4m3 bytes, $1: values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign
 # bits cleared) index the table. The signs of values 0-3 already sit at their bytes' top bits (one AND-OR), those of
 # values 4-7 one nibble below (a shift and an AND-OR): 7 instructions where the checkpoint's order (sign i in bit
-# 4i + 3) took 9 (session 45). Values 4-7's selectors come down by a high multiply by 2^16, not a shift: ptxas keeps
-# it as IMAD.HI on the FMA pipe (and the left shift as IMAD.SHL), leaving 5 of the 7 on the ALU pipe, which the
-# converter's other work also loads (docs/reports/deepgemm-moe-fold-128.md, "Session 56").
+# 4i + 3) took 9 (session 45).
 _E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 m, t;
 and.b32 m, $2, 0x77777777;
 prmt.b32 $0, $3, $4, m;
-mul.hi.u32 m, m, 65536;
+shr.u32 m, m, 16;
 prmt.b32 $1, $3, $4, m;
 and.b32 t, $2, 0x80808080;
 or.b32 $0, $0, t;
