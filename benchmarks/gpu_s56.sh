@@ -13,6 +13,9 @@
 #   PART=r3 (tree = the MoE converter's selector shift as a high multiply, IMAD.HI on the FMA pipe; .ab-base.tar.gz =
 #       main bd5a617): the FP8-MMA MoE kernels' tests, bench_fp4_e4m3_route and exp_moe_masked_tiles on both sides,
 #       the runtime's core GPU tests
+#   PART=r4 (tree = CONTIGUOUS_SWAPAB_MAX_ROWS 32 -> 48, after run 1's H200 figures at ~48 rows; .ab-base.tar.gz =
+#       main 194e603): the FP8-MMA MoE kernels' tests, the runtime's core GPU tests, bench_prefill at 3,072 tokens
+#       (~48 rows per expert on one GPU's 384 experts) on both sides
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s56
 case "${PART:-r1}" in
@@ -59,6 +62,17 @@ r3)  # DEADLINE=560
   for side in new base; do
     echo "== $side"; grep -hE "^\|" "$OUT/route_$side.txt" | cut -c1-230; grep -hE "^\|" "$OUT/tiles_$side.txt" 2>/dev/null
   done
+  ;;
+r4)  # DEADLINE=230 (the session's device time left)
+  fp4_e4m3_tests 60
+  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  layers=""; grep -q H200 "$OUT/env.txt" || layers="--layers window,r1-full,r1-reuse"
+  for side in new base; do
+    fits 40 && run "prefill_$side" 45 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+      --tokens 3072 $layers --out "$OUT/prefill_${side}.json"
+  done
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests; show_sides new base
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200; grep -h "moe experts" "$OUT"/prefill_*.txt
   ;;
 esac
 pack_out

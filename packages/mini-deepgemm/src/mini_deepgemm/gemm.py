@@ -637,8 +637,9 @@ def _contiguous_rows(M: int, groups: int, expected_m: int | None) -> int:
 # session 54 runs 2 and 5, against the contiguous kernel (384 experts, w13 / w2, bitwise equal): 1.28-1.30x /
 # 1.27-1.28x at ~16 rows, 1.15x / 1.11x at ~32, 0.90-0.91x / 0.85-0.86x at ~64, 0.67-0.85x from ~96; prefill step of
 # three layers at 2,048 / 1,024 tokens 1.035-1.039x / 1.066x (docs/reports/deepgemm-moe-fold-128.md, "Session 54").
-# Session 55 run 3 (H100) at ~48 rows: 1.055x / 0.996x, even, so the threshold stays below it.
-CONTIGUOUS_SWAPAB_MAX_ROWS = 32
+# At ~48 rows (the 64-token tile): 1.055x / 0.996x (H100, session 55 run 3), 1.054x / 1.021x (H200, session 56
+# run 1); so the threshold sits between ~48 and ~64 (session 56).
+CONTIGUOUS_SWAPAB_MAX_ROWS = 48
 
 
 def _contiguous_swapab(rows: int, sa_per_128: bool) -> bool:

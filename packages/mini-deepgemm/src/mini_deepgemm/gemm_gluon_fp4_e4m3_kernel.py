@@ -51,8 +51,8 @@ Offline (triton 3.6, sm_90a), the masked K loop takes 300 / 376 / 517 SASS instr
   takes the experts whose row counts lie in [min_rows, max_rows]: at ~9-32 rows the host splits them in two launches
   (gemm._masked_launches, session 50: 1.11-1.16x at ~16 and ~32 rows), so no expert of up to twice the token tile
   has its weights converted twice. Its CONTIGUOUS form takes the contiguous layout's 128-row blocks as the groups
-  (prefill at up to ~32 rows per expert, gemm.CONTIGUOUS_SWAPAB_MAX_ROWS; H100, session 54: 1.11-1.30x the
-  contiguous kernel there, the same bits).
+  (prefill at up to ~48 rows per expert, gemm.CONTIGUOUS_SWAPAB_MAX_ROWS; H100, session 54: 1.11-1.30x the
+  contiguous kernel to ~32 rows; H200, session 56: 1.14-1.36x to ~32, 1.02-1.05x at ~48; the same bits).
 """
 
 from __future__ import annotations
