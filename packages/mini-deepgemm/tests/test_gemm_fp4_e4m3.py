@@ -23,7 +23,8 @@ import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16, random_fp4_weights
+from mini_deepgemm.testing import (calc_diff, contiguous_layout, random_bf16, random_fp4_weights,
+                                   run_inline_ptx)
 
 needs_gluon = pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(),
                                  reason="needs CUDA and triton 3.6")
@@ -97,20 +98,8 @@ def test_the_route_weight_order(monkeypatch):
         assert torch.equal(code, codes[:, :, :, :, i // 4, :, i % 4].long()), i
 
 
-def _prmt(a: int, b: int, selector: int) -> int:
-    """PTX prmt.b32 (default mode): byte i of the result is byte (nibble i of the selector) of {b, a}, or that
-    byte's sign replicated when the nibble's bit 3 is set."""
-    source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    out = 0
-    for i in range(4):
-        nibble = (selector >> (4 * i)) & 0xF
-        byte = source[nibble & 7]
-        out |= ((0xFF if byte & 0x80 else 0) if nibble & 8 else byte) << (8 * i)
-    return out
-
-
 def test_the_byte_permute_conversion_is_exact():
-    """The kernels' _E2M1_TO_E4M3_PTX, step by step, for all 16 codes at each of the 8 positions of a route-order word
+    """The kernels' _E2M1_TO_E4M3_PTX, interpreted (testing.run_inline_ptx), for all 16 codes at each of the 8 positions of a route-order word
     and every offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts them (+0 and -0 alike)."""
     k = pytest.importorskip("mini_deepgemm.gemm_gluon_fp4_e4m3_kernel")
     magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -124,10 +113,7 @@ def test_the_byte_permute_conversion_is_exact():
                 natural = torch.zeros(1, 64, dtype=torch.uint8)
                 natural[0, k_value // 2] = code << (4 * (k_value % 2))
                 w = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
-                m = w & 0x77777777
-                r0, r1 = _prmt(lo, hi, m), _prmt(lo, hi, m >> 16)
-                r0 |= w & 0x80808080
-                r1 |= (w << 4) & 0x80808080
+                r0, r1 = run_inline_ptx(k._E2M1_TO_E4M3_PTX.value, [w, lo, hi], 2)
                 got = ((r1 << 32 | r0) >> (8 * pos)) & 0xFF
                 value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
                 want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()

@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
+from mini_deepgemm.testing import run_inline_ptx
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -246,3 +247,44 @@ def test_cache_rows_packed_on_cuda_equal_the_reference_bytes():
         assert torch.equal(pack_compressed_kv_fp4(kv), torch.cat([q, s.view(torch.uint8)], -1))
         q, s = fp4_quant(k, 32, "ue8m0")
         assert torch.equal(pack_index_k_fp4(k), torch.cat([q, s.view(torch.uint8)], -1))
+
+
+def _bf16_bits(values: torch.Tensor) -> list[int]:
+    return [int(v) & 0xFFFF for v in values.to(torch.bfloat16).view(torch.int16)]
+
+
+def _assert_same_bf16(got_words: list[int], want: torch.Tensor, where: str) -> None:
+    """bf16 pairs (low half first) against the values `want`: the same bits, or both NaN."""
+    got = [w >> (16 * h) & 0xFFFF for w in got_words for h in (0, 1)]
+    for i, (g, w) in enumerate(zip(got, _bf16_bits(want))):
+        g_nan = torch.tensor([g], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).isnan().item()
+        assert g == w or (g_nan and want[i].isnan()), (where, i, hex(g), hex(w))
+
+
+def test_the_gluon_producers_ptx_decodes_every_code():
+    """The Gluon kernel's dequantization PTX (sparse_attn_gluon_kernel._FP8_WORD_PTX and _FP4_WORD_PTX), interpreted
+    on the CPU (mini_deepgemm.testing.run_inline_ptx), against the cache's reference unpacking: four rows of each
+    format put every e4m3 code and every e2m1 pair at every byte position of a word, under scales from the whole
+    range (UE8M0 2^-126 .. 2^13, every finite e4m3). The same bf16 bits, NaN codes NaN. The GPU tests run the
+    compiled kernel; this one checks the PTX text itself on every CI run."""
+    k = pytest.importorskip("mini_flashmla.sparse_attn_gluon_kernel")
+    g = torch.Generator().manual_seed(56)
+    position = torch.arange(512)
+    ue8m0 = torch.tensor([1, 7, 100, 120, 127, 134, 140], dtype=torch.uint8)
+    finite_e4m3 = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    for r in range(4):  # code c sits at byte position (c - r) % 4
+        codes = ((position + r) % 256).to(torch.uint8)
+        window = torch.cat([codes, ue8m0[torch.randint(0, len(ue8m0), (16,), generator=g)]])
+        want = unpack_window_fp8(window[None])[0].float()
+        words = window[:512].view(torch.int32)
+        for i, w in enumerate(words.tolist()):
+            pair = int(window[512 + i // 8]) << 7
+            got = run_inline_ptx(k._FP8_WORD_PTX.value, [w, pair | pair << 16], 2)
+            _assert_same_bf16(got, want[4 * i: 4 * i + 4], f"window row {r} word {i}")
+        compressed = torch.cat([codes[:256], finite_e4m3[torch.randint(0, len(finite_e4m3), (32,), generator=g)]])
+        want = unpack_compressed_kv_fp4(compressed[None])[0].float()
+        scales = _bf16_bits(compressed[256:].view(torch.float8_e4m3fn).float())
+        for i, w in enumerate(compressed[:256].view(torch.int32).tolist()):
+            pair = scales[i // 2] | scales[i // 2] << 16
+            got = run_inline_ptx(k._FP4_WORD_PTX.value, [w, pair], 4)
+            _assert_same_bf16(got, want[8 * i: 8 * i + 8], f"compressed row {r} word {i}")

@@ -20,6 +20,77 @@ def run_finishes(code: str, seconds: float, what: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte (nibble i of the selector) of {b, a}, or that
+    byte's sign replicated when the nibble's bit 3 is set."""
+    source = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = source[nibble & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if nibble & 8 else byte) << (8 * i)
+    return out
+
+
+def _bf16x2_mul(a: int, b: int) -> int:
+    """PTX mul.rn.bf16x2 on two words: each half's product rounded to nearest even (the float32 product of two bf16
+    values is exact, subnormals kept)."""
+    halves = torch.tensor([a & 0xFFFF, a >> 16, b & 0xFFFF, b >> 16], dtype=torch.int32).to(torch.int16)
+    x = halves.view(torch.bfloat16).float()
+    product = (x[:2] * x[2:]).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return int(product[0]) | int(product[1]) << 16
+
+
+def run_inline_ptx(ptx: str, inputs: list[int], outputs: int) -> list[int]:
+    """The kernels' inline PTX blocks, interpreted on the CPU: a straight-line block of the 32-bit integer
+    instructions they use and mul.rn.bf16x2, with Triton's operand numbering ($0 .. $outputs-1 the results, then
+    `inputs`). CPU tests run the exact text a kernel compiles, so a wrong edit of it fails without a GPU. An
+    instruction outside that set raises ValueError."""
+    mask = 0xFFFFFFFF
+    regs = {f"${outputs + i}": v & mask for i, v in enumerate(inputs)}
+
+    def value(operand: str) -> int:
+        return regs[operand] if operand in regs else int(operand, 0) & mask
+
+    for statement in ptx.replace("{", ";").replace("}", ";").split(";"):
+        words = statement.split(None, 1)
+        if not words or words[0] == ".reg":
+            continue
+        op, operands = words[0], [o.strip() for o in words[1].split(",")]
+        x = [value(o) for o in operands[1:]]
+        if op == "mov.b32":
+            r = x[0]
+        elif op == "and.b32":
+            r = x[0] & x[1]
+        elif op == "or.b32":
+            r = x[0] | x[1]
+        elif op == "add.u32":
+            r = x[0] + x[1]
+        elif op == "shl.b32":
+            r = x[0] << x[1]
+        elif op in ("shr.b32", "shr.u32"):
+            r = x[0] >> x[1]
+        elif op == "shr.s32":
+            r = (x[0] - (x[0] >> 31 << 32)) >> x[1]
+        elif op == "mul.lo.u32":
+            r = x[0] * x[1]
+        elif op == "mad.lo.u32":
+            r = x[0] * x[1] + x[2]
+        elif op == "mul.hi.u32":
+            r = x[0] * x[1] >> 32
+        elif op == "prmt.b32":
+            r = prmt(x[0], x[1], x[2])
+        elif op == "lop3.b32":  # result bit = bit (4 a + 2 b + c) of the table
+            r = sum(((x[3] >> ((x[0] >> i & 1) * 4 + (x[1] >> i & 1) * 2 + (x[2] >> i & 1))) & 1) << i
+                    for i in range(32))
+        elif op == "mul.rn.bf16x2":
+            r = _bf16x2_mul(x[0], x[1])
+        else:
+            raise ValueError(f"run_inline_ptx does not model {op!r}")
+        regs[operands[0]] = r & mask
+    return [regs[f"${i}"] for i in range(outputs)]
+
+
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """DeepGEMM's similarity metric 1 - 2*sum(x*y) / sum(x*x + y*y), in fp64: 0 for identical tensors,
     scale-free, so one threshold fits every shape (FP8 x FP8 GEMMs: < 1e-3)."""
