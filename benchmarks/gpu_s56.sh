@@ -60,7 +60,8 @@ r3)  # DEADLINE=560
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   for side in new base; do
-    echo "== $side"; grep -hE "^\|" "$OUT/route_$side.txt" | cut -c1-230; grep -hE "^\|" "$OUT/tiles_$side.txt" 2>/dev/null
+    echo "== $side"; grep -hE "^\|" "$OUT/route_$side.txt" | cut -c1-230
+    grep -hE "^\|" "$OUT/tiles_$side.txt" 2>/dev/null
   done
   ;;
 r4)  # DEADLINE=230 (the session's device time left)
