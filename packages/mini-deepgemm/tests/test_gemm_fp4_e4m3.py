@@ -99,8 +99,9 @@ def test_the_route_weight_order(monkeypatch):
 
 
 def test_the_byte_permute_conversion_is_exact():
-    """The kernels' _E2M1_TO_E4M3_PTX, interpreted (testing.run_inline_ptx), for all 16 codes at each of the 8 positions of a route-order word
-    and every offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts them (+0 and -0 alike)."""
+    """The kernels' _E2M1_TO_E4M3_PTX, interpreted (testing.run_inline_ptx), for all 16 codes at each of the 8
+    positions of a route-order word and every offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts
+    them (+0 and -0 alike)."""
     k = pytest.importorskip("mini_deepgemm.gemm_gluon_fp4_e4m3_kernel")
     magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     for offset in range(12):

@@ -57,7 +57,10 @@ Session 40 (warpgroup 1 adopts the even block before its QK^T, in place of the Q
 warpgroup 1's time for its tile; bitwise the same outputs): paged prefill 1.029x, the prefill step's sparse
 attention 46.47 -> 45.80 ms per 40 layers, bf16 rows 1.00x, decode 0.98-1.02x ("Session 40" in that report). Session 55 (the window rows' e4m3 decoded by
 integer placement, in place of the e4m3 -> f16 -> bf16 conversions whose F2F issues at a fifth of FFMA's rate; bitwise
-the same outputs): on an H100, paged prefill 1.050x, the step's sparse attention stage 1.047x, decode 1.00-1.03x.
+the same outputs): on an H100, paged prefill 1.050x, the step's sparse attention stage 1.047x, decode 1.00-1.03x
+(H200: 1.037x). Session 56 (the FP4 rows' codes split once per word, 10 ALU instructions per word in place of 13,
+and the window rows' shift as a multiply; bitwise the same outputs): on an H100, paged prefill 1.067x, the step's
+sparse attention stage 1.030x, decode 1.01-1.03x.
 api routes every call of whole 64-head programs here.
 """
 
@@ -72,14 +75,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 # One int32 word of e4m3 values (dims 4i .. 4i + 3 in bytes 0 .. 3) -> two bf16x2 words ($0: dims 4i, 4i + 1; $1: the
 # next two) times $3, the group's scale as a bf16x2 pair, by integer placement, not the conversion instructions (the
-# e4m3 -> f16 -> bf16 route issued one F2FP and two F2F per pair; docs/reports/flashmla-gluon.md, "Session 55").
-# Per pair, prmt puts each code in its half's low byte with its sign replicated over the byte above; a multiply by
-# 16 (the FMA pipe; a shift would take the ALU's, which bounds this loop: "Session 56") leaves each code's magnitude
-# (exponent and mantissa) in bf16 bits 4-10 and its sign in bit 15, which (the other bits cleared) reads as the e4m3
-# value x 2^-120, subnormal codes too; exact bf16x2 multiplies by 2^120
-# and the scale give the value. A NaN code (magnitude 0x7F; pack_window_fp8 writes it for a NaN input) gets its
-# half's other bits set instead of cleared, a bf16 NaN: n's byte j has bit 7 set for it, and prmt replicates that
-# bit over the half (f); lop3 0xE4 takes the placed word under the mask and f elsewhere.
+# e4m3 -> f16 -> bf16 route issued one F2FP and two F2F per pair; docs/reports/flashmla-gluon.md, "Session 55"). Per
+# pair, prmt puts each code in its half's low byte with its sign replicated over the byte above; a multiply by 16 leaves
+# each code's magnitude (exponent and mantissa) in bf16 bits 4-10 and its sign in bit 15, which (the other bits cleared)
+# reads as the e4m3 value x 2^-120, subnormal codes too; exact bf16x2 multiplies by 2^120 and the scale give the value.
+# (ptxas issues part of the multiplies as IMAD.SHL, off the ALU pipe: the kernel ran 1.034x faster than with an
+# arithmetic shift by 4, session 56.) A NaN code (magnitude 0x7F; pack_window_fp8 writes it for a NaN input) gets its
+# half's other bits set instead of cleared, a bf16 NaN: n's byte j has bit 7 set for it, and prmt replicates that bit
+# over the half (f); lop3 0xE4 takes the placed word under the mask and f elsewhere.
 _FP8_WORD_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 n, x, f, two120;
@@ -93,14 +96,14 @@ lop3.b32 x, x, f, 0x87F087F0, 0xE4;
 mul.rn.bf16x2 x, x, two120;
 mul.rn.bf16x2 ${j}, x, $3;
 """ for j, (place, nan) in enumerate([("0x9180", "0x9988"), ("0xB3A2", "0xBBAA")])) + "}\n")
-# One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2
-# words in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. The word's codes are split once into
-# the odd dims' (hi, a shift and a mask) and the even dims' (lo = w - 16 hi, a multiply-add: the FMA pipe, not the
-# ALU's, which bounds this loop: docs/reports/flashmla-gluon.md, "Session 56"), each in its bytes' low nibble. Per
-# output word, prmt puts lo's byte j in the low half and hi's in the high half, with zero bytes between (the sign
-# of a byte below 0x80); the mul-and of gemm_swapab_kernel's _FP4_NIBBLE_PTX moves each nibble's magnitude to bits
-# 6-8 and its sign to bit 15, which reads as code x 2^-126, and exact bf16x2 multiplies by 2^126 and the scale give
-# the value.
+# One int32 word of e2m1 pairs (byte j: dim 8i + 2j in its low nibble, 8i + 2j + 1 in its high one) -> four bf16x2 words
+# in dim order ($0 .. $3) times $5, the group's scale as a bf16x2 pair. The word's codes are split once into the odd
+# dims' (hi, a shift and a mask) and the even dims' (lo = w - 16 hi, a multiply-add on the FMA pipe), each in its bytes'
+# low nibble: 10 ALU instructions per word where a mask per output word took 13 (paged rows 1.032x,
+# docs/reports/flashmla-gluon.md, "Session 56"). Per output word, prmt puts lo's byte j in the low half and hi's in the
+# high half, with zero bytes between (the sign of a byte below 0x80); the mul-and of gemm_swapab_kernel's
+# _FP4_NIBBLE_PTX moves each nibble's magnitude to bits 6-8 and its sign to bit 15, which reads as code x 2^-126, and
+# exact bf16x2 multiplies by 2^126 and the scale give the value.
 _FP4_WORD_PTX: gl.constexpr = gl.constexpr("""
 {
 .reg .b32 lo, hi, t, two126;
