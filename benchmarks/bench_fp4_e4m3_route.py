@@ -26,7 +26,7 @@ import os
 import torch
 
 from bench_deepgemm import (FP4_SCALE_BOUND, contiguous_operands, copy_bandwidth_gbs, masked_operands,  # beside this
-                            rand_fp4_weight_scales)
+                            rand_fp4_weight_scales, rand_fp8)
 from bench_flashmla import environment
 from exp_gemm_gluon_v3 import ms
 from mini_deepgemm import gemm as G
@@ -40,7 +40,7 @@ def scaled_grouped_mm_peer(a: torch.Tensor, ends: torch.Tensor, groups: int, N: 
     """The issue's peer for the contiguous layout: torch._scaled_grouped_mm (FP8, rowwise scales) of the activations
     a (e4m3 [M, K], groups ending at `ends`) with random e4m3 weights [groups, N, K], as a call with its operands bound
     (they are freed with it)."""
-    w8 = (torch.randn(groups, N, K, device="cuda") * 4).to(torch.float8_e4m3fn)
+    w8 = rand_fp8(groups, N, K)
     s_a, s_b = torch.rand(a.shape[0], device="cuda") + 0.5, torch.rand(groups, N, device="cuda") + 0.5
     return lambda: torch._scaled_grouped_mm(a, w8.transpose(-2, -1), s_a, s_b, offs=ends, out_dtype=torch.bfloat16)
 
