@@ -16,15 +16,16 @@ import pytest
 import torch
 
 from mini_deepgemm import reference
-from mini_deepgemm.testing import contiguous_layout, random_bf16, random_fp4_weights, random_fp8_weights
+from mini_deepgemm.testing import (bf16_bits, contiguous_layout, random_bf16, random_fp4_weights, random_fp8_weights,
+                                   run_inline_ptx)
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
 
 from mini_deepgemm import gemm  # noqa: E402
 from mini_deepgemm._backend import cdiv  # noqa: E402
-from mini_deepgemm.gemm_swapab_kernel import (LAYOUT_ROWS, MASKED_ROWS, dequant_act_kernel,  # noqa: E402
-                                              fp4_bytes_to_bf16, fp4_to_bf16_scaled)
+from mini_deepgemm.gemm_swapab_kernel import (_FP4_HIGH_NIBBLE_PTX, _FP4_LOW_NIBBLE_PTX, LAYOUT_ROWS,  # noqa: E402
+                                              MASKED_ROWS, dequant_act_kernel, fp4_bytes_to_bf16, fp4_to_bf16_scaled)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,6 +81,45 @@ def test_fp4_bytes_to_bf16_ptx_is_exact_for_every_byte_and_scale():
     want = reference.fp4_dequant(packed, exps.repeat_interleave(256).view(-1, 1).view(torch.float8_e8m0fnu))
     assert torch.equal(lo.cpu().flatten().float(), want[:, 0].float())
     assert torch.equal(hi.cpu().flatten().float(), want[:, 1].float())
+
+
+def _half(words: list[int], i: int) -> int:
+    """bf16 value i of bf16x2 words (the low half first)."""
+    return words[i // 2] >> (16 * (i % 2)) & 0xFFFF
+
+
+def test_fp4_nibble_ptx_interpreted_is_exact_for_every_byte():
+    """The FP4_ASM path's PTX text (_FP4_LOW_NIBBLE_PTX, _FP4_HIGH_NIBBLE_PTX), interpreted on the CPU
+    (testing.run_inline_ptx): every byte at each of a word's four positions gives its low / high nibble's e2m1 value
+    as bf16 bits. The GPU test above runs the compiled kernel; this one checks the PTX text on every CI run."""
+    values = reference.unpack_fp4(torch.arange(256, dtype=torch.uint8)[:, None])  # [256, 2]: low, high nibble
+    g = torch.Generator().manual_seed(3)
+    for nibble, ptx in enumerate((_FP4_LOW_NIBBLE_PTX.value, _FP4_HIGH_NIBBLE_PTX.value)):
+        want = bf16_bits(values[:, nibble])
+        for byte in range(256):
+            for pos in range(4):
+                word = int(torch.randint(0, 2**32, (1,), generator=g)) & ~(0xFF << 8 * pos) | byte << 8 * pos
+                assert _half(run_inline_ptx(ptx, [word], 2), pos) == want[byte], (nibble, byte, pos)
+
+
+def test_pair_ptx_interpreted_is_exact_for_every_byte_and_scale():
+    """gemm_gluon_kernel's _PAIR_PTX and _PAIR_FOLDED_PTX (the bf16 route's Gluon kernels), interpreted on the CPU:
+    every byte in both positions of a pair, under UE8M0 scales from the subnormal-producing 1 to 254 (the folded form
+    to 128, its stated bound), give the even and odd values times the scale as bf16 bits (inf past bf16's range, as
+    the multiply gives it)."""
+    k = pytest.importorskip("mini_deepgemm.gemm_gluon_kernel")
+    values = reference.unpack_fp4(torch.arange(256, dtype=torch.uint8)[:, None])
+    for e in (1, 2, 60, 120, 127, 128, 129, 200, 254):
+        for ptx, scale_bits in ((k._PAIR_PTX.value, e << 7), (k._PAIR_FOLDED_PTX.value, (e + 126) << 7)):
+            if ptx == k._PAIR_FOLDED_PTX.value and e > 128:
+                continue
+            even, odd = (bf16_bits(values[:, i] * 2.0 ** (e - 127)) for i in (0, 1))
+            for b0 in range(256):
+                b1 = (7 * b0 + 3) % 256
+                pair = scale_bits | scale_bits << 16
+                got_even, got_odd = run_inline_ptx(ptx, [b0 | b1 << 8, pair, pair], 2)
+                assert [_half([got_even], i) for i in (0, 1)] == [even[b0], even[b1]], (e, b0)
+                assert [_half([got_odd], i) for i in (0, 1)] == [odd[b0], odd[b1]], (e, b0)
 
 
 @needs_a_runner

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
-from mini_deepgemm.testing import run_inline_ptx
+from mini_deepgemm.testing import bf16_bits, run_inline_ptx
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -249,14 +249,10 @@ def test_cache_rows_packed_on_cuda_equal_the_reference_bytes():
         assert torch.equal(pack_index_k_fp4(k), torch.cat([q, s.view(torch.uint8)], -1))
 
 
-def _bf16_bits(values: torch.Tensor) -> list[int]:
-    return [int(v) & 0xFFFF for v in values.to(torch.bfloat16).view(torch.int16)]
-
-
 def _assert_same_bf16(got_words: list[int], want: torch.Tensor, where: str) -> None:
     """bf16 pairs (low half first) against the values `want`: the same bits, or both NaN."""
     got = [w >> (16 * h) & 0xFFFF for w in got_words for h in (0, 1)]
-    for i, (g, w) in enumerate(zip(got, _bf16_bits(want))):
+    for i, (g, w) in enumerate(zip(got, bf16_bits(want))):
         g_nan = torch.tensor([g], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).isnan().item()
         assert g == w or (g_nan and want[i].isnan()), (where, i, hex(g), hex(w))
 
@@ -283,7 +279,7 @@ def test_the_gluon_producers_ptx_decodes_every_code():
             _assert_same_bf16(got, want[4 * i: 4 * i + 4], f"window row {r} word {i}")
         compressed = torch.cat([codes[:256], finite_e4m3[torch.randint(0, len(finite_e4m3), (32,), generator=g)]])
         want = unpack_compressed_kv_fp4(compressed[None])[0].float()
-        scales = _bf16_bits(compressed[256:].view(torch.float8_e4m3fn).float())
+        scales = bf16_bits(compressed[256:].view(torch.float8_e4m3fn).float())
         for i, w in enumerate(compressed[:256].view(torch.int32).tolist()):
             pair = scales[i // 2] | scales[i // 2] << 16
             got = run_inline_ptx(k._FP4_WORD_PTX.value, [w, pair], 4)

@@ -41,6 +41,11 @@ def _bf16x2_mul(a: int, b: int) -> int:
     return int(product[0]) | int(product[1]) << 16
 
 
+def bf16_bits(values: torch.Tensor) -> list[int]:
+    """The bf16 bit patterns (0 .. 0xFFFF) of `values`, rounded to bf16 first."""
+    return [int(v) & 0xFFFF for v in values.flatten().to(torch.bfloat16).view(torch.int16)]
+
+
 def run_inline_ptx(ptx: str, inputs: list[int], outputs: int) -> list[int]:
     """The kernels' inline PTX blocks, interpreted on the CPU: a straight-line block of the 32-bit integer
     instructions they use and mul.rn.bf16x2, with Triton's operand numbering ($0 .. $outputs-1 the results, then
@@ -60,6 +65,8 @@ def run_inline_ptx(ptx: str, inputs: list[int], outputs: int) -> list[int]:
         x = [value(o) for o in operands[1:]]
         if op == "mov.b32":
             r = x[0]
+        elif op == "cvt.u32.u16":
+            r = x[0] & 0xFFFF
         elif op == "and.b32":
             r = x[0] & x[1]
         elif op == "or.b32":
