@@ -20,6 +20,18 @@ fi
   # the device copy's .git is stale (its HEAD is not the tree that runs): name the tree by the files that run, the
   # hash `bash benchmarks/src_tree_hash.sh` prints for a checkout here
   echo "src tree $(bash benchmarks/src_tree_hash.sh)"; } > "$OUT/env.txt" 2>&1
+# The card (h100, h200, ... from nvidia-smi's name) names the benchmarks' JSON files, and its memory decides whether
+# bench_prefill's and bench_decode's seven sample layers fit: not on an H100's 80 GB (sessions 53-55), where the
+# helpers below take three prefill layers and the decode preset's default layers at 8 GB of KV cache instead.
+CARD=$(head -1 "$OUT/env.txt" | grep -oE "[ABH][0-9]+" | head -1 | tr 'A-Z' 'a-z')
+CARD=${CARD:-gpu}
+GPU_MIB=$(head -1 "$OUT/env.txt" | grep -oE "[0-9]+ MiB" | cut -d' ' -f1)
+ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse  # every layer mode of the real model
+if [ "${GPU_MIB:-0}" -gt 100000 ]; then
+  PREFILL_LAYER_ARGS=() DECODE_LAYER_ARGS=(--layers "$ALL_LAYERS" --kv-cache-gb 24)
+else
+  PREFILL_LAYER_ARGS=(--tokens 4096 --layers window,r1-full,r1-reuse) DECODE_LAYER_ARGS=(--kv-cache-gb 8)
+fi
 # the session scripts' pytest command (quiet, skips listed with their reasons)
 PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning"
 # decode_bench NAME [PREFIX...]: bench_decode, medium model, batch 32 / 64 at 131,072 tokens, PREFIX (e.g. env
@@ -27,7 +39,7 @@ PYTEST="python3 -m pytest -q -rs -p no:cacheprovider -W ignore::pytest_benchmark
 decode_bench() {
   local name=$1; shift
   run "$name" 120 "$@" python3 benchmarks/bench_decode.py --preset medium --batches 32,64 --contexts 131072 \
-    --kv-cache-gb 8 --out "$OUT/${name}_h200.json"
+    --kv-cache-gb 8 --out "$OUT/${name}_$CARD.json"
 }
 # fits SECS: at least SECS left before DEADLINE (default 540 s of the script), so that a call cut short by the device
 # time left still packs and prints what ran
@@ -125,15 +137,14 @@ side_path() {
   case $1 in base) echo "$BASE_PYTHONPATH" ;; mid) echo "$MID_PYTHONPATH" ;; alt) echo "$ALT_PYTHONPATH" ;;
     *) echo "$PYTHONPATH" ;; esac
 }
-# decode_all_sides SIDE...: bench_decode with all seven sample layers (every layer mode of the real model), batch
-# 32 / 64 at 131,072 tokens, --profile, on each side, into $OUT/decode_SIDE.{txt,_h200.json}
-ALL_LAYERS=window,window+engram,r2-full,r2-reuse,r1-full,r1-reindex,r1-reuse
+# decode_all_sides SIDE...: bench_decode with all seven sample layers (every layer mode of the real model; the
+# preset's default layers where they do not fit, DECODE_LAYER_ARGS), batch 32 / 64 at 131,072 tokens, --profile, on
+# each side, into $OUT/decode_SIDE.{txt,_CARD.json}
 decode_all_sides() {
   local side
   for side in "$@"; do
     run "decode_$side" 200 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
-      --layers "$ALL_LAYERS" --batches 32,64 --contexts 131072 --kv-cache-gb 24 --profile \
-      --out "$OUT/decode_${side}_h200.json"
+      "${DECODE_LAYER_ARGS[@]}" --batches 32,64 --contexts 131072 --profile --out "$OUT/decode_${side}_$CARD.json"
   done
 }
 # flashmla_sides SECS SIDE...: bench_flashmla (prefill, decode) on each side, into $OUT/flashmla_SIDE.{txt,json}
@@ -145,12 +156,13 @@ flashmla_sides() {
       BENCH_JSON="flashmla_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
   done
 }
-# prefill_sides SECS SIDE...: bench_prefill on each side, into $OUT/prefill_SIDE*
+# prefill_sides SECS SIDE...: bench_prefill (three sample layers where seven do not fit: PREFILL_LAYER_ARGS) on each
+# side, into $OUT/prefill_SIDE.txt and prefill_SIDE_CARD.json
 prefill_sides() {
   local secs=$1 side; shift
   for side in "$@"; do
     run "prefill_$side" "$secs" env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
-      --out "$OUT/prefill_${side}_h200.json"
+      "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_${side}_$CARD.json"
   done
 }
 # script_sides SECS SCRIPT NAME SIDE...: benchmarks/SCRIPT (run from benchmarks/, its OUT $OUT/NAME_SIDE) on each
