@@ -1,7 +1,8 @@
 """The swap-AB kernel's two exact conversions, bit for bit against the references: the FP4 -> bf16 conversion with
 the scale folded into the exponent, and the activation pass (gemm._dequant_activations: FP8 x UE8M0 -> bf16,
 natural or FP4 K order); and the UE8M0 -> fp32 scale conversion that feeds the V4.1 Gluon kernel's scales-in-ring
-(gemm._f32_scales_transposed).
+(gemm._f32_scales_transposed). The bf16 route's FP4 PTX (this kernel's nibble blocks, the Gluon kernels' pair
+blocks) is also interpreted on the CPU (testing.run_inline_ptx), so its text is checked on every CI run.
 
 The GEMM itself is tested in test_gemm.py (strategy `swap_ab`, GPU only: the interpreter computes bf16 tl.dot on
 raw bits). These conversions have no dot, so they also run on CPU under TRITON_INTERPRET=1, which CI does through

@@ -1,5 +1,5 @@
-"""CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API), the split rule, and
-the split merge under Triton's interpreter."""
+"""CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API), the split rule, the
+split merge under Triton's interpreter, and the Gluon kernel's dequantization PTX interpreted."""
 
 import os
 import subprocess
