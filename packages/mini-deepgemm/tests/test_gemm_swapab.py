@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mini_deepgemm import reference
-from mini_deepgemm.testing import (bf16_bits, contiguous_layout, random_bf16, random_fp4_weights, random_fp8_weights,
-                                   run_inline_ptx)
+from mini_deepgemm.testing import (bf16_bits, bf16_halves, contiguous_layout, random_bf16, random_fp4_weights,
+                                   random_fp8_weights, run_inline_ptx)
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
@@ -84,11 +84,6 @@ def test_fp4_bytes_to_bf16_ptx_is_exact_for_every_byte_and_scale():
     assert torch.equal(hi.cpu().flatten().float(), want[:, 1].float())
 
 
-def _half(words: list[int], i: int) -> int:
-    """bf16 value i of bf16x2 words (the low half first)."""
-    return words[i // 2] >> (16 * (i % 2)) & 0xFFFF
-
-
 def test_fp4_nibble_ptx_interpreted_is_exact_for_every_byte():
     """The FP4_ASM path's PTX text (_FP4_LOW_NIBBLE_PTX, _FP4_HIGH_NIBBLE_PTX), interpreted on the CPU
     (testing.run_inline_ptx): every byte at each of a word's four positions gives its low / high nibble's e2m1 value
@@ -100,7 +95,7 @@ def test_fp4_nibble_ptx_interpreted_is_exact_for_every_byte():
         for byte in range(256):
             for pos in range(4):
                 word = int(torch.randint(0, 2**32, (1,), generator=g)) & ~(0xFF << 8 * pos) | byte << 8 * pos
-                assert _half(run_inline_ptx(ptx, [word], 2), pos) == want[byte], (nibble, byte, pos)
+                assert bf16_halves(run_inline_ptx(ptx, [word], 2))[pos] == want[byte], (nibble, byte, pos)
 
 
 def test_pair_ptx_interpreted_is_exact_for_every_byte_and_scale():
@@ -119,8 +114,8 @@ def test_pair_ptx_interpreted_is_exact_for_every_byte_and_scale():
                 b1 = (7 * b0 + 3) % 256
                 pair = scale_bits | scale_bits << 16
                 got_even, got_odd = run_inline_ptx(ptx, [b0 | b1 << 8, pair, pair], 2)
-                assert [_half([got_even], i) for i in (0, 1)] == [even[b0], even[b1]], (e, b0)
-                assert [_half([got_odd], i) for i in (0, 1)] == [odd[b0], odd[b1]], (e, b0)
+                assert bf16_halves([got_even]) == [even[b0], even[b1]], (e, b0)
+                assert bf16_halves([got_odd]) == [odd[b0], odd[b1]], (e, b0)
 
 
 @needs_a_runner

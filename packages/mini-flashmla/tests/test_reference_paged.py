@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
-from mini_deepgemm.testing import bf16_bits, run_inline_ptx
+from mini_deepgemm.testing import bf16_bits, bf16_halves, finite_e4m3_codes, run_inline_ptx
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -251,8 +251,7 @@ def test_cache_rows_packed_on_cuda_equal_the_reference_bytes():
 
 def _assert_same_bf16(got_words: list[int], want: torch.Tensor, where: str) -> None:
     """bf16 pairs (low half first) against the values `want`: the same bits, or both NaN."""
-    got = [w >> (16 * h) & 0xFFFF for w in got_words for h in (0, 1)]
-    for i, (g, w) in enumerate(zip(got, bf16_bits(want))):
+    for i, (g, w) in enumerate(zip(bf16_halves(got_words), bf16_bits(want))):
         g_nan = torch.tensor([g], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).isnan().item()
         assert g == w or (g_nan and want[i].isnan()), (where, i, hex(g), hex(w))
 
@@ -267,7 +266,7 @@ def test_the_gluon_producers_ptx_decodes_every_code():
     g = torch.Generator().manual_seed(56)
     position = torch.arange(512)
     ue8m0 = torch.tensor([1, 7, 100, 120, 127, 134, 140], dtype=torch.uint8)
-    finite_e4m3 = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    finite_e4m3 = finite_e4m3_codes()
     for r in range(4):  # code c sits at byte position (c - r) % 4
         codes = ((position + r) % 256).to(torch.uint8)
         window = torch.cat([codes, ue8m0[torch.randint(0, len(ue8m0), (16,), generator=g)]])

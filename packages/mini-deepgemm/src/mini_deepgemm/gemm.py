@@ -337,8 +337,8 @@ def _tilelang_covers(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor,
     from . import gemm_tilelang
 
     contiguous = all(t.is_contiguous() for t in (a[0], b[0], d))
-    return d.is_cuda and contiguous and gemm_tilelang.supports(layout, b_fp4, recipe[1], recipe[2], a[0].shape[-1], d,
-                                                              c)
+    K = a[0].shape[-1]
+    return d.is_cuda and contiguous and gemm_tilelang.supports(layout, b_fp4, recipe[1], recipe[2], K, d, c)
 
 
 def _use_tilelang(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.Tensor | None,

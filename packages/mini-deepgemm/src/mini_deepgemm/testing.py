@@ -46,6 +46,16 @@ def bf16_bits(values: torch.Tensor) -> list[int]:
     return [int(v) & 0xFFFF for v in values.flatten().to(torch.bfloat16).view(torch.int16)]
 
 
+def bf16_halves(words: list[int]) -> list[int]:
+    """The bf16 bit patterns held in 32-bit bf16x2 words, the low half first (run_inline_ptx's results)."""
+    return [w >> (16 * h) & 0xFFFF for w in words for h in (0, 1)]
+
+
+def finite_e4m3_codes() -> torch.Tensor:
+    """uint8 [254]: every e4m3 byte but the two NaN codes (magnitude 0x7F)."""
+    return torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+
+
 def run_inline_ptx(ptx: str, inputs: list[int], outputs: int) -> list[int]:
     """The kernels' inline PTX blocks, interpreted on the CPU: a straight-line block of the 32-bit integer
     instructions they use and mul.rn.bf16x2, with Triton's operand numbering ($0 .. $outputs-1 the results, then
