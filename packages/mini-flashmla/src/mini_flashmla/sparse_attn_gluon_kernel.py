@@ -60,7 +60,9 @@ integer placement, in place of the e4m3 -> f16 -> bf16 conversions whose F2F iss
 the same outputs): on an H100, paged prefill 1.050x, the step's sparse attention stage 1.047x, decode 1.00-1.03x
 (H200: 1.037x). Session 56 (the FP4 rows' codes split once per word, 10 ALU instructions per word in place of 13,
 and the window rows' shift as a multiply; bitwise the same outputs): on an H100, paged prefill 1.067x, the step's
-sparse attention stage 1.030x, decode 1.01-1.03x.
+sparse attention stage 1.030x, decode 1.01-1.03x. Session 57 (the producer's shared loads of ids and staged words
+issued ahead of the chunk's copies, each used an iteration's work later; bitwise the same outputs): on an H100,
+paged prefill 1.036x, the step's sparse attention stage 1.034x, decode 1.00-1.03x.
 api routes every call of whole 64-head programs here.
 """
 
@@ -219,11 +221,15 @@ def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_cache_rows(ids_slot, num_rows, first, live, FORMAT: gl.constexpr):
-    """int32 [R] cache rows of one chunk of a quantized block (slots `first` on; -1 for an empty slot, an id outside
-    the cache, or a chunk that is not `live`), read from the block's staged ids in the chunk's row layout."""
-    R: gl.constexpr = _chunk_rows(FORMAT)
-    ids = ids_slot.slice(first, R).load(gl.SliceLayout(1, _chunk_words(FORMAT)[1]))
+def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
+    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), in the chunk's row layout."""
+    return ids_slot.slice(first, _chunk_rows(FORMAT)).load(gl.SliceLayout(1, _chunk_words(FORMAT)[1]))
+
+
+@gluon.jit
+def _chunk_cache_rows(ids, num_rows, live):
+    """The cache rows of a chunk's ids (_chunk_ids): -1 for an empty slot, an id outside the cache, or a chunk that
+    is not `live`."""
     return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
 
 
@@ -294,32 +300,38 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
                       a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, FORMAT: gl.constexpr):
     """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
-    chunk LOOKAHEAD ahead (also across a block boundary) is issued before a chunk is converted, so that it lands
-    under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers (chunk c in buffer c % 4, since a
-    block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the copies of block blk + 1 start during
+    chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
+    are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
+    (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the copies of block blk + 1 start during
     block blk), loaded from global memory at its first chunk and stored after its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
-    rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, 0, blk0 < blk_end, FORMAT)
+    live = blk0 < blk_end
+    rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT), num_rows, live)
     for c in gl.static_range(LOOKAHEAD):
         _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
-        rows = _chunk_cache_rows(ids_smem.index(blk0 % IDS_SLOTS), num_rows, (c + 1) * R, blk0 < blk_end, FORMAT)
+        rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT), num_rows, live)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            # chunk c + LOOKAHEAD's copies (its rows were read a chunk earlier), then the next chunk's rows
-            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
+            # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
+            # copies and used at once, and the words, used at once after the wait, held ~20% of the producer's stall
+            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (its rows at the end), chunk c's
+            # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
+            # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-            rows = _chunk_cache_rows(ids_smem.index(ahead % IDS_SLOTS), num_rows, (c + LOOKAHEAD + 1) % CHUNKS * R,
-                                     ahead < blk_end, FORMAT)
+            ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
+            async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
+            values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            values = values.load(_chunk_words(FORMAT)[1])
+            scales = scales.load(SCALE_WORDS)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
-            async_copy.wait_group(LOOKAHEAD)  # this thread's copies of chunk c have landed
-            values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
-            _dequant_chunk(values.load(_chunk_words(FORMAT)[1]),
-                           scales.load(SCALE_WORDS), tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+            _dequant_chunk(values, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+            rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and

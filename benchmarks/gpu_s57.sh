@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 57's GPU runs (docs/reports/gpu-session-2026-12-05-s57.md); files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s57.sh   (1 GPU; tree = main 1036a66,
+#       .ab-base.tar.gz = main 13c3ba6, before session 56's producer conversions): on an H200 the figures session 56
+#       owes (bench_flashmla and bench_prefill on both sides), then the rest of the runtime suite (parts A and B,
+#       not run in session 56); on an H100 the rest of the suite and the paged prefill kernel's profile
+#   PART=r2 (tree = the quantized producer's chunk loop reordered: a chunk's staged words loaded before the next
+#       copies are issued, the ids of the chunk after them loaded first and turned into rows after the conversion;
+#       .ab-mid.tar.gz = the ids' order alone; .ab-base.tar.gz = main 1036a66): mini-flashmla's GPU suite, the
+#       outputs' hash on the three sides, bench_flashmla on the three sides, the runtime's core GPU tests,
+#       bench_prefill on the tree and the base, the tree's paged prefill profile
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s57
+case "${PART:-r1}" in
+r1)
+  if grep -q H200 "$OUT/env.txt"; then
+    flashmla_sides 110 new base
+    fits 200 && prefill_sides 95 new base
+    fits 150 && rest_ab 70 130
+  else
+    rest_ab 75 140
+    fits 200 && ncu_profile sparse_prefill
+  fi
+  cat "$OUT/summary.txt"; show_sides new base; test_summary runtime_rest_a runtime_rest_b
+  grep -h "^FAILED\|^ERROR" "$OUT"/*rest*.txt | cut -c1-200
+  ;;
+r2)  # DEADLINE=570
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  for side in new mid base; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+  fits 250 && flashmla_sides 100 new mid base
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 110 && prefill_sides 50 new base
+  fits 40 && ncu_profile sparse_prefill
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid base
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+esac
+pack_out
