@@ -9,6 +9,17 @@
 #       .ab-mid.tar.gz = the ids' order alone; .ab-base.tar.gz = main 1036a66): mini-flashmla's GPU suite, the
 #       outputs' hash on the three sides, bench_flashmla on the three sides, the runtime's core GPU tests,
 #       bench_prefill on the tree and the base, the tree's paged prefill profile
+#   PART=r3 (tree = run 2's tree with the next chunk's words loaded into registers before this chunk's tile stores;
+#       .ab-mid.tar.gz = run 2's tree, main 5829942; .ab-base.tar.gz = main 1036a66; .ab-alt.tar.gz = main 13c3ba6,
+#       before session 56): mini-flashmla's GPU suite, the outputs' hash, bench_flashmla on the four sides (on an H200
+#       the figures sessions 56-57 owe), the runtime's core GPU tests (run 2's capture error again?), bench_prefill on
+#       the tree and run 2's
+#   PART=r4 (tree = main 5829942 with the staging ring as two allocations, even and odd chunks, so that Gluon's
+#       barrier analysis no longer puts a partition barrier between a chunk's shared loads and the next copies;
+#       .ab-mid.tar.gz = main 5829942, the session's final tree if this loses): mini-flashmla's GPU suite, the
+#       outputs' hash, bench_flashmla on both sides, the runtime's core GPU tests on both sides, bench_prefill on both
+#   PART=r5 (trees as run 4; the session's last device time): bench_flashmla's prefill part only, four times,
+#       alternating sides and starting with run 4's second side (its first side and an unchanged kernel moved 2%)
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s57
 case "${PART:-r1}" in
@@ -37,6 +48,39 @@ r2)  # DEADLINE=570
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
   grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid base
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+r3)  # DEADLINE=560
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  run hash_new 60 python3 benchmarks/attn_output_hash.py
+  fits 300 && flashmla_sides 100 new mid base alt
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 120 && prefill_sides 55 new mid
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid base alt
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  ;;
+r4)  # DEADLINE: the device time left
+  run flashmla_tests 120 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  run hash_new 60 python3 benchmarks/attn_output_hash.py
+  fits 230 && flashmla_sides 100 new mid
+  for side in mid new; do
+    fits 80 && run "runtime_tests_$side" 100 env PYTHONPATH="$(side_path $side)" $PYTEST $RUNTIME_CORE_TESTS \
+      -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime_$side.xml"
+  done
+  fits 45 && prefill_sides 30 new mid
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests_mid runtime_tests_new
+  grep -h "sha256" "$OUT"/hash_*.txt; show_sides new mid
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests*.txt | cut -c1-200
+  ;;
+r5)  # DEADLINE: the device time left
+  for i in 1 2; do
+    for side in mid new; do
+      fits 35 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
+        BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+    done
+  done
+  cat "$OUT/summary.txt"; grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140
   ;;
 esac
 pack_out

@@ -40,7 +40,7 @@ score is -inf, so P is exactly 0 and the finite values add nothing; quantized ro
 source with no rows is never routed here.
 
 Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 20 KB of raw
-staging for quantized rows): 206,944 B with bf16 rows, 227,472 B paged (offline, triton 3.6, sm_90a).
+staging for quantized rows): 206,944 B with bf16 rows, 227,520 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
@@ -55,14 +55,15 @@ sparse_attn_kernel.combine_splits_kernel merges), so that decode below one progr
 22.9 / 30.1 us at batch 8 / 32 / 64, about 1.6 / 1.9 / 1.3x the routes before ("Session 26" in that report).
 Session 40 (warpgroup 1 adopts the even block before its QK^T, in place of the QK^T first, which waited ~28% of
 warpgroup 1's time for its tile; bitwise the same outputs): paged prefill 1.029x, the prefill step's sparse
-attention 46.47 -> 45.80 ms per 40 layers, bf16 rows 1.00x, decode 0.98-1.02x ("Session 40" in that report). Session 55 (the window rows' e4m3 decoded by
-integer placement, in place of the e4m3 -> f16 -> bf16 conversions whose F2F issues at a fifth of FFMA's rate; bitwise
-the same outputs): on an H100, paged prefill 1.050x, the step's sparse attention stage 1.047x, decode 1.00-1.03x
-(H200: 1.037x). Session 56 (the FP4 rows' codes split once per word, 10 ALU instructions per word in place of 13,
-and the window rows' shift as a multiply; bitwise the same outputs): on an H100, paged prefill 1.067x, the step's
-sparse attention stage 1.030x, decode 1.01-1.03x. Session 57 (the producer's shared loads of ids and staged words
-issued ahead of the chunk's copies, each used an iteration's work later; bitwise the same outputs): on an H100,
-paged prefill 1.036x, the step's sparse attention stage 1.034x, decode 1.00-1.03x.
+attention 46.47 -> 45.80 ms per 40 layers, bf16 rows 1.00x, decode 0.98-1.02x ("Session 40" in that report).
+Session 55 (the window rows' e4m3 decoded by integer placement, in place of the e4m3 -> f16 -> bf16 conversions whose
+F2F issues at a fifth of FFMA's rate; bitwise the same outputs): on an H100, paged prefill 1.050x, the step's sparse
+attention stage 1.047x, decode 1.00-1.03x (H200: 1.037x). Session 56 (the FP4 rows' codes split once per word, 10 ALU
+instructions per word in place of 13, and the window rows' shift as a multiply; bitwise the same outputs): on an H100,
+paged prefill 1.067x, the step's sparse attention stage 1.030x, decode 1.01-1.03x. Session 57 (the producer's shared
+loads of ids and staged words issued ahead of the chunk's copies, each used an iteration's work later, and the staging
+ring in two allocations, one partition barrier per chunk instead of two; bitwise the same outputs): on an H100, paged
+prefill 1.036x and 1.021x, the step's sparse attention stage 1.034x and 1.011x, decode 1.00-1.03x.
 api routes every call of whole 64-head programs here.
 """
 
@@ -213,11 +214,12 @@ def _chunk_words(FORMAT):
 
 @gluon.jit
 def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
-    """Staging buffer k as one chunk: values [R, words per row] and scales [R, 16], int32."""
+    """Staging buffer k (a compile-time index: buffer k // 2 of the even or odd allocation, _ring_buffers) as one
+    chunk: values [R, words per row] and scales [R, 16], int32."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
-    return (stage_words.index(k)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
-            stage_scales.index(k)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
+    return (stage_words[k % 2].index(k // 2)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
+            stage_scales[k % 2].index(k // 2)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
 
 
 @gluon.jit
@@ -302,8 +304,9 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
     chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
     are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
-    (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the copies of block blk + 1 start during
-    block blk), loaded from global memory at its first chunk and stored after its last."""
+    (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the
+    copies of block blk + 1 start during block blk), loaded from global memory at its first chunk and stored after
+    its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
@@ -553,14 +556,22 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
     ring of STAGES staging buffers (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile
     a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and
-    an "empty" one (one arrival per consumer warpgroup)."""
+    an "empty" one (one arrival per consumer warpgroup).
+    The staging ring is two allocations, (even buffers, odd buffers) of words and of scales: a chunk loads buffer
+    c % 4 and then copies into (c + 3) % 4, of the other parity. Gluon's barrier analysis tracks hazards per
+    allocation, so in one allocation it put a partition barrier between those loads and copies, a second one per
+    chunk beside the one after the copies' wait, which already orders every earlier load of the buffer being
+    refilled (paged prefill 1.021x on an H100, flashmla-gluon.md, "Session 57")."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
     if A_FORMAT == BF16_ROWS:
-        stage_words = tiles  # unused
-        stage_scales = tiles
+        stage_words = (tiles, tiles)  # unused
+        stage_scales = (tiles, tiles)
     else:
-        stage_words = gl.allocate_shared_memory(gl.int32, [STAGES, 16, 64], STAGE_FLAT)
-        stage_scales = gl.allocate_shared_memory(gl.int32, [STAGES, 16, 16], STAGE_FLAT)
+        gl.static_assert(LOOKAHEAD % 2 == 1 and STAGES % 2 == 0)  # chunk c and c + LOOKAHEAD of opposite parity
+        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT),
+                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT))
+        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT),
+                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
