@@ -327,13 +327,13 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
             ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
             async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
-            values, scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
-            values = values.load(_chunk_words(FORMAT)[1])
-            scales = scales.load(SCALE_WORDS)
+            staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            words = staged_words.load(_chunk_words(FORMAT)[1])
+            scales = staged_scales.load(SCALE_WORDS)
             _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
-            _dequant_chunk(values, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+            _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
