@@ -30,7 +30,7 @@ from source_variants import edited_module
 GATHER = [(re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False"),
           (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
 # quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
-DEQUANT = [(re.compile(r"_dequant_chunk\((?:v0|values).*?FORMAT\)\n", re.S), "pass\n")]
+DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
 PV_MMA = [(re.compile(r"return warpgroup_mma\(p_smem, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
