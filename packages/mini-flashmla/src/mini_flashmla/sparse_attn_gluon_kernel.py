@@ -393,12 +393,20 @@ def _pv(p_smem, tile_half, acc):
 
 
 @gluon.jit
-def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
-    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
-    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
+def _slot_bias(ids_slot, num_rows):
+    """0 on a block's filled slots, -inf on its empty ones (-1, or an id outside the cache), per slot: computed while
+    the block's QK^T runs, so that the softmax applies the mask and the scale in one FFMA per score."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
-    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
-    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    valid = (ids >= 0) & (ids < num_rows)
+    return gl.where(valid, 0.0, float("-inf"))
+
+
+@gluon.jit
+def _own_softmax(s, bias, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; bias: _slot_bias) -> (running
+    max, alpha, P in fp32, row sum of the owner's blocks). s x scale + 0 rounds as s x scale alone: the same bits as a
+    multiply and a select."""
+    s = gl.fma(s, qk_scale_log2, bias[None, :])
     m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
     p = gl.exp2(s - m_new[:, None])
@@ -439,8 +447,10 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     on columns 0-255, release -> (running max, row sum, accumulator)."""
     mbarrier.wait(full_bar, phase)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
-    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
+    s_token = _qk(q, tile, zero_s)
+    bias = _slot_bias(ids_slot, num_rows)
+    s = warpgroup_mma_wait(0, deps=[s_token])
+    m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
     mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
@@ -500,11 +510,10 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             mbarrier.wait(full.index(1), phase)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
+            bias = _slot_bias(ids_smem.index((blk_a + 1) % IDS_SLOTS), gl.where(blk_a + 1 < a_blocks, a_rows, b_rows))
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             mbarrier.arrive(empty.index(0), count=1)
-            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
-                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
-                                                  m_run, l_own)
+            m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
