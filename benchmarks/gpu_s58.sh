@@ -2,26 +2,41 @@
 # Session 58's GPU runs (docs/reports/gpu-session-2026-12-05-s58.md); files under $OUT, packed by pack_out.
 #   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = main 30bdf46, session
 #       57's prepared fixes: the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with
-#       the cyclic collector off; .ab-alt.tar.gz = main 07c611f, without them; .ab-mid.tar.gz = main 1036a66, before
-#       session 57's attention changes; .ab-base.tar.gz = main 13c3ba6, before session 56's): test_gemm_fp4_e4m3.py,
-#       test_cuda_decode.py on the tree and on 07c611f (its new capture test should fail there), the runtime's core
-#       GPU tests; on an H200 also the figures sessions 56-57 owe (bench_flashmla, bench_prefill with seven layers)
+#       the cyclic collector off; and the attention's empty-slot mask applied by one FFMA, computed under the QK^T;
+#       .ab-alt.tar.gz = main 07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the tree and
+#       on 07c611f (its new capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU tests
+#   PART=r2 (tree as run 1; .ab-base.tar.gz = main 178ad86, the fixes without the mask change; .ab-mid.tar.gz = main
+#       1036a66, before session 57's attention changes): the outputs' hash on both sides, bench_flashmla's prefill
+#       part alternating sides, bench_flashmla and bench_prefill on both; on an H200 bench_flashmla on 1036a66 too
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s58
 case "${PART:-r1}" in
 r1)
-  fp4_e4m3_tests 150
+  fp4_e4m3_tests 130
   run cuda_decode_new 90 $PYTEST -n 4 runtime/tests/test_cuda_decode.py --junitxml="$OUT/junit_cuda_decode_new.xml"
   run cuda_decode_alt 60 env PYTHONPATH="$(side_path alt)" $PYTEST runtime/tests/test_cuda_decode.py \
     -k "dead_engines_graphs"
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  fits 100 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
-  if grep -q H200 "$OUT/env.txt"; then
-    fits 200 && flashmla_sides 90 new base
-    fits 110 && prefill_sides 95 new
-  fi
-  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests cuda_decode_new cuda_decode_alt runtime_tests
-  grep -h "^FAILED\|^ERROR" "$OUT"/*.txt | cut -c1-200; show_sides new base
+  cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests cuda_decode_new cuda_decode_alt flashmla_tests runtime_tests
+  grep -h "^FAILED\|^ERROR" "$OUT"/*.txt | cut -c1-200
+  ;;
+r2)
+  for side in new base; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+  for i in 1 2; do
+    for side in base new; do
+      fits 35 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
+        BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+    done
+  done
+  if grep -q H200 "$OUT/env.txt"; then fits 300 && flashmla_sides 90 new mid; fi
+  fits 200 && flashmla_sides 90 base
+  fits 100 && prefill_sides 95 new base
+  cat "$OUT/summary.txt"; grep -h "sha256" "$OUT"/hash_*.txt
+  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides new base mid
   ;;
 esac
 pack_out
