@@ -32,8 +32,9 @@ r2)
         BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
     done
   done
-  if grep -q H200 "$OUT/env.txt"; then fits 300 && flashmla_sides 90 new mid; fi
-  fits 200 && flashmla_sides 90 base
+  sides="new base"
+  grep -q H200 "$OUT/env.txt" && sides="new base mid"
+  fits 250 && flashmla_sides 90 $sides
   fits 100 && prefill_sides 95 new base
   cat "$OUT/summary.txt"; grep -h "sha256" "$OUT"/hash_*.txt
   grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides new base mid
