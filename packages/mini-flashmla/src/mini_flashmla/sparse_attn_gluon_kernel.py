@@ -130,8 +130,11 @@ BLOCK_N: gl.constexpr = gl.constexpr(64)  # slots per block: the reference's onl
 HEADS: gl.constexpr = gl.constexpr(64)  # heads per CTA: the wgmma M side
 D: gl.constexpr = gl.constexpr(512)
 TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair's two blocks, or one being filled
-PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
-PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
+# Two producer warpgroups (session 58): the paged path is producer-bound. A 16-warp launch caps every instruction at
+# 128 registers, so the PV runs as m64n128 MMAs (O_WG's instruction shape; m64n256 needs ~154), and a chunk has twice
+# the rows (each thread converts the words it did with 4 warps), so LOOKAHEAD 1 keeps the staging ring's 20 KB.
+PRODUCER_WARPS: gl.constexpr = gl.constexpr(8)
+PRODUCER_REGS: gl.constexpr = gl.constexpr(56)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -147,14 +150,15 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
 # the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
 # the columns fastest, 2x (session 23 run 1).
-WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
+WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])  # [16, 128] int32
 # [8, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [PRODUCER_WARPS // 4, 4, 1], [0, 1, 2])
+COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])  # [32, 64] int32
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [PRODUCER_WARPS // 4, 4, 1], [0, 1, 2])
 # a chunk's scale words, [8 or 16 rows, 16]: a thread's group (window) or pair of groups (compressed) per row
-SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
-LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
+SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])
+# chunks whose copies are in flight while one is converted
+LOOKAHEAD: gl.constexpr = gl.constexpr(3 if PRODUCER_WARPS == 4 else 1)
 STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
 STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 # A chunk's values in 16-byte units swizzled by row (unit ^= row % 8): the 8 rows a warp reads at one place are
@@ -166,11 +170,11 @@ STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, 
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
 # Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
 # them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
-CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
+CONSUMER_REGS: gl.constexpr = gl.constexpr(200)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
@@ -203,7 +207,7 @@ def _staged_rows(ids_slot, num_rows, layout: gl.constexpr):
 @gluon.constexpr_function
 def _chunk_rows(FORMAT):
     """Rows of a quantized block's chunk: 32 B of values per thread and row (8 words over the producer's threads)."""
-    return 8 if FORMAT == FP8_WINDOW else 16
+    return (8 if FORMAT == FP8_WINDOW else 16) * (PRODUCER_WARPS // 4)
 
 
 @gluon.constexpr_function
@@ -577,10 +581,10 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
         stage_scales = (tiles, tiles)
     else:
         gl.static_assert(LOOKAHEAD % 2 == 1 and STAGES % 2 == 0)  # chunk c and c + LOOKAHEAD of opposite parity
-        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT),
-                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT))
-        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT),
-                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT))
+        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 64], STAGE_FLAT),
+                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 64], STAGE_FLAT))
+        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 16], STAGE_FLAT),
+                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 16], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
