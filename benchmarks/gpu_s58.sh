@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Session 58's GPU runs (docs/reports/gpu-session-2026-12-05-s58.md); files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = main 30bdf46, session
-#       57's prepared fixes: the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with
-#       the cyclic collector off; and the attention's empty-slot mask applied by one FFMA, computed under the QK^T;
-#       .ab-alt.tar.gz = main 07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the tree and
-#       on 07c611f (its new capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU tests
-#   PART=r2 (tree as run 1; .ab-base.tar.gz = main 178ad86, the fixes without the mask change; .ab-mid.tar.gz = main
-#       1036a66, before session 57's attention changes): the outputs' hash on both sides, bench_flashmla's prefill
-#       part alternating sides, bench_flashmla and bench_prefill on both; on an H200 bench_flashmla on 1036a66 too
+#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = main 87da4b5: session
+#       57's prepared fixes (the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with
+#       the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, and two
+#       producer warpgroups; .ab-alt.tar.gz = main 07c611f, without the fixes): test_gemm_fp4_e4m3.py,
+#       test_cuda_decode.py on the tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU
+#       suite, the runtime's core GPU tests
+#   PART=r2 (tree as run 1; .ab-mid.tar.gz = main 25047da, the mask change alone; .ab-base.tar.gz = main 178ad86,
+#       neither; on an H200 .ab-alt.tar.gz = main 13c3ba6, before session 56's attention changes): the outputs' hash on
+#       each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla and bench_prefill
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s58
 case "${PART:-r1}" in
@@ -23,21 +24,21 @@ r1)
   grep -h "^FAILED\|^ERROR" "$OUT"/*.txt | cut -c1-200
   ;;
 r2)
-  for side in new base; do
+  for side in new mid base; do
     run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
   done
   for i in 1 2; do
-    for side in base new; do
+    for side in base mid new; do
       fits 35 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
         BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
     done
   done
-  sides="new base"
-  grep -q H200 "$OUT/env.txt" && sides="new base mid"
+  sides="new mid base"
+  grep -q H200 "$OUT/env.txt" && sides="new mid base alt"
   fits 250 && flashmla_sides 90 $sides
   fits 100 && prefill_sides 95 new base
   cat "$OUT/summary.txt"; grep -h "sha256" "$OUT"/hash_*.txt
-  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides new base mid
+  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides $sides
   ;;
 esac
 pack_out
