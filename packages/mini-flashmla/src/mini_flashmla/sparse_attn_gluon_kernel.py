@@ -134,7 +134,7 @@ TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair
 # 128 registers, so the PV runs as m64n128 MMAs (O_WG's instruction shape; m64n256 needs ~154), and a chunk has twice
 # the rows (each thread converts the words it did with 4 warps), so LOOKAHEAD 1 keeps the staging ring's 20 KB.
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(8)
-PRODUCER_REGS: gl.constexpr = gl.constexpr(56)
+PRODUCER_REGS: gl.constexpr = gl.constexpr(96 if PRODUCER_WARPS == 4 else 56)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -170,11 +170,13 @@ STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, 
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
 # Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
 # them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
-CONSUMER_REGS: gl.constexpr = gl.constexpr(200)
+CONSUMER_REGS: gl.constexpr = gl.constexpr(208 if PRODUCER_WARPS == 4 else 200)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+# The PV's instruction shape: m64n256 with 4 producer warps, m64n128 under the 16-warp launch's register cap
+PV_N: gl.constexpr = gl.constexpr(256 if PRODUCER_WARPS == 4 else 128)
+O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PV_N, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
