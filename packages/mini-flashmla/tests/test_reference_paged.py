@@ -1,6 +1,7 @@
 """CPU tests of the paged references (the oracles of the kernels and the CPU fallback of the API), the split rule, the
 split merge under Triton's interpreter, and the Gluon kernel's dequantization PTX interpreted."""
 
+import math
 import os
 import subprocess
 import sys
@@ -283,3 +284,32 @@ def test_the_gluon_producers_ptx_decodes_every_code():
             pair = scales[i // 2] | scales[i // 2] << 16
             got = run_inline_ptx(k._FP4_WORD_PTX.value, [w, pair], 4)
             _assert_same_bf16(got, want[8 * i: 8 * i + 8], f"compressed row {r} word {i}")
+
+
+def test_the_gluon_producers_layouts_cover_a_chunk_once():
+    """Each thread of the Gluon kernel's quantized producer copies exactly the words it converts, in one layout per
+    format (_chunk_words), its scale words (SCALE_WORDS) and the groups view of its words: every layout must tile a
+    chunk with no element held twice (a layout wider than the chunk replicates it: a window row of 128 words spans
+    4 warps laid along it, and 8 would convert every word twice), and both formats' chunks fill one staging size."""
+    k = pytest.importorskip("mini_flashmla.sparse_attn_gluon_kernel")
+
+    def assert_tiles_once(layout, shape, what):
+        assert math.prod(layout.warps_per_cta) == int(k.PRODUCER_WARPS), what
+        assert math.prod(layout.threads_per_warp) == 32, what
+        for dim, extent in enumerate(shape):
+            span = layout.size_per_thread[dim] * layout.threads_per_warp[dim] * layout.warps_per_cta[dim]
+            assert extent % span == 0, f"{what}: dim {dim} of {shape} spans {span}: values held twice"
+
+    chunk_words = set()
+    for name, fmt, groups, group_shape in (("window", k.FP8_WINDOW, k.WINDOW_GROUPS, (16, 8)),
+                                            ("compressed", k.FP4_COMPRESSED, k.COMPRESSED_GROUPS, (32, 2))):
+        rows = int(k._chunk_rows.fn(fmt))
+        words, layout = k._chunk_words.fn(fmt)
+        assert words == math.prod(group_shape)
+        assert_tiles_once(layout, (rows, words), f"{name} words")
+        assert_tiles_once(groups, (rows, *group_shape), f"{name} groups")
+        assert_tiles_once(k.SCALE_WORDS, (rows, 16), f"{name} scales")
+        chunks = int(k.BLOCK_N) // rows
+        assert chunks % int(k.STAGES) == 0 and chunks >= int(k.LOOKAHEAD), f"{name}: {chunks} chunks a block"
+        chunk_words.add(rows * words)
+    assert len(chunk_words) == 1, f"both formats' chunks share the staging buffers' size: {chunk_words} words"
