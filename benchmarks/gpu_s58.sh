@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Session 58's GPU runs (docs/reports/gpu-session-2026-12-05-s58.md); files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = main 87da4b5: session
-#       57's prepared fixes (the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with
-#       the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, and two
-#       producer warpgroups; .ab-alt.tar.gz = main 07c611f, without the fixes): test_gemm_fp4_e4m3.py,
-#       test_cuda_decode.py on the tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU
-#       suite, the runtime's core GPU tests
-#   PART=r2 (tree as run 1; .ab-mid.tar.gz = main 25047da, the mask change alone; .ab-base.tar.gz = main 178ad86,
-#       neither; on an H200 .ab-alt.tar.gz = main 13c3ba6, before session 56's attention changes): the outputs' hash on
-#       each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla and bench_prefill
+# Session 58's prepared GPU runs (no machine ran them in session 58: docs/reports/flashmla-gluon.md, "Session 58");
+# files under $OUT, packed by pack_out. First `git revert abcee20` (restores the prepared changes: the tree's sources
+# are eb51631's), then build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src runtime/src`.
+#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's prepared
+#       fixes (the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with the cyclic
+#       collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, two producer
+#       warpgroups; .ab-alt.tar.gz = 07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the
+#       tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU
+#       tests
+#   PART=r2 (tree as run 1; .ab-mid.tar.gz = 25047da, the mask change alone; .ab-base.tar.gz = 178ad86, neither
+#       attention change; on an H200 .ab-alt.tar.gz = 13c3ba6, before session 56's attention changes): the outputs'
+#       hash on each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla and
+#       bench_prefill. The PV split's control: the tree with PRODUCER_WARPS 4 and PV_N forced to 128, as a side.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s58
 case "${PART:-r1}" in
