@@ -16,7 +16,10 @@ groups of 0, 1, 17 and all rows, K of one step and of several. Each GPU case run
 exactly).
 """
 
+import gc
+import importlib.util
 import types
+import weakref
 
 import pytest
 import torch
@@ -168,6 +171,20 @@ def test_folded_activation_errors_name_the_problem():
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s[:, :1].contiguous()), (bq, sb), d, layout)
     with pytest.raises(ValueError, match="FP4 weights need UE8M0 scales"):
         gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq, sb.float()), d, layout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its Gluon TensorDescriptor)")
+def test_the_packed_weight_descriptors_keep_no_weight_alive():
+    """The route's weight descriptors (built on the host, no GPU needed) must not outlive their call: a descriptor
+    references its tensor, so a cache of them kept a dropped model's expert weights in memory."""
+    bq = torch.zeros(2, 128, 256, dtype=torch.int8)  # the runtime's int8 storage of packed FP4
+    alive = weakref.ref(bq)
+    for steps in (1, 2):
+        desc = gemm._packed_fp4_desc(bq, steps)
+        assert desc.block_shape == ([128, 64] if steps == 1 else [steps, 128, 64])
+    del bq, desc
+    gc.collect()
+    assert alive() is None, "the packed weights are still referenced after the call"
 
 
 def test_folded_on_the_cpu_is_the_reference():
