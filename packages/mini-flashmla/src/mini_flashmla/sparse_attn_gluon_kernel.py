@@ -130,11 +130,8 @@ BLOCK_N: gl.constexpr = gl.constexpr(64)  # slots per block: the reference's onl
 HEADS: gl.constexpr = gl.constexpr(64)  # heads per CTA: the wgmma M side
 D: gl.constexpr = gl.constexpr(512)
 TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair's two blocks, or one being filled
-# Two producer warpgroups (session 58): the paged path is producer-bound. A 16-warp launch caps every instruction at
-# 128 registers, so the PV runs as m64n128 MMAs (O_WG's instruction shape; m64n256 needs ~154), and a chunk has twice
-# the rows (each thread converts the words it did with 4 warps), so LOOKAHEAD 1 keeps the staging ring's 20 KB.
-PRODUCER_WARPS: gl.constexpr = gl.constexpr(8)
-PRODUCER_REGS: gl.constexpr = gl.constexpr(96 if PRODUCER_WARPS == 4 else 56)
+PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
+PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -150,15 +147,14 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
 # the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
 # the columns fastest, 2x (session 23 run 1).
-WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])  # [16, 128] int32
+WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
 # [8, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [PRODUCER_WARPS // 4, 4, 1], [0, 1, 2])
-COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])  # [32, 64] int32
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [PRODUCER_WARPS // 4, 4, 1], [0, 1, 2])
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 # a chunk's scale words, [8 or 16 rows, 16]: a thread's group (window) or pair of groups (compressed) per row
-SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PRODUCER_WARPS // 4, 4], [0, 1])
-# chunks whose copies are in flight while one is converted
-LOOKAHEAD: gl.constexpr = gl.constexpr(3 if PRODUCER_WARPS == 4 else 1)
+SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
+LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
 STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
 STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 # A chunk's values in 16-byte units swizzled by row (unit ^= row % 8): the 8 rows a warp reads at one place are
@@ -170,13 +166,11 @@ STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, 
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
 # Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
 # them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
-CONSUMER_REGS: gl.constexpr = gl.constexpr(208 if PRODUCER_WARPS == 4 else 200)
+CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-# The PV's instruction shape: m64n256 with 4 producer warps, m64n128 under the 16-warp launch's register cap
-PV_N: gl.constexpr = gl.constexpr(256 if PRODUCER_WARPS == 4 else 128)
-O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PV_N, 16])
+O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
@@ -209,7 +203,7 @@ def _staged_rows(ids_slot, num_rows, layout: gl.constexpr):
 @gluon.constexpr_function
 def _chunk_rows(FORMAT):
     """Rows of a quantized block's chunk: 32 B of values per thread and row (8 words over the producer's threads)."""
-    return (8 if FORMAT == FP8_WINDOW else 16) * (PRODUCER_WARPS // 4)
+    return 8 if FORMAT == FP8_WINDOW else 16
 
 
 @gluon.constexpr_function
@@ -399,20 +393,12 @@ def _pv(p_smem, tile_half, acc):
 
 
 @gluon.jit
-def _slot_bias(ids_slot, num_rows):
-    """0 on a block's filled slots, -inf on its empty ones (-1, or an id outside the cache), per slot: computed while
-    the block's QK^T runs, so that the softmax applies the mask and the scale in one FFMA per score."""
+def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
-    valid = (ids >= 0) & (ids < num_rows)
-    return gl.where(valid, 0.0, float("-inf"))
-
-
-@gluon.jit
-def _own_softmax(s, bias, qk_scale_log2, m_run, l_own):
-    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; bias: _slot_bias) -> (running
-    max, alpha, P in fp32, row sum of the owner's blocks). s x scale + 0 rounds as s x scale alone: the same bits as a
-    multiply and a select."""
-    s = gl.fma(s, qk_scale_log2, bias[None, :])
+    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
     m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
     p = gl.exp2(s - m_new[:, None])
@@ -453,10 +439,8 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     on columns 0-255, release -> (running max, row sum, accumulator)."""
     mbarrier.wait(full_bar, phase)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-    s_token = _qk(q, tile, zero_s)
-    bias = _slot_bias(ids_slot, num_rows)
-    s = warpgroup_mma_wait(0, deps=[s_token])
-    m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
+    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
@@ -516,10 +500,11 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             mbarrier.wait(full.index(1), phase)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            bias = _slot_bias(ids_smem.index((blk_a + 1) % IDS_SLOTS), gl.where(blk_a + 1 < a_blocks, a_rows, b_rows))
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             mbarrier.arrive(empty.index(0), count=1)
-            m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
@@ -583,10 +568,10 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
         stage_scales = (tiles, tiles)
     else:
         gl.static_assert(LOOKAHEAD % 2 == 1 and STAGES % 2 == 0)  # chunk c and c + LOOKAHEAD of opposite parity
-        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 64], STAGE_FLAT),
-                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 64], STAGE_FLAT))
-        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 16], STAGE_FLAT),
-                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 4 * PRODUCER_WARPS, 16], STAGE_FLAT))
+        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT),
+                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT))
+        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT),
+                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
