@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 58's prepared GPU runs (no machine ran them in session 58: docs/reports/flashmla-gluon.md, "Session 58");
-# files under $OUT, packed by pack_out. First `git revert abcee20` (restores the prepared changes: the tree's sources
-# are eb51631's), then build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src runtime/src`.
-#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's prepared
-#       fixes (the FP8-MMA route's packed-weight descriptors built per call, DecodeGraphs capturing with the cyclic
-#       collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, two producer
+# files under $OUT, packed by pack_out. First `git revert f7ae022` (restores the prepared changes of fb3753c: the
+# tree's sources are then eb51631's), then build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src
+# runtime/src`.
+#   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's fixes
+#       (the FP8-MMA route's packed-weight descriptors built per call, on main since 2946c1b; DecodeGraphs capturing
+#       with the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, two producer
 #       warpgroups; .ab-alt.tar.gz = 07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the
 #       tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU
 #       tests
