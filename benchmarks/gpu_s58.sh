@@ -5,10 +5,10 @@
 # runtime/src`.
 #   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's fixes
 #       (the FP8-MMA route's packed-weight descriptors built per call, on main since 2946c1b; DecodeGraphs capturing
-#       with the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the QK^T, two producer
-#       warpgroups; .ab-alt.tar.gz = 07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the
-#       tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU
-#       tests
+#       with the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the
+#       QK^T, two producer warpgroups; .ab-alt.tar.gz = 07c611f, without the fixes): test_gemm_fp4_e4m3.py,
+#       test_cuda_decode.py on the tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU
+#       suite, the runtime's core GPU tests
 #   PART=r2 (tree as run 1; .ab-mid.tar.gz = 25047da, the mask change alone; .ab-base.tar.gz = 178ad86, neither
 #       attention change; on an H200 .ab-alt.tar.gz = 13c3ba6, before session 56's attention changes): the outputs'
 #       hash on each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla and
