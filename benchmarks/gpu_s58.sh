@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Session 58's prepared GPU runs (no machine ran them in session 58: docs/reports/flashmla-gluon.md, "Session 58");
-# files under $OUT, packed by pack_out. First `git revert f7ae022` (restores the prepared changes of fb3753c: the
-# tree's sources are then eb51631's), then build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src
-# runtime/src`.
+# files under $OUT, packed by pack_out. First `git revert b113206`: the tree is then 3a11c5b's, variant B (below);
+# build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src runtime/src`.
 #   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's fixes
 #       (the FP8-MMA route's packed-weight descriptors built per call, on main since 2946c1b; DecodeGraphs capturing
 #       with the cyclic collector off), the attention's empty-slot mask applied by one FFMA computed under the
-#       QK^T, two producer warpgroups; .ab-alt.tar.gz = 07c611f, without the fixes): test_gemm_fp4_e4m3.py,
-#       test_cuda_decode.py on the tree and on 07c611f (its new capture test should fail there), mini-flashmla's GPU
-#       suite, the runtime's core GPU tests
-#   PART=r2 (tree as run 1; .ab-mid.tar.gz = 25047da, the mask change alone; .ab-base.tar.gz = 178ad86, neither
-#       attention change; on an H200 .ab-alt.tar.gz = 13c3ba6, before session 56's attention changes): the outputs'
-#       hash on each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla and
-#       bench_prefill. The PV split's control: the tree with PRODUCER_WARPS 4 and PV_N forced to 128, as a side.
+#       QK^T, and two producer warpgroups, variant B (each thread half the words of a chunk); .ab-alt.tar.gz =
+#       07c611f, without the fixes): test_gemm_fp4_e4m3.py, test_cuda_decode.py on the tree and on 07c611f (its new
+#       capture test should fail there), mini-flashmla's GPU suite, the runtime's core GPU tests
+#   PART=r2 (tree as run 1; .ab-alt.tar.gz = fb3753c, variant A: chunks of twice the rows, one in flight;
+#       .ab-mid.tar.gz = 25047da, the mask change alone; .ab-base.tar.gz = 178ad86, neither attention change): the
+#       outputs' hash on each side, bench_flashmla's prefill part twice per side in alternation, bench_flashmla
+#       (prefill and decode) and bench_prefill. If A wins, its GPU suite runs next (its tree's sources with the tree's
+#       tests, deselecting test_the_gluon_producers_layouts_cover_a_chunk_once, which reads B's constants). The PV
+#       split's control: either tree with PRODUCER_WARPS 4 and PV_N forced to 128, as a side.
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s58
 case "${PART:-r1}" in
@@ -28,21 +29,19 @@ r1)
   grep -h "^FAILED\|^ERROR" "$OUT"/*.txt | cut -c1-200
   ;;
 r2)
-  for side in new mid base; do
+  for side in new alt mid base; do
     run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
   done
   for i in 1 2; do
-    for side in base mid new; do
-      fits 35 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
+    for side in base mid alt new; do
+      fits 30 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
         BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
     done
   done
-  sides="new mid base"
-  grep -q H200 "$OUT/env.txt" && sides="new mid base alt"
-  fits 250 && flashmla_sides 90 $sides
+  fits 200 && flashmla_sides 90 new alt base
   fits 100 && prefill_sides 95 new base
   cat "$OUT/summary.txt"; grep -h "sha256" "$OUT"/hash_*.txt
-  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides $sides
+  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-140; show_sides new alt base
   ;;
 esac
 pack_out
