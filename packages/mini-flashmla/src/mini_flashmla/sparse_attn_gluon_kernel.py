@@ -1,6 +1,6 @@
 """Gluon kernel of sparse MLA attention (prefill, and decode split over slots): bf16 rows, or the paged quantized
-cache (FP8 window rows, FP4 compressed rows). Warp-specialized: a producer warpgroup gathers (and dequantizes)
-64-slot blocks into a 2-deep ring of bf16 tiles while two consumer warpgroups run the block's MMAs and softmax.
+cache (FP8 window rows, FP4 compressed rows). Warp-specialized: producer warps (one or two warpgroups) gather (and
+dequantize) 64-slot blocks into a 2-deep ring of bf16 tiles while two consumer warpgroups run the MMAs and softmax.
 
 Why: the Triton kernel (sparse_attn_kernel.py) spends ~5.5 us (bf16 rows) to ~11 us (quantized rows) per 64-slot
 block against ~1 us of tensor-core work (docs/reports/flashmla-sparse-attention.md): it lays the 64 x 64 QK^T MMA out
@@ -148,9 +148,9 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # its values by a broadcast in registers; the 2-D loads reshape to these without data movement. A warp spans 8 rows
 # and 4 threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte access is served 8 lanes at a time,
 # and those 8 lanes, at one place in 8 consecutive rows, write the 8 units of one 128-byte line of the tile's 128 B
-# swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
-# the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
-# the columns fastest, 2x (session 23 run 1).
+# swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer: conflict-free. Nsight
+# Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x the ideal store wavefronts (session 17: 69% of
+# the kernel's shared-store wavefronts were conflicts); [8, 4] with the columns fastest, 2x (session 23 run 1).
 WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8 // HALVES], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
 # [8, 16 x HALVES, 8 / HALVES] window words (a thread's group, or half of it) and [16, 32, 2] compressed words (2 per
 # scale group)
@@ -171,8 +171,8 @@ STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, 
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
-# Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
-# them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
+# Registers: every thread of the 8 + PRODUCER_WARPS warps starts with MAXNREG (64K per SM, a multiple of 8); the
+# partitions then trade them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 32 x PRODUCER_WARPS x PRODUCER_REGS = 65,536.
 CONSUMER_REGS: gl.constexpr = gl.constexpr(208 if PRODUCER_WARPS == 4 else 200)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
@@ -643,9 +643,9 @@ def sparse_mla_fwd_gluon_kernel(
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr,
 ):
-    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps
-    come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
-    split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
+    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the PRODUCER_WARPS producer
+    warps come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them
+    per split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
     h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
     normalised by its own row sum (fp32, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
     part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to)."""
