@@ -288,10 +288,9 @@ def test_the_gluon_producers_ptx_decodes_every_code():
 
 def test_the_gluon_producers_layouts_cover_a_chunk_once():
     """Each thread of the Gluon kernel's quantized producer copies exactly the words it converts, in one layout per
-    format (_chunk_words), its scale words (_chunk_scales) and the groups view of its words: every layout must tile a
-    chunk with no element held twice (a layout wider than the chunk replicates it: a window row of 128 words spans 4
-    warps of 8 words a thread, and 8 warps of 8 would convert every word twice), and both formats' chunks fill one
-    staging size."""
+    format (_chunk_words), its scale words (SCALE_WORDS) and the groups view of its words: every layout must tile a
+    chunk with no element held twice (a layout wider than the chunk replicates it: a window row of 128 words spans
+    4 warps laid along it, and 8 would convert every word twice), and both formats' chunks fill one staging size."""
     k = pytest.importorskip("mini_flashmla.sparse_attn_gluon_kernel")
 
     def assert_tiles_once(layout, shape, what):
@@ -302,16 +301,14 @@ def test_the_gluon_producers_layouts_cover_a_chunk_once():
             assert extent % span == 0, f"{what}: dim {dim} of {shape} spans {span}: values held twice"
 
     chunk_words = set()
-    halves = int(k.HALVES)
-    for name, fmt, groups, group_shape in (("window", k.FP8_WINDOW, k.WINDOW_GROUPS, (16 * halves, 8 // halves)),
+    for name, fmt, groups, group_shape in (("window", k.FP8_WINDOW, k.WINDOW_GROUPS, (16, 8)),
                                             ("compressed", k.FP4_COMPRESSED, k.COMPRESSED_GROUPS, (32, 2))):
         rows = int(k._chunk_rows.fn(fmt))
         words, layout = k._chunk_words.fn(fmt)
         assert words == math.prod(group_shape)
         assert_tiles_once(layout, (rows, words), f"{name} words")
         assert_tiles_once(groups, (rows, *group_shape), f"{name} groups")
-        scale_words, scale_layout = k._chunk_scales.fn(fmt)
-        assert_tiles_once(scale_layout, (rows, scale_words), f"{name} scales")
+        assert_tiles_once(k.SCALE_WORDS, (rows, 16), f"{name} scales")
         chunks = int(k.BLOCK_N) // rows
         assert chunks % int(k.STAGES) == 0 and chunks >= int(k.LOOKAHEAD), f"{name}: {chunks} chunks a block"
         chunk_words.add(rows * words)

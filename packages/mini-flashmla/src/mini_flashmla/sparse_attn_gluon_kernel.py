@@ -1,6 +1,6 @@
 """Gluon kernel of sparse MLA attention (prefill, and decode split over slots): bf16 rows, or the paged quantized
-cache (FP8 window rows, FP4 compressed rows). Warp-specialized: producer warps (one or two warpgroups) gather (and
-dequantize) 64-slot blocks into a 2-deep ring of bf16 tiles while two consumer warpgroups run the MMAs and softmax.
+cache (FP8 window rows, FP4 compressed rows). Warp-specialized: a producer warpgroup gathers (and dequantizes)
+64-slot blocks into a 2-deep ring of bf16 tiles while two consumer warpgroups run the block's MMAs and softmax.
 
 Why: the Triton kernel (sparse_attn_kernel.py) spends ~5.5 us (bf16 rows) to ~11 us (quantized rows) per 64-slot
 block against ~1 us of tensor-core work (docs/reports/flashmla-sparse-attention.md): it lays the 64 x 64 QK^T MMA out
@@ -130,37 +130,30 @@ BLOCK_N: gl.constexpr = gl.constexpr(64)  # slots per block: the reference's onl
 HEADS: gl.constexpr = gl.constexpr(64)  # heads per CTA: the wgmma M side
 D: gl.constexpr = gl.constexpr(512)
 TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair's two blocks, or one being filled
-# Two producer warpgroups (session 58): the paged path is producer-bound. A 16-warp launch caps every instruction at
-# 128 registers, so the PV runs as m64n128 MMAs (O_WG's instruction shape; m64n256 needs ~154); a chunk keeps its
-# rows and each thread converts half the words it did with 4 warps (HALVES: a window thread half a scale group).
-PRODUCER_WARPS: gl.constexpr = gl.constexpr(8)
-HALVES: gl.constexpr = gl.constexpr(PRODUCER_WARPS // 4)  # 1 or 2: the share of a chunk's words a thread takes
-PRODUCER_REGS: gl.constexpr = gl.constexpr(96 if PRODUCER_WARPS == 4 else 56)
+PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
+PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 # Producer layouts (PRODUCER_WARPS warps). bf16 rows: cp.async, 16 B per copy.
 BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1], [1, 0])  # [64, 512] bf16 rows
-# Quantized rows, a chunk (_chunk_rows: 8 window or 16 compressed rows) at a time, as int32 words in these layouts
-# (with 4 producer warps; with 8 a thread holds half as many): a thread holds whole scale groups (window: 8 words =
-# 32 values, compressed: 2 words = 16 values; with 8 warps a window thread holds half a group), so a scale multiplies
-# its values by a broadcast in registers; the 2-D loads reshape to these without data movement. A warp spans 8 rows
-# and 4 threads along a row, rows fastest across lanes (order [0, 1]): a 16-byte access is served 8 lanes at a time,
-# and those 8 lanes, at one place in 8 consecutive rows, write the 8 units of one 128-byte line of the tile's 128 B
-# swizzle (unit ^= row % 8) and read 8 different units of the swizzled staging buffer: conflict-free. Nsight
-# Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x the ideal store wavefronts (session 17: 69% of
-# the kernel's shared-store wavefronts were conflicts); [8, 4] with the columns fastest, 2x (session 23 run 1).
-WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8 // HALVES], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
-# [8, 16 x HALVES, 8 / HALVES] window words (a thread's group, or half of it) and [16, 32, 2] compressed words (2 per
-# scale group)
-WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8 // HALVES], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [HALVES, 4], [0, 1])  # [16, 64] int32
-COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [HALVES, 4, 1], [0, 1, 2])
-# a chunk's scale words, a thread's per row, copied for each thread that uses one: window [8, 16 x HALVES] (its group,
-# or its half of one), compressed [16, 16] (its pair of groups)
-WINDOW_SCALES: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
-COMPRESSED_SCALES: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [HALVES, 4], [0, 1])
+# Quantized rows, a chunk (_chunk_rows: 8 window or 16 compressed rows, 32 B of values per thread and row) at a
+# time, as int32 words in these layouts: a thread holds whole scale groups (window: 8 words = 32 values, compressed:
+# 2 words = 16 values), so a scale multiplies its group by a broadcast in registers; the 2-D loads reshape to these
+# without data movement. A warp spans 8 rows and 4 threads along a row, rows fastest across lanes (order [0, 1]): a
+# 16-byte access is served 8 lanes at a time, and those 8 lanes, at one place in 8 consecutive rows, write the 8
+# units of one 128-byte line of the tile's 128 B swizzle (unit ^= row % 8) and read 8 different units of the
+# swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
+# the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
+# the columns fastest, 2x (session 23 run 1).
+WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
+# [8, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
+WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
+COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
+# a chunk's scale words, [8 or 16 rows, 16]: a thread's group (window) or pair of groups (compressed) per row
+SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
 LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
 STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
 STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -171,15 +164,13 @@ STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, 
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
-# Registers: every thread of the 8 + PRODUCER_WARPS warps starts with MAXNREG (64K per SM, a multiple of 8); the
-# partitions then trade them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 32 x PRODUCER_WARPS x PRODUCER_REGS = 65,536.
-CONSUMER_REGS: gl.constexpr = gl.constexpr(208 if PRODUCER_WARPS == 4 else 200)
+# Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
+# them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
+CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-# The PV's instruction shape: m64n256 with 4 producer warps, m64n128 under the 16-warp launch's register cap
-PV_N: gl.constexpr = gl.constexpr(256 if PRODUCER_WARPS == 4 else 128)
-O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PV_N, 16])
+O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
@@ -211,7 +202,7 @@ def _staged_rows(ids_slot, num_rows, layout: gl.constexpr):
 
 @gluon.constexpr_function
 def _chunk_rows(FORMAT):
-    """Rows of a quantized block's chunk: 4 KB of values, one staging buffer."""
+    """Rows of a quantized block's chunk: 32 B of values per thread and row (8 words over the producer's threads)."""
     return 8 if FORMAT == FP8_WINDOW else 16
 
 
@@ -221,21 +212,14 @@ def _chunk_words(FORMAT):
     return (128, WINDOW_WORDS) if FORMAT == FP8_WINDOW else (64, COMPRESSED_WORDS)
 
 
-@gluon.constexpr_function
-def _chunk_scales(FORMAT):
-    """A chunk's scale words per row (a thread's copy each), and their register layout."""
-    return (16 * HALVES, WINDOW_SCALES) if FORMAT == FP8_WINDOW else (16, COMPRESSED_SCALES)
-
-
 @gluon.jit
 def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
     """Staging buffer k (a compile-time index: buffer k // 2 of the even or odd allocation, _ring_buffers) as one
-    chunk: values [R, words per row] and scales [R, scale words per row], int32."""
+    chunk: values [R, words per row] and scales [R, 16], int32."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
-    SCALES: gl.constexpr = _chunk_scales(FORMAT)[0]
     return (stage_words[k % 2].index(k // 2)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
-            stage_scales[k % 2].index(k // 2)._reinterpret(gl.int32, [R, SCALES], STAGE_SCALES_SHARED))
+            stage_scales[k % 2].index(k // 2)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
 
 
 @gluon.jit
@@ -254,9 +238,9 @@ def _chunk_cache_rows(ids, num_rows, live):
 @gluon.jit
 def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexpr):
     """cp.async of one chunk of a quantized block (`rows`: _chunk_cache_rows) into staging buffer k, as int32 words,
-    each thread copying what it converts later (its values, a scale word per row); one commit group. A thread's
-    scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1 copy zeros
-    (finite; their score is -inf)."""
+    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
+    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1
+    copy zeros (finite; their score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
@@ -265,10 +249,8 @@ def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexp
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
     async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
                                            mask=(rows >= 0)[:, None])
-    SCALES: gl.constexpr = _chunk_scales(FORMAT)
-    rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALES[1]), assert_trivial=True)
-    # a scale word holds 4 window groups (4 x HALVES thread copies) or 2 pairs of compressed groups
-    col = VALUES + gl.arange(0, SCALES[0], gl.SliceLayout(0, SCALES[1])) // (4 * HALVES if FORMAT == FP8_WINDOW else 2)
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
+    col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
     async_copy.async_copy_global_to_shared(scales, kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :],
                                            mask=(rows >= 0)[:, None])
     async_copy.commit_group()
@@ -294,12 +276,11 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
     to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
     significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
-    SCALES: gl.constexpr = _chunk_scales(FORMAT)
-    part = gl.arange(0, SCALES[0], gl.SliceLayout(0, SCALES[1]))  # the thread's group or half (window) or pair
+    part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
-        e = (scales >> (part // HALVES % 4 * 8)[None, :]) & 0xFF
+        e = (scales >> (part % 4 * 8)[None, :]) & 0xFF
         pair = gl.convert_layout((e << 7) * 0x10001, gl.SliceLayout(2, WINDOW_GROUPS), assert_trivial=True)
-        w = gl.convert_layout(gl.reshape(words, [R, 16 * HALVES, 8 // HALVES]), WINDOW_GROUPS, assert_trivial=True)
+        w = gl.convert_layout(gl.reshape(words, [R, 16, 8]), WINDOW_GROUPS, assert_trivial=True)
         pair, w = gl.broadcast(pair[:, :, None], w)  # UE8M0 -> 2^(e-127): bf16's exponent field, in both halves
         lo, hi = gl.inline_asm_elementwise(_FP8_WORD_PTX, "=r,=r,r,r", [w, pair], dtype=(gl.int32, gl.int32),
                                            is_pure=True, pack=1)
@@ -348,7 +329,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
             staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             words = staged_words.load(_chunk_words(FORMAT)[1])
-            scales = staged_scales.load(_chunk_scales(FORMAT)[1])
+            scales = staged_scales.load(SCALE_WORDS)
             _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
@@ -412,20 +393,12 @@ def _pv(p_smem, tile_half, acc):
 
 
 @gluon.jit
-def _slot_bias(ids_slot, num_rows):
-    """0 on a block's filled slots, -inf on its empty ones (-1, or an id outside the cache), per slot: computed while
-    the block's QK^T runs, so that the softmax applies the mask and the scale in one FFMA per score."""
+def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
-    valid = (ids >= 0) & (ids < num_rows)
-    return gl.where(valid, 0.0, float("-inf"))
-
-
-@gluon.jit
-def _own_softmax(s, bias, qk_scale_log2, m_run, l_own):
-    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; bias: _slot_bias) -> (running
-    max, alpha, P in fp32, row sum of the owner's blocks). s x scale + 0 rounds as s x scale alone: the same bits as a
-    multiply and a select."""
-    s = gl.fma(s, qk_scale_log2, bias[None, :])
+    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
     m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
     p = gl.exp2(s - m_new[:, None])
@@ -466,10 +439,8 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     on columns 0-255, release -> (running max, row sum, accumulator)."""
     mbarrier.wait(full_bar, phase)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-    s_token = _qk(q, tile, zero_s)
-    bias = _slot_bias(ids_slot, num_rows)
-    s = warpgroup_mma_wait(0, deps=[s_token])
-    m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
+    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
@@ -529,10 +500,11 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             mbarrier.wait(full.index(1), phase)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            bias = _slot_bias(ids_smem.index((blk_a + 1) % IDS_SLOTS), gl.where(blk_a + 1 < a_blocks, a_rows, b_rows))
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             mbarrier.arrive(empty.index(0), count=1)
-            m_run, alpha, p, l_own = _own_softmax(s, bias, qk_scale_log2, m_run, l_own)
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
@@ -643,9 +615,9 @@ def sparse_mla_fwd_gluon_kernel(
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr,
 ):
-    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the PRODUCER_WARPS producer
-    warps come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them
-    per split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
+    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps
+    come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
+    split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
     h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
     normalised by its own row sum (fp32, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
     part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to)."""
