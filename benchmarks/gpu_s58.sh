@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 58's prepared GPU runs (no machine ran them in session 58: docs/reports/flashmla-gluon.md, "Session 58");
-# files under $OUT, packed by pack_out. First `git revert b113206`: the tree is then 3a11c5b's, variant B (below);
+# files under $OUT, packed by pack_out. First `git revert 5ab3cdd`: the tree is then c3ddb9d's, variant B (below);
 # build the sides with `git archive -o .ab-NAME.tar.gz REV packages/*/src runtime/src`.
 #   source .devdeps/env.sh && DEADLINE=560 PART=r1 bash benchmarks/gpu_s58.sh   (1 GPU; tree = session 57's fixes
 #       (the FP8-MMA route's packed-weight descriptors built per call, on main since 2946c1b; DecodeGraphs capturing
