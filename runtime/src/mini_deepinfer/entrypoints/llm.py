@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -19,10 +20,13 @@ from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.checkpoint import CONFIG_FILE, TOKENIZER_FILE
 from mini_deepinfer.worker.model_runner import CacheType, check_weights_fit
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 CPU_DEFAULT_KV_GB = 1.0  # there is no "free device memory" to take a fraction of on CPU
 
 
-def load_tokenizer(folder: Path):
+def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The checkpoint's `tokenizers.Tokenizer`, or None when the folder has no tokenizer.json (the `tokenizers`
     package is imported only then, so a checkpoint without a tokenizer does not need it)."""
     path = folder / TOKENIZER_FILE

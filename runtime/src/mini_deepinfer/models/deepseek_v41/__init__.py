@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from mini_deepinfer.models.deepseek_v41.checkpoint import TOKENIZER_FILE, load_checkpoint, resolve_checkpoint
 from mini_deepinfer.models.deepseek_v41.config import V41Config
 from mini_deepinfer.models.deepseek_v41.engram import compressed_token_map
+
+if TYPE_CHECKING:
+    from mini_deepinfer.models.deepseek_v41.model import V41Model
+    from mini_deepinfer.models.deepseek_v41.reference import ReferenceV41
 
 
 def load_token_map(folder: Path, config: V41Config) -> torch.Tensor:
@@ -29,7 +34,9 @@ def _load(model_cls: type, name_or_path: str | Path, device: str | torch.device,
     return model_cls(config, weights, device, token_map=load_token_map(folder, config))
 
 
-def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
+def load_model(
+    name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None
+) -> V41Model:
     """Resolve, validate and load a checkpoint into the engine's V41Model (weights kept in their stored formats).
 
     config_overrides: dataclass fields to replace after loading (e.g. {"index_k_reference_quirk": False}).
@@ -39,7 +46,9 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", con
     return _load(V41Model, name_or_path, device, config_overrides)
 
 
-def load_reference(name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None):
+def load_reference(
+    name_or_path: str | Path, device: str | torch.device = "cpu", config_overrides: dict | None = None
+) -> ReferenceV41:
     """The same checkpoint in the sequential reference model (the oracle)."""
     from mini_deepinfer.models.deepseek_v41.reference import ReferenceV41
 
