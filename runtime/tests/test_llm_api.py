@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -183,3 +186,20 @@ def test_default_device_and_cpu_budget():
     llm = LLM(FakePagedModel(CFG), cache_cls=FakePagedCache, max_model_len=256, max_num_seqs=2,
               device=None if not torch.cuda.is_available() else "cpu")
     assert llm.engine.device.type == "cpu" and llm.engine.cache_plan.num_blocks == 2 * 2 + 1
+
+
+def test_a_dropped_llm_frees_its_engine_and_weights_without_the_cycle_collector():
+    """Promise 2 for the whole engine: dropping the LLM releases the engine, the model and its weights at once, by
+    reference counting. A reference cycle through them would keep a model's weights (gigabytes on a GPU) alive until
+    the cyclic collector ran, at a moment nobody chose (inside a CUDA-graph capture, session 57's capture errors)."""
+    llm = LLM("tiny", max_model_len=64, max_num_seqs=2, kv_cache_memory_gb=0.01, device="cpu")
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    model = llm.engine.runner.model
+    held = [weakref.ref(x) for x in (llm.engine, llm.engine.runner, model, next(iter(model.w.values())))]
+    del model
+    gc.disable()
+    try:
+        del llm
+        assert [r() is None for r in held] == [True] * len(held), "a reference cycle keeps the engine alive"
+    finally:
+        gc.enable()
