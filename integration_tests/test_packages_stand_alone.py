@@ -61,7 +61,8 @@ import mini_deepgemm as dg
 g = torch.Generator().manual_seed(0)
 a, b = torch.randn(48, 256, generator=g), torch.randn(160, 256, generator=g)
 d = torch.empty(48, 160, dtype=torch.bfloat16)
-dg.fp8_gemm_nt(dg.per_token_group_quant_fp8(a, 32, "ue8m0"), dg.weight_quant_fp8(b, 32, "ue8m0"), d, recipe=dg.V41_RECIPE)
+a_q, b_q = dg.per_token_group_quant_fp8(a, 32, "ue8m0"), dg.weight_quant_fp8(b, 32, "ue8m0")
+dg.fp8_gemm_nt(a_q, b_q, d, recipe=dg.V41_RECIPE)
 diff = dg.calc_diff(d.float(), a @ b.T)
 assert diff < 1e-3, diff
 """),
