@@ -22,22 +22,15 @@ r1)
   run cuda_decode_new 90 $PYTEST -n 4 runtime/tests/test_cuda_decode.py --junitxml="$OUT/junit_cuda_decode_new.xml"
   run cuda_decode_alt 60 env PYTHONPATH="$(side_path alt)" $PYTEST runtime/tests/test_cuda_decode.py \
     -k "dead_engines_graphs"
-  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  flashmla_tests 150
   fits 100 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests cuda_decode_new cuda_decode_alt flashmla_tests runtime_tests
   grep -h "^FAILED\|^ERROR" "$OUT"/*.txt | cut -c1-200
   ;;
 r2)
-  for side in new alt mid base; do
-    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
-  done
-  for i in 1 2; do
-    for side in base mid alt new; do
-      fits 30 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
-        BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-    done
-  done
+  hash_sides new alt mid base
+  prefill_part_rounds 2 base mid alt new
   fits 200 && flashmla_sides 90 new alt base
   fits 100 && prefill_sides 95 new base
   cat "$OUT/summary.txt"; grep -h "sha256" "$OUT"/hash_*.txt

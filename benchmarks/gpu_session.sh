@@ -1,10 +1,10 @@
-# Shared set-up of the GPU session scripts (gpu_suite.sh, gpu_prefill_round.sh, gpu_final_check.sh); sourced, with
-# the default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the
-# path, the environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at
-# the limit so pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`,
-# `fits`, `fp4_e4m3_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`, `tree_checks`, the
-# A/B helpers (`side_path`, `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`),
-# `ncu_profile CASE...` and `pack_out`.
+# Shared set-up of the GPU session scripts (gpu_suite.sh, gpu_prefill_round.sh, gpu_final_check.sh); sourced, with the
+# default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the path, the
+# environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at the limit so
+# pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`, `fits`,
+# `fp4_e4m3_tests`, `flashmla_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`,
+# `tree_checks`, the A/B helpers (`side_path`, `hash_sides`, `flashmla_sides`, `prefill_sides`, `script_sides`,
+# `route_sides`, `show_sides`, `prefill_part_rounds`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -81,6 +81,10 @@ v41_tests() {
 fp4_e4m3_tests() {
   run fp4_e4m3_tests "$1" $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py \
     --junitxml="$OUT/junit_fp4_e4m3.xml"
+}
+# flashmla_tests SECS: mini-flashmla's GPU suite (-n 8, output $OUT/flashmla_tests.txt, junit in $OUT)
+flashmla_tests() {
+  run flashmla_tests "$1" $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
 }
 # test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt, for the call's output
 test_summary() {
@@ -178,6 +182,25 @@ script_sides() {
 route_sides() {
   local secs=$1; shift
   script_sides "$secs" bench_fp4_e4m3_route.py route "$@"
+}
+# hash_sides SIDE...: attn_output_hash.py (one SHA-256 over the attention's outputs) on each side, into
+# $OUT/hash_SIDE.txt: a kernel change that keeps every bit gives every side the same line
+hash_sides() {
+  local side
+  for side in "$@"; do
+    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
+  done
+}
+# prefill_part_rounds ROUNDS SIDE...: bench_flashmla's prefill part ROUNDS times on every side, the sides in turn within
+# a round (so that a drift of the card's clocks falls on all of them), into $OUT/prefill_part_SIDE_ROUND.txt
+prefill_part_rounds() {
+  local rounds=$1 i side; shift
+  for i in $(seq "$rounds"); do
+    for side in "$@"; do
+      fits 30 && run "prefill_part_${side}_$i" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=prefill \
+        BENCH_JSON="flashmla_${side}_$i.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+    done
+  done
 }
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
 show_sides() {
