@@ -20,6 +20,7 @@ import os
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
+from mini_deepgemm.testing import finite_e4m3_codes
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -224,7 +225,7 @@ def test_gluon_window_reads_every_e4m3_code(gluon_device):
     dequantization bit for bit (P = 1, no sink). A row holding the NaN code (what pack_window_fp8 writes for a NaN
     input) must not read as finite data: its query's output is NaN or, as for a row of no valid slot, zero."""
     g = torch.Generator().manual_seed(55)
-    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # 254 codes
+    finite = finite_e4m3_codes()  # 254 codes
     rows = 64
     codes = torch.stack([finite[torch.randperm(254, generator=g)].repeat(3)[:512] for _ in range(rows)])
     exponents = torch.tensor([1, 2, 7, 60, 100, 119, 120, 121, 125, 127, 130, 134, 135, 140], dtype=torch.uint8)
@@ -249,7 +250,7 @@ def test_gluon_compressed_reads_every_e2m1_pair(gluon_device):
     g = torch.Generator().manual_seed(56)
     rows = 64
     codes = torch.stack([torch.randperm(256, generator=g) for _ in range(rows)]).to(torch.uint8)
-    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    finite = finite_e4m3_codes()
     scales = finite[torch.randint(0, len(finite), (rows, 32), generator=g)]
     cc = torch.cat([codes, scales], dim=1).to(gluon_device)
     q = (torch.randn(rows, 64, 512, generator=g) * 1e-3).bfloat16().to(gluon_device)
