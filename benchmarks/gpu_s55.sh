@@ -17,10 +17,8 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s55
 case "${PART:-r1}" in
 r1)
-  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
-  for side in new base; do
-    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
-  done
+  flashmla_tests 150
+  hash_sides new base
   fits 240 && flashmla_sides 110 new base
   fits 100 && run exp_alu 60 bash -c "cd benchmarks && OUT=$OUT python3 exp_alu_rates.py"
   fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \

@@ -33,10 +33,8 @@ r1)
   [ -f "$OUT/contig_new.txt" ] && grep -hE "^\|" "$OUT/contig_new.txt"
   ;;
 r2)  # DEADLINE=570
-  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
-  for side in new mid base; do
-    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
-  done
+  flashmla_tests 150
+  hash_sides new mid base
   fits 250 && flashmla_sides 100 new mid base
   fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"

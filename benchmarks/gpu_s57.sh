@@ -36,10 +36,8 @@ r1)
   grep -h "^FAILED\|^ERROR" "$OUT"/*rest*.txt | cut -c1-200
   ;;
 r2)  # DEADLINE=570
-  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
-  for side in new mid base; do
-    run "hash_$side" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/attn_output_hash.py
-  done
+  flashmla_tests 150
+  hash_sides new mid base
   fits 250 && flashmla_sides 100 new mid base
   fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
@@ -50,7 +48,7 @@ r2)  # DEADLINE=570
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 r3)  # DEADLINE=560
-  run flashmla_tests 150 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  flashmla_tests 150
   run hash_new 60 python3 benchmarks/attn_output_hash.py
   fits 300 && flashmla_sides 100 new mid base alt
   fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
@@ -61,7 +59,7 @@ r3)  # DEADLINE=560
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
   ;;
 r4)  # DEADLINE: the device time left
-  run flashmla_tests 120 $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
+  flashmla_tests 120
   run hash_new 60 python3 benchmarks/attn_output_hash.py
   fits 230 && flashmla_sides 100 new mid
   for side in mid new; do
