@@ -11,6 +11,8 @@
   tile sizes change at 16 / 32 / 64 rows, the bucket edges). Every slot and block the batch does not own is left
   exactly as it was; a batch whose size is a bucket leaves its own slots and blocks as the eager step does.
 - Through the engine: greedy outputs and logits with graphs equal those with enforce_eager (measured: identical).
+- A capture succeeds when the cyclic collector runs during it while a dead DecodeGraphs with captured graphs sits in
+  a reference cycle (DecodeGraphs collects before capturing and captures with the collector off).
 """
 
 from __future__ import annotations
@@ -155,6 +157,38 @@ def test_graph_decode_matches_eager(model, n):
         if size == n:
             mine = rows_of(name, model, [r + 1 for r in rows], [1 + WIDTH * r + j for r in rows for j in range(WIDTH)])
             assert torch.equal(t[mine.to(t.device)], eager_state[name][mine.to(t.device)]), name
+
+
+def test_a_capture_is_not_where_a_dead_engines_graphs_are_freed(model):
+    """A DecodeGraphs with a captured graph dropped inside a reference cycle (as the engine tests drop their
+    engines), then another capture during which the cyclic collector runs (forced here, at the first forward under
+    capture): the dead graphs must be gone before the capture begins, not reset while a stream captures, which fails
+    the capture (cuda_graphs.py's docstring)."""
+    import gc
+
+    class CollectingWhileCapturing:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def decode_forward(self, *args):
+            if torch.cuda.is_current_stream_capturing():
+                gc.collect()
+            return self.inner.decode_forward(*args)
+
+    collecting = gc.isenabled()
+    gc.disable()  # the dead graphs go only where a collection is asked for
+    try:
+        dead = DecodeGraphs(model, fresh_cache(model), CUDA, WIDTH, batch_sizes=(1,))
+        dead.graphs[1] = dead._capture(1)
+        dead.cycle = dead
+        del dead
+        live = DecodeGraphs(CollectingWhileCapturing(model), fresh_cache(model), CUDA, WIDTH, batch_sizes=(1,))
+        live.graphs[1] = live._capture(1)
+    finally:
+        if collecting:
+            gc.enable()
+    live.graphs[1].graph.replay()
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("prompts,max_seqs,bucket", [(5, 8, 8), (70, 96, 96)])  # 70 rows: the masked MoE past 64

@@ -17,10 +17,17 @@ input buffers computes any decode step of that many rows once the buffers hold t
   logits tensor is the graph's output, overwritten by the next replay of the same size: the sampler reads it first,
   on the same stream.
 - All graphs share one memory pool; they run one at a time on one stream.
+- No garbage collection during a capture: a dead engine in a reference cycle (its graphs with it) freed by the
+  cyclic collector in the middle of another engine's capture resets its graphs there, which a capturing stream does
+  not permit, and the capture fails (`cudaErrorStreamCaptureInvalidated` at the next launch). That is the likely
+  cause of the two capture errors in the runtime's GPU tests (sessions 49 and 57): both in a test that builds an
+  engine per prompt, each engine in a reference cycle, and the failing run printed CUDAGraph reset's "operation not
+  permitted when stream is capturing". So a capture collects first and runs with the collector off.
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +103,13 @@ class DecodeGraphs:
                 self.model.decode_forward(input_ids, tensors, self.cache)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.model.decode_forward(input_ids, tensors, self.cache)
+        gc.collect()  # dead graphs go now, not during the capture (module docstring)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.model.decode_forward(input_ids, tensors, self.cache)
+        finally:
+            if collecting:
+                gc.enable()
         return CapturedDecode(graph, input_ids, tensors, logits)
