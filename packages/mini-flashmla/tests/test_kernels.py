@@ -215,6 +215,42 @@ def test_gluon_paged_window_only_and_sink_extremes(gluon_device, w):
     assert_attn_close(out, lse, *reference.sparse_attn_paged_ref(q, wc, None, wid, None, SCALE, sink))
 
 
+# Blocks: 2 window + 8 compressed (5 pairs); 1 window + 2 compressed (an odd count: the last block alone)
+@pytest.mark.parametrize("w,topk", [(128, 512), (64, 100)])
+def test_gluon_trace_keeps_the_outputs_and_orders_every_partitions_events(gluon_device, w, topk):
+    from mini_flashmla import sparse_attn_gluon_kernel as kernel
+
+    HEADER, PAIR_EVENTS, TRACE_EVENTS, TRACE_ROLES = (c.value for c in (kernel.HEADER, kernel.PAIR_EVENTS,
+                                                                         kernel.TRACE_EVENTS, kernel.TRACE_ROLES))
+    g = torch.Generator().manual_seed(w + topk)
+    s_q, h = 300, 128  # more programs than SMs: some SMs run two
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, h, 400, 300, w, topk, gluon_device)
+    sources = _paged_sources(wc, cc, wid, cid)
+    trace = torch.full((s_q * h // 64, TRACE_ROLES, TRACE_EVENTS), -1, dtype=torch.int64, device=gluon_device)
+    out, lse = api._launch_gluon(q, *sources, SCALE, sink)
+    traced_out, traced_lse = api._launch_gluon(q, *sources, SCALE, sink, 1, trace)
+    assert torch.equal(out, traced_out) and torch.equal(lse, traced_lse)
+    trace = trace.cpu()
+    n_blocks = (w + 63) // 64 + (topk + 63) // 64
+    pairs, last = divmod(n_blocks, 2)
+    wg0 = [p * PAIR_EVENTS + e for p in range(pairs) for e in range(7)] + [pairs * PAIR_EVENTS + e for e in
+                                                                           range(5 * last)]
+    wg1 = [p * PAIR_EVENTS + e for p in range(pairs) for e in range(6)] + [pairs * PAIR_EVENTS + e for e in
+                                                                           (0, 5)[: 2 * last]]
+    producer = list(range(2 * n_blocks))
+    sms = torch.cuda.get_device_properties(gluon_device).multi_processor_count
+    assert ((trace[:, HEADER, 0] >= 0) & (trace[:, HEADER, 0] < sms)).all()
+    start, end = trace[:, HEADER, 1:2], trace[:, HEADER, 2:3]
+    for role, events in ((0, wg0), (1, wg1), (2, producer)):
+        clocks = trace[:, role, events]
+        assert (clocks.diff(dim=1) >= 0).all(), f"role {role}: events out of order"
+        assert ((clocks >= start) & (clocks <= end)).all() or role == 2  # the producer may finish after wg0
+    # causality across partitions (one SM clock): block 0's and 1's tiles were free to the producer before a
+    # consumer found them in, and warpgroup 0 found its P free (then published it) before warpgroup 1 adopted it
+    assert (trace[:, 2, 0] <= trace[:, 0, 0]).all() and (trace[:, 2, 2] <= trace[:, 1, 1]).all()
+    assert (trace[:, 0, 3] <= trace[:, 1, 0]).all()
+
+
 def test_gluon_quantized_reads_are_bit_exact(gluon_device):
     _check_quantized_reads(lambda *rows: _gluon_paged(*rows, None)[0], 64, 512, 300, 13, gluon_device)
 

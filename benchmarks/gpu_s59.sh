@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Session 59's GPU runs (H100 unless the call says); files under $OUT, packed by pack_out. Runs 1-3 were session 58's
+# prepared runs (benchmarks/gpu_s58.sh r1, r2, then the PV split's control by hand: hash_sides mid and
+# prefill_part_rounds 3 base mid new with .ab-mid.tar.gz = the tree of run 2 at PRODUCER_WARPS 4 and PV_N 128).
+#   source .devdeps/env.sh && DEADLINE=300 PART=r4 bash benchmarks/gpu_s59.sh   (1 GPU): the Gluon attention's event
+#       trace (mini_flashmla's GPU suite with its new test, the outputs' hash, benchmarks/exp_flashmla_trace.py)
+#   PART=r6 (.ab-base.tar.gz = f8d7655, before the trace and the staged epilogue): the outputs leave through shared
+#       memory in whole-row stores; mini_flashmla's GPU suite, the hash on both sides, bench_flashmla's prefill part
+#       alternating, the trace, bench_flashmla (prefill and decode) on both sides
+#   PART=r7 (as r6, leaner: device time was short): the split outputs (fp32) back to the MMA layout's stores, the
+#       sink loaded at the start; mini_flashmla's Gluon tests, the hash, the prefill part once per side, the decode
+#       part per side, the trace, the runtime's core GPU tests
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s59
+case "${PART:-r4}" in
+r4)
+  flashmla_tests 120
+  run hash_new 60 python3 benchmarks/attn_output_hash.py
+  fits 60 && run trace 120 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests; cat "$OUT/hash_new.txt"
+  grep -v "^ *[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -60
+  ;;
+r7)
+  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
+    --junitxml="$OUT/junit_flashmla.xml"
+  hash_sides new base
+  prefill_part_rounds 1 base new
+  for side in new base; do
+    fits 40 && run "decode_part_$side" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  fits 50 && run trace 40 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  fits 60 && run runtime_tests 60 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests; grep -h sha256 "$OUT"/hash_*.txt
+  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
+  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
+  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -20
+  ;;
+r6)
+  flashmla_tests 120
+  hash_sides new base
+  prefill_part_rounds 2 base new
+  fits 60 && run trace 60 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  fits 190 && flashmla_sides 90 new base
+  cat "$OUT/summary.txt"; test_summary flashmla_tests; grep -h sha256 "$OUT"/hash_*.txt
+  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
+  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -50; show_sides new base
+  ;;
+esac
+pack_out
