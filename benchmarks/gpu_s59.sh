@@ -7,9 +7,12 @@
 #   PART=r6 (.ab-base.tar.gz = f8d7655, before the trace and the staged epilogue): the outputs leave through shared
 #       memory in whole-row stores; mini_flashmla's GPU suite, the hash on both sides, bench_flashmla's prefill part
 #       alternating, the trace, bench_flashmla (prefill and decode) on both sides
-#   PART=r7 (as r6, leaner: device time was short): the split outputs (fp32) back to the MMA layout's stores, the
-#       sink loaded at the start; mini_flashmla's Gluon tests, the hash, the prefill part once per side, the decode
-#       part per side, the trace, the runtime's core GPU tests
+#   PART=r7 (never ran: the machine was taken back mid-call, then none could be started): it was to test the split
+#       outputs' fp32 stores put back and the sink loaded at the start. The first is on main with the split path's
+#       SASS equal to main's before; the second was dropped. Kept as the record of what was tried.
+#   PART=r8 (prepared; device time ran out): first `git revert bd8edba` (the tree is then a2d2f77's: one program
+#       per SM taking every 132nd item where the block count is even), .ab-base.tar.gz = 4b75e81 (the staged
+#       epilogue); mini_flashmla's Gluon tests, the hash, prefill and decode parts per side, the trace
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s59
 case "${PART:-r4}" in
@@ -36,6 +39,21 @@ r7)
   grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
   grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
   grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -20
+  ;;
+r8)
+  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
+    --junitxml="$OUT/junit_flashmla.xml"
+  hash_sides new base
+  prefill_part_rounds 1 base new
+  fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  for side in new base; do
+    fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  cat "$OUT/summary.txt"; test_summary flashmla_tests; grep -h sha256 "$OUT"/hash_*.txt
+  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
+  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
+  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -44
   ;;
 r6)
   flashmla_tests 120
