@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 59's GPU runs (H100 unless the call says); files under $OUT, packed by pack_out. Runs 1-3 were session 58's
+# Session 59's GPU runs (H100, run 6 an H200); files under $OUT, packed by pack_out. Runs 1-3 were session 58's
 # prepared runs (benchmarks/gpu_s58.sh r1, r2, then the PV split's control by hand: hash_sides mid and
 # prefill_part_rounds 3 base mid new with .ab-mid.tar.gz = the tree of run 2 at PRODUCER_WARPS 4 and PV_N 128).
 #   source .devdeps/env.sh && DEADLINE=300 PART=r4 bash benchmarks/gpu_s59.sh   (1 GPU): the Gluon attention's event
@@ -7,6 +7,7 @@
 #   PART=r6 (.ab-base.tar.gz = f8d7655, before the trace and the staged epilogue): the outputs leave through shared
 #       memory in whole-row stores; mini_flashmla's GPU suite, the hash on both sides, bench_flashmla's prefill part
 #       alternating, the trace, bench_flashmla (prefill and decode) on both sides
+#   Run 5 was by hand: the trace test and exp_flashmla_trace.py after the host's constexpr fix
 #   PART=r7 (never ran: the machine was taken back mid-call, then none could be started): it was to test the split
 #       outputs' fp32 stores put back and the sink loaded at the start. The first is on main with the split path's
 #       SASS equal to main's before; the second was dropped. Kept as the record of what was tried.
