@@ -10,7 +10,7 @@
 #   Run 5 was by hand: the trace test and exp_flashmla_trace.py after the host's constexpr fix
 #   PART=r7 (never ran: the machine was taken back mid-call, then none could be started): it was to test the split
 #       outputs' fp32 stores put back and the sink loaded at the start. The first is on main with the split path's
-#       SASS equal to main's before; the second was dropped. Kept as the record of what was tried.
+#       SASS equal to main's before; the second was dropped. Its commands were run 8's (removed here).
 #   PART=r8 (prepared; device time ran out): first `git revert bd8edba` (the tree is then a2d2f77's: one program
 #       per SM taking every 132nd item where the block count is even), .ab-base.tar.gz = 4b75e81 (the staged
 #       epilogue); mini_flashmla's Gluon tests, the hash, prefill and decode parts per side, the trace
@@ -23,23 +23,6 @@ r4)
   fits 60 && run trace 120 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
   cat "$OUT/summary.txt"; test_summary flashmla_tests; cat "$OUT/hash_new.txt"
   grep -v "^ *[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -60
-  ;;
-r7)
-  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
-    --junitxml="$OUT/junit_flashmla.xml"
-  hash_sides new base
-  prefill_part_rounds 1 base new
-  for side in new base; do
-    fits 40 && run "decode_part_$side" 40 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
-  fits 50 && run trace 40 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
-  fits 60 && run runtime_tests 60 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests; grep -h sha256 "$OUT"/hash_*.txt
-  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
-  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
-  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -20
   ;;
 r8)
   run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
