@@ -11,9 +11,12 @@
 #   PART=r7 (never ran: the machine was taken back mid-call, then none could be started): it was to test the split
 #       outputs' fp32 stores put back and the sink loaded at the start. The first is on main with the split path's
 #       SASS equal to main's before; the second was dropped. Its commands were run 8's (removed here).
-#   PART=r8 (prepared; device time ran out): first `git revert bd8edba` (the tree is then a2d2f77's: one program
-#       per SM taking every 132nd item where the block count is even), .ab-base.tar.gz = 4b75e81 (the staged
-#       epilogue); mini_flashmla's Gluon tests, the hash, prefill and decode parts per side, the trace
+#   PART=r8 (prepared; device time ran out): first `git revert 174e125` (the tree is then b8f12bf's: one program per
+#       SM taking every 132nd item where the block count is even, the next item's Q loaded under the last PVs, the
+#       outputs stored from an in-warp transposed layout); .ab-alt.tar.gz = a2d2f77 (the persistent programs alone,
+#       outputs staged in Q's shared memory), .ab-base.tar.gz = 4b75e81 (main: the staged epilogue). The tree's
+#       mini_flashmla Gluon tests, the hash on all sides, the prefill part twice per side, the trace, the decode part
+#       on the tree and main. If the tree fails and alt wins, alt's tests next (its sources, the tree's tests).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s59
 case "${PART:-r4}" in
@@ -27,8 +30,8 @@ r4)
 r8)
   run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
     --junitxml="$OUT/junit_flashmla.xml"
-  hash_sides new base
-  prefill_part_rounds 1 base new
+  hash_sides new alt base
+  prefill_part_rounds 2 base alt new
   fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
   for side in new base; do
     fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
