@@ -5,9 +5,10 @@ step of every program: per pair of blocks, warpgroup 0's tile in, QK^T done, sof
 adopted, its PV done; warpgroup 1's block a adopted, tile b in, PV a + QK^T b done, softmax done, P free, PV b done;
 the producer's tile free and tile handed over per block; and the program's SM, first and last clock. Here, at
 bench_flashmla's prefill shape (s_q 4,096, h 64, 128 window + 512 compressed slots, 131k context), bf16 rows and the
-paged FP8/FP4 cache:
+paged FP8/FP4 cache, and the paged cache's first 128 queries unsplit (decode at batch 128: one program per query,
+fewer than the SMs):
 - the traced call's outputs against the untraced call's (the trace must not change a bit) and both times;
-- per step, the median cycles over the programs that did not start in the first wave (no cold start);
+- per step, the median cycles over the programs that did not start in the first wave (no cold start; decode: all);
 - the programs' cycles from first to last clock, and the gap between one program's end and the next one's start
   on the same SM (a program holds its SM alone: 227 KB of shared memory);
 - one program's events in order, as a timeline.
@@ -22,7 +23,7 @@ import json
 import os
 
 import torch
-from bench_flashmla import S_Q, SCALE, bench, environment, prefill_case
+from bench_flashmla import S_Q, SCALE, bench, bench_graph, environment, prefill_case
 from mini_flashmla import api
 from mini_flashmla import sparse_attn_gluon_kernel as kernel
 from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, FORMAT_FP4_COMPRESSED, FORMAT_FP8_WINDOW
@@ -38,7 +39,15 @@ WG1_STEPS = [("adopt a (wait + rescale)", 1, 0, -1), ("tile b in (wait)", 1, 1, 
 LAST = {0: 6, 1: 5}  # a consumer's last event in a pair: where the next pair's first step is measured from
 
 
+DECODE_BATCH = 128
+
+
 def traced_call(case: dict, kind: str, trace: torch.Tensor | None):
+    if kind == "decode":
+        return api._launch_gluon(case["q"][:DECODE_BATCH],
+                                 (case["window_cache"], case["wid"][:DECODE_BATCH], FORMAT_FP8_WINDOW.value),
+                                 (case["compressed_cache"], case["cid"][:DECODE_BATCH], FORMAT_FP4_COMPRESSED.value),
+                                 SCALE, case["sink"], 1, trace)
     if kind == "bf16":
         sources = ((case["kv"], case["idx"], FORMAT_BF16.value), None)
     else:
@@ -112,20 +121,24 @@ def main() -> None:
     case = prefill_case(dev)
     n_blocks = case["idx"].shape[1] // 64
     assert n_blocks // 2 * PAIR_EVENTS <= TRACE_EVENTS and 2 * n_blocks <= TRACE_EVENTS
-    for kind in ("bf16", "paged"):
-        programs = S_Q * case["q"].shape[1] // 64
+    for kind in ("bf16", "paged", "decode"):
+        queries = DECODE_BATCH if kind == "decode" else S_Q
+        programs = queries * case["q"].shape[1] // 64
+        timer = bench_graph if kind == "decode" else bench  # decode: device time (its host time is longer)
         trace = torch.zeros(programs, TRACE_ROLES, TRACE_EVENTS, dtype=torch.int64, device=dev)
         out, lse = traced_call(case, kind, None)
         traced_out, traced_lse = traced_call(case, kind, trace)
         assert torch.equal(out, traced_out) and torch.equal(lse, traced_lse), "the trace changed the outputs"
-        ms = bench(lambda: traced_call(case, kind, None))
-        traced_ms = bench(lambda: traced_call(case, kind, trace))
+        ms = timer(lambda: traced_call(case, kind, None))
+        traced_ms = timer(lambda: traced_call(case, kind, trace))
         trace = trace.cpu()
         follows, gap = sm_gaps(trace)
         steady = follows & (gap >= 0)
+        if not steady.any():  # one wave (decode): every program
+            steady = torch.ones_like(follows)
         cycles = trace[:, HEADER, 2] - trace[:, HEADER, 1]
         busy = torch.zeros(sms, dtype=torch.float64).index_add_(0, trace[:, HEADER, 0], cycles.double())
-        r = {"ms": ms, "traced_ms": traced_ms, "tflops": 2 * S_Q * 64 * n_blocks * 64 * 1024 / ms / 1e9,
+        r = {"ms": ms, "traced_ms": traced_ms, "tflops": 2 * queries * 64 * n_blocks * 64 * 1024 / ms / 1e9,
              "programs": programs, "steady_programs": int(steady.sum()),
              "program_cycles_median": float(cycles[steady].double().median()),
              "gap_cycles_median": float(gap[steady].double().median()),
