@@ -1,19 +1,28 @@
-"""Each kernel package works as installed alone (issue 4's "imports alone in a fresh venv, CPU references work"): in a
-fresh interpreter where the other workspace packages and the optional GPU stacks (triton, tilelang, nvshmem) cannot be
-imported, the package imports and its CPU path computes.
-
-A fresh venv would need torch from the network, which CI does not have; blocking imports checks the same thing, that
-nothing outside a package's declared dependencies (pyproject.toml) is reached on its CPU path. torch and numpy are
-imported before the block: they are declared, and torch probes for triton on its own.
+"""Each kernel package works as installed alone (issue 4's "imports alone in a fresh venv, CPU references work"), two
+ways:
+- in a fresh interpreter where the other workspace packages and the optional GPU stacks (triton, tilelang, nvshmem)
+  cannot be imported, the package imports and its CPU path computes: nothing outside its declared dependencies
+  (pyproject.toml) is reached;
+- its wheel, built from its own folder (`uv build`, offline: the build backend is in uv's cache once the workspace
+  is synced), installed into a fresh venv with only its declared workspace dependency (mini-flashmla: mini-deepgemm),
+  does the same there. The venv gets torch and numpy from this environment (a .pth line: downloading them is not
+  possible offline); the other workspace packages stay out of it (their editable installs are .pth files of this
+  environment's site directory, which a plain path entry does not process; checked).
+torch and numpy are imported before the block: they are declared, and torch probes for triton on its own.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import numpy
 import pytest
+import torch
 
 # Every import finder is wrapped so that it does not see the blocked packages: they import as if not installed
 # (ModuleNotFoundError) and importlib.util.find_spec says None, which is how the packages probe for triton.
@@ -53,6 +62,7 @@ assert not loaded, loaded
 
 GPU_STACKS = ("triton", "tilelang", "nvshmem")
 
+ROOT = Path(__file__).resolve().parents[1]
 # the package, what it may not import (besides the GPU stacks), and a CPU computation checked against plain torch
 CASES = {
     "mini_deepgemm": (("mini_flashmla", "mini_deepep", "mini_deepinfer"), """
@@ -98,4 +108,48 @@ def test_the_package_imports_and_computes_without_the_others(package: str) -> No
     others, check = CASES[package]
     script = BLOCK.format(blocked=(*others, *GPU_STACKS)) + textwrap.dedent(check) + AFTER
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# a package's folder and the workspace packages its wheel's venv gets (itself and its declared workspace dependency)
+WHEELS = {"mini_deepgemm": ("mini-deepgemm",), "mini_flashmla": ("mini-deepgemm", "mini-flashmla"),
+          "mini_deepep": ("mini-deepep",)}
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three kernel packages' wheels, each built from its own folder."""
+    if shutil.which("uv") is None:
+        pytest.fail("uv is not on PATH (the README's commands run through it)")
+    out = tmp_path_factory.mktemp("wheels")
+    for folder in ("mini-deepgemm", "mini-flashmla", "mini-deepep"):
+        subprocess.run(["uv", "build", "--offline", "--wheel", "-q", "-o", str(out), str(ROOT / "packages" / folder)],
+                       check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(CASES))
+def test_the_package_installs_from_its_wheel_into_a_fresh_venv_and_computes(package: str, wheels: Path,
+                                                                             tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True, capture_output=True,
+                   timeout=120)
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    installs = [str(next(wheels.glob(f"{name.replace('-', '_')}-*.whl"))) for name in WHEELS[package]]
+    subprocess.run(["uv", "pip", "install", "-q", "--offline", "--no-deps", "--python", str(python), *installs],
+                   check=True, capture_output=True, timeout=300)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    outside = {str(Path(m.__file__).resolve().parents[1]) for m in (torch, numpy)}
+    Path(site, "declared_dependencies.pth").write_text("\n".join(sorted(outside)) + "\n")
+    others, check = CASES[package]
+    script = BLOCK.format(blocked=GPU_STACKS) + textwrap.dedent(f"""
+        import importlib.util
+        import {package}
+        assert {package}.__file__.startswith({site!r}), {package}.__file__
+        missing = [name for name in {others!r} if importlib.util.find_spec(name) is not None]
+        assert not missing, missing  # the other workspace packages are not installed here
+        """) + textwrap.dedent(check) + AFTER
+    result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
     assert result.returncode == 0, result.stderr[-3000:]
