@@ -17,6 +17,9 @@
 #       outputs staged in Q's shared memory), .ab-base.tar.gz = 4b75e81 (main: the staged epilogue). The tree's
 #       mini_flashmla Gluon tests, the hash on all sides, the prefill part twice per side, the trace, the decode part
 #       on the tree and main. If the tree fails and alt wins, alt's tests next (its sources, the tree's tests).
+#   PART=r9 (prepared, ~70 s; after r8 in the same call or on a warm machine, .ab-base.tar.gz = 4b75e81): the
+#       producer sleeping after finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py), on main's kernel
+#       (its edit matches 4b75e81's source; if b8f12bf ships, the edit's anchor line needs its `item` argument).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s59
 case "${PART:-r4}" in
@@ -41,6 +44,10 @@ r8)
   grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
   grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
   grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -44
+  ;;
+r9)
+  run yield 120 env PYTHONPATH="$(side_path base)" bash -c "cd benchmarks && python3 exp_flashmla_yield.py"
+  cat "$OUT/summary.txt" "$OUT/yield.txt"
   ;;
 r6)
   flashmla_tests 120

@@ -11,6 +11,7 @@ import pytest
 from source_variants import absolute_imports, edited_source
 
 import exp_flashmla_gluon_breakdown
+import exp_flashmla_yield
 import exp_gemm_gluon_v3_variants
 import exp_moe_breakdown
 import exp_weight_stream
@@ -23,6 +24,8 @@ def experiment_edits() -> dict[str, tuple[object, list]]:
            for kind, variants in exp_moe_breakdown.VARIANTS.items() for name, edits in variants.items()}
     out.update({f"attn_{name}": (exp_flashmla_gluon_breakdown.kernel_module, edits)
                 for name, edits in exp_flashmla_gluon_breakdown.VARIANTS.items()})
+    out.update({f"attn_yield_{name}": (exp_flashmla_yield.kernel_module, edits)
+                for name, edits in exp_flashmla_yield.VARIANTS.items()})
     out["v3_a_regs"] = (exp_gemm_gluon_v3_variants.kernel_module, exp_gemm_gluon_v3_variants.A_REGS)
     out["masked_blocked_weights"] = (mini_deepgemm.gemm_gluon_kernel, exp_weight_stream.BLOCKED_WEIGHTS)
     return out
