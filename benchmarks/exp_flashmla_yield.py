@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 
 import mini_flashmla.sparse_attn_gluon_kernel as kernel_module
@@ -25,15 +26,16 @@ from bench_flashmla import S_Q, bench, environment, prefill_case
 from exp_flashmla_trace import HEADER, TRACE_EVENTS, TRACE_ROLES, sm_gaps, step_cycles, traced_call
 from source_variants import edited_module
 
-SLEEP_AFTER_TILE0_FREE = """                _mark(trace_ptr, 2, 2 * blk)
-"""
+# the producer's trace mark after its wait for a free tile, in the quantized path (16 spaces in; main's kernel, and
+# with its `item` argument the persistent one of b8f12bf, whose bf16 path then matches too)
+TILE_FREE_MARK = re.compile(r"^( {16})(_mark\(trace_ptr, (?:item, )?2, 2 \* blk\)\n)", re.M)
 
 
 def sleep_edit(ns: int) -> list:
-    """The producer sleeps ns nanoseconds after finding tile 0 free (quantized rows), before converting into it."""
-    return [(SLEEP_AFTER_TILE0_FREE, SLEEP_AFTER_TILE0_FREE + f"""                if t == 0:
-                    gl.inline_asm_elementwise("nanosleep.u32 {ns}; mov.b32 $0, 0;", "=r", [], dtype=gl.int32,
-                                              is_pure=False, pack=1)
+    """The producer sleeps ns nanoseconds after finding tile 0 free, before filling it."""
+    return [(TILE_FREE_MARK, rf"""\1\2\1if t == 0:
+\1    gl.inline_asm_elementwise("nanosleep.u32 {ns}; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+\1                              pack=1)
 """)]
 
 

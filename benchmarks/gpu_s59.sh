@@ -19,7 +19,7 @@
 #       on the tree and main. If the tree fails and alt wins, alt's tests next (its sources, the tree's tests).
 #   PART=r9 (prepared, ~70 s; after r8 in the same call or on a warm machine, .ab-base.tar.gz = 4b75e81): the
 #       producer sleeping after finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py), on main's kernel
-#       (its edit matches 4b75e81's source; if b8f12bf ships, the edit's anchor line needs its `item` argument).
+#       (its edit also applies to b8f12bf's source: checked offline).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s59
 case "${PART:-r4}" in
