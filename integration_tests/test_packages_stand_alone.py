@@ -111,9 +111,17 @@ def test_the_package_imports_and_computes_without_the_others(package: str) -> No
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-# a package's folder and the workspace packages its wheel's venv gets (itself and its declared workspace dependency)
+# import name -> the workspace packages (folders) whose wheels its venv gets: itself and its declared workspace
+# dependency
 WHEELS = {"mini_deepgemm": ("mini-deepgemm",), "mini_flashmla": ("mini-deepgemm", "mini-flashmla"),
           "mini_deepep": ("mini-deepep",)}
+
+
+def _uv(*args: str) -> str:
+    """uv's output; its stderr in the failure when it fails."""
+    result = subprocess.run(["uv", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"uv {' '.join(args)}: {result.stderr[-3000:]}"
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +131,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail("uv is not on PATH (the README's commands run through it)")
     out = tmp_path_factory.mktemp("wheels")
     for folder in ("mini-deepgemm", "mini-flashmla", "mini-deepep"):
-        subprocess.run(["uv", "build", "--offline", "--wheel", "-q", "-o", str(out), str(ROOT / "packages" / folder)],
-                       check=True, capture_output=True, timeout=300)
+        _uv("build", "--offline", "--wheel", "-q", "-o", str(out), str(ROOT / "packages" / folder))
     return out
 
 
@@ -132,12 +139,10 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_package_installs_from_its_wheel_into_a_fresh_venv_and_computes(package: str, wheels: Path,
                                                                              tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True, capture_output=True,
-                   timeout=120)
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    _uv("venv", "-q", "--python", sys.executable, str(venv))
+    python = venv / "bin" / "python"
     installs = [str(next(wheels.glob(f"{name.replace('-', '_')}-*.whl"))) for name in WHEELS[package]]
-    subprocess.run(["uv", "pip", "install", "-q", "--offline", "--no-deps", "--python", str(python), *installs],
-                   check=True, capture_output=True, timeout=300)
+    _uv("pip", "install", "-q", "--offline", "--no-deps", "--python", str(python), *installs)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     outside = {str(Path(m.__file__).resolve().parents[1]) for m in (torch, numpy)}
@@ -147,8 +152,8 @@ def test_the_package_installs_from_its_wheel_into_a_fresh_venv_and_computes(pack
         import importlib.util
         import {package}
         assert {package}.__file__.startswith({site!r}), {package}.__file__
-        missing = [name for name in {others!r} if importlib.util.find_spec(name) is not None]
-        assert not missing, missing  # the other workspace packages are not installed here
+        present = [name for name in {others!r} if importlib.util.find_spec(name) is not None]
+        assert not present, present  # the other workspace packages are not installed here
         """) + textwrap.dedent(check) + AFTER
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300,
                             env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
