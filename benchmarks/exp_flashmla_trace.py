@@ -43,11 +43,9 @@ DECODE_BATCH = 128
 
 
 def traced_call(case: dict, kind: str, trace: torch.Tensor | None):
-    if kind == "decode":
-        return api._launch_gluon(case["q"][:DECODE_BATCH],
-                                 (case["window_cache"], case["wid"][:DECODE_BATCH], FORMAT_FP8_WINDOW.value),
-                                 (case["compressed_cache"], case["cid"][:DECODE_BATCH], FORMAT_FP4_COMPRESSED.value),
-                                 SCALE, case["sink"], 1, trace)
+    if kind == "decode":  # the paged case's first DECODE_BATCH queries, unsplit
+        case = {**case, **{k: case[k][:DECODE_BATCH] for k in ("q", "wid", "cid")}}
+        kind = "paged"
     if kind == "bf16":
         sources = ((case["kv"], case["idx"], FORMAT_BF16.value), None)
     else:

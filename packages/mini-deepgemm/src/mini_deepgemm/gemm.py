@@ -536,8 +536,8 @@ def _packed_fp4_desc(bq: torch.Tensor, steps: int = 1):
     steps > 1 in [steps, 128, 64] boxes of a 3-D view, K step outermost (a masked ring slot of `steps` K steps). The
     default layout of 64-byte rows is a 64-byte swizzle, which the kernels assume: the converter's row-per-thread
     16-byte loads hit distinct banks. int8 storage (the runtime's) is read as uint8: the copies move bytes.
-    Built per call (~4 us of host time; the layout is cached by _tma_desc): cached per weight tensor, the descriptor
-    (which references its tensor) kept every model's expert weights alive after the model was dropped."""
+    Built per call (~4 us of host time; its shared layout is cached, _nvmma_layout): cached per weight tensor, the
+    descriptor (which references its tensor) kept every model's expert weights alive after the model was dropped."""
     bq = bq.view(torch.uint8)
     G, N, K2 = bq.shape
     if steps == 1:
