@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 60's GPU runs; files under $OUT, packed by pack_out.
+#   source .devdeps/env.sh && DEADLINE=330 PART=r1 bash benchmarks/gpu_s60.sh   (1 GPU): session 59's prepared
+#       run 8. The tree is b8f12bf's kernel (`git revert 174e125`: one program per SM taking every 132nd item where
+#       the block count is even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp
+#       transposed layout); .ab-alt.tar.gz = a2d2f77 (the persistent programs alone, outputs staged in Q's shared
+#       memory), .ab-base.tar.gz = 4b75e81 (main's kernel: the staged epilogue). The tree's mini_flashmla Gluon
+#       tests, the outputs' hash on all sides, the prefill part twice per side in turn, the trace, the decode part
+#       on the tree and main.
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s60
+case "${PART:-r1}" in
+r1)
+  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
+    --junitxml="$OUT/junit_flashmla.xml"
+  hash_sides new alt base
+  prefill_part_rounds 2 base alt new
+  fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  for side in new base; do
+    fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  cat "$OUT/summary.txt"; test_summary flashmla_tests; grep -h sha256 "$OUT"/hash_*.txt
+  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
+  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
+  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -44
+  ;;
+esac
+pack_out
