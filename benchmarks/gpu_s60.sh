@@ -7,6 +7,9 @@
 #       memory), .ab-base.tar.gz = 4b75e81 (main's kernel: the staged epilogue). The tree's mini_flashmla Gluon
 #       tests, the outputs' hash on all sides, the prefill part twice per side in turn, the trace, the decode part
 #       on the tree and main.
+#   DEADLINE=560 PART=r2 (the tree = the kernel shipped after r1, .ab-base.tar.gz = 4b75e81): mini_flashmla's GPU
+#       suite, the runtime's core GPU tests, bench_prefill on the tree and main, then the producer sleeping after
+#       finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py, on the tree's kernel).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s60
 case "${PART:-r1}" in
@@ -24,6 +27,21 @@ r1)
   grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
   grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
   grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -44
+  ;;
+r2)
+  flashmla_tests 120
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  if grep -q H200 "$OUT/env.txt"; then fits 200 && prefill_sides 95 new base
+  else  # seven sample layers do not fit an H100's 80 GB
+    for side in new base; do
+      fits 100 && run "prefill_$side" 95 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+        --tokens 4096 --layers window,r1-full,r1-reuse --out "$OUT/prefill_${side}_h100.json"
+    done
+  fi
+  fits 60 && run yield 100 bash -c "cd benchmarks && python3 exp_flashmla_yield.py"
+  cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
+  show_sides new base; cat "$OUT/yield.txt" | tail -40
   ;;
 esac
 pack_out
