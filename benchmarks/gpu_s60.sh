@@ -1,36 +1,20 @@
 #!/usr/bin/env bash
 # Session 60's GPU runs; files under $OUT, packed by pack_out.
-#   source .devdeps/env.sh && DEADLINE=330 PART=r1 bash benchmarks/gpu_s60.sh   (1 GPU): session 59's prepared
-#       run 8. The tree is b8f12bf's kernel (`git revert 174e125`: one program per SM taking every 132nd item where
-#       the block count is even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp
-#       transposed layout); .ab-alt.tar.gz = a2d2f77 (the persistent programs alone, outputs staged in Q's shared
-#       memory), .ab-base.tar.gz = 4b75e81 (main's kernel: the staged epilogue). The tree's mini_flashmla Gluon
-#       tests, the outputs' hash on all sides, the prefill part twice per side in turn, the trace, the decode part
-#       on the tree and main.
-#   DEADLINE=560 PART=r3 (r1's sides, and .ab-mid.tar.gz = the pdl branch: main with the split decode's merge
-#       launched with PDL): r1 less the trace, the decode part on the tree, main and pdl, then the runtime's core GPU
-#       tests on main's kernel (owed since session 59's staged epilogue) and the trace where time is left
+#   source .devdeps/env.sh && DEADLINE=550 PART=r3 bash benchmarks/gpu_s60.sh   (1 GPU): session 59's prepared
+#       run 8 (gpu_s59.sh r8; the session's first tries could not start a machine) grown into one call. The tree is
+#       b8f12bf's kernel (`git revert 174e125`: one program per SM taking every 132nd item where the block count is
+#       even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp transposed layout);
+#       .ab-alt.tar.gz = a2d2f77 (the persistent programs alone, outputs staged in Q's shared memory), .ab-base.tar.gz
+#       = 4b75e81 (main's kernel: the staged epilogue), .ab-mid.tar.gz = the pdl branch (main with the split decode's
+#       merge launched with PDL). The tree's mini_flashmla Gluon tests, the outputs' hash on the tree, alt and main,
+#       the prefill part twice per side in turn, the decode part on the tree, main and pdl, the runtime's core GPU
+#       tests on main's kernel (owed since session 59's staged epilogue), the trace where time is left.
 #   DEADLINE=560 PART=r2 (the tree = the kernel shipped after r1, .ab-base.tar.gz = 4b75e81): mini_flashmla's GPU
 #       suite, the runtime's core GPU tests, bench_prefill on the tree and main, then the producer sleeping after
 #       finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py, on the tree's kernel).
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s60
-case "${PART:-r1}" in
-r1)
-  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
-    --junitxml="$OUT/junit_flashmla.xml"
-  hash_sides new alt base
-  prefill_part_rounds 2 base alt new
-  fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
-  for side in new base; do
-    fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
-  cat "$OUT/summary.txt"; test_summary flashmla_tests; grep -h sha256 "$OUT"/hash_*.txt
-  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
-  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
-  grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$OUT/trace.txt" | head -44
-  ;;
+case "${PART:-r3}" in
 r3)
   run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
     --junitxml="$OUT/junit_flashmla.xml"
