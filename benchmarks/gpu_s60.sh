@@ -6,8 +6,8 @@
 #       even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp transposed layout);
 #       .ab-alt.tar.gz = a2d2f77 (the persistent programs alone, outputs staged in Q's shared memory), .ab-base.tar.gz
 #       = 4b75e81 (main's kernel: the staged epilogue), .ab-mid.tar.gz = the pdl branch (main with the split decode's
-#       merge launched with PDL). The tree's mini_flashmla Gluon tests, the outputs' hash on the tree, alt and main,
-#       the prefill part twice per side in turn, the decode part on the tree, main and pdl, the runtime's core GPU
+#       merge launched with PDL). The outputs' hash on the tree, alt and main, the prefill part twice per side in
+#       turn, the tree's mini_flashmla Gluon tests, the decode part on the tree, main and pdl, the runtime's core GPU
 #       tests on main's kernel (owed since session 59's staged epilogue), the trace where time is left.
 #   DEADLINE=560 PART=r2 (the tree = the kernel shipped after r1, .ab-base.tar.gz = 4b75e81): mini_flashmla's GPU
 #       suite, the runtime's core GPU tests, bench_prefill on the tree and main, then the producer sleeping after
@@ -16,10 +16,10 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s60
 case "${PART:-r3}" in
 r3)
-  run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
-    --junitxml="$OUT/junit_flashmla.xml"
   hash_sides new alt base
   prefill_part_rounds 2 base alt new
+  fits 100 && run flashmla_tests 90 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
+    --junitxml="$OUT/junit_flashmla.xml"
   for side in new base mid; do
     fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
       BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
