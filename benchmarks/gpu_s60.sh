@@ -9,6 +9,8 @@
 #       merge launched with PDL). The outputs' hash on the tree, alt and main, the prefill part twice per side in
 #       turn, the tree's mini_flashmla Gluon tests, the decode part on the tree, main and pdl, the runtime's core GPU
 #       tests on main's kernel (owed since session 59's staged epilogue), the trace where time is left.
+#   DEADLINE=210 PART=r4 (r3's sides; what ~350 s of device time left allow after the refused starts): the hash on the
+#       tree, alt and main, the prefill part once per side, the decode part on main and pdl
 #   DEADLINE=560 PART=r2 (the tree = the kernel shipped after r1, .ab-base.tar.gz = 4b75e81): mini_flashmla's GPU
 #       suite, the runtime's core GPU tests, bench_prefill on the tree and main, then the producer sleeping after
 #       finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py, on the tree's kernel).
@@ -28,6 +30,17 @@ r3)
     -n 16 --junitxml="$OUT/junit_runtime.xml"
   fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests; grep -h sha256 "$OUT"/hash_*.txt
+  grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
+  grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
+  ;;
+r4)
+  hash_sides new alt base
+  prefill_part_rounds 1 base alt new
+  for side in base mid; do
+    fits 25 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  cat "$OUT/summary.txt"; grep -h sha256 "$OUT"/hash_*.txt
   grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
   grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120
   ;;
