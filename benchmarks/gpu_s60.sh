@@ -10,7 +10,8 @@
 #       turn, the tree's mini_flashmla Gluon tests, the decode part on the tree, main and pdl, the runtime's core GPU
 #       tests on main's kernel (owed since session 59's staged epilogue), the trace where time is left.
 #   DEADLINE=210 PART=r4 (r3's sides; what ~350 s of device time left allow after the refused starts): the hash on the
-#       tree, alt and main, the prefill part once per side, the decode part on main and pdl
+#       tree, alt and main, the prefill part twice per side in turn, the decode part on the tree, main and pdl (each
+#       part takes 6-40 s: session 59 run 6)
 #   DEADLINE=560 PART=r2 (the tree = the kernel shipped after r1, .ab-base.tar.gz = 4b75e81): mini_flashmla's GPU
 #       suite, the runtime's core GPU tests, bench_prefill on the tree and main, then the producer sleeping after
 #       finding tile 0 free, 0-700 ns (benchmarks/exp_flashmla_yield.py, on the tree's kernel).
@@ -35,8 +36,8 @@ r3)
   ;;
 r4)
   hash_sides new alt base
-  prefill_part_rounds 1 base alt new
-  for side in base mid; do
+  prefill_part_rounds 2 base alt new
+  for side in new base mid; do
     fits 25 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
       BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
   done
