@@ -66,9 +66,6 @@ WINDOW_RING_ROWS = 256 * WINDOW  # 256 sequence slots of a 128-row ring
 COMPRESSED_ROWS = KEYS_RATIO_2  # the cache's row count is only a bound the kernels check ids against
 
 GLUON_ATTN = "sparse_mla_fwd_gluon_kernel"
-# Since the programs take several items (session 59), a few item-loop scalars per consumer thread live in local
-# memory (up to 64 bytes; loaded once per item or pair of blocks, beside ~7,000 cycles per pair)
-GLUON_ATTN_SPILL = 64
 TRITON_ATTN = "sparse_mla_fwd_kernel"
 COMBINE = "combine_splits_kernel"
 SCORES = "indexer_scores_kernel"
@@ -195,22 +192,22 @@ class Case:
 
 CASES = [
     Case("sparse_mla_fwd bf16 prefill s_q 4096 topk 640", lambda: attn_bf16(PREFILL_QUERIES),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL),), ((TRITON_ATTN, TRITON_ATTN_BF16_SPILL),)),
+         ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_BF16_SPILL),)),
     Case("paged prefill s_q 4096 window+compressed", lambda: attn_paged(PREFILL_QUERIES),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
+         ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
     Case("paged prefill s_q 4096 window only", lambda: attn_paged(PREFILL_QUERIES, compressed=False),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL),), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
+         ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
     # decode, one query per sequence. Gluon splits each query's 10 blocks up to ~1 program per SM (132 // 64 = 2
     # parts at batch 64, none at 256); the Triton kernel splits only below a quarter of the SMs (batch <= 33), so
     # batch 8 is where its split path and the combine kernel run
     Case("paged decode batch 8", lambda: attn_paged(8),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_SPLIT_SPILL), (COMBINE, 0))),
+         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_SPLIT_SPILL), (COMBINE, 0))),
     Case("paged decode batch 64", lambda: attn_paged(64),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
+         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
     Case("paged decode batch 64 window only", lambda: attn_paged(64, compressed=False),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
+         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
     Case("paged decode batch 256", lambda: attn_paged(256),
-         ((GLUON_ATTN, GLUON_ATTN_SPILL),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
+         ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
     Case("indexer_scores prefill 4096 x 65536", scores_prefill, ((SCORES, 0),), ((SCORES, 0),)),
     Case("indexer_scores decode batch 64 x 65536", lambda: scores_decode(64, KEYS_RATIO_2),
          ((SCORES_PER_QUERY, 0),), ((SCORES_PER_QUERY, 0),)),

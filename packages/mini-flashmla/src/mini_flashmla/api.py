@@ -305,8 +305,8 @@ def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
 def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trace=None):
     """A call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn; split
     into up to num_splits parts of each query's blocks, merged by _combine_splits. Same outputs as the Triton kernel
-    within the rounding of the accumulation order. trace: None, or int64 [s_q x h // 64 x num_splits, 4, 64] that
-    gets the kernel's event trace (the kernel module's _mark; benchmarks/exp_flashmla_trace.py reads it)."""
+    within the rounding of the accumulation order. trace: None, or int64 [programs, 4, 64] that gets the kernel's
+    event trace (the kernel module's _mark; benchmarks/exp_flashmla_trace.py reads it)."""
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
@@ -318,18 +318,12 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = _sink_arg(attn_sink, lse)
-    n_items = s_q * (h // MAX_ATTN_BLOCK_H) * num_splits
-    # One program per SM, each taking every programs-th item, where the kernel allows it (unsplit, an even block
-    # count): an item's gathers then start while its program finishes the previous item, instead of after a new
-    # program's launch (flashmla-gluon.md, "Session 59"); else one program per item.
-    persistent = not split and _walk_blocks(a_ids.shape[1], b_len) % 2 == 0
-    programs = min(n_items, _num_sms(q.device)) if persistent else n_items
-    sparse_mla_fwd_gluon_kernel[(programs,)](
+    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H, num_splits)](
         q, q.stride(0), q.stride(1),
         a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
         b_rows, b_ids, b_ids.stride(0), b_len, b_rows.shape[0],
         sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse, max(blocks_per_split, 1),
-        n_items, h // MAX_ATTN_BLOCK_H, num_splits, sm_scale * LOG2E.value, trace,
+        sm_scale * LOG2E.value, trace,
         A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
         SPLIT=split,
         # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module

@@ -173,15 +173,10 @@ S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4,
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-# A warpgroup's bf16 outputs [64, 256] leave in this layout: O_WG's rows per thread, 8 consecutive columns (16 B)
-# per thread and register group, so a warp's store covers 64 contiguous bytes in each of 8 rows. From O_WG each store
-# instruction wrote 4 bytes in each of 8 rows, and the epilogue took ~9,000 of a program's ~57,000 cycles (session
-# 59's trace). The conversion stays within each warp (stmatrix / ldmatrix through 2 KB of scratch, offline), so
-# Q's shared memory is free for the next item's Q as soon as the item's last QK^T is done.
-OUT_BF16: gl.constexpr = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64], [0, 128]],
-    lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
-    shape=[HEADS, HALF])
+# A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) in
+# this layout, where a warp's store is 512 contiguous bytes of one row: from the MMA's layout each store instruction
+# wrote 4 bytes in each of 8 rows, and the epilogue took ~9,000 of a program's ~57,000 cycles (session 59's trace).
+OUT_BF16: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
 # them (each id twice over the 128 threads). Four slots: while the consumers read blocks b - 1 and b, the producer
 # reads block b + 1's (quantized rows) and may store block b + 2's, and only once the consumers released block b - 2
@@ -191,10 +186,9 @@ IDS_LOAD: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
 IDS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
 
-# The event trace (trace_ptr, int64 [items, TRACE_ROLES, TRACE_EVENTS]; benchmarks/exp_flashmla_trace.py): per
-# item (a program's query, head block and split; _item_walk), row 0 / 1 the consumer warpgroups' events, row 2 the
-# producer's, row 3 the header (SM id, then the first and last clock of consumer warpgroup 0 and of the producer).
-# Events of a consumer pair p start at p x PAIR_EVENTS,
+# The event trace (trace_ptr, int64 [programs, TRACE_ROLES, TRACE_EVENTS]; benchmarks/exp_flashmla_trace.py): per
+# program, row 0 / 1 the consumer warpgroups' events, row 2 the producer's, row 3 the header (SM id, then the first
+# and last clock of consumer warpgroup 0 and of the producer). Events of a consumer pair p start at p x PAIR_EVENTS,
 # a producer's block b at b x 2; those past TRACE_EVENTS are dropped.
 TRACE_ROLES: gl.constexpr = gl.constexpr(4)
 TRACE_EVENTS: gl.constexpr = gl.constexpr(64)
@@ -203,22 +197,23 @@ HEADER: gl.constexpr = gl.constexpr(3)
 
 
 @gluon.jit
-def _mark(trace_ptr, item, role: gl.constexpr, event, value=None):
+def _mark(trace_ptr, role: gl.constexpr, event, value=None):
     """Without a trace buffer (trace_ptr None): nothing, compiled out. With one: this SM's clock (%clock64, or value)
-    as event `event` of `role` in item's rows, read and stored by one thread of the partition (Triton stores a scalar
-    from one thread), so a role's events follow that thread's program order."""
+    as event `event` of `role` in this program's row, read and stored by one thread of the partition (Triton stores
+    a scalar from one thread), so a role's events follow that thread's program order."""
     if trace_ptr is not None:
         if value is None:
             value = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        gl.store(trace_ptr + (item * TRACE_ROLES + role) * TRACE_EVENTS + event, value, mask=event < TRACE_EVENTS)
+        program = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
+        gl.store(trace_ptr + (program * TRACE_ROLES + role) * TRACE_EVENTS + event, value, mask=event < TRACE_EVENTS)
 
 
 @gluon.jit
-def _mark_sm(trace_ptr, item):
+def _mark_sm(trace_ptr):
     """The header's SM id (event 0 of row HEADER), with a trace buffer."""
     if trace_ptr is not None:
         sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
-        _mark(trace_ptr, item, HEADER, 0, sm.to(gl.int64))
+        _mark(trace_ptr, HEADER, 0, sm.to(gl.int64))
 
 
 @gluon.jit
@@ -339,24 +334,23 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 
 @gluon.jit
 def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
-                      a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, ring0, trace_ptr, item, FORMAT: gl.constexpr):
+                      a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
     """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
     chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
     are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
     (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the
     copies of block blk + 1 start during block blk), loaded from global memory at its first chunk and stored after
-    its last. Block blk sits at ring position ring0 + blk (tile, ids slot, barrier phase)."""
+    its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
     live = blk0 < blk_end
-    first_ids = ids_smem.index((ring0 + blk0) % IDS_SLOTS)
-    rows = _chunk_cache_rows(_chunk_ids(first_ids, 0, FORMAT), num_rows, live)
+    rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT), num_rows, live)
     for c in gl.static_range(LOOKAHEAD):
         _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
-        rows = _chunk_cache_rows(_chunk_ids(first_ids, (c + 1) * R, FORMAT), num_rows, live)
+        rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT), num_rows, live)
     for blk in range(blk0, blk_end):
-        t = (ring0 + blk) % TILES
+        t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
             # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
@@ -365,79 +359,66 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
             # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-            ids_next = _chunk_ids(ids_smem.index((ring0 + ahead) % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R,
-                                  FORMAT)
+            ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
             async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
             staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             words = staged_words.load(_chunk_words(FORMAT)[1])
             scales = staged_scales.load(SCALE_WORDS)
             _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
-                mbarrier.wait(empty.index(t), (((ring0 + blk) // TILES) & 1) ^ 1)
-                _mark(trace_ptr, item, 2, 2 * blk)
+                mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
+                _mark(trace_ptr, 2, 2 * blk)
             _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
-        ids_smem.index((ring0 + blk + 2) % IDS_SLOTS).store(ids_ahead)
+        ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
         # before this partition's own chunk copies of block blk + 2
         mbarrier.arrive(full.index(t), count=1)
-        _mark(trace_ptr, item, 2, 2 * blk + 1)
+        _mark(trace_ptr, 2, 2 * blk + 1)
     async_copy.wait_group(0)  # the copies past the end (masked, zeros) before the next source reuses the buffers
 
 
 @gluon.jit
-def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, a_kv_ptr, a_ids_ptr, stride_a_ids, a_len,
-              a_rows, b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows, blocks_per_split, n_items, n_head_blocks,
-              num_splits, trace_ptr, A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr):
-    """Worker partition: the blocks of this program's items (_item_walk) in order, block blk of an item at ring
-    position g = ring0 + blk (ring0: the blocks of the program's earlier items), into tile g % 2 once the consumers
-    have released it (the first lap waits on the barriers' initial phase, which counts as complete). Block ids go
-    from global memory into ids_smem (slot g % IDS_SLOTS) ahead of their block, where the gathers and the consumers'
-    masks read them: their latency is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized
-    producer's stall samples waited on the ids) nor in the consumers' loop. bf16 rows: one block ahead, stored
-    before the producer's arrival on the previous block's "full" barrier; quantized rows: two blocks ahead
-    (_quantized_source). An item's first ids are stored once the previous item's last block is handed over, so its
-    gathers start while the consumers finish that item. Trace events per block b: 2b its tile free (the wait on
-    empty done), 2b + 1 its tile handed over (bf16 rows: its copies issued)."""
-    ring0 = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        _mark(trace_ptr, item, HEADER, 3)
-        _, _, _, a_ids, a_left, b_ids, b_left, a_blocks, n_blocks = _item_walk(
-            item, a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, n_head_blocks,
-            num_splits, HAS_B)
-        if A_FORMAT == BF16_ROWS:
-            ids_smem.index(ring0 % IDS_SLOTS).store(_block_ids(0, a_blocks, a_ids, a_left, b_ids, b_left))
-            gl.thread_barrier()
-            for blk in range(n_blocks):
-                g = ring0 + blk
-                t = g % TILES
-                next_ids = _block_ids(blk + 1, a_blocks, a_ids, a_left, b_ids, b_left)  # stored after this block
-                ids_slot = ids_smem.index(g % IDS_SLOTS)
-                rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
-                cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
-                mbarrier.wait(empty.index(t), ((g // TILES) & 1) ^ 1)
-                _mark(trace_ptr, item, 2, 2 * blk)
-                async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
-                # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
-                async_copy.mbarrier_arrive(full.index(t), increment_count=False)
-                ids_smem.index((g + 1) % IDS_SLOTS).store(next_ids)
-                # One arrival (the last of full's count), after the partition barrier Gluon puts before a
-                # single-thread operation: every producer thread's ids store is ordered before it, so before the
-                # consumers' reads.
-                mbarrier.arrive(full.index(t), count=1)
-                _mark(trace_ptr, item, 2, 2 * blk + 1)
-        else:
-            for blk in gl.static_range(2):
-                ids_smem.index((ring0 + blk) % IDS_SLOTS).store(_block_ids(blk, a_blocks, a_ids, a_left, b_ids,
-                                                                           b_left))
-            gl.thread_barrier()
-            _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
-                              a_blocks, a_ids, a_left, b_ids, b_left, ring0, trace_ptr, item, A_FORMAT)
-            _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
-                              b_rows, a_blocks, a_ids, a_left, b_ids, b_left, ring0, trace_ptr, item, B_FORMAT)
-        _mark(trace_ptr, item, HEADER, 4)
-        ring0 += n_blocks
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+              a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT: gl.constexpr,
+              B_FORMAT: gl.constexpr):
+    """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
+    waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
+    (slot blk % IDS_SLOTS) ahead of their block, where the gathers and the consumers' masks read them: their latency
+    is not in front of the gather (Nsight Compute, session 17: ~23% of the quantized producer's stall samples waited
+    on the ids) nor in the consumers' loop. bf16 rows: one block ahead, stored before the producer's arrival on the
+    previous block's "full" barrier; quantized rows: two blocks ahead (_quantized_source). Trace events per block b:
+    2b its tile free (the wait on empty done), 2b + 1 its tile handed over (bf16 rows: its copies issued)."""
+    _mark(trace_ptr, HEADER, 3)
+    if A_FORMAT == BF16_ROWS:
+        ids_smem.index(0).store(_block_ids(0, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
+        gl.thread_barrier()
+        for blk in range(n_blocks):
+            t = blk % TILES
+            next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
+            ids_slot = ids_smem.index(blk % IDS_SLOTS)
+            rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
+            cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
+            mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
+            _mark(trace_ptr, 2, 2 * blk)
+            async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
+            # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
+            async_copy.mbarrier_arrive(full.index(t), increment_count=False)
+            ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
+            # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
+            # operation: every producer thread's ids store is ordered before it, so before the consumers' reads.
+            mbarrier.arrive(full.index(t), count=1)
+            _mark(trace_ptr, 2, 2 * blk + 1)
+    else:
+        for blk in gl.static_range(2):
+            ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
+        gl.thread_barrier()
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
+                          a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, A_FORMAT)
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
+                          b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, B_FORMAT)
+    _mark(trace_ptr, HEADER, 4)
 
 
 @gluon.jit
@@ -495,164 +476,128 @@ def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
 
 @gluon.jit
 def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
-                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, item, ev):
+                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
     on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
     softmax done, P free, PV done."""
     mbarrier.wait(full_bar, phase)
-    _mark(trace_ptr, item, 0, ev)
+    _mark(trace_ptr, 0, ev)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
     s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
-    _mark(trace_ptr, item, 0, ev + 1)
+    _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
-    _mark(trace_ptr, item, 0, ev + 2)
+    _mark(trace_ptr, 0, ev + 2)
     mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
-    _mark(trace_ptr, item, 0, ev + 3)
+    _mark(trace_ptr, 0, ev + 3)
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
-    _mark(trace_ptr, item, 0, ev + 4)
+    _mark(trace_ptr, 0, ev + 4)
     mbarrier.arrive(own_pfree, count=1)
     mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
 
 
 @gluon.jit
-def _load_q_half(q_smem, q_ptr, stride_q_s, stride_q_h, item, n_head_blocks, num_splits, WG: gl.constexpr):
-    """Issues the cp.async of this warpgroup's half of item's Q into Q's shared memory and commits it; the item's
-    start waits for it. The coordinates are computed here, where the copy is issued, so that they are not held in
-    registers across the previous item's loop."""
-    sq, head0, _ = _item_coords(item, n_head_blocks, num_splits)
+def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+              stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
+              stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
+              SPLIT: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
+    every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse. Trace
+    events per pair (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's five, then block b adopted, its PV done;
+    warpgroup 1 block a adopted, tile b in, PV a and QK^T b done, softmax done, P free, PV b done."""
+    if WG == 0:
+        _mark_sm(trace_ptr)
+        _mark(trace_ptr, HEADER, 1)
+    sq = gl.program_id(0)
+    head0 = gl.program_id(1) * HEADS
     heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_HALF_COPY))
     dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, Q_HALF_COPY))
     async_copy.async_copy_global_to_shared(q_smem.index(0).slice(WG * HALF, HALF, dim=1),
                                            q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
     async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()  # this half of Q (cp.async, generic proxy) before either warpgroup's wgmma reads it
+    mbarrier.arrive(both, count=1)  # after the partition barrier: this warpgroup's half of Q has landed
+    mbarrier.wait(both, 0)
 
-
-@gluon.jit
-def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
-              stride_q_h, a_ids_ptr, stride_a_ids, a_len, a_rows, b_ids_ptr, stride_b_ids, b_len, b_rows,
-              blocks_per_split, n_items, n_head_blocks, num_splits, sink_ptr, out_ptr, stride_out_s, stride_out_h,
-              lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_B: gl.constexpr,
-              HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
-    """Consumer warpgroup WG (0: the default partition, 1: a worker), item by item (_item_walk): the softmax of an
-    item's blocks WG, WG + 2, ..., PV of every block on output columns WG * 256 .. WG * 256 + 255; writes those
-    columns of out and (WG 0) lse. The pair and item counts run on over the program's items (the barriers' phases);
-    the host gives a program several items only where every item has an even block count. Trace events per pair
-    (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's five, then block b adopted, its PV done; warpgroup 1 block a
-    adopted, tile b in, PV a and QK^T b done, softmax done, P free, PV b done."""
-    pairs_before = 0  # this program's pairs in its earlier items
-    programs = gl.num_programs(0)
-    _load_q_half(q_smem, q_ptr, stride_q_s, stride_q_h, gl.program_id(0), n_head_blocks, num_splits, WG)
-    for item in range(gl.program_id(0), n_items, programs):
+    m_run = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_WG))
+    l_own = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_WG))
+    acc = gl.full([HEADS, HALF], 0.0, gl.float32, O_WG)
+    zero_s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_WG)
+    n_pairs = n_blocks // 2
+    for pair in range(n_pairs):
+        blk_a = 2 * pair
+        phase = pair & 1
+        # Q and the tiles at indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0):
+        # with constant ones the QK^T's 32 pairs of shared-memory descriptors are loop-invariant, hoisted and, in
+        # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way). The
+        # comparison cannot overflow, where pair x a_rows < 0 did from 2^31 (e.g. 8,192 slots over 34M bf16 rows).
+        flip = (pair < -a_rows).to(gl.int32)
+        tile_a = tiles.index(flip)
+        tile_b = tiles.index(1 - flip)
+        ev = pair * PAIR_EVENTS
         if WG == 0:
-            _mark_sm(trace_ptr, item)
-            _mark(trace_ptr, item, HEADER, 1)
-        sq, head0, part, _, _, _, _, a_blocks, n_blocks = _item_walk(
-            item, a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, n_head_blocks,
-            num_splits, HAS_B)
-        async_copy.wait_group(0)
-        fence_async_shared()  # this half of Q (cp.async, generic proxy) before either warpgroup's wgmma reads it
-        mbarrier.arrive(both, count=1)  # after the partition barrier: this warpgroup's half of Q has landed
-        mbarrier.wait(both, 0)
-
-        m_run = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_WG))
-        l_own = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_WG))
-        acc = gl.full([HEADS, HALF], 0.0, gl.float32, O_WG)
-        zero_s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_WG)
-        n_pairs = n_blocks // 2
-        ring0 = 2 * pairs_before  # the ring position of this item's block 0 (even: see the docstring)
-        for pair in range(n_pairs):
-            blk_a = 2 * pair
-            phase = (pairs_before + pair) & 1
-            # Q and the tiles at indices the compiler cannot prove constant (a_rows >= 0 at run time, so flip is 0):
-            # with constant ones the QK^T's 32 pairs of shared-memory descriptors are loop-invariant, hoisted and,
-            # in warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way).
-            # The comparison cannot overflow, where pair x a_rows < 0 did from 2^31 (e.g. 8,192 slots over 34M bf16
-            # rows).
-            flip = (pair < -a_rows).to(gl.int32)
-            tile_a = tiles.index(flip)
-            tile_b = tiles.index(1 - flip)
-            ev = pair * PAIR_EVENTS
-            if WG == 0:
-                m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index((ring0 + blk_a) % IDS_SLOTS),
-                                                gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run,
-                                                l_own, acc, zero_s, p_smem, m_smem, full.index(0), phase,
-                                                pfree.index(1), pub.index(0), pfree.index(0), empty.index(0),
-                                                trace_ptr, item, ev)
-                # block b: warpgroup 1's P and max
-                m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
-                _mark(trace_ptr, item, 0, ev + 5)
-                if (pair == n_pairs - 1) & (item + programs < n_items):  # the item's last QK^Ts are done
-                    _load_q_half(q_smem, q_ptr, stride_q_s, stride_q_h, item + programs, n_head_blocks,
-                                 num_splits, WG)
-                acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
-                _mark(trace_ptr, item, 0, ev + 6)
-                mbarrier.arrive(empty.index(1), count=1)
-            else:
-                # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose
-                # tile (released last in the previous pair) gets that long to fill
-                m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
-                _mark(trace_ptr, item, 1, ev)
-                acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
-                mbarrier.wait(full.index(1), phase)
-                _mark(trace_ptr, item, 1, ev + 1)
-                fence_async_shared()
-                s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-                acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of a's P is done
-                _mark(trace_ptr, item, 1, ev + 2)
-                if (pair == n_pairs - 1) & (item + programs < n_items):  # its last QK^T done, warpgroup 0's before
-                    _load_q_half(q_smem, q_ptr, stride_q_s, stride_q_h, item + programs, n_head_blocks,
-                                 num_splits, WG)
-                mbarrier.arrive(empty.index(0), count=1)
-                m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((ring0 + blk_a + 1) % IDS_SLOTS),
-                                                      gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
-                                                      m_run, l_own)
-                _mark(trace_ptr, item, 1, ev + 3)
-                mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
-                _mark(trace_ptr, item, 1, ev + 4)
-                _publish(p, m_run, p_smem, m_smem, pub.index(1))
-                acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1),
-                                                      _rescale(acc, alpha))])
-                _mark(trace_ptr, item, 1, ev + 5)
-                mbarrier.arrive(pfree.index(1), count=1)
-                mbarrier.arrive(empty.index(1), count=1)
-        if n_blocks % 2 == 1:  # the last block alone (one item per program): warpgroup 0 owns it, 1 adopts it
-            blk = n_blocks - 1
-            phase = n_pairs & 1
-            if WG == 0:
-                m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
-                                                gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run,
-                                                l_own, acc, zero_s, p_smem, m_smem, full.index(0), phase,
-                                                pfree.index(1), pub.index(0), pfree.index(0), empty.index(0),
-                                                trace_ptr, item, n_pairs * PAIR_EVENTS)
-            else:
-                m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
-                _mark(trace_ptr, item, 1, n_pairs * PAIR_EVENTS)
-                acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
-                _mark(trace_ptr, item, 1, n_pairs * PAIR_EVENTS + 5)
-                mbarrier.arrive(empty.index(0), count=1)
-        pairs_before += n_pairs
-        _epilogue(l_smem, both, m_run, l_own, acc, sq, head0, part, n_head_blocks, sink_ptr, out_ptr,
-                  stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, HAS_SINK, SPLIT, WG)
+            m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
+                                            gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
+            # block b: warpgroup 1's P and max
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
+            _mark(trace_ptr, 0, ev + 5)
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
+            _mark(trace_ptr, 0, ev + 6)
+            mbarrier.arrive(empty.index(1), count=1)
+        else:
+            # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
+            # (released last in the previous pair) gets that long to fill
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            _mark(trace_ptr, 1, ev)
+            acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
+            mbarrier.wait(full.index(1), phase)
+            _mark(trace_ptr, 1, ev + 1)
+            fence_async_shared()
+            s_token = _qk(q_smem.index(flip), tile_b, zero_s)
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
+            _mark(trace_ptr, 1, ev + 2)
+            mbarrier.arrive(empty.index(0), count=1)
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
+            _mark(trace_ptr, 1, ev + 3)
+            mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
+            _mark(trace_ptr, 1, ev + 4)
+            _publish(p, m_run, p_smem, m_smem, pub.index(1))
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
+            _mark(trace_ptr, 1, ev + 5)
+            mbarrier.arrive(pfree.index(1), count=1)
+            mbarrier.arrive(empty.index(1), count=1)
+    if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
+        blk = n_blocks - 1
+        phase = n_pairs & 1
         if WG == 0:
-            _mark(trace_ptr, item, HEADER, 2)
+            m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
+                                            gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
+                                            n_pairs * PAIR_EVENTS)
+        else:
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
+            _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
+            mbarrier.arrive(empty.index(0), count=1)
 
-
-@gluon.jit
-def _epilogue(l_smem, both, m_run, l_own, acc, sq, head0, part, n_head_blocks, sink_ptr, out_ptr,
-              stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, HAS_SINK: gl.constexpr,
-              SPLIT: gl.constexpr, WG: gl.constexpr):
-    """An item's outputs: both warpgroups' row sums added (at the same final max, in one order in both), then this
-    warpgroup's columns of out (bf16, in OUT_BF16) or of part_out (fp32), and (warpgroup 0) the lse."""
+    # the row sums: each warpgroup's own blocks, at the same final max; added in one order in both
     l_smem.index(WG).store(l_own)
-    mbarrier.arrive(both, count=1)  # the rendezvous's second phase: both warpgroups' sums are stored, MMAs done
+    mbarrier.arrive(both, count=1)  # the rendezvous's second phase: both warpgroups' sums are stored
     mbarrier.wait(both, 1)
     l_i = l_smem.index(0).load(gl.SliceLayout(1, S_WG)) + l_smem.index(1).load(gl.SliceLayout(1, S_WG))
     rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_WG))
     lse = gl.where(l_i > 0, (m_run + gl.log2(l_i)) * LN2, float("-inf"))
     if SPLIT:  # this split's output over its own row sum, and its lse; the combine applies the sink
-        heads_all = n_head_blocks * HEADS
+        part = sq * gl.num_programs(2) + gl.program_id(2)
+        heads_all = gl.num_programs(1) * HEADS
         if WG == 0:
             gl.store(part_lse_ptr + part * heads_all + rows, lse)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_WG), assert_trivial=True)
@@ -670,10 +615,14 @@ def _epilogue(l_smem, both, m_run, l_own, acc, sq, head0, part, n_head_blocks, s
             gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
         denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
         o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
-        o = gl.convert_layout(o, OUT_BF16)
+        staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)  # this warpgroup's columns of tile 0
+        staging.store(o)
+        o = staging.load(OUT_BF16)
         out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, OUT_BF16))
         out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, OUT_BF16))
         gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
+    if WG == 0:
+        _mark(trace_ptr, HEADER, 2)
 
 
 @gluon.jit
@@ -707,56 +656,48 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _item_coords(item, n_head_blocks, num_splits):
-    """Item `item` = (query sq x n_head_blocks + head block) x num_splits + split -> (sq, first head, split)."""
-    return item // (num_splits * n_head_blocks), (item // num_splits) % n_head_blocks * HEADS, item % num_splits
-
-
-@gluon.jit
-def _item_walk(item, a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, n_head_blocks,
-               num_splits, HAS_B: gl.constexpr):
-    """Item `item` (_item_coords): its query, first head, split index (sq x num_splits + split) and its part of the
-    query's walk (logical blocks split x blocks_per_split on, at most blocks_per_split of them, source A's before
-    source B's) as a walk of its own: (its first ids of both lists, the lists' lengths from there, its source-A
-    blocks, all its blocks). Every split has at least one block (the host's split count); a length can go negative
-    past the list's end (its ids then read as empty)."""
-    sq, head0, split = _item_coords(item, n_head_blocks, num_splits)
+def _query_blocks(a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split,
+                  HAS_B: gl.constexpr):
+    """This program's part of its query's walk (query program_id(0), split program_id(2): logical blocks
+    split x blocks_per_split on, at most blocks_per_split of them, source A's before source B's) as a walk of its own:
+    (its first ids of both lists, the lists' lengths from there, its source-A blocks, all its blocks). Every split has
+    at least one block (the host's split count); a length can go negative past the list's end (its ids then read as
+    empty)."""
+    sq = gl.program_id(0)
     a_blocks = gl.cdiv(a_len, BLOCK_N)
     n_blocks = a_blocks
     if HAS_B:
         n_blocks += gl.cdiv(b_len, BLOCK_N)
-    first = split * blocks_per_split
+    first = gl.program_id(2) * blocks_per_split
     n_local = gl.minimum(n_blocks - first, blocks_per_split)
     b_skip = gl.maximum(first - a_blocks, 0)
-    return (sq, head0, sq * num_splits + split,
-            a_ids_ptr + sq * stride_a_ids + first * BLOCK_N, a_len - first * BLOCK_N,
+    return (a_ids_ptr + sq * stride_a_ids + first * BLOCK_N, a_len - first * BLOCK_N,
             b_ids_ptr + sq * stride_b_ids + b_skip * BLOCK_N, b_len - b_skip * BLOCK_N,
             gl.minimum(gl.maximum(a_blocks - first, 0), n_local), n_local)
 
 
 # a_len / b_len = 1 specialised as a constant crashes triton 3.6's LLVM lowering (an assertion in
 # ConvertTritonGPUToLLVM, seen on H200 with one window slot): the lengths and row counts stay runtime values.
-@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows", "blocks_per_split", "n_items", "n_head_blocks",
-                             "num_splits"])
+@gluon.jit(do_not_specialize=["a_len", "a_rows", "b_len", "b_rows", "blocks_per_split"])
 def sparse_mla_fwd_gluon_kernel(
     q_ptr, stride_q_s, stride_q_h,
     a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows,
     b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows,
     sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
-    part_out_ptr, part_lse_ptr, blocks_per_split, n_items, n_head_blocks, num_splits,
+    part_out_ptr, part_lse_ptr, blocks_per_split,
     qk_scale_log2, trace_ptr,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr,
 ):
-    """Grid (programs,): program p takes items p, p + programs, ... of the n_items = s_q x n_head_blocks (h // 64) x
-    num_splits (_item_walk); the host gives a program several items only where every item has an even block count
-    (unsplit, the source lists' blocks even). num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4
-    warps come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them
-    per split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
+    """Grid (s_q, h // 64, num_splits), num_warps 4 (consumer warpgroup 0; warpgroup 1 and the producer's 4 warps
+    come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
+    split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
     h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
     normalised by its own row sum (fp32, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
     part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to).
-    trace_ptr: None, or int64 [n_items, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
+    trace_ptr: None, or int64 [programs, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
+    a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
+        a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
     tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
@@ -774,18 +715,13 @@ def sparse_mla_fwd_gluon_kernel(
         mbarrier.init(pfree.index(w), count=1)
     mbarrier.init(both, count=2)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr,
-                      stride_q_s, stride_q_h, a_ids_ptr, stride_a_ids, a_len, a_rows, b_ids_ptr, stride_b_ids,
-                      b_len, b_rows, blocks_per_split, n_items, n_head_blocks, num_splits, sink_ptr, out_ptr,
-                      stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2,
-                      trace_ptr, HAS_B, HAS_SINK, SPLIT, 0)),
-         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr,
-                      stride_q_s, stride_q_h, a_ids_ptr, stride_a_ids, a_len, a_rows, b_ids_ptr, stride_b_ids,
-                      b_len, b_rows, blocks_per_split, n_items, n_head_blocks, num_splits, sink_ptr, out_ptr,
-                      stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2,
-                      trace_ptr, HAS_B, HAS_SINK, SPLIT, 1)),
-         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, a_kv_ptr, a_ids_ptr, stride_a_ids,
-                      a_len, a_rows, b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows, blocks_per_split, n_items,
-                      n_head_blocks, num_splits, trace_ptr, A_FORMAT, B_FORMAT, HAS_B))],
+        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
+         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
+         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
