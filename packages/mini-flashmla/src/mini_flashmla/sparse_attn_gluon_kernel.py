@@ -698,12 +698,6 @@ def sparse_mla_fwd_gluon_kernel(
     trace_ptr: None, or int64 [programs, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
     a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
         a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
-    if SPLIT:
-        # The merge is launched with PDL (api._combine_splits) and waits for this grid's end in griddepcontrol.wait:
-        # letting it launch now puts its programs on the SMs a split grid leaves free, so its launch latency runs
-        # under this grid instead of after it.
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
     tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
