@@ -50,13 +50,7 @@ r4)
 r2)
   flashmla_tests 120
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  if grep -q H200 "$OUT/env.txt"; then fits 200 && prefill_sides 95 new base
-  else  # seven sample layers do not fit an H100's 80 GB
-    for side in new base; do
-      fits 100 && run "prefill_$side" 95 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
-        --tokens 4096 --layers window,r1-full,r1-reuse --out "$OUT/prefill_${side}_h100.json"
-    done
-  fi
+  fits 200 && prefill_sides 95 new base  # three sample layers at 4,096 tokens where seven do not fit (an H100)
   fits 60 && run yield 100 bash -c "cd benchmarks && python3 exp_flashmla_yield.py"
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
   grep -h "^FAILED\|^ERROR" "$OUT"/*_tests.txt | cut -c1-200
