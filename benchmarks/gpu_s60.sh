@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 60's GPU runs: none ran. Eleven calls found no machine (H200 and H100 alike; ~1,640 s of device time went
-# to refused starts and cool-downs), so every part below is prepared for the next session. Sides, made before the call:
+# Session 60's GPU runs: none ran. The first call's machine was taken back before it finished, ten more could not
+# start one (H200 and H100 alike) and nine came during cool-downs: ~1,640 s of device time, and what was left could
+# not start another machine. Every part below is prepared for the next session. Sides, made before the call:
 #   the tree: `git revert 14d9b0b` (b8f12bf's kernel: one program per SM taking every 132nd item where the block count
 #       is even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp transposed layout);
 #   .ab-alt.tar.gz: `git archive -o .ab-alt.tar.gz a2d2f77 packages/*/src runtime/src` (the persistent programs alone,
