@@ -12,8 +12,9 @@
 #       outputs' fp32 stores put back and the sink loaded at the start. The first is on main with the split path's
 #       SASS equal to main's before; the second was dropped. Its commands were run 8's (removed here).
 #   PART=r8 (prepared; device time ran out; session 60's gpu_s60.sh r3 / r4 carry it, with r9 in its r2): first
-#       `git revert 174e125` (the tree is then b8f12bf's: one program per SM taking every 132nd item where the block count is even, the next item's Q loaded under the last PVs, the
-#       outputs stored from an in-warp transposed layout); .ab-alt.tar.gz = a2d2f77 (the persistent programs alone,
+#       `git revert 174e125` (the tree is then b8f12bf's: one program per SM taking every 132nd item where the
+#       block count is even, the next item's Q loaded under the last PVs, the outputs stored from an in-warp
+#       transposed layout); .ab-alt.tar.gz = a2d2f77 (the persistent programs alone,
 #       outputs staged in Q's shared memory), .ab-base.tar.gz = 4b75e81 (main: the staged epilogue). The tree's
 #       mini_flashmla Gluon tests, the hash on all sides, the prefill part twice per side, the trace, the decode part
 #       on the tree and main. If the tree fails and alt wins, alt's tests next (its sources, the tree's tests).
