@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 61's GPU runs (an H100 each time: H200s could not be started). Runs 1-3 came from one machine:
+#   run 1: gpu_s60.sh r3 (DEADLINE=500): b8f12bf's and a2d2f77's persistent kernels against main's, PDL's decode
+#       (its decode parts hit their 30 s limits on this card), the tree's Gluon tests, the runtime's core GPU tests
+#       on main's kernel, the trace;
+#   run 2 (by hand; PART=decode_ab SIDES="base mid" repeats it with 60 s limits, a part took ~37 s): the decode part
+#       on main (4b75e81) and dc9d46b (the merge with PDL, triggered at the attention kernel's start);
+#   run 3 (by hand; PART=prefill SIDES=base): bench_prefill on main's kernel.
+#   PART=late, not run (too little device time was left to start a machine): the tree = dc21ace (the merge's PDL
+#       trigger at the end of the attention's block loop), .ab-base.tar.gz = 4b75e81, .ab-mid.tar.gz = dc9d46b; the
+#       decode part on the tree and main, the tree's Gluon tests, then dc9d46b's decode part.
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s61
+decode_parts() {
+  local side
+  for side in "$@"; do
+    fits 45 && run "decode_part_$side" 60 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  grep -H "^| decode batch [0-9]* \(graph\|, Gluon\)" "$OUT"/decode_part_*.txt | cut -c1-150
+}
+case "${PART:-late}" in
+decode_ab) decode_parts ${SIDES:-base mid} ;;
+prefill) prefill_sides 170 ${SIDES:-base} ;;
+late)
+  decode_parts new base
+  fits 45 && run flashmla_tests 60 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
+    --junitxml="$OUT/junit_flashmla.xml"
+  test_summary flashmla_tests
+  decode_parts mid
+  ;;
+esac
+cat "$OUT/summary.txt"
