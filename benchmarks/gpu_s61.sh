@@ -8,7 +8,8 @@
 #   run 3 (by hand; PART=prefill SIDES=base): bench_prefill on main's kernel.
 #   PART=late, not run (too little device time was left to start a machine): the tree = dc21ace (the merge's PDL
 #       trigger at the end of the attention's block loop), .ab-base.tar.gz = 4b75e81, .ab-mid.tar.gz = dc9d46b; the
-#       decode part on the tree and main, the tree's Gluon tests, then dc9d46b's decode part.
+#       decode part on the tree and main, the tree's Gluon tests, then dc9d46b's decode part; on an H200 also
+#       test_gemm_fp4_e4m3.py and test_cuda_decode.py (the capture fix), which have run on H100s only (~230 s in all).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s61
@@ -18,7 +19,6 @@ decode_parts() {
     fits 45 && run "decode_part_$side" 60 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
       BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
   done
-  grep -H "^| decode batch [0-9]* \(graph\|, Gluon\)" "$OUT"/decode_part_*.txt | cut -c1-150
 }
 case "${PART:-late}" in
 decode_ab) decode_parts ${SIDES:-base mid} ;;
@@ -29,6 +29,13 @@ late)
     --junitxml="$OUT/junit_flashmla.xml"
   test_summary flashmla_tests
   decode_parts mid
+  if [ "$CARD" = h200 ]; then  # owed on an H200 since session 59 (H100s only so far)
+    fits 130 && fp4_e4m3_tests 120
+    fits 70 && run cuda_decode_tests 60 $PYTEST -n 8 runtime/tests/test_cuda_decode.py \
+      --junitxml="$OUT/junit_cuda_decode.xml"
+    test_summary fp4_e4m3_tests cuda_decode_tests
+  fi
   ;;
 esac
 cat "$OUT/summary.txt"
+grep -H "^| decode batch [0-9]* \(graph\|, Gluon\)" "$OUT"/decode_part_*.txt 2>/dev/null | cut -c1-150
