@@ -37,10 +37,7 @@ r8)
   hash_sides new alt base
   prefill_part_rounds 2 base alt new
   fits 40 && run trace 30 bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
-  for side in new base; do
-    fits 30 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
+  decode_parts 30 new base
   cat "$OUT/summary.txt"; test_summary flashmla_tests; grep -h sha256 "$OUT"/hash_*.txt
   grep -H "^| prefill_\(paged\|bf16\)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-110
   grep -H "^| decode batch [0-9]* (graph" "$OUT"/decode_part_*.txt | cut -c1-120

@@ -24,10 +24,7 @@ source benchmarks/gpu_session.sh /tmp/gpu_s60
 persistent_and_pdl_ab() {
   hash_sides new alt base
   prefill_part_rounds 2 base alt new
-  for side in new base mid; do
-    fits 25 && run "decode_part_$side" 30 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
+  decode_parts 30 new base mid
 }
 show_ab() {
   grep -h sha256 "$OUT"/hash_*.txt

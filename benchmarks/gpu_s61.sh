@@ -15,18 +15,11 @@
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s61
-decode_parts() {
-  local side
-  for side in "$@"; do
-    fits 45 && run "decode_part_$side" 60 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
-}
 case "${PART:-late}" in
-decode_ab) decode_parts ${SIDES:-base mid} ;;
+decode_ab) decode_parts 60 ${SIDES:-base mid} ;;
 prefill) prefill_sides 170 ${SIDES:-base} ;;
 late)
-  decode_parts new base
+  decode_parts 60 new base
   fits 45 && run flashmla_tests 60 $PYTEST -n 16 packages/mini-flashmla/tests/test_kernels.py -k gluon \
     --junitxml="$OUT/junit_flashmla.xml"
   test_summary flashmla_tests
@@ -37,7 +30,7 @@ late)
       --junitxml="$OUT/junit_cuda_decode.xml"
     test_summary fp4_e4m3_tests cuda_decode_tests
   fi
-  decode_parts mid
+  decode_parts 60 mid
   tail -30 "$OUT/yield.txt" 2>/dev/null
   ;;
 esac

@@ -202,6 +202,15 @@ prefill_part_rounds() {
     done
   done
 }
+# decode_parts SECS SIDE...: bench_flashmla's decode part on each side, into $OUT/decode_part_SIDE.txt and
+# flashmla_decode_SIDE.json (~37 s a side on a fresh H100, its compiles included: give it 60)
+decode_parts() {
+  local secs=$1 side; shift
+  for side in "$@"; do
+    fits "$secs" && run "decode_part_$side" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+}
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
 show_sides() {
   local side
