@@ -225,7 +225,7 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
     combine_splits_kernel[(s_q, math.ceil(h / 16), d // block_d)](
         part_out, part_lse, sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), h, num_splits,
         HAS_SINK=has_sink, BLOCK_H=16, D=d, BLOCK_D=block_d, num_warps=4,
-        enable_fp_fusion=True, launch_pdl=True,
+        enable_fp_fusion=True,
     )
 
 

@@ -588,12 +588,6 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
             mbarrier.arrive(empty.index(0), count=1)
 
-    if SPLIT:
-        # The merge is launched with PDL (api._combine_splits) and waits for this grid's end in griddepcontrol.wait.
-        # Letting it launch once every program is past its blocks runs its launch under this grid's epilogues (at
-        # the kernel's start instead, batch 32 went from 22.1 to 25.8 us: session 61 run 2, an H100).
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
     # the row sums: each warpgroup's own blocks, at the same final max; added in one order in both
     l_smem.index(WG).store(l_own)
     mbarrier.arrive(both, count=1)  # the rendezvous's second phase: both warpgroups' sums are stored

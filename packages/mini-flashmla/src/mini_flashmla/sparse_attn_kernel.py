@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from mini_flashmla.dequant_triton import e2m1_pairs_to_bf16, ue8m0_to_bf16
 
@@ -154,8 +153,6 @@ def combine_splits_kernel(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    # launched with PDL: wait here for the attention grid's end and its writes (a no-op when launched plainly)
-    gdc_wait()
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     for sp in range(num_splits):
