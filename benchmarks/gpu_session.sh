@@ -203,12 +203,14 @@ prefill_part_rounds() {
   done
 }
 # decode_parts SECS SIDE...: bench_flashmla's decode part on each side, into $OUT/decode_part_SIDE.txt and
-# flashmla_decode_SIDE.json (~37 s a side on a fresh H100, its compiles included: give it 60)
+# flashmla_decode_SIDE.json (SIDE_$ROUND in both names where ROUND is set; ~37 s a side on a fresh H100, its compiles
+# included: give it 60)
 decode_parts() {
-  local secs=$1 side; shift
+  local secs=$1 side name; shift
   for side in "$@"; do
-    fits "$secs" && run "decode_part_$side" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
-      BENCH_JSON="flashmla_decode_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+    name=$side${ROUND:+_$ROUND}
+    fits "$secs" && run "decode_part_$name" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
+      BENCH_JSON="flashmla_decode_$name.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
   done
 }
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE

@@ -299,7 +299,7 @@ def test_gluon_compressed_reads_every_e2m1_pair(gluon_device):
 
 
 # Split decode on the Gluon kernel: each split walks its own blocks (window then compressed, as one walk) and writes
-# fp32 partials that combine_splits_kernel merges. Block counts per split: odd (warpgroup 0 ends alone) and even, a
+# bf16 partials that combine_splits_kernel merges. Block counts per split: odd (warpgroup 0 ends alone) and even, a
 # split across the window / compressed boundary, one that starts inside the compressed list, one-block splits.
 @pytest.mark.parametrize("s_q,h,n_w,n_c,w,topk,num_splits", [
     (4, 64, 400, 300, 128, 512, 2),  # V4.1 decode slots: 10 blocks, 5 per split (split 1 all compressed)

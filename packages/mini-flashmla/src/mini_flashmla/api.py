@@ -206,10 +206,11 @@ def _sink_arg(attn_sink: torch.Tensor | None, placeholder: torch.Tensor) -> torc
 
 
 def _split_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernels' partial outputs: normalised out fp32 [s_q, num_splits, h, 512], lse fp32 [s_q, num_splits,
-    h]."""
+    """The split kernels' partial outputs: normalised out bf16 [s_q, num_splits, h, 512] (half the bytes of fp32, which
+    the split decode writes and the combine reads back; docs/reports/flashmla-gluon.md, "Session 62"), lse fp32 [s_q,
+    num_splits, h]."""
     s_q, h, d = q.shape
-    return (torch.empty((s_q, num_splits, h, d), dtype=torch.float32, device=q.device),
+    return (torch.empty((s_q, num_splits, h, d), dtype=torch.bfloat16, device=q.device),
             torch.empty((s_q, num_splits, h), dtype=torch.float32, device=q.device))
 
 

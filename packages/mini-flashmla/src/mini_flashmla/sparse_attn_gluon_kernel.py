@@ -498,6 +498,21 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
 
 
 @gluon.jit
+def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG: gl.constexpr):
+    """acc / denom (0 where denom is 0) as bf16 into this warpgroup's 256 columns of the [64 heads, 512] rows at
+    dst_ptr + row * stride_row (head rows stride_h apart), through its columns of tile 0 (free: both warpgroups are past their last PV):
+    16-byte stores, where the MMA's layout holds 4 bytes per thread and row."""
+    denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
+    o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
+    staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)
+    staging.store(o)
+    o = staging.load(OUT_BF16)
+    out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, OUT_BF16))
+    out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, OUT_BF16))
+    gl.store(dst_ptr + row * stride_row + out_heads[:, None] * stride_h + out_dims[None, :], o)
+
+
+@gluon.jit
 def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
               stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
               stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
@@ -600,27 +615,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         heads_all = gl.num_programs(1) * HEADS
         if WG == 0:
             gl.store(part_lse_ptr + part * heads_all + rows, lse)
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_WG), assert_trivial=True)
-        o = gl.where(l_o[:, None] > 0, acc / l_o[:, None], 0.0)
-        # fp32 from the MMA's layout: 8 bytes per thread and row, whole 32-byte sectors (through shared memory, as
-        # below, it was 0.92-0.96x at batch 8-64 on an H200, session 59 run 6)
-        out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, O_WG))
-        out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, O_WG))
-        gl.store(part_out_ptr + (part * heads_all + out_heads)[:, None].to(gl.int64) * D + out_dims[None, :], o)
+        _store_out(tiles, acc, l_i, part_out_ptr, part.to(gl.int64), heads_all * D, D, head0, WG)
     else:
         denom = l_i
         if HAS_SINK:
             denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
         if WG == 0:
             gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-        denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
-        o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
-        staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)  # this warpgroup's columns of tile 0
-        staging.store(o)
-        o = staging.load(OUT_BF16)
-        out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, OUT_BF16))
-        out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, OUT_BF16))
-        gl.store(out_ptr + sq * stride_out_s + out_heads[:, None] * stride_out_h + out_dims[None, :], o)
+        _store_out(tiles, acc, denom, out_ptr, sq, stride_out_s, stride_out_h, head0, WG)
     if WG == 0:
         _mark(trace_ptr, HEADER, 2)
 
@@ -693,7 +695,7 @@ def sparse_mla_fwd_gluon_kernel(
     come on top). Source A's blocks, then source B's (if HAS_B; bf16 rows come alone), blocks_per_split of them per
     split (the last split may have fewer, none has none). Unsplit, writes out bf16 [s_q, h, 512] and lse fp32 [s_q,
     h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
-    normalised by its own row sum (fp32, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
+    normalised by its own row sum (bf16, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
     part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to).
     trace_ptr: None, or int64 [programs, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
     a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(

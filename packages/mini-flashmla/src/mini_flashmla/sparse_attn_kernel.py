@@ -97,7 +97,7 @@ def sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr,
 ):
     """Grid (s_q, cdiv(h, BLOCK_H), num_splits). Without SPLIT writes out/lse (sink applied); with SPLIT writes
-    partial (normalised out fp32, lse) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
+    partial (normalised out bf16, lse fp32) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
     sq = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -126,7 +126,7 @@ def sparse_mla_fwd_kernel(
     if SPLIT:
         o = tl.where(has_mass[:, None], acc / l_i[:, None], 0.0)
         row = (sq * num_splits + split) * num_heads + heads
-        tl.store(part_out_ptr + row[:, None] * D + d[None, :], o, mask=head_ok[:, None])
+        tl.store(part_out_ptr + row[:, None] * D + d[None, :], o.to(tl.bfloat16), mask=head_ok[:, None])
         tl.store(part_lse_ptr + row, lse, mask=head_ok)
     else:
         denom = l_i
