@@ -5,8 +5,8 @@ and the module skips itself there.
 
 Metrics
 - attention out: relative L2 error ||o - r|| / ||r|| <= 5e-3 and max |o - r| <= 2^-6 * max|r| (bf16 output
-  rounding plus the MMA's summation order; split decode also rounds P against a different running max); rows whose
-  slots are all empty must be exactly 0 with lse exactly -inf.
+  rounding plus the MMA's summation order; split decode also rounds P against a different running max, and each
+  split's output to bf16 before the merge); rows whose slots are all empty must be exactly 0 with lse exactly -inf.
 - attention lse: |lse - ref| <= 1e-4 (fp32 on both sides), -inf positions identical.
 - quantized reads: a query with a single valid slot returns that row's dequantized value bit for bit.
 - indexer scores: identical to the reference except at most 0.1% of the entries, each within one bf16 ulp (the

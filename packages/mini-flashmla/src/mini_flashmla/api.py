@@ -177,8 +177,8 @@ def _check_rows(cache: torch.Tensor, row_bytes: int, name: str) -> None:
 def _default_num_splits(q: torch.Tensor, total_slots: int, gluon: bool) -> int:
     """Split a grid of fewer programs than SMs (decode) up to ~1 program per SM: the Gluon kernel down to one block
     of 64 slots per split (at batch 8 on H200 1.10x two, docs/reports/flashmla-gluon.md, session 27), the
-    Triton kernel with at least 2 blocks per split and only below a quarter of the SMs (on H200 its fp32 partials
-    cost more than they save from batch 64 up, docs/reports/flashmla-sparse-attention.md)."""
+    Triton kernel with at least 2 blocks per split and only below a quarter of the SMs (on H200 its partials, fp32
+    then, cost more than they save from batch 64 up, docs/reports/flashmla-sparse-attention.md)."""
     programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
     num_sms = _num_sms(q.device)
     if not gluon and 4 * programs > num_sms:

@@ -50,7 +50,7 @@ replay at batch 64 / 128 / 256: 49.2 / 56.3 / 109.5 us against 82.2 / 95.7 / 181
 exchanged the row max and P, so that the tensor pipe idled under every softmax): bf16 rows 1.08x, paged 1.03x,
 decode 1.02x ("Session 24" in that report). Session 25 (the quantized producer's chunks staged LOOKAHEAD ahead, in
 place of one buffer that held a whole block's gather before its conversion): paged 1.04x, decode 1.04-1.08x.
-Session 26: split decode (each split walks its own blocks and writes fp32 partials that
+Session 26: split decode (each split walks its own blocks and writes partials, fp32 until session 62, that
 sparse_attn_kernel.combine_splits_kernel merges), so that decode below one program per SM fills the SMs: 17.7 /
 22.9 / 30.1 us at batch 8 / 32 / 64, about 1.6 / 1.9 / 1.3x the routes before ("Session 26" in that report).
 Session 40 (warpgroup 1 adopts the even block before its QK^T, in place of the QK^T first, which waited ~28% of
@@ -63,7 +63,9 @@ instructions per word in place of 13, and the window rows' shift as a multiply; 
 paged prefill 1.067x, the step's sparse attention stage 1.030x, decode 1.01-1.03x. Session 57 (the producer's shared
 loads of ids and staged words issued ahead of the chunk's copies, each used an iteration's work later, and the staging
 ring in two allocations, one partition barrier per chunk instead of two; bitwise the same outputs): on an H100, paged
-prefill 1.036x and 1.021x, the step's sparse attention stage 1.034x and 1.011x, decode 1.00-1.03x.
+prefill 1.036x and 1.021x, the step's sparse attention stage 1.034x and 1.011x, decode 1.00-1.03x. Session 59 (the
+outputs through shared memory in whole-row stores): paged prefill 1.119x. Session 62 (the split partials in bf16, in
+place of fp32, through the same staging): on an H100, split decode 1.13 / 1.14 / 1.16x at batch 8 / 32 / 64.
 api routes every call of whole 64-head programs here.
 """
 
@@ -500,8 +502,9 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
 @gluon.jit
 def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG: gl.constexpr):
     """acc / denom (0 where denom is 0) as bf16 into this warpgroup's 256 columns of the [64 heads, 512] rows at
-    dst_ptr + row * stride_row (head rows stride_h apart), through its columns of tile 0 (free: both warpgroups are past their last PV):
-    16-byte stores, where the MMA's layout holds 4 bytes per thread and row."""
+    dst_ptr + row * stride_row (head rows stride_h apart), through its columns of tile 0 (free: both warpgroups are
+    past their last PV): 16-byte stores, where the MMA's layout holds 4 bytes per thread and row (straight from it,
+    the unsplit outputs were 0.89x in session 59, the split partials 0.83-0.95x in session 62)."""
     denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
     o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
     staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)
