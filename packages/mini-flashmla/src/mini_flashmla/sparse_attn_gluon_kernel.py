@@ -265,43 +265,30 @@ def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_valid(ids, num_rows, live):
-    """Which of a chunk's ids (_chunk_ids) are cache rows to copy: not an empty slot, an id outside the cache, or a
-    chunk that is not `live`. One unsigned compare per id against a bound that is 0 for a chunk not live: a negative
-    id reads as 2^31 or more, past any row count (num_rows >= 0, the cache's)."""
-    bound = gl.where(live, num_rows, 0).to(gl.uint32, bitcast=True)
-    return ids.to(gl.uint32, bitcast=True) < bound
+def _chunk_cache_rows(ids, num_rows, live):
+    """The cache rows of a chunk's ids (_chunk_ids): -1 for an empty slot, an id outside the cache, or a chunk that
+    is not `live`."""
+    return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
 
 
 @gluon.jit
-def _chunk_bases(kv_ptr, FORMAT: gl.constexpr):
-    """Row 0's addresses of what this thread copies of every chunk (_chunk_issue): its values' words [1, words per
-    row] and its scale word [1, 16]."""
-    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
-    kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-    cols = gl.arange(0, VALUES, gl.SliceLayout(0, _chunk_words(FORMAT)[1]))
-    col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
-    return kv_words + cols[None, :], kv_words + col[None, :]
-
-
-@gluon.jit
-def _chunk_issue(stage_words, stage_scales, k, bases, ids, valid, FORMAT: gl.constexpr):
-    """cp.async of one chunk of a quantized block (`ids`: _chunk_ids, `valid`: _chunk_valid; `bases`: _chunk_bases)
-    into staging buffer k, as int32 words, each thread copying what it converts later (the values 32 B a thread, a
-    scale word per row); one commit group. A thread's scale word holds its group's UE8M0 byte (window) or its two
-    groups' e4m3 bytes (compressed). Ids not valid copy zeros (finite; their score is -inf): their copies read no
-    byte (cp.async's source size 0), so their addresses, from the id as it is, are never used.
-    A copy's address is the thread's base plus the id's 64-bit offset (the int32 id times the row's bytes, a widening
-    multiply, exact for any id and cache size): one IMAD.WIDE per row and operand, 2 per row. Row offsets added to
-    the cache's address and then to each column's, of an id selected against -1 first (the compiler moved the
-    select after the multiply: 64-bit selects), took 7 (window) and 9 (compressed) instructions per row."""
+def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexpr):
+    """cp.async of one chunk of a quantized block (`rows`: _chunk_cache_rows) into staging buffer k, as int32 words,
+    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
+    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1
+    copy zeros (finite; their score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
+    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
+    WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
     values, scales = _chunk_views(stage_words, stage_scales, k, FORMAT)
-    offsets = ids.to(gl.int64) * ROW
-    async_copy.async_copy_global_to_shared(values, bases[0] + offsets[:, None], mask=valid[:, None])
-    valid = gl.convert_layout(valid, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
-    offsets = gl.convert_layout(offsets, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
-    async_copy.async_copy_global_to_shared(scales, bases[1] + offsets[:, None], mask=valid[:, None])
+    kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
+    async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
+                                           mask=(rows >= 0)[:, None])
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
+    col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
+    async_copy.async_copy_global_to_shared(scales, kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :],
+                                           mask=(rows >= 0)[:, None])
     async_copy.commit_group()
 
 
@@ -359,25 +346,19 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
-    gl.static_assert((TILES & (TILES - 1)) == 0)  # the tile of block blk >= 0 is blk & (TILES - 1)
     live = blk0 < blk_end
-    bases = _chunk_bases(kv_ptr, FORMAT)
-    ids = _chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT)
-    valid = _chunk_valid(ids, num_rows, live)
+    rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT), num_rows, live)
     for c in gl.static_range(LOOKAHEAD):
-        _chunk_issue(stage_words, stage_scales, c, bases, ids, valid, FORMAT)
-        ids = _chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT)
-        valid = _chunk_valid(ids, num_rows, live)
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
+        rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT), num_rows, live)
     for blk in range(blk0, blk_end):
-        # blk % TILES for blk >= 0: as a remainder of a signed blk it recomputed the 4 tile-store addresses of a
-        # compressed thread every block (8 instructions); as a mask the tile's offset is a uniform register
-        t = blk & (TILES - 1)
+        t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
             # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
             # copies and used at once, and the words, used at once after the wait, held ~20% of the producer's stall
-            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (which are valid, at the end), chunk
-            # c's words, and only then chunk c + LOOKAHEAD's copies (ids of the previous iteration), under whose issue
+            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (its rows at the end), chunk c's
+            # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
             # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
             ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
@@ -385,13 +366,12 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             words = staged_words.load(_chunk_words(FORMAT)[1])
             scales = staged_scales.load(SCALE_WORDS)
-            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, bases, ids, valid, FORMAT)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
             _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            ids = ids_next
-            valid = _chunk_valid(ids, num_rows, ahead < blk_end)
+            rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
