@@ -6,9 +6,9 @@
 #   run 2 (PART=ab): the tree = the split decode's partials in bf16, written through the warpgroup's columns of tile 0
 #       (the unsplit epilogue's staging, one helper for both); .ab-alt.tar.gz = the same partials straight from the
 #       MMA's layout; .ab-base.tar.gz = main (fp32 partials); .ab-mid.tar.gz = main + the quantized producer's copy
-#       addresses as one IMAD.WIDE per row and operand (a073965, reverted by f8b4413). The decode part on tree, base and alt;
-#       the attention outputs' hash on base and mid (the producer change keeps every bit), the prefill part in two
-#       rounds on base and mid, mini-flashmla's Gluon tests on mid, mini-flashmla's GPU suite on the tree.
+#       addresses as one IMAD.WIDE per row and operand (a073965, reverted by f8b4413). The decode part on tree, base
+#       and alt; the attention outputs' hash on base and mid (the producer change keeps every bit), the prefill part
+#       in two rounds on base and mid, mini-flashmla's Gluon tests on mid, mini-flashmla's GPU suite on the tree.
 #   PART=checks: the runtime's core GPU tests on the tree, the decode part again (tree, base), bench_decode's medium
 #       model on tree and base, on an H200 the owed test_gemm_fp4_e4m3.py.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N
