@@ -9,8 +9,10 @@
 #       addresses as one IMAD.WIDE per row and operand (a073965, reverted by f8b4413). The decode part on tree, base
 #       and alt; the attention outputs' hash on base and mid (the producer change keeps every bit), the prefill part
 #       in two rounds on base and mid, mini-flashmla's Gluon tests on mid, mini-flashmla's GPU suite on the tree.
-#   PART=checks: the runtime's core GPU tests on the tree, the decode part again (tree, base), bench_decode's medium
-#       model on tree and base, on an H200 the owed test_gemm_fp4_e4m3.py.
+#   run 3 (PART=checks): the runtime's core GPU tests on the tree, the decode part again (tree, base), bench_decode's
+#       medium model on tree and base, on an H200 the owed test_gemm_fp4_e4m3.py.
+#   PART=h200 (stops at once on another card): the decode part on tree and base, mini-flashmla's GPU suite, the owed
+#       test_gemm_fp4_e4m3.py and test_cuda_decode.py (H100s only since session 59).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N
 # PART=... bash THIS
 set -u
@@ -38,6 +40,15 @@ checks)
   fits 130 && decode_bench decode_e2e_new
   fits 130 && decode_bench decode_e2e_base env PYTHONPATH="$BASE_PYTHONPATH"
   grep -hE "tok/s|attention" "$OUT"/decode_e2e_*.txt 2>/dev/null | cut -c1-200 | head -8
+  ;;
+h200)
+  [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): nothing run"; exit 0; }
+  decode_parts 60 new base
+  fits 100 && flashmla_tests 90
+  fits 130 && fp4_e4m3_tests 120
+  fits 70 && run cuda_decode_tests 60 $PYTEST -n 8 runtime/tests/test_cuda_decode.py \
+    --junitxml="$OUT/junit_cuda_decode.xml"
+  test_summary flashmla_tests fp4_e4m3_tests cuda_decode_tests
   ;;
 esac
 cat "$OUT/summary.txt"
