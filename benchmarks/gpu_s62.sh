@@ -11,8 +11,9 @@
 #       in two rounds on base and mid, mini-flashmla's Gluon tests on mid, mini-flashmla's GPU suite on the tree.
 #   run 3 (PART=checks): the runtime's core GPU tests on the tree, the decode part again (tree, base), bench_decode's
 #       medium model on tree and base, on an H200 the owed test_gemm_fp4_e4m3.py.
-#   PART=h200 (stops at once on another card): the decode part on tree and base, mini-flashmla's GPU suite, the owed
-#       test_gemm_fp4_e4m3.py and test_cuda_decode.py (H100s only since session 59).
+#   run 4 (PART=h200; stops at once on another card): the decode part on tree and base, mini-flashmla's GPU suite, the
+#       owed test_gemm_fp4_e4m3.py and test_cuda_decode.py (H100s only since session 59). It ran on an H200 with the
+#       session's last 287 s: the last two did not fit (test_cuda_decode.py ran none in its 60 s).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N
 # PART=... bash THIS
 set -u

@@ -65,7 +65,8 @@ loads of ids and staged words issued ahead of the chunk's copies, each used an i
 ring in two allocations, one partition barrier per chunk instead of two; bitwise the same outputs): on an H100, paged
 prefill 1.036x and 1.021x, the step's sparse attention stage 1.034x and 1.011x, decode 1.00-1.03x. Session 59 (the
 outputs through shared memory in whole-row stores): paged prefill 1.119x. Session 62 (the split partials in bf16, in
-place of fp32, through the same staging): on an H100, split decode 1.13 / 1.14 / 1.16x at batch 8 / 32 / 64.
+place of fp32, through the same staging): split decode 1.13 / 1.14 / 1.16x at batch 8 / 32 / 64 on an H100, 1.08 /
+1.11 / 1.12x on an H200.
 api routes every call of whole 64-head programs here.
 """
 
