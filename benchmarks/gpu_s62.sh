@@ -14,6 +14,9 @@
 #   run 4 (PART=h200; stops at once on another card): the decode part on tree and base, mini-flashmla's GPU suite, the
 #       owed test_gemm_fp4_e4m3.py and test_cuda_decode.py (H100s only since session 59). It ran on an H200 with the
 #       session's last 287 s: the last two did not fit (test_cuda_decode.py ran none in its 60 s).
+#   PART=owed_h200 (for the next session; stops at once on another card): what an H200 still owes, with limits that
+#       fit an H200 (run 4: mini-flashmla's suite needs ~100 s at -n 8): test_gemm_fp4_e4m3.py, the runtime's core
+#       GPU tests (test_cuda_decode.py among them) on the bf16 partials, mini-flashmla's suite (~400 s).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N
 # PART=... bash THIS
 set -u
@@ -50,6 +53,14 @@ h200)
   fits 70 && run cuda_decode_tests 60 $PYTEST -n 8 runtime/tests/test_cuda_decode.py \
     --junitxml="$OUT/junit_cuda_decode.xml"
   test_summary flashmla_tests fp4_e4m3_tests cuda_decode_tests
+  ;;
+owed_h200)
+  [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): nothing run"; exit 0; }
+  fits 130 && fp4_e4m3_tests 120
+  fits 160 && run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 130 && flashmla_tests 120
+  test_summary fp4_e4m3_tests runtime_tests flashmla_tests
   ;;
 esac
 cat "$OUT/summary.txt"
