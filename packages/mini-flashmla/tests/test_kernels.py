@@ -368,6 +368,26 @@ def test_gluon_bf16_rows_match_reference_and_triton(gluon_device, s_q, h, n_kv, 
         assert_attn_close(out, lse, tri_out.float(), tri_lse)
 
 
+def test_outputs_past_2_31_elements(gluon_device):
+    """s_q = 65,536 + 8 at 64 heads: q and out hold more than 2**31 elements, so a query's offset sq * (64 x 512)
+    must be 64-bit (in int32 row 65,536 wrapped to a negative offset). Both kernels, rows on either side of it."""
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    g = torch.Generator(device=gluon_device).manual_seed(23)
+    s_q, h, n_kv, topk = 65_536 + 8, 64, 300, 64
+    q = torch.randn(s_q, h, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
+    kv = torch.randn(n_kv, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
+    idx = torch.randint(-1, n_kv, (s_q, topk), generator=g, device=gluon_device, dtype=torch.int32)
+    sink = torch.randn(h, generator=g, device=gluon_device)
+    rows = torch.tensor([0, 1, 65_534, 65_535, 65_536, 65_537, s_q - 1], device=gluon_device)
+    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
+    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # the Gluon kernel (64 heads on sm_90)
+    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+    del out, lse
+    out, lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, 1)
+    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+
+
 def _indexer_case(g, s_q, n_rows, device, n_heads=32):
     q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16().to(device)
     weights = (torch.randn(s_q, n_heads, generator=g) * 0.05).bfloat16().to(device)

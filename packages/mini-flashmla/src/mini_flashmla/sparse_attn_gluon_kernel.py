@@ -533,7 +533,8 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
     heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, Q_HALF_COPY))
     dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, Q_HALF_COPY))
     async_copy.async_copy_global_to_shared(q_smem.index(0).slice(WG * HALF, HALF, dim=1),
-                                           q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + dims[None, :])
+                                           q_ptr + sq.to(gl.int64) * stride_q_s + heads[:, None] * stride_q_h
+                                           + dims[None, :])  # 64-bit: sq * stride_q_s passes 2**31 at s_q 65,536
     async_copy.commit_group()
     async_copy.wait_group(0)
     fence_async_shared()  # this half of Q (cp.async, generic proxy) before either warpgroup's wgmma reads it
@@ -626,7 +627,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
         if WG == 0:
             gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-        _store_out(tiles, acc, denom, out_ptr, sq, stride_out_s, stride_out_h, head0, WG)
+        _store_out(tiles, acc, denom, out_ptr, sq.to(gl.int64), stride_out_s, stride_out_h, head0, WG)
     if WG == 0:
         _mark(trace_ptr, HEADER, 2)
 

@@ -98,7 +98,7 @@ def sparse_mla_fwd_kernel(
 ):
     """Grid (s_q, cdiv(h, BLOCK_H), num_splits). Without SPLIT writes out/lse (sink applied); with SPLIT writes
     partial (normalised out bf16, lse fp32) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
-    sq = tl.program_id(0)
+    sq = tl.program_id(0).to(tl.int64)  # sq * stride_q_s passes 2**31 from s_q = 65,536 at 64 heads
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     head_ok = heads < num_heads
@@ -149,7 +149,7 @@ def combine_splits_kernel(
     the sink rescales by exp(lse) / (exp(lse) + exp(sink)). Empty splits (lse_i = -inf) weigh 0; all empty gives 0,
     -inf. The head dim is cut into BLOCK_D columns per program, so that a small decode batch still has programs for
     every SM (batch 8, 64 heads: 128 programs instead of 32)."""
-    sq = tl.program_id(0)
+    sq = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -165,7 +165,7 @@ def combine_splits_kernel(
         row = (sq * num_splits + sp) * num_heads + heads
         lse_i = tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"))
         w = tl.exp2((lse_i - m_safe) * LOG2E)
-        o_i = tl.load(part_out_ptr + row.to(tl.int64)[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
+        o_i = tl.load(part_out_ptr + row[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
         acc += w[:, None] * o_i
         w_sum += w
     has_mass = w_sum > 0
