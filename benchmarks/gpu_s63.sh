@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 63's GPU runs.
+#   PART=ab (any card): .ab-base.tar.gz = main before the session (8c416af); .ab-mid.tar.gz = b0695b0, the attention
+#       kernels' 64-bit query offsets; the tree = mid + the owner's softmax scaling the row max (one FFMA per
+#       exponent). The attention outputs' hash on base and mid (the offsets keep every bit), mini-flashmla's kernel
+#       tests on the tree (the new s_q = 65,544 case among them), bench_flashmla's prefill part in two rounds and its
+#       decode part on all three sides.
+#   PART=owed_h200 (stops at once on another card): what an H200 owes since session 62 (test_gemm_fp4_e4m3.py, the
+#       runtime's core GPU tests on the bf16 partials) and mini-flashmla's suite on the tree.
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s63
+case "${PART:-ab}" in
+ab)
+  hash_sides base mid
+  fits 130 && run kernel_tests 120 $PYTEST -n 8 packages/mini-flashmla/tests/test_kernels.py \
+    --junitxml="$OUT/junit_kernels.xml"
+  prefill_part_rounds 2 base mid new
+  decode_parts 50 base mid new
+  test_summary kernel_tests
+  cat "$OUT"/hash_*.txt
+  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-170
+  ;;
+owed_h200)
+  [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): nothing run"; exit 0; }
+  fits 130 && fp4_e4m3_tests 120
+  fits 160 && run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 130 && flashmla_tests 120
+  test_summary fp4_e4m3_tests runtime_tests flashmla_tests
+  ;;
+esac
+cat "$OUT/summary.txt"
+grep -H "^| decode batch [0-9]* \(graph\|, Gluon\)" "$OUT"/decode_part_*.txt 2>/dev/null | cut -c1-170
+pack_out
