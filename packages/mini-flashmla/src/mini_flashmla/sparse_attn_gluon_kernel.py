@@ -443,12 +443,10 @@ def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
     (running max, alpha, P in fp32, row sum of the owner's blocks)."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
     valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
-    s = gl.where(valid[None, :], s, float("-inf"))
-    # The scale goes on the row max, not on every score: rounding is monotonic, so max(s) * c is the max of the
-    # scaled scores bit for bit (c > 0), and each exponent is one FFMA, s * c - m, where it was FMUL then FADD.
-    m_new = gl.maximum(m_run, gl.max(s, 1) * qk_scale_log2)
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
-    p = gl.exp2(s * qk_scale_log2 - m_new[:, None])
+    p = gl.exp2(s - m_new[:, None])
     return m_new, alpha, p, l_own * alpha + gl.sum(p, 1)
 
 
