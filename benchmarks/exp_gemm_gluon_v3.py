@@ -31,10 +31,11 @@ from bench_deepgemm import DENSE_SHAPES, blockwise_scaled_mm, dense_operands  # 
 from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
-# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile). Session 10 timed the
-# single-partition kernel of then also at one program per tile (a tie when persistent) and with two MMAs in flight
-# (slower); session 11 run 1 the warp-specialized kernel; session 14 the partition per math warpgroup.
-VARIANTS = [(128, 128, 4, 1), (128, 256, 4, 1), (64, 128, 3, 2)]
+# (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile, store buffers per math
+# warpgroup). Session 10 timed the single-partition kernel of then also at one program per tile (a tie when
+# persistent) and with two MMAs in flight (slower); session 11 run 1 the warp-specialized kernel; session 14 the
+# partition per math warpgroup; session 63 a second store buffer for 256-column tiles (which fits at 3 stages).
+VARIANTS = [(128, 128, 4, 1, 1), (128, 256, 4, 1, 1), (128, 256, 3, 1, 1), (128, 256, 3, 1, 2), (64, 128, 3, 2, 1)]
 SMOKE_S = 60
 
 
@@ -58,9 +59,10 @@ def smoke(result) -> None:
     want = torch.empty_like(d)
     G._gemm(G._DENSE, a, b, want, None, None, None, False, config={**base, "GLUON": False})
     equal = []
-    for block_m, block_n, stages, per_sm in VARIANTS:
+    for block_m, block_n, stages, per_sm, bufs in VARIANTS:
         G._gluon_fp8_v3_gemm(*a, *b, d, {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n,
-                                         "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm})
+                                         "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm,
+                                         "GLUON_STORE_BUFS": bufs})
         torch.cuda.synchronize()
         equal.append(bool(torch.equal(d.view(torch.int16), want.view(torch.int16))))
     result.put(equal)
@@ -103,11 +105,11 @@ def main() -> None:
             G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
             tflop = 2 * M * N * K / 1e12
             row = dict(name=name, M=M, N=N, K=K)
-            for block_m, block_n, stages, per_sm in VARIANTS:
+            for block_m, block_n, stages, per_sm, bufs in VARIANTS:
                 cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
-                       "GLUON_PROGRAMS_PER_SM": per_sm}
+                       "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": bufs}
                 G._gluon_fp8_v3_gemm(*a, *b, d, cfg)
-                key = f"gluon_{block_m}x{block_n}_s{stages}_p{per_sm}"
+                key = f"gluon_{block_m}x{block_n}_s{stages}_p{per_sm}_b{bufs}"
                 row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
                 row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
                 row[f"{key}_tflops"] = tflop / ms(lambda: G._gluon_fp8_v3_gemm(*a, *b, d, cfg)) * 1e3
@@ -119,7 +121,7 @@ def main() -> None:
             row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
             rows.append(row)
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
-                  "bitwise:", [row[f"gluon_{m}x{n}_s{s}_p{p}_bitwise_vs_triton"] for m, n, s, p in VARIANTS],
+                  "bitwise:", [row[f"gluon_{m}x{n}_s{s}_p{p}_b{b}_bitwise_vs_triton"] for m, n, s, p, b in VARIANTS],
                   flush=True)
             torch.cuda.empty_cache()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -128,7 +130,7 @@ def main() -> None:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    keys = [f"gluon_{m}x{n}_s{s}_p{p}" for m, n, s, p in VARIANTS]
+    keys = [f"gluon_{m}x{n}_s{s}_p{p}_b{b}" for m, n, s, p, b in VARIANTS]
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)

@@ -892,7 +892,8 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
         STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, num_warps=4, maxnreg=maxnreg, enable_fp_fusion=True)
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, STORE_BUFS=cfg.get("GLUON_STORE_BUFS", 1), num_warps=4,
+        maxnreg=maxnreg, enable_fp_fusion=True)
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,

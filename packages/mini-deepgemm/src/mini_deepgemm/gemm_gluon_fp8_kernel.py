@@ -79,10 +79,12 @@ def _issue_step(a_desc, b_desc, a_ring, b_ring, ready, slot, off_m, off_n, k, sa
 
 
 @gluon.jit
-def _store_tile(acc, d_desc, d_smem, off_m, off_n):
+def _store_tile(acc, d_desc, d_smem, off_m, off_n, WAIT: gl.constexpr = True):
     """The tile as bf16 through shared memory and one TMA store. The previous tile's store must have read d_smem
-    before it is overwritten; this one then drains under the next tile's MMAs."""
-    tma.store_wait(pendings=0)
+    before it is overwritten (WAIT: wait for every store this thread issued; False where a wait since then already
+    has); this one then drains under the next tile's MMAs."""
+    if WAIT:
+        tma.store_wait(pendings=0)
     d_smem.store(acc.to(d_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
@@ -144,10 +146,12 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
-def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
-             ROW0: gl.constexpr, GROUP_M: gl.constexpr):
+def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
+             ROW0: gl.constexpr, GROUP_M: gl.constexpr, HI_BUF: gl.constexpr):
     """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile, every column, in
-    BLOCK_N / 128 halves (module docstring); d_smem is its own [64, 128] store buffer."""
+    BLOCK_N / 128 halves (module docstring); d_lo and d_hi are its own [64, 128] store buffers of the halves, the
+    same buffer unless HI_BUF. With a buffer of its own, a 256-column tile's second half is stored without waiting
+    for the first half's store to leave shared memory."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     BLOCK_N: gl.constexpr = b_ring.type.shape[1]
@@ -193,10 +197,10 @@ def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_smem, sa_ptr, sb_ptr, M, N,
                 mbarrier.arrive(empty.index(slot), count=1)
                 acc_lo += part * scale_lo[:, None]
             step += 1
-        _store_tile(acc_lo, d_desc, d_smem, row0, off_n)
+        _store_tile(acc_lo, d_desc, d_lo, row0, off_n)  # its wait also covers the previous tile's store from d_hi
         if WIDE:
             if off_n + 128 < N:
-                _store_tile(acc_hi, d_desc, d_smem, row0, off_n + 128)
+                _store_tile(acc_hi, d_desc, d_hi, row0, off_n + 128, WAIT=not HI_BUF)
     tma.store_wait(pendings=0)
 
 
@@ -205,6 +209,7 @@ def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    STORE_BUFS: gl.constexpr = 1,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
@@ -218,19 +223,21 @@ def fp8_gemm_v3_kernel(
     CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
     a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
+    HI_BUF: gl.constexpr = STORE_BUFS == 2
+    d_smem_hi = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout) if HI_BUF else d_smem
     if CONSUMERS == 2:
         gl.warp_specialize(
-            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
-                         stride_sb, 0, GROUP_M)),
-             (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K, stride_sa,
-                         stride_sb, 64, GROUP_M)),
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_smem_hi.index(0), sa_ptr, sb_ptr,
+                         M, N, K, stride_sa, stride_sb, 0, GROUP_M, HI_BUF)),
+             (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), d_smem_hi.index(1), sa_ptr, sb_ptr,
+                         M, N, K, stride_sa, stride_sb, 64, GROUP_M, HI_BUF)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
                           b_ring, False))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
-            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K, stride_sa,
-                         stride_sb, 0, GROUP_M)),
+            [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_smem_hi.index(0), sa_ptr, sb_ptr,
+                         M, N, K, stride_sa, stride_sb, 0, GROUP_M, HI_BUF)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
                           b_ring, False))],
             [1], [PRODUCER_REGS])
