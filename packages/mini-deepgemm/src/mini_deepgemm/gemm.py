@@ -878,22 +878,28 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
                        cfg: dict) -> None:
     """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x block_n tiles (128 rows: two math warpgroups, 64:
     one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
-    in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile); sa
-    fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes them contiguous)."""
+    in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile),
+    cfg.get("GLUON_STORE_BUFS") store buffers per math warpgroup (default: 2 for 256-column tiles, with at most 3
+    ring stages; else 1); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes
+    them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
     block_m = cfg["GLUON_BLOCK_M"]
     block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
+    # 256-column tiles store their second half from a buffer of its own, without waiting for the first half's store
+    # to leave shared memory; the two buffers fit beside 3 ring stages, not 4 (session 63, deepgemm-gluon-v3.md)
+    store_bufs = cfg.get("GLUON_STORE_BUFS", 2 if block_n == 256 else 1)
+    stages = min(cfg["GLUON_STAGES"], 3) if store_bufs == 2 else cfg["GLUON_STAGES"]
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
-        STAGES=cfg["GLUON_STAGES"], GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, STORE_BUFS=cfg.get("GLUON_STORE_BUFS", 1), num_warps=4,
-        maxnreg=maxnreg, enable_fp_fusion=True)
+        STAGES=stages, GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, STORE_BUFS=store_bufs, num_warps=4, maxnreg=maxnreg,
+        enable_fp_fusion=True)
 
 
 def _gluon_fp8_v41_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
