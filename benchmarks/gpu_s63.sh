@@ -8,6 +8,8 @@
 #   PART=v3 (any card): the dense V3 kernel with a second store buffer per math warpgroup for 256-column tiles (3
 #       stages), its tests (test_gemm_gluon_fp8.py) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384: 4 stages and one
 #       buffer (shipped), 3 and one, 3 and two, against cuBLAS in the same process.
+#   PART=v3b (any card): the same with the two buffers routed for 256-column tiles (.ab-base.tar.gz = dc20441,
+#       before the V3 change): the V3 tests, exp_gemm_gluon_v3.py again, bench_prefill on base and tree.
 #   PART=owed_h200 (stops at once on another card): what an H200 owes since session 62 (test_gemm_fp4_e4m3.py, the
 #       runtime's core GPU tests on the bf16 partials) and mini-flashmla's suite on the tree.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -29,6 +31,14 @@ v3)
   fits 200 && script_sides 300 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
   test_summary v3_tests
   grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  ;;
+v3b)
+  run v3_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py --junitxml="$OUT/junit_v3.xml"
+  fits 200 && script_sides 200 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
+  fits 120 && prefill_sides 110 base new
+  test_summary v3_tests
+  grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  grep -hE "tok/s|projections" "$OUT"/prefill_*.txt | cut -c1-160
   ;;
 owed_h200)
   [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): nothing run"; exit 0; }
