@@ -863,6 +863,14 @@ def _dense_gluon_launch(tiles: int, block_m: int, per_sm: int, device: torch.dev
     return grid, min(168, 65536 // ((per_sm or 128 // block_m) * warps * 32) // 8 * 8)
 
 
+# Up to this K, a 256-column tile of the V3 kernel stores its second half from a buffer of its own instead of waiting
+# for the first half's store to leave shared memory (the two buffers fit beside 3 ring stages, not 4). The wait is
+# once per tile, so it weighs most where a tile has few K steps: at K = 1,280 and 2,304 the second buffer ran
+# 1.00-1.04x (12 of 12 measurements, two H100 runs), at K >= 5,120 0.98-1.03x, mixed (session 63,
+# docs/reports/deepgemm-gluon-v3.md). Same bits either way.
+V3_STORE_BUFS_MAX_K = 2304
+
+
 def _gluon_v3_block_n(M: int, N: int, block_m: int, device: torch.device) -> int:
     """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, else 128.
     Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x the 128-column tiles at the six dense
@@ -879,18 +887,16 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     """gemm_gluon_fp8_kernel's dense GEMM: cfg["GLUON_BLOCK_M"] x block_n tiles (128 rows: two math warpgroups, 64:
     one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
     in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile),
-    cfg.get("GLUON_STORE_BUFS") store buffers per math warpgroup (default: 2 for 256-column tiles, with at most 3
-    ring stages; else 1); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both with unit stride along K (_launch makes
-    them contiguous)."""
+    cfg.get("GLUON_STORE_BUFS") store buffers per math warpgroup (default: 2 for 256-column tiles up to
+    V3_STORE_BUFS_MAX_K, with at most 3 ring stages; else 1); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both
+    with unit stride along K (_launch makes them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
     block_m = cfg["GLUON_BLOCK_M"]
     block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
-    # 256-column tiles store their second half from a buffer of its own, without waiting for the first half's store
-    # to leave shared memory; the two buffers fit beside 3 ring stages, not 4 (session 63, deepgemm-gluon-v3.md)
-    store_bufs = cfg.get("GLUON_STORE_BUFS", 2 if block_n == 256 else 1)
+    store_bufs = cfg.get("GLUON_STORE_BUFS", 2 if block_n == 256 and K <= V3_STORE_BUFS_MAX_K else 1)
     stages = min(cfg["GLUON_STAGES"], 3) if store_bufs == 2 else cfg["GLUON_STAGES"]
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
