@@ -298,3 +298,15 @@ def test_v3_tile_columns_follow_the_h200_measurements(monkeypatch, M, N, block_n
 
     monkeypatch.setattr(gemm, "sm_count", lambda device: 132)
     assert gemm._gluon_v3_block_n(M, N, 128 if M > 64 else 64, torch.device("cpu")) == block_n
+
+
+@pytest.mark.parametrize("block_n,K,want", [(256, 1280, (2, 3)), (256, 2304, (2, 3)), (256, 5120, (1, 4)),
+                                            (128, 1280, (1, 4))])
+def test_v3_second_store_buffer_on_short_k(block_n, K, want):
+    """Two store buffers (and 3 ring stages, for their shared memory) for 256-column tiles up to K = 2,304, where
+    session 63 measured them 1.00-1.04x (docs/reports/deepgemm-gluon-v3.md); an explicit choice stays."""
+    from mini_deepgemm import gemm
+
+    cfg = gemm.default_config(gemm._DENSE, 4096, 128, False)
+    assert gemm._gluon_v3_store_bufs(block_n, K, cfg) == want
+    assert gemm._gluon_v3_store_bufs(256, 1280, {**cfg, "GLUON_STORE_BUFS": 1}) == (1, cfg["GLUON_STAGES"])

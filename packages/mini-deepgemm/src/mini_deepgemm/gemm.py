@@ -871,6 +871,13 @@ def _dense_gluon_launch(tiles: int, block_m: int, per_sm: int, device: torch.dev
 V3_STORE_BUFS_MAX_K = 2304
 
 
+def _gluon_v3_store_bufs(block_n: int, K: int, cfg: dict) -> tuple[int, int]:
+    """(store buffers per math warpgroup, ring stages) of a V3 launch: cfg["GLUON_STORE_BUFS"] if given, else two
+    for 256-column tiles up to V3_STORE_BUFS_MAX_K; with two, at most 3 of cfg["GLUON_STAGES"] (shared memory)."""
+    store_bufs = cfg.get("GLUON_STORE_BUFS", 2 if block_n == 256 and K <= V3_STORE_BUFS_MAX_K else 1)
+    return store_bufs, min(cfg["GLUON_STAGES"], 3) if store_bufs == 2 else cfg["GLUON_STAGES"]
+
+
 def _gluon_v3_block_n(M: int, N: int, block_m: int, device: torch.device) -> int:
     """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, else 128.
     Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x the 128-column tiles at the six dense
@@ -896,8 +903,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     N = bq.shape[0]
     block_m = cfg["GLUON_BLOCK_M"]
     block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
-    store_bufs = cfg.get("GLUON_STORE_BUFS", 2 if block_n == 256 and K <= V3_STORE_BUFS_MAX_K else 1)
-    stages = min(cfg["GLUON_STAGES"], 3) if store_bufs == 2 else cfg["GLUON_STAGES"]
+    store_bufs, stages = _gluon_v3_store_bufs(block_n, K, cfg)
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](
