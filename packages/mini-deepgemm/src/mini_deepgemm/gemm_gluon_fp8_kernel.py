@@ -19,7 +19,9 @@ program), in warp-specialized partitions:
   step and half, wait for "ready", one async warpgroup MMA over the step's K = 128 into a fresh [64, 128] fp32 tile
   (use_acc false), wait for it, promote: acc += part * sa[m] * sb[half]; after the last half, arrive on "empty".
   Epilogue: bf16 through the warpgroup's own shared buffer and one TMA store per half (rows and columns past M, N
-  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer.
+  are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer. With one buffer a
+  256-column tile's second half waits for the first half's store to leave it; STORE_BUFS = 2 gives the second half
+  a buffer of its own (it fits beside 3 ring stages; gemm routes it where tiles have few K steps, session 63).
 Why one partition per warpgroup (session 14, docs/reports/deepgemm-gluon-v3.md): Gluon puts a barrier over the
 whole partition around each single-thread operation (the slot's wait and release), so two warpgroups in one
 partition ran in step and promoted at the same time while the tensor core idled. Apart, one promotes under the
