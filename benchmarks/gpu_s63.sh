@@ -11,9 +11,8 @@
 #   PART=v3b (any card): the same with the two buffers routed for 256-column tiles (.ab-base.tar.gz = dc20441,
 #       before the V3 change): the V3 tests, exp_gemm_gluon_v3.py again, bench_prefill on base and tree.
 #   PART=final (any card; the final tree): the V3 kernel's and mini-deepgemm's dense tests (test_gemm_gluon_fp8.py,
-#       test_gemm.py), the runtime's core GPU tests, mini-flashmla's suite; on an H200 also test_gemm_fp4_e4m3.py.
-#   PART=owed_h200 (stops at once on another card): what an H200 owes since session 62 (test_gemm_fp4_e4m3.py, the
-#       runtime's core GPU tests on the bf16 partials) and mini-flashmla's suite on the tree.
+#       test_gemm.py), the runtime's core GPU tests, mini-flashmla's suite; on an H200 also test_gemm_fp4_e4m3.py
+#       (with the core tests, what session 62 left owed to an H200).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s63
@@ -50,14 +49,6 @@ final)
   fits 130 && flashmla_tests 120
   [ "$CARD" = h200 ] && fits 130 && fp4_e4m3_tests 120
   test_summary dense_tests runtime_tests flashmla_tests fp4_e4m3_tests
-  ;;
-owed_h200)
-  [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): nothing run"; exit 0; }
-  fits 130 && fp4_e4m3_tests 120
-  fits 160 && run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  fits 130 && flashmla_tests 120
-  test_summary fp4_e4m3_tests runtime_tests flashmla_tests
   ;;
 esac
 cat "$OUT/summary.txt"
