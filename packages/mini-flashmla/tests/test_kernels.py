@@ -388,6 +388,34 @@ def test_outputs_past_2_31_elements(gluon_device):
     assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("h", [64, 16])  # the Gluon kernel where it runs (64 heads), the Triton kernel (16)
+def test_empty_slots_ignore_nan_in_the_cache(gluon_device, h):
+    """An empty slot contributes nothing whatever the cache holds, on every path: with NaN in row 0 (which empty
+    slots were read as) and no query selecting it, the outputs equal those with a clean row 0 bit for bit. So one
+    sequence's non-finite cache rows cannot reach another sequence's empty slots."""
+    g = torch.Generator().manual_seed(29)
+    s_q, n_kv, n_w, n_c, w, topk = 6, 300, 400, 300, 128, 512
+    q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(gluon_device)
+    sink = torch.randn(h, generator=g).to(gluon_device)
+    kv = torch.randn(n_kv, 512, generator=g).bfloat16().to(gluon_device)
+    idx = _random_ids(g, s_q, topk, n_kv, device=gluon_device)
+    wc, cc, wid, cid = _paged_case(g, s_q, h, n_w, n_c, w, topk, gluon_device)[1:5]
+    idx, wid, cid = (torch.where(ids == 0, -1, ids) for ids in (idx, wid, cid))  # empty slots, none on row 0
+    nan_kv, nan_wc, nan_cc = kv.clone(), wc.clone(), cc.clone()
+    nan_kv[0] = float("nan")
+    nan_wc[0], nan_cc[0] = 0x7F, 0x7F  # e4m3 NaN values (window), an e4m3 NaN scale (compressed)
+
+    def outputs(kv_rows, window_cache, compressed_cache):
+        """The bf16-rows call, then the paged call unsplit and in 3 splits."""
+        return [mini_flashmla.sparse_mla_fwd(q, kv_rows, idx, SCALE, sink)] + [
+            mini_flashmla.sparse_mla_fwd_paged(q, window_cache, compressed_cache, wid, cid, SCALE, sink, splits)
+            for splits in (1, 3)]
+
+    for (out, lse), (clean_out, clean_lse) in zip(outputs(nan_kv, nan_wc, nan_cc), outputs(kv, wc, cc)):
+        assert out.isfinite().all()
+        assert torch.equal(out.view(torch.int16), clean_out.view(torch.int16)) and torch.equal(lse, clean_lse)
+
+
 def _indexer_case(g, s_q, n_rows, device, n_heads=32):
     q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16().to(device)
     weights = (torch.randn(s_q, n_heads, generator=g) * 0.05).bfloat16().to(device)

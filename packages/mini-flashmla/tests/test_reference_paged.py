@@ -57,6 +57,25 @@ def test_paged_ref_window_only():
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
+def test_empty_slots_ignore_nan_in_the_cache():
+    """An empty slot contributes nothing whatever the cache holds: NaN in rows that only empty slots would read
+    (row 0, which the gathers read for -1) leaves the outputs finite and equal to those with a clean row 0, so one
+    sequence's non-finite cache rows cannot reach another sequence's empty slots. A query that selects the row
+    reads its own data (the reference then outputs 0 for it: its denominator is NaN); the others stay as they were."""
+    q, wc, cc, wid, cid, sink = _attn_case(5)
+    wid, cid = torch.where(wid == 0, -1, wid), torch.where(cid == 0, -1, cid)  # empty slots, none on row 0
+    nan_wc, nan_cc = wc.clone(), cc.clone()
+    nan_wc[0], nan_cc[0] = 0x7F, 0x7F  # e4m3 NaN values (window), an e4m3 NaN scale (compressed)
+    assert unpack_window_fp8(nan_wc[:1]).isnan().all() and unpack_compressed_kv_fp4(nan_cc[:1]).isnan().all()
+    out, lse = reference.sparse_attn_paged_ref(q, nan_wc, nan_cc, wid, cid, SCALE, sink)
+    clean_out, clean_lse = reference.sparse_attn_paged_ref(q, wc, cc, wid, cid, SCALE, sink)
+    assert out.isfinite().all() and torch.equal(out, clean_out) and torch.equal(lse, clean_lse)
+    wid[2, 5] = 0  # query 2 selects the row
+    out, _ = reference.sparse_attn_paged_ref(q, nan_wc, nan_cc, wid, cid, SCALE, sink)
+    others = [0, 1, 3, 4]
+    assert not torch.equal(out[2], clean_out[2]) and torch.equal(out[others], clean_out[others])
+
+
 def _indexer_case(seed: int, s_q: int = 6, n_rows: int = 400, n_heads: int = 32):
     g = torch.Generator().manual_seed(seed)
     q = fp4_fakequant(torch.randn(s_q, n_heads, 128, generator=g), 32, "ue8m0").bfloat16()

@@ -92,7 +92,8 @@ def sparse_mla_fwd(
         sm_scale: softmax scale (V4.1: 512 ** -0.5).
         attn_sink: fp32 [h] or None; exp(sink) is added to the softmax denominator only.
     Returns:
-        out: bf16 [s_q, h, 512]; a row whose indices are all empty is 0.
+        out: bf16 [s_q, h, 512]; a row whose indices are all empty is 0. An empty slot contributes nothing
+            whatever kv holds: a NaN or inf in kv reaches only the queries that select its row.
         lse: fp32 [s_q, h], natural log-sum-exp of the scaled scores over the valid slots, without the sink;
             -inf for an all-empty row.
     Numerics: fp32 scores from bf16 operands, online softmax over blocks of 64 slots, P rounded to bf16 before
@@ -137,7 +138,8 @@ def sparse_mla_fwd_paged(
     Returns:
         (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) equal to
         reference.sparse_attn_paged_ref(...): sparse_attn_ref over the dequantized rows, window slots first, then
-        compressed slots. Rows are dequantized in the kernel exactly as cache_layout's unpack functions.
+        compressed slots. Rows are dequantized in the kernel exactly as cache_layout's unpack functions. An empty
+        slot contributes nothing whatever the caches hold (as in sparse_mla_fwd).
     """
     if not _use_kernel(q, window_cache, window_ids):
         return reference.sparse_attn_paged_ref(q, window_cache, compressed_cache, window_ids, compressed_ids,
@@ -291,7 +293,7 @@ def _attn_launch(bf16_rows: bool, block_h: int, q: torch.Tensor) -> dict[str, in
 
 def _gluon_runs_on(q: torch.Tensor, *caches: torch.Tensor) -> bool:
     """Where sparse_attn_gluon_kernel takes a call (split or not): whole programs of 64 heads, rows in every given
-    cache (empty slots gather row 0), 16-byte aligned caches and query rows (its cp.async copies are 16 B), where
+    cache, 16-byte aligned caches and query rows (its cp.async copies are 16 B), where
     mini_deepgemm's Gluon platform check allows (sm_90, triton 3.6, not the interpreter).
     Until session 13 calls of fewer programs than SMs (decode at batch 64 and 128 on H200) stayed on the Triton
     kernel: timed with host time included (do_bench), the Gluon kernel's decode looked unstable (59-64 us in one

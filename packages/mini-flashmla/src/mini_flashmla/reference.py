@@ -25,14 +25,16 @@ def sparse_attn_ref(
     q: bf16 [s_q, h, d]; kv: bf16 [n_kv, d] (K and V are the same rows); indices: int32 [s_q, topk] rows of kv,
     -1 = empty; attn_sink: fp32 [h] or None. Scores are fp32 from bf16 operands times sm_scale; the softmax runs
     online over blocks of 64 indices (running max starts at -1e30), P is rounded to bf16 before P.V, and
-    exp(sink - max) is added to the denominator at the end. A row whose indices are all -1 gives 0 output.
+    exp(sink - max) is added to the denominator at the end. A row whose indices are all -1 gives 0 output. An empty
+    slot contributes nothing whatever kv holds: a NaN or inf in kv reaches only the queries that select its row.
     Returns (out bf16 [s_q, h, d], lse fp32 [s_q, h]) with lse = max + log(sum exp) over the valid indices
     (without the sink; -inf for an all-empty row).
     """
     s_q, h, d = q.shape
     topk = indices.shape[1]
     valid = indices >= 0
-    rows = kv[indices.clamp_min(0).long()]  # [s_q, topk, d]
+    # an empty slot's row is zeros: its P is 0, and 0 x a NaN or inf in whatever row it read would be NaN
+    rows = torch.where(valid[..., None], kv[indices.clamp_min(0).long()], 0)  # [s_q, topk, d]
     scores = torch.einsum("shd,skd->shk", q.float(), rows.float()) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     m = torch.full((s_q, h), NEG_INIT, dtype=torch.float32, device=q.device)

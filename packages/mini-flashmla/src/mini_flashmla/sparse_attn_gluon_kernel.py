@@ -35,9 +35,10 @@ series with the MMAs. Here they run in their own warps:
 
 Numerics are the Triton kernel's (and the reference's): blocks of 64 slots in order (window, then compressed), the
 running max from -1e30 in the log2 domain, P rounded to bf16 before P.V, the sink in the denominator only, lse
-without the sink. Empty slots (-1, or an id outside the cache) gather row 0 of their cache (any valid row: their
-score is -inf, so P is exactly 0 and the finite values add nothing; quantized rows copy zeros for them instead); a
-source with no rows is never routed here.
+without the sink. Empty slots (-1, or an id outside the cache) copy zeros, in every format: their score is -inf,
+so P is exactly 0, and 0 x the zero row adds nothing, where 0 x a NaN or inf that some cache row held would make
+the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A source with no rows is never routed
+here.
 
 Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 20 KB of raw
 staging for quantized rows): 206,944 B with bf16 rows, 227,520 B paged (offline, triton 3.6, sm_90a).
@@ -231,10 +232,10 @@ def _block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len):
 
 @gluon.jit
 def _staged_rows(ids_slot, num_rows, layout: gl.constexpr):
-    """int64 [64] cache rows of a block whose ids are in shared memory; empty slots (-1, or an id outside the cache)
-    read row 0."""
+    """int64 [64] cache rows of a block whose ids are in shared memory; -1 for an empty slot (-1, or an id outside
+    the cache), whose copy is masked off (zeros)."""
     ids = ids_slot.load(layout)
-    return gl.where((ids >= 0) & (ids < num_rows), ids, 0).to(gl.int64)
+    return gl.where((ids >= 0) & (ids < num_rows), ids, -1).to(gl.int64)
 
 
 @gluon.constexpr_function
@@ -405,7 +406,9 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks,
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
             mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             _mark(trace_ptr, 2, 2 * blk)
-            async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :])
+            # an empty slot's row copies zeros: its P is 0, and 0 x a NaN or inf in some cache row would be NaN
+            async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :],
+                                                   mask=(rows >= 0)[:, None])
             # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
             async_copy.mbarrier_arrive(full.index(t), increment_count=False)
             ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
