@@ -11,8 +11,9 @@
 #   PART=v3b (any card): the same with the two buffers routed for 256-column tiles (.ab-base.tar.gz = dc20441,
 #       before the V3 change): the V3 tests, exp_gemm_gluon_v3.py again, bench_prefill on base and tree.
 #   PART=final (any card; the final tree): the V3 kernel's and mini-deepgemm's dense tests (test_gemm_gluon_fp8.py,
-#       test_gemm.py), the runtime's core GPU tests, mini-flashmla's suite; on an H200 also test_gemm_fp4_e4m3.py
-#       (with the core tests, what session 62 left owed to an H200).
+#       test_gemm.py), the runtime's core GPU tests, mini-flashmla's suite (the empty slots' masked bf16 copy and its
+#       NaN test among them), bench_flashmla's prefill part in two rounds against .ab-base.tar.gz (the commit before
+#       the masked copy); on an H200 also test_gemm_fp4_e4m3.py (with the core tests, what session 62 left owed).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s63
@@ -42,13 +43,15 @@ v3b)
   grep -hE "tok/s|projections" "$OUT"/prefill_*.txt | cut -c1-160
   ;;
 final)
-  run dense_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
+  run dense_tests 80 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
     packages/mini-deepgemm/tests/test_gemm.py --junitxml="$OUT/junit_dense.xml"
   fits 160 && run runtime_tests 150 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
   fits 130 && flashmla_tests 120
+  prefill_part_rounds 2 base new
   [ "$CARD" = h200 ] && fits 130 && fp4_e4m3_tests 120
   test_summary dense_tests runtime_tests flashmla_tests fp4_e4m3_tests
+  grep -H "^| prefill" "$OUT"/prefill_part_*.txt | cut -c1-170
   ;;
 esac
 cat "$OUT/summary.txt"
