@@ -98,13 +98,15 @@ def sparse_mla_fwd_kernel(
 ):
     """Grid (s_q, cdiv(h, BLOCK_H), num_splits). Without SPLIT writes out/lse (sink applied); with SPLIT writes
     partial (normalised out bf16, lse fp32) to part_out [s_q, num_splits, h, D] / part_lse [s_q, num_splits, h]."""
-    sq = tl.program_id(0).to(tl.int64)  # sq * stride_q_s passes 2**31 from s_q = 65,536 at 64 heads
+    sq = tl.program_id(0)
+    sq_offset = sq.to(tl.int64)  # sq * stride_q_s (or stride_out_s) passes 2**31 from s_q = 65,536 at 64 heads
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     head_ok = heads < num_heads
     d = tl.arange(0, D)
 
-    q = tl.load(q_ptr + sq * stride_q_s + heads[:, None] * stride_q_h + d[None, :], mask=head_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + sq_offset * stride_q_s + heads[:, None] * stride_q_h + d[None, :], mask=head_ok[:, None],
+                other=0.0)
     m_i = tl.full([BLOCK_H], NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
@@ -126,7 +128,7 @@ def sparse_mla_fwd_kernel(
     if SPLIT:
         o = tl.where(has_mass[:, None], acc / l_i[:, None], 0.0)
         row = (sq * num_splits + split) * num_heads + heads
-        tl.store(part_out_ptr + row[:, None] * D + d[None, :], o.to(tl.bfloat16), mask=head_ok[:, None])
+        tl.store(part_out_ptr + row.to(tl.int64)[:, None] * D + d[None, :], o.to(tl.bfloat16), mask=head_ok[:, None])
         tl.store(part_lse_ptr + row, lse, mask=head_ok)
     else:
         denom = l_i
@@ -134,7 +136,7 @@ def sparse_mla_fwd_kernel(
             sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
             denom = denom + tl.exp2(sink * LOG2E - m_i)  # sink in the denominator only
         o = tl.where(denom[:, None] > 0, acc / denom[:, None], 0.0)
-        tl.store(out_ptr + sq * stride_out_s + heads[:, None] * stride_out_h + d[None, :], o.to(tl.bfloat16),
+        tl.store(out_ptr + sq_offset * stride_out_s + heads[:, None] * stride_out_h + d[None, :], o.to(tl.bfloat16),
                  mask=head_ok[:, None])
         tl.store(lse_ptr + sq * stride_lse_s + heads, lse, mask=head_ok)
 
