@@ -27,8 +27,10 @@ import torch
 from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, environment, prefill_case
 from source_variants import edited_module
 
-GATHER = [(re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False"),
-          (re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\]\)\n"), "pass\n")]
+# bf16 rows: the tile's copy removed (first, while its text is the kernel's); quantized rows: the staging copies
+# masked off (they copy zeros)
+GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\[:, None\]\)\n", re.S), "pass\n"),
+          (re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False")]
 # quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
 DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
