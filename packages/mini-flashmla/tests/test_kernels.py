@@ -395,11 +395,9 @@ def test_empty_slots_ignore_nan_in_the_cache(gluon_device, h):
     sequence's non-finite cache rows cannot reach another sequence's empty slots."""
     g = torch.Generator().manual_seed(29)
     s_q, n_kv, n_w, n_c, w, topk = 6, 300, 400, 300, 128, 512
-    q = torch.randn(s_q, h, 512, generator=g).bfloat16().to(gluon_device)
-    sink = torch.randn(h, generator=g).to(gluon_device)
+    q, wc, cc, wid, cid, sink = _paged_case(g, s_q, h, n_w, n_c, w, topk, gluon_device)
     kv = torch.randn(n_kv, 512, generator=g).bfloat16().to(gluon_device)
     idx = _random_ids(g, s_q, topk, n_kv, device=gluon_device)
-    wc, cc, wid, cid = _paged_case(g, s_q, h, n_w, n_c, w, topk, gluon_device)[1:5]
     idx, wid, cid = (torch.where(ids == 0, -1, ids) for ids in (idx, wid, cid))  # empty slots, none on row 0
     nan_kv, nan_wc, nan_cc = kv.clone(), wc.clone(), cc.clone()
     nan_kv[0] = float("nan")

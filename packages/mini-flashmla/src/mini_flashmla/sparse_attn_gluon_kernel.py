@@ -506,9 +506,10 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
 @gluon.jit
 def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG: gl.constexpr):
     """acc / denom (0 where denom is 0) as bf16 into this warpgroup's 256 columns of the [64 heads, 512] rows at
-    dst_ptr + row * stride_row (head rows stride_h apart), through its columns of tile 0 (free: both warpgroups are
-    past their last PV): 16-byte stores, where the MMA's layout holds 4 bytes per thread and row (straight from it,
-    the unsplit outputs were 0.89x in session 59, the split partials 0.83-0.95x in session 62)."""
+    dst_ptr + row * stride_row (a 64-bit product: it passes 2**31 from s_q = 65,536 at 64 heads; head rows stride_h
+    apart), through its columns of tile 0 (free: both warpgroups are past their last PV): 16-byte stores, where the
+    MMA's layout holds 4 bytes per thread and row (straight from it, the unsplit outputs were 0.89x in session 59,
+    the split partials 0.83-0.95x in session 62)."""
     denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
     o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
     staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)
@@ -516,7 +517,7 @@ def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG:
     o = staging.load(OUT_BF16)
     out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, OUT_BF16))
     out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, OUT_BF16))
-    gl.store(dst_ptr + row * stride_row + out_heads[:, None] * stride_h + out_dims[None, :], o)
+    gl.store(dst_ptr + row.to(gl.int64) * stride_row + out_heads[:, None] * stride_h + out_dims[None, :], o)
 
 
 @gluon.jit
@@ -623,14 +624,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         heads_all = gl.num_programs(1) * HEADS
         if WG == 0:
             gl.store(part_lse_ptr + part * heads_all + rows, lse)
-        _store_out(tiles, acc, l_i, part_out_ptr, part.to(gl.int64), heads_all * D, D, head0, WG)
+        _store_out(tiles, acc, l_i, part_out_ptr, part, heads_all * D, D, head0, WG)
     else:
         denom = l_i
         if HAS_SINK:
             denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
         if WG == 0:
             gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-        _store_out(tiles, acc, denom, out_ptr, sq.to(gl.int64), stride_out_s, stride_out_h, head0, WG)
+        _store_out(tiles, acc, denom, out_ptr, sq, stride_out_s, stride_out_h, head0, WG)
     if WG == 0:
         _mark(trace_ptr, HEADER, 2)
 
