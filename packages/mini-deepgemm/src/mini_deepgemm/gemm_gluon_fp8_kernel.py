@@ -148,30 +148,12 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
-def _mma_half(a, b_half, part, turns, issue, WG: gl.constexpr, TURNS: gl.constexpr):
-    """One half's K = 128 MMA, a [64, 128] A slice of the slot by a [128, 128] B half, into a fresh tile (use_acc
-    false; `part`, the previous MMA's registers, is its stand-in accumulator), waited for. With TURNS, warpgroup WG
-    first waits for its `issue`-th turn (the other warpgroup's previous half issued; warpgroup 0's first turn is
-    free: the initial phase counts as complete) and hands the turn over once its MMAs are issued, before waiting
-    for them."""
-    if TURNS:
-        mbarrier.wait(turns.index(WG), (issue & 1) ^ (1 - WG))
-    token = warpgroup_mma(a, b_half.permute((1, 0)), part, use_acc=False, is_async=True)
-    if TURNS:
-        mbarrier.arrive(turns.index(1 - WG), count=1)
-    return warpgroup_mma_wait(0, deps=(token,))
-
-
-@gluon.jit
-def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb, turns,
-             ROW0: gl.constexpr, GROUP_M: gl.constexpr, HI_BUF: gl.constexpr, TURNS: gl.constexpr):
+def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
+             ROW0: gl.constexpr, GROUP_M: gl.constexpr, HI_BUF: gl.constexpr):
     """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile, every column, in
     BLOCK_N / 128 halves (module docstring); d_lo and d_hi are its own [64, 128] store buffers of the halves, the
     same buffer unless HI_BUF. With a buffer of its own, a 256-column tile's second half is stored without waiting
-    for the first half's store to leave shared memory. With TURNS (two math warpgroups) the warpgroups issue their
-    halves' MMAs in strict alternation: warpgroup w waits on turns[w] before issuing and arrives on turns[1 - w]
-    after, so each half's MMAs queue behind the other warpgroup's whole half instead of beside them, and one
-    warpgroup promotes while the other's MMAs run."""
+    for the first half's store to leave shared memory."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     BLOCK_N: gl.constexpr = b_ring.type.shape[1]
@@ -184,7 +166,6 @@ def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M
     # per MMA kept a second 64-register tile live at 256 columns (376 bytes of spills, offline).
     part = gl.zeros([64, 128], gl.float32, mma)
     step = 0
-    issue = 0  # MMA halves issued so far: the parity of this warpgroup's turn
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         row0 = off_m + ROW0
@@ -206,12 +187,12 @@ def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             a = a_ring.index(slot).slice(ROW0, 64, dim=0)
             b = b_ring.index(slot)
-            part = _mma_half(a, b.slice(0, 128, dim=0), part, turns, issue, ROW0 // 64, TURNS)
-            issue += 1
+            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(0, 128, dim=0).permute((1, 0)), part,
+                                                             use_acc=False, is_async=True),))
             if WIDE:
                 acc_lo += part * scale_lo[:, None]
-                part = _mma_half(a, b.slice(128, 128, dim=0), part, turns, issue, ROW0 // 64, TURNS)
-                issue += 1
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(a, b.slice(128, 128, dim=0).permute((1, 0)), part,
+                                                                 use_acc=False, is_async=True),))
                 mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup's MMAs on the slot are done
                 acc_hi += part * scale_hi[:, None]
             else:
@@ -230,7 +211,7 @@ def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    STORE_BUFS: gl.constexpr = 1, TURNS: gl.constexpr = False,
+    STORE_BUFS: gl.constexpr = 1,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
@@ -246,31 +227,23 @@ def fp8_gemm_v3_kernel(
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
     HI_BUF: gl.constexpr = STORE_BUFS == 2
     d_smem_hi = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout) if HI_BUF else d_smem
-    # the math warpgroups' turns to issue MMAs; without TURNS `ready` stands in, unused (warp_specialize takes no None)
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()) if TURNS else ready
-    if TURNS:
-        for w in gl.static_range(2):
-            mbarrier.init(turns.index(w), count=1)
     if CONSUMERS == 2:
         gl.warp_specialize(
             [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_smem_hi.index(0), sa_ptr, sb_ptr,
-                         M, N, K, stride_sa, stride_sb, turns, 0, GROUP_M, HI_BUF, TURNS)),
+                         M, N, K, stride_sa, stride_sb, 0, GROUP_M, HI_BUF)),
              (_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), d_smem_hi.index(1), sa_ptr, sb_ptr,
-                         M, N, K, stride_sa, stride_sb, turns, 64, GROUP_M, HI_BUF, TURNS)),
+                         M, N, K, stride_sa, stride_sb, 64, GROUP_M, HI_BUF)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
                           b_ring, False))],
             [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_smem_hi.index(0), sa_ptr, sb_ptr,
-                         M, N, K, stride_sa, stride_sb, turns, 0, GROUP_M, HI_BUF, False)),
+                         M, N, K, stride_sa, stride_sb, 0, GROUP_M, HI_BUF)),
              (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
                           b_ring, False))],
             [1], [PRODUCER_REGS])
     _invalidate_ring(ready, empty)
-    if TURNS:
-        for w in gl.static_range(2):
-            mbarrier.invalidate(turns.index(w))
 
 
 # ---- The V4.1 recipe: UE8M0 scales per 1 x 32 of A and 32 x 32 of B, promoted every 32 of K ----
