@@ -7,9 +7,9 @@ e8911ae; docs/reports/deepgemm-gluon-v3.md.)
 It first runs one small call with a hard time limit in a child process (a producer/consumer mistake in the kernel
 hangs rather than fails). Then for each dense shape of bench_deepgemm.py at M = 4,096 (and 16,384 with --m): checks
 the Gluon output against the Triton kernel's (bitwise equal or calc_diff), then times the Gluon kernel (launched
-directly, whatever the routing decides) at 128 x 128 and 128 x 256 tiles (4 ring stages, persistent) and at 64-row
-tiles (one math warpgroup, two programs per SM), the Triton kernel at its shipped tile, torch._scaled_mm per-tensor and
-1x128 / 128x128 blockwise (cuBLAS). Writes $OUT/exp_gemm_gluon_v3.json and prints a table.
+directly, whatever the routing decides) in each of VARIANTS (tile, ring stages, store buffers, K steps in pairs), the
+Triton kernel at its shipped tile, torch._scaled_mm per-tensor and 1x128 / 128x128 blockwise (cuBLAS). Writes
+$OUT/exp_gemm_gluon_v3.json and prints a table. profile_call is profile_ncu.py's case for one variant.
 
     cd benchmarks && timeout 150 python3 exp_gemm_gluon_v3.py
 """
@@ -32,11 +32,24 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.testing import calc_diff
 
 # (BLOCK_M, BLOCK_N, ring stages, persistent programs per SM; 0 = one program per tile, store buffers per math
-# warpgroup). Session 10 timed the single-partition kernel of then also at one program per tile (a tie when
-# persistent) and with two MMAs in flight (slower); session 11 run 1 the warp-specialized kernel; session 14 the
-# partition per math warpgroup; session 63 a second store buffer for 256-column tiles (which fits at 3 stages).
-VARIANTS = [(128, 128, 4, 1, 1), (128, 256, 4, 1, 1), (128, 256, 3, 1, 1), (128, 256, 3, 1, 2), (64, 128, 3, 2, 1)]
+# warpgroup, K steps in pairs with two MMAs in flight). Session 10 timed the single-partition kernel of then also at
+# one program per tile (a tie when persistent) and with two MMAs in flight (slower); session 11 run 1 the
+# warp-specialized kernel; session 14 the partition per math warpgroup; session 63 a second store buffer for
+# 256-column tiles (which fits at 3 stages) and 64-row tiles (one math warpgroup, two programs per SM); session 64
+# the MMAs issued in turns by the two math warpgroups (commit 4d9cd4c; 0.97-0.995x), then 128-column tiles with K
+# steps in pairs, the second MMA in flight while the first is promoted (4 and 6 stages).
+VARIANTS = [(128, 128, 4, 1, 1, 0), (128, 128, 4, 1, 1, 1), (128, 128, 6, 1, 1, 1), (128, 256, 4, 1, 1, 0),
+            (128, 256, 3, 1, 2, 0)]
 SMOKE_S = 60
+
+
+def variant_config(block_m: int, block_n: int, stages: int, per_sm: int, bufs: int, pairs: int) -> dict:
+    return {"GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
+            "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": bufs, "GLUON_PAIRS": bool(pairs)}
+
+
+def variant_key(block_m: int, block_n: int, stages: int, per_sm: int, bufs: int, pairs: int) -> str:
+    return f"gluon_{block_m}x{block_n}_s{stages}_p{per_sm}_b{bufs}" + ("_pairs" if pairs else "")
 
 
 def ms(fn) -> float:
@@ -59,10 +72,8 @@ def smoke(result) -> None:
     want = torch.empty_like(d)
     G._gemm(G._DENSE, a, b, want, None, None, None, False, config={**base, "GLUON": False})
     equal = []
-    for block_m, block_n, stages, per_sm, bufs in VARIANTS:
-        G._gluon_fp8_v3_gemm(*a, *b, d, {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n,
-                                         "GLUON_STAGES": stages, "GLUON_PROGRAMS_PER_SM": per_sm,
-                                         "GLUON_STORE_BUFS": bufs})
+    for variant in VARIANTS:
+        G._gluon_fp8_v3_gemm(*a, *b, d, {**base, **variant_config(*variant)})
         torch.cuda.synchronize()
         equal.append(bool(torch.equal(d.view(torch.int16), want.view(torch.int16))))
     result.put(equal)
@@ -89,6 +100,14 @@ def smoke_or_exit() -> None:
     print("smoke call, bitwise equal to the Triton kernel per variant:", equal, flush=True)
 
 
+def profile_call(variant: str):
+    """profile_ncu.py's MODULE:FACTORY:ARG case: wo_b (N 5,120, K 8,192) at M = 4,096 in VARIANTS[int(variant)]."""
+    M, N, K = 4096, *DENSE_SHAPES["wo_b"]
+    op = dense_operands(M, N, K)
+    cfg = {**G.gemm_kernel_config(G._DENSE, M, 128, False), **variant_config(*VARIANTS[int(variant)])}
+    return lambda: G._gluon_fp8_v3_gemm(*op["v3"][0], *op["v3"][1], op["d"], cfg)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, nargs="*", default=[4096])
@@ -105,11 +124,10 @@ def main() -> None:
             G._gemm(G._DENSE, a, b, want, None, None, None, False, config=triton_cfg)
             tflop = 2 * M * N * K / 1e12
             row = dict(name=name, M=M, N=N, K=K)
-            for block_m, block_n, stages, per_sm, bufs in VARIANTS:
-                cfg = {**base, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
-                       "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": bufs}
+            for variant in VARIANTS:
+                cfg = {**base, **variant_config(*variant)}
                 G._gluon_fp8_v3_gemm(*a, *b, d, cfg)
-                key = f"gluon_{block_m}x{block_n}_s{stages}_p{per_sm}_b{bufs}"
+                key = variant_key(*variant)
                 row[f"{key}_bitwise_vs_triton"] = bool(torch.equal(d.view(torch.int16), want.view(torch.int16)))
                 row[f"{key}_diff_vs_triton"] = calc_diff(d, want)
                 row[f"{key}_tflops"] = tflop / ms(lambda: G._gluon_fp8_v3_gemm(*a, *b, d, cfg)) * 1e3
@@ -121,7 +139,7 @@ def main() -> None:
             row["cublas_fp8_block_tflops"] = tflop / ms(blockwise) * 1e3 if blockwise else float("nan")
             rows.append(row)
             print(name, M, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items() if "tflops" in k},
-                  "bitwise:", [row[f"gluon_{m}x{n}_s{s}_p{p}_b{b}_bitwise_vs_triton"] for m, n, s, p, b in VARIANTS],
+                  "bitwise:", [row[f"{variant_key(*v)}_bitwise_vs_triton"] for v in VARIANTS],
                   flush=True)
             torch.cuda.empty_cache()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -130,7 +148,7 @@ def main() -> None:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "exp_gemm_gluon_v3.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    keys = [f"gluon_{m}x{n}_s{s}_p{p}_b{b}" for m, n, s, p, b in VARIANTS]
+    keys = [variant_key(*v) for v in VARIANTS]
     print("| shape | M | " + " | ".join(keys) + " | Triton | cuBLAS tensor | cuBLAS block | best/tensor |")
     for r in rows:
         best = max(r[f"{k}_tflops"] for k in keys)

@@ -5,6 +5,9 @@
 #       shipped tile with and without turns, against cuBLAS in the same process), mini-flashmla's suite and the
 #       runtime's core GPU tests (session 63's final forms of the attention kernels' 64-bit offsets and the NaN
 #       test, never run on a GPU), then Nsight Compute on wo_b with and without turns (exp_gemm_gluon_v3:profile_call).
+#   PART=pairs (any card): the dense V3 kernel's 128-column tiles with K steps in pairs, the second MMA in flight
+#       while the first is promoted (GLUON_PAIRS), its tests, exp_gemm_gluon_v3.py at M = 4,096 and 16,384, Nsight
+#       Compute on wo_b for 128-column tiles without and with pairs (VARIANTS 0 and 1).
 # carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s64
@@ -17,6 +20,13 @@ turns)
     --junitxml="$OUT/junit_runtime.xml"
   fits 150 && NCU_SECS=70 ncu_profile exp_gemm_gluon_v3:profile_call:0 exp_gemm_gluon_v3:profile_call:1
   test_summary v3_tests flashmla_tests runtime_tests
+  grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  ;;
+pairs)
+  run v3_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py --junitxml="$OUT/junit_v3.xml"
+  fits 200 && script_sides 200 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
+  fits 60 && NCU_SECS=70 ncu_profile exp_gemm_gluon_v3:profile_call:0 exp_gemm_gluon_v3:profile_call:1
+  test_summary v3_tests
   grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
   ;;
 esac

@@ -31,19 +31,21 @@ pytestmark = [
 
 SHAPES = [(65, 256, 128), (300, 1280, 5120), (1000, 520, 1280), (257, 4608, 2304), (1100, 2056, 256),
           (2048, 5120, 8192)]
-# (rows, columns per tile, persistent programs per SM; 0 = one program per tile, store buffers per math warpgroup):
-# the last two shapes have more tiles than programs, so a persistent program runs several, with the next tile's
-# loads issued under the current one's MMAs (and with two buffers, a 256-column tile's halves stored back to back)
-VARIANTS = [(128, 128, 0, 1), (128, 128, 1, 1), (128, 256, 1, 1), (128, 256, 0, 1), (64, 128, 2, 1), (128, 256, 1, 2)]
+# (rows, columns per tile, persistent programs per SM; 0 = one program per tile, store buffers per math warpgroup,
+# K steps in pairs): the last two shapes have more tiles than programs, so a persistent program runs several, with
+# the next tile's loads issued under the current one's MMAs (and with two buffers, a 256-column tile's halves stored
+# back to back). In pairs where the K steps are even (K = 128 takes the one-step loop)
+VARIANTS = [(128, 128, 0, 1, 0), (128, 128, 1, 1, 0), (128, 256, 1, 1, 0), (128, 256, 0, 1, 0), (64, 128, 2, 1, 0),
+            (128, 256, 1, 2, 0), (128, 128, 1, 1, 1), (128, 128, 0, 1, 1)]
 SMOKE_S = 180  # a cold compile of each variant plus torch's start: well under a minute
 
 
-def variant_config(M: int, block_m: int, block_n: int, per_sm: int, store_bufs: int) -> dict:
+def variant_config(M: int, block_m: int, block_n: int, per_sm: int, store_bufs: int, pairs: int) -> dict:
     cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
     assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
     stages = 3 if block_m == 64 or store_bufs == 2 else 4  # a second store buffer fits beside 3 stages
     return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
-            "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": store_bufs}
+            "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": store_bufs, "GLUON_PAIRS": bool(pairs)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,7 +72,7 @@ def v3_operands(M: int, N: int, K: int, gen: torch.Generator):
     return (aq, sa), (bq, sb)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_p%d_b%d" % v)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "%dx%d_p%d_b%d_pairs%d" % v)
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_gluon_v3_matches_reference_and_triton(M, N, K, variant):
     gen = torch.Generator().manual_seed(M + N + K)

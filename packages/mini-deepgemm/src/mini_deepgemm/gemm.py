@@ -895,8 +895,9 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
     in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile),
     cfg.get("GLUON_STORE_BUFS") store buffers per math warpgroup (default: 2 for 256-column tiles up to
-    V3_STORE_BUFS_MAX_K, with at most 3 ring stages; else 1); sa fp32 [M, K/128], sb fp32 [N/128, K/128], both
-    with unit stride along K (_launch makes them contiguous)."""
+    V3_STORE_BUFS_MAX_K, with at most 3 ring stages; else 1), cfg.get("GLUON_PAIRS") K steps in pairs, two MMAs
+    in flight (128 x 128 tiles, an even number of K steps; default off); sa fp32 [M, K/128], sb fp32 [N/128,
+    K/128], both with unit stride along K (_launch makes them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
@@ -904,13 +905,14 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     block_m = cfg["GLUON_BLOCK_M"]
     block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
     store_bufs, stages = _gluon_v3_store_bufs(block_n, K, cfg)
+    pairs = bool(cfg.get("GLUON_PAIRS", False)) and block_m == 128 and block_n == 128 and K // 128 % 2 == 0
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](
         _tma_desc(aq, (block_m, 128)), _tma_desc(bq, (block_n, 128)), _tma_desc(d, (64, 128)),
         sa, sb, M, N, K, sa.stride(0), sb.stride(0),
         STAGES=stages, GROUP_M=cfg["GROUP_M"], CONSUMER_REGS=_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=_GLUON_PRODUCER_REGS, STORE_BUFS=store_bufs, num_warps=4, maxnreg=maxnreg,
+        PRODUCER_REGS=_GLUON_PRODUCER_REGS, STORE_BUFS=store_bufs, PAIRS=pairs, num_warps=4, maxnreg=maxnreg,
         enable_fp_fusion=True)
 
 

@@ -207,11 +207,70 @@ def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M
 
 
 @gluon.jit
+def _issue_mma(a_ring, b_ring, ready, step, part, ROW0: gl.constexpr):
+    """Wait for ring slot `step`'s operands and issue its [64, 128] x [128, 128] MMA into the fresh tile `part`
+    (use_acc false), asynchronously: returns the MMA's token."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    slot = step % STAGES
+    mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+    b = b_ring.index(slot).slice(0, 128, dim=0)
+    return warpgroup_mma(a_ring.index(slot).slice(ROW0, 64, dim=0), b.permute((1, 0)), part, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _promote_step(acc, part, empty, step, scale):
+    """Release step `step`'s ring slot (its MMA is done) and add its tile times the rows' scale."""
+    STAGES: gl.constexpr = empty.type.shape[0]
+    mbarrier.arrive(empty.index(step % STAGES), count=1)
+    return acc + part * scale[:, None]
+
+
+@gluon.jit
+def _math_v3_pairs(a_ring, b_ring, ready, empty, d_desc, d_lo, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
+                   ROW0: gl.constexpr, GROUP_M: gl.constexpr):
+    """_math_v3 for 128-column tiles, K steps in pairs (num_k even): the pair's second MMA is issued into a second
+    fresh tile before the first is waited for, so the first's promotion runs under the second's MMA. Three [64, 128]
+    fp32 tiles (192 registers). No MMA stays in flight across the loop's back edge: chained across pairs (the next
+    pair's first MMA issued before this pair's second promotion) ptxas serialized every wgmma (C7514) and spilled
+    200 bytes, and chains of four spilled 464 (offline, triton 3.6, sm_90a). The pair's scales are loaded at its
+    start. Every element: the same MMA and promotion."""
+    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
+    BLOCK_N: gl.constexpr = b_ring.type.shape[1]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma)
+    num_k = K // 128
+    step = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = off_m + ROW0
+        sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+        sb_col = sb_ptr + (off_n // 128) * stride_sb
+        # the fresh tiles' stand-in accumulators start per tile: carried across tiles they stay live through the
+        # epilogue beside acc
+        p0 = gl.zeros([64, 128], gl.float32, mma)
+        p1 = gl.zeros([64, 128], gl.float32, mma)
+        acc = gl.zeros([64, 128], gl.float32, mma)
+        for k in range(0, num_k, 2):
+            s0 = gl.load(sa_rows + k) * gl.load(sb_col + k)
+            s1 = gl.load(sa_rows + k + 1) * gl.load(sb_col + k + 1)
+            t0 = _issue_mma(a_ring, b_ring, ready, step, p0, ROW0)
+            t1 = _issue_mma(a_ring, b_ring, ready, step + 1, p1, ROW0)
+            p0 = warpgroup_mma_wait(1, deps=(t0,))
+            acc = _promote_step(acc, p0, empty, step, s0)
+            p1 = warpgroup_mma_wait(0, deps=(t1,))
+            acc = _promote_step(acc, p1, empty, step + 1, s1)
+            step += 2
+        _store_tile(acc, d_desc, d_lo, row0, off_n)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def fp8_gemm_v3_kernel(
     a_desc, b_desc, d_desc, sa_ptr, sb_ptr,
     M, N, K, stride_sa, stride_sb,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    STORE_BUFS: gl.constexpr = 1,
+    STORE_BUFS: gl.constexpr = 1, PAIRS: gl.constexpr = False,
 ):
     """d[m, n] = sum over 128-blocks kb of sa[m, kb] * sb[n // 128, kb] * (a[m, kb] . b[n, kb]), bf16 out.
     a_desc: e4m3 [M, K] in [BLOCK_M, 128] tiles (BLOCK_M 64 or 128: one or two math warpgroups); b_desc: e4m3
@@ -227,7 +286,16 @@ def fp8_gemm_v3_kernel(
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
     HI_BUF: gl.constexpr = STORE_BUFS == 2
     d_smem_hi = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout) if HI_BUF else d_smem
-    if CONSUMERS == 2:
+    if PAIRS:
+        gl.warp_specialize(
+            [(_math_v3_pairs, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), sa_ptr, sb_ptr, M, N, K,
+                               stride_sa, stride_sb, 0, GROUP_M)),
+             (_math_v3_pairs, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(1), sa_ptr, sb_ptr, M, N, K,
+                               stride_sa, stride_sb, 64, GROUP_M)),
+             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, a_desc, b_desc, a_ring,
+                          b_ring, False))],
+            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 2:
         gl.warp_specialize(
             [(_math_v3, (a_ring, b_ring, ready, empty, d_desc, d_smem.index(0), d_smem_hi.index(0), sa_ptr, sb_ptr,
                          M, N, K, stride_sa, stride_sb, 0, GROUP_M, HI_BUF)),
