@@ -37,9 +37,8 @@ from mini_deepgemm.testing import calc_diff
 # warp-specialized kernel; session 14 the partition per math warpgroup; session 63 a second store buffer for
 # 256-column tiles (which fits at 3 stages) and 64-row tiles (one math warpgroup, two programs per SM); session 64
 # the MMAs issued in turns by the two math warpgroups (commit 4d9cd4c; 0.97-0.995x), then 128-column tiles with K
-# steps in pairs, the second MMA in flight while the first is promoted (4 and 6 stages).
-VARIANTS = [(128, 128, 4, 1, 1, 0), (128, 128, 4, 1, 1, 1), (128, 128, 6, 1, 1, 1), (128, 256, 4, 1, 1, 0),
-            (128, 256, 3, 1, 2, 0)]
+# steps in pairs, the second MMA in flight while the first is promoted (run 2 also at 6 stages: 0.95-1.04x the 4).
+VARIANTS = [(128, 128, 4, 1, 1, 0), (128, 128, 4, 1, 1, 1), (128, 256, 4, 1, 1, 0), (128, 256, 3, 1, 2, 0)]
 SMOKE_S = 60
 
 

@@ -8,7 +8,11 @@
 #   PART=pairs (any card): the dense V3 kernel's 128-column tiles with K steps in pairs, the second MMA in flight
 #       while the first is promoted (GLUON_PAIRS), its tests, exp_gemm_gluon_v3.py at M = 4,096 and 16,384, Nsight
 #       Compute on wo_b for 128-column tiles without and with pairs (VARIANTS 0 and 1).
-# carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+#   PART=final (any card; the tree with the pairs routed, scales loaded a pair ahead): mini-deepgemm's dense tests
+#       (test_gemm_gluon_fp8.py, test_gemm.py), the runtime's core GPU tests, exp_gemm_gluon_v3.py at both M (128
+#       columns one step at a time and in pairs, 256 columns with one and two store buffers: the route before and
+#       after in one process), bench_prefill on .ab-base.tar.gz (main before the pairs, 5ba2eb6) and the tree.
+# carry [".devdeps"] (PART=final: also ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s64
 case "${PART:-turns}" in
@@ -28,6 +32,17 @@ pairs)
   fits 60 && NCU_SECS=70 ncu_profile exp_gemm_gluon_v3:profile_call:0 exp_gemm_gluon_v3:profile_call:1
   test_summary v3_tests
   grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  ;;
+final)
+  run dense_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
+    packages/mini-deepgemm/tests/test_gemm.py --junitxml="$OUT/junit_dense.xml"
+  fits 130 && run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 170 && script_sides 160 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
+  fits 120 && prefill_sides 110 base new
+  test_summary dense_tests runtime_tests
+  grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  grep -hE "tok/s|projections" "$OUT"/prefill_*.txt | cut -c1-160
   ;;
 esac
 cat "$OUT/summary.txt"

@@ -288,16 +288,21 @@ def test_fp4_grouped_routes_follow_the_h200_measurements(layout, rows, expected)
     assert {k: cfg.get(k) for k in expected} == expected, cfg
 
 
-@pytest.mark.parametrize("M,N,block_n", [(4096, 1280, 128), (4096, 512, 128), (4096, 32768, 256), (4096, 5120, 256),
-                                         (4096, 4096, 256), (4096, 4608, 256), (4096, 25600, 256), (64, 4096, 128)])
-def test_v3_tile_columns_follow_the_h200_measurements(monkeypatch, M, N, block_n):
-    """The V3 Gluon kernel's 256-column tiles where session 14 run 3 measured them faster (docs/reports/
-    deepgemm-gluon-v3.md): the dense shapes whose 128 x 256 tiles fill >= 85% of the last wave on 132 SMs; wq_a
-    (N = 1,280: 160 tiles) and wkv (N = 512: 64 tiles) keep 128 columns."""
+@pytest.mark.parametrize("M,N,K,block_n", [
+    (4096, 1280, 5120, 128), (4096, 512, 5120, 128), (4096, 32768, 1280, 256), (4096, 5120, 8192, 256),
+    (4096, 4096, 1280, 256), (4096, 4608, 5120, 128), (4096, 5120, 2304, 256), (4096, 25600, 6144, 128),
+    (16384, 1280, 5120, 256), (16384, 512, 5120, 256), (16384, 5120, 8192, 128), (16384, 4608, 5120, 128),
+    (16384, 5120, 2304, 256), (16384, 25600, 6144, 256), (16384, 4608, 5248, 256), (64, 4096, 5120, 128)])
+def test_v3_tile_columns_follow_the_measurements(monkeypatch, M, N, K, block_n):
+    """The V3 Gluon kernel's 256-column tiles where sessions 14 and 64 measured them faster (docs/reports/
+    deepgemm-gluon-v3.md): where 128 x 256 tiles fill >= 85% of the last wave on 132 SMs (wq_a at 4,096 rows: 160
+    tiles, and wkv: 64, do not), unless K > 2,304 and the 128-column tiles, K steps in pairs, fill their waves >= 1.02x
+    better (shared_w13 and engram_wkv at 4,096 rows, wo_b and shared_w13 at 16,384); an odd number of K steps (5,248:
+    41) cannot take pairs."""
     from mini_deepgemm import gemm
 
     monkeypatch.setattr(gemm, "sm_count", lambda device: 132)
-    assert gemm._gluon_v3_block_n(M, N, 128 if M > 64 else 64, torch.device("cpu")) == block_n
+    assert gemm._gluon_v3_block_n(M, N, K, 128 if M > 64 else 64, torch.device("cpu")) == block_n
 
 
 @pytest.mark.parametrize("block_n,K,want", [(256, 1280, (2, 3)), (256, 2304, (2, 3)), (256, 5120, (1, 4)),

@@ -878,15 +878,38 @@ def _gluon_v3_store_bufs(block_n: int, K: int, cfg: dict) -> tuple[int, int]:
     return store_bufs, min(cfg["GLUON_STAGES"], 3) if store_bufs == 2 else cfg["GLUON_STAGES"]
 
 
-def _gluon_v3_block_n(M: int, N: int, block_m: int, device: torch.device) -> int:
-    """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, else 128.
-    Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x the 128-column tiles at the six dense
-    shapes whose 256-wide tiles fill 87-99% of their last wave, and 0.68-0.90x at wq_a (160 tiles on 132 SMs: a
-    second wave 21% full) and wkv (64 tiles)."""
+# 128-column tiles take their K steps in pairs when there is an even number of them: each pair's second MMA is
+# issued before the first is waited for, so the first's promotion runs under it (session 64: 1.05-1.15x the one-step
+# loop at all 16 dense shape and M pairs on an H100, bitwise equal). Against 256-column tiles (one step at a time,
+# each half promoted while its warpgroup has no MMA running, but B's tile read once per 256 columns) the pairs ran
+# 0.95-0.99x per tile where both tile widths fill the SMs' waves alike, and won where the 128-column tiles fill the
+# last wave better: so they take a long-K GEMM (past V3_STORE_BUFS_MAX_K, where the wide tiles' second store buffer
+# stops) when their waves are at least V3_PAIRS_WAVE_GAIN fuller (docs/reports/deepgemm-gluon-v3.md, session 64).
+V3_PAIRS_WAVE_GAIN = 1.02
+
+
+def _wave_fill(tiles: int, programs: int) -> float:
+    """The share of the last wave's programs that get a tile, over whole waves: tiles / (waves x programs)."""
+    return tiles / (cdiv(tiles, programs) * programs)
+
+
+def _gluon_v3_block_n(M: int, N: int, K: int, block_m: int, device: torch.device) -> int:
+    """Columns of the V3 kernel's tiles: 256 where 128 x 256 tiles fill the SMs' waves to at least 85%, unless K >
+    V3_STORE_BUFS_MAX_K with an even number of K steps and the 128 x 128 tiles (K steps in pairs) fill theirs
+    V3_PAIRS_WAVE_GAIN times better; else 128. Session 14 run 3 (M = 4,096, bitwise equal): 256 columns ran 1.04-1.10x
+    the 128-column tiles of then (one K step at a time) at the six dense shapes whose 256-wide tiles fill 87-99% of
+    their last wave, and 0.68-0.90x at wq_a (160 tiles on 132 SMs: a second wave 21% full) and wkv (64 tiles);
+    session 64 measured the pairs (V3_PAIRS_WAVE_GAIN's comment)."""
     if block_m != 128:
         return 128
-    tiles, sms = cdiv(M, 128) * cdiv(N, 256), sm_count(device)
-    return 256 if tiles >= 0.85 * cdiv(tiles, sms) * sms else 128
+    sms = sm_count(device)
+    fill_256 = _wave_fill(cdiv(M, 128) * cdiv(N, 256), sms)
+    if fill_256 < 0.85:
+        return 128
+    pairs = K > V3_STORE_BUFS_MAX_K and K // 128 % 2 == 0
+    if pairs and _wave_fill(cdiv(M, 128) * cdiv(N, 128), sms) >= V3_PAIRS_WAVE_GAIN * fill_256:
+        return 128
+    return 256
 
 
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -895,17 +918,17 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     one, plus the TMA producer warp; block_n = cfg["GLUON_BLOCK_N"] if given, else _gluon_v3_block_n's choice), K
     in steps of 128 (one scale each), cfg["GLUON_PROGRAMS_PER_SM"] persistent programs per SM (0: one per tile),
     cfg.get("GLUON_STORE_BUFS") store buffers per math warpgroup (default: 2 for 256-column tiles up to
-    V3_STORE_BUFS_MAX_K, with at most 3 ring stages; else 1), cfg.get("GLUON_PAIRS") K steps in pairs, two MMAs
-    in flight (128 x 128 tiles, an even number of K steps; default off); sa fp32 [M, K/128], sb fp32 [N/128,
+    V3_STORE_BUFS_MAX_K, with at most 3 ring stages; else 1), K steps in pairs with two MMAs in flight on 128 x 128
+    tiles with an even number of K steps unless cfg.get("GLUON_PAIRS") is False; sa fp32 [M, K/128], sb fp32 [N/128,
     K/128], both with unit stride along K (_launch makes them contiguous)."""
     from .gemm_gluon_fp8_kernel import fp8_gemm_v3_kernel
 
     M, K = aq.shape
     N = bq.shape[0]
     block_m = cfg["GLUON_BLOCK_M"]
-    block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, block_m, d.device)
+    block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, K, block_m, d.device)
     store_bufs, stages = _gluon_v3_store_bufs(block_n, K, cfg)
-    pairs = bool(cfg.get("GLUON_PAIRS", False)) and block_m == 128 and block_n == 128 and K // 128 % 2 == 0
+    pairs = cfg.get("GLUON_PAIRS", True) and block_m == 128 and block_n == 128 and K // 128 % 2 == 0
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](
