@@ -20,11 +20,12 @@ torch._scaled_grouped_mm (FP8 rowwise, the issue's peer) and to the contiguous k
 replay. Every variant's used rows are compared bitwise with the contiguous kernel's. Writes
 $OUT/exp_moe_contiguous_swapab.json.
 
-    cd benchmarks && python3 exp_moe_contiguous_swapab.py
+    cd benchmarks && python3 exp_moe_contiguous_swapab.py [--cases 384x64 ...] [--variants contiguous_kernel ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -57,10 +58,17 @@ def layout_rows(groups: int, mean: int) -> list[int]:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", nargs="*", default=[f"{g}x{m}" for g, m in CASES],
+                   help="EXPERTSxROWS, e.g. 384x64 (default: CASES)")
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    args = p.parse_args()
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases]
+    variants = {k: VARIANTS[k] for k in args.variants}
     copy_gbs = copy_bandwidth_gbs()
     result = {"environment": environment(torch.device("cuda")), "copy_gbs": copy_gbs, "rows": []}
     routed_max_rows, routed_tile = G.CONTIGUOUS_SWAPAB_MAX_ROWS, G._masked_tile
-    for groups, mean in CASES:
+    for groups, mean in cases:
         rows = layout_rows(groups, mean)
         layout = contiguous_layout(rows, 128).cuda()
         M = layout.numel()
@@ -78,7 +86,7 @@ def main() -> None:
                    "touched": touched, "swapab_tile": list(G._masked_tile(mean, True))}
             t, first = {}, None
             used = layout >= 0
-            for key, (max_rows, tile) in VARIANTS.items():
+            for key, (max_rows, tile) in variants.items():
                 G.CONTIGUOUS_SWAPAB_MAX_ROWS = max_rows
                 G._masked_tile = routed_tile if tile is None else (lambda *_args, t=tile: t)
                 out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
@@ -99,21 +107,21 @@ def main() -> None:
                 row[f"us_{key}"] = v * 1e3
                 row[f"tflops_{key}"] = flops / v / 1e9
                 row[f"frac_of_copy_{key}"] = weight_bytes / v / 1e6 / copy_gbs
-                row[f"over_contiguous_{key}"] = t["contiguous_kernel"] / v
+                row[f"over_contiguous_{key}"] = t.get("contiguous_kernel", float("nan")) / v
                 row[f"over_peer_{key}"] = t["scaled_grouped_mm"] / v
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "exp_moe_contiguous_swapab.json"), "w") as f:
         json.dump(result, f, indent=1)
-    names = [*VARIANTS, "scaled_grouped_mm"]
+    names = [*variants, "scaled_grouped_mm"]
     print(f"| experts, rows | GEMM | route's tile | {' | '.join(names)} (TFLOP/s, frac of copy, x contiguous kernel) "
           "| bitwise |")
     for r in result["rows"]:
         cells = " | ".join(f"{r[f'tflops_{k}']:.0f}, {r[f'frac_of_copy_{k}']:.3f}, {r[f'over_contiguous_{k}']:.3f}x"
                            for k in names)
         print(f"| {r['experts']}, ~{r['mean_rows']} | {r['name']} | {r['swapab_tile'][0]}"
-              f"{' split' if r['swapab_tile'][4] else ''} | {cells} | {all(r[f'bitwise_{k}'] for k in VARIANTS)} |")
+              f"{' split' if r['swapab_tile'][4] else ''} | {cells} | {all(r[f'bitwise_{k}'] for k in variants)} |")
 
 
 if __name__ == "__main__":

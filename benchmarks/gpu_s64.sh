@@ -12,7 +12,10 @@
 #       (test_gemm_gluon_fp8.py, test_gemm.py), the runtime's core GPU tests, exp_gemm_gluon_v3.py at both M (128
 #       columns one step at a time and in pairs, 256 columns with one and two store buffers: the route before and
 #       after in one process), bench_prefill on .ab-base.tar.gz (main before the pairs, 5ba2eb6) and the tree.
-# carry [".devdeps"] (PART=final: also ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+#   PART=moe (any card): the FP8-MMA contiguous MoE kernel's 128-row tiles with K steps in pairs (.ab-base.tar.gz =
+#       8cd8ace, before them): test_gemm_fp4_e4m3.py, bench_prefill on both sides (one GPU's ~64 rows per expert),
+#       exp_moe_contiguous_swapab.py at 384 experts of ~48 / ~64 / ~96 rows on both sides, the runtime's core tests.
+# carry [".devdeps"] (PART=final, moe: also ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s64
 case "${PART:-turns}" in
@@ -43,6 +46,17 @@ final)
   test_summary dense_tests runtime_tests
   grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
   grep -hE "tok/s|projections" "$OUT"/prefill_*.txt | cut -c1-160
+  ;;
+moe)
+  fp4_e4m3_tests 150
+  fits 120 && prefill_sides 110 base new
+  fits 140 && script_sides 65 "exp_moe_contiguous_swapab.py --cases 384x48 384x64 384x96 --variants contiguous_kernel \
+    swapab" moe_exp base new
+  fits 110 && run runtime_tests 100 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  test_summary fp4_e4m3_tests runtime_tests
+  grep -hE "tok/s|moe experts" "$OUT"/prefill_*.txt | cut -c1-160
+  grep -hE "^\| 384" "$OUT"/moe_exp_*.txt
   ;;
 esac
 cat "$OUT/summary.txt"
