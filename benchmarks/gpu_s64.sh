@@ -49,6 +49,7 @@ final)
   ;;
 moe)
   fp4_e4m3_tests 150
+  PREFILL_LAYER_ARGS=(--tokens 4096 --layers window,r1-full,r1-reuse)  # runs 1-3's three layers on any card
   fits 120 && prefill_sides 110 base new
   fits 140 && script_sides 65 "exp_moe_contiguous_swapab.py --cases 384x48 384x64 384x96 --variants contiguous_kernel \
     swapab" moe_exp base new
