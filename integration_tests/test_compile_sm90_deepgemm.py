@@ -250,12 +250,10 @@ CASES: list[Case] = [
                 [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
     folded_case("moe_fp4_contiguous_w2_folded_fold128", moe_fp4_contiguous(W2_N, MOE_INTER, "fold_128", True),
                 [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
-    # ... one GPU's prefill of 4,096 tokens (384 experts of ~64 rows): 128-row tiles, their K steps in pairs (two MMAs
-    # in flight, 216 registers per math warpgroup); 8 bytes spill (one STL / LDL pair per warpgroup in a tile's
-    # epilogue, none in the K loop)
+    # ... one GPU's prefill of 4,096 tokens (384 experts of ~64 rows): 128-row tiles on activations folded per 128
     *(folded_case(f"moe_fp4_contiguous_{w}_folded_fold128_e64", moe_fp4_contiguous(n, k, "fold_128", True,
                                                                                    ROUTED_EXPERTS, 64),
-                  [FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 8})
+                  [FP4_E4M3_CONTIGUOUS])
       for w, n, k in (("w13", W13_N, HIDDEN), ("w2", W2_N, MOE_INTER))),
     # ... one GPU's prefill of 2,048 tokens (384 experts of ~32 rows): the swap-AB kernel over the layout's 128-row
     # blocks (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS), split as the masked layout's ~32 rows are. The narrow launch's 32-token

@@ -251,8 +251,6 @@ CONTIGUOUS_CASES = {  # rows per group, N, K
     "n384": ([300, 1, 0, 520], 384, 256),
     # tiles whose second 64-row half is padding (64, 192: exactly 64 real rows; 1) or holds one real row (65)
     "halves": ([64, 65, 192, 1], 256, 256),
-    # 48-128 real rows per expert: 128-row tiles, with folded activations their K steps in pairs (10 steps: 5 pairs)
-    "pairs": ([64, 100, 1, 127, 90, 65, 77], 256, 1280),
 }
 
 

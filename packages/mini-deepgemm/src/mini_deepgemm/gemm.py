@@ -569,10 +569,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         # warpgroup 216 (two accumulators and the MMA's part: 192; offline no spills in the K loop, ~40 spill
         # instructions in a tile's set-up and epilogue, more at 208), the converter the 56 left (no spills).
         # Shared memory: 4 stages of 48 KB or 3 of 56 KB, and 32 KB of epilogue buffers.
-        # With K steps in pairs (128-row tiles, an even number of steps) a math warpgroup holds a second fresh tile:
-        # 216 registers, as 256-row tiles.
-        pairs = block_m == 128 and sa_per_128 and K // 128 % 2 == 0
-        consumer_regs, stages = (216 if pairs else 200, 4) if block_m == 128 else (216, 3)
+        consumer_regs, stages = (200, 4) if block_m == 128 else (216, 3)
         table = group_arg  # 128-row tiles: unused
         if block_m == 256:  # the tiles start at each expert's first row; their count stays on the device
             table = torch.empty(1 + cdiv(M, 128), dtype=torch.int32, device=d.device)
@@ -582,8 +579,8 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
         fp4_e4m3_contiguous_kernel[(min(cdiv(M, 128) * cdiv(N, 128), sm_count(d.device)),)](
             _tma_desc(aq, (block_m, 128)), _packed_fp4_desc(bq), _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
-            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, PAIRS=pairs, num_warps=4,
-            maxnreg=128, enable_fp_fusion=True)
+            CONSUMER_REGS=consumer_regs, PRODUCER_REGS=24, SA_PER_128=sa_per_128, num_warps=4, maxnreg=128,
+            enable_fp_fusion=True)
         return
     # the swap-AB kernel: masked groups of max_m rows, or a contiguous layout's 128-row blocks (CONTIGUOUS)
     contiguous = layout == _CONTIGUOUS

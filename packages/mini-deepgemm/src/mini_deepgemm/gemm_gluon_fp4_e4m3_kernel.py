@@ -64,7 +64,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .gemm_gluon_fp8_kernel import _issue_mma, _promote_step, _store_tile, _tile_offsets, _ue8m0_to_f32
+from .gemm_gluon_fp8_kernel import _store_tile, _tile_offsets, _ue8m0_to_f32
 
 # e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) at d = -5; one step of d adds
 # 8 (an exponent step) to every byte but the zero's. The offset bytes hold d + 5, in [0, 11].
@@ -261,13 +261,11 @@ def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_
 
 @gluon.jit
 def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, off_m, off_n, g,
-               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr,
-               PAIRS: gl.constexpr = False):
+               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
     """_contiguous_math's K loop and epilogue of one tile of expert g, from ring step `step`; returns the step after.
     used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows (a sub-tile of padding or of the
     next segment: no MMA, no store); 128-row tiles pass used_0 = True (their caller has checked it), which keeps their
-    SASS the same as before the tile table. PAIRS (128-row tiles, SA_PER_128, an even number of K steps): the K steps
-    in pairs, the second MMA in flight while the first is promoted, as the dense V3 kernel's _math_v3_pairs."""
+    SASS the same as before the tile table."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
@@ -278,59 +276,42 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
     sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
     wa = gl.load(sa_rows)
     acc = gl.zeros([64, 128], gl.float32, mma)
-    if PAIRS:
-        gl.static_assert(SA_PER_128 and SUB_TILES == 1, "K steps in pairs: 128-row tiles, activations folded per 128")
-        p0, p1 = zero, gl.zeros([64, 128], gl.float32, mma)
-        wa_1 = gl.load(sa_rows + 1)
-        for k in range(0, num_k, 2):
-            s0 = wa
-            s1 = wa_1
-            ahead = gl.minimum(k + 2, num_k - 2)  # the next pair's scales, loaded a pair ahead
-            wa, wa_1 = gl.load(sa_rows + ahead), gl.load(sa_rows + ahead + 1)
-            t0 = _issue_mma(a_ring, b_ring, ready, step, p0, ROW0)
-            t1 = _issue_mma(a_ring, b_ring, ready, step + 1, p1, ROW0)
-            p0 = warpgroup_mma_wait(1, deps=(t0,))
-            acc = _promote_step(acc, p0, empty, step, s0)
-            p1 = warpgroup_mma_wait(0, deps=(t1,))
-            acc = _promote_step(acc, p1, empty, step + 1, s1)
-            step += 2
-    else:
+    if SUB_TILES == 2:
+        used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
+        sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
+        wa_1 = gl.load(sa_rows_1)
+        acc_1 = gl.zeros([64, 128], gl.float32, mma)
+    for k in range(num_k):
+        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
         if SUB_TILES == 2:
-            used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
-            sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
-            wa_1 = gl.load(sa_rows_1)
-            acc_1 = gl.zeros([64, 128], gl.float32, mma)
-        for k in range(num_k):
-            wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-            if SUB_TILES == 2:
-                wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-            b_tile = b_ring.index(slot)
-            if used_0:
-                if SA_PER_128:
+            wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
+        slot = step % STAGES
+        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+        b_tile = b_ring.index(slot)
+        if used_0:
+            if SA_PER_128:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                acc = acc + part * wa[:, None]
+            else:
+                for j in gl.static_range(4):
+                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
                     part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                        a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
-                    acc = acc + part * wa[:, None]
-                else:
-                    for j in gl.static_range(4):
-                        a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-                        part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                            a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
-                            is_async=True),))
-                        acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
-            if SUB_TILES == 2:
-                if used_1:
-                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                        a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
-                        use_acc=False, is_async=True),))
-                    acc_1 = acc_1 + part * wa_1[:, None]
-            mbarrier.arrive(empty.index(slot), count=1)
-            wa = wa_next
-            if SUB_TILES == 2:
-                wa_1 = wa_1_next
-            step += 1
+                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                        is_async=True),))
+                    acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+        if SUB_TILES == 2:
+            if used_1:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
+                    use_acc=False, is_async=True),))
+                acc_1 = acc_1 + part * wa_1[:, None]
+        mbarrier.arrive(empty.index(slot), count=1)
+        wa = wa_next
+        if SUB_TILES == 2:
+            wa_1 = wa_1_next
+        step += 1
     if used_0:
         colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
         _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
@@ -345,7 +326,7 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
 @gluon.jit
 def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, table_ptr, layout_ptr,
                      M, N, K, stride_sa, stride_d, GROUP_M: gl.constexpr, ROW0: gl.constexpr,
-                     SA_PER_128: gl.constexpr, PAIRS: gl.constexpr):
+                     SA_PER_128: gl.constexpr):
     """Rows ROW0 + [0, 64) of every tile and, in 256-row tiles, ROW0 + 128 + [0, 64): 64-row sub-tiles, each with
     its accumulator (the two warpgroups take alternate sub-tiles, so a 256-row tile that ends its expert after one
     128-row block keeps both busy): per K step and sub-tile, with SA_PER_128 one m64n128k128 MMA (A and B from shared
@@ -356,8 +337,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
     256-row tile) gets no MMA and no store, and a warpgroup whose first sub-tile is such only passes the ring's
     barriers. Experts of at most 64 rows (~64 on average at 1-GPU prefill: 4,096 tokens x 6 / 384 experts) leave
     warpgroup 1 of a 128-row tile idle. sa_ptr: int32 words of the UE8M0 bytes [M, K / 32] (row stride stride_sa
-    words), or with SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128).
-    PAIRS: _math_tile's K steps in pairs (128-row tiles, SA_PER_128, an even number of K steps)."""
+    words), or with SA_PER_128 fp32 scales [M, K / 128] of activations folded per 128 (reference.fold_ue8m0_to_128)."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     SUB_TILES: gl.constexpr = BLOCK_M // 128
@@ -377,7 +357,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
                 else:
                     step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
                                       layout_ptr, off_m, off_n, g, True, step, M, N, K, stride_sa, stride_d,
-                                      ROW0, SA_PER_128, PAIRS)
+                                      ROW0, SA_PER_128)
             else:
                 # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
                 # the first MMA unguarded (as it is where the branch is known true) ptxas spilled ~340 instructions
@@ -392,7 +372,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, table_ptr,
                                layout_ptr, M, N, K, stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                               SA_PER_128: gl.constexpr = False, PAIRS: gl.constexpr = False):
+                               SA_PER_128: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256 with
     SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes, 64-byte
@@ -400,8 +380,7 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128);
     colscale fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles
     contiguous_tile_table_kernel's (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0.
-    PAIRS: the math warpgroups take 128-row tiles' K steps in pairs (_math_tile). Persistent: at most one program
-    per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
@@ -420,9 +399,9 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
         [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
                                 GROUP_M, BLOCK_M)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128, PAIRS)),
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
          (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128, PAIRS)),
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
          (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
                               K, GROUP_M))],
         [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
