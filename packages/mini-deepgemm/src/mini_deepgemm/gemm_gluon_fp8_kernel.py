@@ -22,6 +22,9 @@ program), in warp-specialized partitions:
   are clipped by the copy), waited for only before the next tile's epilogue reuses the buffer. With one buffer a
   256-column tile's second half waits for the first half's store to leave it; STORE_BUFS = 2 gives the second half
   a buffer of its own (it fits beside 3 ring stages; gemm routes it where tiles have few K steps, session 63).
+128-column tiles with an even number of K steps take them in pairs (_math_v3_pairs, session 64): both MMAs issued,
+the first waited for alone and promoted while the second runs (1.04-1.15x the one-step loop; three fp32 tiles, so
+256-column tiles cannot); gemm routes long-K GEMMs to them where their waves fill better than 128 x 256 tiles'.
 Why one partition per warpgroup (session 14, docs/reports/deepgemm-gluon-v3.md): Gluon puts a barrier over the
 whole partition around each single-thread operation (the slot's wait and release), so two warpgroups in one
 partition ran in step and promoted at the same time while the tensor core idled. Apart, one promotes under the
@@ -286,7 +289,8 @@ def fp8_gemm_v3_kernel(
     Launch with num_warps=4 (the first math warpgroup); the second (CONSUMER_REGS registers) and the producer warp
     (PRODUCER_REGS, in a warpgroup of its own: setmaxnreg works per warpgroup) come from warp_specialize, and the
     launch's maxnreg sets what the first warpgroup gets. Every output element is the same MMA and promotion
-    whatever BLOCK_M and BLOCK_N, so the tile shape does not change a bit of the result."""
+    whatever BLOCK_M and BLOCK_N, so the tile shape does not change a bit of the result. STORE_BUFS: store buffers
+    per math warpgroup (2: 256-column tiles); PAIRS: 128 x 128 tiles take K steps in pairs (K / 128 even)."""
     CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
     a_ring, b_ring, ready, empty = _allocate_ring(a_desc, b_desc, STAGES, CONSUMERS)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [CONSUMERS, 64, 128], d_desc.layout)
