@@ -879,7 +879,7 @@ def _gluon_v3_store_bufs(block_n: int, K: int, cfg: dict) -> tuple[int, int]:
 
 
 # 128-column tiles take their K steps in pairs when there is an even number of them: each pair's second MMA is
-# issued before the first is waited for, so the first's promotion runs under it (session 64: 1.05-1.15x the one-step
+# issued before the first is waited for, so the first's promotion runs under it (session 64: 1.04-1.15x the one-step
 # loop at all 16 dense shape and M pairs on an H100, bitwise equal). Against 256-column tiles (one step at a time,
 # each half promoted while its warpgroup has no MMA running, but B's tile read once per 256 columns) the pairs ran
 # 0.95-0.99x per tile where both tile widths fill the SMs' waves alike, and won where the 128-column tiles fill the

@@ -151,6 +151,17 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl
 
 
 @gluon.jit
+def _warpgroup_rows(tile, sa_ptr, M, N, stride_sa, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    GROUP_M: gl.constexpr, ROW0: gl.constexpr, rows_layout: gl.constexpr):
+    """Tile `tile`'s column offset, the first of this warpgroup's 64 rows and pointers to their A scales (rows past
+    M read row M - 1: their results are not stored)."""
+    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    row0 = off_m + ROW0
+    sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+    return off_n, row0, sa_rows
+
+
+@gluon.jit
 def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M, N, K, stride_sa, stride_sb,
              ROW0: gl.constexpr, GROUP_M: gl.constexpr, HI_BUF: gl.constexpr):
     """One math warpgroup's partition: rows [ROW0, ROW0 + 64) of each BLOCK_M x BLOCK_N tile, every column, in
@@ -170,10 +181,9 @@ def _math_v3(a_ring, b_ring, ready, empty, d_desc, d_lo, d_hi, sa_ptr, sb_ptr, M
     part = gl.zeros([64, 128], gl.float32, mma)
     step = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        row0 = off_m + ROW0
-        # rows past M read row M - 1 and a half past N reads the last scale block: their results are not stored
-        sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+        off_n, row0, sa_rows = _warpgroup_rows(tile, sa_ptr, M, N, stride_sa, BLOCK_M, BLOCK_N, GROUP_M, ROW0,
+                                               rows_layout)
+        # a half past N reads the last scale block: its results are not stored
         sb_lo = sb_ptr + (off_n // 128) * stride_sb
         sb_hi = sb_ptr + gl.minimum(off_n // 128 + 1, last_sb) * stride_sb
         sa_next, sb_lo_next, sb_hi_next = gl.load(sa_rows), gl.load(sb_lo), gl.load(sb_hi)
@@ -245,9 +255,8 @@ def _math_v3_pairs(a_ring, b_ring, ready, empty, d_desc, d_lo, sa_ptr, sb_ptr, M
     num_k = K // 128
     step = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        row0 = off_m + ROW0
-        sa_rows = sa_ptr + gl.minimum(row0 + gl.arange(0, 64, layout=rows_layout), M - 1).to(gl.int64) * stride_sa
+        off_n, row0, sa_rows = _warpgroup_rows(tile, sa_ptr, M, N, stride_sa, BLOCK_M, BLOCK_N, GROUP_M, ROW0,
+                                               rows_layout)
         sb_col = sb_ptr + (off_n // 128) * stride_sb
         # the fresh tiles' stand-in accumulators start per tile: carried across tiles they stay live through the
         # epilogue beside acc
