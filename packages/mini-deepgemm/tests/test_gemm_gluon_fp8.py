@@ -43,8 +43,8 @@ SMOKE_S = 180  # a cold compile of each variant plus torch's start: well under a
 def variant_config(M: int, block_m: int, block_n: int, per_sm: int, store_bufs: int, pairs: int) -> dict:
     cfg = gemm.gemm_kernel_config(gemm._DENSE, M, 128, False)
     assert cfg.get("GLUON"), "dense V3 GEMMs above 64 rows must select the Gluon kernel (where _use_gluon_v3 allows)"
-    stages = 3 if block_m == 64 or store_bufs == 2 else 4  # a second store buffer fits beside 3 stages
-    return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": stages,
+    # (with a second store buffer, _gluon_v3_store_bufs caps the ring at 3 stages)
+    return {**cfg, "GLUON_BLOCK_M": block_m, "GLUON_BLOCK_N": block_n, "GLUON_STAGES": 3 if block_m == 64 else 4,
             "GLUON_PROGRAMS_PER_SM": per_sm, "GLUON_STORE_BUFS": store_bufs, "GLUON_PAIRS": bool(pairs)}
 
 

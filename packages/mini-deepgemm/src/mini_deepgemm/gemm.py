@@ -888,6 +888,11 @@ def _gluon_v3_store_bufs(block_n: int, K: int, cfg: dict) -> tuple[int, int]:
 V3_PAIRS_WAVE_GAIN = 1.02
 
 
+def _v3_pairs(block_n: int, K: int) -> bool:
+    """Whether a V3 launch's tiles take their K steps in pairs: 128-column tiles and an even number of K steps."""
+    return block_n == 128 and K // 128 % 2 == 0
+
+
 def _wave_fill(tiles: int, programs: int) -> float:
     """The share of the last wave's programs that get a tile, over whole waves: tiles / (waves x programs)."""
     return tiles / (cdiv(tiles, programs) * programs)
@@ -906,10 +911,9 @@ def _gluon_v3_block_n(M: int, N: int, K: int, block_m: int, device: torch.device
     fill_256 = _wave_fill(cdiv(M, 128) * cdiv(N, 256), sms)
     if fill_256 < 0.85:
         return 128
-    pairs = K > V3_STORE_BUFS_MAX_K and K // 128 % 2 == 0
-    if pairs and _wave_fill(cdiv(M, 128) * cdiv(N, 128), sms) >= V3_PAIRS_WAVE_GAIN * fill_256:
-        return 128
-    return 256
+    fill_128 = _wave_fill(cdiv(M, 128) * cdiv(N, 128), sms)
+    pairs_win = K > V3_STORE_BUFS_MAX_K and _v3_pairs(128, K) and fill_128 >= V3_PAIRS_WAVE_GAIN * fill_256
+    return 128 if pairs_win else 256
 
 
 def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
@@ -928,7 +932,7 @@ def _gluon_fp8_v3_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb:
     block_m = cfg["GLUON_BLOCK_M"]
     block_n = cfg["GLUON_BLOCK_N"] if "GLUON_BLOCK_N" in cfg else _gluon_v3_block_n(M, N, K, block_m, d.device)
     store_bufs, stages = _gluon_v3_store_bufs(block_n, K, cfg)
-    pairs = cfg.get("GLUON_PAIRS", True) and block_m == 128 and block_n == 128 and K // 128 % 2 == 0
+    pairs = cfg.get("GLUON_PAIRS", True) and block_m == 128 and _v3_pairs(block_n, K)
     grid, maxnreg = _dense_gluon_launch(cdiv(M, block_m) * cdiv(N, block_n), block_m, cfg["GLUON_PROGRAMS_PER_SM"],
                                         d.device)
     fp8_gemm_v3_kernel[grid](

@@ -226,9 +226,8 @@ def _issue_mma(a_ring, b_ring, ready, step, part, ROW0: gl.constexpr):
     STAGES: gl.constexpr = a_ring.type.shape[0]
     slot = step % STAGES
     mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-    b = b_ring.index(slot).slice(0, 128, dim=0)
-    return warpgroup_mma(a_ring.index(slot).slice(ROW0, 64, dim=0), b.permute((1, 0)), part, use_acc=False,
-                         is_async=True)
+    return warpgroup_mma(a_ring.index(slot).slice(ROW0, 64, dim=0), b_ring.index(slot).permute((1, 0)), part,
+                         use_acc=False, is_async=True)
 
 
 @gluon.jit
