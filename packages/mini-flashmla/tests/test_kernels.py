@@ -368,6 +368,34 @@ def test_gluon_bf16_rows_match_reference_and_triton(gluon_device, s_q, h, n_kv, 
         assert_attn_close(out, lse, tri_out.float(), tri_lse)
 
 
+@pytest.mark.parametrize("h", [64, 128])
+def test_gluon_running_max_moves_past_its_threshold(gluon_device, h):
+    """The Gluon kernel moves a row's running max only where a block exceeds it by more than RESCALE_LOG2 (log2
+    units) and skips the rescale where no row moved. Scores built to rise by a set amount per 64-slot block, per head:
+    0 (never moves after the first block), 3 (stays up to two blocks, P up to 2^6, then moves), 12 (moves every
+    block), -5 (falls), so one block moves some rows and not others, against the reference and the Triton kernel."""
+    from mini_flashmla import sparse_attn_gluon_kernel as kernel
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    assert kernel.RESCALE_LOG2.value == 8.0
+    g = torch.Generator().manual_seed(h)
+    s_q, topk = 6, 640  # ten blocks
+    u = torch.nn.functional.normalize(torch.randn(512, generator=g), dim=0)
+    rise = torch.tensor([0.0, 3.0, 12.0, -5.0]).repeat(h // 4)[torch.randperm(h, generator=g)]  # log2 units / block
+    q = (rise / (SCALE * 1.4426950408889634))[None, :, None] * u + 0.05 * torch.randn(s_q, h, 512, generator=g)
+    kv = (torch.arange(topk) // 64).float()[:, None] * u + 0.01 * torch.randn(topk, 512, generator=g)
+    idx = torch.stack([torch.randperm(topk, generator=g) for _ in range(s_q)]).int()  # every block in every order
+    idx[0] = torch.arange(topk)  # blocks in rising order
+    idx[1, ::3] = -1
+    q, kv, idx = q.bfloat16().to(gluon_device), kv.bfloat16().to(gluon_device), idx.to(gluon_device)
+    sink = torch.randn(h, generator=g).to(gluon_device)
+    for s in (sink, None):
+        out, lse = api._launch_gluon(q, (kv, idx, FORMAT_BF16.value), None, SCALE, s)
+        assert_attn_close(out, lse, *reference.sparse_attn_ref(q, kv, idx, SCALE, s))
+        tri_out, tri_lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, s, 1)
+        assert_attn_close(out, lse, tri_out.float(), tri_lse)
+
+
 def test_outputs_past_2_31_elements(gluon_device):
     """s_q = 65,536 + 8 at 64 heads: q and out hold more than 2**31 elements, so a query's offset sq * (64 x 512)
     must be 64-bit (in int32 row 65,536 wrapped to a negative offset). Both kernels, rows on either side of it."""

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 65's GPU runs.
+#   PART=attn (any card): the Gluon attention's running max moved only past RESCALE_LOG2 (the rescale of both
+#       warpgroups' accumulators skipped where no row moved). Sides: base = .ab-base.tar.gz (main, eb953f1), alt =
+#       .ab-alt.tar.gz (the flag decided for the whole warpgroup by a cross-warp max in the owner), new = the tree
+#       (each row decides; the warpgroup reads all 64 row flags after the publish barrier). mini-flashmla's GPU suite
+#       on the tree, bench_flashmla's prefill part in 3 rounds on the three sides in turn, its decode part on each.
+#   PART=final (any card): the runtime's core GPU tests on the tree, bench_prefill on base and new (the attention
+#       stage), and on an H200 the owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
+#       test_gemm_fp4_e4m3.py) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384 (session 64's V3 figures).
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s65
+case "${PART:-attn}" in
+attn)
+  flashmla_tests 150
+  prefill_part_rounds 3 base alt new
+  decode_parts 60 base alt new
+  test_summary flashmla_tests
+  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill" "$f" | tr -s ' ' | cut -c1-150)"; done
+  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode" "$f" | tr -s ' ' | cut -c1-150; done
+  ;;
+final)
+  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  fits 150 && prefill_sides 110 base new
+  if [ "$CARD" = h200 ]; then
+    fits 120 && run dense_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
+      packages/mini-deepgemm/tests/test_gemm.py --junitxml="$OUT/junit_dense.xml"
+    fits 160 && fp4_e4m3_tests 150
+    fits 170 && script_sides 160 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
+  fi
+  test_summary runtime_tests dense_tests fp4_e4m3_tests 2>/dev/null
+  grep -hE "tok/s|attention" "$OUT"/prefill_*.txt | cut -c1-160
+  [ -f "$OUT/v3_exp_new.txt" ] && grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  ;;
+esac
+cat "$OUT/summary.txt"
+pack_out
