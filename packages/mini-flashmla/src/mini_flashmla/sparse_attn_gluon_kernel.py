@@ -34,11 +34,11 @@ series with the MMAs. Here they run in their own warps:
   An odd block count ends with warpgroup 0's block alone. The row sums stay per warpgroup and are added at the end.
 
 Numerics are the Triton kernel's (and the reference's): blocks of 64 slots in order (window, then compressed), the
-running max from -1e30 in the log2 domain (moved only past RESCALE_LOG2, below), P rounded to bf16 before P.V, the
-sink in the denominator only, lse without the sink. Empty slots (-1, or an id outside the cache) copy zeros, in
-every format: their score is -inf, so P is exactly 0, and 0 x the zero row adds nothing, where 0 x a NaN or inf that
-some cache row held would make the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A source
-with no rows is never routed here.
+running max from -1e30 in the log2 domain, P rounded to bf16 before P.V, the sink in the denominator only, lse
+without the sink. Empty slots (-1, or an id outside the cache) copy zeros, in every format: their score is -inf,
+so P is exactly 0, and 0 x the zero row adds nothing, where 0 x a NaN or inf that some cache row held would make
+the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A source with no rows is never routed
+here.
 
 Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 20 KB of raw
 staging for quantized rows): 206,944 B with bf16 rows, 227,520 B paged (offline, triton 3.6, sm_90a).
@@ -137,12 +137,6 @@ TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
 PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
-# A row's running max (log2 domain) moves to a block's max only where that exceeds it by more than this; elsewhere
-# it stays, so P = 2^(s - m) reaches at most 2^RESCALE_LOG2 (in range for P's bf16, the fp32 sums and the PV MMA), and
-# where no row of a block moved, both warpgroups skip rescaling their [64, 256] fp32 accumulators (128 multiplies per
-# thread, on the chain between a block's P and its PV). The same softmax in exact arithmetic; the roundings differ
-# from a max that moves with every block.
-RESCALE_LOG2: gl.constexpr = gl.constexpr(8.0)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
@@ -182,7 +176,6 @@ Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  #
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-FLAG_WORDS: gl.constexpr = gl.BlockedLayout([16], [32], [4], [0])  # the 64 row flags as 16 words, in every thread
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) in
 # this layout, where a warp's store is 512 contiguous bytes of one row: from the MMA's layout each store instruction
@@ -450,37 +443,24 @@ def _pv(p_smem, tile_half, acc):
 @gluon.jit
 def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
     """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
-    (running max, alpha, P in fp32, row sum of the owner's blocks, which rows' max moved). A row's running max moves
-    to the block's only where that exceeds it by more than RESCALE_LOG2; elsewhere it stays and alpha is 1."""
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
     ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
     valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
     s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-    m_blk = gl.max(s, 1)
-    moved = m_blk > m_run + RESCALE_LOG2
-    m_new = gl.where(moved, m_blk, m_run)
+    m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
     p = gl.exp2(s - m_new[:, None])
-    return m_new, alpha, p, l_own * alpha + gl.sum(p, 1), moved
+    return m_new, alpha, p, l_own * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
-def _publish(p, m_new, moved, p_smem, m_smem, moved_smem, pub_bar):
-    """The owner's P (rounded to bf16 before P.V, as the reference), running max and which rows' max moved; then one
-    arrival on pub_bar (after Gluon's partition barrier: every thread has stored). The caller has waited until all
-    three are free."""
+def _publish(p, m_new, p_smem, m_smem, pub_bar):
+    """The owner's P (rounded to bf16 before P.V, as the reference) and running max of its block; then one arrival on
+    pub_bar (after Gluon's partition barrier: every thread has stored). The caller has waited until both are free."""
     p_smem.store(p.to(gl.bfloat16))
     m_smem.store(m_new)
-    moved_smem.store(moved.to(gl.int8))
     fence_async_shared()  # P's generic-proxy stores before both warpgroups' wgmma reads
     mbarrier.arrive(pub_bar, count=1)
-
-
-@gluon.jit
-def _any_moved(moved_smem):
-    """Whether the published block moved any row's running max: every thread reads all 64 one-byte flags as 16 words
-    (4 shared loads of 16 bytes, no cross-thread reduction), so the answer is the same in every thread."""
-    words = moved_smem._reinterpret(gl.int32, [HEADS // 4], STATS_SHARED).load(FLAG_WORDS)
-    return gl.max(words, 0) != 0
 
 
 @gluon.jit
@@ -489,24 +469,19 @@ def _rescale(acc, alpha):
 
 
 @gluon.jit
-def _adopt(m_smem, moved_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
-    """The other warpgroup's block: once its tile and its P and max are in, and if its owner moved some row's running
-    max, rescale this warpgroup's row sum and accumulator to it -> (running max, row sum, accumulator)."""
+def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
+    """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
+    accumulator to the new running max -> (running max, row sum, accumulator)."""
     mbarrier.wait(full_bar, phase)
     mbarrier.wait(pub_bar, phase)
     fence_async_shared()  # the tile's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
-    if _any_moved(moved_smem):
-        m_new = m_smem.load(gl.SliceLayout(1, S_WG))
-        alpha = gl.exp2(m_run - m_new)
-        m_run = m_new
-        l_own = l_own * alpha
-        acc = _rescale(acc, alpha)
-    return m_run, l_own, acc
+    m_new = m_smem.load(gl.SliceLayout(1, S_WG))
+    alpha = gl.exp2(m_run - m_new)
+    return m_new, l_own * alpha, _rescale(acc, alpha)
 
 
 @gluon.jit
-def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, moved_smem,
-                full_bar,
+def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
                 phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
     on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
@@ -516,14 +491,12 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
     s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
     _mark(trace_ptr, 0, ev + 1)
-    m_run, alpha, p, l_own, moved = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
+    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
     mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _mark(trace_ptr, 0, ev + 3)
-    _publish(p, m_run, moved, p_smem, m_smem, moved_smem, pub_bar)
-    if _any_moved(moved_smem):
-        acc = _rescale(acc, alpha)
-    acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), acc)])
+    _publish(p, m_run, p_smem, m_smem, pub_bar)
+    acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
     _mark(trace_ptr, 0, ev + 4)
     mbarrier.arrive(own_pfree, count=1)
     mbarrier.arrive(empty_bar, count=1)
@@ -548,10 +521,10 @@ def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG:
 
 
 @gluon.jit
-def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full, empty, pub, pfree, both, q_ptr,
-              stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s,
-              stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr,
-              HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
+def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+              stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
+              stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
+              SPLIT: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
     every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse. Trace
     events per pair (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's five, then block b adopted, its PV done;
@@ -591,11 +564,10 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full,
         if WG == 0:
             m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, moved_smem, full.index(0), phase,
-                                            pfree.index(1),
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
                                             pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
-            m_run, l_own, acc = _adopt(m_smem, moved_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 5)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 6)
@@ -603,7 +575,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full,
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
             # (released last in the previous pair) gets that long to fill
-            m_run, l_own, acc = _adopt(m_smem, moved_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, ev)
             acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
             mbarrier.wait(full.index(1), phase)
@@ -613,16 +585,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full,
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             _mark(trace_ptr, 1, ev + 2)
             mbarrier.arrive(empty.index(0), count=1)
-            m_run, alpha, p, l_own, moved = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
-                                                         gl.where(blk_a + 1 < a_blocks, a_rows, b_rows),
-                                                         qk_scale_log2, m_run, l_own)
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
             _mark(trace_ptr, 1, ev + 3)
             mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _mark(trace_ptr, 1, ev + 4)
-            _publish(p, m_run, moved, p_smem, m_smem, moved_smem, pub.index(1))
-            if _any_moved(moved_smem):
-                acc = _rescale(acc, alpha)
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), acc)])
+            _publish(p, m_run, p_smem, m_smem, pub.index(1))
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
             _mark(trace_ptr, 1, ev + 5)
             mbarrier.arrive(pfree.index(1), count=1)
             mbarrier.arrive(empty.index(1), count=1)
@@ -632,12 +602,11 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full,
         if WG == 0:
             m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
                                             gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, moved_smem, full.index(0), phase,
-                                            pfree.index(1),
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
                                             pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
                                             n_pairs * PAIR_EVENTS)
         else:
-            m_run, l_own, acc = _adopt(m_smem, moved_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
@@ -745,7 +714,6 @@ def sparse_mla_fwd_gluon_kernel(
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
-    moved_smem = gl.allocate_shared_memory(gl.int8, [HEADS], STATS_SHARED)
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
     # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
     # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its MMA
@@ -758,14 +726,12 @@ def sparse_mla_fwd_gluon_kernel(
         mbarrier.init(pfree.index(w), count=1)
     mbarrier.init(both, count=2)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full, empty, pub, pfree, both,
-                      q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr,
-                      stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2,
-                      trace_ptr, HAS_SINK, SPLIT, 0)),
-         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, moved_smem, l_smem, full, empty, pub, pfree, both,
-                      q_ptr, stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr,
-                      stride_out_s, stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2,
-                      trace_ptr, HAS_SINK, SPLIT, 1)),
+        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
+         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
