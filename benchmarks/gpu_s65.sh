@@ -5,6 +5,12 @@
 #       .ab-alt.tar.gz (the flag decided for the whole warpgroup by a cross-warp max in the owner), new = the tree
 #       (each row decides; the warpgroup reads all 64 row flags after the publish barrier). mini-flashmla's GPU suite
 #       on the tree, bench_flashmla's prefill part in 3 rounds on the three sides in turn, its decode part on each.
+#   PART=attn2 (any card): base = .ab-base.tar.gz (main, 4c273f0), alt = .ab-alt.tar.gz (93a57a7: the owner's pfree
+#       arrival is also its tile's release, one arrive and its barriers fewer per warpgroup and pair), new = the tree
+#       (alt + the indexer's q offsets in 64 bits, a head-major q copied where its head offsets pass 2**31, attention
+#       launches split by queries where the ids offsets would). The attention outputs' hash on each side (same bits
+#       expected), mini-flashmla's GPU suite on the tree (the new past-2**31 tests), bench_flashmla's prefill part in 3
+#       rounds and its decode part on each side, its indexer part on base and new.
 #   PART=final (any card): the runtime's core GPU tests on the tree, bench_prefill on base and new (the attention
 #       stage), and on an H200 the owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
 #       test_gemm_fp4_e4m3.py) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384 (session 64's V3 figures).
@@ -19,6 +25,21 @@ attn)
   test_summary flashmla_tests
   for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill" "$f" | tr -s ' ' | cut -c1-150)"; done
   for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode" "$f" | tr -s ' ' | cut -c1-150; done
+  ;;
+attn2)
+  hash_sides base alt new
+  flashmla_tests 170
+  prefill_part_rounds 3 base alt new
+  decode_parts 60 base alt new
+  for side in base new; do
+    fits 60 && run "indexer_part_$side" 60 env PYTHONPATH="$(side_path $side)" BENCH_PARTS=indexer \
+      BENCH_JSON="flashmla_indexer_$side.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  test_summary flashmla_tests
+  cat "$OUT"/hash_*.txt
+  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
+  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
+  for f in "$OUT"/indexer_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| (indexer|top-k|scores)" "$f" | cut -c1-150; done
   ;;
 final)
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"

@@ -414,6 +414,50 @@ def test_outputs_past_2_31_elements(gluon_device):
     assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
 
 
+def test_head_major_q_past_2_31_elements(gluon_device):
+    """A head-major q (x[h, s_q, 512].transpose(0, 1), head stride 512 s_q) of 66,580 queries: head 63's offset
+    passes 2**31, which both kernels form in 32 bits, so the API copies such a q into the contiguous layout
+    (api._q_for_kernels). Both kernels, every head of rows at both ends."""
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    g = torch.Generator(device=gluon_device).manual_seed(29)
+    s_q, h, n_kv, topk = 66_580, 64, 300, 64
+    q = torch.randn(h, s_q, 512, generator=g, device=gluon_device, dtype=torch.bfloat16).transpose(0, 1)
+    assert q.stride(1) * (h - 1) > 2**31
+    kv = torch.randn(n_kv, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
+    idx = torch.randint(-1, n_kv, (s_q, topk), generator=g, device=gluon_device, dtype=torch.int32)
+    sink = torch.randn(h, generator=g, device=gluon_device)
+    rows = torch.tensor([0, 1, s_q - 2, s_q - 1], device=gluon_device)
+    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
+    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # the Gluon kernel (64 heads on sm_90)
+    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+    del out, lse
+    out, lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, 1)
+    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+
+
+def test_ids_offsets_past_2_31_elements(gluon_device):
+    """16,386 queries of 131,072 slots: the ids hold more than 2**31 elements, so a query's ids offset sq x topk must
+    be 64-bit (the last query's wrapped in int32). Both kernels, on source A's ids (source B's offset is the same
+    expression in both kernels)."""
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    g = torch.Generator(device=gluon_device).manual_seed(31)
+    topk, n_kv = 2**17, 300
+    s_q = 2**31 // topk + 2
+    q = torch.randn(s_q, 64, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
+    kv = torch.randn(n_kv, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
+    idx = torch.randint(-1, n_kv, (s_q, topk), generator=g, device=gluon_device, dtype=torch.int32)
+    sink = torch.randn(64, generator=g, device=gluon_device)
+    rows = torch.tensor([0, s_q - 2, s_q - 1], device=gluon_device)
+    assert (s_q - 1) * topk > 2**31
+    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
+    for launch in (api._launch_gluon, lambda *a: api._launch_sparse_attn(*a, 1)):
+        out, lse = launch(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink)
+        assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+        del out, lse
+
+
 @pytest.mark.parametrize("h", [64, 16])  # the Gluon kernel where it runs (64 heads), the Triton kernel (16)
 def test_empty_slots_ignore_nan_in_the_cache(gluon_device, h):
     """An empty slot contributes nothing whatever the cache holds, on every path: with NaN in row 0 (which empty
@@ -534,6 +578,31 @@ def test_indexer_per_query_beyond_one_grid_axis(device):
     rows = rows.to(device)
     score = mini_flashmla.indexer_scores(q, w, cache, visible, rows)
     assert_scores_match(score, reference.indexer_scores_paged_ref(q, w, cache, visible, rows))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "head_major"])
+def test_indexer_scores_past_2_31_elements(device, layout):
+    """The shared-key kernel's q offsets past 2**31: a contiguous q of 524,291 queries (a query's offset, query x 32
+    x 128) and a head-major one of 541,204 (head 31's offset, 31 x 128 x s_q), both formed in 64 bits. Every query
+    holds the same FP4 values but the probed rows at both ends, which hold their own; scores as the reference's."""
+    g = torch.Generator().manual_seed(37)
+    s_q = 524_291 if layout == "contiguous" else 541_204
+    n_keys, probes = 64, [0, 1, s_q - 2, s_q - 1]
+    base, w_base, cache = _indexer_case(g, 1, 200, device)
+    probe_q, probe_w, _ = _indexer_case(g, len(probes), 200, device)
+    if layout == "contiguous":
+        q = base.expand(s_q, -1, -1).contiguous()
+    else:
+        q = base.transpose(0, 1).expand(-1, s_q, -1).contiguous().transpose(0, 1)
+        assert q.stride(1) * 31 > 2**31
+    w = w_base.expand(s_q, -1).contiguous()
+    rows = torch.tensor(probes, device=device)
+    q[rows], w[rows] = probe_q, probe_w
+    key_rows = torch.randperm(200, generator=g)[:n_keys].to(torch.int32).to(device)
+    visible = torch.full((s_q,), n_keys, device=device)
+    score = mini_flashmla.indexer_scores(q, w, cache, visible, key_rows)
+    assert_scores_match(score[rows], reference.indexer_scores_paged_ref(q[rows], w[rows], cache, visible[rows],
+                                                                        key_rows))
 
 
 def test_candidate_blocks_and_reindex(device):

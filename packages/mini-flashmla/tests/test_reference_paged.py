@@ -332,3 +332,16 @@ def test_the_gluon_producers_layouts_cover_a_chunk_once():
         assert chunks % int(k.STAGES) == 0 and chunks >= int(k.LOOKAHEAD), f"{name}: {chunks} chunks a block"
         chunk_words.add(rows * words)
     assert len(chunk_words) == 1, f"both formats' chunks share the staging buffers' size: {chunk_words} words"
+
+
+def test_q_for_kernels_copies_only_past_32_bit_head_offsets():
+    """api._q_for_kernels: q passes as it is unless a head's offset (head x q.stride(1)) passes 2**31, as in a
+    head-major view of 66,577 queries at 64 heads; that one is copied into the contiguous layout (head stride 512).
+    Meta tensors: strides and shapes, no memory."""
+    for s_q in (66_576, 66_577):
+        q = torch.empty(64, s_q, 512, dtype=torch.bfloat16, device="meta").transpose(0, 1)
+        out = api._q_for_kernels(q)
+        assert (out is q) == (s_q == 66_576)
+        assert out.stride() == (q.stride() if s_q == 66_576 else (64 * 512, 512, 1))
+    q = torch.empty(10**6, 64, 512, dtype=torch.bfloat16, device="meta")  # contiguous: any s_q passes as it is
+    assert api._q_for_kernels(q) is q

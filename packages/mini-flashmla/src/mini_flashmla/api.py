@@ -232,9 +232,30 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
     )
 
 
-def _attn_outputs_and_sources(q, source_a, source_b):
-    """The outputs (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) and both sources with int32 contiguous ids, after
-    checking the index shapes; a missing source B repeats A (a placeholder the kernels do not read: HAS_B false)."""
+def _q_for_kernels(q: torch.Tensor) -> torch.Tensor:
+    """q as both attention kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits, since 64 would
+    cost the split Gluon kernel a spill (offline, sm_90a). So a q whose head offsets pass 2**31 (a head-major view,
+    x[h, s_q, 512].transpose(0, 1), from s_q = 66,577 at 64 heads) is copied into the contiguous layout (head stride
+    512); any other q is passed as it is."""
+    return q.contiguous() if q.stride(1) * max(q.shape[1] - 1, 0) + q.shape[2] > 2**31 - 1 else q
+
+
+def _query_chunks(a_ids: torch.Tensor, b_ids: torch.Tensor, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """per_query (q, the ids, the outputs and partials: tensors indexed by query first) for the attention launches:
+    as they are, in one launch, unless a query's ids offset (query x the ids' row stride, formed in 32 bits in both
+    kernels, since 64 cost the Triton kernel 88 more bytes of spills under triton 3.9, offline) passes 2**31, as at
+    16,385 queries of 131,072 slots; then as views of consecutive query chunks that keep it below."""
+    s_q = a_ids.shape[0]
+    rows = (2**31 - 1) // max(a_ids.stride(0), b_ids.stride(0), 1)
+    if s_q <= rows:
+        return [per_query]
+    return [tuple(t[q0:q0 + rows] for t in per_query) for q0 in range(0, s_q, rows)]
+
+
+def _attn_operands(q, source_a, source_b):
+    """The kernels' q (_q_for_kernels), the outputs (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) and both sources with
+    int32 contiguous ids, after checking the index shapes; a missing source B repeats A (a placeholder the kernels do
+    not read: HAS_B false)."""
     s_q, h, d = q.shape
     out = torch.empty((s_q, h, d), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((s_q, h), dtype=torch.float32, device=q.device)
@@ -245,7 +266,7 @@ def _attn_outputs_and_sources(q, source_a, source_b):
     source_a = (a_rows, a_ids.to(torch.int32).contiguous(), a_format)
     if source_b is not None:
         source_b = (source_b[0], source_b[1].to(torch.int32).contiguous(), source_b[2])
-    return out, lse, source_a, source_b if source_b is not None else source_a
+    return _q_for_kernels(q), out, lse, source_a, source_b if source_b is not None else source_a
 
 
 def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
@@ -253,7 +274,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     from mini_flashmla.sparse_attn_kernel import FORMAT_BF16, LOG2E, sparse_mla_fwd_kernel
 
     s_q, h, d = q.shape
-    out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
+    q, out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_operands(q, source_a, source_b)
     if s_q == 0 or h == 0:
         return out, lse
     n_blocks = _walk_blocks(a_ids.shape[1], b_ids.shape[1] if source_b is not None else 0)
@@ -262,17 +283,18 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     sink = _sink_arg(attn_sink, lse)
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
-    grid = (s_q, math.ceil(h / block_h), num_splits)
-    sparse_mla_fwd_kernel[grid](
-        q, q.stride(0), q.stride(1),
-        a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
-        b_rows, b_ids, b_ids.stride(0), b_ids.shape[1], b_rows.shape[0],
-        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse,
-        h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
-        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d, FP4_ASM=q.is_cuda,
-        **_attn_launch(a_format == FORMAT_BF16.value, block_h, q), enable_fp_fusion=True,
-    )
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
+            a_ids, b_ids, q, a_ids, b_ids, out, lse, part_out, part_lse):
+        sparse_mla_fwd_kernel[(c_q.shape[0], math.ceil(h / block_h), num_splits)](
+            c_q, q.stride(0), q.stride(1),
+            a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
+            b_rows, c_b_ids, b_ids.stride(0), b_ids.shape[1], b_rows.shape[0],
+            sink, c_out, out.stride(0), out.stride(1), c_lse, lse.stride(0), c_part_out, c_part_lse,
+            h, num_splits, blocks_per_split, sm_scale * LOG2E.value,
+            A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
+            SPLIT=split, BLOCK_H=block_h, BLOCK_N=ATTN_BLOCK_N, D=d, FP4_ASM=q.is_cuda,
+            **_attn_launch(a_format == FORMAT_BF16.value, block_h, q), enable_fp_fusion=True,
+        )
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
@@ -313,7 +335,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
-    out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_outputs_and_sources(q, source_a, source_b)
+    q, out, lse, (a_rows, a_ids, a_format), (b_rows, b_ids, b_format) = _attn_operands(q, source_a, source_b)
     if s_q == 0:
         return out, lse
     b_len = b_ids.shape[1] if source_b is not None else 0
@@ -321,19 +343,21 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = _sink_arg(attn_sink, lse)
-    sparse_mla_fwd_gluon_kernel[(s_q, h // MAX_ATTN_BLOCK_H, num_splits)](
-        q, q.stride(0), q.stride(1),
-        a_rows, a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
-        b_rows, b_ids, b_ids.stride(0), b_len, b_rows.shape[0],
-        sink, out, out.stride(0), out.stride(1), lse, lse.stride(0), part_out, part_lse, max(blocks_per_split, 1),
-        sm_scale * LOG2E.value, trace,
-        A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
-        SPLIT=split,
-        # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel module
-        # accounts for the registers)
-        num_warps=4, maxnreg=MAXNREG.value,
-        enable_fp_fusion=True,
-    )
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
+            a_ids, b_ids, q, a_ids, b_ids, out, lse, part_out, part_lse):
+        sparse_mla_fwd_gluon_kernel[(c_q.shape[0], h // MAX_ATTN_BLOCK_H, num_splits)](
+            c_q, q.stride(0), q.stride(1),
+            a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
+            b_rows, c_b_ids, b_ids.stride(0), b_len, b_rows.shape[0],
+            sink, c_out, out.stride(0), out.stride(1), c_lse, lse.stride(0), c_part_out, c_part_lse,
+            max(blocks_per_split, 1), sm_scale * LOG2E.value, trace,
+            A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
+            SPLIT=split,
+            # num_warps is consumer warpgroup 0's; warpgroup 1 and the producer's warps come on top (the kernel
+            # module accounts for the registers)
+            num_warps=4, maxnreg=MAXNREG.value,
+            enable_fp_fusion=True,
+        )
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
@@ -411,7 +435,8 @@ def indexer_scores(
 def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
                       visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The indexer kernels' operands, checked: (q, weights) with the heads padded to a power of two and at least 16
-    (the head-sum MMA's K; zero weights add exact zeros to the sum), key_rows int32 and visible int64, contiguous."""
+    (the head-sum MMA's K; zero weights add exact zeros to the sum), weights, key_rows int32 and visible int64
+    contiguous (the kernels read a query's head weights as consecutive values)."""
     s_q, n_heads, d = q.shape
     if d != INDEX_HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
         raise ValueError(f"q must be bf16 [s_q, H, {INDEX_HEAD_DIM}] with a contiguous last dim, got {tuple(q.shape)}")
@@ -422,7 +447,7 @@ def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: tor
         pad = max(16, _next_pow2(n_heads)) - n_heads
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))
         weights = torch.nn.functional.pad(weights, (0, pad))
-    return q, weights, key_rows.to(torch.int32).contiguous(), visible.to(torch.int64).contiguous()
+    return q, weights.contiguous(), key_rows.to(torch.int32).contiguous(), visible.to(torch.int64).contiguous()
 
 
 def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,

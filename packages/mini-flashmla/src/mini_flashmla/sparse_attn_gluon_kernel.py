@@ -724,7 +724,8 @@ def sparse_mla_fwd_gluon_kernel(
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
     # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
     # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its MMA
-    # wait), so it is done with its block's tile too (tile w: the producer waits for it); both: the consumers' rendezvous (phase 0: Q loaded, phase 1: row sums stored)
+    # wait), so it is done with its block's tile too (tile w: the producer waits for it); both: the consumers'
+    # rendezvous (phase 0: Q loaded, phase 1: row sums stored)
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
