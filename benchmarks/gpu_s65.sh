@@ -11,6 +11,8 @@
 #       launches split by queries where the ids offsets would). The attention outputs' hash on each side (same bits
 #       expected), mini-flashmla's GPU suite on the tree (the new past-2**31 tests), bench_flashmla's prefill part in 3
 #       rounds and its decode part on each side, its indexer part on base and new.
+#   PART=debts (an H200): session 64's owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
+#       test_gemm_fp4_e4m3.py; mini-deepgemm unchanged since) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384.
 #   PART=final (any card): the runtime's core GPU tests on the tree, bench_prefill on base and new (the attention
 #       stage), and on an H200 the owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
 #       test_gemm_fp4_e4m3.py) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384 (session 64's V3 figures).
@@ -40,6 +42,14 @@ attn2)
   for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
   for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
   for f in "$OUT"/indexer_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| (indexer|top-k|scores)" "$f" | cut -c1-150; done
+  ;;
+debts)
+  run dense_tests 110 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
+    packages/mini-deepgemm/tests/test_gemm.py --junitxml="$OUT/junit_dense.xml"
+  fits 160 && fp4_e4m3_tests 150
+  fits 170 && script_sides 160 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
+  test_summary dense_tests fp4_e4m3_tests
+  [ -f "$OUT/v3_exp_new.txt" ] && grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
   ;;
 final)
   run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"

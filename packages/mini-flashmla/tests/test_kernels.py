@@ -437,9 +437,9 @@ def test_head_major_q_past_2_31_elements(gluon_device):
 
 
 def test_ids_offsets_past_2_31_elements(gluon_device):
-    """16,386 queries of 131,072 slots: the ids hold more than 2**31 elements, so a query's ids offset sq x topk must
-    be 64-bit (the last query's wrapped in int32). Both kernels, on source A's ids (source B's offset is the same
-    expression in both kernels)."""
+    """16,386 queries of 131,072 slots: the ids hold more than 2**31 elements, and both kernels form a query's ids
+    offset (sq x topk) in 32 bits, so the API launches them on chunks of queries that keep it below (the last
+    query's wrapped in one launch). Both kernels, source A's ids (source B's stride takes part in the same rule)."""
     from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
 
     g = torch.Generator(device=gluon_device).manual_seed(31)
@@ -582,9 +582,10 @@ def test_indexer_per_query_beyond_one_grid_axis(device):
 
 @pytest.mark.parametrize("layout", ["contiguous", "head_major"])
 def test_indexer_scores_past_2_31_elements(device, layout):
-    """The shared-key kernel's q offsets past 2**31: a contiguous q of 524,291 queries (a query's offset, query x 32
-    x 128) and a head-major one of 541,204 (head 31's offset, 31 x 128 x s_q), both formed in 64 bits. Every query
-    holds the same FP4 values but the probed rows at both ends, which hold their own; scores as the reference's."""
+    """The shared-key kernel's q offsets past 2**31, which it forms in 32 bits: a contiguous q of 524,291 queries (a
+    query's offset, query x 32 x 128: the API splits the launch) and a head-major one of 541,204 (head 31's offset,
+    31 x 128 x s_q: the API copies q into the contiguous layout, then splits). Every query holds the same FP4 values
+    but the probed rows at both ends, which hold their own; scores as the reference's."""
     g = torch.Generator().manual_seed(37)
     s_q = 524_291 if layout == "contiguous" else 541_204
     n_keys, probes = 64, [0, 1, s_q - 2, s_q - 1]

@@ -345,3 +345,16 @@ def test_q_for_kernels_copies_only_past_32_bit_head_offsets():
         assert out.stride() == (q.stride() if s_q == 66_576 else (64 * 512, 512, 1))
     q = torch.empty(10**6, 64, 512, dtype=torch.bfloat16, device="meta")  # contiguous: any s_q passes as it is
     assert api._q_for_kernels(q) is q
+
+
+def test_query_chunks_keep_32_bit_offsets():
+    """api._rows_per_launch and _query_chunks: the tensors as they are where one launch holds every query (no views:
+    the common call pays no slicing), else consecutive chunks whose largest query offset stays below 2**31."""
+    ids = torch.empty(16_386, 2**17, dtype=torch.int32, device="meta")
+    rows = api._rows_per_launch(ids.stride(0), 1)
+    assert rows == 16_383 and (rows - 1) * ids.stride(0) + ids.shape[1] - 1 <= 2**31 - 1
+    out = torch.empty(16_386, 8, device="meta")
+    chunks = api._query_chunks(rows, ids, out)
+    assert [c[0].shape[0] for c in chunks] == [16_383, 3] and [c[1].shape[0] for c in chunks] == [16_383, 3]
+    whole = api._query_chunks(16_386, ids, out)
+    assert len(whole) == 1 and whole[0][0] is ids and whole[0][1] is out

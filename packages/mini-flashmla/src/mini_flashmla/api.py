@@ -233,23 +233,28 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
 
 
 def _q_for_kernels(q: torch.Tensor) -> torch.Tensor:
-    """q as both attention kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits, since 64 would
-    cost the split Gluon kernel a spill (offline, sm_90a). So a q whose head offsets pass 2**31 (a head-major view,
-    x[h, s_q, 512].transpose(0, 1), from s_q = 66,577 at 64 heads) is copied into the contiguous layout (head stride
-    512); any other q is passed as it is."""
+    """q as the attention and indexer kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits (64
+    cost the split Gluon attention a spill, offline, and the indexer's scores 0.95x, session 65). So a q whose head
+    offsets pass 2**31 (a head-major view, x[h, s_q, d].transpose(0, 1): attention from s_q = 66,577 at 64 heads of
+    512, the indexer from 541,201 at 32 heads of 128) is copied into the contiguous layout (head stride d); any
+    other q is passed as it is."""
     return q.contiguous() if q.stride(1) * max(q.shape[1] - 1, 0) + q.shape[2] > 2**31 - 1 else q
 
 
-def _query_chunks(a_ids: torch.Tensor, b_ids: torch.Tensor, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-    """per_query (q, the ids, the outputs and partials: tensors indexed by query first) for the attention launches:
-    as they are, in one launch, unless a query's ids offset (query x the ids' row stride, formed in 32 bits in both
-    kernels, since 64 cost the Triton kernel 88 more bytes of spills under triton 3.9, offline) passes 2**31, as at
-    16,385 queries of 131,072 slots; then as views of consecutive query chunks that keep it below."""
-    s_q = a_ids.shape[0]
-    rows = (2**31 - 1) // max(a_ids.stride(0), b_ids.stride(0), 1)
+def _query_chunks(rows: int, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """per_query (tensors indexed by query first) for kernel launches of at most `rows` queries: as they are where one
+    launch covers them, else as views of consecutive chunks."""
+    s_q = per_query[0].shape[0]
     if s_q <= rows:
         return [per_query]
     return [tuple(t[q0:q0 + rows] for t in per_query) for q0 in range(0, s_q, rows)]
+
+
+def _rows_per_launch(*row_strides: int) -> int:
+    """Queries per launch that keep a query's offsets (query x a row stride, which the attention and indexer kernels
+    form in 32 bits: in 64, the Triton attention kernel spilled 88 more bytes under triton 3.9 and the indexer's
+    scores ran 0.95x, session 65) below 2**31, e.g. 16,383 queries of 131,072 slots' ids."""
+    return (2**31 - 1) // max(*row_strides, 1)
 
 
 def _attn_operands(q, source_a, source_b):
@@ -284,7 +289,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
-            a_ids, b_ids, q, a_ids, b_ids, out, lse, part_out, part_lse):
+            _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_kernel[(c_q.shape[0], math.ceil(h / block_h), num_splits)](
             c_q, q.stride(0), q.stride(1),
             a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
@@ -344,7 +349,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = _sink_arg(attn_sink, lse)
     for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
-            a_ids, b_ids, q, a_ids, b_ids, out, lse, part_out, part_lse):
+            _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_gluon_kernel[(c_q.shape[0], h // MAX_ATTN_BLOCK_H, num_splits)](
             c_q, q.stride(0), q.stride(1),
             a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
@@ -420,15 +425,18 @@ def indexer_scores(
     # within 0.3%)
     block_k = 128
     key_tiles = math.ceil(n_keys / block_k)
-    # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
-    query_tiles = math.ceil(s_q / block_q)
-    queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * sms)))
-    indexer_scores_kernel[(key_tiles, math.ceil(s_q / queries_per_program))](
-        q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
-        key_rows, 0, visible, out, out.stride(0), s_q, n_keys, queries_per_program, H=n_heads, D=d,
-        BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(), num_warps=4, num_stages=1,
-        enable_fp_fusion=True,
-    )
+    for c_q, c_weights, c_visible, c_out in _query_chunks(_rows_per_launch(q.stride(0), weights.stride(0)), q,
+                                                          weights, visible, out):
+        c_s_q = c_q.shape[0]
+        # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
+        query_tiles = math.ceil(c_s_q / block_q)
+        queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * sms)))
+        indexer_scores_kernel[(key_tiles, math.ceil(c_s_q / queries_per_program))](
+            c_q, q.stride(0), q.stride(1), c_weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
+            key_rows, 0, c_visible, c_out, out.stride(0), c_s_q, n_keys, queries_per_program, H=n_heads, D=d,
+            BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(), num_warps=4, num_stages=1,
+            enable_fp_fusion=True,
+        )
     return out
 
 
@@ -447,7 +455,8 @@ def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: tor
         pad = max(16, _next_pow2(n_heads)) - n_heads
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))
         weights = torch.nn.functional.pad(weights, (0, pad))
-    return q, weights.contiguous(), key_rows.to(torch.int32).contiguous(), visible.to(torch.int64).contiguous()
+    return (_q_for_kernels(q), weights.contiguous(), key_rows.to(torch.int32).contiguous(),
+            visible.to(torch.int64).contiguous())
 
 
 def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,

@@ -103,12 +103,9 @@ def indexer_scores_kernel(
     for q0 in range(q_begin, q_end, BLOCK_Q):
         col_q = q0 + col // H
         col_ok = col_q < q_end
-        # 64-bit: col_q * stride_q_s passes 2**31 from s_q = 524,289 (32 heads of 128), a head times stride_q_h
-        # from ~541k for a head-major q
-        q_row = col_q.to(tl.int64)
-        q = tl.load(q_ptr + q_row[:, None] * stride_q_s + (col % H).to(tl.int64)[:, None] * stride_q_h + d[None, :],
+        q = tl.load(q_ptr + col_q[:, None] * stride_q_s + (col % H)[:, None] * stride_q_h + d[None, :],
                     mask=col_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + q_row * stride_w_s + col % H, mask=col_ok, other=0.0)
+        w = tl.load(w_ptr + col_q * stride_w_s + col % H, mask=col_ok, other=0.0)
         score = _score_tile(k, q, w, BLOCK_Q, H, ASM)
 
         qi = q0 + tl.arange(0, BLOCK_Q)
@@ -147,7 +144,7 @@ def indexer_scores_per_query_kernel(
     i = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * keys_per_program
     h = tl.arange(0, H)
-    q = tl.load(q_ptr + i * stride_q_s + h.to(tl.int64)[:, None] * stride_q_h + tl.arange(0, D)[None, :])
+    q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
     w = tl.load(w_ptr + i * stride_w_s + h)
     visible = tl.minimum(tl.load(visible_ptr + i), n_keys)
     end = tl.minimum(first + keys_per_program, n_columns)

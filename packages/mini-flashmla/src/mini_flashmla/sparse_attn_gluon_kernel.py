@@ -337,15 +337,7 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _wait_tile_free(empty, pfree, t, phase):
-    """Tile t's last block is done with: the other warpgroup's PV on it (empty.index(t)) and its owner's, warpgroup
-    t's, which its arrival on pfree.index(t) says (blocks of tile t are warpgroup t's own)."""
-    mbarrier.wait(empty.index(t), phase)
-    mbarrier.wait(pfree.index(t), phase)
-
-
-@gluon.jit
-def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, blk0, blk_end, kv_ptr, num_rows,
+def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
                       a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
     """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
     chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
@@ -378,7 +370,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, p
             scales = staged_scales.load(SCALE_WORDS)
             _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
-                _wait_tile_free(empty, pfree, t, ((blk // TILES) & 1) ^ 1)
+                mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
             _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
@@ -392,7 +384,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, p
 
 
 @gluon.jit
-def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
               a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT: gl.constexpr,
               B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
@@ -412,7 +404,7 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, n_
             ids_slot = ids_smem.index(blk % IDS_SLOTS)
             rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
-            _wait_tile_free(empty, pfree, t, ((blk // TILES) & 1) ^ 1)
+            mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             _mark(trace_ptr, 2, 2 * blk)
             # an empty slot's row copies zeros: its P is 0, and 0 x a NaN or inf in some cache row would be NaN
             async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :],
@@ -428,9 +420,9 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, n_
         for blk in gl.static_range(2):
             ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
         gl.thread_barrier()
-        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, 0, a_blocks, a_kv_ptr, a_rows,
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
                           a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, A_FORMAT)
-        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, a_blocks, n_blocks, b_kv_ptr,
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
                           b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, B_FORMAT)
     _mark(trace_ptr, HEADER, 4)
 
@@ -490,7 +482,7 @@ def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
 
 @gluon.jit
 def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
-                phase, other_pfree, pub_bar, own_pfree, trace_ptr, ev):
+                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
     on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
     softmax done, P free, PV done."""
@@ -506,7 +498,8 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
     _mark(trace_ptr, 0, ev + 4)
-    mbarrier.arrive(own_pfree, count=1)  # also the tile's release by its owner (_wait_tile_free)
+    mbarrier.arrive(own_pfree, count=1)
+    mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
 
 
@@ -572,7 +565,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
                                             acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
-                                            pub.index(0), pfree.index(0), trace_ptr, ev)
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
             m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 5)
@@ -601,7 +594,8 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
             _mark(trace_ptr, 1, ev + 5)
-            mbarrier.arrive(pfree.index(1), count=1)  # also the tile's release by its owner (_wait_tile_free)
+            mbarrier.arrive(pfree.index(1), count=1)
+            mbarrier.arrive(empty.index(1), count=1)
     if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
         blk = n_blocks - 1
         phase = n_pairs & 1
@@ -609,7 +603,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
                                             gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
                                             acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
-                                            pub.index(0), pfree.index(0), trace_ptr,
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
                                             n_pairs * PAIR_EVENTS)
         else:
             m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
@@ -647,8 +641,7 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
     ring of STAGES staging buffers (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile
     a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and
-    an "empty" one: the arrival of the warpgroup that adopts the tile's blocks (the owner's release is its arrival
-    on pfree, _wait_tile_free; a second arrival would cost the owner two partition barriers per block).
+    an "empty" one (one arrival per consumer warpgroup).
     The staging ring is two allocations, (even buffers, odd buffers) of words and of scales: a chunk loads buffer
     c % 4 and then copies into (c + 3) % 4, of the other parity. Gluon's barrier analysis tracks hazards per
     allocation, so in one allocation it put a partition barrier between those loads and copies, a second one per
@@ -669,7 +662,7 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=1)
+        mbarrier.init(empty.index(t), count=2)
     return tiles, stage_words, stage_scales, ids_smem, full, empty
 
 
@@ -724,8 +717,7 @@ def sparse_mla_fwd_gluon_kernel(
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
     # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
     # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its MMA
-    # wait), so it is done with its block's tile too (tile w: the producer waits for it); both: the consumers'
-    # rendezvous (phase 0: Q loaded, phase 1: row sums stored)
+    # wait); both: the consumers' rendezvous (phase 0: Q loaded, phase 1: row sums stored)
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -740,7 +732,7 @@ def sparse_mla_fwd_gluon_kernel(
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
-         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, pfree, n_blocks, a_blocks, a_kv_ptr,
-                      a_ids_ptr, a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
+         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
