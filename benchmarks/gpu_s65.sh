@@ -13,9 +13,8 @@
 #       rounds and its decode part on each side, its indexer part on base and new.
 #   PART=debts (an H200): session 64's owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
 #       test_gemm_fp4_e4m3.py; mini-deepgemm unchanged since) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384.
-#   PART=final (any card): the runtime's core GPU tests on the tree, bench_prefill on base and new (the attention
-#       stage), and on an H200 the owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
-#       test_gemm_fp4_e4m3.py) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384 (session 64's V3 figures).
+#   PART=final (any card): the final tree (kernels main's; the host splits launches and copies q past 2**31):
+#       mini-flashmla's GPU suite and the runtime's core GPU tests.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s65
@@ -52,17 +51,10 @@ debts)
   [ -f "$OUT/v3_exp_new.txt" ] && grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
   ;;
 final)
-  run runtime_tests 120 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
-  fits 150 && prefill_sides 110 base new
-  if [ "$CARD" = h200 ]; then
-    fits 120 && run dense_tests 100 $PYTEST -n 8 packages/mini-deepgemm/tests/test_gemm_gluon_fp8.py \
-      packages/mini-deepgemm/tests/test_gemm.py --junitxml="$OUT/junit_dense.xml"
-    fits 160 && fp4_e4m3_tests 150
-    fits 170 && script_sides 160 "exp_gemm_gluon_v3.py --m 4096 16384" v3_exp new
-  fi
-  test_summary runtime_tests dense_tests fp4_e4m3_tests 2>/dev/null
-  grep -hE "tok/s|attention" "$OUT"/prefill_*.txt | cut -c1-160
-  [ -f "$OUT/v3_exp_new.txt" ] && grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
+  flashmla_tests 170
+  fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  test_summary flashmla_tests runtime_tests
   ;;
 esac
 cat "$OUT/summary.txt"
