@@ -14,7 +14,7 @@
 #   PART=debts (an H200): session 64's owed mini-deepgemm tests (test_gemm_gluon_fp8.py, test_gemm.py,
 #       test_gemm_fp4_e4m3.py; mini-deepgemm unchanged since) and exp_gemm_gluon_v3.py at M = 4,096 and 16,384.
 #   PART=final (any card): the final tree (kernels main's; the host splits launches and copies q past 2**31):
-#       mini-flashmla's GPU suite and the runtime's core GPU tests.
+#       mini-flashmla's GPU suite, the runtime's core GPU tests and the rest of its suite where time allows.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s65
@@ -54,7 +54,8 @@ final)
   flashmla_tests 170
   fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
-  test_summary flashmla_tests runtime_tests
+  fits 220 && rest_ab 75 130
+  test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
   ;;
 esac
 cat "$OUT/summary.txt"
