@@ -394,11 +394,22 @@ def test_gluon_running_max_rising_falling_and_flat(gluon_device, h):
         assert_attn_close(out, lse, tri_out.float(), tri_lse)
 
 
+def _both_kernels_match_on_rows(q, kv, idx, sink, rows):
+    """The public call (the Gluon kernel at 64 heads on sm_90) and the Triton kernel, each on the whole call, against
+    the reference on `rows` only (the calls below are too large for the reference)."""
+    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
+
+    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
+    for launch in (lambda: mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink),
+                   lambda: api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, 1)):
+        out, lse = launch()
+        assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+        del out, lse
+
+
 def test_outputs_past_2_31_elements(gluon_device):
     """s_q = 65,536 + 8 at 64 heads: q and out hold more than 2**31 elements, so a query's offset sq * (64 x 512)
     must be 64-bit (in int32 row 65,536 wrapped to a negative offset). Both kernels, rows on either side of it."""
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
-
     g = torch.Generator(device=gluon_device).manual_seed(23)
     s_q, h, n_kv, topk = 65_536 + 8, 64, 300, 64
     q = torch.randn(s_q, h, 512, generator=g, device=gluon_device, dtype=torch.bfloat16)
@@ -406,20 +417,13 @@ def test_outputs_past_2_31_elements(gluon_device):
     idx = torch.randint(-1, n_kv, (s_q, topk), generator=g, device=gluon_device, dtype=torch.int32)
     sink = torch.randn(h, generator=g, device=gluon_device)
     rows = torch.tensor([0, 1, 65_534, 65_535, 65_536, 65_537, s_q - 1], device=gluon_device)
-    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
-    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # the Gluon kernel (64 heads on sm_90)
-    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
-    del out, lse
-    out, lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, 1)
-    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+    _both_kernels_match_on_rows(q, kv, idx, sink, rows)
 
 
 def test_head_major_q_past_2_31_elements(gluon_device):
     """A head-major q (x[h, s_q, 512].transpose(0, 1), head stride 512 s_q) of 66,580 queries: head 63's offset
     passes 2**31, which both kernels form in 32 bits, so the API copies such a q into the contiguous layout
     (api._q_for_kernels). Both kernels, every head of rows at both ends."""
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
-
     g = torch.Generator(device=gluon_device).manual_seed(29)
     s_q, h, n_kv, topk = 66_580, 64, 300, 64
     q = torch.randn(h, s_q, 512, generator=g, device=gluon_device, dtype=torch.bfloat16).transpose(0, 1)
@@ -428,20 +432,13 @@ def test_head_major_q_past_2_31_elements(gluon_device):
     idx = torch.randint(-1, n_kv, (s_q, topk), generator=g, device=gluon_device, dtype=torch.int32)
     sink = torch.randn(h, generator=g, device=gluon_device)
     rows = torch.tensor([0, 1, s_q - 2, s_q - 1], device=gluon_device)
-    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
-    out, lse = mini_flashmla.sparse_mla_fwd(q, kv, idx, SCALE, sink)  # the Gluon kernel (64 heads on sm_90)
-    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
-    del out, lse
-    out, lse = api._launch_sparse_attn(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink, 1)
-    assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
+    _both_kernels_match_on_rows(q, kv, idx, sink, rows)
 
 
 def test_ids_offsets_past_2_31_elements(gluon_device):
     """16,386 queries of 131,072 slots: the ids hold more than 2**31 elements, and both kernels form a query's ids
     offset (sq x topk) in 32 bits, so the API launches them on chunks of queries that keep it below (the last
     query's wrapped in one launch). Both kernels, source A's ids (source B's stride takes part in the same rule)."""
-    from mini_flashmla.sparse_attn_kernel import FORMAT_BF16
-
     g = torch.Generator(device=gluon_device).manual_seed(31)
     topk, n_kv = 2**17, 300
     s_q = 2**31 // topk + 2
@@ -451,11 +448,7 @@ def test_ids_offsets_past_2_31_elements(gluon_device):
     sink = torch.randn(64, generator=g, device=gluon_device)
     rows = torch.tensor([0, s_q - 2, s_q - 1], device=gluon_device)
     assert (s_q - 1) * topk > 2**31
-    ref_out, ref_lse = reference.sparse_attn_ref(q[rows], kv, idx[rows], SCALE, sink)
-    for launch in (api._launch_gluon, lambda *a: api._launch_sparse_attn(*a, 1)):
-        out, lse = launch(q, (kv, idx, FORMAT_BF16.value), None, SCALE, sink)
-        assert_attn_close(out[rows], lse[rows], ref_out, ref_lse)
-        del out, lse
+    _both_kernels_match_on_rows(q, kv, idx, sink, rows)
 
 
 @pytest.mark.parametrize("h", [64, 16])  # the Gluon kernel where it runs (64 heads), the Triton kernel (16)

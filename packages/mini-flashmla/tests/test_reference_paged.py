@@ -347,14 +347,14 @@ def test_q_for_kernels_copies_only_past_32_bit_head_offsets():
     assert api._q_for_kernels(q) is q
 
 
-def test_query_chunks_keep_32_bit_offsets():
-    """api._rows_per_launch and _query_chunks: the tensors as they are where one launch holds every query (no views:
+def test_launch_views_keep_32_bit_offsets():
+    """api._rows_per_launch and _launch_views: the tensors as they are where one launch holds every query (no views:
     the common call pays no slicing), else consecutive chunks whose largest query offset stays below 2**31."""
     ids = torch.empty(16_386, 2**17, dtype=torch.int32, device="meta")
     rows = api._rows_per_launch(ids.stride(0), 1)
     assert rows == 16_383 and (rows - 1) * ids.stride(0) + ids.shape[1] - 1 <= 2**31 - 1
     out = torch.empty(16_386, 8, device="meta")
-    chunks = api._query_chunks(rows, ids, out)
+    chunks = api._launch_views(rows, ids, out)
     assert [c[0].shape[0] for c in chunks] == [16_383, 3] and [c[1].shape[0] for c in chunks] == [16_383, 3]
-    whole = api._query_chunks(16_386, ids, out)
+    whole = api._launch_views(16_386, ids, out)
     assert len(whole) == 1 and whole[0][0] is ids and whole[0][1] is out

@@ -233,15 +233,15 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
 
 
 def _q_for_kernels(q: torch.Tensor) -> torch.Tensor:
-    """q as the attention and indexer kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits (64
-    cost the split Gluon attention a spill, offline, and the indexer's scores 0.95x, session 65). So a q whose head
-    offsets pass 2**31 (a head-major view, x[h, s_q, d].transpose(0, 1): attention from s_q = 66,577 at 64 heads of
-    512, the indexer from 541,201 at 32 heads of 128) is copied into the contiguous layout (head stride d); any
-    other q is passed as it is."""
+    """q as the attention and indexer kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits (in
+    64 bits: a spill in the split Gluon attention, offline; the indexer's scores 0.95x with its query and head
+    offsets both 64-bit, session 65). So a q whose head offsets pass 2**31 (a head-major view, x[h, s_q,
+    d].transpose(0, 1): attention from s_q = 66,577 at 64 heads of 512, the indexer from 541,201 at 32 heads of 128)
+    is copied into the contiguous layout (head stride d); any other q is passed as it is."""
     return q.contiguous() if q.stride(1) * max(q.shape[1] - 1, 0) + q.shape[2] > 2**31 - 1 else q
 
 
-def _query_chunks(rows: int, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+def _launch_views(rows: int, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
     """per_query (tensors indexed by query first) for kernel launches of at most `rows` queries: as they are where one
     launch covers them, else as views of consecutive chunks."""
     s_q = per_query[0].shape[0]
@@ -252,8 +252,9 @@ def _query_chunks(rows: int, *per_query: torch.Tensor) -> list[tuple[torch.Tenso
 
 def _rows_per_launch(*row_strides: int) -> int:
     """Queries per launch that keep a query's offsets (query x a row stride, which the attention and indexer kernels
-    form in 32 bits: in 64, the Triton attention kernel spilled 88 more bytes under triton 3.9 and the indexer's
-    scores ran 0.95x, session 65) below 2**31, e.g. 16,383 queries of 131,072 slots' ids."""
+    form in 32 bits: in 64, the Triton attention kernel spilled 88 more bytes under triton 3.9, and the indexer's
+    scores ran 0.95x with its query and head offsets both 64-bit, session 65) below 2**31, e.g. 16,383 queries of
+    131,072 slots' ids."""
     return (2**31 - 1) // max(*row_strides, 1)
 
 
@@ -288,7 +289,7 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     sink = _sink_arg(attn_sink, lse)
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
-    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _launch_views(
             _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_kernel[(c_q.shape[0], math.ceil(h / block_h), num_splits)](
             c_q, q.stride(0), q.stride(1),
@@ -336,7 +337,8 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     """A call on sparse_attn_gluon_kernel (see _gluon_runs_on for when); source_* as in _launch_sparse_attn; split
     into up to num_splits parts of each query's blocks, merged by _combine_splits. Same outputs as the Triton kernel
     within the rounding of the accumulation order. trace: None, or int64 [programs, 4, 64] that gets the kernel's
-    event trace (the kernel module's _mark; benchmarks/exp_flashmla_trace.py reads it)."""
+    event trace (the kernel module's _mark; benchmarks/exp_flashmla_trace.py reads it; a call that _launch_views
+    splits into several launches writes each launch's programs over the last's)."""
     from mini_flashmla.sparse_attn_gluon_kernel import LOG2E, MAXNREG, sparse_mla_fwd_gluon_kernel
 
     s_q, h, d = q.shape
@@ -348,7 +350,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = _sink_arg(attn_sink, lse)
-    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _query_chunks(
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _launch_views(
             _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_gluon_kernel[(c_q.shape[0], h // MAX_ATTN_BLOCK_H, num_splits)](
             c_q, q.stride(0), q.stride(1),
@@ -425,7 +427,7 @@ def indexer_scores(
     # within 0.3%)
     block_k = 128
     key_tiles = math.ceil(n_keys / block_k)
-    for c_q, c_weights, c_visible, c_out in _query_chunks(_rows_per_launch(q.stride(0), weights.stride(0)), q,
+    for c_q, c_weights, c_visible, c_out in _launch_views(_rows_per_launch(q.stride(0), weights.stride(0)), q,
                                                           weights, visible, out):
         c_s_q = c_q.shape[0]
         # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
