@@ -232,13 +232,16 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
     )
 
 
+_INT32_MAX = 2**31 - 1  # the largest offset the kernels' 32-bit address terms hold (_q_for_kernels, _rows_per_launch)
+
+
 def _q_for_kernels(q: torch.Tensor) -> torch.Tensor:
     """q as the attention and indexer kernels read it: they form a head's offset (head x q.stride(1)) in 32 bits (in
     64 bits: a spill in the split Gluon attention, offline; the indexer's scores 0.95x with its query and head
     offsets both 64-bit, session 65). So a q whose head offsets pass 2**31 (a head-major view, x[h, s_q,
     d].transpose(0, 1): attention from s_q = 66,577 at 64 heads of 512, the indexer from 541,201 at 32 heads of 128)
     is copied into the contiguous layout (head stride d); any other q is passed as it is."""
-    return q.contiguous() if q.stride(1) * max(q.shape[1] - 1, 0) + q.shape[2] > 2**31 - 1 else q
+    return q.contiguous() if q.stride(1) * max(q.shape[1] - 1, 0) + q.shape[2] > _INT32_MAX else q
 
 
 def _launch_views(rows: int, *per_query: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
@@ -255,7 +258,7 @@ def _rows_per_launch(*row_strides: int) -> int:
     form in 32 bits: in 64, the Triton attention kernel spilled 88 more bytes under triton 3.9, and the indexer's
     scores ran 0.95x with its query and head offsets both 64-bit, session 65) below 2**31, e.g. 16,383 queries of
     131,072 slots' ids."""
-    return (2**31 - 1) // max(*row_strides, 1)
+    return _INT32_MAX // max(*row_strides, 1)
 
 
 def _attn_operands(q, source_a, source_b):
