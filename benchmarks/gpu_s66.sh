@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 66's GPU runs.
+#   PART=attn (any card): the Gluon attention's consumers, two reorders with the same bits expected. Sides: base =
+#       .ab-base.tar.gz (main, 32bb0e3), alt = .ab-alt.tar.gz (cf76eac: warpgroup 1 releases tile a once its PV on
+#       it is done, not after its QK^T of block b too), new = the tree (alt + warpgroup 0 issues its next block's
+#       QK^T before it adopts block b). The outputs' hash on each side, bench_flashmla's prefill part in rounds and
+#       its decode part on each side, the event trace on base and new.
+#   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
+#       rest of its suite where time allows (NO_REST=1: not).
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s66
+case "${PART:-attn}" in
+attn)
+  hash_sides base alt new
+  prefill_part_rounds "${ROUNDS:-2}" base alt new
+  decode_parts 60 base alt new
+  for side in base new; do
+    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  done
+  fits 150 && flashmla_tests 140
+  cat "$OUT"/hash_*.txt
+  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
+  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
+  for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$f" | head -40; done
+  [ -f "$OUT/flashmla_tests.txt" ] && test_summary flashmla_tests
+  ;;
+final)
+  flashmla_tests 170
+  fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 220 && [ -z "${NO_REST:-}" ] && rest_ab 75 130
+  test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
+  ;;
+esac
+cat "$OUT/summary.txt"
+pack_out
