@@ -254,6 +254,7 @@ ncu_profile() {
 pack_out() {
   local archive
   archive=$(mktemp --suffix=.tar.gz)
+  find "$OUT" -name "junit*.xml" -exec gzip -9 -n {} +  # stored gzipped in docs/reports/data (the tree a run carries)
   tar czf "$archive" -C "$OUT" --exclude=./summary.txt . || return
   find "$OUT" -mindepth 1 ! -name summary.txt -delete
   mv "$archive" "$OUT/out.tar.gz"
