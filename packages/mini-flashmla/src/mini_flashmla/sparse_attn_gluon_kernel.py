@@ -481,22 +481,15 @@ def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
 
 
 @gluon.jit
-def _lead_qk(q, tile, full_bar, phase, zero_s, live=True):
-    """Warpgroup 0's QK^T of its next own block, issued (not waited for) once the block's tile is in. Past the walk's
-    end (live False) it waits for nothing and its result is never read: Gluon's asynchronous MMA result cannot leave
-    an if, so the issue is unconditional."""
-    mbarrier.wait(full_bar, phase, pred=live)
-    fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-    return _qk(q, tile, zero_s)
-
-
-@gluon.jit
-def _lead_block(s, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, p_smem, m_smem, phase, other_pfree,
-                pub_bar, own_pfree, empty_bar, trace_ptr, ev):
-    """Warpgroup 0's own block (even blocks), its QK^T s done (_lead_qk, issued a block earlier): softmax, publish
-    once warpgroup 1 has used the previous P, PV on columns 0-255, release -> (running max, row sum, accumulator).
-    Trace events ev + 0..4: the block's turn, (its QK^T done: the same clock), softmax done, P free, PV done."""
+def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
+                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
+    """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
+    on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
+    softmax done, P free, PV done."""
+    mbarrier.wait(full_bar, phase)
     _mark(trace_ptr, 0, ev)
+    fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
     _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
@@ -557,8 +550,6 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
     acc = gl.full([HEADS, HALF], 0.0, gl.float32, O_WG)
     zero_s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_WG)
     n_pairs = n_blocks // 2
-    if WG == 0:  # the first block's QK^T (every walk has one); each later one is issued a block ahead
-        s = warpgroup_mma_wait(0, deps=[_lead_qk(q_smem.index(0), tiles.index(0), full.index(0), 0, zero_s)])
     for pair in range(n_pairs):
         blk_a = 2 * pair
         phase = pair & 1
@@ -571,17 +562,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         tile_b = tiles.index(1 - flip)
         ev = pair * PAIR_EVENTS
         if WG == 0:
-            m_run, l_own, acc = _lead_block(s, tile_a, ids_smem.index(blk_a % IDS_SLOTS),
+            m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, p_smem, m_smem, phase, pfree.index(1), pub.index(0), pfree.index(0),
-                                            empty.index(0), trace_ptr, ev)
-            # The QK^T of this warpgroup's next block (a + 2, tile a's slot) before block b is adopted: it runs
-            # under warpgroup 1's softmax of block b, which holds the chain both warpgroups wait on.
-            s_next = _lead_qk(q_smem.index(flip), tile_a, full.index(0), phase ^ 1, zero_s, blk_a + 2 < n_blocks)
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
             m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 5)
-            acc, s = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc), s_next])
+            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 6)
             mbarrier.arrive(empty.index(1), count=1)
         else:
@@ -615,10 +603,11 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         blk = n_blocks - 1
         phase = n_pairs & 1
         if WG == 0:
-            m_run, l_own, acc = _lead_block(s, tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
+            m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
                                             gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, p_smem, m_smem, phase, pfree.index(1), pub.index(0),
-                                            pfree.index(0), empty.index(0), trace_ptr, n_pairs * PAIR_EVENTS)
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
+                                            n_pairs * PAIR_EVENTS)
         else:
             m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
