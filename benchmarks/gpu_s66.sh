@@ -5,6 +5,10 @@
 #       it is done, not after its QK^T of block b too), new = the tree (alt + warpgroup 0 issues its next block's
 #       QK^T before it adopts block b). The outputs' hash on each side, bench_flashmla's prefill part in rounds and
 #       its decode part on each side, the event trace on base and new.
+#   PART=producer (any card): base = .ab-base.tar.gz (main's kernels, 32bb0e3), new = the tree (the quantized
+#       producer loads each chunk's words one chunk ahead, across block boundaries, so that the next block's first
+#       chunk is converted under the owner's QK^T): the hash on both, the prefill part in 3 rounds, the decode part,
+#       the trace, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -24,6 +28,22 @@ attn)
   for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
   for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$f" | head -40; done
   [ -f "$OUT/flashmla_tests.txt" ] && test_summary flashmla_tests
+  ;;
+producer)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-3}" base new
+  decode_parts 60 base new
+  for side in base new; do
+    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  done
+  fits 130 && flashmla_tests 120
+  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT"/hash_*.txt
+  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
+  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
+  for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -A22 "== paged" "$f" | grep -v "^ *-*[0-9]* *\(wg\|producer\) "; done
+  test_summary flashmla_tests runtime_tests
   ;;
 final)
   flashmla_tests 170
