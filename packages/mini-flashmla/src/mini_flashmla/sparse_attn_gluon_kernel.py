@@ -309,9 +309,9 @@ def _e4m3_bf16_bits(byte):
 
 
 @gluon.jit
-def _dequant_values(words, scales, FORMAT: gl.constexpr):
-    """One chunk's words (int32, from its staging buffer) -> its rows as bf16 [R, 512] in registers, equal to
-    cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
+def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
+    """One chunk's words (int32, from its staging buffer) -> bf16 into `tile_rows` (the chunk's rows of a tile), equal
+    to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
     significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
@@ -322,7 +322,7 @@ def _dequant_values(words, scales, FORMAT: gl.constexpr):
         pair, w = gl.broadcast(pair[:, :, None], w)  # UE8M0 -> 2^(e-127): bf16's exponent field, in both halves
         lo, hi = gl.inline_asm_elementwise(_FP8_WORD_PTX, "=r,=r,r,r", [w, pair], dtype=(gl.int32, gl.int32),
                                            is_pure=True, pack=1)
-        return gl.reshape(_bf16_halves(gl.join(lo, hi)), [R, D])
+        tile_rows.store(gl.reshape(_bf16_halves(gl.join(lo, hi)), [R, D]))
     else:
         two = scales >> (part % 2 * 16)[None, :]  # the thread's two groups' e4m3 scales in bits 0-15
         bits = gl.reshape(gl.join(_e4m3_bf16_bits(two), _e4m3_bf16_bits(two >> 8)), [R, 32])
@@ -333,27 +333,7 @@ def _dequant_values(words, scales, FORMAT: gl.constexpr):
                                                        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
                                                        is_pure=True, pack=1)
         halves = _bf16_halves(gl.join(gl.join(d01, d45), gl.join(d23, d67)))  # [..., i, j, h]: word 2i + j, half h
-        return gl.reshape(halves, [R, D])
-
-
-@gluon.jit
-def _chunk_load(stage_words, stage_scales, ids_smem, blk, blk_end, kv_ptr, num_rows, rows, c: gl.constexpr,
-                FORMAT: gl.constexpr):
-    """The shared-memory half of chunk c (a compile-time index) of block blk: the ids of chunk c + LOOKAHEAD + 1 (their
-    rows at the end), chunk c's staged words once its copies have landed, and only then the copies of chunk c +
-    LOOKAHEAD (`rows`, from the previous call), under whose issue the words arrive (H100 profile, session 57: ids and
-    words used at once held ~20% of the producer's stall samples; paged prefill 1.036x, flashmla-gluon.md, "Session
-    57") -> (chunk c's words, its scales, the rows of chunk c + LOOKAHEAD + 1)."""
-    R: gl.constexpr = _chunk_rows(FORMAT)
-    CHUNKS: gl.constexpr = BLOCK_N // R
-    ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-    ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
-    async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
-    staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
-    words = staged_words.load(_chunk_words(FORMAT)[1])
-    scales = staged_scales.load(SCALE_WORDS)
-    _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
-    return words, scales, _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
+        tile_rows.store(gl.reshape(halves, [R, D]))
 
 
 @gluon.jit
@@ -364,12 +344,7 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
     (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the
     copies of block blk + 1 start during block blk), loaded from global memory at its first chunk and stored after
-    its last.
-    A chunk's shared-memory loads (_chunk_load) come one chunk ahead of its conversion, also across a block boundary:
-    the next block's first words are in registers before this block's tile is handed over, and converted before the
-    next tile's wait and stores. The hand-over starts an owner's QK^T, whose operands (both in shared memory) take
-    its bandwidth for ~1,200 cycles; the producer's shared-memory operations wait there (session 66's trace), and its
-    register-only work need not."""
+    its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
@@ -378,22 +353,28 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     for c in gl.static_range(LOOKAHEAD):
         _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
         rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT), num_rows, live)
-    words, scales, rows = _chunk_load(stage_words, stage_scales, ids_smem, blk0, blk_end, kv_ptr, num_rows, rows, 0,
-                                      FORMAT)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            values = _dequant_values(words, scales, FORMAT)
+            # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
+            # copies and used at once, and the words, used at once after the wait, held ~20% of the producer's stall
+            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (its rows at the end), chunk c's
+            # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
+            # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
+            ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
+            ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
+            async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
+            staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            words = staged_words.load(_chunk_words(FORMAT)[1])
+            scales = staged_scales.load(SCALE_WORDS)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
-            tiles.index(t).slice(c * R, R, dim=0).store(values)
-            if c == CHUNKS - 1:  # before the next block's first _chunk_load reads them
-                ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
-            # past the last block: zeros (masked copies), never converted
-            words, scales, rows = _chunk_load(stage_words, stage_scales, ids_smem, blk + (c + 1) // CHUNKS, blk_end,
-                                              kv_ptr, num_rows, rows, (c + 1) % CHUNKS, FORMAT)
+            _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
+            rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
+        ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
         # before this partition's own chunk copies of block blk + 2
