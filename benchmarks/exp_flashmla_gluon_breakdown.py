@@ -33,12 +33,18 @@ GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\)
           (re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False")]
 # quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
 DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
+# quantized rows: the staging copies themselves (session 66: does the cp.async path's shared-memory traffic, issue
+# and fill, hold the producer?): the values' and scales' copies, or the scales' alone (4 bytes a thread and row)
+VALUE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(values, .*?\[:, None\]\)\n", re.S), "pass\n")]
+SCALE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(scales, .*?\[:, None\]\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
 PV_MMA = [(re.compile(r"return warpgroup_mma\(p_smem, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],
     "no_gather": GATHER,
     "no_dequant": DEQUANT,
+    "no_copies": VALUE_COPIES + SCALE_COPIES,
+    "no_scale_copies": SCALE_COPIES,
     "no_qk_mma": QK_MMA,
     "no_pv_mma": PV_MMA,
     "no_mma": QK_MMA + PV_MMA,
@@ -64,7 +70,7 @@ def main() -> None:
         for name in VARIANTS:
             kernel_module.sparse_mla_fwd_gluon_kernel = variant_kernel(name, workdir)
             for case, fn in cases.items():
-                if name == "no_dequant" and case == "bf16":
+                if name in ("no_dequant", "no_copies", "no_scale_copies") and case == "bf16":
                     continue
                 try:
                     t = bench(fn)

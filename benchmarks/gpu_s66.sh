@@ -9,6 +9,8 @@
 #       producer loads each chunk's words one chunk ahead, across block boundaries, so that the next block's first
 #       chunk is converted under the owner's QK^T): the hash on both, the prefill part in 3 rounds, the decode part,
 #       the trace, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
+#   PART=breakdown (any card): exp_flashmla_gluon_breakdown.py on main's kernel, with session 66's variants (the
+#       quantized producer's staging copies removed, or their scale words alone).
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -44,6 +46,10 @@ producer)
   for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
   for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -A22 "== paged" "$f" | grep -v "^ *-*[0-9]* *\(wg\|producer\) "; done
   test_summary flashmla_tests runtime_tests
+  ;;
+breakdown)
+  run breakdown 300 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
+  grep -E "per_block|error" "$OUT/breakdown.txt"
   ;;
 final)
   flashmla_tests 170
