@@ -8,7 +8,8 @@ then took.
 Builds variants of mini_flashmla/sparse_attn_gluon_kernel.py with one part of the block step removed (by editing
 its source text into a temporary module, so the package keeps one kernel), and times each through the public API at
 bench_flashmla's prefill shape (s_q 4096, h 64, 128 window + 512 compressed slots, 131k context), bf16 rows and the
-paged FP8/FP4 cache. The variants compute garbage; only their time matters. Per-block time = t x SMs / (s_q x 10).
+paged FP8/FP4 cache (session 66 added the variants without the quantized producer's staging copies). The variants
+compute garbage; only their time matters. Per-block time = t x SMs / (s_q x 10).
 Writes $OUT/exp_flashmla_gluon_breakdown.json.
 
     cd benchmarks && python3 exp_flashmla_gluon_breakdown.py
@@ -50,6 +51,7 @@ VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "no_mma": QK_MMA + PV_MMA,
     "mma_only": GATHER + DEQUANT,  # the consumers alone: the producer only hands over tiles
 }
+QUANTIZED_ONLY = {"no_dequant", "no_copies", "no_scale_copies"}  # variants of the quantized producer's work
 
 
 def variant_kernel(name: str, workdir: str):
@@ -70,7 +72,7 @@ def main() -> None:
         for name in VARIANTS:
             kernel_module.sparse_mla_fwd_gluon_kernel = variant_kernel(name, workdir)
             for case, fn in cases.items():
-                if name in ("no_dequant", "no_copies", "no_scale_copies") and case == "bf16":
+                if name in QUANTIZED_ONLY and case == "bf16":
                     continue
                 try:
                     t = bench(fn)

@@ -52,11 +52,7 @@ debts)
   [ -f "$OUT/v3_exp_new.txt" ] && grep -E "^\| |smoke" "$OUT/v3_exp_new.txt"
   ;;
 final)
-  flashmla_tests 170
-  fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  fits 220 && [ -z "${NO_REST:-}" ] && rest_ab 75 130
-  test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
+  final_tree_checks
   ;;
 esac
 cat "$OUT/summary.txt"

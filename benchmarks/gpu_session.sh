@@ -3,8 +3,8 @@
 # environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at the limit so
 # pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`, `fits`,
 # `fp4_e4m3_tests`, `flashmla_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`,
-# `tree_checks`, the A/B helpers (`side_path`, `hash_sides`, `flashmla_sides`, `prefill_sides`, `script_sides`,
-# `route_sides`, `show_sides`, `prefill_part_rounds`), `ncu_profile CASE...` and `pack_out`.
+# `tree_checks`, `final_tree_checks`, the A/B helpers (`side_path`, `hash_sides`, `flashmla_sides`, `prefill_sides`,
+# `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -91,10 +91,12 @@ fp4_e4m3_tests() {
 flashmla_tests() {
   run flashmla_tests "$1" $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
 }
-# test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt, for the call's output
+# test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt (those that ran), for the
+# call's output
 test_summary() {
   local files=() n
-  for n in "$@"; do files+=("$OUT/$n.txt"); done
+  for n in "$@"; do [ -f "$OUT/$n.txt" ] && files+=("$OUT/$n.txt"); done
+  [ ${#files[@]} -gt 0 ] || return 0
   grep -hE " (FAILED|ERROR) |passed|failed" "${files[@]}" | tail -12
   grep -hE "^E  .*(Error|assert)" "${files[@]}" | cut -c1-250 | head -8
 }
@@ -103,6 +105,15 @@ rest_ab() {
   run runtime_rest_a "${1:-90}" $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
   run runtime_rest_b "${2:-130}" $PYTEST runtime/tests integration_tests $RUNTIME_REST_B_IGNORES -m "not multigpu" \
     -n 16 --junitxml="$OUT/junit_rest_b.xml"
+}
+# final_tree_checks: a session's last run when its GPU change is mini-flashmla's or none: mini-flashmla's GPU suite,
+# the runtime's core GPU tests, and the rest of the runtime suite where time allows (NO_REST=1: not); the summaries
+final_tree_checks() {
+  flashmla_tests 170
+  fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  fits 220 && [ -z "${NO_REST:-}" ] && rest_ab 75 130
+  test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
 }
 # tree_checks NAME REST_B_SECS STAGES TEST_FILE...: a session's last run on its final tree: the change's own tests
 # (pytest -n 8, output $OUT/NAME.txt), the runtime's core GPU tests, bench_decode on the tree (decode_all_sides new),
