@@ -11,6 +11,10 @@
 #       the trace, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
 #   PART=breakdown (any card): exp_flashmla_gluon_breakdown.py on main's kernel, with session 66's variants (the
 #       quantized producer's staging copies removed, or their scale words alone).
+#   PART=scales (prepared for session 67, not run here): the tree = main with 4419483 applied (`git cherry-pick
+#       4419483`: each row's scale bytes copied once), .ab-base.tar.gz = main's sources: the hash on both (same bits
+#       expected), the prefill part in 3 rounds, the decode part, mini-flashmla's GPU suite and the runtime's core
+#       GPU tests on the tree. The breakdown (run 3) bounds the gain at ~4% of a paged block.
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -50,6 +54,18 @@ producer)
 breakdown)
   run breakdown 300 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   grep -E "per_block|error" "$OUT/breakdown.txt"
+  ;;
+scales)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-3}" base new
+  decode_parts 60 base new
+  fits 130 && flashmla_tests 120
+  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  cat "$OUT"/hash_*.txt
+  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_paged_tflops" "$f" | tr -s ' ' | cut -c1-60)"; done
+  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
+  test_summary flashmla_tests runtime_tests
   ;;
 final)
   final_tree_checks
