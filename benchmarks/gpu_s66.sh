@@ -13,8 +13,8 @@
 #       quantized producer's staging copies removed, or their scale words alone).
 #   PART=scales (prepared for session 67, not run here): the tree = main with 4419483 applied (`git cherry-pick
 #       4419483`: each row's scale bytes copied once), .ab-base.tar.gz = main's sources: the hash on both (same bits
-#       expected), the prefill part in 3 rounds, the decode part, mini-flashmla's GPU suite and the runtime's core
-#       GPU tests on the tree. The breakdown (run 3) bounds the gain at ~4% of a paged block.
+#       expected), the prefill part in 3 rounds, the decode part, the trace, mini-flashmla's GPU suite and the
+#       runtime's core GPU tests on the tree (PART=producer's steps). The breakdown (run 3) bounds the gain at ~4%.
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -25,47 +25,25 @@ attn)
   hash_sides base alt new
   prefill_part_rounds "${ROUNDS:-2}" base alt new
   decode_parts 60 base alt new
-  for side in base new; do
-    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
-  done
+  trace_sides base new
   fits 150 && flashmla_tests 140
-  cat "$OUT"/hash_*.txt
-  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
-  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
-  for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -v "^ *-*[0-9]* *\(wg\|producer\)" "$f" | head -40; done
-  [ -f "$OUT/flashmla_tests.txt" ] && test_summary flashmla_tests
+  attn_ab_summary
+  test_summary flashmla_tests
   ;;
-producer)
+producer|scales)  # scales: the same A/B on the prepared scale-copy tree
   hash_sides base new
   prefill_part_rounds "${ROUNDS:-3}" base new
   decode_parts 60 base new
-  for side in base new; do
-    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
-  done
+  trace_sides base new
   fits 130 && flashmla_tests 120
   fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
-  cat "$OUT"/hash_*.txt
-  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"; done
-  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
-  for f in "$OUT"/trace_*.txt; do echo "== $f"; grep -A22 "== paged" "$f" | grep -v "^ *-*[0-9]* *\(wg\|producer\) "; done
+  attn_ab_summary
   test_summary flashmla_tests runtime_tests
   ;;
 breakdown)
   run breakdown 300 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"
   grep -E "per_block|error" "$OUT/breakdown.txt"
-  ;;
-scales)
-  hash_sides base new
-  prefill_part_rounds "${ROUNDS:-3}" base new
-  decode_parts 60 base new
-  fits 130 && flashmla_tests 120
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  cat "$OUT"/hash_*.txt
-  for f in "$OUT"/prefill_part_*.txt; do echo "$(basename "$f" .txt): $(grep -E "^\| prefill_paged_tflops" "$f" | tr -s ' ' | cut -c1-60)"; done
-  for f in "$OUT"/decode_part_*.txt; do echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60; done
-  test_summary flashmla_tests runtime_tests
   ;;
 final)
   final_tree_checks

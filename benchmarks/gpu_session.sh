@@ -4,7 +4,8 @@
 # pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`, `fits`,
 # `fp4_e4m3_tests`, `flashmla_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`,
 # `tree_checks`, `final_tree_checks`, the A/B helpers (`side_path`, `hash_sides`, `flashmla_sides`, `prefill_sides`,
-# `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`), `ncu_profile CASE...` and `pack_out`.
+# `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`, `trace_sides`, `attn_ab_summary`),
+# `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -227,6 +228,32 @@ decode_parts() {
     name=$side${ROUND:+_$ROUND}
     fits "$secs" && run "decode_part_$name" "$secs" env PYTHONPATH="$(side_path $side)" BENCH_PARTS=decode \
       BENCH_JSON="flashmla_decode_$name.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+}
+# trace_sides SIDE...: benchmarks/exp_flashmla_trace.py (the attention's event trace) on each side, into
+# $OUT/trace_SIDE.txt
+trace_sides() {
+  local side
+  for side in "$@"; do
+    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+  done
+}
+# attn_ab_summary: an attention A/B's results for the call's output: the outputs' hash per side, bench_flashmla's
+# prefill TFLOP/s per side and round, its decode rows per side, and the paged table of each side's trace
+attn_ab_summary() {
+  local f
+  cat "$OUT"/hash_*.txt 2>/dev/null
+  for f in "$OUT"/prefill_part_*.txt; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"
+  done
+  for f in "$OUT"/decode_part_*.txt; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .txt)"; grep -E "^\| decode batch [0-9]+ \(graph" "$f" | cut -c1-60
+  done
+  for f in "$OUT"/trace_*.txt; do
+    [ -f "$f" ] || continue
+    echo "== $f"; grep -A22 "== paged" "$f" | grep -v "^ *-*[0-9]* *\(wg\|producer\) "
   done
 }
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE

@@ -261,6 +261,14 @@ def _rows_per_launch(*row_strides: int) -> int:
     return _INT32_MAX // max(*row_strides, 1)
 
 
+def _attn_launch_views(q, a_ids, b_ids, out, lse, part_out, part_lse) -> list[tuple[torch.Tensor, ...]]:
+    """An attention call's per-query operands, as (q, a_ids, b_ids, out, lse, part_out, part_lse) per launch: one
+    launch unless a query's offset into either ids tensor would pass 2**31 (_rows_per_launch, _launch_views); both
+    kernels, Triton and Gluon, form those offsets alike."""
+    return _launch_views(_rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out,
+                         part_lse)
+
+
 def _attn_operands(q, source_a, source_b):
     """The kernels' q (_q_for_kernels), the outputs (out bf16 [s_q, h, 512], lse fp32 [s_q, h]) and both sources with
     int32 contiguous ids, after checking the index shapes; a missing source B repeats A (a placeholder the kernels do
@@ -292,8 +300,8 @@ def _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits):
     sink = _sink_arg(attn_sink, lse)
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
-    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _launch_views(
-            _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _attn_launch_views(
+            q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_kernel[(c_q.shape[0], math.ceil(h / block_h), num_splits)](
             c_q, q.stride(0), q.stride(1),
             a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
@@ -353,8 +361,8 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     split = num_splits > 1
     part_out, part_lse = _split_partials(q, num_splits) if split else (out, lse)  # placeholders unsplit
     sink = _sink_arg(attn_sink, lse)
-    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _launch_views(
-            _rows_per_launch(a_ids.stride(0), b_ids.stride(0)), q, a_ids, b_ids, out, lse, part_out, part_lse):
+    for c_q, c_a_ids, c_b_ids, c_out, c_lse, c_part_out, c_part_lse in _attn_launch_views(
+            q, a_ids, b_ids, out, lse, part_out, part_lse):
         sparse_mla_fwd_gluon_kernel[(c_q.shape[0], h // MAX_ATTN_BLOCK_H, num_splits)](
             c_q, q.stride(0), q.stride(1),
             a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
