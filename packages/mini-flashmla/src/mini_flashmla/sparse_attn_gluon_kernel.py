@@ -40,8 +40,8 @@ so P is exactly 0, and 0 x the zero row adds nothing, where 0 x a NaN or inf tha
 the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A source with no rows is never routed
 here.
 
-Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 20 KB of raw
-staging for quantized rows): 206,944 B with bf16 rows, 227,520 B paged (offline, triton 3.6, sm_90a).
+Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 18 KB of raw
+staging for quantized rows): 206,944 B with bf16 rows, 225,472 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
@@ -156,15 +156,22 @@ WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS
 WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
 COMPRESSED_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [16, 64] int32
 COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
-# a chunk's scale words, [8 or 16 rows, 16]: a thread's group (window) or pair of groups (compressed) per row
+# a chunk's scales as the conversion reads them, [8 or 16 rows, 16]: a thread's group's UE8M0 byte (window, int8) or
+# its pair of groups' e4m3 bytes (compressed, int16) per row
 SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
+# a chunk's scale bytes as copied, each row's once: [16, 8] int32 words (compressed, 32 B a row; a warp copies 4 rows,
+# 8 lanes a row's contiguous 32 bytes) or [8, 4] (window, 16 B a row; the layout's other lanes and warps replicate)
+SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
 LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
-STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 1 KB of scales
+STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 512 B of scales
 STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 # A chunk's values in 16-byte units swizzled by row (unit ^= row % 8): the 8 rows a warp reads at one place are
-# conflict-free; its scale words (a thread's per row) swizzled the same way by word
+# conflict-free. A compressed chunk's scale rows (32 B) with their two 16-byte units swapped on rows 4-7 of every 8
+# (unit ^= row // 4 % 2), so that 8 rows read at one column hit 8 different banks; the same bytes as int32 words (the
+# copy) and as int16 pairs (the conversion). A window chunk's 16-byte scale rows are conflict-free unswizzled.
 STAGE_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-STAGE_SCALES_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=8, order=[1, 0])
+SCALES_COPY_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=4, max_phase=2, order=[1, 0])
+SCALES_READ_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0])
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
@@ -253,17 +260,32 @@ def _chunk_words(FORMAT):
 @gluon.jit
 def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
     """Staging buffer k (a compile-time index: buffer k // 2 of the even or odd allocation, _ring_buffers) as one
-    chunk: values [R, words per row] and scales [R, 16], int32."""
+    chunk: values [R, words per row] int32, and its rows' scale bytes twice, as the copy writes them ([R, 4 or 8]
+    int32) and as the conversion reads them ([R, 16]: a thread's byte (window, int8) or byte pair (compressed,
+    int16))."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
-    return (stage_words[k % 2].index(k // 2)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED),
-            stage_scales[k % 2].index(k // 2)._reinterpret(gl.int32, [R, 16], STAGE_SCALES_SHARED))
+    scales = stage_scales[k % 2].index(k // 2)
+    if FORMAT == FP8_WINDOW:
+        copied = scales._reinterpret(gl.int32, [R, 4], STAGE_FLAT)
+        read = scales._reinterpret(gl.int8, [R, 16], STAGE_FLAT)
+    else:
+        copied = scales._reinterpret(gl.int32, [R, 8], SCALES_COPY_SHARED)
+        read = scales._reinterpret(gl.int16, [R, 16], SCALES_READ_SHARED)
+    return stage_words[k % 2].index(k // 2)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED), copied, read
 
 
 @gluon.jit
 def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
     """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), in the chunk's row layout."""
     return ids_slot.slice(first, _chunk_rows(FORMAT)).load(gl.SliceLayout(1, _chunk_words(FORMAT)[1]))
+
+
+@gluon.jit
+def _chunk_all_ids(ids_slot, first, FORMAT: gl.constexpr):
+    """A chunk's staged ids twice: in the rows of its value words (_chunk_ids), and in those of its scale copy."""
+    chunk = ids_slot.slice(first, _chunk_rows(FORMAT))
+    return _chunk_ids(ids_slot, first, FORMAT), chunk.load(gl.SliceLayout(1, SCALE_COPY))
 
 
 @gluon.jit
@@ -274,23 +296,25 @@ def _chunk_cache_rows(ids, num_rows, live):
 
 
 @gluon.jit
-def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, FORMAT: gl.constexpr):
-    """cp.async of one chunk of a quantized block (`rows`: _chunk_cache_rows) into staging buffer k, as int32 words,
-    each thread copying what it converts later (the values 32 B a thread, a scale word per row); one commit group.
-    A thread's scale word holds its group's UE8M0 byte (window) or its two groups' e4m3 bytes (compressed). Rows -1
-    copy zeros (finite; their score is -inf)."""
+def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, scale_rows, FORMAT: gl.constexpr):
+    """cp.async of one chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_all_ids) into
+    staging buffer k, as int32 words: the values by the threads that convert them (32 B a thread), each row's scale
+    bytes once (a word a thread: compressed rows' 32 B, window rows' 16 B); one commit group. Each thread copied the
+    scale word its groups need until session 66: every word twice (compressed) or four times (window), half of a
+    compressed chunk's copy instructions, and together 4% of a paged block (exp_flashmla_gluon_breakdown.py, H200).
+    Rows -1 copy zeros (finite; their score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
-    values, scales = _chunk_views(stage_words, stage_scales, k, FORMAT)
+    SCALES: gl.constexpr = 4 if FORMAT == FP8_WINDOW else 8  # scale words per row
+    values, scales, _ = _chunk_views(stage_words, stage_scales, k, FORMAT)
     kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
     async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
                                            mask=(rows >= 0)[:, None])
-    rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_WORDS), assert_trivial=True)
-    col = VALUES + gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS)) // (4 if FORMAT == FP8_WINDOW else 2)
-    async_copy.async_copy_global_to_shared(scales, kv_words + rows.to(gl.int64)[:, None] * ROW + col[None, :],
-                                           mask=(rows >= 0)[:, None])
+    col = VALUES + gl.arange(0, SCALES, gl.SliceLayout(0, SCALE_COPY))
+    async_copy.async_copy_global_to_shared(scales, kv_words + scale_rows.to(gl.int64)[:, None] * ROW + col[None, :],
+                                           mask=(scale_rows >= 0)[:, None])
     async_copy.commit_group()
 
 
@@ -310,13 +334,13 @@ def _e4m3_bf16_bits(byte):
 
 @gluon.jit
 def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
-    """One chunk's words (int32, from its staging buffer) -> bf16 into `tile_rows` (the chunk's rows of a tile), equal
+    """One chunk's words (int32) and scale bytes (_chunk_views' read view) -> bf16 into `tile_rows` (the chunk's rows of
+    a tile), equal
     to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
     significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
-    part = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))  # the thread's group (window) or pair of groups
     if FORMAT == FP8_WINDOW:
-        e = (scales >> (part % 4 * 8)[None, :]) & 0xFF
+        e = scales.to(gl.int32) & 0xFF
         pair = gl.convert_layout((e << 7) * 0x10001, gl.SliceLayout(2, WINDOW_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 16, 8]), WINDOW_GROUPS, assert_trivial=True)
         pair, w = gl.broadcast(pair[:, :, None], w)  # UE8M0 -> 2^(e-127): bf16's exponent field, in both halves
@@ -324,7 +348,7 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
                                            is_pure=True, pack=1)
         tile_rows.store(gl.reshape(_bf16_halves(gl.join(lo, hi)), [R, D]))
     else:
-        two = scales >> (part % 2 * 16)[None, :]  # the thread's two groups' e4m3 scales in bits 0-15
+        two = scales.to(gl.int32)  # the thread's two groups' e4m3 scales in bits 0-15
         bits = gl.reshape(gl.join(_e4m3_bf16_bits(two), _e4m3_bf16_bits(two >> 8)), [R, 32])
         pair = gl.convert_layout(bits * 0x10001, gl.SliceLayout(2, COMPRESSED_GROUPS), assert_trivial=True)
         w = gl.convert_layout(gl.reshape(words, [R, 32, 2]), COMPRESSED_GROUPS, assert_trivial=True)
@@ -349,10 +373,12 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     CHUNKS: gl.constexpr = BLOCK_N // R
     gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
     live = blk0 < blk_end
-    rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT), num_rows, live)
+    ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT)
+    rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
     for c in gl.static_range(LOOKAHEAD):
-        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, FORMAT)
-        rows = _chunk_cache_rows(_chunk_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT), num_rows, live)
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, scale_rows, FORMAT)
+        ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT)
+        rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
@@ -363,17 +389,19 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
             # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-            ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
+            ids_next, scale_ids_next = _chunk_all_ids(ids_smem.index(ahead % IDS_SLOTS),
+                                                      (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
             async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
-            staged_words, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            staged_words, _, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
             words = staged_words.load(_chunk_words(FORMAT)[1])
             scales = staged_scales.load(SCALE_WORDS)
-            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, FORMAT)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, scale_rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
             _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
+            scale_rows = _chunk_cache_rows(scale_ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
@@ -655,8 +683,8 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
         gl.static_assert(LOOKAHEAD % 2 == 1 and STAGES % 2 == 0)  # chunk c and c + LOOKAHEAD of opposite parity
         stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT),
                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT))
-        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT),
-                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 16], STAGE_FLAT))
+        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT),
+                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
