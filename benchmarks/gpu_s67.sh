@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 67's GPU runs.
+#   PART=scales (any card): base = .ab-base.tar.gz (main's sources, d8bbf5e), new = the tree (4419483 cherry-picked:
+#       the quantized producer copies each row's scale bytes once): the hash on both (same bits expected), the
+#       prefill part in 3 rounds, the decode part, the trace, mini-flashmla's GPU suite and the runtime's core GPU
+#       tests on the tree. Session 66's breakdown (run 3) bounds the gain at ~4%.
+#   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
+#       rest of its suite where time allows (NO_REST=1: not).
+# carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s67
+case "${PART:-scales}" in
+scales)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-3}" base new
+  decode_parts 60 base new
+  trace_sides base new
+  fits 130 && flashmla_tests 120
+  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
+  ;;
+final)
+  final_tree_checks
+  ;;
+esac
+cat "$OUT/summary.txt"
+pack_out
