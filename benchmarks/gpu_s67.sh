@@ -4,9 +4,13 @@
 #       the quantized producer copies each row's scale bytes once): the hash on both (same bits expected), the
 #       prefill part in 3 rounds, the decode part, the trace, mini-flashmla's GPU suite and the runtime's core GPU
 #       tests on the tree. Session 66's breakdown (run 3) bounds the gain at ~4%.
+#   PART=release (an H200 preferred): base = .ab-base.tar.gz (main before the scale copies, d8bbf5e), alt =
+#       .ab-alt.tar.gz (the scale copies, ece62e2), new = the tree (alt + the consumers' per-thread releases of tiles
+#       and P): the hash on each (the same bits expected), the prefill part in 3 rounds, the decode part, the trace on
+#       alt and new, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
-# carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
 case "${PART:-scales}" in
@@ -15,6 +19,17 @@ scales)
   prefill_part_rounds "${ROUNDS:-3}" base new
   decode_parts 60 base new
   trace_sides base new
+  fits 130 && flashmla_tests 120
+  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
+  ;;
+release)
+  hash_sides base alt new
+  prefill_part_rounds "${ROUNDS:-3}" base alt new
+  decode_parts 60 base alt new
+  trace_sides alt new
   fits 130 && flashmla_tests 120
   fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
