@@ -175,7 +175,6 @@ SCALES_READ_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, m
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
-CONSUMER_THREADS: gl.constexpr = gl.constexpr(128)  # a consumer warpgroup's threads, each of which _release-s
 # Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
 # them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
 CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
@@ -493,15 +492,6 @@ def _publish(p, m_new, p_smem, m_smem, pub_bar):
 
 
 @gluon.jit
-def _release(bar):
-    """This consumer thread's arrival on a barrier counted in consumer threads (a tile's `empty`, a P's `pfree`),
-    after an MMA wait that finished its reads: cp.async.mbarrier.arrive.noinc, which fires at once (a consumer has no
-    copies in flight). A single-thread mbarrier.arrive would get a partition barrier before it (and one before the
-    next shared-memory operation) to order the warpgroup's stores; a release orders only reads that are done."""
-    async_copy.mbarrier_arrive(bar, increment_count=False)
-
-
-@gluon.jit
 def _rescale(acc, alpha):
     return acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_WG), assert_trivial=True)[:, None]
 
@@ -536,8 +526,8 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
     _mark(trace_ptr, 0, ev + 4)
-    _release(own_pfree)
-    _release(empty_bar)
+    mbarrier.arrive(own_pfree, count=1)
+    mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
 
 
@@ -609,7 +599,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _mark(trace_ptr, 0, ev + 5)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 6)
-            _release(empty.index(1))
+            mbarrier.arrive(empty.index(1), count=1)
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
             # (released last in the previous pair) gets that long to fill
@@ -622,7 +612,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             _mark(trace_ptr, 1, ev + 2)
-            _release(empty.index(0))
+            mbarrier.arrive(empty.index(0), count=1)
             m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
@@ -632,8 +622,8 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
             _mark(trace_ptr, 1, ev + 5)
-            _release(pfree.index(1))
-            _release(empty.index(1))
+            mbarrier.arrive(pfree.index(1), count=1)
+            mbarrier.arrive(empty.index(1), count=1)
     if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
         blk = n_blocks - 1
         phase = n_pairs & 1
@@ -648,7 +638,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
-            _release(empty.index(0))
+            mbarrier.arrive(empty.index(0), count=1)
 
     # the row sums: each warpgroup's own blocks, at the same final max; added in one order in both
     l_smem.index(WG).store(l_own)
@@ -679,7 +669,7 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
     ring of STAGES staging buffers (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile
     a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and
-    an "empty" one (one arrival per consumer thread, _release).
+    an "empty" one (one arrival per consumer warpgroup).
     The staging ring is two allocations, (even buffers, odd buffers) of words and of scales: a chunk loads buffer
     c % 4 and then copies into (c + 3) % 4, of the other parity. Gluon's barrier analysis tracks hazards per
     allocation, so in one allocation it put a partition barrier between those loads and copies, a second one per
@@ -700,7 +690,7 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
-        mbarrier.init(empty.index(t), count=2 * CONSUMER_THREADS)  # every consumer thread's _release
+        mbarrier.init(empty.index(t), count=2)
     return tiles, stage_words, stage_scales, ids_smem, full, empty
 
 
@@ -761,7 +751,7 @@ def sparse_mla_fwd_gluon_kernel(
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(pub.index(w), count=1)
-        mbarrier.init(pfree.index(w), count=CONSUMER_THREADS)
+        mbarrier.init(pfree.index(w), count=1)
     mbarrier.init(both, count=2)
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
