@@ -8,6 +8,9 @@
 #       .ab-alt.tar.gz (the scale copies, ece62e2), new = the tree (alt + the consumers' per-thread releases of tiles
 #       and P): the hash on each (the same bits expected), the prefill part in 3 rounds, the decode part, the trace on
 #       alt and new, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
+#   PART=fence (an H200 preferred): the same steps as PART=release on base = .ab-base.tar.gz (d8bbf5e), alt =
+#       .ab-alt.tar.gz (main: the scale copies, 59a951f), new = the tree (alt + the quantized producer's writer-side
+#       proxy fence, the consumers' fences after their tile waits removed).
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -25,7 +28,7 @@ scales)
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
   ;;
-release)
+release|fence)
   hash_sides base alt new
   prefill_part_rounds "${ROUNDS:-3}" base alt new
   decode_parts 60 base alt new
