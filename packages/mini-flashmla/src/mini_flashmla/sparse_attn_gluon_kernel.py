@@ -403,10 +403,6 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
             scale_rows = _chunk_cache_rows(scale_ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
-        # The writer's proxy fence: this thread's tile stores (generic proxy) before the consumers' wgmma reads (async
-        # proxy), so that the consumers need no fence of their own after each full wait (TILE_FENCE off), where a
-        # fence sits in their chain
-        fence_async_shared()
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
         # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
         # before this partition's own chunk copies of block blk + 2
@@ -501,14 +497,12 @@ def _rescale(acc, alpha):
 
 
 @gluon.jit
-def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase, TILE_FENCE: gl.constexpr):
+def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
     """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
-    accumulator to the new running max -> (running max, row sum, accumulator). TILE_FENCE: the tile was written by
-    cp.async (bf16 rows), which only its reader can fence (quantized rows: the producer fenced its stores)."""
+    accumulator to the new running max -> (running max, row sum, accumulator)."""
     mbarrier.wait(full_bar, phase)
     mbarrier.wait(pub_bar, phase)
-    if TILE_FENCE:
-        fence_async_shared()  # the tile's cp.async writes before this warpgroup's wgmma reads them
+    fence_async_shared()  # the tile's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
     m_new = m_smem.load(gl.SliceLayout(1, S_WG))
     alpha = gl.exp2(m_run - m_new)
     return m_new, l_own * alpha, _rescale(acc, alpha)
@@ -516,14 +510,13 @@ def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase, TILE_FENCE: gl.c
 
 @gluon.jit
 def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
-                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev, TILE_FENCE: gl.constexpr):
+                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
     on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
     softmax done, P free, PV done."""
     mbarrier.wait(full_bar, phase)
     _mark(trace_ptr, 0, ev)
-    if TILE_FENCE:
-        fence_async_shared()  # the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
+    fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
     s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
     _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
@@ -559,12 +552,11 @@ def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG:
 def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
               stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
               stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
-              SPLIT: gl.constexpr, TILE_FENCE: gl.constexpr, WG: gl.constexpr):
+              SPLIT: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
     every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse. Trace
     events per pair (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's five, then block b adopted, its PV done;
-    warpgroup 1 block a adopted, tile b in, PV a and QK^T b done, softmax done, P free, PV b done. TILE_FENCE: a proxy
-    fence after each wait for a tile (bf16 rows, written by cp.async; quantized rows: the producer's own fence)."""
+    warpgroup 1 block a adopted, tile b in, PV a and QK^T b done, softmax done, P free, PV b done."""
     if WG == 0:
         _mark_sm(trace_ptr)
         _mark(trace_ptr, HEADER, 1)
@@ -601,9 +593,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
                                             acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
-                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev, TILE_FENCE)
+                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase, TILE_FENCE)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 5)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 6)
@@ -611,13 +603,12 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
             # (released last in the previous pair) gets that long to fill
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase, TILE_FENCE)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, ev)
             acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
             mbarrier.wait(full.index(1), phase)
             _mark(trace_ptr, 1, ev + 1)
-            if TILE_FENCE:
-                fence_async_shared()
+            fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
             acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             _mark(trace_ptr, 1, ev + 2)
@@ -641,9 +632,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
                                             gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
                                             acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
                                             pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
-                                            n_pairs * PAIR_EVENTS, TILE_FENCE)
+                                            n_pairs * PAIR_EVENTS)
         else:
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase, TILE_FENCE)
+            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
@@ -758,7 +749,6 @@ def sparse_mla_fwd_gluon_kernel(
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    TILE_FENCE: gl.constexpr = A_FORMAT == BF16_ROWS  # the consumers fence cp.async-written tiles themselves
     for w in gl.static_range(2):
         mbarrier.init(pub.index(w), count=1)
         mbarrier.init(pfree.index(w), count=1)
@@ -766,12 +756,10 @@ def sparse_mla_fwd_gluon_kernel(
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
-                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT,
-                      TILE_FENCE, 0)),
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
-                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT,
-                      TILE_FENCE, 1)),
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
