@@ -11,6 +11,8 @@
 #   PART=fence (an H200 preferred): the same steps as PART=release on base = .ab-base.tar.gz (d8bbf5e), alt =
 #       .ab-alt.tar.gz (main: the scale copies, 59a951f), new = the tree (alt + the quantized producer's writer-side
 #       proxy fence, the consumers' fences after their tile waits removed).
+#   PART=confirm (an H200 wanted; ~200 s): the final tree (main: the scale copies) against .ab-base.tar.gz (d8bbf5e):
+#       the hash on both, the prefill part in ROUNDS (2) rounds, mini-flashmla's GPU suite on the tree.
 #   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
 #       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
@@ -38,6 +40,13 @@ release|fence)
     --junitxml="$OUT/junit_runtime.xml"
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
+  ;;
+confirm)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-2}" base new
+  fits 110 && flashmla_tests 100
+  attn_ab_summary
+  test_summary flashmla_tests
   ;;
 final)
   final_tree_checks
