@@ -35,7 +35,8 @@ GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\)
 # quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
 DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
 # quantized rows: the staging copies themselves (session 66: does the cp.async path's shared-memory traffic, issue
-# and fill, hold the producer?): the values' and scales' copies, or the scales' alone (4 bytes a thread and row)
+# and fill, hold the producer?): the values' and scales' copies, or the scales' alone (a word a thread, each
+# row's bytes once, since session 67; before, the word a thread's groups need)
 VALUE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(values, .*?\[:, None\]\)\n", re.S), "pass\n")]
 SCALE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(scales, .*?\[:, None\]\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]

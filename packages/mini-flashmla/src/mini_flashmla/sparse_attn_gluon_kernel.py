@@ -300,9 +300,10 @@ def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, scale_rows, FORMAT:
     """cp.async of one chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_all_ids) into
     staging buffer k, as int32 words: the values by the threads that convert them (32 B a thread), each row's scale
     bytes once (a word a thread: compressed rows' 32 B, window rows' 16 B); one commit group. Each thread copied the
-    scale word its groups need until session 66: every word twice (compressed) or four times (window), half of a
-    compressed chunk's copy instructions, and together 4% of a paged block (exp_flashmla_gluon_breakdown.py, H200).
-    Rows -1 copy zeros (finite; their score is -inf)."""
+    scale word its groups need until session 67: every word twice (compressed) or four times (window), half of a
+    compressed chunk's copy instructions, and together 4% of a paged block (exp_flashmla_gluon_breakdown.py, H200);
+    copied once, paged prefill 1.02-1.03x (H100, flashmla-gluon.md "Session 67"). Rows -1 copy zeros (finite; their
+    score is -inf)."""
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
