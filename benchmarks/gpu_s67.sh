@@ -13,8 +13,6 @@
 #       proxy fence, the consumers' fences after their tile waits removed).
 #   PART=confirm (an H200 wanted; ~200 s): the final tree (main: the scale copies) against .ab-base.tar.gz (d8bbf5e):
 #       the hash on both, the prefill part in ROUNDS (2) rounds, mini-flashmla's GPU suite on the tree.
-#   PART=final (an H200 preferred): the final tree: mini-flashmla's GPU suite, the runtime's core GPU tests and the
-#       rest of its suite where time allows (NO_REST=1: not).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
@@ -47,9 +45,6 @@ confirm)
   fits 110 && flashmla_tests 100
   attn_ab_summary
   test_summary flashmla_tests
-  ;;
-final)
-  final_tree_checks
   ;;
 esac
 cat "$OUT/summary.txt"
