@@ -17,22 +17,13 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
 case "${PART:-scales}" in
-scales)
-  hash_sides base new
-  prefill_part_rounds "${ROUNDS:-3}" base new
-  decode_parts 60 base new
-  trace_sides base new
-  fits 130 && flashmla_tests 120
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  attn_ab_summary
-  test_summary flashmla_tests runtime_tests
-  ;;
-release|fence)
-  hash_sides base alt new
-  prefill_part_rounds "${ROUNDS:-3}" base alt new
-  decode_parts 60 base alt new
-  trace_sides alt new
+scales|release|fence)  # scales: base and new; release, fence: base, alt and new (the trace on the last two)
+  sides=(base alt new)
+  [ "${PART:-scales}" = scales ] && sides=(base new)
+  hash_sides "${sides[@]}"
+  prefill_part_rounds "${ROUNDS:-3}" "${sides[@]}"
+  decode_parts 60 "${sides[@]}"
+  trace_sides "${sides[@]: -2}"
   fits 130 && flashmla_tests 120
   fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
     --junitxml="$OUT/junit_runtime.xml"
