@@ -31,15 +31,7 @@ attn)
   test_summary flashmla_tests
   ;;
 producer|scales)  # scales: the same A/B on the prepared scale-copy tree
-  hash_sides base new
-  prefill_part_rounds "${ROUNDS:-3}" base new
-  decode_parts 60 base new
-  trace_sides base new
-  fits 130 && flashmla_tests 120
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  attn_ab_summary
-  test_summary flashmla_tests runtime_tests
+  attn_ab base new
   ;;
 breakdown)
   run breakdown 300 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_flashmla_gluon_breakdown.py"

@@ -17,18 +17,11 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
 case "${PART:-scales}" in
-scales|release|fence)  # scales: base and new; release, fence: base, alt and new (the trace on the last two)
-  sides=(base alt new)
-  [ "${PART:-scales}" = scales ] && sides=(base new)
-  hash_sides "${sides[@]}"
-  prefill_part_rounds "${ROUNDS:-3}" "${sides[@]}"
-  decode_parts 60 "${sides[@]}"
-  trace_sides "${sides[@]: -2}"
-  fits 130 && flashmla_tests 120
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
-  attn_ab_summary
-  test_summary flashmla_tests runtime_tests
+scales)
+  attn_ab base new
+  ;;
+release|fence)
+  attn_ab base alt new
   ;;
 confirm)
   hash_sides base new

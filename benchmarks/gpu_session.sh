@@ -256,6 +256,21 @@ attn_ab_summary() {
     echo "== $f"; grep -A22 "== paged" "$f" | grep -v "^ *-*[0-9]* *\(wg\|producer\) "
   done
 }
+# attn_ab SIDE...: an attention kernel's A/B with the tests on the tree: the outputs' hash on every side, the prefill
+# part in ROUNDS (3) rounds, the decode part, the trace on the last two sides, mini-flashmla's GPU suite and the
+# runtime's core GPU tests where time allows, then the A/B's summary and the tests'
+attn_ab() {
+  local sides=("$@")
+  hash_sides "${sides[@]}"
+  prefill_part_rounds "${ROUNDS:-3}" "${sides[@]}"
+  decode_parts 60 "${sides[@]}"
+  trace_sides "${sides[@]: -2}"
+  fits 130 && flashmla_tests 120
+  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
+    --junitxml="$OUT/junit_runtime.xml"
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
+}
 # show_sides SIDE...: the prefill / decode rows of flashmla_SIDE and the step and attention lines of prefill_SIDE
 show_sides() {
   local side
