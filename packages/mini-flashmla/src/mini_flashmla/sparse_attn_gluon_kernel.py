@@ -336,9 +336,8 @@ def _e4m3_bf16_bits(byte):
 @gluon.jit
 def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
     """One chunk's words (int32) and scale bytes (_chunk_views' read view) -> bf16 into `tile_rows` (the chunk's rows of
-    a tile), equal
-    to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has at most 6
-    significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
+    a tile), equal to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has
+    at most 6 significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     if FORMAT == FP8_WINDOW:
         e = scales.to(gl.int32) & 0xFF
