@@ -520,14 +520,11 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     mbarrier.wait(full_bar, phase)
     _mark(trace_ptr, 0, ev)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
-    s_token = _qk(q, tile, zero_s)
-    # warpgroup 1 has run its PV on the previous pair's P (long since, by the trace): waited under the QK^T, not
-    # between the softmax and the publish
-    mbarrier.wait(other_pfree, phase ^ 1)
-    s = warpgroup_mma_wait(0, deps=[s_token])
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
     _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
+    mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _mark(trace_ptr, 0, ev + 3)
     _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
@@ -616,14 +613,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _mark(trace_ptr, 1, ev + 1)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            mbarrier.wait(pfree.index(0), phase)  # warpgroup 0's read of block a's P is done: waited under the MMAs
-            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # and so is this warpgroup's
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
             _mark(trace_ptr, 1, ev + 2)
             mbarrier.arrive(empty.index(0), count=1)
             m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
             _mark(trace_ptr, 1, ev + 3)
+            mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _mark(trace_ptr, 1, ev + 4)
             _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
