@@ -13,6 +13,12 @@
 #       proxy fence, the consumers' fences after their tile waits removed).
 #   PART=confirm (an H200 wanted; ~200 s): the final tree (main: the scale copies) against .ab-base.tar.gz (d8bbf5e):
 #       the hash on both, the prefill part in ROUNDS (2) rounds, mini-flashmla's GPU suite on the tree.
+#   PART=adopt (prepared for session 68, not run here): base = .ab-base.tar.gz (main's sources: `git archive -o
+#       .ab-base.tar.gz HEAD packages/*/src runtime/src`), alt = .ab-alt.tar.gz (main with 6659059 cherry-picked:
+#       `_adopt` fences the tile between its two waits, off the consumers' chain), new = the tree (alt with eca29a6
+#       cherry-picked too: each consumer waits for the other's P-free under its own QK^T): PART=release's steps.
+#       Expected: the same bits on all three, up to ~2-3% paged prefill (run 3's trace: the adopts' fences cost
+#       ~170-210 cycles each; the P-free waits ~100 each with their marks).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
@@ -20,7 +26,7 @@ case "${PART:-scales}" in
 scales)
   attn_ab base new
   ;;
-release|fence)
+release|fence|adopt)
   attn_ab base alt new
   ;;
 confirm)
