@@ -13,12 +13,16 @@
 #       proxy fence, the consumers' fences after their tile waits removed).
 #   PART=confirm (an H200 wanted; ~200 s): the final tree (main: the scale copies) against .ab-base.tar.gz (d8bbf5e):
 #       the hash on both, the prefill part in ROUNDS (2) rounds, mini-flashmla's GPU suite on the tree.
-#   PART=adopt (prepared for session 68, not run here): base = .ab-base.tar.gz (main's sources: `git archive -o
-#       .ab-base.tar.gz HEAD packages/*/src runtime/src`), alt = .ab-alt.tar.gz (main with 6659059 cherry-picked:
-#       `_adopt` fences the tile between its two waits, off the consumers' chain), new = the tree (alt with eca29a6
-#       cherry-picked too: each consumer waits for the other's P-free under its own QK^T): PART=release's steps.
-#       Expected: the same bits on all three, up to ~2-3% paged prefill (run 3's trace: the adopts' fences cost
-#       ~170-210 cycles each; the P-free waits ~100 each with their marks).
+#   PART=chain (prepared for session 68, not run here): three cuts in the consumers' chain, each the same bits
+#       expected, against main. Build the sides from main:
+#         git archive -o .ab-base.tar.gz HEAD packages/*/src runtime/src
+#         git cherry-pick 6659059 && git archive -o .ab-mid.tar.gz HEAD packages/*/src runtime/src
+#         git cherry-pick eca29a6 && git archive -o .ab-alt.tar.gz HEAD packages/*/src runtime/src
+#         git reset --hard HEAD~1 && git cherry-pick 02835ea
+#       mid: `_adopt` fences the tile between its two waits; alt: mid + each consumer's P-free wait under its own
+#       QK^T; new (the tree): mid + P through registers (ldmatrix for the other warpgroup's P, no P-free barriers, no
+#       proxy fence in the publish; 216 / 80 registers). PART=release's steps on four sides (ROUNDS=2 to fit ~470 s;
+#       carry .ab-mid.tar.gz too). Expected from run 3's trace: ~2-3% for mid, more for new (two fences fewer a pair).
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
@@ -26,8 +30,11 @@ case "${PART:-scales}" in
 scales)
   attn_ab base new
   ;;
-release|fence|adopt)
+release|fence)
   attn_ab base alt new
+  ;;
+chain)
+  attn_ab base mid alt new
   ;;
 confirm)
   hash_sides base new
