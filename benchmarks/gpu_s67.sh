@@ -13,16 +13,17 @@
 #       proxy fence, the consumers' fences after their tile waits removed).
 #   PART=confirm (an H200 wanted; ~200 s): the final tree (main: the scale copies) against .ab-base.tar.gz (d8bbf5e):
 #       the hash on both, the prefill part in ROUNDS (2) rounds, mini-flashmla's GPU suite on the tree.
-#   PART=chain (prepared for session 68, not run here): three cuts in the consumers' chain, each the same bits
-#       expected, against main. Build the sides from main:
+#   PART=chain (prepared for session 68, not run here): cuts in the consumers' chain, each the same bits expected,
+#       against main. Build the sides from main:
 #         git archive -o .ab-base.tar.gz HEAD packages/*/src runtime/src
 #         git cherry-pick 6659059 && git archive -o .ab-mid.tar.gz HEAD packages/*/src runtime/src
-#         git cherry-pick eca29a6 && git archive -o .ab-alt.tar.gz HEAD packages/*/src runtime/src
+#         git cherry-pick 5a8b733 && git archive -o .ab-alt.tar.gz HEAD packages/*/src runtime/src
 #         git reset --hard HEAD~1 && git cherry-pick 02835ea
-#       mid: `_adopt` fences the tile between its two waits; alt: mid + each consumer's P-free wait under its own
-#       QK^T; new (the tree): mid + P through registers (ldmatrix for the other warpgroup's P, no P-free barriers, no
-#       proxy fence in the publish; 216 / 80 registers). PART=release's steps on four sides (ROUNDS=2 to fit ~470 s;
-#       carry .ab-mid.tar.gz too). Expected from run 3's trace: ~2-3% for mid, more for new (two fences fewer a pair).
+#       mid: `_adopt` fences the tile between its two waits; alt: mid at 216 / 80 registers (the control for new's
+#       split); new (the tree): mid + P through registers (ldmatrix for the other warpgroup's P, no P-free barriers,
+#       no proxy fence in the publish; 216 / 80 registers). PART=release's steps on four sides (ROUNDS=2 to fit ~470
+#       s; carry .ab-mid.tar.gz too). Expected from run 3's trace: ~2-3% for mid, up to ~6% for new. (eca29a6, the
+#       P-free waits under the QK^Ts on mid, is the smaller alternative to new and not a side here.)
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-alt.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s67
