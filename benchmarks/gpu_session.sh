@@ -2,10 +2,10 @@
 # default output folder as $1: $OUT created, pure-Python test wheels from .whl/ (e.g. hypothesis) on the path, the
 # environment recorded in $OUT/env.txt, `run NAME SECONDS CMD...` (output to $OUT/NAME.txt, SIGINT at the limit so
 # pytest still prints its summary, one line per part in $OUT/summary.txt), `$PYTEST`, `v41_tests`, `fits`,
-# `fp4_e4m3_tests`, `flashmla_tests`, `decode_bench`, `decode_all_sides`, `test_summary`, `rest_ab`, `rest_b`,
-# `tree_checks`, `final_tree_checks`, the A/B helpers (`side_path`, `hash_sides`, `flashmla_sides`, `prefill_sides`,
-# `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`, `trace_sides`, `attn_ab_summary`),
-# `ncu_profile CASE...` and `pack_out`.
+# `fp4_e4m3_tests`, `flashmla_tests`, `runtime_core_tests`, `decode_bench`, `decode_all_sides`, `test_summary`,
+# `rest_ab`, `rest_b`, `tree_checks`, `final_tree_checks`, the A/B helpers (`side_path`, `hash_sides`,
+# `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`,
+# `trace_sides`, `attn_ab_summary`, `attn_ab`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -92,6 +92,10 @@ fp4_e4m3_tests() {
 flashmla_tests() {
   run flashmla_tests "$1" $PYTEST -n 8 packages/mini-flashmla/tests --junitxml="$OUT/junit_flashmla.xml"
 }
+# runtime_core_tests SECS: the runtime's core GPU tests (-n 16, output $OUT/runtime_tests.txt, junit in $OUT)
+runtime_core_tests() {
+  run runtime_tests "$1" $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+}
 # test_summary NAME...: the pytest summary lines and first assertion lines of $OUT/NAME.txt (those that ran), for the
 # call's output
 test_summary() {
@@ -111,8 +115,7 @@ rest_ab() {
 # the runtime's core GPU tests, and the rest of the runtime suite where time allows (NO_REST=1: not); the summaries
 final_tree_checks() {
   flashmla_tests 170
-  fits 140 && run runtime_tests 130 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
+  fits 140 && runtime_core_tests 130
   fits 220 && [ -z "${NO_REST:-}" ] && rest_ab 75 130
   test_summary flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
 }
@@ -123,7 +126,7 @@ final_tree_checks() {
 tree_checks() {
   local name=$1 rest_b_secs=$2 stages=$3; shift 3
   run "$name" 60 $PYTEST -n 8 "$@" --junitxml="$OUT/junit_$name.xml"
-  run runtime_tests 110 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 --junitxml="$OUT/junit_runtime.xml"
+  runtime_core_tests 110
   decode_all_sides new
   rest_ab 75 "$rest_b_secs"
   cat "$OUT/summary.txt"; test_summary "$name" runtime_tests runtime_rest_a runtime_rest_b
@@ -235,7 +238,8 @@ decode_parts() {
 trace_sides() {
   local side
   for side in "$@"; do
-    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
+    fits 50 && run "trace_$side" 45 env PYTHONPATH="$(side_path $side)" \
+      bash -c "cd benchmarks && python3 exp_flashmla_trace.py"
   done
 }
 # attn_ab_summary: an attention A/B's results for the call's output: the outputs' hash per side, bench_flashmla's
@@ -245,7 +249,8 @@ attn_ab_summary() {
   cat "$OUT"/hash_*.txt 2>/dev/null
   for f in "$OUT"/prefill_part_*.txt; do
     [ -f "$f" ] || continue
-    echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"
+    echo "$(basename "$f" .txt): $(grep -E "^\| prefill_(paged|bf16)_tflops" "$f" | tr -s ' ' | cut -c1-60 |
+      tr '\n' ' ')"
   done
   for f in "$OUT"/decode_part_*.txt; do
     [ -f "$f" ] || continue
@@ -266,8 +271,7 @@ attn_ab() {
   decode_parts 60 "${sides[@]}"
   trace_sides "${sides[@]: -2}"
   fits 130 && flashmla_tests 120
-  fits 150 && run runtime_tests 140 $PYTEST $RUNTIME_CORE_TESTS -m "not multigpu" -n 16 \
-    --junitxml="$OUT/junit_runtime.xml"
+  fits 150 && runtime_core_tests 140
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
 }

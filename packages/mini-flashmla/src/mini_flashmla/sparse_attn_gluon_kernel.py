@@ -276,21 +276,16 @@ def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
-    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), in the chunk's row layout."""
-    return ids_slot.slice(first, _chunk_rows(FORMAT)).load(gl.SliceLayout(1, _chunk_words(FORMAT)[1]))
-
-
-@gluon.jit
 def _chunk_all_ids(ids_slot, first, FORMAT: gl.constexpr):
-    """A chunk's staged ids twice: in the rows of its value words (_chunk_ids), and in those of its scale copy."""
+    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), twice: in the row layout of its
+    value words, and in that of its scale copy."""
     chunk = ids_slot.slice(first, _chunk_rows(FORMAT))
-    return _chunk_ids(ids_slot, first, FORMAT), chunk.load(gl.SliceLayout(1, SCALE_COPY))
+    return chunk.load(gl.SliceLayout(1, _chunk_words(FORMAT)[1])), chunk.load(gl.SliceLayout(1, SCALE_COPY))
 
 
 @gluon.jit
 def _chunk_cache_rows(ids, num_rows, live):
-    """The cache rows of a chunk's ids (_chunk_ids): -1 for an empty slot, an id outside the cache, or a chunk that
+    """The cache rows of a chunk's ids (_chunk_all_ids): -1 for an empty slot, an id outside the cache, or a chunk that
     is not `live`."""
     return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
 
