@@ -494,10 +494,13 @@ def _rescale(acc, alpha):
 @gluon.jit
 def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
     """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
-    accumulator to the new running max -> (running max, row sum, accumulator)."""
+    accumulator to the new running max -> (running max, row sum, accumulator). The tile's proxy fence comes between
+    the two waits: the tile is in long before the other warpgroup's P (its owner's QK^T and softmax ran on it), so the
+    fence (MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC in the SASS) runs while this warpgroup waits for P anyway, not in the
+    chain after it; P needs none here, its owner fenced its stores before publishing (_publish)."""
     mbarrier.wait(full_bar, phase)
+    fence_async_shared()  # the tile's writes (cp.async or the producer's stores) before this warpgroup's wgmma reads
     mbarrier.wait(pub_bar, phase)
-    fence_async_shared()  # the tile's cp.async writes (bf16 rows) before this warpgroup's wgmma reads them
     m_new = m_smem.load(gl.SliceLayout(1, S_WG))
     alpha = gl.exp2(m_run - m_new)
     return m_new, l_own * alpha, _rescale(acc, alpha)
