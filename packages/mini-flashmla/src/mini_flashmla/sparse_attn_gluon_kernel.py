@@ -24,13 +24,15 @@ series with the MMAs. Here they run in their own warps:
   `full` orders the tile's generic-proxy writes (cp.async or stores) before their wgmma reads.
 - Consumers (two partitions of one warpgroup each) taking turns, FlashMLA-style: warpgroup 0 owns the even blocks,
   warpgroup 1 the odd ones. The owner runs the block's whole S = Q K^T (m64n64k512, Q [64, 512] bf16 in shared
-  memory for the whole walk) and its softmax, a row reduction within one warpgroup; it publishes the running max
-  and P (bf16, the PV wgmma's shared-memory operand) and arrives on `pub`. Both warpgroups run PV on their own 256
-  output columns of every block (a 128-register fp32 accumulator per thread), rescaled by every block's alpha, so
-  both follow the sequential online softmax. Warpgroup 1 first adopts the even block (waits for warpgroup 0's P and
-  issues its PV), then waits for its own tile and issues its QK^T: its tile, the one released last in the previous
-  pair, gets that long to fill. The price: no QK^T of warpgroup 1 runs under warpgroup 0's softmax any more.
-  One P buffer: an owner publishes only after the other warpgroup's `pfree` (its PV on the previous P is done).
+  memory for the whole walk) and its softmax, a row reduction within one warpgroup; it publishes the running max and
+  P (bf16; both warpgroups' PV takes it as its register operand, the other warpgroup loading it by ldmatrix) and
+  arrives on `pub`. Both warpgroups run PV on their own 256 output columns of every block (a 128-register fp32
+  accumulator per thread), rescaled by every block's alpha, so both follow the sequential online softmax. Warpgroup
+  1 first adopts the even block (waits for warpgroup 0's P and issues its PV), then waits for its own tile and
+  issues its QK^T: its tile, the one released last in the previous pair, gets that long to fill. The price: no QK^T
+  of warpgroup 1 runs under warpgroup 0's softmax any more. One P buffer: the other warpgroup loads each P before it
+  publishes its own, and no wgmma reads it there, so an owner may overwrite it at once (no "P free" barrier, no
+  proxy fence).
   An odd block count ends with warpgroup 0's block alone. The row sums stay per warpgroup and are added at the end.
 
 Numerics are the Triton kernel's (and the reference's): blocks of 64 slots in order (window, then compressed), the
@@ -135,7 +137,7 @@ HEADS: gl.constexpr = gl.constexpr(64)  # heads per CTA: the wgmma M side
 D: gl.constexpr = gl.constexpr(512)
 TILES: gl.constexpr = gl.constexpr(2)  # bf16 tiles in the ring: a consumer pair's two blocks, or one being filled
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)  # 8 would launch 16 warps at 128 registers: ptxas needs 158 (PV wgmma)
-PRODUCER_REGS: gl.constexpr = gl.constexpr(96)
+PRODUCER_REGS: gl.constexpr = gl.constexpr(80)
 NEG_INIT: gl.constexpr = gl.constexpr(-1e30)
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -176,12 +178,15 @@ SCALES_READ_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, m
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
 # Registers: every thread of the 12 warps starts with MAXNREG (64K per SM, a multiple of 8); the partitions then trade
-# them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536.
-CONSUMER_REGS: gl.constexpr = gl.constexpr(208)
+# them (setmaxnreg): 2 x 128 x CONSUMER_REGS + 128 x PRODUCER_REGS = 65,536. 216 / 80: with P in registers for the
+# PV (16 per thread) the consumers spilled 48 B at 208 / 96; the producer fits 80 without spills (offline, sm_90a).
+CONSUMER_REGS: gl.constexpr = gl.constexpr(216)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
 S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+# P as the PV wgmma's register operand: the owner's from its softmax, the other warpgroup's loaded from P's buffer
+P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_WG, k_width=2)
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) in
@@ -457,10 +462,10 @@ def _qk(q, tile, zero):
 
 
 @gluon.jit
-def _pv(p_smem, tile_half, acc):
-    """acc += P V on this warpgroup's 256 output columns (P bf16 [64, 64] and the tile's half, in shared memory),
-    issued, not waited for."""
-    return warpgroup_mma(p_smem, tile_half, acc, is_async=True)
+def _pv(p, tile_half, acc):
+    """acc += P V on this warpgroup's 256 output columns (P bf16 [64, 64] in registers, P_OP; the tile's half in shared
+    memory), issued, not waited for."""
+    return warpgroup_mma(p, tile_half, acc, is_async=True)
 
 
 @gluon.jit
@@ -479,11 +484,14 @@ def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
 @gluon.jit
 def _publish(p, m_new, p_smem, m_smem, pub_bar):
     """The owner's P (rounded to bf16 before P.V, as the reference) and running max of its block; then one arrival on
-    pub_bar (after Gluon's partition barrier: every thread has stored). The caller has waited until both are free."""
-    p_smem.store(p.to(gl.bfloat16))
+    pub_bar (after Gluon's partition barrier: every thread has stored) -> P as the owner's own PV operand (P_OP). Both
+    buffers are free: the other warpgroup loaded the previous P into registers before it published (program order),
+    and no wgmma reads P from shared memory, so no proxy fence and no "P free" barrier."""
+    p16 = p.to(gl.bfloat16)
+    p_smem.store(p16)
     m_smem.store(m_new)
-    fence_async_shared()  # P's generic-proxy stores before both warpgroups' wgmma reads
     mbarrier.arrive(pub_bar, count=1)
+    return gl.convert_layout(p16, P_OP, assert_trivial=True)  # the accumulator's registers are the operand's
 
 
 @gluon.jit
@@ -492,26 +500,28 @@ def _rescale(acc, alpha):
 
 
 @gluon.jit
-def _adopt(m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
+def _adopt(p_smem, m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
     """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
-    accumulator to the new running max -> (running max, row sum, accumulator). The tile's proxy fence comes between
-    the two waits: the tile is in long before the other warpgroup's P (its owner's QK^T and softmax ran on it), so the
-    fence (MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC in the SASS) runs while this warpgroup waits for P anyway, not in the
-    chain after it; P needs none here, its owner fenced its stores before publishing (_publish)."""
+    accumulator to the new running max -> (running max, row sum, accumulator, its P in registers). The tile's proxy
+    fence comes between the two waits: the tile is in long before the other warpgroup's P (its owner's QK^T and
+    softmax ran on it), so the fence (MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC in the SASS) runs while this warpgroup
+    waits for P anyway, not in the chain after it. P needs none: it is read by ldmatrix, the generic proxy, after the
+    owner's release."""
     mbarrier.wait(full_bar, phase)
     fence_async_shared()  # the tile's writes (cp.async or the producer's stores) before this warpgroup's wgmma reads
     mbarrier.wait(pub_bar, phase)
+    p = p_smem.load(P_OP)  # ldmatrix: this warpgroup's copy of the other's P, read before it publishes its own
     m_new = m_smem.load(gl.SliceLayout(1, S_WG))
     alpha = gl.exp2(m_run - m_new)
-    return m_new, l_own * alpha, _rescale(acc, alpha)
+    return m_new, l_own * alpha, _rescale(acc, alpha), p
 
 
 @gluon.jit
 def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
-                phase, other_pfree, pub_bar, own_pfree, empty_bar, trace_ptr, ev):
-    """Warpgroup 0's own block (even blocks): QK^T, softmax, publish once warpgroup 1 has used the previous P, PV
-    on columns 0-255, release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done,
-    softmax done, P free, PV done."""
+                phase, pub_bar, empty_bar, trace_ptr, ev):
+    """Warpgroup 0's own block (even blocks): QK^T, softmax, publish, PV on columns 0-255 with P in registers,
+    release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done, softmax done, (P
+    free: no wait since P goes through registers), PV done."""
     mbarrier.wait(full_bar, phase)
     _mark(trace_ptr, 0, ev)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
@@ -519,12 +529,10 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
-    mbarrier.wait(other_pfree, phase ^ 1)  # warpgroup 1 has run its PV on the previous pair's P
     _mark(trace_ptr, 0, ev + 3)
-    _publish(p, m_run, p_smem, m_smem, pub_bar)
-    acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
+    p = _publish(p, m_run, p_smem, m_smem, pub_bar)
+    acc = warpgroup_mma_wait(0, deps=[_pv(p, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
     _mark(trace_ptr, 0, ev + 4)
-    mbarrier.arrive(own_pfree, count=1)
     mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
 
@@ -547,7 +555,7 @@ def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG:
 
 
 @gluon.jit
-def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
               stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
               stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
               SPLIT: gl.constexpr, WG: gl.constexpr):
@@ -590,37 +598,35 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         if WG == 0:
             m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
-                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr, ev)
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pub.index(0),
+                                            empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 5)
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(0, HALF, dim=1), acc)])
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 6)
             mbarrier.arrive(empty.index(1), count=1)
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
             # (released last in the previous pair) gets that long to fill
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, ev)
-            acc_token = _pv(p_smem, tile_a.slice(HALF, HALF, dim=1), acc)
+            acc_token = _pv(p, tile_a.slice(HALF, HALF, dim=1), acc)
             mbarrier.wait(full.index(1), phase)
             _mark(trace_ptr, 1, ev + 1)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])  # this warpgroup's read of block a's P is done
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])
             _mark(trace_ptr, 1, ev + 2)
             mbarrier.arrive(empty.index(0), count=1)
             m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
             _mark(trace_ptr, 1, ev + 3)
-            mbarrier.wait(pfree.index(0), phase)  # so is warpgroup 0's
             _mark(trace_ptr, 1, ev + 4)
-            _publish(p, m_run, p_smem, m_smem, pub.index(1))
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
+            p = _publish(p, m_run, p_smem, m_smem, pub.index(1))
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
             _mark(trace_ptr, 1, ev + 5)
-            mbarrier.arrive(pfree.index(1), count=1)
             mbarrier.arrive(empty.index(1), count=1)
     if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
         blk = n_blocks - 1
@@ -628,13 +634,12 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         if WG == 0:
             m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
                                             gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pfree.index(1),
-                                            pub.index(0), pfree.index(0), empty.index(0), trace_ptr,
-                                            n_pairs * PAIR_EVENTS)
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pub.index(0),
+                                            empty.index(0), trace_ptr, n_pairs * PAIR_EVENTS)
         else:
-            m_run, l_own, acc = _adopt(m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_smem, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
             mbarrier.arrive(empty.index(0), count=1)
 
@@ -741,21 +746,19 @@ def sparse_mla_fwd_gluon_kernel(
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
-    # pub.index(w): warpgroup w has published its block's P and max; pfree.index(w): warpgroup w has run its PV on
-    # that P (the other warpgroup's read of it is ordered before its own next publish by program order or its MMA
-    # wait); both: the consumers' rendezvous (phase 0: Q loaded, phase 1: row sums stored)
+    # pub.index(w): warpgroup w has published its block's P and max (the other warpgroup's load of the previous P
+    # is ordered before its own next publish by program order); both: the consumers' rendezvous (phase 0: Q loaded,
+    # phase 1: row sums stored)
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     both = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(pub.index(w), count=1)
-        mbarrier.init(pfree.index(w), count=1)
     mbarrier.init(both, count=2)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
-         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, pfree, both, q_ptr, stride_q_s,
+         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
