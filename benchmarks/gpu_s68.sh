@@ -9,13 +9,21 @@
 #       mid: `_adopt` fences the tile between its two waits; alt: mid at 216 / 80 registers (the control for new's
 #       split); new (the tree): mid + P through registers. Each side: the hash, the prefill part in ROUNDS rounds, the
 #       decode part; the trace on alt and new; mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
-# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz", ".ab-alt.tar.gz"];
-# source .devdeps/env.sh && DEADLINE=N ROUNDS=2 PART=chain bash THIS
+#   PART=confirm (~250 s): run 1 put new 1.012x base on paged rows and 0.986x on bf16 rows (two rounds each, H100),
+#       within this benchmark's noise between sides; base (.ab-base.tar.gz, main 77d5373) against new (the tree,
+#       02835ea's P through registers) again: the hash on both, the prefill part in ROUNDS (4) rounds, the decode part.
+# carry [".devdeps", ".ab-base.tar.gz", ...]; source .devdeps/env.sh && DEADLINE=N ROUNDS=R PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s68
 case "${PART:-chain}" in
 chain)
   attn_ab base mid alt new
+  ;;
+confirm)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-4}" base new
+  decode_parts 60 base new
+  attn_ab_summary
   ;;
 esac
 cat "$OUT/summary.txt"
