@@ -40,7 +40,7 @@ DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.
 VALUE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(values, .*?\[:, None\]\)\n", re.S), "pass\n")]
 SCALE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(scales, .*?\[:, None\]\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
-PV_MMA = [(re.compile(r"return warpgroup_mma\(p_smem, tile_half, acc, is_async=True\)"), "return acc")]
+PV_MMA = [(re.compile(r"return warpgroup_mma\(p, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],
     "no_gather": GATHER,

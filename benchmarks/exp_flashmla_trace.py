@@ -1,8 +1,8 @@
 """Experiment (issue 5): where the Gluon sparse-attention kernel's cycles go, from its own event trace.
 
 The kernel's trace (sparse_attn_gluon_kernel._mark; `trace` of api._launch_gluon) records the SM's clock at each
-step of every program: per pair of blocks, warpgroup 0's tile in, QK^T done, softmax done, P free, PV done, block b
-adopted, its PV done; warpgroup 1's block a adopted, tile b in, PV a + QK^T b done, softmax done, P free, PV b done;
+step of every program: per pair of blocks, warpgroup 0's tile in, QK^T done, softmax done, PV done, block b
+adopted, its PV done; warpgroup 1's block a adopted, tile b in, PV a + QK^T b done, softmax done, PV b done;
 the producer's tile free and tile handed over per block; and the program's SM, first and last clock. Here, at
 bench_flashmla's prefill shape (s_q 4,096, h 64, 128 window + 512 compressed slots, 131k context), bf16 rows and the
 paged FP8/FP4 cache, and the paged cache's first 128 queries unsplit (decode at batch 128: one program per query,
@@ -32,11 +32,11 @@ HEADER, PAIR_EVENTS = kernel.HEADER.value, kernel.PAIR_EVENTS.value
 TRACE_EVENTS, TRACE_ROLES = kernel.TRACE_EVENTS.value, kernel.TRACE_ROLES.value
 
 # (name, role, event offset in a pair (consumers) or block (producer), offset of the event it is measured from)
-WG0_STEPS = [("tile a in (wait)", 0, 0, -1), ("QK^T a", 0, 1, 0), ("softmax a", 0, 2, 1), ("P free (wait)", 0, 3, 2),
-             ("publish + PV a", 0, 4, 3), ("adopt b (wait + rescale)", 0, 5, 4), ("PV b", 0, 6, 5)]
+WG0_STEPS = [("tile a in (wait)", 0, 0, -1), ("QK^T a", 0, 1, 0), ("softmax a", 0, 2, 1), ("publish + PV a", 0, 3, 2),
+             ("adopt b (wait + rescale)", 0, 4, 3), ("PV b", 0, 5, 4)]
 WG1_STEPS = [("adopt a (wait + rescale)", 1, 0, -1), ("tile b in (wait)", 1, 1, 0), ("PV a + QK^T b", 1, 2, 1),
-             ("softmax b", 1, 3, 2), ("P free (wait)", 1, 4, 3), ("publish + PV b", 1, 5, 4)]
-LAST = {0: 6, 1: 5}  # a consumer's last event in a pair: where the next pair's first step is measured from
+             ("softmax b", 1, 3, 2), ("publish + PV b", 1, 4, 3)]
+LAST = {0: 5, 1: 4}  # a consumer's last event in a pair: where the next pair's first step is measured from
 
 
 DECODE_BATCH = 128

@@ -11,7 +11,8 @@
 #       decode part; the trace on alt and new; mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
 #   PART=confirm (~250 s): run 1 put new 1.012x base on paged rows and 0.986x on bf16 rows (two rounds each, H100),
 #       within this benchmark's noise between sides; base (.ab-base.tar.gz, main 77d5373) against new (the tree,
-#       02835ea's P through registers) again: the hash on both, the prefill part in ROUNDS (4) rounds, the decode part.
+#       02835ea's P through registers, its trace without the P-free marks) again: the hash on both, the prefill part in
+#       ROUNDS (4) rounds, the decode part; the trace and mini-flashmla's GPU suite on the tree.
 # carry [".devdeps", ".ab-base.tar.gz", ...]; source .devdeps/env.sh && DEADLINE=N ROUNDS=R PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s68
@@ -23,7 +24,10 @@ confirm)
   hash_sides base new
   prefill_part_rounds "${ROUNDS:-4}" base new
   decode_parts 60 base new
+  trace_sides new
+  fits 110 && flashmla_tests 100
   attn_ab_summary
+  test_summary flashmla_tests
   ;;
 esac
 cat "$OUT/summary.txt"

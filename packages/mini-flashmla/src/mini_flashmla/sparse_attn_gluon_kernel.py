@@ -208,7 +208,7 @@ IDS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase
 # a producer's block b at b x 2; those past TRACE_EVENTS are dropped.
 TRACE_ROLES: gl.constexpr = gl.constexpr(4)
 TRACE_EVENTS: gl.constexpr = gl.constexpr(64)
-PAIR_EVENTS: gl.constexpr = gl.constexpr(8)
+PAIR_EVENTS: gl.constexpr = gl.constexpr(6)
 HEADER: gl.constexpr = gl.constexpr(3)
 
 
@@ -520,8 +520,8 @@ def _adopt(p_smem, m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
 def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
                 phase, pub_bar, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish, PV on columns 0-255 with P in registers,
-    release -> (running max, row sum, accumulator). Trace events ev + 0..4: tile in, QK^T done, softmax done, (P
-    free: no wait since P goes through registers), PV done."""
+    release -> (running max, row sum, accumulator). Trace events ev + 0..3: tile in, QK^T done, softmax done, PV
+    done."""
     mbarrier.wait(full_bar, phase)
     _mark(trace_ptr, 0, ev)
     fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
@@ -529,10 +529,9 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
     _mark(trace_ptr, 0, ev + 1)
     m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
-    _mark(trace_ptr, 0, ev + 3)
     p = _publish(p, m_run, p_smem, m_smem, pub_bar)
     acc = warpgroup_mma_wait(0, deps=[_pv(p, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
-    _mark(trace_ptr, 0, ev + 4)
+    _mark(trace_ptr, 0, ev + 3)
     mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
 
@@ -561,8 +560,8 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
               SPLIT: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
     every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse. Trace
-    events per pair (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's five, then block b adopted, its PV done;
-    warpgroup 1 block a adopted, tile b in, PV a and QK^T b done, softmax done, P free, PV b done."""
+    events per pair (from pair x PAIR_EVENTS): warpgroup 0 _lead_block's four, then block b adopted, its PV done;
+    warpgroup 1 block a adopted, tile b in, PV a and QK^T b done, softmax done, PV b done."""
     if WG == 0:
         _mark_sm(trace_ptr)
         _mark(trace_ptr, HEADER, 1)
@@ -602,9 +601,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
                                             empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
             m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
-            _mark(trace_ptr, 0, ev + 5)
+            _mark(trace_ptr, 0, ev + 4)
             acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(0, HALF, dim=1), acc)])
-            _mark(trace_ptr, 0, ev + 6)
+            _mark(trace_ptr, 0, ev + 5)
             mbarrier.arrive(empty.index(1), count=1)
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
@@ -623,10 +622,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
             _mark(trace_ptr, 1, ev + 3)
-            _mark(trace_ptr, 1, ev + 4)
             p = _publish(p, m_run, p_smem, m_smem, pub.index(1))
             acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
-            _mark(trace_ptr, 1, ev + 5)
+            _mark(trace_ptr, 1, ev + 4)
             mbarrier.arrive(empty.index(1), count=1)
     if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
         blk = n_blocks - 1
@@ -640,7 +638,7 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
             acc = warpgroup_mma_wait(0, deps=[_pv(p, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
-            _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 5)
+            _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 4)
             mbarrier.arrive(empty.index(0), count=1)
 
     # the row sums: each warpgroup's own blocks, at the same final max; added in one order in both
