@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 68's GPU runs.
 #   PART=chain (an H200 preferred; ~470 s at ROUNDS=2): session 67's prepared cuts in the consumers' chain, each the
-#       same bits expected, against main (4142ca0). The sides, built from main:
+#       same bits expected, against main (4142ca0; its sources as archived at 77d5373). The sides, built from main:
 #         git archive -o .ab-base.tar.gz HEAD packages/*/src runtime/src
 #         git cherry-pick 6659059 && git archive -o .ab-mid.tar.gz HEAD packages/*/src runtime/src
 #         git cherry-pick 5a8b733 && git archive -o .ab-alt.tar.gz HEAD packages/*/src runtime/src
