@@ -13,9 +13,11 @@
 #       within this benchmark's noise between sides; base (.ab-base.tar.gz, main 77d5373) against new (the tree,
 #       02835ea's P through registers, its trace without the P-free marks) again: the hash on both, the prefill part in
 #       ROUNDS (4) rounds, the decode part; the trace and mini-flashmla's GPU suite on the tree.
-#   PART=h200 (an H200 wanted; ~230 s): what sessions 67 and 68 shipped, on an H200: base = .ab-base.tar.gz (d8bbf5e,
-#       main before both), mid = .ab-mid.tar.gz (4142ca0: the scale copies), new = the tree (and P through registers):
-#       the hash on each, the prefill part in ROUNDS (3) rounds, mini-flashmla's GPU suite on the tree.
+#   PART=h200 (an H200 wanted; ~260 s): what sessions 67 and 68 shipped, on an H200: base = .ab-base.tar.gz (d8bbf5e,
+#       main before both), mid = .ab-mid.tar.gz (4142ca0: the scale copies), new = the tree (and P through registers),
+#       and alt = .ab-alt.tar.gz (the tree + session 66's early release of tile a, R, again: neutral then, when the
+#       consumers' chain was longer; branch ab-release): the hash on each, the prefill part in ROUNDS (3) rounds,
+#       mini-flashmla's GPU suite on the tree.
 # carry [".devdeps", ".ab-base.tar.gz", ...]; source .devdeps/env.sh && DEADLINE=N ROUNDS=R PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s68
@@ -33,8 +35,8 @@ confirm)
   test_summary flashmla_tests
   ;;
 h200)
-  hash_sides base mid new
-  prefill_part_rounds "${ROUNDS:-3}" base mid new
+  hash_sides base mid alt new
+  prefill_part_rounds "${ROUNDS:-3}" base mid alt new
   fits 90 && flashmla_tests 80
   attn_ab_summary
   test_summary flashmla_tests
