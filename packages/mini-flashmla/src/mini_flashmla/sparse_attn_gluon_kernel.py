@@ -615,12 +615,9 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
             _mark(trace_ptr, 1, ev + 1)
             fence_async_shared()
             s_token = _qk(q_smem.index(flip), tile_b, zero_s)
-            # Tile a back to the producer once this warpgroup's PV on it is done, while the QK^T of block b still
-            # runs: its refill, block a + 2, starts that much earlier
-            acc = warpgroup_mma_wait(1, deps=[acc_token])
-            mbarrier.arrive(empty.index(0), count=1)
-            s = warpgroup_mma_wait(0, deps=[s_token])
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])
             _mark(trace_ptr, 1, ev + 2)
+            mbarrier.arrive(empty.index(0), count=1)
             m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
                                                   gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
                                                   m_run, l_own)
