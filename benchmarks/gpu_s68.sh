@@ -16,8 +16,11 @@
 #   PART=h200 (an H200 wanted; ~260 s): what sessions 67 and 68 shipped, on an H200: base = .ab-base.tar.gz (d8bbf5e,
 #       main before both), mid = .ab-mid.tar.gz (4142ca0: the scale copies), new = the tree (and P through registers),
 #       and alt = .ab-alt.tar.gz (the tree + session 66's early release of tile a, R, again: neutral then, when the
-#       consumers' chain was longer; branch ab-release): the hash on each, the prefill part in ROUNDS (3) rounds,
-#       mini-flashmla's GPU suite on the tree.
+#       consumers' chain was longer; 142f61a, reverted by ac7c6b4): the hash on each, the prefill part in ROUNDS (3)
+#       rounds, mini-flashmla's GPU suite on the tree.
+#   PART=release (~70 s on a warm machine): alt (.ab-alt.tar.gz, the early release) against new (the tree) in ROUNDS
+#       (4) more rounds, and the trace on alt. Run 4 ran these steps inline on run 3's warm machine (`bash -c 'source
+#       benchmarks/gpu_session.sh /tmp/gpu_s68b; prefill_part_rounds 4 alt new; trace_sides alt; ...'`).
 # carry [".devdeps", ".ab-base.tar.gz", ...]; source .devdeps/env.sh && DEADLINE=N ROUNDS=R PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s68
@@ -40,6 +43,11 @@ h200)
   fits 90 && flashmla_tests 80
   attn_ab_summary
   test_summary flashmla_tests
+  ;;
+release)
+  prefill_part_rounds "${ROUNDS:-4}" alt new
+  trace_sides alt
+  attn_ab_summary
   ;;
 esac
 cat "$OUT/summary.txt"
