@@ -8,7 +8,8 @@ bench_flashmla's prefill shape (s_q 4,096, h 64, 128 window + 512 compressed slo
 paged FP8/FP4 cache, and the paged cache's first 128 queries unsplit (decode at batch 128: one program per query,
 fewer than the SMs):
 - the traced call's outputs against the untraced call's (the trace must not change a bit) and both times;
-- per step, the median cycles over the programs that did not start in the first wave (no cold start; decode: all);
+- per step, the median cycles over the programs that did not start in the first wave (no cold start; decode: all),
+  with the pair period and how soon after its hand-over each tile was taken;
 - the programs' cycles from first to last clock, and the gap between one program's end and the next one's start
   on the same SM (a program holds its SM alone: 227 KB of shared memory);
 - one program's events in order, as a timeline.
@@ -55,8 +56,9 @@ def traced_call(case: dict, kind: str, trace: torch.Tensor | None):
 
 
 def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dict:
-    """Median cycles of each consumer step per pair, of the producer's fill and wait per block, and of the prologue
-    (first clock to warpgroup 0's first tile) and epilogue (last PV to last clock), over the steady programs."""
+    """Median cycles, over the steady programs, of each consumer step per pair, of the pair period and the cycles from
+    each tile's hand-over to its consumer past its wait, of the producer's fill and wait per block, and of the prologue
+    (first clock to warpgroup 0's first tile) and epilogue (last PV to last clock)."""
     t = trace[steady].double()
     start = t[:, HEADER, 1]
     rows = {}
@@ -73,6 +75,15 @@ def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dic
                     origin = t[:, role, base - PAIR_EVENTS + LAST[role]]
                 per_pair.append(t[:, role, base + ev] - origin)
             rows[f"wg{role}: {name}"] = [float(x.median()) for x in per_pair]
+    # How the loops line up: a tile taken a few hundred cycles or less after its hand-over had its consumer waiting
+    # for the producer (sessions 67-68: both tiles of a pair, "just in time")
+    pairs = n_blocks // 2
+    rows["pair period (wg0's tile a in to the next)"] = [
+        float((t[:, 0, p * PAIR_EVENTS] - t[:, 0, (p - 1) * PAIR_EVENTS]).median()) for p in range(1, pairs)]
+    rows["tile a: handed over -> wg0 has it"] = [float((t[:, 0, p * PAIR_EVENTS] - t[:, 2, 4 * p + 1]).median())
+                                                 for p in range(pairs)]
+    rows["tile b: handed over -> wg1 has it"] = [float((t[:, 1, p * PAIR_EVENTS + 1] - t[:, 2, 4 * p + 3]).median())
+                                                 for p in range(pairs)]
     fill = [t[:, 2, 2 * b + 1] - t[:, 2, 2 * b] for b in range(n_blocks)]
     wait = [t[:, 2, 2 * b] - (t[:, 2, 2 * b - 1] if b else t[:, HEADER, 3]) for b in range(n_blocks)]
     rows["producer: fill (tile free -> handed over)"] = [float(x.median()) for x in fill]
