@@ -21,6 +21,11 @@
 #   PART=release (~70 s on a warm machine): alt (.ab-alt.tar.gz, the early release) against new (the tree) in ROUNDS
 #       (4) more rounds, and the trace on alt. Run 4 ran these steps inline on run 3's warm machine (`bash -c 'source
 #       benchmarks/gpu_session.sh /tmp/gpu_s68b; prefill_part_rounds 4 alt new; trace_sides alt; ...'`).
+#   PART=epilogue (prepared for session 69, not run here; ~330 s): the outputs by TMA (5bfd5c2) against main, the same
+#       bits expected. Build the sides from main:
+#         git archive -o .ab-base.tar.gz HEAD packages/*/src runtime/src && git cherry-pick 5bfd5c2
+#       then attn_ab's steps on base and new (the tree): the hash, the prefill part in ROUNDS (3) rounds, the decode
+#       part, the trace on both (its epilogue row), mini-flashmla's GPU suite and the runtime's core GPU tests.
 # carry [".devdeps", ".ab-base.tar.gz", ...]; source .devdeps/env.sh && DEADLINE=N ROUNDS=R PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s68
@@ -48,6 +53,9 @@ release)
   prefill_part_rounds "${ROUNDS:-4}" alt new
   trace_sides alt
   attn_ab_summary
+  ;;
+epilogue)
+  attn_ab base new
   ;;
 esac
 cat "$OUT/summary.txt"
