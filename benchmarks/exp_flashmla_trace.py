@@ -62,10 +62,11 @@ def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dic
     t = trace[steady].double()
     start = t[:, HEADER, 1]
     rows = {}
+    pairs = n_blocks // 2
     for steps in (WG0_STEPS, WG1_STEPS):
         for name, role, ev, since in steps:
             per_pair = []
-            for pair in range(n_blocks // 2):
+            for pair in range(pairs):
                 base = pair * PAIR_EVENTS
                 if since >= 0:
                     origin = t[:, role, base + since]
@@ -77,7 +78,6 @@ def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dic
             rows[f"wg{role}: {name}"] = [float(x.median()) for x in per_pair]
     # How the loops line up: a tile taken a few hundred cycles or less after its hand-over had its consumer waiting
     # for the producer (sessions 67-68: both tiles of a pair, "just in time")
-    pairs = n_blocks // 2
     rows["pair period (wg0's tile a in to the next)"] = [
         float((t[:, 0, p * PAIR_EVENTS] - t[:, 0, (p - 1) * PAIR_EVENTS]).median()) for p in range(1, pairs)]
     rows["tile a: handed over -> wg0 has it"] = [float((t[:, 0, p * PAIR_EVENTS] - t[:, 2, 4 * p + 1]).median())
@@ -88,7 +88,7 @@ def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dic
     wait = [t[:, 2, 2 * b] - (t[:, 2, 2 * b - 1] if b else t[:, HEADER, 3]) for b in range(n_blocks)]
     rows["producer: fill (tile free -> handed over)"] = [float(x.median()) for x in fill]
     rows["producer: wait for a free tile"] = [float(x.median()) for x in wait]
-    last_pv = t[:, 0, (n_blocks // 2 - 1) * PAIR_EVENTS + LAST[0]]
+    last_pv = t[:, 0, (pairs - 1) * PAIR_EVENTS + LAST[0]]
     rows["prologue: first clock -> wg0's first tile"] = [float((t[:, 0, 0] - start).median())]
     rows["epilogue: wg0's last PV -> last clock"] = [float((t[:, HEADER, 2] - last_pv).median())]
     rows["program: first -> last clock"] = [float((t[:, HEADER, 2] - start).median())]

@@ -43,7 +43,7 @@ the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A s
 here.
 
 Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 18 KB of raw
-staging for quantized rows): 206,944 B with bf16 rows, 225,472 B paged (offline, triton 3.6, sm_90a).
+staging for quantized rows): 206,912 B with bf16 rows, 225,440 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
@@ -307,8 +307,8 @@ def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, scale_rows, FORMAT:
     ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
-    SCALES: gl.constexpr = 4 if FORMAT == FP8_WINDOW else 8  # scale words per row
     values, scales, _ = _chunk_views(stage_words, stage_scales, k, FORMAT)
+    SCALES: gl.constexpr = scales.type.shape[1]  # scale words per row
     kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
     async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
