@@ -367,7 +367,7 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
             c_q, q.stride(0), q.stride(1),
             a_rows, c_a_ids, a_ids.stride(0), a_ids.shape[1], a_rows.shape[0],
             b_rows, c_b_ids, b_ids.stride(0), b_len, b_rows.shape[0],
-            sink, _gluon_out_desc(c_part_out if split else c_out), c_lse, lse.stride(0), c_part_lse,
+            sink, c_out, out.stride(0), out.stride(1), c_lse, lse.stride(0), c_part_out, c_part_lse,
             max(blocks_per_split, 1), sm_scale * LOG2E.value, trace,
             A_FORMAT=a_format, B_FORMAT=b_format, HAS_B=source_b is not None, HAS_SINK=attn_sink is not None,
             SPLIT=split,
@@ -379,17 +379,6 @@ def _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits=1, trac
     if split:
         _combine_splits(part_out, part_lse, sink, attn_sink is not None, out, lse)
     return out, lse
-
-
-def _gluon_out_desc(out: torch.Tensor):
-    """The Gluon kernel's TMA descriptor of its outputs (out [s_q, h, 512] or part_out [s_q, num_splits, h, 512],
-    contiguous bf16) as [rows, 512] in [64, OUT_TILE_COLS] tiles of the swizzled layout its shared memory stages them
-    in (the kernel's _store_out)."""
-    from mini_flashmla.sparse_attn_gluon_kernel import HEADS, OUT_TILE_COLS, TILE_SHARED
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor.from_tensor(out.view(-1, out.shape[-1]), [HEADS.value, OUT_TILE_COLS.value],
-                                        TILE_SHARED)
 
 
 def _next_pow2(n: int) -> int:

@@ -79,7 +79,7 @@ from mini_deepgemm.gemm_gluon_fp8_kernel import _invalidate_ring
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 # One int32 word of e4m3 values (dims 4i .. 4i + 3 in bytes 0 .. 3) -> two bf16x2 words ($0: dims 4i, 4i + 1; $1: the
@@ -189,12 +189,10 @@ O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4,
 P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_WG, k_width=2)
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-# A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) by
-# TMA, in OUT_TILE_COLS-column tiles of the tile's own swizzled layout (the 128-byte swizzle's widest box): straight
-# from the MMA's layout each store instruction wrote 4 bytes in each of 8 rows, and the epilogue took ~9,000 of a
-# program's ~57,000 cycles (session 59's trace); through shared memory and back in rows, ~3,900 of ~49,600 (session
-# 68's). The host's descriptor (api._gluon_out_desc) has these tiles and TILE_SHARED.
-OUT_TILE_COLS: gl.constexpr = gl.constexpr(64)
+# A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) in
+# this layout, where a warp's store is 512 contiguous bytes of one row: from the MMA's layout each store instruction
+# wrote 4 bytes in each of 8 rows, and the epilogue took ~9,000 of a program's ~57,000 cycles (session 59's trace).
+OUT_BF16: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
 # A block's 64 slot ids, staged ahead (bf16 rows: one block, quantized rows: two); every producer thread loads one of
 # them (each id twice over the 128 threads). Four slots: while the consumers read blocks b - 1 and b, the producer
 # reads block b + 1's (quantized rows) and may store block b + 2's, and only once the consumers released block b - 2
@@ -539,26 +537,26 @@ def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, z
 
 
 @gluon.jit
-def _store_out(tiles, acc, denom, dst_desc, dst_row, WG: gl.constexpr):
-    """acc / denom (0 where denom is 0) as bf16 into this warpgroup's 256 columns of rows dst_row .. dst_row + 63 of
-    dst_desc (a TMA descriptor of the outputs as bf16 [rows, 512], tiles [64, OUT_TILE_COLS]), through its columns of
-    tile 0 (free: both warpgroups are past their last PV): stored in the tile's swizzled layout, then OUT_TILE_COLS
-    columns per TMA copy, which reads them from there. The program waits until its copies have read shared memory."""
+def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG: gl.constexpr):
+    """acc / denom (0 where denom is 0) as bf16 into this warpgroup's 256 columns of the [64 heads, 512] rows at
+    dst_ptr + row * stride_row (a 64-bit product: it passes 2**31 from s_q = 65,536 at 64 heads; head rows stride_h
+    apart), through its columns of tile 0 (free: both warpgroups are past their last PV): 16-byte stores, where the
+    MMA's layout holds 4 bytes per thread and row (straight from it, the unsplit outputs were 0.89x in session 59,
+    the split partials 0.83-0.95x in session 62)."""
     denom = gl.convert_layout(denom, gl.SliceLayout(1, O_WG), assert_trivial=True)
     o = gl.where(denom[:, None] > 0, acc / denom[:, None], 0.0).to(gl.bfloat16)
     staging = tiles.index(0).slice(WG * HALF, HALF, dim=1)
     staging.store(o)
-    fence_async_shared()  # the generic-proxy stores before the TMA engine reads them
-    for j in gl.static_range(HALF // OUT_TILE_COLS):
-        tma.async_copy_shared_to_global(dst_desc, [dst_row, WG * HALF + j * OUT_TILE_COLS],
-                                        staging.slice(j * OUT_TILE_COLS, OUT_TILE_COLS, dim=1))
-    tma.store_wait(pendings=0)
+    o = staging.load(OUT_BF16)
+    out_heads = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, OUT_BF16))
+    out_dims = WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, OUT_BF16))
+    gl.store(dst_ptr + row.to(gl.int64) * stride_row + out_heads[:, None] * stride_h + out_dims[None, :], o)
 
 
 @gluon.jit
 def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
-              stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_desc, lse_ptr, stride_lse_s,
-              part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
+              stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
+              stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
               SPLIT: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG (0: the default partition, 1: a worker): the softmax of blocks WG, WG + 2, ..., PV of
     every block on output columns WG * 256 .. WG * 256 + 255; writes those columns of out and (WG 0) lse. Trace
@@ -655,14 +653,14 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
         heads_all = gl.num_programs(1) * HEADS
         if WG == 0:
             gl.store(part_lse_ptr + part * heads_all + rows, lse)
-        _store_out(tiles, acc, l_i, out_desc, part * heads_all + head0, WG)
+        _store_out(tiles, acc, l_i, part_out_ptr, part, heads_all * D, D, head0, WG)
     else:
         denom = l_i
         if HAS_SINK:
             denom = denom + gl.exp2(gl.load(sink_ptr + rows) * LOG2E - m_run)  # sink in the denominator only
         if WG == 0:
             gl.store(lse_ptr + sq * stride_lse_s + rows, lse)
-        _store_out(tiles, acc, denom, out_desc, sq * (gl.num_programs(1) * HEADS) + head0, WG)
+        _store_out(tiles, acc, denom, out_ptr, sq, stride_out_s, stride_out_h, head0, WG)
     if WG == 0:
         _mark(trace_ptr, HEADER, 2)
 
@@ -725,7 +723,8 @@ def sparse_mla_fwd_gluon_kernel(
     q_ptr, stride_q_s, stride_q_h,
     a_kv_ptr, a_ids_ptr, stride_a_ids, a_len, a_rows,
     b_kv_ptr, b_ids_ptr, stride_b_ids, b_len, b_rows,
-    sink_ptr, out_desc, lse_ptr, stride_lse_s, part_lse_ptr, blocks_per_split,
+    sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr, stride_lse_s,
+    part_out_ptr, part_lse_ptr, blocks_per_split,
     qk_scale_log2, trace_ptr,
     A_FORMAT: gl.constexpr, B_FORMAT: gl.constexpr, HAS_B: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr,
@@ -736,8 +735,7 @@ def sparse_mla_fwd_gluon_kernel(
     h] (natural log, without the sink; -inf for a row with no valid slot). With SPLIT, writes each split's output
     normalised by its own row sum (bf16, 0 where it has none) to part_out [s_q, num_splits, h, 512] and its lse to
     part_lse [s_q, num_splits, h], which sparse_attn_kernel.combine_splits_kernel merges (and applies the sink to).
-    out_desc: a TMA descriptor of out (unsplit) or part_out (SPLIT), contiguous, as bf16 [rows, 512] in tiles [64,
-    OUT_TILE_COLS] of TILE_SHARED (api._gluon_out_desc). trace_ptr: None, or int64 [programs, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
+    trace_ptr: None, or int64 [programs, TRACE_ROLES, TRACE_EVENTS] for the event trace (_mark)."""
     a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
         a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
@@ -756,11 +754,11 @@ def sparse_mla_fwd_gluon_kernel(
     mbarrier.init(both, count=2)
     gl.warp_specialize(
         [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
-                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_desc, lse_ptr, stride_lse_s,
-                      part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
-                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_desc, lse_ptr, stride_lse_s,
-                      part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
          (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
