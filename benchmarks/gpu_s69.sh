@@ -8,12 +8,17 @@
 #       main before sessions 67 and 68, so one call also gives their H200 figure. attn_ab's steps: the hash, the
 #       prefill part in ROUNDS (3) rounds, the decode part, the trace on base and new (its epilogue row),
 #       mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
+#   PART=halves (~330 s): the tiles handed over in two halves of 32 slots (the tree), against main (.ab-base.tar.gz,
+#       ac2b4b4, as above); different bits expected (the row sums add the halves' sums): attn_ab's steps.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s69
 case "${PART:-epilogue}" in
 epilogue)
   if [ "$CARD" = h200 ]; then attn_ab mid base new; else attn_ab base new; fi
+  ;;
+halves)
+  attn_ab base new
   ;;
 esac
 pack_out
