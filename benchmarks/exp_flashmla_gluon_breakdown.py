@@ -30,7 +30,7 @@ from source_variants import edited_module
 
 # bf16 rows: the tile's copy removed (first, while its text is the kernel's); quantized rows: the staging copies
 # masked off (they copy zeros)
-GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\)\.slice.*?\[:, None\]\)\n", re.S), "pass\n"),
+GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\[:, None\]\)\n", re.S), "pass\n"),
           (re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False")]
 # quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
 DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
@@ -39,7 +39,7 @@ DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.
 # row's bytes once, since session 67; before, the word a thread's groups need)
 VALUE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(values, .*?\[:, None\]\)\n", re.S), "pass\n")]
 SCALE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(scales, .*?\[:, None\]\)\n", re.S), "pass\n")]
-QK_MMA = [(re.compile(r"return warpgroup_mma\(q, rows.permute.*?\)\n"), "return zero\n")]
+QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
 PV_MMA = [(re.compile(r"return warpgroup_mma\(p, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)
     "full": [],

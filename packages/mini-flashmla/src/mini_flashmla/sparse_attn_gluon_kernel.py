@@ -183,14 +183,10 @@ HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgro
 CONSUMER_REGS: gl.constexpr = gl.constexpr(216)
 MAXNREG: gl.constexpr = gl.constexpr(65536 // ((8 + PRODUCER_WARPS.value) * 32) // 8 * 8)
 Q_HALF_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [64, 256] bf16, one warpgroup
-# S of one half of a block's slots ([64, 32]): the producer hands a tile over in two halves (rows 0-31, then 32-63),
-# and the owner's QK^T of the first half runs while the second is filled
-HALF_BLOCK: gl.constexpr = gl.constexpr(BLOCK_N // 2)
-S_HALF: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 32, 16])
+S_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 O_WG: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 # P as the PV wgmma's register operand: the owner's from its softmax, the other warpgroup's loaded from P's buffer
 P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_WG, k_width=2)
-P_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)  # [64, 32] halves
 STATS_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 TILE_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 # A warpgroup's bf16 outputs [64, 256] leave through shared memory (tile 0, free once both warpgroups are done) in
@@ -365,8 +361,8 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _quantized_source(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty, blk0, blk_end, kv_ptr,
-                      num_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
+def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
+                      a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
     """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
     chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
     are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
@@ -404,8 +400,6 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, half_full, ful
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
             _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            if c == CHUNKS // 2 - 1:  # rows 0-31 handed over: the owner's first QK^T half runs under the rest
-                mbarrier.arrive(half_full.index(t), count=1)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
             scale_rows = _chunk_cache_rows(scale_ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
@@ -418,8 +412,8 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, half_full, ful
 
 
 @gluon.jit
-def _producer(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty, n_blocks, a_blocks, a_kv_ptr,
-              a_ids_ptr, a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT: gl.constexpr,
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+              a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT: gl.constexpr,
               B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
     waits on the barriers' initial phase, which counts as complete). Block ids go from global memory into ids_smem
@@ -436,21 +430,14 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty
             t = blk % TILES
             next_ids = _block_ids(blk + 1, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
             ids_slot = ids_smem.index(blk % IDS_SLOTS)
-            lo_rows = _staged_rows(ids_slot.slice(0, HALF_BLOCK), a_rows, gl.SliceLayout(1, BF16_COPY))
-            hi_rows = _staged_rows(ids_slot.slice(HALF_BLOCK, HALF_BLOCK), a_rows, gl.SliceLayout(1, BF16_COPY))
+            rows = _staged_rows(ids_slot, a_rows, gl.SliceLayout(1, BF16_COPY))
             cols = gl.arange(0, D, gl.SliceLayout(0, BF16_COPY))
             mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
             _mark(trace_ptr, 2, 2 * blk)
-            # an empty slot's row copies zeros: its P is 0, and 0 x a NaN or inf in some cache row would be NaN.
-            # Each producer thread's cp.async arrive fires when its earlier copies have landed (PRODUCER_WARPS x 32 of
-            # half_full's count, and of full's): the rows' first half on half_full, both halves on full.
-            async_copy.async_copy_global_to_shared(tiles.index(t).slice(0, HALF_BLOCK, dim=0),
-                                                   a_kv_ptr + lo_rows[:, None] * D + cols[None, :],
-                                                   mask=(lo_rows >= 0)[:, None])
-            async_copy.mbarrier_arrive(half_full.index(t), increment_count=False)
-            async_copy.async_copy_global_to_shared(tiles.index(t).slice(HALF_BLOCK, HALF_BLOCK, dim=0),
-                                                   a_kv_ptr + hi_rows[:, None] * D + cols[None, :],
-                                                   mask=(hi_rows >= 0)[:, None])
+            # an empty slot's row copies zeros: its P is 0, and 0 x a NaN or inf in some cache row would be NaN
+            async_copy.async_copy_global_to_shared(tiles.index(t), a_kv_ptr + rows[:, None] * D + cols[None, :],
+                                                   mask=(rows >= 0)[:, None])
+            # each producer thread's arrive fires when its copies have landed (PRODUCER_WARPS x 32 of full's count)
             async_copy.mbarrier_arrive(full.index(t), increment_count=False)
             ids_smem.index((blk + 1) % IDS_SLOTS).store(next_ids)
             # One arrival (the last of full's count), after the partition barrier Gluon puts before a single-thread
@@ -461,85 +448,50 @@ def _producer(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty
         for blk in gl.static_range(2):
             ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
         gl.thread_barrier()
-        _quantized_source(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty, 0, a_blocks, a_kv_ptr,
-                          a_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, A_FORMAT)
-        _quantized_source(tiles, stage_words, stage_scales, ids_smem, half_full, full, empty, a_blocks, n_blocks,
-                          b_kv_ptr, b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, B_FORMAT)
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
+                          a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, A_FORMAT)
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
+                          b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, B_FORMAT)
     _mark(trace_ptr, HEADER, 4)
 
 
 @gluon.jit
-def _qk_half(q, rows, zero):
-    """S = Q K^T of half a block (Q [64, 512] and the tile's rows [32, 512], both in shared memory), issued, not waited
-    for."""
-    return warpgroup_mma(q, rows.permute((1, 0)), zero, use_acc=False, is_async=True)
+def _qk(q, tile, zero):
+    """S = Q K^T of one block (Q [64, 512], the tile [64, 512], both in shared memory), issued, not waited for."""
+    return warpgroup_mma(q, tile.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _qk(q_lo, q_hi, tile, half_bar, full_bar, phase, zero, trace_ptr, role: gl.constexpr, ev):
-    """S = Q K^T of one block as two [64, 32] halves, each issued once the producer has handed its rows over (the
-    first while the second is filled), neither waited for -> (first half's token, second's). q_lo and q_hi are Q,
-    indexed apart so that the compiler cannot share the halves' shared-memory descriptors: shared, the first half's 32
-    Q descriptors stayed in registers across the wait for the second half (offline: 96 B of spills). Trace event ev:
-    the whole tile in."""
-    mbarrier.wait(half_bar, phase)
-    fence_async_shared()  # the half's writes (cp.async or the producer's stores) before wgmma's reads; Q's before both
-    lo = _qk_half(q_lo, tile.slice(0, HALF_BLOCK, dim=0), zero)
-    mbarrier.wait(full_bar, phase)
-    _mark(trace_ptr, role, ev)
-    fence_async_shared()
-    return lo, _qk_half(q_hi, tile.slice(HALF_BLOCK, HALF_BLOCK, dim=0), zero)
-
-
-@gluon.jit
-def _pv_half(p, tile_half, acc):
+def _pv(p, tile_half, acc):
+    """acc += P V on this warpgroup's 256 output columns (P bf16 [64, 64] in registers, P_OP; the tile's half in shared
+    memory), issued, not waited for."""
     return warpgroup_mma(p, tile_half, acc, is_async=True)
 
 
 @gluon.jit
-def _pv(p_lo, p_hi, tile, acc, COL0: gl.constexpr):
-    """acc += P V on this warpgroup's 256 output columns (COL0 on) in the block's two halves of slots (P bf16 [64, 32]
-    each in registers, P_OP; the tile in shared memory), issued in that order (the same MMA steps as one [64, 64] P),
-    not waited for."""
-    lo = _pv_half(p_lo, tile.slice(0, HALF_BLOCK, dim=0).slice(COL0, HALF, dim=1), acc)
-    return _pv_half(p_hi, tile.slice(HALF_BLOCK, HALF_BLOCK, dim=0).slice(COL0, HALF, dim=1), lo)
-
-
-@gluon.jit
-def _scores(s, ids, num_rows, qk_scale_log2):
-    """One half's scores in the log2 domain, -inf on empty slots (ids -1 past the list's end, or outside the cache)."""
-    valid = (ids >= 0) & (ids < num_rows)
-    return gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-
-
-@gluon.jit
-def _own_softmax(s_lo, s_hi, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
-    """The owner's online-softmax step on its block (s_lo, s_hi: the finished QK^T halves) -> (running max, alpha, P in
-    fp32 as two halves, row sum of the owner's blocks)."""
-    s_lo = _scores(s_lo, ids_slot.slice(0, HALF_BLOCK).load(gl.SliceLayout(0, S_HALF)), num_rows, qk_scale_log2)
-    s_hi = _scores(s_hi, ids_slot.slice(HALF_BLOCK, HALF_BLOCK).load(gl.SliceLayout(0, S_HALF)), num_rows,
-                   qk_scale_log2)
-    m_new = gl.maximum(m_run, gl.maximum(gl.max(s_lo, 1), gl.max(s_hi, 1)))
+def _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own):
+    """The owner's online-softmax step on its block (s: the finished QK^T accumulator; -inf on empty slots) ->
+    (running max, alpha, P in fp32, row sum of the owner's blocks)."""
+    ids = ids_slot.load(gl.SliceLayout(0, S_WG))  # -1 past the list's end
+    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is empty, like -1
+    s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_run, gl.max(s, 1))
     alpha = gl.exp2(m_run - m_new)
-    p_lo = gl.exp2(s_lo - m_new[:, None])
-    p_hi = gl.exp2(s_hi - m_new[:, None])
-    return m_new, alpha, p_lo, p_hi, l_own * alpha + (gl.sum(p_lo, 1) + gl.sum(p_hi, 1))
+    p = gl.exp2(s - m_new[:, None])
+    return m_new, alpha, p, l_own * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
-def _publish(p_lo, p_hi, m_new, p_smem, m_smem, pub_bar):
-    """The owner's P (rounded to bf16 before P.V, as the reference; two [64, 32] halves) and running max of its block;
-    then one arrival on pub_bar (after Gluon's partition barrier: every thread has stored) -> P's halves as the owner's
-    own PV operands (P_OP). Both buffers are free: the other warpgroup loaded the previous P into registers before it
-    published (program order), and no wgmma reads P from shared memory, so no proxy fence and no "P free" barrier."""
-    lo16 = p_lo.to(gl.bfloat16)
-    hi16 = p_hi.to(gl.bfloat16)
-    p_smem.index(0).store(lo16)
-    p_smem.index(1).store(hi16)
+def _publish(p, m_new, p_smem, m_smem, pub_bar):
+    """The owner's P (rounded to bf16 before P.V, as the reference) and running max of its block; then one arrival on
+    pub_bar (after Gluon's partition barrier: every thread has stored) -> P as the owner's own PV operand (P_OP). Both
+    buffers are free: the other warpgroup loaded the previous P into registers before it published (program order),
+    and no wgmma reads P from shared memory, so no proxy fence and no "P free" barrier."""
+    p16 = p.to(gl.bfloat16)
+    p_smem.store(p16)
     m_smem.store(m_new)
     mbarrier.arrive(pub_bar, count=1)
-    # the accumulator's registers are the operand's
-    return gl.convert_layout(lo16, P_OP, assert_trivial=True), gl.convert_layout(hi16, P_OP, assert_trivial=True)
+    return gl.convert_layout(p16, P_OP, assert_trivial=True)  # the accumulator's registers are the operand's
 
 
 @gluon.jit
@@ -550,34 +502,35 @@ def _rescale(acc, alpha):
 @gluon.jit
 def _adopt(p_smem, m_smem, m_run, l_own, acc, full_bar, pub_bar, phase):
     """The other warpgroup's block: once its tile and its P and max are in, rescale this warpgroup's row sum and
-    accumulator to the new running max -> (running max, row sum, accumulator, its P's halves in registers). The tile's
-    proxy fence comes between the two waits: the tile is in long before the other warpgroup's P (its owner's QK^T and
+    accumulator to the new running max -> (running max, row sum, accumulator, its P in registers). The tile's proxy
+    fence comes between the two waits: the tile is in long before the other warpgroup's P (its owner's QK^T and
     softmax ran on it), so the fence (MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC in the SASS) runs while this warpgroup
     waits for P anyway, not in the chain after it. P needs none: it is read by ldmatrix, the generic proxy, after the
     owner's release."""
     mbarrier.wait(full_bar, phase)
     fence_async_shared()  # the tile's writes (cp.async or the producer's stores) before this warpgroup's wgmma reads
     mbarrier.wait(pub_bar, phase)
-    p_lo = p_smem.index(0).load(P_OP)  # ldmatrix: this warpgroup's copy of the other's P, read before it publishes
-    p_hi = p_smem.index(1).load(P_OP)
-    m_new = m_smem.load(gl.SliceLayout(1, S_HALF))
+    p = p_smem.load(P_OP)  # ldmatrix: this warpgroup's copy of the other's P, read before it publishes its own
+    m_new = m_smem.load(gl.SliceLayout(1, S_WG))
     alpha = gl.exp2(m_run - m_new)
-    return m_new, l_own * alpha, _rescale(acc, alpha), p_lo, p_hi
+    return m_new, l_own * alpha, _rescale(acc, alpha), p
 
 
 @gluon.jit
-def _lead_block(q_lo, q_hi, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem,
-                half_bar, full_bar, phase, pub_bar, empty_bar, trace_ptr, ev):
+def _lead_block(q, tile, ids_slot, num_rows, qk_scale_log2, m_run, l_own, acc, zero_s, p_smem, m_smem, full_bar,
+                phase, pub_bar, empty_bar, trace_ptr, ev):
     """Warpgroup 0's own block (even blocks): QK^T, softmax, publish, PV on columns 0-255 with P in registers,
     release -> (running max, row sum, accumulator). Trace events ev + 0..3: tile in, QK^T done, softmax done, PV
     done."""
-    s_lo, s_hi = _qk(q_lo, q_hi, tile, half_bar, full_bar, phase, zero_s, trace_ptr, 0, ev)
-    s_lo, s_hi = warpgroup_mma_wait(0, deps=[s_lo, s_hi])
+    mbarrier.wait(full_bar, phase)
+    _mark(trace_ptr, 0, ev)
+    fence_async_shared()  # Q's and the bf16 rows' cp.async (generic-proxy) writes before wgmma's reads
+    s = warpgroup_mma_wait(0, deps=[_qk(q, tile, zero_s)])
     _mark(trace_ptr, 0, ev + 1)
-    m_run, alpha, p_lo, p_hi, l_own = _own_softmax(s_lo, s_hi, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
+    m_run, alpha, p, l_own = _own_softmax(s, ids_slot, num_rows, qk_scale_log2, m_run, l_own)
     _mark(trace_ptr, 0, ev + 2)
-    p_lo, p_hi = _publish(p_lo, p_hi, m_run, p_smem, m_smem, pub_bar)
-    acc = warpgroup_mma_wait(0, deps=[_pv(p_lo, p_hi, tile, _rescale(acc, alpha), 0)])
+    p = _publish(p, m_run, p_smem, m_smem, pub_bar)
+    acc = warpgroup_mma_wait(0, deps=[_pv(p, tile.slice(0, HALF, dim=1), _rescale(acc, alpha))])
     _mark(trace_ptr, 0, ev + 3)
     mbarrier.arrive(empty_bar, count=1)
     return m_run, l_own, acc
@@ -601,7 +554,7 @@ def _store_out(tiles, acc, denom, dst_ptr, row, stride_row, stride_h, head0, WG:
 
 
 @gluon.jit
-def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, empty, pub, both, q_ptr, stride_q_s,
+def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
               stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h, lse_ptr,
               stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK: gl.constexpr,
               SPLIT: gl.constexpr, WG: gl.constexpr):
@@ -625,10 +578,10 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, 
     mbarrier.arrive(both, count=1)  # after the partition barrier: this warpgroup's half of Q has landed
     mbarrier.wait(both, 0)
 
-    m_run = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_HALF))
-    l_own = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_HALF))
+    m_run = gl.full([HEADS], NEG_INIT, gl.float32, gl.SliceLayout(1, S_WG))
+    l_own = gl.full([HEADS], 0.0, gl.float32, gl.SliceLayout(1, S_WG))
     acc = gl.full([HEADS, HALF], 0.0, gl.float32, O_WG)
-    zero_s = gl.full([HEADS, HALF_BLOCK], 0.0, gl.float32, S_HALF)
+    zero_s = gl.full([HEADS, BLOCK_N], 0.0, gl.float32, S_WG)
     n_pairs = n_blocks // 2
     for pair in range(n_pairs):
         blk_a = 2 * pair
@@ -638,55 +591,53 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, 
         # warpgroup 0, spilled (offline: 536 bytes of stack, LDL.64 between its QK^T MMAs; none this way). The
         # comparison cannot overflow, where pair x a_rows < 0 did from 2^31 (e.g. 8,192 slots over 34M bf16 rows).
         flip = (pair < -a_rows).to(gl.int32)
-        q_lo = q_smem.index(flip)
-        q_hi = q_smem.index((pair < -a_rows - 1).to(gl.int32))  # Q again, not provably the same index (_qk)
         tile_a = tiles.index(flip)
         tile_b = tiles.index(1 - flip)
         ev = pair * PAIR_EVENTS
         if WG == 0:
-            m_run, l_own, acc = _lead_block(q_lo, q_hi, tile_a, ids_smem.index(blk_a % IDS_SLOTS),
+            m_run, l_own, acc = _lead_block(q_smem.index(flip), tile_a, ids_smem.index(blk_a % IDS_SLOTS),
                                             gl.where(blk_a < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, half_full.index(0), full.index(0), phase,
-                                            pub.index(0), empty.index(0), trace_ptr, ev)
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pub.index(0),
+                                            empty.index(0), trace_ptr, ev)
             # block b: warpgroup 1's P and max
-            m_run, l_own, acc, p_lo, p_hi = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(1), pub.index(1),
-                                                   phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(1), pub.index(1), phase)
             _mark(trace_ptr, 0, ev + 4)
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_lo, p_hi, tile_b, acc, 0)])
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(0, HALF, dim=1), acc)])
             _mark(trace_ptr, 0, ev + 5)
             mbarrier.arrive(empty.index(1), count=1)
         else:
             # block a first: warpgroup 0's P and max, and this warpgroup's PV on it; then block b's QK^T, whose tile
             # (released last in the previous pair) gets that long to fill
-            m_run, l_own, acc, p_lo, p_hi = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0),
-                                                   phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, ev)
-            acc_token = _pv(p_lo, p_hi, tile_a, acc, HALF)
-            s_lo, s_hi = _qk(q_lo, q_hi, tile_b, half_full.index(1), full.index(1), phase, zero_s, trace_ptr, 1, ev + 1)
-            acc, s_lo, s_hi = warpgroup_mma_wait(0, deps=[acc_token, s_lo, s_hi])
+            acc_token = _pv(p, tile_a.slice(HALF, HALF, dim=1), acc)
+            mbarrier.wait(full.index(1), phase)
+            _mark(trace_ptr, 1, ev + 1)
+            fence_async_shared()
+            s_token = _qk(q_smem.index(flip), tile_b, zero_s)
+            acc, s = warpgroup_mma_wait(0, deps=[acc_token, s_token])
             _mark(trace_ptr, 1, ev + 2)
             mbarrier.arrive(empty.index(0), count=1)
-            m_run, alpha, p_lo, p_hi, l_own = _own_softmax(s_lo, s_hi, ids_smem.index((blk_a + 1) % IDS_SLOTS),
-                                                           gl.where(blk_a + 1 < a_blocks, a_rows, b_rows),
-                                                           qk_scale_log2, m_run, l_own)
+            m_run, alpha, p, l_own = _own_softmax(s, ids_smem.index((blk_a + 1) % IDS_SLOTS),
+                                                  gl.where(blk_a + 1 < a_blocks, a_rows, b_rows), qk_scale_log2,
+                                                  m_run, l_own)
             _mark(trace_ptr, 1, ev + 3)
-            p_lo, p_hi = _publish(p_lo, p_hi, m_run, p_smem, m_smem, pub.index(1))
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_lo, p_hi, tile_b, _rescale(acc, alpha), HALF)])
+            p = _publish(p, m_run, p_smem, m_smem, pub.index(1))
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tile_b.slice(HALF, HALF, dim=1), _rescale(acc, alpha))])
             _mark(trace_ptr, 1, ev + 4)
             mbarrier.arrive(empty.index(1), count=1)
     if n_blocks % 2 == 1:  # the last block alone: warpgroup 0 owns it, warpgroup 1 adopts it
         blk = n_blocks - 1
         phase = n_pairs & 1
         if WG == 0:
-            m_run, l_own, acc = _lead_block(q_smem.index(0), q_smem.index(0), tiles.index(0),
-                                            ids_smem.index(blk % IDS_SLOTS), gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
-                                            acc, zero_s, p_smem, m_smem, half_full.index(0), full.index(0), phase,
-                                            pub.index(0), empty.index(0), trace_ptr, n_pairs * PAIR_EVENTS)
+            m_run, l_own, acc = _lead_block(q_smem.index(0), tiles.index(0), ids_smem.index(blk % IDS_SLOTS),
+                                            gl.where(blk < a_blocks, a_rows, b_rows), qk_scale_log2, m_run, l_own,
+                                            acc, zero_s, p_smem, m_smem, full.index(0), phase, pub.index(0),
+                                            empty.index(0), trace_ptr, n_pairs * PAIR_EVENTS)
         else:
-            m_run, l_own, acc, p_lo, p_hi = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0),
-                                                   phase)
+            m_run, l_own, acc, p = _adopt(p_smem, m_smem, m_run, l_own, acc, full.index(0), pub.index(0), phase)
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS)
-            acc = warpgroup_mma_wait(0, deps=[_pv(p_lo, p_hi, tiles.index(0), acc, HALF)])
+            acc = warpgroup_mma_wait(0, deps=[_pv(p, tiles.index(0).slice(HALF, HALF, dim=1), acc)])
             _mark(trace_ptr, 1, n_pairs * PAIR_EVENTS + 4)
             mbarrier.arrive(empty.index(0), count=1)
 
@@ -694,8 +645,8 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, 
     l_smem.index(WG).store(l_own)
     mbarrier.arrive(both, count=1)  # the rendezvous's second phase: both warpgroups' sums are stored
     mbarrier.wait(both, 1)
-    l_i = l_smem.index(0).load(gl.SliceLayout(1, S_HALF)) + l_smem.index(1).load(gl.SliceLayout(1, S_HALF))
-    rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_HALF))
+    l_i = l_smem.index(0).load(gl.SliceLayout(1, S_WG)) + l_smem.index(1).load(gl.SliceLayout(1, S_WG))
+    rows = head0 + gl.arange(0, HEADS, gl.SliceLayout(1, S_WG))
     lse = gl.where(l_i > 0, (m_run + gl.log2(l_i)) * LN2, float("-inf"))
     if SPLIT:  # this split's output over its own row sum, and its lse; the combine applies the sink
         part = sq * gl.num_programs(2) + gl.program_id(2)
@@ -736,14 +687,12 @@ def _ring_buffers(A_FORMAT: gl.constexpr):
         stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT),
                         gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
-    half_full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
-        mbarrier.init(half_full.index(t), count=PRODUCER_WARPS * 32 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=2)
-    return tiles, stage_words, stage_scales, ids_smem, half_full, full, empty
+    return tiles, stage_words, stage_scales, ids_smem, full, empty
 
 
 @gluon.jit
@@ -790,10 +739,9 @@ def sparse_mla_fwd_gluon_kernel(
     a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
         a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles, stage_words, stage_scales, ids_smem, half_full, full, empty = _ring_buffers(A_FORMAT)
-    # One P (in its two halves of slots) and one max, taken in turns: two of each would put the paged path over the
-    # 227 KB an SM gives a CTA.
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, HEADS, HALF_BLOCK], P_SHARED)
+    tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
+    # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
     l_smem = gl.allocate_shared_memory(gl.float32, [2, HEADS], STATS_SHARED)
     # pub.index(w): warpgroup w has published its block's P and max (the other warpgroup's load of the previous P
@@ -805,17 +753,13 @@ def sparse_mla_fwd_gluon_kernel(
         mbarrier.init(pub.index(w), count=1)
     mbarrier.init(both, count=2)
     gl.warp_specialize(
-        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, empty, pub, both, q_ptr,
-                      stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s,
-                      stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr,
-                      HAS_SINK, SPLIT, 0)),
-         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, half_full, full, empty, pub, both, q_ptr,
-                      stride_q_s, stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s,
-                      stride_out_h, lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr,
-                      HAS_SINK, SPLIT, 1)),
-         (_producer, (tiles, stage_words, stage_scales, ids_smem, half_full, full, empty, n_blocks, a_blocks, a_kv_ptr,
-                      a_ids_ptr, a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
+        [(_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 0)),
+         (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
+                      stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
+                      lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
+         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+                      a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
-    for t in gl.static_range(TILES):
-        mbarrier.invalidate(half_full.index(t))
