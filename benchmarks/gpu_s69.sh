@@ -13,6 +13,10 @@
 #   PART=e2e (~330 s): what sessions 67-68 shipped, end to end (session 68 measured the kernel only): mid
 #       (.ab-mid.tar.gz, d8bbf5e: main before both) against new (the tree, main); the prefill part in ROUNDS (3)
 #       rounds, then bench_prefill.py on each side (three sample layers at 4,096 tokens on an H100, seven on an H200).
+#   PART=ldg (~520 s): the quantized producer's chunks loaded into registers (the tree, main + the LDG experiment)
+#       against main (base, .ab-base.tar.gz, ac2b4b4), the same bits expected: the hash, the prefill part in ROUNDS
+#       (3) rounds, the trace, the decode part, mini-flashmla's GPU suite on the tree; then PART=e2e's bench_prefill on
+#       mid (.ab-mid.tar.gz, d8bbf5e) and base (main), and the runtime's core GPU tests on the tree if time is left.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s69
@@ -28,6 +32,17 @@ e2e)
   fits 120 && prefill_sides 110 mid new
   attn_ab_summary
   grep -hE "attention|step" "$OUT"/prefill_mid.txt "$OUT"/prefill_new.txt | head -40
+  ;;
+ldg)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-3}" base new
+  trace_sides base new
+  decode_parts 60 base new
+  fits 130 && flashmla_tests 120
+  fits 240 && prefill_sides 110 mid base
+  fits 80 && runtime_core_tests 75
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
   ;;
 esac
 pack_out
