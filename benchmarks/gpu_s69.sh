@@ -10,13 +10,12 @@
 #       mini-flashmla's GPU suite and the runtime's core GPU tests on the tree.
 #   PART=halves (~330 s): the tiles handed over in two halves of 32 slots (the tree), against main (.ab-base.tar.gz,
 #       ac2b4b4, as above); different bits expected (the row sums add the halves' sums): attn_ab's steps.
-#   PART=e2e (~330 s): what sessions 67-68 shipped, end to end (session 68 measured the kernel only): mid
-#       (.ab-mid.tar.gz, d8bbf5e: main before both) against new (the tree, main); the prefill part in ROUNDS (3)
-#       rounds, then bench_prefill.py on each side (three sample layers at 4,096 tokens on an H100, seven on an H200).
 #   PART=ldg (~520 s): the quantized producer's chunks loaded into registers (the tree, main + the LDG experiment)
 #       against main (base, .ab-base.tar.gz, ac2b4b4), the same bits expected: the hash, the prefill part in ROUNDS
-#       (3) rounds, the trace, the decode part, mini-flashmla's GPU suite on the tree; then PART=e2e's bench_prefill on
-#       mid (.ab-mid.tar.gz, d8bbf5e) and base (main), and the runtime's core GPU tests on the tree if time is left.
+#       (3) rounds, the trace, the decode part, mini-flashmla's GPU suite on the tree; then sessions 67-68 end to end
+#       (session 68 measured the kernel only): bench_prefill.py (three sample layers at 4,096 tokens on an H100, seven
+#       on an H200) on mid (.ab-mid.tar.gz, d8bbf5e: main before both) and base (main); the runtime's core GPU tests
+#       on the tree if time is left.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s69
@@ -26,12 +25,6 @@ epilogue)
   ;;
 halves)
   attn_ab base new
-  ;;
-e2e)
-  prefill_part_rounds "${ROUNDS:-3}" mid new
-  fits 120 && prefill_sides 110 mid new
-  attn_ab_summary
-  grep -hE "attention|step" "$OUT"/prefill_mid.txt "$OUT"/prefill_new.txt | head -40
   ;;
 ldg)
   hash_sides base new
