@@ -296,38 +296,6 @@ def _chunk_cache_rows(ids, num_rows, live):
 
 
 @gluon.jit
-def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
-    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), twice: in the row layout of its
-    value words, and in that of its scale bytes (SCALE_WORDS)."""
-    chunk = ids_slot.slice(first, _chunk_rows(FORMAT))
-    return chunk.load(gl.SliceLayout(1, _chunk_words(FORMAT)[1])), chunk.load(gl.SliceLayout(1, SCALE_WORDS))
-
-
-@gluon.jit
-def _chunk_fetch(kv_ptr, rows, scale_rows, FORMAT: gl.constexpr):
-    """One chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_ids) loaded from global memory
-    straight into the conversion's registers: the values as int32 words in _chunk_words' layout (each thread its own
-    32 B of a row) and the scale bytes in SCALE_WORDS (each thread its group's UE8M0 byte or e4m3 pair); rows -1 load
-    zeros."""
-    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
-    WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
-    ROW: gl.constexpr = WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW  # in bytes
-    rows = rows.to(gl.int64)
-    cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
-    words = gl.load(kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows[:, None] * (ROW // 4) + cols[None, :],
-                    mask=(rows >= 0)[:, None], other=0)
-    scale_rows = scale_rows.to(gl.int64)
-    group = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))
-    if FORMAT == FP8_WINDOW:
-        scales = gl.load(kv_ptr.to(gl.pointer_type(gl.int8), bitcast=True) + scale_rows[:, None] * ROW + 512
-                         + group[None, :], mask=(scale_rows >= 0)[:, None], other=0)
-    else:
-        scales = gl.load(kv_ptr.to(gl.pointer_type(gl.int16), bitcast=True) + scale_rows[:, None] * (ROW // 2) + 128
-                         + group[None, :], mask=(scale_rows >= 0)[:, None], other=0)
-    return words, scales
-
-
-@gluon.jit
 def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, scale_rows, FORMAT: gl.constexpr):
     """cp.async of one chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_all_ids) into
     staging buffer k, as int32 words: the values by the threads that convert them (32 B a thread), each row's scale
@@ -403,43 +371,44 @@ def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, b
     its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
-    gl.static_assert(CHUNKS > LOOKAHEAD and LOOKAHEAD == 3)
+    gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
     live = blk0 < blk_end
-    slot = ids_smem.index(blk0 % IDS_SLOTS)
-    ids, scale_ids = _chunk_ids(slot, 0, FORMAT)
-    w0, s0 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, R, FORMAT)
-    w1, s1 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, 2 * R, FORMAT)
-    w2, s2 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, 3 * R, FORMAT)
+    ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT)
     rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
+    for c in gl.static_range(LOOKAHEAD):
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, scale_rows, FORMAT)
+        ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT)
+        rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            # chunk c + LOOKAHEAD + 1's ids (used an iteration later, as main's staging ring does since session 57),
-            # chunk c + LOOKAHEAD's loads (its rows from the previous iteration; also across the block boundary),
-            # then chunk c's conversion, whose words were loaded LOOKAHEAD chunks ago: registers, not a staging ring
+            # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
+            # copies and used at once, and the words, used at once after the wait, held ~20% of the producer's stall
+            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (its rows at the end), chunk c's
+            # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
+            # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-            ids_next, scale_ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R,
-                                                  FORMAT)
-            w3, s3 = _chunk_fetch(kv_ptr, rows, scale_rows, FORMAT)
+            ids_next, scale_ids_next = _chunk_all_ids(ids_smem.index(ahead % IDS_SLOTS),
+                                                      (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
+            async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
+            staged_words, _, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            words = staged_words.load(_chunk_words(FORMAT)[1])
+            scales = staged_scales.load(SCALE_WORDS)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, scale_rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
-            _dequant_chunk(w0, s0, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            w0, s0, w1, s1, w2, s2 = w1, s1, w2, s2, w3, s3
+            _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
             scale_rows = _chunk_cache_rows(scale_ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
-        # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads
+        # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
+        # before this partition's own chunk copies of block blk + 2
         mbarrier.arrive(full.index(t), count=1)
         _mark(trace_ptr, 2, 2 * blk + 1)
+    async_copy.wait_group(0)  # the copies past the end (masked, zeros) before the next source reuses the buffers
 
 
 @gluon.jit
