@@ -16,7 +16,8 @@
 #       (session 68 measured the kernel only): bench_prefill.py (three sample layers at 4,096 tokens on an H100, seven
 #       on an H200) on mid (.ab-mid.tar.gz, d8bbf5e: main before both) and base (main); the runtime's core GPU tests
 #       on the tree if time is left. Ran with b72340a as the tree (0.75x); the next candidate, da65450 (the ids read a
-#       chunk ahead), is prepared for `git cherry-pick da65450` and the same part.
+#       chunk ahead; ship-ready with the staging ring removed as 2c08537), is prepared for `git cherry-pick 2c08537`
+#       and the same part.
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s69
