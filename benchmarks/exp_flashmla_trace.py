@@ -80,12 +80,13 @@ def step_cycles(trace: torch.Tensor, n_blocks: int, steady: torch.Tensor) -> dic
     # for the producer (sessions 67-68: both tiles of a pair, "just in time")
     rows["pair period (wg0's tile a in to the next)"] = [
         float((t[:, 0, p * PAIR_EVENTS] - t[:, 0, (p - 1) * PAIR_EVENTS]).median()) for p in range(1, pairs)]
-    rows["tile a: handed over -> wg0 has it"] = [float((t[:, 0, p * PAIR_EVENTS] - t[:, 2, 4 * p + 1]).median())
+    freed, handed = t[:, 2, 0::2], t[:, 2, 1::2]  # the producer's events per block: tile free, tile handed over
+    rows["tile a: handed over -> wg0 has it"] = [float((t[:, 0, p * PAIR_EVENTS] - handed[:, 2 * p]).median())
                                                  for p in range(pairs)]
-    rows["tile b: handed over -> wg1 has it"] = [float((t[:, 1, p * PAIR_EVENTS + 1] - t[:, 2, 4 * p + 3]).median())
+    rows["tile b: handed over -> wg1 has it"] = [float((t[:, 1, p * PAIR_EVENTS + 1] - handed[:, 2 * p + 1]).median())
                                                  for p in range(pairs)]
-    fill = [t[:, 2, 2 * b + 1] - t[:, 2, 2 * b] for b in range(n_blocks)]
-    wait = [t[:, 2, 2 * b] - (t[:, 2, 2 * b - 1] if b else t[:, HEADER, 3]) for b in range(n_blocks)]
+    fill = [handed[:, b] - freed[:, b] for b in range(n_blocks)]
+    wait = [freed[:, b] - (handed[:, b - 1] if b else t[:, HEADER, 3]) for b in range(n_blocks)]
     rows["producer: fill (tile free -> handed over)"] = [float(x.median()) for x in fill]
     rows["producer: wait for a free tile"] = [float(x.median()) for x in wait]
     last_pv = t[:, 0, (pairs - 1) * PAIR_EVENTS + LAST[0]]

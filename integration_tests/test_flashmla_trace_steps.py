@@ -38,4 +38,3 @@ def test_steps_follow_the_kernels_events() -> None:
     assert rows["tile b: handed over -> wg1 has it"] == [70.0] * PAIRS
     assert rows["producer: fill (tile free -> handed over)"] == [900.0] * (2 * PAIRS)
     assert rows["program: first -> last clock"] == [13_000.0]
-
