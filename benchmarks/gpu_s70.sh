@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 70's GPU runs.
+#   PART=ldg (~430 s): session 69's prepared cut, the quantized producer's chunks loaded into registers with each
+#       chunk's ids read a chunk ahead (2c08537, cherry-picked as the tree: main + the cut, the staging ring removed),
+#       against main (base, .ab-base.tar.gz: `git archive -o .ab-base.tar.gz HEAD packages/*/src runtime/src` at
+#       1413932), the same bits expected: the hash, the prefill part in ROUNDS (3) rounds, the trace, the decode part,
+#       mini-flashmla's GPU suite on the tree, bench_prefill.py on base and the tree (three sample layers at 4,096
+#       tokens on an H100, seven on an H200), the runtime's core GPU tests on the tree if time is left.
+# carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s70
+case "${PART:-ldg}" in
+ldg)
+  hash_sides base new
+  prefill_part_rounds "${ROUNDS:-3}" base new
+  trace_sides base new
+  decode_parts 60 base new
+  fits 130 && flashmla_tests 120
+  fits 240 && prefill_sides 110 base new
+  fits 80 && runtime_core_tests 75
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
+  ;;
+esac
+pack_out
