@@ -28,19 +28,17 @@ import torch
 from bench_flashmla import S_Q, SCALE, TOPK_C, W, bench, environment, prefill_case
 from source_variants import edited_module
 
-# bf16 rows: the tile's copy removed (first, while its text is the kernel's); quantized rows: the chunks' value loads
-# masked off (they load zeros)
+# bf16 rows: the tile's copy removed (first, while its text is the kernel's); quantized rows: the staging copies
+# masked off (they copy zeros)
 GATHER = [(re.compile(r"async_copy.async_copy_global_to_shared\(tiles.index\(t\),.*?\[:, None\]\)\n", re.S), "pass\n"),
           (re.compile(r"mask=\(rows >= 0\)\[:, None\]"), "mask=(rows >= 0)[:, None] & False")]
-# quantized rows: the chunks' conversion and tile stores (the loads stay)
-DEQUANT = [(re.compile(r"_dequant_chunk\(w0, s0, tiles.*?FORMAT\)\n", re.S), "pass\n")]
-# quantized rows: the chunks' global loads themselves (session 66 asked it of the cp.async staging copies: does their
-# traffic, issue and fill hold the producer?): the values' and scales' loads, or the scales' alone, each replaced by
-# zeros in the same registers (the variant names are the copies' of sessions 66-69)
-VALUE_COPIES = [(re.compile(r"words = gl.load\(kv_ptr.*?other=0\)\n", re.S),
-                 "words = ((rows[:, None] + cols[None, :]) * 0).to(gl.int32)\n")]
-SCALE_COPIES = [(re.compile(r"scales = gl.load\(kv_ptr.to\(gl.pointer_type\((gl.int\d+)\).*?other=0\)\n", re.S),
-                 r"scales = ((scale_rows[:, None] + group[None, :]) * 0).to(\1)\n")]
+# quantized rows: the chunks' conversion and tile stores (the copies into the staging buffers stay)
+DEQUANT = [(re.compile(r"_dequant_chunk\(words, scales, tiles.*?FORMAT\)\n", re.S), "pass\n")]
+# quantized rows: the staging copies themselves (session 66: does the cp.async path's shared-memory traffic, issue
+# and fill, hold the producer?): the values' and scales' copies, or the scales' alone (a word a thread, each
+# row's bytes once, since session 67; before, the word a thread's groups need)
+VALUE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(values, .*?\[:, None\]\)\n", re.S), "pass\n")]
+SCALE_COPIES = [(re.compile(r"async_copy.async_copy_global_to_shared\(scales, .*?\[:, None\]\)\n", re.S), "pass\n")]
 QK_MMA = [(re.compile(r"return warpgroup_mma\(q, tile.permute.*?\)\n"), "return zero\n")]
 PV_MMA = [(re.compile(r"return warpgroup_mma\(p, tile_half, acc, is_async=True\)"), "return acc")]
 VARIANTS = {  # name -> edits of the kernel source (regex, replacement)

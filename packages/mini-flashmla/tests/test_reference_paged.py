@@ -306,11 +306,10 @@ def test_the_gluon_producers_ptx_decodes_every_code():
 
 
 def test_the_gluon_producers_layouts_cover_a_chunk_once():
-    """Each thread of the Gluon kernel's quantized producer loads exactly the words it converts, in one layout per
-    format (_chunk_words), its scale bytes (SCALE_WORDS) and the groups view of its words: every layout must tile a
+    """Each thread of the Gluon kernel's quantized producer copies exactly the words it converts, in one layout per
+    format (_chunk_words), its scale words (SCALE_WORDS) and the groups view of its words: every layout must tile a
     chunk with no element held twice (a layout wider than the chunk replicates it: a window row of 128 words spans
-    4 warps laid along it, and 8 would convert every word twice), and a block has more chunks than the loads run
-    ahead (_quantized_source reads the ids of chunk LOOKAHEAD + 1 before its loop)."""
+    4 warps laid along it, and 8 would convert every word twice), and both formats' chunks fill one staging size."""
     k = pytest.importorskip("mini_flashmla.sparse_attn_gluon_kernel")
 
     def assert_tiles_once(layout, shape, what):
@@ -320,6 +319,7 @@ def test_the_gluon_producers_layouts_cover_a_chunk_once():
             span = layout.size_per_thread[dim] * layout.threads_per_warp[dim] * layout.warps_per_cta[dim]
             assert extent % span == 0, f"{what}: dim {dim} of {shape} spans {span}: values held twice"
 
+    chunk_words = set()
     for name, fmt, groups, group_shape in (("window", k.FP8_WINDOW, k.WINDOW_GROUPS, (16, 8)),
                                             ("compressed", k.FP4_COMPRESSED, k.COMPRESSED_GROUPS, (32, 2))):
         rows = int(k._chunk_rows.fn(fmt))
@@ -329,7 +329,9 @@ def test_the_gluon_producers_layouts_cover_a_chunk_once():
         assert_tiles_once(groups, (rows, *group_shape), f"{name} groups")
         assert_tiles_once(k.SCALE_WORDS, (rows, 16), f"{name} scales")
         chunks = int(k.BLOCK_N) // rows
-        assert chunks > int(k.LOOKAHEAD), f"{name}: {chunks} chunks a block"
+        assert chunks % int(k.STAGES) == 0 and chunks >= int(k.LOOKAHEAD), f"{name}: {chunks} chunks a block"
+        chunk_words.add(rows * words)
+    assert len(chunk_words) == 1, f"both formats' chunks share the staging buffers' size: {chunk_words} words"
 
 
 def test_q_for_kernels_copies_only_past_32_bit_head_offsets():

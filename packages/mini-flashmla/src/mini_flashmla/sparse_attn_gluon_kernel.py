@@ -14,13 +14,12 @@ series with the MMAs. Here they run in their own warps:
   ring, where the consumers read their masks too), then
   - bf16 rows: cp.async straight into the tile, completion tracked by the tile's `full` mbarrier (cp.async's own
     arrive, one per producer thread), so up to two blocks' gathers are in flight;
-  - quantized rows: chunk by chunk (8 window or 16 compressed rows), the raw words and scale bytes loaded from
-    global memory straight into registers, LOOKAHEAD chunks ahead of the one being converted (also across block
-    boundaries), each thread loading exactly the words and scales it converts; then registers -> bf16 into the tile
-    by per-word PTX, exactly cache_layout's unpack (every value has at most 6 significant bits: the scale multiply is
-    exact in bf16), in layouts whose 16-byte shared stores are free of bank conflicts. (Until session 70 the words
-    went through a shared staging ring by cp.async; each QK^T streams both its operands from shared memory, and the
-    ring's traffic waited under it.)
+  - quantized rows: chunk by chunk (8 window or 16 compressed rows), cp.async of the raw words into a ring of
+    STAGES staging buffers, LOOKAHEAD chunks ahead of the one being converted (also across block boundaries), each
+    thread copying exactly the words it converts later and waiting for its own commit groups; then shared ->
+    registers -> bf16 into the tile by per-word PTX, exactly cache_layout's unpack (every value has at most 6
+    significant bits: the scale multiply is exact in bf16), in layouts whose 16-byte shared loads and stores are
+    free of bank conflicts.
   It waits on the tile's `empty` mbarrier before writing into it. The consumers' proxy fence after every wait on
   `full` orders the tile's generic-proxy writes (cp.async or stores) before their wgmma reads.
 - Consumers (two partitions of one warpgroup each) taking turns, FlashMLA-style: warpgroup 0 owns the even blocks,
@@ -43,8 +42,8 @@ so P is exactly 0, and 0 x the zero row adds nothing, where 0 x a NaN or inf tha
 the output NaN (until session 63 the bf16 rows' empty slots gathered row 0). A source with no rows is never routed
 here.
 
-Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids: 206,912 B with bf16
-rows, 206,928 B paged (offline, triton 3.6, sm_90a; 225,440 B with session 69's staging ring).
+Shared memory, one CTA per SM: Q 64 KB + 2 bf16 tiles 128 KB + P 8 KB + 1 KB of staged ids (+ 18 KB of raw
+staging for quantized rows): 206,912 B with bf16 rows, 225,440 B paged (offline, triton 3.6, sm_90a).
 
 Measured on H200 (docs/reports/flashmla-gluon.md): 1.30x the Triton kernel with bf16 rows, 1.66x with paged rows at
 the prefill shape; a version whose consumers split the head dim instead of the slots was slower. Decode by CUDA-graph
@@ -150,9 +149,10 @@ BF16_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PRODUCER_WARPS, 1],
 # 2 words = 16 values), so a scale multiplies its group by a broadcast in registers; the 2-D loads reshape to these
 # without data movement. A warp spans 8 rows and 4 threads along a row, rows fastest across lanes (order [0, 1]): a
 # 16-byte access is served 8 lanes at a time, and those 8 lanes, at one place in 8 consecutive rows, write the 8
-# units of one 128-byte line of the tile's 128 B swizzle (unit ^= row % 8): conflict-free. Nsight Compute: [2 rows,
-# 16 threads] put 8 threads of a row on 2 units, 4x the ideal store wavefronts (session 17: 69% of the kernel's
-# shared-store wavefronts were conflicts); [8, 4] with the columns fastest, 2x (session 23 run 1).
+# units of one 128-byte line of the tile's 128 B swizzle (unit ^= row % 8) and read 8 different units of the
+# swizzled staging buffer: conflict-free. Nsight Compute: [2 rows, 16 threads] put 8 threads of a row on 2 units, 4x
+# the ideal store wavefronts (session 17: 69% of the kernel's shared-store wavefronts were conflicts); [8, 4] with
+# the columns fastest, 2x (session 23 run 1).
 WINDOW_WORDS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, PRODUCER_WARPS], [0, 1])  # [8, 128] int32
 # [8, 16, 8] window words (8 per scale group) and [16, 32, 2] compressed words (2 per scale group)
 WINDOW_GROUPS: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 4, 1], [1, PRODUCER_WARPS, 1], [0, 1, 2])
@@ -161,7 +161,19 @@ COMPRESSED_GROUPS: gl.constexpr = gl.BlockedLayout([1, 2, 2], [8, 4, 1], [1, PRO
 # a chunk's scales as the conversion reads them, [8 or 16 rows, 16]: a thread's group's UE8M0 byte (window, int8) or
 # its pair of groups' e4m3 bytes (compressed, int16) per row
 SCALE_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, PRODUCER_WARPS], [0, 1])
-LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose loads are in flight while one is converted
+# a chunk's scale bytes as copied, each row's once: [16, 8] int32 words (compressed, 32 B a row; a warp copies 4 rows,
+# 8 lanes a row's contiguous 32 bytes) or [8, 4] (window, 16 B a row; the layout's other lanes and warps replicate)
+SCALE_COPY: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+LOOKAHEAD: gl.constexpr = gl.constexpr(3)  # chunks whose copies are in flight while one is converted
+STAGES: gl.constexpr = gl.constexpr(LOOKAHEAD + 1)  # staging buffers of 4 KB of values and 512 B of scales
+STAGE_FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+# A chunk's values in 16-byte units swizzled by row (unit ^= row % 8): the 8 rows a warp reads at one place are
+# conflict-free. A compressed chunk's scale rows (32 B) with their two 16-byte units swapped on rows 4-7 of every 8
+# (unit ^= row // 4 % 2), so that 8 rows read at one column hit 8 different banks; the same bytes as int32 words (the
+# copy) and as int16 pairs (the conversion). A window chunk's 16-byte scale rows are conflict-free unswizzled.
+STAGE_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+SCALES_COPY_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=4, max_phase=2, order=[1, 0])
+SCALES_READ_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0])
 # Consumer layouts (two partitions of one warpgroup each): S = Q K^T of a whole block in one warpgroup, and each
 # warpgroup's half of the output columns.
 HALF: gl.constexpr = gl.constexpr(D // 2)  # output columns per consumer warpgroup
@@ -251,42 +263,60 @@ def _chunk_words(FORMAT):
 
 
 @gluon.jit
+def _chunk_views(stage_words, stage_scales, k, FORMAT: gl.constexpr):
+    """Staging buffer k (a compile-time index: buffer k // 2 of the even or odd allocation, _ring_buffers) as one
+    chunk: values [R, words per row] int32, and its rows' scale bytes twice, as the copy writes them ([R, 4 or 8]
+    int32) and as the conversion reads them ([R, 16]: a thread's byte (window, int8) or byte pair (compressed,
+    int16))."""
+    R: gl.constexpr = _chunk_rows(FORMAT)
+    VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
+    scales = stage_scales[k % 2].index(k // 2)
+    if FORMAT == FP8_WINDOW:
+        copied = scales._reinterpret(gl.int32, [R, 4], STAGE_FLAT)
+        read = scales._reinterpret(gl.int8, [R, 16], STAGE_FLAT)
+    else:
+        copied = scales._reinterpret(gl.int32, [R, 8], SCALES_COPY_SHARED)
+        read = scales._reinterpret(gl.int16, [R, 16], SCALES_READ_SHARED)
+    return stage_words[k % 2].index(k // 2)._reinterpret(gl.int32, [R, VALUES], STAGE_SHARED), copied, read
+
+
+@gluon.jit
+def _chunk_all_ids(ids_slot, first, FORMAT: gl.constexpr):
+    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), twice: in the row layout of its
+    value words, and in that of its scale copy."""
+    chunk = ids_slot.slice(first, _chunk_rows(FORMAT))
+    return chunk.load(gl.SliceLayout(1, _chunk_words(FORMAT)[1])), chunk.load(gl.SliceLayout(1, SCALE_COPY))
+
+
+@gluon.jit
 def _chunk_cache_rows(ids, num_rows, live):
-    """The cache rows of a chunk's ids (_chunk_ids): -1 for an empty slot, an id outside the cache, or a chunk that
+    """The cache rows of a chunk's ids (_chunk_all_ids): -1 for an empty slot, an id outside the cache, or a chunk that
     is not `live`."""
     return gl.where(live & (ids >= 0) & (ids < num_rows), ids, -1)
 
 
 @gluon.jit
-def _chunk_ids(ids_slot, first, FORMAT: gl.constexpr):
-    """int32 [R] staged slot ids of one chunk of a quantized block (slots `first` on), twice: in the row layout of its
-    value words, and in that of its scale bytes (SCALE_WORDS)."""
-    chunk = ids_slot.slice(first, _chunk_rows(FORMAT))
-    return chunk.load(gl.SliceLayout(1, _chunk_words(FORMAT)[1])), chunk.load(gl.SliceLayout(1, SCALE_WORDS))
-
-
-@gluon.jit
-def _chunk_fetch(kv_ptr, rows, scale_rows, FORMAT: gl.constexpr):
-    """One chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_ids) loaded from global memory
-    straight into the conversion's registers: the values as int32 words in _chunk_words' layout (each thread its own
-    32 B of a row) and the scale bytes in SCALE_WORDS (each thread its group's UE8M0 byte or e4m3 pair); rows -1 load
-    zeros."""
+def _chunk_issue(stage_words, stage_scales, k, kv_ptr, rows, scale_rows, FORMAT: gl.constexpr):
+    """cp.async of one chunk of a quantized block (`rows`, `scale_rows`: _chunk_cache_rows of _chunk_all_ids) into
+    staging buffer k, as int32 words: the values by the threads that convert them (32 B a thread), each row's scale
+    bytes once (a word a thread: compressed rows' 32 B, window rows' 16 B); one commit group. Each thread copied the
+    scale word its groups need until session 67: every word twice (compressed) or four times (window), half of a
+    compressed chunk's copy instructions, and together 4% of a paged block (exp_flashmla_gluon_breakdown.py, H200);
+    copied once, paged prefill 1.02-1.03x (H100, flashmla-gluon.md "Session 67"). Rows -1 copy zeros (finite; their
+    score is -inf)."""
+    ROW: gl.constexpr = (WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW) // 4  # in words
     VALUES: gl.constexpr = _chunk_words(FORMAT)[0]
     WORDS: gl.constexpr = _chunk_words(FORMAT)[1]
-    ROW: gl.constexpr = WINDOW_ROW if FORMAT == FP8_WINDOW else COMPRESSED_ROW  # in bytes
-    rows = rows.to(gl.int64)
+    values, scales, _ = _chunk_views(stage_words, stage_scales, k, FORMAT)
+    SCALES: gl.constexpr = scales.type.shape[1]  # scale words per row
+    kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     cols = gl.arange(0, VALUES, gl.SliceLayout(0, WORDS))
-    words = gl.load(kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows[:, None] * (ROW // 4) + cols[None, :],
-                    mask=(rows >= 0)[:, None], other=0)
-    scale_rows = scale_rows.to(gl.int64)
-    group = gl.arange(0, 16, gl.SliceLayout(0, SCALE_WORDS))
-    if FORMAT == FP8_WINDOW:
-        scales = gl.load(kv_ptr.to(gl.pointer_type(gl.int8), bitcast=True) + scale_rows[:, None] * ROW + 512
-                         + group[None, :], mask=(scale_rows >= 0)[:, None], other=0)
-    else:
-        scales = gl.load(kv_ptr.to(gl.pointer_type(gl.int16), bitcast=True) + scale_rows[:, None] * (ROW // 2) + 128
-                         + group[None, :], mask=(scale_rows >= 0)[:, None], other=0)
-    return words, scales
+    async_copy.async_copy_global_to_shared(values, kv_words + rows.to(gl.int64)[:, None] * ROW + cols[None, :],
+                                           mask=(rows >= 0)[:, None])
+    col = VALUES + gl.arange(0, SCALES, gl.SliceLayout(0, SCALE_COPY))
+    async_copy.async_copy_global_to_shared(scales, kv_words + scale_rows.to(gl.int64)[:, None] * ROW + col[None, :],
+                                           mask=(scale_rows >= 0)[:, None])
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -305,7 +335,7 @@ def _e4m3_bf16_bits(byte):
 
 @gluon.jit
 def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
-    """One chunk's words (int32) and scale bytes (_chunk_fetch) -> bf16 into `tile_rows` (the chunk's rows of
+    """One chunk's words (int32) and scale bytes (_chunk_views' read view) -> bf16 into `tile_rows` (the chunk's rows of
     a tile), equal to cache_layout's unpack functions bit for bit: a word's values times their scale (every value has
     at most 6 significant bits and the scales are powers of two or e4m3: the bf16 multiply is exact)."""
     R: gl.constexpr = _chunk_rows(FORMAT)
@@ -331,57 +361,58 @@ def _dequant_chunk(words, scales, tile_rows, FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _quantized_source(tiles, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows, a_blocks, a_ids_ptr, a_len,
-                      b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
-    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the loads of the
-    chunk LOOKAHEAD ahead (also across a block boundary) are issued before a chunk's conversion, so that they land
-    under that many chunks' conversions, into registers carried from chunk to chunk. A block's ids are stored two
-    blocks ahead (the loads of block blk + 1 start during block blk), loaded from global memory at its first chunk and
-    stored after its last."""
+def _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, blk0, blk_end, kv_ptr, num_rows,
+                      a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, FORMAT: gl.constexpr):
+    """Blocks blk0 .. blk_end - 1 (one source, all in FORMAT) into the tile ring, chunk by chunk: the cp.async of the
+    chunk LOOKAHEAD ahead (also across a block boundary) is issued once a chunk's words are loaded and before they
+    are converted, so that it lands under that many chunks' conversion; a ring of LOOKAHEAD + 1 staging buffers
+    (chunk c in buffer c % 4, since a block has 4 or 8 chunks). A block's ids are stored two blocks ahead (the
+    copies of block blk + 1 start during block blk), loaded from global memory at its first chunk and stored after
+    its last."""
     R: gl.constexpr = _chunk_rows(FORMAT)
     CHUNKS: gl.constexpr = BLOCK_N // R
-    gl.static_assert(CHUNKS > LOOKAHEAD and LOOKAHEAD == 3)
+    gl.static_assert(CHUNKS % STAGES == 0 and CHUNKS >= LOOKAHEAD)
     live = blk0 < blk_end
-    slot = ids_smem.index(blk0 % IDS_SLOTS)
-    ids, scale_ids = _chunk_ids(slot, 0, FORMAT)
-    w0, s0 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, R, FORMAT)
-    w1, s1 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, 2 * R, FORMAT)
-    w2, s2 = _chunk_fetch(kv_ptr, _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live),
-                          FORMAT)
-    ids, scale_ids = _chunk_ids(slot, 3 * R, FORMAT)
+    ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), 0, FORMAT)
     rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
+    for c in gl.static_range(LOOKAHEAD):
+        _chunk_issue(stage_words, stage_scales, c, kv_ptr, rows, scale_rows, FORMAT)
+        ids, scale_ids = _chunk_all_ids(ids_smem.index(blk0 % IDS_SLOTS), (c + 1) * R, FORMAT)
+        rows, scale_rows = _chunk_cache_rows(ids, num_rows, live), _chunk_cache_rows(scale_ids, num_rows, live)
     for blk in range(blk0, blk_end):
         t = blk % TILES
         ids_ahead = _block_ids(blk + 2, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len)  # stored after this block
         for c in gl.static_range(CHUNKS):
-            # chunk c + LOOKAHEAD + 1's ids (used an iteration later: loaded and used at once, they held ~20% of the
-            # producer's stall samples in session 57, and a form that read them just before the loads lost 0.75x),
-            # chunk c + LOOKAHEAD's loads (its rows from the previous iteration; also across the block boundary),
-            # then chunk c's conversion, whose words were loaded LOOKAHEAD chunks ago: registers, not a staging ring
+            # Loads first, each used an iteration's work later (H100 profile, session 57: the ids, loaded behind the
+            # copies and used at once, and the words, used at once after the wait, held ~20% of the producer's stall
+            # samples on compressed blocks): the ids of chunk c + LOOKAHEAD + 1 (its rows at the end), chunk c's
+            # words, and only then chunk c + LOOKAHEAD's copies (rows of the previous iteration), under whose issue
+            # the words arrive. Paged prefill 1.036x (flashmla-gluon.md, "Session 57").
             ahead = blk + (c + LOOKAHEAD + 1) // CHUNKS
-            ids_next, scale_ids_next = _chunk_ids(ids_smem.index(ahead % IDS_SLOTS), (c + LOOKAHEAD + 1) % CHUNKS * R,
-                                                  FORMAT)
-            w3, s3 = _chunk_fetch(kv_ptr, rows, scale_rows, FORMAT)
+            ids_next, scale_ids_next = _chunk_all_ids(ids_smem.index(ahead % IDS_SLOTS),
+                                                      (c + LOOKAHEAD + 1) % CHUNKS * R, FORMAT)
+            async_copy.wait_group(LOOKAHEAD - 1)  # this thread's copies of chunk c have landed
+            staged_words, _, staged_scales = _chunk_views(stage_words, stage_scales, c % STAGES, FORMAT)
+            words = staged_words.load(_chunk_words(FORMAT)[1])
+            scales = staged_scales.load(SCALE_WORDS)
+            _chunk_issue(stage_words, stage_scales, (c + LOOKAHEAD) % STAGES, kv_ptr, rows, scale_rows, FORMAT)
             if c == 0:
                 mbarrier.wait(empty.index(t), ((blk // TILES) & 1) ^ 1)
                 _mark(trace_ptr, 2, 2 * blk)
-            _dequant_chunk(w0, s0, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
-            w0, s0, w1, s1, w2, s2 = w1, s1, w2, s2, w3, s3
+            _dequant_chunk(words, scales, tiles.index(t).slice(c * R, R, dim=0), FORMAT)
             rows = _chunk_cache_rows(ids_next, num_rows, ahead < blk_end)
             scale_rows = _chunk_cache_rows(scale_ids_next, num_rows, ahead < blk_end)
         ids_smem.index((blk + 2) % IDS_SLOTS).store(ids_ahead)
         # One arrival (full's count), after the partition barrier Gluon puts before a single-thread operation:
-        # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads
+        # every producer thread's tile and ids stores are ordered before it, so before the consumers' reads, and
+        # before this partition's own chunk copies of block blk + 2
         mbarrier.arrive(full.index(t), count=1)
         _mark(trace_ptr, 2, 2 * blk + 1)
+    async_copy.wait_group(0)  # the copies past the end (masked, zeros) before the next source reuses the buffers
 
 
 @gluon.jit
-def _producer(tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+def _producer(tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
               a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT: gl.constexpr,
               B_FORMAT: gl.constexpr):
     """Worker partition: every block, in order, into tile blk % 2 once the consumers have released it (the first lap
@@ -417,9 +448,9 @@ def _producer(tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_
         for blk in gl.static_range(2):
             ids_smem.index(blk).store(_block_ids(blk, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len))
         gl.thread_barrier()
-        _quantized_source(tiles, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, 0, a_blocks, a_kv_ptr, a_rows,
                           a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, A_FORMAT)
-        _quantized_source(tiles, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
+        _quantized_source(tiles, stage_words, stage_scales, ids_smem, full, empty, a_blocks, n_blocks, b_kv_ptr,
                           b_rows, a_blocks, a_ids_ptr, a_len, b_ids_ptr, b_len, trace_ptr, B_FORMAT)
     _mark(trace_ptr, HEADER, 4)
 
@@ -636,17 +667,32 @@ def _consumer(q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub,
 
 @gluon.jit
 def _ring_buffers(A_FORMAT: gl.constexpr):
-    """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the ring of staged slot
-    ids, and per tile a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per
-    producer thread) and an "empty" one (one arrival per consumer warpgroup)."""
+    """The shared memory the producer fills and the consumers release: the ring of bf16 tiles, the quantized rows'
+    ring of STAGES staging buffers (bf16 rows: none, the tiles stand in), the ring of staged slot ids, and per tile
+    a "full" mbarrier (the producer's one arrival, plus for bf16 rows one cp.async arrival per producer thread) and
+    an "empty" one (one arrival per consumer warpgroup).
+    The staging ring is two allocations, (even buffers, odd buffers) of words and of scales: a chunk loads buffer
+    c % 4 and then copies into (c + 3) % 4, of the other parity. Gluon's barrier analysis tracks hazards per
+    allocation, so in one allocation it put a partition barrier between those loads and copies, a second one per
+    chunk beside the one after the copies' wait, which already orders every earlier load of the buffer being
+    refilled (paged prefill 1.021x on an H100, flashmla-gluon.md, "Session 57")."""
     tiles = gl.allocate_shared_memory(gl.bfloat16, [TILES, BLOCK_N, D], TILE_SHARED)
+    if A_FORMAT == BF16_ROWS:
+        stage_words = (tiles, tiles)  # unused
+        stage_scales = (tiles, tiles)
+    else:
+        gl.static_assert(LOOKAHEAD % 2 == 1 and STAGES % 2 == 0)  # chunk c and c + LOOKAHEAD of opposite parity
+        stage_words = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT),
+                       gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 64], STAGE_FLAT))
+        stage_scales = (gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT),
+                        gl.allocate_shared_memory(gl.int32, [STAGES // 2, 16, 8], STAGE_FLAT))
     ids_smem = gl.allocate_shared_memory(gl.int32, [IDS_SLOTS, BLOCK_N], IDS_SHARED)
     full = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [TILES, 1], mbarrier.MBarrierLayout())
     for t in gl.static_range(TILES):
         mbarrier.init(full.index(t), count=PRODUCER_WARPS * 32 + 1 if A_FORMAT == BF16_ROWS else 1)
         mbarrier.init(empty.index(t), count=2)
-    return tiles, ids_smem, full, empty
+    return tiles, stage_words, stage_scales, ids_smem, full, empty
 
 
 @gluon.jit
@@ -693,7 +739,7 @@ def sparse_mla_fwd_gluon_kernel(
     a_ids_ptr, a_len, b_ids_ptr, b_len, a_blocks, n_blocks = _query_blocks(
         a_ids_ptr, stride_a_ids, a_len, b_ids_ptr, stride_b_ids, b_len, blocks_per_split, HAS_B)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, HEADS, D], TILE_SHARED)  # indexed by flip (see the loop)
-    tiles, ids_smem, full, empty = _ring_buffers(A_FORMAT)
+    tiles, stage_words, stage_scales, ids_smem, full, empty = _ring_buffers(A_FORMAT)
     # One P and one max, taken in turns: two of each would put the paged path over the 227 KB an SM gives a CTA.
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], TILE_SHARED)
     m_smem = gl.allocate_shared_memory(gl.float32, [HEADS], STATS_SHARED)
@@ -713,7 +759,7 @@ def sparse_mla_fwd_gluon_kernel(
          (_consumer, (q_smem, tiles, ids_smem, p_smem, m_smem, l_smem, full, empty, pub, both, q_ptr, stride_q_s,
                       stride_q_h, n_blocks, a_blocks, a_rows, b_rows, sink_ptr, out_ptr, stride_out_s, stride_out_h,
                       lse_ptr, stride_lse_s, part_out_ptr, part_lse_ptr, qk_scale_log2, trace_ptr, HAS_SINK, SPLIT, 1)),
-         (_producer, (tiles, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
+         (_producer, (tiles, stage_words, stage_scales, ids_smem, full, empty, n_blocks, a_blocks, a_kv_ptr, a_ids_ptr,
                       a_len, a_rows, b_kv_ptr, b_ids_ptr, b_len, b_rows, trace_ptr, A_FORMAT, B_FORMAT))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     _invalidate_ring(full, empty)
