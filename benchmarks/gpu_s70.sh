@@ -6,6 +6,11 @@
 #       1413932), the same bits expected: the hash, the prefill part in ROUNDS (3) rounds, the trace, the decode part,
 #       mini-flashmla's GPU suite on the tree, bench_prefill.py on base and the tree (three sample layers at 4,096
 #       tokens on an H100, seven on an H200), the runtime's core GPU tests on the tree if time is left.
+#   PART=feed (~420 s): the contiguous FP8 x FP4 kernel's 128-row tiles on folded activations with two feeder
+#       warpgroups (the tree) against main (base, .ab-base.tar.gz as above): test_gemm_fp4_e4m3.py on the tree,
+#       exp_moe_contiguous_swapab.py (the contiguous kernel on both sides, the swap-AB kernel beside it on the tree
+#       for a bitwise check against an unchanged kernel), bench_prefill.py on base and the tree (the MoE experts
+#       stage at ~64 rows per expert), the runtime's core GPU tests on the tree.
 # carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s70
@@ -20,6 +25,16 @@ ldg)
   fits 80 && runtime_core_tests 75
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
+  ;;
+feed)
+  fp4_e4m3_tests 150
+  script_sides 150 "exp_moe_contiguous_swapab.py --variants contiguous_kernel" contig base
+  script_sides 150 "exp_moe_contiguous_swapab.py --variants contiguous_kernel swapab" contig new
+  fits 200 && prefill_sides 110 base new
+  fits 100 && runtime_core_tests 95
+  grep -h "^| " "$OUT"/contig_*.txt
+  grep -h "moe experts\|step as run" "$OUT"/prefill_*.txt
+  test_summary fp4_e4m3_tests runtime_tests
   ;;
 esac
 pack_out
