@@ -245,92 +245,6 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_p
 
 
 @gluon.jit
-def _first_tile_from(tile, n_tiles, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
-    """The program's first 128-row tile at or after `tile` (its stride: the program count) that is not all padding ->
-    (tile, first column, expert); tile >= n_tiles when there is none."""
-    _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
-    while (tile < n_tiles) & (g < 0):
-        tile += gl.num_programs(0)
-        _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
-    return tile, off_n, g
-
-
-@gluon.jit
-def _cursor_advance(tile, k, off_n, g, steps, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
-    """The ring step `steps` after the step at (tile, k) of the program's tiles, all-padding tiles having none."""
-    k += steps
-    while (k >= num_k) & (tile < n_tiles):
-        k -= num_k
-        tile, off_n, g = _first_tile_from(tile + gl.num_programs(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
-    return tile, k, off_n, g
-
-
-@gluon.jit
-def _feed_weights(w_desc, raw_ring, raw_ready, raw_slot, offsets_ptr, rows, tile, k, off_n, g, n_tiles, num_k,
-                  table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
-    """The packed weights of the cursor's step (tile, k) by TMA into raw slot raw_slot, and their rows' offset words
-    (int32 [128]) -> (offsets, the cursor two steps on); nothing past the program's last step."""
-    live = tile < n_tiles
-    if live:
-        mbarrier.expect(raw_ready.index(raw_slot), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(raw_slot),
-                                        raw_ring.index(raw_slot))
-    offsets = gl.load(offsets_ptr + (gl.maximum(g, 0) * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * num_k
-                      + gl.minimum(k, num_k - 1), mask=(rows >= 0) & live, other=0)
-    tile, k, off_n, g = _cursor_advance(tile, k, off_n, g, 2, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
-    return offsets, tile, k, off_n, g
-
-
-@gluon.jit
-def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr, table_ptr,
-                     layout_ptr, M, N, K, GROUP_M: gl.constexpr, PART: gl.constexpr):
-    """One of the two feeders of 128-row tiles (4 warps each, one weight row per thread; feeder PART takes the ring
-    steps s = PART, PART + 2, ...): the packed weights of its step s + 6 by TMA into raw slot (s + 6) % 8 (that slot
-    held its previous step's, read by now), then, once slot s % STAGES is empty, step s's activation tile by TMA into
-    "ready", step s's e4m3 tile converted into the slot, and its arrival on "ready". A prefetch cursor (tile, k)
-    walks the program's steps 6 ahead of the conversion; the weight rows' offset words are loaded at the weights'
-    issue and carried in registers until their conversion."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    RAW: gl.constexpr = raw_ring.type.shape[0]
-    gl.static_assert(RAW == 8)  # 3 of this feeder's steps in flight while it converts a fourth
-    raw_words = _raw_words(raw_ring, RAW)
-    num_k = K // 128
-    n_tiles = _contiguous_tiles(table_ptr, M, N, 128)
-    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
-    p_tile, p_off_n, p_g = _first_tile_from(gl.program_id(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
-    p_tile, p_k, p_off_n, p_g = _cursor_advance(p_tile, 0, p_off_n, p_g, PART, n_tiles, num_k, table_ptr,
-                                                layout_ptr, M, N, GROUP_M)
-    # steps PART, PART + 2, PART + 4 (a loop, not unrolled: each copy of the cursor's code is ~300 instructions)
-    zero = gl.zeros([128], gl.int32, gl.SliceLayout(1, _ROW_WORDS))
-    offsets_0, offsets_1, offsets_2 = zero, zero, zero
-    for i in range(3):
-        offsets_ahead, p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, PART + 2 * i,
-                                                                 offsets_ptr, rows, p_tile, p_k, p_off_n, p_g,
-                                                                 n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
-        offsets_0, offsets_1, offsets_2 = offsets_1, offsets_2, offsets_ahead
-    step = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        off_m, _, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, 128, GROUP_M)
-        if g >= 0:
-            for k in range((PART + step) % 2, num_k, 2):
-                s = step + k
-                offsets_ahead, p_tile, p_k, p_off_n, p_g = _feed_weights(
-                    w_desc, raw_ring, raw_ready, (s + 6) % RAW, offsets_ptr, rows, p_tile, p_k, p_off_n, p_g,
-                    n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
-                slot = s % STAGES
-                mbarrier.wait(empty.index(slot), ((s // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
-                mbarrier.wait(raw_ready.index(s % RAW), (s // RAW) & 1)
-                tile_words = _convert_rows(raw_words.index(s % RAW).load(_ROW_WORDS), offsets_0)
-                b_ring.index(slot).store(tile_words)
-                fence_async_shared()
-                mbarrier.arrive(ready.index(slot), count=1)
-                offsets_0, offsets_1, offsets_2 = offsets_1, offsets_2, offsets_ahead
-            step += num_k
-
-
-@gluon.jit
 def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_d, MMA: gl.constexpr):
     """The 64 output rows at off_m (acc column-scaled) whose layout id is not -1: when all are, as one TMA box from
     d_smem (the warpgroup's own buffer) that drains under the next tile's MMAs, else by masked pointer stores (an
@@ -469,54 +383,32 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
-    # 128-row tiles on activations folded per 128: two feeders, each with 3 steps of packed weights in flight
-    # (_contiguous_feed); per-32 activations keep the producer warp and one converter (with the feeders their math
-    # warpgroups spilled in the K loop, offline)
-    FEEDERS: gl.constexpr = BLOCK_M == 128 and SA_PER_128
-    RAW: gl.constexpr = 2 * STAGES if FEEDERS else STAGES
-    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [RAW, 128, 64], w_desc.layout)
+    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
     b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)  # A's 128-byte swizzle
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    raw_ready = gl.allocate_shared_memory(gl.int64, [RAW, 1], mbarrier.MBarrierLayout())
+    raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
         mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
-    for s in gl.static_range(STAGES, RAW):
-        mbarrier.init(raw_ready.index(s), count=1)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
-    if FEEDERS:
-        gl.warp_specialize([(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
-                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 0)),
-                            (_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
-                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 1)),
-                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
-                                                 SA_PER_128)),
-                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
-                                                 SA_PER_128))],
-                           [4, 4, 4], [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS])
-    else:
-        gl.warp_specialize(
-            [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
-                                    GROUP_M, BLOCK_M)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
-             (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M,
-                                  N, K, GROUP_M))],
-            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize(
+        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
+                                GROUP_M, BLOCK_M)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
+         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
+                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
+         (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
+                              K, GROUP_M))],
+        [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(raw_ready.index(s))
         mbarrier.invalidate(empty.index(s))
-    for s in gl.static_range(STAGES, RAW):
-        mbarrier.invalidate(raw_ready.index(s))
 
 
 # ---- masked layout (decode) ----
