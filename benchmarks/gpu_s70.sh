@@ -11,7 +11,12 @@
 #       exp_moe_contiguous_swapab.py (the contiguous kernel on both sides, the swap-AB kernel beside it on the tree
 #       for a bitwise check against an unchanged kernel), bench_prefill.py on base and the tree (the MoE experts
 #       stage at ~64 rows per expert), the runtime's core GPU tests on the tree.
-# carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+#   PART=h200 (~400 s, an H200 only; elsewhere it stops at once): the owed H200 figures of main's attention, where
+#       sessions 67-68's cuts never ran: mid (.ab-mid.tar.gz, `git archive -o .ab-mid.tar.gz d8bbf5e packages/*/src
+#       runtime/src`: main before both) against the tree (main) by attn_ab (the hash, the prefill part in 3 rounds, the
+#       decode part, the trace, mini-flashmla's GPU suite and the runtime's core GPU tests on the tree), then
+#       test_gemm_fp4_e4m3.py on the tree.
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s70
 case "${PART:-ldg}" in
@@ -25,6 +30,15 @@ ldg)
   fits 80 && runtime_core_tests 75
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
+  ;;
+h200)
+  if [ "$CARD" != h200 ]; then
+    echo "not an H200 ($CARD): nothing run"
+  else
+    attn_ab mid new
+    fits 60 && fp4_e4m3_tests 50
+    test_summary fp4_e4m3_tests
+  fi
   ;;
 feed)
   fp4_e4m3_tests 150
