@@ -41,7 +41,12 @@ Offline (triton 3.6, sm_90a), the masked K loop takes 300 / 376 / 517 SASS instr
   sub-tiles per math warpgroup. They start at each expert's first row (a table built on the device by
   contiguous_tile_table_kernel), so none holds two experts' rows; session 38's tiles at multiples of 256 took a K
   sweep per expert where a segment ended mid-tile. H200, session 39: 1.09-1.12x the 128-row tiles at 96 experts of
-  128-1,024 rows (session 38's: 1.02-1.07x), 0.92-0.93 / 1.03x torch._scaled_grouped_mm (w13 / w2).
+  128-1,024 rows (session 38's: 1.02-1.07x), 0.92-0.93 / 1.03x torch._scaled_grouped_mm (w13 / w2). The 128-row
+  tiles on folded activations (one GPU's prefill: ~48-127 rows per expert) have no producer warp: two feeder
+  warpgroups take alternate steps, each issuing its own TMAs (the packed weights 3 of its steps ahead, in a ring of
+  8) and converting its step (_contiguous_feed, session 70): twice the conversion in flight, where the one converter
+  was latency-bound. H100, session 70 run 3: 1.03 / 1.03x at ~64 rows (w13 / w2), 1.01-1.06x at ~16-96, the same
+  bits; the prefill step's MoE experts stage 1.038x.
 - Masked (decode): fp4_e4m3_masked_kernel, a warpgroup per (128 weight rows, expert, token tile): a 2-deep TMA
   ring, swap-AB MMAs; the used tokens' rows are stored. Per-32 activations: the conversion into a shared tile,
   m64nBLOCK_Mk32 MMAs. Folded activations (the engine's): each 64-row half converted straight into its MMA's A
@@ -245,6 +250,89 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_p
 
 
 @gluon.jit
+def _first_tile_from(tile, n_tiles, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
+    """The program's first 128-row tile at or after `tile` (its stride: the program count) that is not all padding ->
+    (tile, first column, expert); tile >= n_tiles when there is none."""
+    _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
+    while (tile < n_tiles) & (g < 0):
+        tile += gl.num_programs(0)
+        _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
+    return tile, off_n, g
+
+
+@gluon.jit
+def _cursor_advance(tile, k, off_n, g, steps, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
+    """The ring step `steps` after the step at (tile, k) of the program's tiles, all-padding tiles having none."""
+    k += steps
+    while (k >= num_k) & (tile < n_tiles):
+        k -= num_k
+        tile, off_n, g = _first_tile_from(tile + gl.num_programs(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
+    return tile, k, off_n, g
+
+
+@gluon.jit
+def _feed_weights(w_desc, raw_ring, raw_ready, raw_slot, tile, k, off_n, g, n_tiles, num_k, table_ptr, layout_ptr, M, N,
+                  GROUP_M: gl.constexpr):
+    """The packed weights of the cursor's step (tile, k) by TMA into raw slot raw_slot -> the cursor two steps on;
+    nothing past the program's last step."""
+    if tile < n_tiles:
+        mbarrier.expect(raw_ready.index(raw_slot), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(raw_slot),
+                                        raw_ring.index(raw_slot))
+    return _cursor_advance(tile, k, off_n, g, 2, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
+
+
+@gluon.jit
+def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr, table_ptr,
+                     layout_ptr, M, N, K, GROUP_M: gl.constexpr, PART: gl.constexpr):
+    """One of the two feeders of 128-row tiles (4 warps each, one weight row per thread; feeder PART takes the ring
+    steps s = PART, PART + 2, ...): the packed weights of its step s + 6 by TMA into raw slot (s + 6) % 8 (that slot
+    held its previous step's, read by now), then, once slot s % STAGES is empty, step s's activation tile by TMA into
+    "ready", step s's e4m3 tile converted into the slot, and its arrival on "ready". A prefetch cursor (tile, k)
+    walks the program's steps 6 ahead of the conversion. (The weight rows' offset words carried from the weights'
+    issue to their conversion, three registers rotated across the tile loop, compiled to zeros at the first step of
+    each tile: triton 3.6, session 70 run 2; they are loaded one step ahead within the tile instead.)"""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    RAW: gl.constexpr = raw_ring.type.shape[0]
+    gl.static_assert(RAW == 8)  # 3 of this feeder's steps in flight while it converts a fourth
+    raw_words = _raw_words(raw_ring, RAW)
+    num_k = K // 128
+    n_tiles = _contiguous_tiles(table_ptr, M, N, 128)
+    rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
+    p_tile, p_off_n, p_g = _first_tile_from(gl.program_id(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
+    p_tile, p_k, p_off_n, p_g = _cursor_advance(p_tile, 0, p_off_n, p_g, PART, n_tiles, num_k, table_ptr,
+                                                layout_ptr, M, N, GROUP_M)
+    for i in range(3):  # steps PART, PART + 2, PART + 4
+        p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, PART + 2 * i, p_tile, p_k, p_off_n,
+                                                  p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
+    step = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, 128, GROUP_M)
+        if g >= 0:
+            # the weight rows' offset words, one of this feeder's steps ahead within the tile (as the converter's)
+            row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * num_k
+            k0 = (PART + step) % 2
+            offsets = gl.load(row_offsets + gl.minimum(k0, num_k - 1))
+            for k in range(k0, num_k, 2):
+                s = step + k
+                offsets_next = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
+                p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, (s + 6) % RAW, p_tile, p_k,
+                                                          p_off_n, p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N,
+                                                          GROUP_M)
+                slot = s % STAGES
+                mbarrier.wait(empty.index(slot), ((s // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(slot), a_ring.index(slot))
+                mbarrier.wait(raw_ready.index(s % RAW), (s // RAW) & 1)
+                tile_words = _convert_rows(raw_words.index(s % RAW).load(_ROW_WORDS), offsets)
+                b_ring.index(slot).store(tile_words)
+                fence_async_shared()
+                mbarrier.arrive(ready.index(slot), count=1)
+                offsets = offsets_next
+            step += num_k
+
+
+@gluon.jit
 def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_d, MMA: gl.constexpr):
     """The 64 output rows at off_m (acc column-scaled) whose layout id is not -1: when all are, as one TMA box from
     d_smem (the warpgroup's own buffer) that drains under the next tile's MMAs, else by masked pointer stores (an
@@ -380,35 +468,58 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     int32 words [M, K / 128] (row stride stride_sa), or with SA_PER_128 fp32 [M, K / 128] (activations folded per 128);
     colscale fp32 [G * N]; layout int32 [M], segments 128-aligned; table int32: for 256-row tiles
     contiguous_tile_table_kernel's (read on the device: no host sync), unused for 128; N % 128 == 0, K % 128 == 0.
-    Persistent: at most one program per SM; launch with num_warps=4 (the converter) and maxnreg 128."""
+    Persistent: at most one program per SM; launch with num_warps=4 (the converter, or the first feeder) and maxnreg
+    128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
-    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 128, 64], w_desc.layout)
+    # 128-row tiles on activations folded per 128: two feeders, each with 3 steps of packed weights in flight
+    # (_contiguous_feed); per-32 activations keep the producer warp and one converter (with the feeders their math
+    # warpgroups spilled in the K loop, offline)
+    FEEDERS: gl.constexpr = BLOCK_M == 128 and SA_PER_128
+    RAW: gl.constexpr = 2 * STAGES if FEEDERS else STAGES
+    raw_ring = gl.allocate_shared_memory(w_desc.dtype, [RAW, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
     b_ring_e4m3 = b_ring._reinterpret(a_desc.dtype, [STAGES, 128, 128], a_desc.layout)  # A's 128-byte swizzle
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    raw_ready = gl.allocate_shared_memory(gl.int64, [RAW, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
         mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
+    for s in gl.static_range(STAGES, RAW):
+        mbarrier.init(raw_ready.index(s), count=1)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
-    gl.warp_specialize(
-        [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
-                                GROUP_M, BLOCK_M)),
-         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
-         (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                             table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
-         (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M, N,
-                              K, GROUP_M))],
-        [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    if FEEDERS:
+        gl.warp_specialize([(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
+                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 0)),
+                            (_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
+                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 1)),
+                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
+                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
+                                                 SA_PER_128)),
+                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
+                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
+                                                 SA_PER_128))],
+                           [4, 4, 4], [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
+                                    GROUP_M, BLOCK_M)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
+                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
+                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
+             (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M,
+                                  N, K, GROUP_M))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(raw_ready.index(s))
         mbarrier.invalidate(empty.index(s))
+    for s in gl.static_range(STAGES, RAW):
+        mbarrier.invalidate(raw_ready.index(s))
 
 
 # ---- masked layout (decode) ----
