@@ -473,8 +473,9 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
     # 128-row tiles on activations folded per 128: two feeders, each with 3 steps of packed weights in flight
-    # (_contiguous_feed); per-32 activations keep the producer warp and one converter (with the feeders their math
-    # warpgroups spilled in the K loop, offline)
+    # (_contiguous_feed), PRODUCER_REGS registers each. The 256-row tiles (their math warpgroups take 216) and per-32
+    # activations (with the feeders their math warpgroups spilled in the K loop, offline) keep the producer warp
+    # (PRODUCER_REGS) and one converter
     FEEDERS: gl.constexpr = BLOCK_M == 128 and SA_PER_128
     RAW: gl.constexpr = 2 * STAGES if FEEDERS else STAGES
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [RAW, 128, 64], w_desc.layout)
@@ -485,32 +486,35 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     raw_ready = gl.allocate_shared_memory(gl.int64, [RAW, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's arrival
+        mbarrier.init(ready.index(s), count=2)  # the activation TMA's expect-tx and the converter's (feeder's) arrival
         mbarrier.init(raw_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # one per math warpgroup
     for s in gl.static_range(STAGES, RAW):
         mbarrier.init(raw_ready.index(s), count=1)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
     if FEEDERS:
-        gl.warp_specialize([(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
-                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 0)),
-                            (_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty,
-                                                offsets_ptr, table_ptr, layout_ptr, M, N, K, GROUP_M, 1)),
-                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
-                                                 SA_PER_128)),
-                            (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
-                                                 SA_PER_128))],
-                           [4, 4, 4], [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+        gl.warp_specialize(
+            [(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr,
+                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 0)),
+             (_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr,
+                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 1)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr,
+                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
+                                 SA_PER_128)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr,
+                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
+                                 SA_PER_128))],
+            [4, 4, 4], [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize(
             [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
                                     GROUP_M, BLOCK_M)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr, colscale_ptr,
-                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0, SA_PER_128)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr, colscale_ptr,
-                                 table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64, SA_PER_128)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr,
+                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
+                                 SA_PER_128)),
+             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr,
+                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
+                                 SA_PER_128)),
              (_contiguous_loads, (a_desc, w_desc, a_ring, raw_ring, ready, raw_ready, empty, table_ptr, layout_ptr, M,
                                   N, K, GROUP_M))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
