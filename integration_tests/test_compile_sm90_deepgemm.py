@@ -250,7 +250,8 @@ CASES: list[Case] = [
                 [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
     folded_case("moe_fp4_contiguous_w2_folded_fold128", moe_fp4_contiguous(W2_N, MOE_INTER, "fold_128", True),
                 [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
-    # ... one GPU's prefill of 4,096 tokens (384 experts of ~64 rows): 128-row tiles on activations folded per 128
+    # ... one GPU's prefill of 4,096 tokens (384 experts of ~64 rows): 128-row tiles on activations folded per 128,
+    # fed by two feeder warpgroups (no producer warp) since session 70
     *(folded_case(f"moe_fp4_contiguous_{w}_folded_fold128_e64", moe_fp4_contiguous(n, k, "fold_128", True,
                                                                                    ROUTED_EXPERTS, 64),
                   [FP4_E4M3_CONTIGUOUS])
