@@ -53,9 +53,11 @@ from mini_deepgemm.reference import fold_ue8m0_to_128
 from mini_deepgemm.testing import calc_diff
 from source_variants import absolute_imports, edited_module
 
-CONVERT_CONTIGUOUS = [("                tile_words = _convert_rows(raw_words.index(slot).load(_ROW_WORDS), offsets)\n",
-                       ""),
-                      ("                b_ring.index(slot).store(tile_words)\n", "")]
+# the conversion and its store, in the converter (256-row tiles, per-32 activations) and in the 128-row tiles' two
+# feeders (since session 70)
+CONVERT_CONTIGUOUS = [(re.compile(r"\n +tile_words = _convert_rows\(raw_words\.index\((slot|s % RAW)\)\.load\("
+                                  r"_ROW_WORDS\), offsets\)\n"), "\n"),
+                      (re.compile(r"\n +b_ring\.index\(slot\)\.store\(tile_words\)\n"), "\n")]
 MMA_CONTIGUOUS = [(re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_mma\(\n\s+a_tile, b_tile\.permute\(\(1, "
                               r"0\)\), zero, use_acc=False, is_async=True\),\)\)"), "part = zero"),
                   (re.compile(r"part = warpgroup_mma_wait\(0, deps=\(warpgroup_mma\(\n\s+a_ring\.index\(slot\)\.slice\("
