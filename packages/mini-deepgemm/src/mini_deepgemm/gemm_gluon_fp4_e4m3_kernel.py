@@ -289,9 +289,11 @@ def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready,
     steps s = PART, PART + 2, ...): the packed weights of its step s + 6 by TMA into raw slot (s + 6) % 8 (that slot
     held its previous step's, read by now), then, once slot s % STAGES is empty, step s's activation tile by TMA into
     "ready", step s's e4m3 tile converted into the slot, and its arrival on "ready". A prefetch cursor (tile, k)
-    walks the program's steps 6 ahead of the conversion. (The weight rows' offset words carried from the weights'
-    issue to their conversion, three registers rotated across the tile loop, compiled to zeros at the first step of
-    each tile: triton 3.6, session 70 run 2; they are loaded one step ahead within the tile instead.)"""
+    walks the program's steps 6 ahead of the conversion. The weight rows' offset words are loaded one step ahead
+    within the tile. Session 70's first version carried them from the weights' issue in three registers rotated
+    across the tile loop, all started as one zero tensor. Triton's front end finds loop-carried values by identity,
+    so it carried none of the first: zero offsets at every tile's first step (docs/reports/deepgemm-moe-fold-128.md,
+    "Session 70")."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     RAW: gl.constexpr = raw_ring.type.shape[0]
     gl.static_assert(RAW == 8)  # 3 of this feeder's steps in flight while it converts a fourth
