@@ -29,15 +29,7 @@ halves)
   attn_ab base new
   ;;
 ldg)
-  hash_sides base new
-  prefill_part_rounds "${ROUNDS:-3}" base new
-  trace_sides base new
-  decode_parts 60 base new
-  fits 130 && flashmla_tests 120
-  fits 240 && prefill_sides 110 mid base
-  fits 80 && runtime_core_tests 75
-  attn_ab_summary
-  test_summary flashmla_tests runtime_tests
+  attn_ab_prefill base new mid base
   ;;
 esac
 pack_out

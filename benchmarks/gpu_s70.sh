@@ -21,15 +21,7 @@ set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s70
 case "${PART:-ldg}" in
 ldg)
-  hash_sides base new
-  prefill_part_rounds "${ROUNDS:-3}" base new
-  trace_sides base new
-  decode_parts 60 base new
-  fits 130 && flashmla_tests 120
-  fits 240 && prefill_sides 110 base new
-  fits 80 && runtime_core_tests 75
-  attn_ab_summary
-  test_summary flashmla_tests runtime_tests
+  attn_ab_prefill base new base new
   ;;
 h200)
   if [ "$CARD" != h200 ]; then

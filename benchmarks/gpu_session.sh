@@ -5,7 +5,7 @@
 # `fp4_e4m3_tests`, `flashmla_tests`, `runtime_core_tests`, `decode_bench`, `decode_all_sides`, `test_summary`,
 # `rest_ab`, `rest_b`, `tree_checks`, `final_tree_checks`, the A/B helpers (`side_path`, `hash_sides`,
 # `flashmla_sides`, `prefill_sides`, `script_sides`, `route_sides`, `show_sides`, `prefill_part_rounds`,
-# `trace_sides`, `attn_ab_summary`, `attn_ab`), `ncu_profile CASE...` and `pack_out`.
+# `trace_sides`, `attn_ab_summary`, `attn_ab`, `attn_ab_prefill`), `ncu_profile CASE...` and `pack_out`.
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 # 2 CPU threads per process: many processes with one thread per core each oversubscribed the GPU machine's cores
@@ -272,6 +272,21 @@ attn_ab() {
   trace_sides "${sides[@]: -2}"
   fits 130 && flashmla_tests 120
   fits 150 && runtime_core_tests 140
+  attn_ab_summary
+  test_summary flashmla_tests runtime_tests
+}
+# attn_ab_prefill A B PREFILL_SIDE...: an attention kernel's A/B with the step end to end: the outputs' hash, the
+# prefill part in ROUNDS (3) rounds, the trace and the decode part on sides A and B, mini-flashmla's GPU suite on the
+# tree, bench_prefill.py on each PREFILL_SIDE and the runtime's core GPU tests where time allows, then the summaries
+attn_ab_prefill() {
+  local a=$1 b=$2; shift 2
+  hash_sides "$a" "$b"
+  prefill_part_rounds "${ROUNDS:-3}" "$a" "$b"
+  trace_sides "$a" "$b"
+  decode_parts 60 "$a" "$b"
+  fits 130 && flashmla_tests 120
+  fits 240 && prefill_sides 110 "$@"
+  fits 80 && runtime_core_tests 75
   attn_ab_summary
   test_summary flashmla_tests runtime_tests
 }

@@ -286,17 +286,17 @@ def _feed_weights(w_desc, raw_ring, raw_ready, raw_slot, tile, k, off_n, g, n_ti
 def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr, table_ptr,
                      layout_ptr, M, N, K, GROUP_M: gl.constexpr, PART: gl.constexpr):
     """One of the two feeders of 128-row tiles (4 warps each, one weight row per thread; feeder PART takes the ring
-    steps s = PART, PART + 2, ...): the packed weights of its step s + 6 by TMA into raw slot (s + 6) % 8 (that slot
-    held its previous step's, read by now), then, once slot s % STAGES is empty, step s's activation tile by TMA into
-    "ready", step s's e4m3 tile converted into the slot, and its arrival on "ready". A prefetch cursor (tile, k)
-    walks the program's steps 6 ahead of the conversion. The weight rows' offset words are loaded one step ahead
+    steps s = PART, PART + 2, ...): the packed weights of its step s + RAW - 2 by TMA into raw slot (s - 2) % RAW
+    (that slot held its previous step's, read by now; RAW / 2 - 1 of its steps in flight while it converts one),
+    then, once slot s % STAGES is empty, step s's activation tile by TMA into "ready", step s's e4m3 tile converted
+    into the slot, and its arrival on "ready". A prefetch cursor (tile, k) walks the program's steps RAW - 2 ahead of
+    the conversion. The weight rows' offset words are loaded one step ahead
     within the tile. Session 70's first version carried them from the weights' issue in three registers rotated
     across the tile loop, all started as one zero tensor. Triton's front end finds loop-carried values by identity,
     so it carried none of the first: zero offsets at every tile's first step (docs/reports/deepgemm-moe-fold-128.md,
     "Session 70")."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     RAW: gl.constexpr = raw_ring.type.shape[0]
-    gl.static_assert(RAW == 8)  # 3 of this feeder's steps in flight while it converts a fourth
     raw_words = _raw_words(raw_ring, RAW)
     num_k = K // 128
     n_tiles = _contiguous_tiles(table_ptr, M, N, 128)
@@ -304,7 +304,7 @@ def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready,
     p_tile, p_off_n, p_g = _first_tile_from(gl.program_id(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
     p_tile, p_k, p_off_n, p_g = _cursor_advance(p_tile, 0, p_off_n, p_g, PART, n_tiles, num_k, table_ptr,
                                                 layout_ptr, M, N, GROUP_M)
-    for i in range(3):  # steps PART, PART + 2, PART + 4
+    for i in range(RAW // 2 - 1):  # this feeder's first steps: PART, PART + 2, ...
         p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, PART + 2 * i, p_tile, p_k, p_off_n,
                                                   p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
     step = 0
@@ -318,7 +318,7 @@ def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready,
             for k in range(k0, num_k, 2):
                 s = step + k
                 offsets_next = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
-                p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, (s + 6) % RAW, p_tile, p_k,
+                p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, (s + RAW - 2) % RAW, p_tile, p_k,
                                                           p_off_n, p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N,
                                                           GROUP_M)
                 slot = s % STAGES
@@ -462,7 +462,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, table_ptr,
                                layout_ptr, M, N, K, stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                               SA_PER_128: gl.constexpr = False):
+                               SA_PER_128: gl.constexpr = False, FEEDERS: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256 with
     SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes, 64-byte
@@ -474,11 +474,10 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
-    # 128-row tiles on activations folded per 128: two feeders, each with 3 steps of packed weights in flight
-    # (_contiguous_feed), PRODUCER_REGS registers each. The 256-row tiles (their math warpgroups take 216) and per-32
-    # activations (with the feeders their math warpgroups spilled in the K loop, offline) keep the producer warp
+    # FEEDERS (the launcher's choice: 128-row tiles on activations folded per 128): two feeders, each with STAGES - 1
+    # steps of packed weights in flight (_contiguous_feed), PRODUCER_REGS registers each; else the producer warp
     # (PRODUCER_REGS) and one converter
-    FEEDERS: gl.constexpr = BLOCK_M == 128 and SA_PER_128
+    gl.static_assert(not FEEDERS or (BLOCK_M == 128 and SA_PER_128))
     RAW: gl.constexpr = 2 * STAGES if FEEDERS else STAGES
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [RAW, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
