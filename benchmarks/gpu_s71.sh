@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 71's GPU runs.
+#   PART=moe (~480 s): the contiguous FP8 x FP4 kernel on folded activations, three sides: base (main 04d2411,
+#       .ab-base.tar.gz), mid (94d59de, .ab-mid.tar.gz: each K step's MMAs as two m64n64 halves, the lo half promoted
+#       under the hi half's MMA) and new (the tree: mid + 256-row tiles fed by one feeder warpgroup, the packed weights
+#       5 steps ahead). test_gemm_fp4_e4m3.py on the tree; exp_moe_contiguous_swapab.py (the contiguous kernel, and
+#       the swap-AB kernel beside it for a bitwise check against an unchanged kernel) on 128-row cases (384 experts of
+#       ~64 / ~96) and 256-row ones (192 of ~128, 96 of ~256); bench_fp4_e4m3_route.py (96 experts of 128-1,024 rows
+#       and the peer) on each side; the runtime's core GPU tests on the tree.
+# `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
+# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s71
+CASES="--cases 384x64 384x96 192x128 96x256 --variants contiguous_kernel swapab"
+case "${PART:-moe}" in
+moe)
+  fp4_e4m3_tests 120
+  for side in base mid new; do script_sides 100 "exp_moe_contiguous_swapab.py $CASES" contig $side; done
+  for side in base mid new; do fits 90 && route_sides 90 $side; done
+  fits 100 && runtime_core_tests 95
+  grep -h "^| " "$OUT"/contig_*.txt
+  grep -h "^| contiguous" "$OUT"/route_*.txt
+  test_summary fp4_e4m3_tests runtime_tests
+  ;;
+esac
+pack_out
