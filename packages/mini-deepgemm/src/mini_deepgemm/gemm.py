@@ -564,19 +564,17 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
     if layout == _CONTIGUOUS and not _contiguous_swapab(rows_hint, sa_per_128):
         M = aq.shape[0]
         block_m = _contiguous_block_m(rows_hint, sa_per_128)
-        # Tiles on folded activations take feeder warpgroups in place of the producer warp and one converter: two at
-        # 128 rows (session 70: 1.03x at ~64 rows; per-32 activations spilled in the math warpgroups' K loop with
-        # them), one at 256 rows (its packed weights 5 steps ahead, where the producer warp brought them only once
-        # the 3-deep ring had a slot). Registers (per thread of a warpgroup, 512 in all): 128-row tiles: each math
-        # warpgroup 200 (with 192 the TMA-store epilogue spilled 28 bytes), and each of the two feeders 56, or the
-        # producer warp 24 and the converter the 88 left; 256-row tiles: each math warpgroup 216 (two accumulators
-        # and the MMA's parts: 192; offline no spills in the K loop, ~40 spill bytes in a tile's set-up and
-        # epilogue, more at 208), the feeder the 72 left of 12 warps at 168 at launch (no spills). Shared memory: 4
-        # stages of 48 KB (the feeders: of 32 KB, and 8 of 8 KB of packed weights), or 3 of 48 KB and 6 of 8 KB; 32
-        # KB of epilogue buffers.
-        feeders = (1 if block_m == 256 else 2) if sa_per_128 else 0
+        # 128-row tiles on folded activations take two feeder warpgroups in place of the producer warp and one
+        # converter (session 70: 1.03x at ~64 rows; per-32 activations spilled in the math warpgroups' K loop with
+        # them, and the 256-row tiles' math warpgroups leave them too few registers). Registers (per thread of a
+        # warpgroup, 512 in all): 128-row tiles: each math warpgroup 200 (with 192 the TMA-store epilogue spilled 28
+        # bytes), and each of the two feeders 56, or the producer warp 24 and the converter the 88 left; 256-row
+        # tiles: the producer warp 24, each math warpgroup 216 (two accumulators and the MMA's part: 192; offline no
+        # spills in the K loop, ~40 spill instructions in a tile's set-up and epilogue, more at 208), the converter
+        # the 56 left (no spills). Shared memory: 4 stages of 48 KB (the feeders: of 32 KB, and 8 of 8 KB of packed
+        # weights), or 3 of 56 KB; 32 KB of epilogue buffers.
+        feeders = block_m == 128 and sa_per_128
         consumer_regs, producer_regs, stages = (216, 24, 3) if block_m == 256 else (200, 56 if feeders else 24, 4)
-        warps = 12 if feeders == 1 else 16
         table = group_arg  # 128-row tiles: unused
         if block_m == 256:  # the tiles start at each expert's first row; their count stays on the device
             table = torch.empty(1 + cdiv(M, 128), dtype=torch.int32, device=d.device)
@@ -587,7 +585,7 @@ def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, g
             _tma_desc(aq, (block_m, 128)), _packed_fp4_desc(bq), _tma_desc(d, (64, 128)), d, folded.offsets, sa_words,
             folded.column_scales, table, group_arg, M, N, K, K // 128, d.stride(0), STAGES=stages, GROUP_M=8,
             CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, SA_PER_128=sa_per_128, FEEDERS=feeders,
-            num_warps=4, maxnreg=65536 // (32 * warps) // 8 * 8, enable_fp_fusion=True)
+            num_warps=4, maxnreg=128, enable_fp_fusion=True)
         return
     # the swap-AB kernel: masked groups of max_m rows, or a contiguous layout's 128-row blocks (CONTIGUOUS)
     contiguous = layout == _CONTIGUOUS

@@ -250,82 +250,77 @@ def _contiguous_convert(raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_p
 
 
 @gluon.jit
-def _first_tile_from(tile, n_tiles, table_ptr, layout_ptr, M, N, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
-    """The program's first tile at or after `tile` (its stride: the program count) that is not all padding ->
+def _first_tile_from(tile, n_tiles, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
+    """The program's first 128-row tile at or after `tile` (its stride: the program count) that is not all padding ->
     (tile, first column, expert); tile >= n_tiles when there is none."""
-    _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+    _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
     while (tile < n_tiles) & (g < 0):
         tile += gl.num_programs(0)
-        _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        _, off_n, g = _contiguous_tile(gl.minimum(tile, n_tiles - 1), table_ptr, layout_ptr, M, N, 128, GROUP_M)
     return tile, off_n, g
 
 
 @gluon.jit
-def _cursor_advance(tile, k, off_n, g, steps, n_tiles, num_k, table_ptr, layout_ptr, M, N, BLOCK_M: gl.constexpr,
-                    GROUP_M: gl.constexpr):
+def _cursor_advance(tile, k, off_n, g, steps, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M: gl.constexpr):
     """The ring step `steps` after the step at (tile, k) of the program's tiles, all-padding tiles having none."""
     k += steps
     while (k >= num_k) & (tile < n_tiles):
         k -= num_k
-        tile, off_n, g = _first_tile_from(tile + gl.num_programs(0), n_tiles, table_ptr, layout_ptr, M, N, BLOCK_M,
-                                          GROUP_M)
+        tile, off_n, g = _first_tile_from(tile + gl.num_programs(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
     return tile, k, off_n, g
 
 
 @gluon.jit
 def _feed_weights(w_desc, raw_ring, raw_ready, raw_slot, tile, k, off_n, g, n_tiles, num_k, table_ptr, layout_ptr, M, N,
-                  BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr, FEEDERS: gl.constexpr):
-    """The packed weights of the cursor's step (tile, k) by TMA into raw slot raw_slot -> the cursor FEEDERS steps
-    on; nothing past the program's last step."""
+                  GROUP_M: gl.constexpr):
+    """The packed weights of the cursor's step (tile, k) by TMA into raw slot raw_slot -> the cursor two steps on;
+    nothing past the program's last step."""
     if tile < n_tiles:
         mbarrier.expect(raw_ready.index(raw_slot), w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(w_desc, [g * N + off_n, k * 64], raw_ready.index(raw_slot),
                                         raw_ring.index(raw_slot))
-    return _cursor_advance(tile, k, off_n, g, FEEDERS, n_tiles, num_k, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+    return _cursor_advance(tile, k, off_n, g, 2, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
 
 
 @gluon.jit
 def _contiguous_feed(a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr, table_ptr,
-                     layout_ptr, M, N, K, GROUP_M: gl.constexpr, FEEDERS: gl.constexpr, PART: gl.constexpr):
-    """One of the FEEDERS feeders (4 warps each, one weight row per thread; feeder PART takes the ring steps s = PART,
-    PART + FEEDERS, ...): the packed weights of its step s + RAW - FEEDERS by TMA into raw slot (s - FEEDERS) % RAW
-    (that slot held its previous step's, read by now; (RAW - FEEDERS) / FEEDERS of its steps in flight while it
-    converts one), then, once slot s % STAGES is empty, step s's activation tile by TMA into "ready", step s's e4m3
-    tile converted into the slot, and its arrival on "ready". A prefetch cursor (tile, k) walks the program's steps
-    RAW - FEEDERS ahead of the conversion. The weight rows' offset words are loaded one step ahead
+                     layout_ptr, M, N, K, GROUP_M: gl.constexpr, PART: gl.constexpr):
+    """One of the two feeders of 128-row tiles (4 warps each, one weight row per thread; feeder PART takes the ring
+    steps s = PART, PART + 2, ...): the packed weights of its step s + RAW - 2 by TMA into raw slot (s - 2) % RAW
+    (that slot held its previous step's, read by now; RAW / 2 - 1 of its steps in flight while it converts one),
+    then, once slot s % STAGES is empty, step s's activation tile by TMA into "ready", step s's e4m3 tile converted
+    into the slot, and its arrival on "ready". A prefetch cursor (tile, k) walks the program's steps RAW - 2 ahead of
+    the conversion. The weight rows' offset words are loaded one step ahead
     within the tile. Session 70's first version carried them from the weights' issue in three registers rotated
     across the tile loop, all started as one zero tensor. Triton's front end finds loop-carried values by identity,
     so it carried none of the first: zero offsets at every tile's first step (docs/reports/deepgemm-moe-fold-128.md,
     "Session 70")."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = a_ring.type.shape[1]
     RAW: gl.constexpr = raw_ring.type.shape[0]
-    gl.static_assert((RAW - FEEDERS) % FEEDERS == 0)
     raw_words = _raw_words(raw_ring, RAW)
     num_k = K // 128
-    n_tiles = _contiguous_tiles(table_ptr, M, N, BLOCK_M)
+    n_tiles = _contiguous_tiles(table_ptr, M, N, 128)
     rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROW_WORDS))
-    p_tile, p_off_n, p_g = _first_tile_from(gl.program_id(0), n_tiles, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+    p_tile, p_off_n, p_g = _first_tile_from(gl.program_id(0), n_tiles, table_ptr, layout_ptr, M, N, GROUP_M)
     p_tile, p_k, p_off_n, p_g = _cursor_advance(p_tile, 0, p_off_n, p_g, PART, n_tiles, num_k, table_ptr,
-                                                layout_ptr, M, N, BLOCK_M, GROUP_M)
-    for i in range((RAW - FEEDERS) // FEEDERS):  # this feeder's first steps: PART, PART + FEEDERS, ...
-        p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, PART + FEEDERS * i, p_tile, p_k,
-                                                  p_off_n, p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N, BLOCK_M,
-                                                  GROUP_M, FEEDERS)
+                                                layout_ptr, M, N, GROUP_M)
+    for i in range(RAW // 2 - 1):  # this feeder's first steps: PART, PART + 2, ...
+        p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, PART + 2 * i, p_tile, p_k, p_off_n,
+                                                  p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N, GROUP_M)
     step = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, BLOCK_M, GROUP_M)
+        off_m, off_n, g = _contiguous_tile(tile, table_ptr, layout_ptr, M, N, 128, GROUP_M)
         if g >= 0:
             # the weight rows' offset words, one of this feeder's steps ahead within the tile (as the converter's)
             row_offsets = offsets_ptr + (g * N + gl.minimum(off_n + rows, N - 1)).to(gl.int64) * num_k
-            k0 = (PART + (FEEDERS - 1) * step) % FEEDERS  # the first k with step + k = PART (mod FEEDERS)
+            k0 = (PART + step) % 2
             offsets = gl.load(row_offsets + gl.minimum(k0, num_k - 1))
-            for k in range(k0, num_k, FEEDERS):
+            for k in range(k0, num_k, 2):
                 s = step + k
-                offsets_next = gl.load(row_offsets + gl.minimum(k + FEEDERS, num_k - 1))
-                p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, (s + RAW - FEEDERS) % RAW,
-                                                          p_tile, p_k, p_off_n, p_g, n_tiles, num_k, table_ptr,
-                                                          layout_ptr, M, N, BLOCK_M, GROUP_M, FEEDERS)
+                offsets_next = gl.load(row_offsets + gl.minimum(k + 2, num_k - 1))
+                p_tile, p_k, p_off_n, p_g = _feed_weights(w_desc, raw_ring, raw_ready, (s + RAW - 2) % RAW, p_tile, p_k,
+                                                          p_off_n, p_g, n_tiles, num_k, table_ptr, layout_ptr, M, N,
+                                                          GROUP_M)
                 slot = s % STAGES
                 mbarrier.wait(empty.index(slot), ((s // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
@@ -530,7 +525,7 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
 def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_ptr, colscale_ptr, table_ptr,
                                layout_ptr, M, N, K, stride_sa, stride_d, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                               SA_PER_128: gl.constexpr = False, FEEDERS: gl.constexpr = 0):
+                               SA_PER_128: gl.constexpr = False, FEEDERS: gl.constexpr = False):
     """d[m, n] = colscale[g, n] * sum over 32-blocks kb of sa[m, kb] * (a[m, kb] . w'[g, n, kb]) for g = layout[m]
     >= 0 (module docstring). a_desc: e4m3 [M, K] in [BLOCK_M, 128] boxes, BLOCK_M 128 or 256 (the tiles' rows; 256 with
     SA_PER_128 only); w_desc: packed e2m1 uint8 [G * N, K / 2] in the route's order, in [128, 64] boxes, 64-byte
@@ -542,13 +537,11 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     128."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
-    # FEEDERS (the launcher's choice: 2 for 128-row tiles on activations folded per 128, 1 for 256-row tiles): that
-    # many feeders (_contiguous_feed), each with (RAW - FEEDERS) / FEEDERS of its steps of packed weights in flight,
-    # PRODUCER_REGS registers each (the first: what the math warpgroups leave); 0: the producer warp (PRODUCER_REGS)
-    # and one converter
-    gl.static_assert(FEEDERS == 0 or SA_PER_128)
-    gl.static_assert(FEEDERS != 2 or BLOCK_M == 128)
-    RAW: gl.constexpr = 2 * STAGES if FEEDERS > 0 else STAGES
+    # FEEDERS (the launcher's choice: 128-row tiles on activations folded per 128): two feeders, each with STAGES - 1
+    # steps of packed weights in flight (_contiguous_feed), PRODUCER_REGS registers each; else the producer warp
+    # (PRODUCER_REGS) and one converter
+    gl.static_assert(not FEEDERS or (BLOCK_M == 128 and SA_PER_128))
+    RAW: gl.constexpr = 2 * STAGES if FEEDERS else STAGES
     raw_ring = gl.allocate_shared_memory(w_desc.dtype, [RAW, 128, 64], w_desc.layout)
     b_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 128, 32],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -563,13 +556,12 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
     for s in gl.static_range(STAGES, RAW):
         mbarrier.init(raw_ready.index(s), count=1)
     d_smem = gl.allocate_shared_memory(d_desc.dtype, [2, 64, 128], d_desc.layout)
-    # (argument tuples written out per call: a tuple built here would turn the constexpr rows 0 / 64 into tensors)
-    if FEEDERS == 2:
+    if FEEDERS:
         gl.warp_specialize(
             [(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr,
-                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 2, 0)),
+                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 0)),
              (_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr,
-                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 2, 1)),
+                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 1)),
              (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr,
                                  colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
                                  SA_PER_128)),
@@ -577,17 +569,6 @@ def fp4_e4m3_contiguous_kernel(a_desc, w_desc, d_desc, d_ptr, offsets_ptr, sa_pt
                                  colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
                                  SA_PER_128))],
             [4, 4, 4], [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS])
-    elif FEEDERS == 1:
-        gl.warp_specialize(
-            [(_contiguous_feed, (a_desc, w_desc, a_ring, raw_ring, b_ring, ready, raw_ready, empty, offsets_ptr,
-                                 table_ptr, layout_ptr, M, N, K, GROUP_M, 1, 0)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(0), d_ptr, sa_ptr,
-                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 0,
-                                 SA_PER_128)),
-             (_contiguous_math, (a_ring, b_ring_e4m3, ready, empty, d_desc, d_smem.index(1), d_ptr, sa_ptr,
-                                 colscale_ptr, table_ptr, layout_ptr, M, N, K, stride_sa, stride_d, GROUP_M, 64,
-                                 SA_PER_128))],
-            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
     else:
         gl.warp_specialize(
             [(_contiguous_convert, (raw_ring, b_ring, ready, raw_ready, offsets_ptr, table_ptr, layout_ptr, M, N, K,
