@@ -350,30 +350,14 @@ def _store_rows(acc, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_
 
 
 @gluon.jit
-def _store_row_halves(acc_lo, acc_hi, d_desc, d_smem, d_ptr, layout_ptr, off_m, off_n, M, stride_d, MMA: gl.constexpr):
-    """_store_rows of the 64 x 128 output block at (off_m, off_n) given as its column halves [64, 64]."""
-    offs_m = off_m + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
-    row_groups = gl.load(layout_ptr + offs_m, mask=offs_m < M, other=-1)
-    if gl.min(row_groups, axis=0) >= 0:
-        tma.store_wait(pendings=0)
-        d_smem.slice(0, 64, dim=1).store(acc_lo.to(d_desc.dtype))
-        d_smem.slice(64, 64, dim=1).store(acc_hi.to(d_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(d_desc, [off_m, off_n], d_smem)
-    else:
-        cols = off_n + gl.arange(0, 64, layout=gl.SliceLayout(0, MMA))
-        ptrs = d_ptr + offs_m.to(gl.int64)[:, None] * stride_d + cols[None, :]
-        used = (row_groups >= 0)[:, None]
-        gl.store(ptrs, acc_lo.to(gl.bfloat16), mask=used)
-        gl.store(ptrs + 64, acc_hi.to(gl.bfloat16), mask=used)
-
-
-@gluon.jit
 def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, off_m, off_n, g,
-               step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr):
-    """_contiguous_math's K loop and epilogue of one 128-row tile of expert g on per-32 activation scales, from ring
-    step `step`; returns the step after."""
+               used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr, SA_PER_128: gl.constexpr):
+    """_contiguous_math's K loop and epilogue of one tile of expert g, from ring step `step`; returns the step after.
+    used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows (a sub-tile of padding or of the
+    next segment: no MMA, no store); 128-row tiles pass used_0 = True (their caller has checked it), which keeps their
+    SASS the same as before the tile table."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
+    SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     num_k = K // 128
@@ -382,94 +366,50 @@ def _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, cols
     sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
     wa = gl.load(sa_rows)
     acc = gl.zeros([64, 128], gl.float32, mma)
-    for k in range(num_k):
-        wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
-        slot = step % STAGES
-        mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-        b_tile = b_ring.index(slot)
-        for j in gl.static_range(4):
-            a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
-            part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
-                a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
-                is_async=True),))
-            acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
-        mbarrier.arrive(empty.index(slot), count=1)
-        wa = wa_next
-        step += 1
-    colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
-    _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M, stride_d, mma)
-    return step
-
-
-@gluon.jit
-def _promote(part, acc, wa, WAIT: gl.constexpr):
-    """acc + part * wa[m] once at most WAIT MMA groups of this warpgroup are still in flight (part's is not)."""
-    return acc + warpgroup_mma_wait(WAIT, deps=(part,)) * wa[:, None]
-
-
-@gluon.jit
-def _math_tile_folded(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr, layout_ptr, off_m,
-                      off_n, g, used_0, step, M, N, K, stride_sa, stride_d, ROW0: gl.constexpr):
-    """_contiguous_math's K loop and epilogue of one tile of expert g on activations folded per 128, from ring step
-    `step`; returns the step after. used_0 / used_1: whether the warpgroup's first / second sub-tile holds g's rows
-    (a sub-tile of padding or of the next segment: no MMA, no store); 128-row tiles pass used_0 = True (their caller
-    has checked it). Per K step and used sub-tile, the 128 columns as two m64n64k128 MMAs (lo, hi), issued
-    back to back: each part is promoted (acc += part * sa[m, k]) while the warpgroup's next MMA runs, the next
-    sub-tile's lo MMA issued once its registers are free, so only the last promotion of a step waits on the tensor
-    cores. The parts' registers are those one m64n128 part took (32 + 32 per thread), and every output element is
-    the same MMA chain and promotion as before."""
-    STAGES: gl.constexpr = a_ring.type.shape[0]
-    SUB_TILES: gl.constexpr = a_ring.type.shape[1] // 128
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
-    num_k = K // 128
-    zero = gl.zeros([64, 64], gl.float32, mma)
-    offs_m = off_m + ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-    sa_rows = sa_ptr + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_sa
-    wa = gl.load(sa_rows)
-    acc_lo = gl.zeros([64, 64], gl.float32, mma)
-    acc_hi = gl.zeros([64, 64], gl.float32, mma)
     if SUB_TILES == 2:
         used_1 = _row_group(layout_ptr, off_m + ROW0 + 128, M) == g
         sa_rows_1 = sa_ptr + gl.minimum(offs_m + 128, M - 1).to(gl.int64) * stride_sa
         wa_1 = gl.load(sa_rows_1)
-        acc_1_lo = gl.zeros([64, 64], gl.float32, mma)
-        acc_1_hi = gl.zeros([64, 64], gl.float32, mma)
+        acc_1 = gl.zeros([64, 128], gl.float32, mma)
     for k in range(num_k):
         wa_next = gl.load(sa_rows + gl.minimum(k + 1, num_k - 1))
         if SUB_TILES == 2:
             wa_1_next = gl.load(sa_rows_1 + gl.minimum(k + 1, num_k - 1))
         slot = step % STAGES
         mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-        b_lo = b_ring.index(slot).slice(0, 64, dim=0).permute((1, 0))
-        b_hi = b_ring.index(slot).slice(64, 64, dim=0).permute((1, 0))
+        a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
+        b_tile = b_ring.index(slot)
         if used_0:
-            a_tile = a_ring.index(slot).slice(ROW0, 64, dim=0)
-            part_lo = warpgroup_mma(a_tile, b_lo, zero, use_acc=False, is_async=True)
-            part_hi = warpgroup_mma(a_tile, b_hi, zero, use_acc=False, is_async=True)
-            acc_lo = _promote(part_lo, acc_lo, wa, 1)
-            acc_hi = _promote(part_hi, acc_hi, wa, 0)
-            if SUB_TILES == 2:
-                if used_1:
-                    a_1 = a_ring.index(slot).slice(ROW0 + 128, 64, dim=0)
-                    part_1_lo = warpgroup_mma(a_1, b_lo, zero, use_acc=False, is_async=True)
-                    part_1_hi = warpgroup_mma(a_1, b_hi, zero, use_acc=False, is_async=True)
-                    acc_1_lo = _promote(part_1_lo, acc_1_lo, wa_1, 1)
-                    acc_1_hi = _promote(part_1_hi, acc_1_hi, wa_1, 0)
+            if SA_PER_128:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_tile, b_tile.permute((1, 0)), zero, use_acc=False, is_async=True),))
+                acc = acc + part * wa[:, None]
+            else:
+                for j in gl.static_range(4):
+                    a_frag = a_tile.slice(32 * j, 32, dim=1).load(a_op)
+                    part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                        a_frag, b_tile.slice(32 * j, 32, dim=1).permute((1, 0)), zero, use_acc=False,
+                        is_async=True),))
+                    acc = acc + part * _ue8m0_to_f32((wa >> (8 * j)) & 0xFF)[:, None]
+        if SUB_TILES == 2:
+            if used_1:
+                part = warpgroup_mma_wait(0, deps=(warpgroup_mma(
+                    a_ring.index(slot).slice(ROW0 + 128, 64, dim=0), b_tile.permute((1, 0)), zero,
+                    use_acc=False, is_async=True),))
+                acc_1 = acc_1 + part * wa_1[:, None]
         mbarrier.arrive(empty.index(slot), count=1)
         wa = wa_next
         if SUB_TILES == 2:
             wa_1 = wa_1_next
         step += 1
     if used_0:
-        cols = g * N + off_n + gl.arange(0, 64, layout=gl.SliceLayout(0, mma))
-        colscale_lo, colscale_hi = gl.load(colscale_ptr + cols), gl.load(colscale_ptr + cols + 64)
-        _store_row_halves(acc_lo * colscale_lo[None, :], acc_hi * colscale_hi[None, :], d_desc, d_smem, d_ptr,
-                          layout_ptr, off_m + ROW0, off_n, M, stride_d, mma)
+        colscale = gl.load(colscale_ptr + g * N + off_n + gl.arange(0, 128, layout=gl.SliceLayout(0, mma)))
+        _store_rows(acc * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0, off_n, M,
+                    stride_d, mma)
         if SUB_TILES == 2:
             if used_1:
-                _store_row_halves(acc_1_lo * colscale_lo[None, :], acc_1_hi * colscale_hi[None, :], d_desc, d_smem,
-                                  d_ptr, layout_ptr, off_m + ROW0 + 128, off_n, M, stride_d, mma)
+                _store_rows(acc_1 * colscale[None, :], d_desc, d_smem, d_ptr, layout_ptr, off_m + ROW0 + 128,
+                            off_n, M, stride_d, mma)
     return step
 
 
@@ -504,20 +444,17 @@ def _contiguous_math(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr
                         mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                         mbarrier.arrive(empty.index(slot), count=1)
                         step += 1
-                elif SA_PER_128:
-                    step = _math_tile_folded(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr,
-                                             colscale_ptr, layout_ptr, off_m, off_n, g, True, step, M, N, K,
-                                             stride_sa, stride_d, ROW0)
                 else:
                     step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
-                                      layout_ptr, off_m, off_n, g, step, M, N, K, stride_sa, stride_d, ROW0)
+                                      layout_ptr, off_m, off_n, g, True, step, M, N, K, stride_sa, stride_d,
+                                      ROW0, SA_PER_128)
             else:
                 # one K loop whether or not the warpgroup has rows here, the MMAs in branches on the loaded ids: with
                 # the first MMA unguarded (as it is where the branch is known true) ptxas spilled ~340 instructions
                 # per warpgroup in the loop at 216 registers (session 38)
-                step = _math_tile_folded(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
-                                         layout_ptr, off_m, off_n, g, own_g == g, step, M, N, K, stride_sa, stride_d,
-                                         ROW0)
+                step = _math_tile(a_ring, b_ring, ready, empty, d_desc, d_smem, d_ptr, sa_ptr, colscale_ptr,
+                                  layout_ptr, off_m, off_n, g, own_g == g, step, M, N, K, stride_sa, stride_d, ROW0,
+                                  SA_PER_128)
     tma.store_wait(pendings=0)
 
 
