@@ -7,7 +7,11 @@
 #       the swap-AB kernel beside it for a bitwise check against an unchanged kernel) on 128-row cases (384 experts of
 #       ~64 / ~96) and 256-row ones (192 of ~128, 96 of ~256); bench_fp4_e4m3_route.py (96 experts of 128-1,024 rows
 #       and the peer) on each side; the runtime's core GPU tests on the tree.
-# `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
+#   PART=h200 (~480 s, an H200 only; elsewhere it stops at once): the owed H200 figures. Sessions 67-68's attention
+#       (mid = .ab-mid.tar.gz of d8bbf5e, main before both) against the tree by attn_ab; then test_gemm_fp4_e4m3.py,
+#       bench_fp4_e4m3_route.py on the tree, and session 70's feeders (base = .ab-base.tar.gz of 1413932, main before
+#       them) against the tree by exp_moe_contiguous_swapab.py.
+# PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s71
@@ -21,6 +25,19 @@ moe)
   grep -h "^| " "$OUT"/contig_*.txt
   grep -h "^| contiguous" "$OUT"/route_*.txt
   test_summary fp4_e4m3_tests runtime_tests
+  ;;
+h200)
+  if [ "$CARD" != h200 ]; then
+    echo "not an H200 ($CARD): nothing run"
+  else
+    attn_ab mid new
+    fits 40 && fp4_e4m3_tests 40
+    fits 70 && route_sides 65 new
+    for side in base new; do fits 45 && script_sides 45 "exp_moe_contiguous_swapab.py $CASES" contig $side; done
+    grep -h "^| " "$OUT"/contig_*.txt
+    grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt
+    test_summary fp4_e4m3_tests
+  fi
   ;;
 esac
 pack_out
