@@ -10,12 +10,22 @@
 #   PART=h200 (~480 s, an H200 only; elsewhere it stops at once): the owed H200 figures. Sessions 67-68's attention
 #       (mid = .ab-mid.tar.gz of d8bbf5e, main before both) against the tree by attn_ab; then test_gemm_fp4_e4m3.py,
 #       bench_fp4_e4m3_route.py on the tree, and session 70's feeders (base = .ab-base.tar.gz of 1413932, main before
-#       them) against the tree by exp_moe_contiguous_swapab.py.
+#       them) against the tree by exp_moe_contiguous_swapab.py. On an H100: final_suites (below) instead.
+#   PART=final (~480 s): final_suites on whatever card comes.
 # PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s71
 CASES="--cases 384x64 384x96 192x128 96x256 --variants contiguous_kernel swapab"
+# final_suites: every GPU suite on the tree (main with s71's experiments reverted): mini-deepgemm's (the last whole run
+# was session 65's), mini-flashmla's, the runtime's core GPU tests and the rest of the runtime suite (session 66's)
+final_suites() {
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  fits 120 && flashmla_tests 115
+  fits 75 && runtime_core_tests 70
+  fits 200 && rest_ab 70 125
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
+}
 case "${PART:-moe}" in
 moe)
   fp4_e4m3_tests 120
@@ -28,7 +38,8 @@ moe)
   ;;
 h200)
   if [ "$CARD" != h200 ]; then
-    echo "not an H200 ($CARD): nothing run"
+    echo "not an H200 ($CARD): the final tree's suites instead"
+    final_suites
   else
     attn_ab mid new
     fits 40 && fp4_e4m3_tests 40
@@ -38,6 +49,9 @@ h200)
     grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt
     test_summary fp4_e4m3_tests
   fi
+  ;;
+final)
+  final_suites
   ;;
 esac
 pack_out
