@@ -17,8 +17,9 @@
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s71
 CASES="--cases 384x64 384x96 192x128 96x256 --variants contiguous_kernel swapab"
-# final_suites: exp_l2_read_rate.py (the L2's read rate, beside the device copy), then every GPU suite on the tree (main with s71's experiments reverted): mini-deepgemm's (the last whole run
-# was session 65's), mini-flashmla's, the runtime's core GPU tests and the rest of the runtime suite (session 66's)
+# final_suites: exp_l2_read_rate.py (the L2's read rate, beside the device copy), then every GPU suite on the tree
+# (main with s71's experiments reverted): mini-deepgemm's (the last whole run was session 65's), mini-flashmla's, the
+# runtime's core GPU tests and the rest of the runtime suite (the last whole run was session 66's)
 final_suites() {
   script_sides 60 exp_l2_read_rate.py l2 new
   grep -h "^| \|device copy" "$OUT"/l2_new.txt
