@@ -12,6 +12,8 @@
 #       bench_fp4_e4m3_route.py on the tree, and session 70's feeders (base = .ab-base.tar.gz of 1413932, main before
 #       them) against the tree by exp_moe_contiguous_swapab.py. On an H100: final_suites (below) instead.
 #   PART=final (~480 s): final_suites on whatever card comes.
+#   PART=rest (~400 s): the rest of the runtime suite (parts A and B), then the runtime's core GPU tests in the time
+#       left (run 2's final_suites gave them too little time on a cold machine: all three were cut).
 # PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
 # carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
 set -u
@@ -55,6 +57,11 @@ h200)
   ;;
 final)
   final_suites
+  ;;
+rest)
+  rest_ab 100 190
+  fits 60 && runtime_core_tests $((${DEADLINE:-540} - SECONDS - 10))
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b runtime_tests
   ;;
 esac
 pack_out
