@@ -7,15 +7,16 @@
 #       the swap-AB kernel beside it for a bitwise check against an unchanged kernel) on 128-row cases (384 experts of
 #       ~64 / ~96) and 256-row ones (192 of ~128, 96 of ~256); bench_fp4_e4m3_route.py (96 experts of 128-1,024 rows
 #       and the peer) on each side; the runtime's core GPU tests on the tree.
-#   PART=h200 (~480 s, an H200 only; elsewhere it stops at once): the owed H200 figures. Sessions 67-68's attention
+#   PART=h200 (~480 s): on an H200, the owed H200 figures. Sessions 67-68's attention
 #       (mid = .ab-mid.tar.gz of d8bbf5e, main before both) against the tree by attn_ab; then test_gemm_fp4_e4m3.py,
 #       bench_fp4_e4m3_route.py on the tree, and session 70's feeders (base = .ab-base.tar.gz of 1413932, main before
 #       them) against the tree by exp_moe_contiguous_swapab.py. On an H100: final_suites (below) instead.
 #   PART=final (~480 s): final_suites on whatever card comes.
 #   PART=rest (~400 s): the rest of the runtime suite (parts A and B), then the runtime's core GPU tests in the time
 #       left (run 2's final_suites gave them too little time on a cold machine: all three were cut).
-# PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into .ab-mid.tar.gz;
-# carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"]; source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
+# PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into
+# .ab-mid.tar.gz; carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"];
+# source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s71
 CASES="--cases 384x64 384x96 192x128 96x256 --variants contiguous_kernel swapab"
