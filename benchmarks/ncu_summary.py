@@ -5,7 +5,10 @@ and stall samples, from CASE_sass.csv; per partition of a warp-specialized kerne
 The exports may be gzipped (CASE_raw.csv.gz, as committed under docs/reports/data/).
 
 Pipe figures are ncu's "% of peak sustained elapsed": issue = sm__issue_active (one instruction per scheduler and
-cycle), tensor = sm__pipe_tensor_cycles_active, fma / alu / uniform = sm__inst_executed_pipe_*. Stall samples
+cycle), tensor = sm__pipe_tensor_cycles_active, fma / alu / uniform = sm__inst_executed_pipe_*; and the memory units
+(session 71): smem = the shared-memory data pipe's 128-byte wavefronts (l1tex__data_pipe_lsu_wavefronts_mem_shared:
+loads, stores and the wgmma operand reads; not sm__pipe_shared_cycles_active, which reads as the tensor pipe), l1 =
+l1tex__throughput (L1 and the TMA unit), l2 = lts__throughput. Stall samples
 exclude warps parked at a CTA barrier for the whole kernel (the padding warps of Gluon's warp specialization,
 which sit on one NOP): they are counted apart as "idle"."""
 
@@ -23,6 +26,9 @@ PIPES = {"issue %": "sm__issue_active.avg.pct_of_peak_sustained_elapsed",
          "fma %": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_elapsed",
          "alu %": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_elapsed",
          "uniform %": "sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_elapsed",
+         "smem %": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed",
+         "l1 %": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
+         "l2 %": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
          "dram %": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"}
 SKIP = ("elementwise", "arange", "Fill", "where_kernel")  # torch's small set-up kernels inside a profiled call
 
