@@ -13,24 +13,23 @@
 #       them) against the tree by exp_moe_contiguous_swapab.py. On an H100: final_suites (below) instead.
 #   PART=final (~480 s): final_suites on whatever card comes.
 #   PART=rest (~400 s): the rest of the runtime suite (parts A and B), then the runtime's core GPU tests in the time
-#       left (run 2's final_suites gave them too little time on a cold machine: all three were cut).
+#       left (run 2's final_suites, as it was then, gave them too little time on a cold machine: all three were cut).
 # PART=moe: `git archive -o .ab-base.tar.gz 04d2411 packages/*/src runtime/src` and the same of 94d59de into
 # .ab-mid.tar.gz; carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"];
 # source .devdeps/env.sh && DEADLINE=N PART=moe bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s71
 CASES="--cases 384x64 384x96 192x128 96x256 --variants contiguous_kernel swapab"
-# final_suites: exp_l2_read_rate.py (the L2's read rate, beside the device copy), then every GPU suite on the tree
-# (main with s71's experiments reverted): mini-deepgemm's (the last whole run was session 65's), mini-flashmla's, the
-# runtime's core GPU tests and the rest of the runtime suite (the last whole run was session 66's)
+# final_suites: exp_l2_read_rate.py (the L2's read rate, beside the device copy), mini-deepgemm's GPU suite (the last
+# whole run was session 65's), then gpu_session.sh's final_tree_checks (mini-flashmla's suite, the runtime's core GPU
+# tests and the rest of the runtime suite). Run 2 ran this at 7217ab8, where it listed those suites itself with
+# shorter limits, too short for a cold machine: the runtime's three were cut (PART=rest ran them again).
 final_suites() {
   script_sides 60 exp_l2_read_rate.py l2 new
   grep -h "^| \|device copy" "$OUT"/l2_new.txt
   run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
-  fits 120 && flashmla_tests 115
-  fits 75 && runtime_core_tests 70
-  fits 200 && rest_ab 70 125
-  cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests runtime_tests runtime_rest_a runtime_rest_b
+  final_tree_checks
+  test_summary deepgemm_tests
 }
 case "${PART:-moe}" in
 moe)
