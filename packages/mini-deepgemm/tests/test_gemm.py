@@ -315,3 +315,28 @@ def test_v3_second_store_buffer_on_short_k(block_n, K, want):
     cfg = gemm.default_config(gemm._DENSE, 4096, 128, False)
     assert gemm._gluon_v3_store_bufs(block_n, K, cfg) == want
     assert gemm._gluon_v3_store_bufs(256, 1280, {**cfg, "GLUON_STORE_BUFS": 1}) == (1, cfg["GLUON_STAGES"])
+
+
+
+def test_gluon_switch_gives_every_call_the_triton_route(monkeypatch):
+    """MINI_DEEPGEMM_GLUON=0 turns the Gluon kernels off (the Triton route of other triton releases and other GPUs,
+    tested and timed on Hopper with it: docs/reports/triton-route-on-hopper.md); any other value leaves the release's
+    rule. gluon_usable is read once per process, hence the cache clears around each setting."""
+    from mini_deepgemm import _backend
+
+    def usable(value: str | None) -> bool:
+        if value is None:
+            monkeypatch.delenv("MINI_DEEPGEMM_GLUON", raising=False)
+        else:
+            monkeypatch.setenv("MINI_DEEPGEMM_GLUON", value)
+        _backend.gluon_usable.cache_clear()
+        return _backend.gluon_usable()
+
+    try:
+        release_rule = usable(None)
+        assert usable("1") == release_rule
+        assert not usable("0")
+        assert not _backend.gluon_runs_on(torch.empty(1))
+    finally:
+        monkeypatch.undo()
+        _backend.gluon_usable.cache_clear()

@@ -28,8 +28,11 @@ def tilelang_importable() -> bool:
 @functools.cache
 def gluon_usable() -> bool:
     """True when the Gluon kernels may run: triton 3.6 (the GPU machine's, where they were written and measured;
-    Gluon is experimental and its API changes between releases, so other releases take the Triton kernels)."""
-    if not triton_importable():
+    Gluon is experimental and its API changes between releases, so other releases take the Triton kernels), unless
+    MINI_DEEPGEMM_GLUON=0 turns them off. That switch gives every call (this package's and mini-flashmla's) the
+    Triton route, the one a uv-locked install (another triton) or a GPU other than Hopper takes, so that route can be
+    tested and timed on the machine that has triton 3.6 (docs/reports/triton-route-on-hopper.md). Read once."""
+    if not triton_importable() or os.environ.get("MINI_DEEPGEMM_GLUON", "1") == "0":
         return False
     import triton
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 72's GPU runs: the Triton route on Hopper. MINI_DEEPGEMM_GLUON=0 turns the Gluon kernels off, so every call
+# takes the route a uv-locked install (triton 3.9) or a GPU other than Hopper takes; here it runs on the machine's
+# triton 3.6 (docs/reports/triton-route-on-hopper.md).
+#   PART=tests (~540 s): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the runtime's core GPU tests
+#       and the offline example.
+#   PART=perf (~540 s): both routes in one process each, in turn: bench_flashmla (prefill, decode), bench_deepgemm
+#       (M = 4,096, CUDA-graph replay) and bench_prefill (three sample layers on an H100, seven on an H200).
+#   PART=rest (~400 s): on the Triton route, the rest of the runtime suite (parts A and B).
+# carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=tests bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s72
+# gluon ROUTE: MINI_DEEPGEMM_GLUON's value for a route, for `env`: 1 (the release's rule) for gluon, 0 for triton
+gluon() { if [ "$1" = triton ]; then echo 0; else echo 1; fi; }
+route_check() {
+  for route in gluon triton; do
+    env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 -c "import torch; from mini_deepgemm import _backend as b; \
+print('$route: gluon_runs_on', b.gluon_runs_on(torch.empty(1, device='cuda')))"
+  done | tee "$OUT/route_check.txt"
+}
+case "${PART:-tests}" in
+tests)
+  route_check
+  export MINI_DEEPGEMM_GLUON=0
+  run deepgemm_tests 170 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  fits 150 && flashmla_tests 140
+  fits 140 && runtime_core_tests 130
+  fits 50 && run offline_example 45 python3 runtime/examples/offline_inference.py
+  cat "$OUT/summary.txt"; tail -4 "$OUT/offline_example.txt" 2>/dev/null
+  test_summary deepgemm_tests flashmla_tests runtime_tests
+  ;;
+perf)
+  route_check
+  for route in gluon triton; do
+    fits 60 && run "flashmla_$route" 55 env MINI_DEEPGEMM_GLUON="$(gluon $route)" BENCH_PARTS=prefill,decode OUT="$OUT" \
+      BENCH_JSON="flashmla_$route.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+  for route in gluon triton; do
+    fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_deepgemm.py --graph --m 4096 \
+      --out "$OUT/deepgemm_$route"
+  done
+  for route in gluon triton; do
+    fits 120 && run "prefill_$route" 115 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_prefill.py \
+      "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_${route}_$CARD.json"
+  done
+  cat "$OUT/summary.txt"
+  for route in gluon triton; do
+    echo "== $route"
+    grep -hE "^\| (prefill|decode)" "$OUT/flashmla_$route.txt" 2>/dev/null | cut -c1-110
+    grep -hE "^\|" "$OUT/deepgemm_$route.txt" 2>/dev/null | cut -c1-160 | tail -16
+    grep -hE "tok/s|attention|moe" "$OUT/prefill_$route.txt" 2>/dev/null | cut -c1-200 | head -6
+  done
+  ;;
+rest)
+  export MINI_DEEPGEMM_GLUON=0
+  rest_ab 120 250
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  ;;
+esac
+pack_out
