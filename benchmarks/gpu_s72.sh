@@ -3,7 +3,7 @@
 # takes the route a uv-locked install (triton 3.9) or a GPU other than Hopper takes; here it runs on the machine's
 # triton 3.6 (docs/reports/triton-route-on-hopper.md).
 #   PART=tests (~540 s): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the runtime's core GPU tests
-#       and the offline example.
+#       and the offline example; then bench_flashmla on each route where time allows.
 #   PART=perf (~540 s): both routes in one process each, in turn: bench_flashmla (prefill, decode), bench_deepgemm
 #       (M = 4,096, CUDA-graph replay) and bench_prefill (three sample layers on an H100, seven on an H200).
 #   PART=rest (~400 s): on the Triton route, the rest of the runtime suite (parts A and B).
@@ -18,6 +18,23 @@ route_check() {
 print('$route: gluon_runs_on', b.gluon_runs_on(torch.empty(1, device='cuda')))"
   done | tee "$OUT/route_check.txt"
 }
+# flashmla_routes: bench_flashmla (prefill, decode) on each route where time allows (its decode part times the Gluon
+# kernel and the Triton kernel in one process on either route), into $OUT/flashmla_ROUTE.{txt,json}
+flashmla_routes() {
+  for route in triton gluon; do
+    fits 60 && run "flashmla_$route" 55 env MINI_DEEPGEMM_GLUON="$(gluon $route)" BENCH_PARTS=prefill,decode \
+      OUT="$OUT" BENCH_JSON="flashmla_$route.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
+  done
+}
+# show_routes: each route's benchmark rows that ran
+show_routes() {
+  for route in gluon triton; do
+    echo "== $route"
+    grep -hE "^\| (prefill|decode)" "$OUT/flashmla_$route.txt" 2>/dev/null | cut -c1-110
+    grep -hE "^\|" "$OUT/deepgemm_$route.txt" 2>/dev/null | cut -c1-160 | tail -16
+    grep -hE "tok/s|attention|moe" "$OUT/prefill_$route.txt" 2>/dev/null | cut -c1-200 | head -6
+  done
+}
 case "${PART:-tests}" in
 tests)
   route_check
@@ -26,15 +43,14 @@ tests)
   fits 150 && flashmla_tests 140
   fits 140 && runtime_core_tests 130
   fits 50 && run offline_example 45 python3 runtime/examples/offline_inference.py
+  flashmla_routes
   cat "$OUT/summary.txt"; tail -4 "$OUT/offline_example.txt" 2>/dev/null
   test_summary deepgemm_tests flashmla_tests runtime_tests
+  show_routes
   ;;
 perf)
   route_check
-  for route in gluon triton; do
-    fits 60 && run "flashmla_$route" 55 env MINI_DEEPGEMM_GLUON="$(gluon $route)" BENCH_PARTS=prefill,decode OUT="$OUT" \
-      BENCH_JSON="flashmla_$route.json" bash -c "cd benchmarks && python3 bench_flashmla.py"
-  done
+  flashmla_routes
   for route in gluon triton; do
     fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_deepgemm.py --graph --m 4096 \
       --out "$OUT/deepgemm_$route"
@@ -44,12 +60,7 @@ perf)
       "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_${route}_$CARD.json"
   done
   cat "$OUT/summary.txt"
-  for route in gluon triton; do
-    echo "== $route"
-    grep -hE "^\| (prefill|decode)" "$OUT/flashmla_$route.txt" 2>/dev/null | cut -c1-110
-    grep -hE "^\|" "$OUT/deepgemm_$route.txt" 2>/dev/null | cut -c1-160 | tail -16
-    grep -hE "tok/s|attention|moe" "$OUT/prefill_$route.txt" 2>/dev/null | cut -c1-200 | head -6
-  done
+  show_routes
   ;;
 rest)
   export MINI_DEEPGEMM_GLUON=0
