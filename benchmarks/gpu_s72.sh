@@ -2,11 +2,15 @@
 # Session 72's GPU runs: the Triton route on Hopper. MINI_DEEPGEMM_GLUON=0 turns the Gluon kernels off, so every call
 # takes the route a uv-locked install (triton 3.9) or a GPU other than Hopper takes; here it runs on the machine's
 # triton 3.6 (docs/reports/triton-route-on-hopper.md).
-#   PART=tests (~540 s): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the runtime's core GPU tests
-#       and the offline example; then bench_flashmla on each route where time allows.
-#   PART=perf (~540 s): both routes in one process each, in turn: bench_flashmla (prefill, decode), bench_deepgemm
-#       (M = 4,096, CUDA-graph replay) and bench_prefill (three sample layers on an H100, seven on an H200).
-#   PART=rest (~400 s): on the Triton route, the rest of the runtime suite (parts A and B).
+#   PART=tests (run 1, ~540 s): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the runtime's core GPU
+#       tests and the offline example; then bench_flashmla on each route where time allows.
+#   PART=gluon_suites (run 2, ~200 s warm): the same three suites on the Gluon route (the first H200 run since session
+#       66), and bench_fp4_e4m3_route.py (the engine's folded MoE route and its peer).
+#   PART=gemm (run 3, ~70 s warm): bench_deepgemm (M = 4,096, CUDA-graph replay) on each route.
+#   PART=rest_a (run 4, ~50 s warm): part A of the rest of the runtime suite on the Triton route.
+#   PART=owed (not run in session 72: no device time left): part B of the rest on the Triton route, then bench_prefill
+#       (three sample layers on an H100, seven on an H200) on each route.
+# Runs 2-4 ran as inline commands on the warm H200 of run 1 (the session log quotes them); these parts are the same.
 # carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=tests bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s72
@@ -48,24 +52,33 @@ tests)
   test_summary deepgemm_tests flashmla_tests runtime_tests
   show_routes
   ;;
-perf)
-  route_check
-  flashmla_routes
-  for route in gluon triton; do
-    fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_deepgemm.py --graph --m 4096 \
-      --out "$OUT/deepgemm_$route"
+gluon_suites)
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  fits 60 && flashmla_tests 60
+  fits 60 && runtime_core_tests 60
+  fits 70 && route_sides 65 new
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests flashmla_tests runtime_tests
+  grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt
+  ;;
+gemm)
+  for route in triton gluon; do
+    fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_deepgemm.py \
+      --graph --m 4096 --out "$OUT/deepgemm_$route"
   done
-  for route in gluon triton; do
+  cat "$OUT/summary.txt"; show_routes
+  ;;
+rest_a)
+  export MINI_DEEPGEMM_GLUON=0
+  run runtime_rest_a 130 $PYTEST $RUNTIME_REST_A -m "not multigpu" -n 16 --junitxml="$OUT/junit_rest_a.xml"
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a
+  ;;
+owed)
+  MINI_DEEPGEMM_GLUON=0 rest_b 250
+  for route in triton gluon; do
     fits 120 && run "prefill_$route" 115 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_prefill.py \
       "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_${route}_$CARD.json"
   done
-  cat "$OUT/summary.txt"
-  show_routes
-  ;;
-rest)
-  export MINI_DEEPGEMM_GLUON=0
-  rest_ab 120 250
-  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  cat "$OUT/summary.txt"; show_routes
   ;;
 esac
 pack_out
