@@ -317,7 +317,6 @@ def test_v3_second_store_buffer_on_short_k(block_n, K, want):
     assert gemm._gluon_v3_store_bufs(256, 1280, {**cfg, "GLUON_STORE_BUFS": 1}) == (1, cfg["GLUON_STAGES"])
 
 
-
 def test_gluon_switch_gives_every_call_the_triton_route(monkeypatch):
     """MINI_DEEPGEMM_GLUON=0 turns the Gluon kernels off (the Triton route of other triton releases and other GPUs,
     tested and timed on Hopper with it: docs/reports/triton-route-on-hopper.md); any other value leaves the release's
@@ -336,7 +335,6 @@ def test_gluon_switch_gives_every_call_the_triton_route(monkeypatch):
         release_rule = usable(None)
         assert usable("1") == release_rule
         assert not usable("0")
-        assert not _backend.gluon_runs_on(torch.empty(1))
     finally:
         monkeypatch.undo()
         _backend.gluon_usable.cache_clear()
