@@ -2,12 +2,12 @@
 # Session 72's GPU runs: the Triton route on Hopper. MINI_DEEPGEMM_GLUON=0 turns the Gluon kernels off, so every call
 # takes the route a uv-locked install (triton 3.9) or a GPU other than Hopper takes; here it runs on the machine's
 # triton 3.6 (docs/reports/triton-route-on-hopper.md).
-#   PART=tests (run 1, ~540 s): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the runtime's core GPU
-#       tests and the offline example; then bench_flashmla on each route where time allows.
-#   PART=gluon_suites (run 2, ~200 s warm): the same three suites on the Gluon route (the first H200 run since session
+#   PART=tests (run 1, 255 s on a cold H200): on the Triton route, mini-deepgemm's GPU suite, mini-flashmla's, the
+#       runtime's core GPU tests and the offline example; then bench_flashmla on each route where time allows.
+#   PART=gluon_suites (run 2, 182 s warm): the same three suites on the Gluon route (the first H200 run since session
 #       66), and bench_fp4_e4m3_route.py (the engine's folded MoE route and its peer).
-#   PART=gemm (run 3, ~70 s warm): bench_deepgemm (M = 4,096, CUDA-graph replay) on each route.
-#   PART=rest_a (run 4, ~50 s warm): part A of the rest of the runtime suite on the Triton route.
+#   PART=gemm (run 3, 69 s warm): bench_deepgemm (M = 4,096, CUDA-graph replay) on each route.
+#   PART=rest_a (run 4, 52 s warm): part A of the rest of the runtime suite on the Triton route.
 #   PART=owed (not run in session 72: no device time left): part B of the rest on the Triton route, then bench_prefill
 #       (three sample layers on an H100, seven on an H200) on each route.
 # Runs 2-4 ran as inline commands on the warm H200 of run 1 (the session log quotes them); these parts are the same.
@@ -62,8 +62,8 @@ gluon_suites)
   ;;
 gemm)
   for route in triton gluon; do
-    fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_deepgemm.py \
-      --graph --m 4096 --out "$OUT/deepgemm_$route"
+    fits 105 && run "deepgemm_$route" 100 env MINI_DEEPGEMM_GLUON="$(gluon $route)" \
+      python3 benchmarks/bench_deepgemm.py --graph --m 4096 --out "$OUT/deepgemm_$route"
   done
   cat "$OUT/summary.txt"; show_routes
   ;;
