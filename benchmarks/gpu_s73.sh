@@ -12,7 +12,7 @@ source benchmarks/gpu_session.sh /tmp/gpu_s73
 gluon() { if [ "$1" = triton ]; then echo 0; else echo 1; fi; }
 case "${PART:-owed}" in
 owed)
-  MINI_DEEPGEMM_GLUON=0 rest_b 250
+  (export MINI_DEEPGEMM_GLUON=0; rest_b 250)
   for route in triton gluon; do
     fits 120 && run "prefill_$route" 115 env MINI_DEEPGEMM_GLUON="$(gluon $route)" python3 benchmarks/bench_prefill.py \
       "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_${route}_$CARD.json"
