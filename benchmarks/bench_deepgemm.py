@@ -36,6 +36,7 @@ import triton.language as tl
 import triton.testing
 
 from mini_deepgemm import gemm as G
+from mini_deepgemm._backend import gluon_runs_on
 from mini_deepgemm.gemm_kernel import grouped_tile
 
 DENSE_SHAPES = {  # name: (N, K)
@@ -134,6 +135,9 @@ class Recorder:
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "python": platform.python_version(),
+            # which kernels the routed calls take: the Gluon kernels, or the Triton route (MINI_DEEPGEMM_GLUON=0,
+            # another triton release, or not Hopper)
+            "route": "gluon" if gluon_runs_on(torch.empty(1, device="cuda")) else "triton",
             "timing": ("triton.testing.do_bench_cudagraph median, rep 40 ms (GPU time, L2 not flushed); the masked "
                        "copy peer do_bench" if GRAPH_TIMING
                        else "triton.testing.do_bench median, warmup 10 ms, rep 40 ms, L2 flushed per call"),

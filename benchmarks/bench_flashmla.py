@@ -205,9 +205,12 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_one_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gluon_us"] = 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink))
-        # the API's split count (its rule, cut to whole blocks) and the Triton kernel's own rule
-        splits, _ = api._split_blocks(api._walk_blocks(W, TOPK_C), api._default_num_splits(q, W + TOPK_C, gluon=True))
+        # the API's route and split count (its route's rule, cut to whole blocks), and the Triton kernel's own rule
+        gluon_route = api._gluon_runs_on(q, window_cache, compressed_cache)
+        splits, _ = api._split_blocks(api._walk_blocks(W, TOPK_C),
+                                      api._default_num_splits(q, W + TOPK_C, gluon=gluon_route))
         triton_splits = api._default_num_splits(q, W + TOPK_C, gluon=False)
+        result[f"decode_b{batch}_route"] = "gluon" if gluon_route else "triton"
         result[f"decode_b{batch}_splits"] = splits
         result[f"decode_b{batch}_triton_splits"] = triton_splits
         result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
@@ -335,7 +338,8 @@ def print_table(result: dict) -> None:
     for b in DECODE_BATCHES:
         if f"decode_b{b}_gbs" in result:
             print(f"| decode batch {b} (graph replay) | {result[f'decode_b{b}_us']:.1f} us, "
-                  f"{result[f'decode_b{b}_gbs']:.0f} GB/s, {result[f'decode_b{b}_splits']} split(s) (kernels unsplit: "
+                  f"{result[f'decode_b{b}_gbs']:.0f} GB/s, {result[f'decode_b{b}_route']} kernel in "
+                  f"{result[f'decode_b{b}_splits']} split(s) (kernels unsplit: "
                   f"Gluon {result[f'decode_b{b}_gluon_us']:.1f} us, Triton "
                   f"{result[f'decode_b{b}_triton_one_split_us']:.1f} us; Triton in "
                   f"{result[f'decode_b{b}_triton_splits']} split(s) "
