@@ -63,12 +63,16 @@ def test_a_row_spanning_more_than_11_is_refused():
 
 
 def test_no_fold_on_a_cuda_device_without_the_route_kernels(monkeypatch):
-    """A CUDA device where the Gluon kernels do not run (not Hopper, another triton) keeps the bf16 route: folding
-    there would make every call read the weights back. CPU folds (the references read them back) and so does a
-    device where the kernels run."""
+    """A CUDA device where neither FP8-MMA route runs (no Gluon kernels there, and no FP8 MMAs: before sm_89) keeps
+    the bf16 route: folding there would make every call read the weights back. CPU folds (the references read them
+    back), and so does a device where the Gluon kernels or the Triton kernel (gemm_fp4_e4m3_kernel) run."""
     cuda_tensor = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(gemm, "gluon_runs_on", lambda t: False)
+    monkeypatch.setattr(gemm, "_fp8_mma_on", lambda t: False)
     assert not gemm._folds_on(cuda_tensor) and gemm._folds_on(torch.zeros(1))
+    monkeypatch.setattr(gemm, "_fp8_mma_on", lambda t: True)
+    assert gemm._folds_on(cuda_tensor)
+    monkeypatch.setattr(gemm, "_fp8_mma_on", lambda t: False)
     monkeypatch.setattr(gemm, "gluon_runs_on", lambda t: True)
     assert gemm._folds_on(cuda_tensor)
 

@@ -43,8 +43,11 @@ as `folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no
 instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route:
 prefill 1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its
 rows differ from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a
-weight tensor in every call or in none. `fold_fp4_weights` returns None on a CUDA device where the Gluon kernels do
-not run (the bf16 route there); elsewhere (the CPU references, a forced backend) a call with `folded` reads the
+weight tensor in every call or in none. Where the Gluon kernels do not run (another triton, a GPU other than Hopper,
+MINI_DEEPGEMM_GLUON=0) the Triton kernel of gemm_fp4_e4m3_kernel.py takes the same folded operands on FP8 MMAs
+when the activations come folded per 128 (the engine's form; session 73, docs/reports/triton-route-on-hopper.md);
+`fold_fp4_weights` returns None on a CUDA device without FP8 MMAs (before sm_89: the bf16 route there). Elsewhere
+(the CPU references, per-32 activations off the Gluon route, backend="tilelang") a call with `folded` reads the
 weights back in the checkpoint's order (a copy per call), the same in every layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
@@ -201,9 +204,15 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
 
 def _folds_on(t: torch.Tensor) -> bool:
     """Whether fold_fp4_weights folds weights on t's device: on CPU (the references, which read the route's order
-    back per call) and where the route's Gluon kernels run; not on other CUDA devices, where every call would read
-    the weights back (the bf16 route there, as for weights whose scales do not fold)."""
-    return not t.is_cuda or gluon_runs_on(t)
+    back per call), where the route's Gluon kernels run, and on CUDA devices with FP8 MMAs (the Triton kernel); not
+    on older GPUs, where every call would read the weights back (the bf16 route there, as for weights whose scales
+    do not fold)."""
+    return not t.is_cuda or gluon_runs_on(t) or _fp8_mma_on(t)
+
+
+def _fp8_mma_on(t: torch.Tensor) -> bool:
+    """Whether t's CUDA device has FP8 tensor cores for Triton's FP8 dot (sm_89 and later)."""
+    return t.is_cuda and use_triton(t) and torch.cuda.get_device_capability(t.device) >= (8, 9)
 
 
 def fold_fp8_weight_scales(bq: torch.Tensor, sb: torch.Tensor) -> FP8Operand:
@@ -315,6 +324,9 @@ def _gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch.T
         return
     if folded is not None and backend is None and _gluon_runs_on(d):
         _fp4_e4m3_gemm(layout, a, b, d, group_arg, folded, expected_m)
+        return
+    if folded is not None and backend in (None, "triton") and _fp4_e4m3_triton_takes(a, d):
+        _fp4_e4m3_triton_gemm(layout, a, b, d, group_arg, folded, expected_m)
         return
     if folded is not None:  # the other routes read the weights in the checkpoint's order
         b = (reference.fp4_from_fp8_mma_order(b[0]), b[1])
@@ -543,6 +555,46 @@ def _packed_fp4_desc(bq: torch.Tensor, steps: int = 1):
     if steps == 1:
         return _tma_desc(bq.view(G * N, K2), (128, 64))
     return _tma_desc(bq.view(G * N, K2 // 64, 64).transpose(0, 1), (steps, 128, 64))
+
+
+def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
+    """Where gemm_fp4_e4m3_kernel takes a folded call: activations folded per 128 (its loop has no per-32 form), a
+    bf16 output, on a GPU with FP8 MMAs or under the interpreter."""
+    return (_folded_per_128(a, True) and d.dtype == torch.bfloat16 and use_triton(d)
+            and (not d.is_cuda or _fp8_mma_on(d)))
+
+
+# Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile
+# divides 128; masked tiles follow the expected rows per expert (16 tokens up to ~16 rows, 32 up to ~32, else 64).
+# Chosen offline (triton 3.6 and 3.9, sm_90: no spills) and timed on an H200 in session 73.
+FP4_E4M3_TRITON_CONTIGUOUS = {"BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
+FP4_E4M3_TRITON_MASKED = {16: {"BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
+                          32: {"BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
+                          64: {"BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
+
+
+def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
+                          folded: FoldedFP4Scales, expected_m: int | None) -> None:
+    """gemm_fp4_e4m3_kernel's launch (operands checked by _validate_folded; activations folded per 128): one program
+    per (token tile, 128 weight rows), and per expert in the masked layout."""
+    from .gemm_fp4_e4m3_kernel import fp4_e4m3_swapab_kernel
+
+    (aq, sa), (bq, _) = a, b
+    N = bq.shape[1]
+    M, K = aq.shape[-2:]
+    masked = layout == _MASKED
+    if masked:
+        rows = expected_m if expected_m is not None else M
+        cfg = FP4_E4M3_TRITON_MASKED[16 if rows <= 16 else 32 if rows <= 32 else 64]
+    else:
+        cfg = FP4_E4M3_TRITON_CONTIGUOUS
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    fp4_e4m3_swapab_kernel[(tiles, aq.shape[0]) if masked else (tiles,)](
+        aq, sa, bq, folded.offsets, folded.column_scales, d, group_arg, M, N, K,
+        aq.stride(0) if masked else 0, aq.stride(-2), sa.stride(0) if masked else 0, sa.stride(-2),
+        d.stride(0) if masked else 0, d.stride(-2),
+        LAYOUT=layout, ASM=d.is_cuda, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=8,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,

@@ -69,35 +69,19 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
+from . import gemm_fp4_e4m3_kernel as route_e4m3
 from .gemm_gluon_fp8_kernel import _store_tile, _tile_offsets, _ue8m0_to_f32
 
-# e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) at d = -5; one step of d adds
-# 8 (an exponent step) to every byte but the zero's. The offset bytes hold d + 5, in [0, 11].
-LUT_LO_BASE: gl.constexpr = gl.constexpr(0x14100800)
-LUT_LO_STEP: gl.constexpr = gl.constexpr(0x08080800)
-LUT_HI_BASE: gl.constexpr = gl.constexpr(0x24201C18)
-LUT_HI_STEP: gl.constexpr = gl.constexpr(0x08080808)
-
-# $2: a word of the route's weight order (reference.fp4_to_fp8_mma_order): value i's magnitude in bits 4i..4i+2, the
-# signs of values 0-3 in bits 7, 15, 23, 31 and of values 4-7 in bits 3, 11, 19, 27; $3 / $4: the row's table -> $0:
-# values 0-3 as e4m3 bytes, $1: values 4-7. prmt picks byte (selector nibble & 7) of {$4, $3}: the magnitudes (sign
-# bits cleared) index the table. The signs of values 0-3 already sit at their bytes' top bits (one AND-OR), those of
-# values 4-7 one nibble below (a shift and an AND-OR): 7 instructions where the checkpoint's order (sign i in bit
-# 4i + 3) took 9 (session 45).
-_E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr("""
-{
-.reg .b32 m, t;
-and.b32 m, $2, 0x77777777;
-prmt.b32 $0, $3, $4, m;
-shr.u32 m, m, 16;
-prmt.b32 $1, $3, $4, m;
-and.b32 t, $2, 0x80808080;
-or.b32 $0, $0, t;
-shl.b32 t, $2, 4;
-and.b32 t, t, 0x80808080;
-or.b32 $1, $1, t;
-}
-""")
+# The conversion's tables and byte permutes, shared with the Triton kernel (gemm_fp4_e4m3_kernel has their
+# description): $2 a word of the route's order, $3 / $4 its 32-block's tables (LUT_*_BASE + offset x LUT_*_STEP) ->
+# $0 values 0-3 as e4m3 bytes, $1 values 4-7; 7 instructions where the checkpoint's order took 9 (session 45).
+LUT_LO_BASE: gl.constexpr = gl.constexpr(route_e4m3.LUT_LO_BASE)
+LUT_LO_STEP: gl.constexpr = gl.constexpr(route_e4m3.LUT_LO_STEP)
+LUT_HI_BASE: gl.constexpr = gl.constexpr(route_e4m3.LUT_HI_BASE)
+LUT_HI_STEP: gl.constexpr = gl.constexpr(route_e4m3.LUT_HI_STEP)
+_E2M1_TO_E4M3_PTX: gl.constexpr = gl.constexpr(
+    "{\n.reg .b32 m, t;" + route_e4m3.E2M1_TO_E4M3_PTX_BODY.replace("WORD", "$2").replace("LO", "$3")
+    .replace("HI", "$4") + "}\n")
 
 # a thread converts one weight row: its 16 words (128 values) of a K step
 _ROW_WORDS = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))

@@ -1,0 +1,189 @@
+"""The Triton kernel of the FP8-MMA route (gemm_fp4_e4m3_kernel.py, session 73): the route's folded operands on FP8
+MMAs where the Gluon kernels do not run (another triton, a GPU other than Hopper, MINI_DEEPGEMM_GLUON=0).
+
+CPU: its inline PTX interpreted (testing.run_inline_ptx) for every e2m1 code at each position of a route-order word
+and every offset, against torch's e4m3; the routing rules. On CUDA, and on the CPU under TRITON_INTERPRET=1 (CI runs
+this file once that way, in a subprocess): the conversion in a kernel (the PTX on CUDA, the integer ops under the
+interpreter) bitwise against torch's e4m3 on random route-order rows, and both layouts through the public API against
+the pure-torch reference on random data (DeepGEMM's diff below 1e-5), padding and unused rows untouched, repeated
+calls bitwise equal. Shapes: ragged groups (empty, one row, a segment ending one row past a tile), groups of 0, 1, 17
+and all rows at each masked tile (16, 32, 64 tokens), K of one step and of several.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mini_deepgemm import gemm, reference
+from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16, random_fp4_weights, run_inline_ptx
+
+pytest.importorskip("triton")
+import triton  # noqa: E402  (after the importorskip)
+import triton.language as tl  # noqa: E402
+
+from mini_deepgemm import gemm_fp4_e4m3_kernel as kernel  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture
+def runner(device: str) -> str:
+    """conftest's device (cuda: marked gpu), where a kernel can run: CUDA, or the CPU under TRITON_INTERPRET=1."""
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    return device
+MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e4m3_bytes_of(natural: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 bytes in the checkpoint's order [R, 64] (one K step) and offset bytes [R, 4] (d + 5 per 32-block)
+    -> the e4m3 bytes [R, 128] of each value x 2^d, in K order, as torch converts them."""
+    codes = torch.stack([natural & 0xF, natural >> 4], -1).view(natural.shape[0], 128).long()
+    values = torch.tensor(MAGNITUDES)[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    scale = torch.exp2(offsets.repeat_interleave(32, dim=1).double() - 5)
+    return (values.double() * scale).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def test_the_kernels_ptx_is_exact_for_every_code_position_and_offset():
+    """_ROUTE_WORD_TO_E4M3_PTX interpreted: for all 16 codes at each of the 8 positions of a route-order word and every
+    offset 0..11 (given as four copies of the byte, as the kernel's pack=4 operand holds them), the e4m3 byte of
+    e2m1 x 2^(offset - 5), +0 and -0 alike for code 0 and 8."""
+    for offset in range(12):
+        for code in range(16):
+            for pos in range(8):
+                k_value = pos if pos < 4 else 12 + pos  # the word's value pos sits at k = pos, or 16 + pos - 4
+                natural = torch.zeros(1, 64, dtype=torch.uint8)
+                natural[0, k_value // 2] = code << (4 * (k_value % 2))
+                word = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
+                first, second = run_inline_ptx(kernel._ROUTE_WORD_TO_E4M3_PTX.value, [word, offset * 0x01010101], 2)
+                got = (((second << 32) | first) >> (8 * pos)) & 0xFF
+                want = _e4m3_bytes_of(natural, torch.full((1, 4), offset))[0, k_value].item()
+                assert got == want or (code & 7 == 0 and got in (0x00, 0x80)), (offset, code, pos, got, want)
+
+
+@triton.jit
+def _convert_kernel(packed_ptr, offsets_ptr, first_ptr, second_ptr, R: tl.constexpr, ASM: tl.constexpr):
+    rows = tl.arange(0, R)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    first, second = kernel.route_bytes_to_e4m3(tl.load(packed_ptr + rows), tl.load(offsets_ptr + rows), ASM)
+    tl.store(first_ptr + rows, first)
+    tl.store(second_ptr + rows, second)
+
+
+def test_the_conversion_in_a_kernel_is_bitwise_torchs_e4m3(runner):
+    """route_bytes_to_e4m3 (the PTX on CUDA, the integer ops under the interpreter) on 64 random route-order rows of a
+    K step with random offsets: byte j of the first tile is the value at k = 32 (j // 16) + j % 16, of the second at
+    k + 16, each torch's e4m3 of e2m1 x 2^(offset - 5)."""
+    gen = torch.Generator().manual_seed(0)
+    R = 64
+    natural = torch.randint(0, 256, (R, 64), dtype=torch.uint8, generator=gen)
+    offsets = torch.randint(0, 12, (R, 4), dtype=torch.uint8, generator=gen)
+    want = _e4m3_bytes_of(natural, offsets)
+    k_first = torch.tensor([32 * (j // 16) + j % 16 for j in range(64)])
+    packed = reference.fp4_to_fp8_mma_order(natural).to(runner)
+    offset_bytes = offsets.repeat_interleave(16, dim=1).to(runner)  # byte j's 32-block: j // 16
+    first, second = torch.empty_like(packed), torch.empty_like(packed)
+    _convert_kernel[(1,)](packed, offset_bytes, first, second, R=R, ASM=runner == "cuda")
+    zero = (want & 0x7F) == 0  # code 0 and 8: +0 or -0
+    for got, k in ((first.cpu(), k_first), (second.cpu(), k_first + 16)):
+        assert torch.equal(torch.where(zero[:, k], 0, got), torch.where(zero[:, k], 0, want[:, k]))
+
+
+def _per_128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] as the engine quantizes an expert's activations: folded per 128 (fp32 scales [..., K / 128])."""
+    q, s = reference.act_quant(x, 32, "ue8m0")
+    return reference.fold_ue8m0_to_128(q, s, 1)
+
+
+def _foldable(G: int, N: int, K: int, gen: torch.Generator):
+    _, q, s = random_fp4_weights(G, N=N, K=K, generator=gen, max_exponent=3)
+    return q, s
+
+
+@pytest.fixture
+def triton_route(monkeypatch):
+    """The package's routing with the Gluon kernels off (as under another triton), counting the Triton kernel's
+    launches."""
+    launches = []
+    monkeypatch.setattr(gemm, "_gluon_runs_on", lambda d: False)
+    launch = gemm._fp4_e4m3_triton_gemm
+    monkeypatch.setattr(gemm, "_fp4_e4m3_triton_gemm", lambda *args: launches.append(args[0]) or launch(*args))
+    return launches
+
+
+CONTIGUOUS_CASES = {  # rows per group, N, K
+    "ragged": ([150, 0, 1, 129, 77], 256, 384),
+    "one-step": ([40, 260], 384, 128),
+    "three-column-tiles": ([3, 128], 384, 256),
+}
+
+
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, runner, triton_route):
+    rows, N, K = CONTIGUOUS_CASES[case]
+    gen = torch.Generator().manual_seed(3)
+    layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
+    q, s = _per_128(random_bf16(layout.numel(), K, generator=gen))
+    bq, sb = _foldable(len(rows), N, K, gen)
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
+    q, s, bq_route, sb, layout = (t.to(runner) for t in (q, s, bq_route, sb, layout))
+    folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
+    d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device=runner)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
+    assert triton_route == [gemm._CONTIGUOUS]
+    want = reference.m_grouped_gemm_nt_contiguous_ref(q.cpu(), reference.ue8m0_from_fold_128(s.cpu()), bq, sb.cpu(),
+                                                      layout.cpu(), 1, 32)
+    used = layout.cpu() >= 0
+    assert calc_diff(d.cpu()[used].float(), want[used]) < 1e-5
+    assert bool((d.cpu()[~used] == 7.0).all()), "padding rows must stay untouched"
+    again = torch.full_like(d, 7.0)
+    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), again, layout, folded=folded)
+    assert torch.equal(again.view(torch.int16), d.view(torch.int16)), "repeated calls must give the same bits"
+
+
+@pytest.mark.parametrize("expected_m", [2, 32, 64])  # the 16-, 32- and 64-token tiles
+def test_masked_against_the_reference_and_unused_rows_untouched(expected_m, runner, triton_route):
+    G, N, K, max_m = 4, 256, 640, 64
+    masked = [0, 1, 17, max_m]
+    gen = torch.Generator().manual_seed(4)
+    q, s = _per_128(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K))
+    bq, sb = _foldable(G, N, K, gen)
+    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
+    q, s, bq_route, sb = (t.to(runner) for t in (q, s, bq_route, sb))
+    folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=runner)
+    d = torch.full((G, max_m, N), 7.0, dtype=torch.bfloat16, device=runner)
+    gemm.m_grouped_fp8_fp4_gemm_nt_masked((q, s), (bq_route, sb), d, masked_m, expected_m, folded=folded)
+    assert triton_route == [gemm._MASKED]
+    want = reference.m_grouped_gemm_nt_masked_ref(q.cpu(), reference.ue8m0_from_fold_128(s.cpu()), bq, sb.cpu(),
+                                                  masked_m.cpu(), 1, 32)
+    used = torch.arange(max_m)[None, :] < torch.tensor(masked)[:, None]
+    assert calc_diff(d.cpu()[used].float(), want[used]) < 1e-5
+    assert bool((d.cpu()[~used] == 7.0).all()), "rows past masked_m must stay untouched"
+
+
+def test_the_route_takes_folded_activations_on_fp8_mma_gpus(monkeypatch):
+    """The Triton kernel takes a folded call with activations folded per 128 and a bf16 output, where Triton runs
+    the call and the GPU has FP8 MMAs (sm_89+); per-32 activations read the weights back instead (its loop has no
+    per-32 form). fold_fp4_weights folds where either FP8-MMA route runs, and on the CPU."""
+    q = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
+    per_128, per_32 = (q, torch.ones(4, 2)), (q, torch.zeros(4, 8, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    d = torch.empty(4, 8, dtype=torch.bfloat16)
+    monkeypatch.setattr(gemm, "use_triton", lambda t: True)
+    assert gemm._fp4_e4m3_triton_takes(per_128, d)  # a CPU tensor here: the interpreter's case
+    assert not gemm._fp4_e4m3_triton_takes(per_32, d)
+    assert not gemm._fp4_e4m3_triton_takes(per_128, d.float())
+    monkeypatch.setattr(gemm, "use_triton", lambda t: False)
+    assert not gemm._fp4_e4m3_triton_takes(per_128, d)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
+def test_the_kernel_runs_under_the_triton_interpreter_on_cpu():
+    """CI has no GPU: run this file's kernel tests once under TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "in_a_kernel or against_the_reference"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "7 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
