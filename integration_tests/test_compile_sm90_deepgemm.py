@@ -60,6 +60,7 @@ SPLITK, SPLITK_SUM = "fp8_gemm_v41_splitk_kernel", "splitk_sum_kernel"  # gemm_g
 FP4_GROUPED, FP4_CONTIGUOUS_WS = "fp4_grouped_gemm_kernel", "fp4_contiguous_ws_kernel"  # gemm_gluon_kernel
 FP4_E4M3_CONTIGUOUS, FP4_E4M3_MASKED = "fp4_e4m3_contiguous_kernel", "fp4_e4m3_masked_kernel"  # ..._fp4_e4m3_kernel
 TILE_TABLE = "contiguous_tile_table_kernel"  # gemm_gluon_fp4_e4m3_kernel: the 256-row tiles' table
+TRITON_FP4_E4M3 = "fp4_e4m3_swapab_kernel"  # gemm_fp4_e4m3_kernel: the FP8-MMA route off Gluon (session 73)
 # The V4.1 recipe's 128 x 128 tiles at >= 8e10 FLOPs: both operands' scales converted to fp32, then the GEMM
 V41_RING = [SCALES_TO_F32, SCALES_TO_F32, V41_GEMM]
 
@@ -178,20 +179,26 @@ def moe_fp8_masked(expected_m: int, n: int, k: int, recipe: tuple[int, int, int]
 @dataclass(frozen=True)
 class Case:
     """One public call and the kernels it must compile, in launch order, on the Gluon route (triton 3.6) and on the
-    Triton route (other releases). gluon_only: a call the runtime makes only where the Gluon kernels run (folded
-    FP4 weights: fold_fp4_weights returns None elsewhere, so the runtime passes no `folded` there)."""
+    Triton route (other releases, or MINI_DEEPGEMM_GLUON=0)."""
 
     name: str
     call: Callable[[], None]
     gluon: list[str]
     triton: list[str]
-    gluon_only: bool = False
     local_bytes: dict[str, int] = field(default_factory=dict)  # kernel name -> its stack bytes today (else 0)
 
 
-def folded_case(name: str, call: Callable[[], None], gluon: list[str], local_bytes: dict[str, int] | None = None
-                ) -> Case:
-    return Case(name, call, gluon, [], gluon_only=True, local_bytes=local_bytes or {})
+def folded_case(name: str, call: Callable[[], None], gluon: list[str], scales: str,
+                local_bytes: dict[str, int] | None = None) -> Case:
+    """A call on folded FP4 weights (the FP8-MMA route). On the Triton route activations folded per 128 take
+    gemm_fp4_e4m3_kernel (session 73); per-32 ones read the weights back and take the bf16 route's kernels, as
+    unfolded weights do (contiguous: the activation pass, then swap-AB; masked: swap-AB)."""
+    contiguous = "contiguous" in name
+    triton = [TRITON_FP4_E4M3] if scales == "fold_128" else [ACT_PASS, SWAPAB] if contiguous else [SWAPAB]
+    # gemm_fp4_e4m3_kernel's 128 x 128 contiguous tile at 8 warps: 255 registers and a 40-byte frame under triton 3.9
+    # (16 under 3.6); its masked tiles have none
+    triton_bytes = {TRITON_FP4_E4M3: 40} if contiguous else {}
+    return Case(name, call, gluon, triton, local_bytes={**triton_bytes, **(local_bytes or {})})
 
 
 CASES: list[Case] = [
@@ -243,18 +250,18 @@ CASES: list[Case] = [
     # The 256-row tiles spill 40 bytes (25 STL / LDL, in a tile's set-up and epilogue, none in the K loops), as
     # _fp4_e4m3_gemm's register split (216 per math warpgroup) says
     folded_case("moe_fp4_contiguous_w13_folded", moe_fp4_contiguous(W13_N, HIDDEN, folded=True),
-                [FP4_E4M3_CONTIGUOUS]),
+                [FP4_E4M3_CONTIGUOUS], "ue8m0"),
     folded_case("moe_fp4_contiguous_w2_folded", moe_fp4_contiguous(W2_N, MOE_INTER, folded=True),
-                [FP4_E4M3_CONTIGUOUS]),
+                [FP4_E4M3_CONTIGUOUS], "ue8m0"),
     folded_case("moe_fp4_contiguous_w13_folded_fold128", moe_fp4_contiguous(W13_N, HIDDEN, "fold_128", True),
-                [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
+                [TILE_TABLE, FP4_E4M3_CONTIGUOUS], "fold_128", {FP4_E4M3_CONTIGUOUS: 40}),
     folded_case("moe_fp4_contiguous_w2_folded_fold128", moe_fp4_contiguous(W2_N, MOE_INTER, "fold_128", True),
-                [TILE_TABLE, FP4_E4M3_CONTIGUOUS], {FP4_E4M3_CONTIGUOUS: 40}),
+                [TILE_TABLE, FP4_E4M3_CONTIGUOUS], "fold_128", {FP4_E4M3_CONTIGUOUS: 40}),
     # ... one GPU's prefill of 4,096 tokens (384 experts of ~64 rows): 128-row tiles on activations folded per 128,
     # fed by two feeder warpgroups (no producer warp) since session 70
     *(folded_case(f"moe_fp4_contiguous_{w}_folded_fold128_e64", moe_fp4_contiguous(n, k, "fold_128", True,
                                                                                    ROUTED_EXPERTS, 64),
-                  [FP4_E4M3_CONTIGUOUS])
+                  [FP4_E4M3_CONTIGUOUS], "fold_128")
       for w, n, k in (("w13", W13_N, HIDDEN), ("w2", W2_N, MOE_INTER))),
     # ... one GPU's prefill of 2,048 tokens (384 experts of ~32 rows): the swap-AB kernel over the layout's 128-row
     # blocks (gemm.CONTIGUOUS_SWAPAB_MAX_ROWS), split as the masked layout's ~32 rows are. The narrow launch's 32-token
@@ -263,7 +270,7 @@ CASES: list[Case] = [
     # loop (as measured: 1.11-1.15x the contiguous kernel at ~32 rows, H100, session 54 run 2)
     *(folded_case(f"moe_fp4_contiguous_{w}_folded_fold128_e32", moe_fp4_contiguous(n, k, "fold_128", True,
                                                                                    ROUTED_EXPERTS, 32),
-                  [FP4_E4M3_MASKED] * 2, {FP4_E4M3_MASKED: 32})
+                  [FP4_E4M3_MASKED] * 2, "fold_128", {FP4_E4M3_MASKED: 32})
       for w, n, k in (("w13", W13_N, HIDDEN), ("w2", W2_N, MOE_INTER))),
     # MoE decode, FP4 experts: Gluon after a pass over the used rows (Triton: swap-AB, dequantizing in the tile)
     Case("moe_fp4_masked_w13_e1", moe_fp4_masked(1, W13_N, HIDDEN), [ACT_PASS, FP4_GROUPED], [SWAPAB]),
@@ -275,7 +282,7 @@ CASES: list[Case] = [
     # 32-token tiles capped at 128 registers, which spill 8 bytes (one STL.64 before the tile loop and one LDL.64 per
     # tile after its K loop), the others on 64-token tiles
     *(folded_case(f"moe_fp4_masked_{w}_e{e}_folded{suffix}", moe_fp4_masked(e, n, k, scales, True),
-                  [FP4_E4M3_MASKED] * (2 if (e, scales) == (32, "fold_128") else 1),
+                  [FP4_E4M3_MASKED] * (2 if (e, scales) == (32, "fold_128") else 1), scales,
                   {FP4_E4M3_MASKED: 8} if (e, scales) == (32, "fold_128") else None)
       for scales, suffix in (("ue8m0", ""), ("fold_128", "_fold128"))
       for e in (1, 8, 32)
@@ -293,8 +300,6 @@ CASES: list[Case] = [
 
 
 def compile_case(case: Case) -> list[CompiledKernel]:
-    if case.gluon_only and not _backend.gluon_usable():
-        pytest.skip("the FP8-MMA route (folded FP4 weights) runs on the Gluon kernels only (triton 3.6)")
     with compiling_for_sm90() as kernels:
         case.call()
     for k in kernels:
@@ -320,17 +325,14 @@ def test_compiles_for_sm90(case: Case) -> None:
 
 def test_fold_fp4_weights_takes_the_route() -> None:
     """fold_fp4_weights on an H200's tensors: the FP8-MMA route's weights and scales in the shapes folded_scales
-    builds where the Gluon kernels run, None elsewhere (the runtime then passes no `folded`: gluon_only). Real
-    scale bytes (120: a checkpoint's), since the function reads them; host work only, no kernel."""
+    builds, on either route (the Triton route's FP8-MMA kernel takes them since session 73). Real scale bytes (120:
+    a checkpoint's), since the function reads them; host work only, no kernel."""
     groups, n, k = 2, 256, 512
     bq = cuda_like(torch.zeros(groups, n, k // 2, dtype=torch.uint8))
     sb = cuda_like(torch.full((groups, n, k // 32), 120, dtype=torch.uint8)).view(UE8M0)
     with compiling_for_sm90() as kernels:
         route = dg.fold_fp4_weights(bq, sb)
-    assert kernels == []
-    if not _backend.gluon_usable():
-        assert route is None
-        return
+    assert kernels == [] and route is not None
     weights, folded = route
     want = folded_scales(groups, n, k)
     assert weights.shape == bq.shape and weights.dtype == bq.dtype
