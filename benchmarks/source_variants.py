@@ -12,8 +12,10 @@ from types import ModuleType
 
 
 def absolute_imports(package: str) -> tuple:
-    """The edit that makes a package module's relative imports absolute, so its edited copy loads on its own."""
-    return re.compile(r"^from \.", re.M), f"from {package}."
+    """The edit that makes a package module's relative imports absolute (`from .m import x` and `from . import m`),
+    so its edited copy loads on its own."""
+    return (re.compile(r"^from \.(\w*) import", re.M),
+            lambda m: f"from {package}{'.' + m.group(1) if m.group(1) else ''} import")
 
 
 def edited_source(module: ModuleType, edits: list, name: str) -> str:
