@@ -357,6 +357,31 @@ def test_resolve_tiny_replaces_an_outdated_checkpoint(tmp_path, monkeypatch):
     assert sorted(p.name for p in cache.iterdir()) == [path.name]
 
 
+def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes generate the tiny checkpoint at once (test workers on a fresh machine): the one that finishes
+    second must keep the first one's folder, not move it aside, since a process that resolved it may already be
+    reading its files (session 73: two workers' loads failed with FileNotFoundError)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINI_DEEPINFER_CACHE", str(cache))
+    monkeypatch.setattr(ckpt, "tiny_config", _small_config)
+    target = cache / ckpt.TINY_CACHE_DIR
+    real_generate = ckpt.generate_random_checkpoint
+
+    others = []
+
+    def another_process_finishes_first(config, folder, seed):
+        real_generate(config, folder, seed)
+        if not others:  # the other process's generation lands while this one's is still in its tmp folder
+            others.append(folder)
+            ckpt._generate_atomically(config, target, seed)
+            (target / "being-read.txt").write_text("a reader holds this folder")
+
+    monkeypatch.setattr(ckpt, "generate_random_checkpoint", another_process_finishes_first)
+    assert resolve_checkpoint("tiny") == target
+    assert (target / "being-read.txt").exists(), "the first process's folder was replaced"
+    assert sorted(p.name for p in cache.iterdir()) == [target.name]
+
+
 def test_resolve_tiny_never_leaves_a_half_checkpoint(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("MINI_DEEPINFER_CACHE", str(cache))

@@ -436,12 +436,16 @@ def _generate_atomically(config: V41Config, target: Path, seed: int) -> None:
     """Generate into a temporary sibling folder and rename it into place, so `target` is never half written.
 
     A concurrent generator may win the rename; then its (identical) checkpoint is kept. An outdated target is
-    moved aside first and deleted afterwards.
+    moved aside first and deleted afterwards; a target that became current while this one generated (another
+    process's) is kept as it is, since processes that resolved it may be reading it (session 73: 16 test workers on a
+    fresh GPU machine, two of them lost the files to a late generator that moved the winner's folder aside).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         generate_random_checkpoint(config, tmp, seed)
+        if _is_current(target, seed):
+            return
         stale = None
         if target.exists():
             stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
