@@ -28,10 +28,13 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from mini_deepgemm.testing import calc_diff
 
-CONTIGUOUS_TILES = [{"BLOCK_N": 128, "BLOCK_M": bm, "num_warps": w, "num_stages": s}
-                    for bm, w, s in ((128, 8, 3), (128, 8, 4), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3))]
-MASKED_TILES = [{"BLOCK_N": 128, "BLOCK_M": bm, "num_warps": w, "num_stages": s}
-                for bm, w, s in ((16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (32, 8, 4), (64, 4, 3))]
+# (SWAP_AB, BLOCK_N, BLOCK_M, num_warps, num_stages) of gemm_fp4_e4m3_kernel's launches
+CONTIGUOUS_TILES = [dict(zip(("SWAP_AB", "BLOCK_N", "BLOCK_M", "num_warps", "num_stages"), t))
+                    for t in ((False, 128, 128, 8, 3), (False, 128, 128, 8, 4), (False, 256, 128, 8, 3),
+                              (False, 128, 64, 4, 3), (False, 128, 128, 4, 3), (True, 128, 64, 4, 3))]
+MASKED_TILES = [dict(zip(("SWAP_AB", "BLOCK_N", "BLOCK_M", "num_warps", "num_stages"), t))
+                for t in ((True, 128, 16, 4, 4), (True, 128, 16, 4, 3), (True, 64, 16, 4, 4), (True, 128, 32, 4, 4),
+                          (True, 128, 32, 4, 3), (True, 128, 64, 4, 3))]
 
 
 def _triton_tiles(calls: dict, fp8_call, tiles: list[dict], masked_key: int | None) -> None:

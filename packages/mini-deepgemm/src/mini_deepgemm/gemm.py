@@ -567,17 +567,17 @@ def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
 # Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile
 # divides 128; masked tiles follow the expected rows per expert (16 tokens up to ~16 rows, 32 up to ~32, else 64).
 # Chosen offline (triton 3.6 and 3.9, sm_90: no spills) and timed on an H200 in session 73.
-FP4_E4M3_TRITON_CONTIGUOUS = {"BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
-FP4_E4M3_TRITON_MASKED = {16: {"BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
-                          32: {"BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
-                          64: {"BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
+FP4_E4M3_TRITON_CONTIGUOUS = {"SWAP_AB": False, "BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
+FP4_E4M3_TRITON_MASKED = {16: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
+                          32: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
+                          64: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
 
 
 def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
                           folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_fp4_e4m3_kernel's launch (operands checked by _validate_folded; activations folded per 128): one program
     per (token tile, 128 weight rows), and per expert in the masked layout."""
-    from .gemm_fp4_e4m3_kernel import fp4_e4m3_swapab_kernel
+    from .gemm_fp4_e4m3_kernel import fp4_e4m3_gemm_kernel
 
     (aq, sa), (bq, _) = a, b
     N = bq.shape[1]
@@ -589,11 +589,12 @@ def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Te
     else:
         cfg = FP4_E4M3_TRITON_CONTIGUOUS
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    fp4_e4m3_swapab_kernel[(tiles, aq.shape[0]) if masked else (tiles,)](
+    fp4_e4m3_gemm_kernel[(tiles, aq.shape[0]) if masked else (tiles,)](
         aq, sa, bq, folded.offsets, folded.column_scales, d, group_arg, M, N, K,
-        aq.stride(0) if masked else 0, aq.stride(-2), sa.stride(0) if masked else 0, sa.stride(-2),
+        aq.stride(0) if masked else 0, aq.stride(-2), sa.stride(0) if masked else 0, sa.stride(-2), K // 2,
         d.stride(0) if masked else 0, d.stride(-2),
-        LAYOUT=layout, ASM=d.is_cuda, BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"], GROUP_M=8,
+        LAYOUT=layout, ASM=d.is_cuda, SWAP_AB=cfg["SWAP_AB"], BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"],
+        GROUP_M=8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
 
 

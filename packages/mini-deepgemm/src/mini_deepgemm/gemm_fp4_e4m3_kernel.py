@@ -9,8 +9,8 @@ as the Gluon kernels (gemm.fold_fp4_weights: the weights in the route's order, a
 and 128 of K, a power-of-two scale per weight row; activations folded per 128, fp32 scales), so one fold serves
 both routes and the engine runs unchanged.
 
-How: the swap-AB form of gemm_swapab_kernel (a tile of BLOCK_N weight rows x BLOCK_M tokens, D^T = W X^T) in plain
-`tl`. Per K step of 128, each weight row's 64 packed bytes (16 route-order words) become two e4m3 tiles [BLOCK_N,
+How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, in the swap-AB form of gemm_swapab_kernel (D^T =
+W X^T) for the masked layout's few tokens, else D = X W^T. Per K step of 128, each weight row's 64 packed bytes (16 route-order words) become two e4m3 tiles [BLOCK_N,
 64] by the Gluon kernels' byte-permute conversion (7 instructions per 8 values, plus 3 per word that build the word's
 table from its offset byte here, inside the asm). Word w = 4c + q holds the values at k = 32c + 4q + j (its first
 four bytes out) and k + 16 (its last four), so byte j of a row's first tile is k_lo(j) = 32 (j // 16) + j % 16 and of
@@ -101,20 +101,24 @@ def route_bytes_to_e4m3(packed, offsets, ASM: tl.constexpr):
 
 
 @triton.jit
-def fp4_e4m3_swapab_kernel(
+def fp4_e4m3_gemm_kernel(
     x_ptr, sx_ptr, w_ptr, offsets_ptr, column_scales_ptr, d_ptr, group_ptr,
     M, N, K,
-    stride_x_g, stride_x, stride_sx_g, stride_sx, stride_d_g, stride_d,
+    stride_x_g, stride_x, stride_sx_g, stride_sx, stride_w, stride_d_g, stride_d,
     LAYOUT: tl.constexpr,  # LAYOUT_CONTIGUOUS or LAYOUT_MASKED (gemm_kernel)
     ASM: tl.constexpr,  # the conversion in inline PTX (CUDA), else in integer ops (route_bytes_to_e4m3)
-    BLOCK_N: tl.constexpr,  # weight rows per tile (the MMA's M)
-    BLOCK_M: tl.constexpr,  # tokens per tile (the MMA's N)
+    SWAP_AB: tl.constexpr,  # the weights as the MMA's left operand (D^T = W X^T: few tokens), else the right one
+    BLOCK_N: tl.constexpr,  # weight rows per tile
+    BLOCK_M: tl.constexpr,  # tokens per tile
     GROUP_M: tl.constexpr,
 ):
     """d[m, n] = column_scales[g, n] * sum over K steps s of sx[m, s] * sum_k x[m, k] * w'[n, k], w' the e4m3 weights
     of the route's words w [G, N, K / 2] under the offsets [G, N, K / 128] (int32 words of 4 offset bytes). x: e4m3
     [M, K] (masked: [G, M, K]), sx: fp32 [M, K / 128] (masked: [G, M, K / 128]); d: bf16, rows that are padding
-    (contiguous -1) or past a group's count (masked) are not written. Weight tables are contiguous (gemm checks)."""
+    (contiguous -1) or past a group's count (masked) are not written. Weight tables are contiguous (gemm checks);
+    stride_w = K / 2, passed so that Triton sees its 16-byte divisibility (16-byte copies of the weight rows).
+    SWAP_AB puts the converted weights in the MMA's register operand (token tiles under wgmma's 64 rows); without it
+    they stay in shared memory, where the MMA reads them, and the activations are the left operand."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,18 +131,31 @@ def fp4_e4m3_swapab_kernel(
     k_first = 32 * (j // 16) + j % 16  # the K position of byte j of a step's first e4m3 tile; the second's is + 16
     x_ptrs = x_ptr + token_group * stride_x_g + rows[:, None] * stride_x + k_first[None, :]
     sx_ptrs = sx_ptr + token_group * stride_sx_g + rows * stride_sx
-    w_ptrs = w_ptr + weight_rows[:, None] * (K // 2) + j[None, :]
+    w_ptrs = w_ptr + weight_rows[:, None] * stride_w + j[None, :]
     offset_words = offsets_ptr + weight_rows * (K // 128)
     offset_shift = (8 * (j // 16))[None, :]  # byte j of a step belongs to 32-block j // 16
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, K // 128):
         offsets = ((tl.load(offset_words + step)[:, None] >> offset_shift) & 0xFF).to(tl.uint8)
         w_first, w_second = route_bytes_to_e4m3(tl.load(w_ptrs + 64 * step), offsets, ASM)
+        w_first = w_first.to(tl.float8e4nv, bitcast=True)
+        w_second = w_second.to(tl.float8e4nv, bitcast=True)
         x_first = tl.load(x_ptrs + 128 * step)
         x_second = tl.load(x_ptrs + 128 * step + 16)
-        part = tl.dot(w_first.to(tl.float8e4nv, bitcast=True), tl.trans(x_first))
-        part = tl.dot(w_second.to(tl.float8e4nv, bitcast=True), tl.trans(x_second), part)
-        acc += part * tl.load(sx_ptrs + step)[None, :]
-    out = acc * tl.load(column_scales_ptr + weight_rows)[:, None]
-    out_ptrs = d_ptr + token_group * stride_d_g + offs_m.to(tl.int64)[None, :] * stride_d + offs_n[:, None]
-    tl.store(out_ptrs, out.to(tl.bfloat16), mask=row_ok[None, :] & (offs_n < N)[:, None])
+        sx = tl.load(sx_ptrs + step)
+        if SWAP_AB:
+            part = tl.dot(w_second, tl.trans(x_second), tl.dot(w_first, tl.trans(x_first)))
+            acc += part * sx[None, :]
+        else:
+            part = tl.dot(x_second, tl.trans(w_second), tl.dot(x_first, tl.trans(w_first)))
+            acc += part * sx[:, None]
+    column_scales = tl.load(column_scales_ptr + weight_rows)
+    out_ok = row_ok[:, None] & (offs_n < N)[None, :]
+    out_ptrs = d_ptr + token_group * stride_d_g + offs_m.to(tl.int64)[:, None] * stride_d + offs_n[None, :]
+    if SWAP_AB:
+        tl.store(tl.trans(out_ptrs), (acc * column_scales[:, None]).to(tl.bfloat16), mask=tl.trans(out_ok))
+    else:
+        tl.store(out_ptrs, (acc * column_scales[None, :]).to(tl.bfloat16), mask=out_ok)
