@@ -54,6 +54,18 @@ def _triton_tiles(calls: dict, fp8_call, tiles: list[dict], masked_key: int | No
         calls["triton_fp8 " + " ".join(f"{k}={v}" for k, v in tile.items())] = call
 
 
+def _timed(row: dict, calls: dict, outs: dict, used: torch.Tensor, unit: str, rate) -> dict:
+    """row with each call timed: row[name] = {"us", unit: rate(ms)}, and for the Triton kernel's tiles the diff of
+    their output against the Gluon kernels' (outs, on the used rows); printed as a JSON line."""
+    for name, fn in calls.items():
+        t = ms(fn)
+        row[name] = {"us": t * 1e3, unit: rate(t)}
+        if name.startswith("triton_fp8"):
+            row[name]["diff_vs_gluon"] = float(calc_diff(outs["triton"][used].float(), outs["gluon"][used].float()))
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def contiguous_rows(gen) -> list[dict]:
     out = []
     for groups, rows_range in ((96, (128, 1024)), (384, (32, 96))):
@@ -76,14 +88,7 @@ def contiguous_rows(gen) -> list[dict]:
             used = layout >= 0
             row = {"layout": "contiguous", "groups": groups, "rows_range": rows_range, "name": name, "N": N, "K": K,
                    "rows": sum(rows)}
-            for k, fn in calls.items():
-                t = ms(fn)
-                row[k] = {"us": t * 1e3, "tflops": flops / t / 1e9}
-                if k.startswith("triton_fp8"):
-                    row[k]["diff_vs_gluon"] = float(calc_diff(outs["triton"][used].float(),
-                                                              outs["gluon"][used].float()))
-            print(json.dumps(row), flush=True)
-            out.append(row)
+            out.append(_timed(row, calls, outs, used, "tflops", lambda t: flops / t / 1e9))
             torch.cuda.empty_cache()
     return out
 
@@ -110,14 +115,7 @@ def masked_rows(copy_gbs: float) -> list[dict]:
             used = torch.arange(a.shape[1], device="cuda")[None, :] < masked_m[:, None]
             row = {"layout": "masked", "groups": 96, "expected_m": expected_m, "name": name, "N": N, "K": K,
                    "rows": int(masked.sum()), "copy_gbs": copy_gbs}
-            for k, fn in calls.items():
-                t = ms(fn)
-                row[k] = {"us": t * 1e3, "frac_of_copy": weight_bytes / t / 1e6 / copy_gbs}
-                if k.startswith("triton_fp8"):
-                    row[k]["diff_vs_gluon"] = float(calc_diff(outs["triton"][used].float(),
-                                                              outs["gluon"][used].float()))
-            print(json.dumps(row), flush=True)
-            out.append(row)
+            out.append(_timed(row, calls, outs, used, "frac_of_copy", lambda t: weight_bytes / t / 1e6 / copy_gbs))
             torch.cuda.empty_cache()
     return out
 
