@@ -2,7 +2,8 @@
 it replaces off Hopper's Gluon kernels (the bf16-MMA Triton kernels on unfolded weights) and against the Gluon FP8-MMA
 kernels, in one process, with a sweep of the Triton kernel's tiles (docs/reports/triton-route-on-hopper.md).
 
-Run with MINI_DEEPGEMM_GLUON=0 so the package's own routing is the Triton route's; the Gluon column launches
+Run with MINI_DEEPGEMM_GLUON=0 so the package's own routing is the Triton route's (the script turns the kernel's
+switch MINI_DEEPGEMM_TRITON_FP8_MOE on for its own process); the Gluon column launches
 gemm._fp4_e4m3_gemm directly (it needs triton 3.6 on Hopper). Shapes: bench_fp4_e4m3_route.py's (w13 4,608 x 5,120,
 w2 5,120 x 2,304; contiguous 96 experts of 128-1,024 rows and 384 of 32-96; masked 96 experts of Poisson(8) and
 Poisson(32) rows). Activations folded per 128 (the engine's form). GPU time by CUDA-graph replay
@@ -18,6 +19,8 @@ import json
 import os
 
 import torch
+
+os.environ["MINI_DEEPGEMM_TRITON_FP8_MOE"] = "1"  # read once, at the first folded call
 
 from bench_deepgemm import (FP4_SCALE_BOUND, contiguous_operands, copy_bandwidth_gbs, masked_operands,  # beside this
                             rand_fp4_weight_scales)

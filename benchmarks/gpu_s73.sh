@@ -9,7 +9,8 @@
 #       route's FP8-MMA tests (their PTX constants now come from that module), exp_moe_triton_fp8.py on the Triton
 #       route (tile sweep, the bf16-MMA route it replaces and the Gluon kernels in one process), bench_prefill on the
 #       Triton route before (base: .ab-base.tar.gz of a15b70f) and after, then the runtime's core GPU tests on the
-#       Triton route.
+#       Triton route. The kernel's switch MINI_DEEPGEMM_TRITON_FP8_MOE=1 is on for those (off by default since run 2;
+#       run 1 ran the tree before the switch existed, where the route was on).
 # carry [".devdeps"] (PART=moe: and ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=owed bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s73
@@ -21,10 +22,12 @@ moe)
     packages/mini-deepgemm/tests/test_gemm_fp4_e4m3.py -m gpu --junitxml="$OUT/junit_fp4_e4m3.xml"
   run exp_moe_triton_fp8 150 env MINI_DEEPGEMM_GLUON=0 OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_triton_fp8.py"
   for side in base new; do
-    fits 120 && run "prefill_triton_$side" 115 env MINI_DEEPGEMM_GLUON=0 PYTHONPATH="$(side_path $side)" \
+    fits 120 && run "prefill_triton_$side" 115 env MINI_DEEPGEMM_GLUON=0 MINI_DEEPGEMM_TRITON_FP8_MOE=1 \
+      PYTHONPATH="$(side_path $side)" \
       python3 benchmarks/bench_prefill.py "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_triton_${side}_$CARD.json"
   done
-  fits 100 && (export MINI_DEEPGEMM_GLUON=0; runtime_core_tests $((${DEADLINE:-540} - SECONDS - 10)))
+  fits 100 && (export MINI_DEEPGEMM_GLUON=0 MINI_DEEPGEMM_TRITON_FP8_MOE=1
+    runtime_core_tests $((${DEADLINE:-540} - SECONDS - 10)))
   cat "$OUT/summary.txt"; test_summary fp4_e4m3_tests runtime_tests
   grep -h "^| " "$OUT/exp_moe_triton_fp8.txt" | cut -c1-400
   grep -hE "tok/s|moe|attention" "$OUT"/prefill_*.txt 2>/dev/null | cut -c1-200

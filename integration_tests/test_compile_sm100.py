@@ -25,6 +25,7 @@ from sm90_compile import B200, compiling_for
 import test_compile_sm90_deepgemm as deepgemm_cases
 import test_compile_sm90_flashmla as flashmla_cases
 import test_compile_sm90_runtime as runtime_cases
+from mini_deepgemm import gemm
 from mini_flashmla import api as flashmla_api
 
 
@@ -42,6 +43,7 @@ def cases() -> list:
 def test_compiles_for_sm100_and_fits(call: Callable[[pytest.MonkeyPatch], None], kernels: list[str],
                                      monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     monkeypatch.setattr(flashmla_api, "_num_sms", lambda device: B200.sms)  # it answers 8 for a CPU device
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)  # the folded MoE calls' kernel, switched on
     with compiling_for(B200) as compiled:
         call(monkeypatch)
     for k in compiled:

@@ -38,7 +38,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
                 allow_module_level=True)
 
 import mini_deepgemm as dg  # noqa: E402
-from mini_deepgemm import _backend  # noqa: E402
+from mini_deepgemm import _backend, gemm  # noqa: E402
 from sm90_compile import CompiledKernel, compiling_for_sm90, cuda_like  # noqa: E402
 
 E4M3, UE8M0, FP32, BF16 = torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float32, torch.bfloat16
@@ -190,9 +190,10 @@ class Case:
 
 def folded_case(name: str, call: Callable[[], None], gluon: list[str], scales: str,
                 local_bytes: dict[str, int] | None = None) -> Case:
-    """A call on folded FP4 weights (the FP8-MMA route). On the Triton route activations folded per 128 take
-    gemm_fp4_e4m3_kernel (session 73; no spills at its tiles); per-32 ones read the weights back and take the bf16
-    route's kernels, as unfolded weights do (contiguous: the activation pass, then swap-AB; masked: swap-AB)."""
+    """A call on folded FP4 weights (the FP8-MMA route). On the Triton route, with MINI_DEEPGEMM_TRITON_FP8_MOE=1
+    (triton_fp8_moe below), activations folded per 128 take gemm_fp4_e4m3_kernel (session 73; no spills at its
+    tiles); per-32 ones read the weights back and take the bf16 route's kernels, as unfolded weights do (contiguous:
+    the activation pass, then swap-AB; masked: swap-AB)."""
     contiguous = "contiguous" in name
     triton = [TRITON_FP4_E4M3] if scales == "fold_128" else [ACT_PASS, SWAPAB] if contiguous else [SWAPAB]
     return Case(name, call, gluon, triton, local_bytes=local_bytes or {})
@@ -296,6 +297,13 @@ CASES: list[Case] = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def triton_fp8_moe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton route's folded MoE calls as MINI_DEEPGEMM_TRITON_FP8_MOE=1 routes them (gemm_fp4_e4m3_kernel): off
+    by default, so the runtime folds nothing there without it, but the kernel must compile for whoever turns it on."""
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
+
+
 def compile_case(case: Case) -> list[CompiledKernel]:
     with compiling_for_sm90() as kernels:
         case.call()
@@ -322,8 +330,8 @@ def test_compiles_for_sm90(case: Case) -> None:
 
 def test_fold_fp4_weights_takes_the_route() -> None:
     """fold_fp4_weights on an H200's tensors: the FP8-MMA route's weights and scales in the shapes folded_scales
-    builds, on either route (the Triton route's FP8-MMA kernel takes them since session 73). Real scale bytes (120:
-    a checkpoint's), since the function reads them; host work only, no kernel."""
+    builds, on either route (with MINI_DEEPGEMM_TRITON_FP8_MOE=1 the Triton route's FP8-MMA kernel takes them, session
+    73). Real scale bytes (120: a checkpoint's), since the function reads them; host work only, no kernel."""
     groups, n, k = 2, 256, 512
     bq = cuda_like(torch.zeros(groups, n, k // 2, dtype=torch.uint8))
     sb = cuda_like(torch.full((groups, n, k // 32), 120, dtype=torch.uint8)).view(UE8M0)

@@ -1,5 +1,6 @@
 """The Triton kernel of the FP8-MMA route (gemm_fp4_e4m3_kernel.py, session 73): the route's folded operands on FP8
-MMAs where the Gluon kernels do not run (another triton, a GPU other than Hopper, MINI_DEEPGEMM_GLUON=0).
+MMAs where the Gluon kernels do not run (another triton, a GPU other than Hopper, MINI_DEEPGEMM_GLUON=0), taken once
+MINI_DEEPGEMM_TRITON_FP8_MOE=1 (off by default until it beats the bf16-MMA route there).
 
 CPU: its inline PTX interpreted (testing.run_inline_ptx) for every e2m1 code at each position of a route-order word
 and every offset, against torch's e4m3; the routing rules. On CUDA, and on the CPU under TRITON_INTERPRET=1 (CI runs
@@ -104,10 +105,11 @@ def _foldable(G: int, N: int, K: int, gen: torch.Generator):
 
 @pytest.fixture
 def triton_route(monkeypatch):
-    """The package's routing with the Gluon kernels off (as under another triton), counting the Triton kernel's
-    launches."""
+    """The package's routing with the Gluon kernels off (as under another triton) and the Triton kernel enabled
+    (MINI_DEEPGEMM_TRITON_FP8_MOE=1), counting the Triton kernel's launches."""
     launches = []
     monkeypatch.setattr(gemm, "_gluon_runs_on", lambda d: False)
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
     launch = gemm._fp4_e4m3_triton_gemm
     monkeypatch.setattr(gemm, "_fp4_e4m3_triton_gemm", lambda *args: launches.append(args[0]) or launch(*args))
     return launches
@@ -164,19 +166,34 @@ def test_masked_against_the_reference_and_unused_rows_untouched(expected_m, runn
     assert bool((d.cpu()[~used] == 7.0).all()), "rows past masked_m must stay untouched"
 
 
-def test_the_route_takes_folded_activations_on_fp8_mma_gpus(monkeypatch):
-    """The Triton kernel takes a folded call with activations folded per 128 and a bf16 output, where Triton runs
-    the call and the GPU has FP8 MMAs (sm_89+); per-32 activations read the weights back instead (its loop has no
-    per-32 form). fold_fp4_weights folds where either FP8-MMA route runs, and on the CPU."""
+def test_the_route_takes_folded_activations_on_fp8_mma_gpus_once_enabled(monkeypatch):
+    """With MINI_DEEPGEMM_TRITON_FP8_MOE=1 the Triton kernel takes a folded call with activations folded per 128 and
+    a bf16 output, where Triton runs the call and the GPU has FP8 MMAs (sm_89+); per-32 activations read the weights
+    back instead (its loop has no per-32 form). Without the switch (the default) no call takes it."""
     q = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
     per_128, per_32 = (q, torch.ones(4, 2)), (q, torch.zeros(4, 8, dtype=torch.uint8).view(torch.float8_e8m0fnu))
     d = torch.empty(4, 8, dtype=torch.bfloat16)
     monkeypatch.setattr(gemm, "use_triton", lambda t: True)
+    assert not gemm._fp4_e4m3_triton_takes(per_128, d), "off by default"
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
     assert gemm._fp4_e4m3_triton_takes(per_128, d)  # a CPU tensor here: the interpreter's case
     assert not gemm._fp4_e4m3_triton_takes(per_32, d)
     assert not gemm._fp4_e4m3_triton_takes(per_128, d.float())
     monkeypatch.setattr(gemm, "use_triton", lambda t: False)
     assert not gemm._fp4_e4m3_triton_takes(per_128, d)
+
+
+def test_the_switch_is_read_from_the_environment(monkeypatch):
+    from mini_deepgemm import _backend
+
+    for value, want in ((None, False), ("0", False), ("1", True)):
+        if value is None:
+            monkeypatch.delenv("MINI_DEEPGEMM_TRITON_FP8_MOE", raising=False)
+        else:
+            monkeypatch.setenv("MINI_DEEPGEMM_TRITON_FP8_MOE", value)
+        _backend.triton_fp8_moe_enabled.cache_clear()
+        assert _backend.triton_fp8_moe_enabled() is want
+    _backend.triton_fp8_moe_enabled.cache_clear()
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")

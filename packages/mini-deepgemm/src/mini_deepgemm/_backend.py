@@ -39,6 +39,15 @@ def gluon_usable() -> bool:
     return triton.__version__.startswith("3.6.") and importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
+@functools.cache
+def triton_fp8_moe_enabled() -> bool:
+    """Whether the FP8-MMA route's folded MoE calls take gemm_fp4_e4m3_kernel (plain Triton) where the Gluon kernels
+    do not run, and fold_fp4_weights folds there: MINI_DEEPGEMM_TRITON_FP8_MOE=1. Off by default: the kernel's first
+    form lost to the bf16-MMA route at prefill on an H200 (session 73, docs/reports/triton-route-on-hopper.md), and its
+    second form has not run on a GPU yet. Read once."""
+    return os.environ.get("MINI_DEEPGEMM_TRITON_FP8_MOE", "0") == "1"
+
+
 def gluon_runs_on(t: torch.Tensor) -> bool:
     """Where the Gluon kernels (of this package and mini-flashmla) may take tensors like t: CUDA on Hopper (wgmma;
     sm_90 is where they were measured) with triton 3.6 (gluon_usable), not under the interpreter."""

@@ -43,12 +43,13 @@ as `folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no
 instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route:
 prefill 1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its
 rows differ from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a
-weight tensor in every call or in none. Where the Gluon kernels do not run (another triton, a GPU other than Hopper,
-MINI_DEEPGEMM_GLUON=0) the Triton kernel of gemm_fp4_e4m3_kernel.py takes the same folded operands on FP8 MMAs
-when the activations come folded per 128 (the engine's form; session 73, docs/reports/triton-route-on-hopper.md);
-`fold_fp4_weights` returns None on a CUDA device without FP8 MMAs (before sm_89: the bf16 route there). Elsewhere
-(the CPU references, per-32 activations off the Gluon route, backend="tilelang") a call with `folded` reads the
-weights back in the checkpoint's order (a copy per call), the same in every layout.
+weight tensor in every call or in none. `fold_fp4_weights` returns None on a CUDA device where the Gluon kernels do
+not run (the bf16 route there). With MINI_DEEPGEMM_TRITON_FP8_MOE=1 (_backend.triton_fp8_moe_enabled; off by
+default, session 73, docs/reports/triton-route-on-hopper.md) it folds on any GPU with FP8 MMAs (sm_89+), and off the
+Gluon route the Triton kernel of gemm_fp4_e4m3_kernel.py takes the folded operands when the activations come folded
+per 128 (the engine's form). Elsewhere (the CPU references, per-32 activations off the Gluon route,
+backend="tilelang") a call with `folded` reads the weights back in the checkpoint's order (a copy per call), the same in every
+layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
 FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,
@@ -79,7 +80,8 @@ from typing import NamedTuple
 import torch
 
 from . import reference
-from ._backend import cdiv, gluon_runs_on, sm_count, tilelang_importable, use_triton
+from ._backend import (cdiv, gluon_runs_on, sm_count, tilelang_importable, triton_fp8_moe_enabled,
+                       use_triton)
 
 __all__ = [
     "V41_RECIPE", "V3_RECIPE", "FP4_RECIPE", "get_m_alignment_for_contiguous_layout",
@@ -204,10 +206,10 @@ def fold_fp4_weights(bq: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | Non
 
 def _folds_on(t: torch.Tensor) -> bool:
     """Whether fold_fp4_weights folds weights on t's device: on CPU (the references, which read the route's order
-    back per call), where the route's Gluon kernels run, and on CUDA devices with FP8 MMAs (the Triton kernel); not
-    on older GPUs, where every call would read the weights back (the bf16 route there, as for weights whose scales
-    do not fold)."""
-    return not t.is_cuda or gluon_runs_on(t) or _fp8_mma_on(t)
+    back per call), where the route's Gluon kernels run, and with triton_fp8_moe_enabled on CUDA devices with FP8
+    MMAs (gemm_fp4_e4m3_kernel); not elsewhere, where every call would read the weights back (the bf16 route there,
+    as for weights whose scales do not fold)."""
+    return not t.is_cuda or gluon_runs_on(t) or (triton_fp8_moe_enabled() and _fp8_mma_on(t))
 
 
 def _fp8_mma_on(t: torch.Tensor) -> bool:
@@ -558,15 +560,16 @@ def _packed_fp4_desc(bq: torch.Tensor, steps: int = 1):
 
 
 def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
-    """Where gemm_fp4_e4m3_kernel takes a folded call: activations folded per 128 (its loop has no per-32 form), a
-    bf16 output, on a GPU with FP8 MMAs or under the interpreter."""
-    return (_folded_per_128(a, True) and d.dtype == torch.bfloat16 and use_triton(d)
+    """Where gemm_fp4_e4m3_kernel takes a folded call, once triton_fp8_moe_enabled: activations folded per 128 (its
+    loop has no per-32 form), a bf16 output, on a GPU with FP8 MMAs or under the interpreter."""
+    return (triton_fp8_moe_enabled() and _folded_per_128(a, True) and d.dtype == torch.bfloat16 and use_triton(d)
             and (not d.is_cuda or _fp8_mma_on(d)))
 
 
 # Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile
 # divides 128; masked tiles follow the expected rows per expert (16 tokens up to ~16 rows, 32 up to ~32, else 64).
-# Chosen offline (triton 3.6 and 3.9, sm_90: no spills) and timed on an H200 in session 73.
+# Chosen offline (triton 3.6 and 3.9, sm_90: no spills); session 73 timed the first form's tiles on an H200
+# (benchmarks/exp_moe_triton_fp8.py), not these contiguous ones.
 FP4_E4M3_TRITON_CONTIGUOUS = {"SWAP_AB": False, "BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
 FP4_E4M3_TRITON_MASKED = {16: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
                           32: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
