@@ -1,6 +1,8 @@
 """Triton kernel of the grouped FP8 x FP4 GEMMs on FP8 tensor cores, for wherever the Gluon kernels do not run: a
 triton other than 3.6 (the uv lock's), a GPU other than Hopper with FP8 MMAs (sm_89+, the B200 included), or
-MINI_DEEPGEMM_GLUON=0 (docs/reports/triton-route-on-hopper.md).
+MINI_DEEPGEMM_GLUON=0 (docs/reports/triton-route-on-hopper.md). Routed only with MINI_DEEPGEMM_TRITON_FP8_MOE=1
+(_backend.triton_fp8_moe_enabled): its first form (swap-AB at every tile) lost to the bf16-MMA route at prefill on
+an H200 in session 73, 826 against 629 ms per prefill step; this form's contiguous tiles have not run on a GPU yet.
 
 Why: without it those installs ran the MoE GEMMs on the bf16-MMA route (gemm_swapab_kernel): every FP4 weight
 converted to bf16, the activations to bf16 by a pass in front, MMAs at half the FP8 rate. On an H200 under triton 3.6
