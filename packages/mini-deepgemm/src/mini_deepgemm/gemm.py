@@ -48,8 +48,8 @@ not run (the bf16 route there). With MINI_DEEPGEMM_TRITON_FP8_MOE=1 (_backend.tr
 default, session 73, docs/reports/triton-route-on-hopper.md) it folds on any GPU with FP8 MMAs (sm_89+), and off the
 Gluon route the Triton kernel of gemm_fp4_e4m3_kernel.py takes the folded operands when the activations come folded
 per 128 (the engine's form). Elsewhere (the CPU references, per-32 activations off the Gluon route,
-backend="tilelang") a call with `folded` reads the weights back in the checkpoint's order (a copy per call), the same in every
-layout.
+backend="tilelang") a call with `folded` reads the weights back in the checkpoint's order (a copy per call), the
+same in every layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
 FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,
@@ -597,8 +597,7 @@ def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Te
         aq.stride(0) if masked else 0, aq.stride(-2), sa.stride(0) if masked else 0, sa.stride(-2), K // 2,
         d.stride(0) if masked else 0, d.stride(-2),
         LAYOUT=layout, ASM=d.is_cuda, SWAP_AB=cfg["SWAP_AB"], BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"],
-        GROUP_M=8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
+        GROUP_M=8, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,

@@ -11,15 +11,16 @@ as the Gluon kernels (gemm.fold_fp4_weights: the weights in the route's order, a
 and 128 of K, a power-of-two scale per weight row; activations folded per 128, fp32 scales), so one fold serves
 both routes and the engine runs unchanged.
 
-How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, in the swap-AB form of gemm_swapab_kernel (D^T =
-W X^T) for the masked layout's few tokens, else D = X W^T. Per K step of 128, each weight row's 64 packed bytes (16 route-order words) become two e4m3 tiles [BLOCK_N,
-64] by the Gluon kernels' byte-permute conversion (7 instructions per 8 values, plus 3 per word that build the word's
-table from its offset byte here, inside the asm). Word w = 4c + q holds the values at k = 32c + 4q + j (its first
-four bytes out) and k + 16 (its last four), so byte j of a row's first tile is k_lo(j) = 32 (j // 16) + j % 16 and of
-its second k_lo(j) + 16: the activations are loaded in those two column orders (16-byte runs), and the two tiles are
-two FP8 MMAs of K = 64 into one partial sum. Then acc += partial * sx[token, step] (one FMA per element and step),
-and the row's 2^(ref - 127) multiplies the result once. Every product is exact in fp32; the sums run in another order
-than the Gluon kernels', so the bits may differ from theirs (not from the reference beyond fp32 rounding).
+How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, in the swap-AB form of gemm_swapab_kernel (D^T = W
+X^T) for the masked layout's few tokens, else D = X W^T. Per K step of 128, each weight row's 64 packed bytes (16
+route-order words) become two e4m3 tiles [BLOCK_N, 64] by the Gluon kernels' byte-permute conversion (7 instructions
+per 8 values, plus 3 per word that build the word's table from its offset byte here, inside the asm). Word w = 4c + q
+holds the values at k = 32c + 4q + j (its first four bytes out) and k + 16 (its last four), so byte j of a row's first
+tile is k_lo(j) = 32 (j // 16) + j % 16 and of its second k_lo(j) + 16: the activations are loaded in those two column
+orders (16-byte runs), and the two tiles are two FP8 MMAs of K = 64 into one partial sum. Then acc += partial *
+sx[token, step] (one FMA per element and step), and the row's 2^(ref - 127) multiplies the result once. Every product
+is exact in fp32; the sums run in another order than the Gluon kernels', so the bits may differ from theirs (not from
+the reference beyond fp32 rounding).
 
 ASM=False (the interpreter, which cannot run PTX) converts with integer ops on the same bytes, exactly as the asm.
 """
