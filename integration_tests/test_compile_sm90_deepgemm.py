@@ -301,7 +301,7 @@ CASES: list[Case] = [
 def triton_fp8_moe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Triton route's folded MoE calls as MINI_DEEPGEMM_TRITON_FP8_MOE=1 routes them (gemm_fp4_e4m3_kernel): off
     by default, so the runtime folds nothing there without it, but the kernel must compile for whoever turns it on."""
-    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True, raising=False)  # raising: older trees (sass_diff)
 
 
 def compile_case(case: Case) -> list[CompiledKernel]:
