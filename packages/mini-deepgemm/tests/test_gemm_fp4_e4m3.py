@@ -26,18 +26,11 @@ import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm._backend import gluon_usable
-from mini_deepgemm.testing import (calc_diff, contiguous_layout, random_bf16, random_fp4_weights,
-                                   run_inline_ptx)
+from mini_deepgemm.testing import (calc_diff, contiguous_layout, foldable_fp4_weights, fp8_activations, random_bf16,
+                                   route_word_cases, run_inline_ptx)
 
 needs_gluon = pytest.mark.skipif(not torch.cuda.is_available() or not gluon_usable(),
                                  reason="needs CUDA and triton 3.6")
-
-
-def foldable_fp4_weights(G: int, N: int, K: int, gen: torch.Generator, device: str = "cpu"):
-    """Packed FP4 weights [G, N, K/2] and UE8M0 scales whose per-32 magnitudes vary over 2^-3..2^3 (a row's scale
-    bytes then span at most ~8, inside the route's 11)."""
-    _, q, s = random_fp4_weights(G, N=N, K=K, device=device, generator=gen, max_exponent=3)
-    return q, s
 
 
 def test_folded_scales_recover_every_exponent():
@@ -108,39 +101,23 @@ def test_the_route_weight_order(monkeypatch):
 
 
 def test_the_byte_permute_conversion_is_exact():
-    """The kernels' _E2M1_TO_E4M3_PTX, interpreted (testing.run_inline_ptx), for all 16 codes at each of the 8
+    """The Gluon kernels' _E2M1_TO_E4M3_PTX, interpreted (testing.run_inline_ptx), for all 16 codes at each of the 8
     positions of a route-order word and every offset 0..11: the e4m3 bytes of e2m1 x 2^(offset - 5), as torch converts
     them (+0 and -0 alike)."""
     k = pytest.importorskip("mini_deepgemm.gemm_gluon_fp4_e4m3_kernel")
-    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-    for offset in range(12):
+    for offset, pos, word, want, zero in route_word_cases():
         lo = (k.LUT_LO_BASE.value + offset * k.LUT_LO_STEP.value) & 0xFFFFFFFF
         hi = (k.LUT_HI_BASE.value + offset * k.LUT_HI_STEP.value) & 0xFFFFFFFF
-        for code in range(16):
-            for pos in range(8):
-                # a K step whose only nonzero value is value `pos` of the route's first word: k = pos or 16 + pos - 4
-                k_value = pos if pos < 4 else 12 + pos
-                natural = torch.zeros(1, 64, dtype=torch.uint8)
-                natural[0, k_value // 2] = code << (4 * (k_value % 2))
-                w = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
-                r0, r1 = run_inline_ptx(k._E2M1_TO_E4M3_PTX.value, [w, lo, hi], 2)
-                got = ((r1 << 32 | r0) >> (8 * pos)) & 0xFF
-                value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
-                want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()
-                assert got == want or (code & 7 == 0 and got in (0x00, 0x80)), (offset, code, pos, got, want)
+        r0, r1 = run_inline_ptx(k._E2M1_TO_E4M3_PTX.value, [word, lo, hi], 2)
+        got = ((r1 << 32 | r0) >> (8 * pos)) & 0xFF
+        assert got == want or (zero and got in (0x00, 0x80)), (offset, pos, hex(word), got, want)
 
 
 def _contiguous_case(rows, N, K, gen, device="cpu", activations="per_32"):
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
-    q, s = _activations(random_bf16(layout.numel(), K, generator=gen), activations)
+    q, s = fp8_activations(random_bf16(layout.numel(), K, generator=gen), activations)
     bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
     return q.to(device), s.to(device), bq.to(device), sb.to(device), layout.to(device)
-
-
-def _activations(x: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] quantized per 32 (UE8M0 scales) or folded per 128 (float32 scales [..., K / 128])."""
-    q, s = reference.act_quant(x, 32, "ue8m0")
-    return (q, s) if form == "per_32" else reference.fold_ue8m0_to_128(q, s, 1)
 
 
 def _per_32(s: torch.Tensor) -> torch.Tensor:
@@ -161,7 +138,7 @@ def test_folded_activations_are_their_per_32_form_everywhere_but_the_fp8_mma_rou
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, _per_32(s)), (bq, sb), want, layout)
     assert torch.equal(d.view(torch.int16), want.view(torch.int16))
     G, max_m = 3, 40
-    qm, sm = _activations(random_bf16(G * max_m, 384, generator=gen).view(G, max_m, 384), "per_128")
+    qm, sm = fp8_activations(random_bf16(G * max_m, 384, generator=gen).view(G, max_m, 384), "per_128")
     masked_m = torch.tensor([0, 1, 40], dtype=torch.int32)
     d, want = (torch.full((G, max_m, 256), 7.0, dtype=torch.bfloat16) for _ in range(2))
     gemm.m_grouped_fp8_fp4_gemm_nt_masked((qm, sm), (bq, sb), d, masked_m, 16)
@@ -403,7 +380,7 @@ def test_masked_against_the_reference_and_bitwise_the_contiguous_rows(expected_m
     G, N, K, max_m = 6, 384, 640, 64
     masked = [0, 1, 17, max_m, 5, 40]
     gen = torch.Generator().manual_seed(4)
-    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
+    q, s = fp8_activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
@@ -446,7 +423,7 @@ def test_masked_ring_slots_of_two_k_steps_give_the_same_bits(tokens, K, monkeypa
     G, N, max_m = 6, 384, 64
     masked_m = torch.tensor([0, 1, 17, max_m, 5, 40], dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(9)
-    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
+    q, s = fp8_activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
@@ -475,7 +452,7 @@ def test_a_split_masked_call_on_two_streams_gives_the_same_bits(expected_m, monk
     masked_m = torch.tensor([0, 1, expected_m, expected_m + 1, 2 * expected_m, max_m], dtype=torch.int32,
                             device="cuda")
     gen = torch.Generator().manual_seed(11)
-    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
+    q, s = fp8_activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
@@ -500,7 +477,7 @@ def test_masked_programs_looping_over_token_tiles_give_the_same_bits(tokens, act
     G, N, K, max_m = 6, 384, 640, 64
     masked_m = torch.tensor([0, 1, 17, max_m, 5, 40], dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(6)
-    q, s = _activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
+    q, s = fp8_activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), activations)
     q, s = q.cuda(), s.cuda()
     bq, sb = foldable_fp4_weights(G, N, K, gen, "cuda")
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)

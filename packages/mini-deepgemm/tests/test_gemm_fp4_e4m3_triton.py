@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from mini_deepgemm import gemm, reference
-from mini_deepgemm.testing import calc_diff, contiguous_layout, random_bf16, random_fp4_weights, run_inline_ptx
+from mini_deepgemm.testing import (calc_diff, contiguous_layout, foldable_fp4_weights, fp8_activations, random_bf16,
+                                   route_word_cases, run_inline_ptx)
 
 pytest.importorskip("triton")
 import triton  # noqa: E402  (after the importorskip)
@@ -51,18 +52,12 @@ def _e4m3_bytes_of(natural: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor
 def test_the_kernels_ptx_is_exact_for_every_code_position_and_offset():
     """_ROUTE_WORD_TO_E4M3_PTX interpreted: for all 16 codes at each of the 8 positions of a route-order word and every
     offset 0..11 (given as four copies of the byte, as the kernel's pack=4 operand holds them), the e4m3 byte of
-    e2m1 x 2^(offset - 5), +0 and -0 alike for code 0 and 8."""
-    for offset in range(12):
-        for code in range(16):
-            for pos in range(8):
-                k_value = pos if pos < 4 else 12 + pos  # the word's value pos sits at k = pos, or 16 + pos - 4
-                natural = torch.zeros(1, 64, dtype=torch.uint8)
-                natural[0, k_value // 2] = code << (4 * (k_value % 2))
-                word = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
-                first, second = run_inline_ptx(kernel._ROUTE_WORD_TO_E4M3_PTX.value, [word, offset * 0x01010101], 2)
-                got = (((second << 32) | first) >> (8 * pos)) & 0xFF
-                want = _e4m3_bytes_of(natural, torch.full((1, 4), offset))[0, k_value].item()
-                assert got == want or (code & 7 == 0 and got in (0x00, 0x80)), (offset, code, pos, got, want)
+    e2m1 x 2^(offset - 5), +0 and -0 alike for code 0 and 8 (the Gluon kernels' form of the same body:
+    test_gemm_fp4_e4m3.py)."""
+    for offset, pos, word, want, zero in route_word_cases():
+        first, second = run_inline_ptx(kernel._ROUTE_WORD_TO_E4M3_PTX.value, [word, offset * 0x01010101], 2)
+        got = (((second << 32) | first) >> (8 * pos)) & 0xFF
+        assert got == want or (zero and got in (0x00, 0x80)), (offset, pos, hex(word), got, want)
 
 
 @triton.jit
@@ -92,17 +87,6 @@ def test_the_conversion_in_a_kernel_is_bitwise_torchs_e4m3(runner):
         assert torch.equal(torch.where(zero[:, k], 0, got), torch.where(zero[:, k], 0, want[:, k]))
 
 
-def _per_128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] as the engine quantizes an expert's activations: folded per 128 (fp32 scales [..., K / 128])."""
-    q, s = reference.act_quant(x, 32, "ue8m0")
-    return reference.fold_ue8m0_to_128(q, s, 1)
-
-
-def _foldable(G: int, N: int, K: int, gen: torch.Generator):
-    _, q, s = random_fp4_weights(G, N=N, K=K, generator=gen, max_exponent=3)
-    return q, s
-
-
 @pytest.fixture
 def triton_route(monkeypatch):
     """The package's routing with the Gluon kernels off (as under another triton) and the Triton kernel enabled
@@ -127,8 +111,8 @@ def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case,
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(3)
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
-    q, s = _per_128(random_bf16(layout.numel(), K, generator=gen))
-    bq, sb = _foldable(len(rows), N, K, gen)
+    q, s = fp8_activations(random_bf16(layout.numel(), K, generator=gen), "per_128")
+    bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     q, s, bq_route, sb, layout = (t.to(runner) for t in (q, s, bq_route, sb, layout))
     folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
@@ -150,8 +134,8 @@ def test_masked_against_the_reference_and_unused_rows_untouched(expected_m, runn
     G, N, K, max_m = 4, 256, 640, 64
     masked = [0, 1, 17, max_m]
     gen = torch.Generator().manual_seed(4)
-    q, s = _per_128(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K))
-    bq, sb = _foldable(G, N, K, gen)
+    q, s = fp8_activations(random_bf16(G * max_m, K, generator=gen).view(G, max_m, K), "per_128")
+    bq, sb = foldable_fp4_weights(G, N, K, gen)
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     q, s, bq_route, sb = (t.to(runner) for t in (q, s, bq_route, sb))
     folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))

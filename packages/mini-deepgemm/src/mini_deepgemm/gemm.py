@@ -562,8 +562,8 @@ def _packed_fp4_desc(bq: torch.Tensor, steps: int = 1):
 def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
     """Where gemm_fp4_e4m3_kernel takes a folded call, once triton_fp8_moe_enabled: activations folded per 128 (its
     loop has no per-32 form), a bf16 output, on a GPU with FP8 MMAs or under the interpreter."""
-    return (triton_fp8_moe_enabled() and _folded_per_128(a, True) and d.dtype == torch.bfloat16 and use_triton(d)
-            and (not d.is_cuda or _fp8_mma_on(d)))
+    return (triton_fp8_moe_enabled() and _folded_per_128(a, True) and d.dtype == torch.bfloat16
+            and (_fp8_mma_on(d) if d.is_cuda else use_triton(d)))
 
 
 # Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile

@@ -176,3 +176,37 @@ def contiguous_layout(rows_per_group: list[int], alignment: int, spare_blocks: l
         padded = -(-m // alignment) * alignment + alignment * (spare_blocks[g] if spare_blocks else 0)
         ids += [g] * m + [-1] * (padded - m)
     return torch.tensor(ids, dtype=torch.int32)
+
+
+def foldable_fp4_weights(G: int, N: int, K: int, gen: torch.Generator, device: str = "cpu"
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed FP4 weights [G, N, K/2] and UE8M0 scales whose per-32 magnitudes vary over 2^-3..2^3 (a row's scale
+    bytes then span at most ~8, inside the FP8-MMA route's 11: gemm.fold_fp4_weights folds them)."""
+    _, q, s = random_fp4_weights(G, N=N, K=K, device=device, generator=gen, max_exponent=3)
+    return q, s
+
+
+def fp8_activations(x: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] quantized per 32 (form "per_32": UE8M0 scales) or folded per 128 ("per_128": float32 scales
+    [..., K / 128], the engine's form for the FP8-MMA route)."""
+    q, s = reference.act_quant(x, 32, "ue8m0")
+    return (q, s) if form == "per_32" else reference.fold_ue8m0_to_128(q, s, 1)
+
+
+def route_word_cases():
+    """(offset, position, word, want, zero) for the FP8-MMA route's e2m1 -> e4m3 conversions: every e2m1 code at each
+    of the 8 positions of a route-order word (reference.fp4_to_fp8_mma_order; the word's only nonzero value) and every
+    offset 0..11, with the e4m3 byte torch gives e2m1 x 2^(offset - 5) and whether the code is +0 or -0 (either byte
+    is right then)."""
+    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    for offset in range(12):
+        for code in range(16):
+            for pos in range(8):
+                # a K step whose only nonzero value is value `pos` of the route's first word: k = pos or 16 + pos - 4
+                k_value = pos if pos < 4 else 12 + pos
+                natural = torch.zeros(1, 64, dtype=torch.uint8)
+                natural[0, k_value // 2] = code << (4 * (k_value % 2))
+                word = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
+                value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
+                want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()
+                yield offset, pos, word, want, code & 7 == 0
