@@ -5,11 +5,12 @@ takes its H200 route; every launch compiles for sm_90 instead of running):
 1. the kernels compiled, by name and in launch order: which kernels a call launches is its route (Gluon or Triton
    attention, split or not, the indexer's shared-key or per-query kernel, the top-k's resident or chunked
    selection), so a change of route fails here rather than as a slowdown on the GPU machine. Under triton 3.6 (the
-   GPU machine's) the attention takes the Gluon kernel; under another release (the uv lock's 3.9)
-   mini_deepgemm._backend.gluon_usable() is False and the Triton kernel takes its calls, hence two expected lists;
+   GPU machine's) the attention takes the Gluon kernel; under another release (the uv lock's 3.9), or with
+   MINI_DEEPGEMM_GLUON=0, mini_deepgemm._backend.gluon_usable() is False and the Triton kernel takes its calls, hence
+   two expected lists;
 2. that every kernel launches on sm_90: shared memory within 227 KiB, registers x threads within 65,536;
 3. no local memory (the stack frame: register spills), or where a kernel has some today (the Triton attention
-   kernel, the top-k's rows held in registers), no more than today's amount.
+   kernel, the top-k's rows held in registers), no more than today's amount under the triton release compiling.
 The GPU-only constexpr branches (FP4_ASM = q.is_cuda, ASM = not interpreting: the inline PTX of dequant_triton and
 topk_kernel) are the ones compiled, since cuda_like tensors say is_cuda. dequant_triton.py has no kernel of its own:
 its @triton.jit helpers compile inside the attention and indexer kernels. `pytest -s` prints each kernel's resources.
@@ -40,6 +41,8 @@ import torch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not importable: nothing compiles", allow_module_level=True)
+import triton  # noqa: E402
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 makes the kernels interpreted functions: nothing compiles",
                 allow_module_level=True)
@@ -161,20 +164,30 @@ def candidate_blocks_of_scores(s_q: int) -> None:
 
 
 # --------------------------------------------------------------------------- cases
-# Local memory (the stack frame: spills) per thread that kernels have today, as bounds; 0 everywhere else. Values
-# under triton 3.6 (the Gluon route's lists) and 3.9 (the Triton route's); ptxas differs between the two.
-# The Triton attention kernel (uv-locked triton only: on the GPU machine the Gluon kernel takes V4.1's 64-head
-# calls) holds a 64 x 512 fp32 accumulator over 8 warps, 128 registers per thread, beside the block's K=V tile and
-# its dequantization; at ptxas's cap of 255 registers it spills (39-145 STL in the SASS), the quantized rows more.
-TRITON_ATTN_BF16_SPILL = 176
-TRITON_ATTN_PAGED_SPILL = 320
-TRITON_ATTN_WINDOW_ONLY_SPILL = 368
-TRITON_ATTN_SPLIT_SPILL = 328
+# Local memory (the stack frame: spills) per thread that kernels have today, as bounds; 0 everywhere else. ptxas
+# spills differently under triton 3.6 (the GPU machine's) and 3.9 (the uv lock's), so each bound is per release
+# (3.9's for any release but 3.6), whichever route takes the call: the GPU machine runs the Triton route too
+# (MINI_DEEPGEMM_GLUON=0, docs/reports/triton-route-on-hopper.md).
+TRITON_36 = triton.__version__.startswith("3.6.")
+
+
+def per_release(bound_36: int, bound_39: int) -> int:
+    return bound_36 if TRITON_36 else bound_39
+
+
+# The Triton attention kernel (on the GPU machine only with MINI_DEEPGEMM_GLUON=0: otherwise the Gluon kernel takes
+# V4.1's 64-head calls) holds a 64 x 512 fp32 accumulator over 8 warps, 128 registers per thread, beside the block's
+# K=V tile and its dequantization; at ptxas's cap of 255 registers it spills, the quantized rows more (under 3.6 the
+# spills are mostly hoisted wgmma descriptors: triton-route-on-hopper.md).
+TRITON_ATTN_BF16_SPILL = per_release(0, 176)
+TRITON_ATTN_PAGED_SPILL = per_release(768, 320)
+TRITON_ATTN_WINDOW_ONLY_SPILL = per_release(40, 368)
+TRITON_ATTN_SPLIT_SPILL = per_release(776, 328)
 # The top-k's rows held in registers: 16 warps at 128 registers per thread (the SM's 65,536 for one program), 64 of
 # them the row's bf16 pairs (api.TOPK_RESIDENT_MAX_PAIRS); ptxas spills part of the selection's state.
-SELECT_ROW_SPILL_36, SELECT_ROW_SPILL_39 = 168, 128  # a 65,536-key row
-SELECT_CHUNK_SPILL_36, SELECT_CHUNK_SPILL_39 = 168, 96  # a 65,536-key chunk of a 131,072-key row (CHUNKS=2)
-SELECT_CANDIDATES_SPILL_39 = 8  # a REINDEX layer's 16,384 candidates (RESIDENT_PAIRS=8192); none under 3.6
+SELECT_ROW_SPILL = per_release(168, 128)  # a 65,536-key row
+SELECT_CHUNK_SPILL = per_release(168, 96)  # a 65,536-key chunk of a 131,072-key row (CHUNKS=2)
+SELECT_CANDIDATES_SPILL = per_release(0, 8)  # a REINDEX layer's 16,384 candidates (RESIDENT_PAIRS=8192)
 
 Launch = tuple[str, int]  # a kernel's name and the most local memory per thread it may have (today's amount)
 
@@ -217,19 +230,20 @@ CASES = [
          ((SCORES_PER_QUERY, 0),), ((SCORES_PER_QUERY, 0),)),
     # indexer_topk and candidate_blocks score 1,024 queries at a time (256 MiB of fp32 scores), then select
     Case("indexer_topk prefill 4096 x 65536", indexer_topk_prefill,
-         ((SCORES, 0), (SELECT, SELECT_ROW_SPILL_36)) * 4, ((SCORES, 0), (SELECT, SELECT_ROW_SPILL_39)) * 4),
+         ((SCORES, 0), (SELECT, SELECT_ROW_SPILL)) * 4, ((SCORES, 0), (SELECT, SELECT_ROW_SPILL)) * 4),
     Case("indexer_topk REINDEX prefill 4096 x 2048 blocks", lambda: indexer_topk_prefill(reindex=True),
-         ((SCORES_PER_QUERY, 0), (SELECT, 0)), ((SCORES_PER_QUERY, 0), (SELECT, SELECT_CANDIDATES_SPILL_39))),
+         ((SCORES_PER_QUERY, 0), (SELECT, SELECT_CANDIDATES_SPILL)),
+         ((SCORES_PER_QUERY, 0), (SELECT, SELECT_CANDIDATES_SPILL))),
     Case("candidate_blocks prefill 4096 x 65536", candidate_blocks_prefill,
          ((SCORES, 0), (SELECT, 0)) * 4, ((SCORES, 0), (SELECT, 0)) * 4),
     # a row of 65,536 keys is held in registers (one pass); the ratio-1 layers' 131,072 are selected in 2 chunks,
     # then among the chunks' candidates (api._chunked_topk: two launches), at prefill and decode alike
     Case("topk_of_scores prefill 4096 x 65536", lambda: topk_of_scores(PREFILL_QUERIES, KEYS_RATIO_2),
-         ((SELECT, SELECT_ROW_SPILL_36),), ((SELECT, SELECT_ROW_SPILL_39),)),
+         ((SELECT, SELECT_ROW_SPILL),), ((SELECT, SELECT_ROW_SPILL),)),
     Case("topk_of_scores prefill 4096 x 131072", lambda: topk_of_scores(PREFILL_QUERIES, KEYS_RATIO_1),
-         ((SELECT, SELECT_CHUNK_SPILL_36), (SELECT, 0)), ((SELECT, SELECT_CHUNK_SPILL_39), (SELECT, 0))),
+         ((SELECT, SELECT_CHUNK_SPILL), (SELECT, 0)), ((SELECT, SELECT_CHUNK_SPILL), (SELECT, 0))),
     Case("topk_of_scores decode 64 x 131072", lambda: topk_of_scores(64, KEYS_RATIO_1),
-         ((SELECT, SELECT_CHUNK_SPILL_36), (SELECT, 0)), ((SELECT, SELECT_CHUNK_SPILL_39), (SELECT, 0))),
+         ((SELECT, SELECT_CHUNK_SPILL), (SELECT, 0)), ((SELECT, SELECT_CHUNK_SPILL), (SELECT, 0))),
     Case("candidate_blocks_of_scores prefill 4096", lambda: candidate_blocks_of_scores(PREFILL_QUERIES),
          ((SELECT, 0),), ((SELECT, 0),)),
 ]
