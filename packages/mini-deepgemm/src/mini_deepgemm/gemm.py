@@ -569,11 +569,15 @@ def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
 # Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile
 # divides 128; masked tiles follow the expected rows per expert (16 tokens up to ~16 rows, 32 up to ~32, else 64).
 # Chosen offline (triton 3.6 and 3.9, sm_90: no spills); session 73 timed the first form's tiles on an H200
-# (benchmarks/exp_moe_triton_fp8.py), not these contiguous ones.
-FP4_E4M3_TRITON_CONTIGUOUS = {"SWAP_AB": False, "BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
-FP4_E4M3_TRITON_MASKED = {16: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
-                          32: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
-                          64: {"SWAP_AB": True, "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
+# (benchmarks/exp_moe_triton_fp8.py), not these contiguous ones. PROMOTE_LATE (session 74, offline) where it frees
+# registers (the 16-token tile: 96 against 119 under triton 3.6); it costs the 32-token tile 27 and spills the 64-token
+# one.
+FP4_E4M3_TRITON_CONTIGUOUS = {"SWAP_AB": False, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8,
+                              "num_stages": 3}
+FP4_E4M3_TRITON_MASKED = {
+    16: {"SWAP_AB": True, "PROMOTE_LATE": True, "BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
+    32: {"SWAP_AB": True, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
+    64: {"SWAP_AB": True, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
 
 
 def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
@@ -596,8 +600,7 @@ def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Te
         aq, sa, bq, folded.offsets, folded.column_scales, d, group_arg, M, N, K,
         aq.stride(0) if masked else 0, aq.stride(-2), sa.stride(0) if masked else 0, sa.stride(-2), K // 2,
         d.stride(0) if masked else 0, d.stride(-2),
-        LAYOUT=layout, ASM=d.is_cuda, SWAP_AB=cfg["SWAP_AB"], BLOCK_N=cfg["BLOCK_N"], BLOCK_M=cfg["BLOCK_M"],
-        GROUP_M=8, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=True)
+        LAYOUT=layout, ASM=d.is_cuda, GROUP_M=8, enable_fp_fusion=True, **cfg)
 
 
 def _fp4_e4m3_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,

@@ -104,6 +104,16 @@ def route_bytes_to_e4m3(packed, offsets, ASM: tl.constexpr):
 
 
 @triton.jit
+def _promote(acc, part, sx, SWAP_AB: tl.constexpr):
+    """acc + part x the tokens' activation scales of part's K step (sx: [BLOCK_M])."""
+    if SWAP_AB:
+        acc += part * sx[None, :]
+    else:
+        acc += part * sx[:, None]
+    return acc
+
+
+@triton.jit
 def fp4_e4m3_gemm_kernel(
     x_ptr, sx_ptr, w_ptr, offsets_ptr, column_scales_ptr, d_ptr, group_ptr,
     M, N, K,
@@ -111,6 +121,7 @@ def fp4_e4m3_gemm_kernel(
     LAYOUT: tl.constexpr,  # LAYOUT_CONTIGUOUS or LAYOUT_MASKED (gemm_kernel)
     ASM: tl.constexpr,  # the conversion in inline PTX (CUDA), else in integer ops (route_bytes_to_e4m3)
     SWAP_AB: tl.constexpr,  # the weights as the MMA's left operand (D^T = W X^T: few tokens), else the right one
+    PROMOTE_LATE: tl.constexpr,  # scale each K step's partial sum into the result during the next step
     BLOCK_N: tl.constexpr,  # weight rows per tile
     BLOCK_M: tl.constexpr,  # tokens per tile
     GROUP_M: tl.constexpr,
@@ -137,10 +148,13 @@ def fp4_e4m3_gemm_kernel(
     w_ptrs = w_ptr + weight_rows[:, None] * stride_w + j[None, :]
     offset_words = offsets_ptr + weight_rows * (K // 128)
     offset_shift = (8 * (j // 16))[None, :]  # byte j of a step belongs to 32-block j // 16
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # PROMOTE_LATE: step s's partial sum is scaled into acc during step s + 1, after that step's first MMA is
+    # issued. Triton then waits for step s's second MMA only there, so it overlaps the next step's conversion and
+    # this promotion (where the weights are a register operand: a shared-memory operand made inside the loop, the
+    # non-swapped form's weights, makes Triton wait for each MMA where it is issued).
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    part = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sx_part = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for step in range(0, K // 128):
         offsets = ((tl.load(offset_words + step)[:, None] >> offset_shift) & 0xFF).to(tl.uint8)
         w_first, w_second = route_bytes_to_e4m3(tl.load(w_ptrs + 64 * step), offsets, ASM)
@@ -150,11 +164,17 @@ def fp4_e4m3_gemm_kernel(
         x_second = tl.load(x_ptrs + 128 * step + 16)
         sx = tl.load(sx_ptrs + step)
         if SWAP_AB:
-            part = tl.dot(w_second, tl.trans(x_second), tl.dot(w_first, tl.trans(x_first)))
-            acc += part * sx[None, :]
+            new_part = tl.dot(w_second, tl.trans(x_second), tl.dot(w_first, tl.trans(x_first)))
         else:
-            part = tl.dot(x_second, tl.trans(w_second), tl.dot(x_first, tl.trans(w_first)))
-            acc += part * sx[:, None]
+            new_part = tl.dot(x_second, tl.trans(w_second), tl.dot(x_first, tl.trans(w_first)))
+        if PROMOTE_LATE:
+            acc = _promote(acc, part, sx_part, SWAP_AB)
+            part = new_part
+            sx_part = sx
+        else:
+            acc = _promote(acc, new_part, sx, SWAP_AB)
+    if PROMOTE_LATE:
+        acc = _promote(acc, part, sx_part, SWAP_AB)
     column_scales = tl.load(column_scales_ptr + weight_rows)
     out_ok = row_ok[:, None] & (offs_n < N)[None, :]
     out_ptrs = d_ptr + token_group * stride_d_g + offs_m.to(tl.int64)[:, None] * stride_d + offs_n[None, :]
