@@ -13,14 +13,14 @@ both routes and the engine runs unchanged.
 
 How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, in the swap-AB form of gemm_swapab_kernel (D^T = W
 X^T) for the masked layout's few tokens, else D = X W^T. Per K step of 128, each weight row's 64 packed bytes (16
-route-order words) become two e4m3 tiles [BLOCK_N, 64] by the Gluon kernels' byte-permute conversion (7 instructions
-per 8 values, plus 3 per word that build the word's table from its offset byte here, inside the asm). Word w = 4c + q
-holds the values at k = 32c + 4q + j (its first four bytes out) and k + 16 (its last four), so byte j of a row's first
-tile is k_lo(j) = 32 (j // 16) + j % 16 and of its second k_lo(j) + 16: the activations are loaded in those two column
-orders (16-byte runs), and the two tiles are two FP8 MMAs of K = 64 into one partial sum. Then acc += partial *
-sx[token, step] (one FMA per element and step), and the row's 2^(ref - 127) multiplies the result once. Every product
-is exact in fp32; the sums run in another order than the Gluon kernels', so the bits may differ from theirs (not from
-the reference beyond fp32 rounding).
+route-order words) become two e4m3 tiles [BLOCK_N, 64] by the Gluon kernels' byte-permute conversion (7 instructions per
+8 values, plus 3 per word that build the word's table from its offset byte here, inside the asm). Word w = 4c + q holds
+the values at k = 32c + 4q + j (its first four bytes out) and k + 16 (its last four), so byte j of a row's first tile is
+k_lo(j) = 32 (j // 16) + j % 16 and of its second k_lo(j) + 16: the activations are loaded in those two column orders
+(16-byte runs), and the two tiles are two FP8 MMAs of K = 64 into one partial sum. Then acc += partial * sx[token, step]
+(one FMA per element and step; PROMOTE_LATE: during the next step), and the row's 2^(ref - 127) multiplies the result
+once. Every product is exact in fp32; the sums run in another order than the Gluon kernels', so the bits may differ from
+theirs (not from the reference beyond fp32 rounding).
 
 ASM=False (the interpreter, which cannot run PTX) converts with integer ops on the same bytes, exactly as the asm.
 """
@@ -148,10 +148,10 @@ def fp4_e4m3_gemm_kernel(
     w_ptrs = w_ptr + weight_rows[:, None] * stride_w + j[None, :]
     offset_words = offsets_ptr + weight_rows * (K // 128)
     offset_shift = (8 * (j // 16))[None, :]  # byte j of a step belongs to 32-block j // 16
-    # PROMOTE_LATE: step s's partial sum is scaled into acc during step s + 1, after that step's first MMA is
-    # issued. Triton then waits for step s's second MMA only there, so it overlaps the next step's conversion and
-    # this promotion (where the weights are a register operand: a shared-memory operand made inside the loop, the
-    # non-swapped form's weights, makes Triton wait for each MMA where it is issued).
+    # PROMOTE_LATE: step s's partial sum is scaled into acc during step s + 1, after that step's first MMA. Triton
+    # then leaves each step's second MMA in flight into the next step, where it overlaps the weight conversion, and
+    # the promotion overlaps the next step's second MMA. Only where the weights are a register operand (SWAP_AB): a
+    # shared-memory operand made inside the loop (the other form's weights) makes Triton wait for each MMA at once.
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     part = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     sx_part = tl.zeros((BLOCK_M,), dtype=tl.float32)
