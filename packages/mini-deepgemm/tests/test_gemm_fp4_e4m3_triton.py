@@ -107,16 +107,23 @@ CONTIGUOUS_CASES = {  # rows per group, N, K
 }
 
 
-@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
-def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, runner, triton_route):
+def _contiguous_operands(case: str, seed: int, runner: str):
+    """A CONTIGUOUS_CASES case's operands: activations folded per 128 (q, s) and the layout on the runner, the
+    checkpoint-order weights bq (CPU, for the reference), their route form bq_route, scales sb and folded scales."""
     rows, N, K = CONTIGUOUS_CASES[case]
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(seed)
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
     q, s = fp8_activations(random_bf16(layout.numel(), K, generator=gen), "per_128")
     bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     q, s, bq_route, sb, layout = (t.to(runner) for t in (q, s, bq_route, sb, layout))
-    folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
+    return q, s, bq, bq_route, sb, gemm.FoldedFP4Scales(*(t.to(runner) for t in folded)), layout
+
+
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, runner, triton_route):
+    N = CONTIGUOUS_CASES[case][1]
+    q, s, bq, bq_route, sb, folded, layout = _contiguous_operands(case, 3, runner)
     d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device=runner)
     gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
     assert triton_route == [gemm._CONTIGUOUS]
@@ -141,14 +148,8 @@ TILE_FORMS = {"d=xw^t late": dict(SWAP_AB=False, PROMOTE_LATE=True, BLOCK_N=128,
 def test_each_tile_form_against_the_reference_and_late_promotion_bitwise(form, runner, triton_route, monkeypatch):
     """The contiguous ragged case on each form: within the reference's tolerance, and PROMOTE_LATE changes only when
     a step's partial sum is scaled into the result, not its bits (the same FMAs in the same order)."""
-    rows, N, K = CONTIGUOUS_CASES["ragged"]
-    gen = torch.Generator().manual_seed(5)
-    layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
-    q, s = fp8_activations(random_bf16(layout.numel(), K, generator=gen), "per_128")
-    bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
-    bq_route, folded = gemm.fold_fp4_weights(bq, sb)
-    q, s, bq_route, sb, layout = (t.to(runner) for t in (q, s, bq_route, sb, layout))
-    folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
+    N = CONTIGUOUS_CASES["ragged"][1]
+    q, s, bq, bq_route, sb, folded, layout = _contiguous_operands("ragged", 5, runner)
     outs = []
     for late in (TILE_FORMS[form]["PROMOTE_LATE"], not TILE_FORMS[form]["PROMOTE_LATE"]):
         monkeypatch.setattr(gemm, "FP4_E4M3_TRITON_CONTIGUOUS",
