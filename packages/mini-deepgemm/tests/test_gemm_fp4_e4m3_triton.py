@@ -38,14 +38,10 @@ def runner(device: str) -> str:
     if device == "cpu" and not INTERPRET:
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     return device
-MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
 def _e4m3_bytes_of(natural: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 bytes in the checkpoint's order [R, 64] (one K step) and offset bytes [R, 4] (d + 5 per 32-block)
     -> the e4m3 bytes [R, 128] of each value x 2^d, in K order, as torch converts them."""
-    codes = torch.stack([natural & 0xF, natural >> 4], -1).view(natural.shape[0], 128).long()
-    values = torch.tensor(MAGNITUDES)[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    values = reference.unpack_fp4(natural)
     scale = torch.exp2(offsets.repeat_interleave(32, dim=1).double() - 5)
     return (values.double() * scale).to(torch.float8_e4m3fn).view(torch.uint8)
 

@@ -198,7 +198,6 @@ def route_word_cases():
     of the 8 positions of a route-order word (reference.fp4_to_fp8_mma_order; the word's only nonzero value) and every
     offset 0..11, with the e4m3 byte torch gives e2m1 x 2^(offset - 5) and whether the code is +0 or -0 (either byte
     is right then)."""
-    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     for offset in range(12):
         for code in range(16):
             for pos in range(8):
@@ -207,6 +206,6 @@ def route_word_cases():
                 natural = torch.zeros(1, 64, dtype=torch.uint8)
                 natural[0, k_value // 2] = code << (4 * (k_value % 2))
                 word = int(reference.fp4_to_fp8_mma_order(natural).view(torch.int32)[0, 0]) & 0xFFFFFFFF
-                value = (-1.0 if code & 8 else 1.0) * magnitudes[code & 7] * 2.0 ** (offset - 5)
+                value = (-1.0 if code & 8 else 1.0) * reference.E2M1_VALUES[code & 7] * 2.0 ** (offset - 5)
                 want = torch.tensor([value]).to(torch.float8_e4m3fn).view(torch.uint8).item()
                 yield offset, pos, word, want, code & 7 == 0
