@@ -31,17 +31,15 @@ from mini_deepgemm import gemm as G
 from mini_deepgemm.reference import fold_ue8m0_to_128
 from mini_deepgemm.testing import calc_diff
 
-# (SWAP_AB, PROMOTE_LATE, BLOCK_N, BLOCK_M, num_warps, num_stages) of gemm_fp4_e4m3_kernel's launches, the shipped
-# tiles (gemm.FP4_E4M3_TRITON_CONTIGUOUS, FP4_E4M3_TRITON_MASKED) among them
-TILE_KEYS = ("SWAP_AB", "PROMOTE_LATE", "BLOCK_N", "BLOCK_M", "num_warps", "num_stages")
+# (BLOCK_N, BLOCK_M, num_warps, num_stages) of gemm_fp4_e4m3_kernel's launches, the shipped tiles
+# (gemm.FP4_E4M3_TRITON_CONTIGUOUS, FP4_E4M3_TRITON_MASKED) first. Session 75 run 1 also timed the D = X W^T form and
+# late promotion, both removed since (docs/reports/triton-route-on-hopper.md).
+TILE_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages")
 CONTIGUOUS_TILES = [dict(zip(TILE_KEYS, t)) for t in (
-    (False, False, 128, 128, 8, 3), (False, False, 128, 128, 8, 4), (False, False, 128, 64, 4, 3),
-    (True, True, 128, 64, 8, 3), (True, False, 128, 64, 8, 3), (True, False, 256, 64, 8, 3))]
+    (256, 64, 8, 3), (256, 64, 8, 4), (256, 32, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3))]
 MASKED_TILES = [dict(zip(TILE_KEYS, t)) for t in (
-    (True, True, 128, 16, 4, 4), (True, False, 128, 16, 4, 4), (True, True, 64, 16, 4, 4),
-    (True, False, 128, 32, 4, 4), (True, True, 128, 32, 4, 4), (True, True, 128, 32, 8, 4),
-    (True, False, 128, 32, 4, 3),
-    (True, False, 128, 64, 4, 3), (False, False, 128, 64, 4, 3))]
+    (128, 16, 4, 4), (64, 16, 4, 4), (128, 16, 4, 3), (128, 32, 4, 3), (128, 32, 4, 4), (256, 32, 8, 3),
+    (128, 64, 4, 3), (256, 64, 8, 3))]
 
 
 def _triton_tiles(calls: dict, fp8_call, tiles: list[dict], masked_key: int | None) -> None:

@@ -568,22 +568,21 @@ def _fp4_e4m3_triton_takes(a: FP8Operand, d: torch.Tensor) -> bool:
 
 # Tiles of gemm_fp4_e4m3_kernel (weight rows x tokens): contiguous segments are 128-row aligned, so a token tile
 # divides 128; masked tiles follow the expected rows per expert (16 tokens up to ~16 rows, 32 up to ~32, else 64).
-# Chosen offline (triton 3.6 and 3.9, sm_90: no spills); session 73 timed the first form's tiles on an H200
-# (benchmarks/exp_moe_triton_fp8.py), not these contiguous ones. PROMOTE_LATE (session 74, offline) where it frees
-# registers (the 16-token tile: 96 against 119 under triton 3.6); it costs the 32-token tile 27 and spills the 64-token
-# one.
-FP4_E4M3_TRITON_CONTIGUOUS = {"SWAP_AB": False, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 128, "num_warps": 8,
-                              "num_stages": 3}
+# The best of benchmarks/exp_moe_triton_fp8.py's sweep (H100, session 75 run 1): the contiguous 256 x 64 tile ran
+# 344 / 369 TFLOP/s at 96 experts of 128-1,024 rows (w13 / w2; the 128 x 128 tile of session 74 286 / 326) and
+# 223 / 235 at 384 of 32-96; the 32-token masked tile 0.43 / 0.44 of the copy at ~32 rows at 3 stages (0.35 / 0.41
+# at 4). No spills under triton 3.6 or 3.9 (sm_90; integration_tests/test_compile_sm90_deepgemm.py).
+FP4_E4M3_TRITON_CONTIGUOUS = {"BLOCK_N": 256, "BLOCK_M": 64, "num_warps": 8, "num_stages": 3}
 FP4_E4M3_TRITON_MASKED = {
-    16: {"SWAP_AB": True, "PROMOTE_LATE": True, "BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
-    32: {"SWAP_AB": True, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 4},
-    64: {"SWAP_AB": True, "PROMOTE_LATE": False, "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
+    16: {"BLOCK_N": 128, "BLOCK_M": 16, "num_warps": 4, "num_stages": 4},
+    32: {"BLOCK_N": 128, "BLOCK_M": 32, "num_warps": 4, "num_stages": 3},
+    64: {"BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}
 
 
 def _fp4_e4m3_triton_gemm(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, group_arg: torch.Tensor,
                           folded: FoldedFP4Scales, expected_m: int | None) -> None:
     """gemm_fp4_e4m3_kernel's launch (operands checked by _validate_folded; activations folded per 128): one program
-    per (token tile, 128 weight rows), and per expert in the masked layout."""
+    per tile of the table's BLOCK_N weight rows x BLOCK_M tokens, and per expert in the masked layout."""
     from .gemm_fp4_e4m3_kernel import fp4_e4m3_gemm_kernel
 
     (aq, sa), (bq, _) = a, b

@@ -1,8 +1,7 @@
 """Triton kernel of the grouped FP8 x FP4 GEMMs on FP8 tensor cores, for wherever the Gluon kernels do not run: a
 triton other than 3.6 (the uv lock's), a GPU other than Hopper with FP8 MMAs (sm_89+, the B200 included), or
 MINI_DEEPGEMM_GLUON=0 (docs/reports/triton-route-on-hopper.md). Routed only with MINI_DEEPGEMM_TRITON_FP8_MOE=1
-(_backend.triton_fp8_moe_enabled): its first form (swap-AB at every tile) lost to the bf16-MMA route at prefill on
-an H200 in session 73, 826 against 629 ms per prefill step; this form's contiguous tiles have not run on a GPU yet.
+(_backend.triton_fp8_moe_enabled).
 
 Why: without it those installs ran the MoE GEMMs on the bf16-MMA route (gemm_swapab_kernel): every FP4 weight
 converted to bf16, the activations to bf16 by a pass in front, MMAs at half the FP8 rate. On an H200 under triton 3.6
@@ -11,16 +10,19 @@ as the Gluon kernels (gemm.fold_fp4_weights: the weights in the route's order, a
 and 128 of K, a power-of-two scale per weight row; activations folded per 128, fp32 scales), so one fold serves
 both routes and the engine runs unchanged.
 
-How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, in the swap-AB form of gemm_swapab_kernel (D^T = W
-X^T) for the masked layout's few tokens, else D = X W^T. Per K step of 128, each weight row's 64 packed bytes (16
-route-order words) become two e4m3 tiles [BLOCK_N, 64] by the Gluon kernels' byte-permute conversion (7 instructions per
-8 values, plus 3 per word that build the word's table from its offset byte here, inside the asm). Word w = 4c + q holds
-the values at k = 32c + 4q + j (its first four bytes out) and k + 16 (its last four), so byte j of a row's first tile is
-k_lo(j) = 32 (j // 16) + j % 16 and of its second k_lo(j) + 16: the activations are loaded in those two column orders
-(16-byte runs), and the two tiles are two FP8 MMAs of K = 64 into one partial sum. Then acc += partial * sx[token, step]
-(one FMA per element and step; PROMOTE_LATE: during the next step), and the row's 2^(ref - 127) multiplies the result
-once. Every product is exact in fp32; the sums run in another order than the Gluon kernels', so the bits may differ from
-theirs (not from the reference beyond fp32 rounding).
+How: a tile of BLOCK_N weight rows x BLOCK_M tokens in plain `tl`, computed transposed as gemm_swapab_kernel does (D^T
+= W X^T). Per K step of 128, each weight row's 64 packed bytes (16 route-order words) become two e4m3 tiles [BLOCK_N,
+64] by the Gluon kernels' byte-permute conversion (7 instructions per 8 values, plus 3 per word that build the word's
+table from its offset byte here, inside the asm). Word w = 4c + q holds the values at k = 32c + 4q + j (its first four
+bytes out) and k + 16 (its last four), so byte j of a row's first tile is k_lo(j) = 32 (j // 16) + j % 16 and of its
+second k_lo(j) + 16: the activations are loaded in those two column orders (16-byte runs), and the two tiles are two
+FP8 MMAs of K = 64 into one partial sum. Then acc += partial * sx[token, step] (one FMA per element and step), and the
+row's 2^(ref - 127) multiplies the result once. Every product is exact in fp32; the sums run in another order than the
+Gluon kernels', so the bits may differ from theirs (not from the reference beyond fp32 rounding).
+
+Measured (H100, session 75; docs/reports/triton-route-on-hopper.md): the D = X W^T form (converted weights as the
+MMA's shared-memory operand) and promoting each step's partial sum during the next step both lost to this form at
+every tile, so neither is kept.
 
 ASM=False (the interpreter, which cannot run PTX) converts with integer ops on the same bytes, exactly as the asm.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import grouped_tile, layout_tile
+from .gemm_kernel import program_tile
 
 # e4m3 bytes of {0, 0.5, 1, 1.5} x 2^d (low word) and {2, 3, 4, 6} x 2^d (high word) at d = -5; one step of d adds
 # 8 (an exponent step) to every byte but the zero's. The offset bytes hold d + 5, in [0, 11] (gemm.fold_fp4_weights).
@@ -104,24 +106,12 @@ def route_bytes_to_e4m3(packed, offsets, ASM: tl.constexpr):
 
 
 @triton.jit
-def _promote(acc, part, sx, SWAP_AB: tl.constexpr):
-    """acc + part x the tokens' activation scales of part's K step (sx: [BLOCK_M])."""
-    if SWAP_AB:
-        acc += part * sx[None, :]
-    else:
-        acc += part * sx[:, None]
-    return acc
-
-
-@triton.jit
 def fp4_e4m3_gemm_kernel(
     x_ptr, sx_ptr, w_ptr, offsets_ptr, column_scales_ptr, d_ptr, group_ptr,
     M, N, K,
     stride_x_g, stride_x, stride_sx_g, stride_sx, stride_w, stride_d_g, stride_d,
     LAYOUT: tl.constexpr,  # LAYOUT_CONTIGUOUS or LAYOUT_MASKED (gemm_kernel)
     ASM: tl.constexpr,  # the conversion in inline PTX (CUDA), else in integer ops (route_bytes_to_e4m3)
-    SWAP_AB: tl.constexpr,  # the weights as the MMA's left operand (D^T = W X^T: few tokens), else the right one
-    PROMOTE_LATE: tl.constexpr,  # scale each K step's partial sum into the result during the next step
     BLOCK_N: tl.constexpr,  # weight rows per tile
     BLOCK_M: tl.constexpr,  # tokens per tile
     GROUP_M: tl.constexpr,
@@ -131,12 +121,10 @@ def fp4_e4m3_gemm_kernel(
     [M, K] (masked: [G, M, K]), sx: fp32 [M, K / 128] (masked: [G, M, K / 128]); d: bf16, rows that are padding
     (contiguous -1) or past a group's count (masked) are not written. Weight tables are contiguous (gemm checks);
     stride_w = K / 2, passed so that Triton sees its 16-byte divisibility (16-byte copies of the weight rows).
-    SWAP_AB puts the converted weights in the MMA's register operand (token tiles under wgmma's 64 rows); without it
-    they stay in shared memory, where the MMA reads them, and the activations are the left operand."""
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    skip, row_ok, weight_group, token_group = layout_tile(group_ptr, offs_m, pid_m * BLOCK_M, M, LAYOUT)
+    The tile is computed transposed (D^T = W X^T): the converted weights are the MMA's left operand, which Triton
+    takes from registers, and token tiles may be as small as wgmma's n = 8."""
+    offs_m, offs_n, skip, row_ok, weight_group, token_group = program_tile(group_ptr, M, N, LAYOUT, BLOCK_M, BLOCK_N,
+                                                                            GROUP_M)
     if skip:
         return
     rows = (offs_m % M).to(tl.int64)
@@ -148,13 +136,7 @@ def fp4_e4m3_gemm_kernel(
     w_ptrs = w_ptr + weight_rows[:, None] * stride_w + j[None, :]
     offset_words = offsets_ptr + weight_rows * (K // 128)
     offset_shift = (8 * (j // 16))[None, :]  # byte j of a step belongs to 32-block j // 16
-    # PROMOTE_LATE: step s's partial sum is scaled into acc during step s + 1, after that step's first MMA. Triton
-    # then leaves each step's second MMA in flight into the next step, where it overlaps the weight conversion, and
-    # the promotion overlaps the next step's second MMA. Only where the weights are a register operand (SWAP_AB): a
-    # shared-memory operand made inside the loop (the other form's weights) makes Triton wait for each MMA at once.
-    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    part = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sx_part = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(0, K // 128):
         offsets = ((tl.load(offset_words + step)[:, None] >> offset_shift) & 0xFF).to(tl.uint8)
         w_first, w_second = route_bytes_to_e4m3(tl.load(w_ptrs + 64 * step), offsets, ASM)
@@ -163,22 +145,9 @@ def fp4_e4m3_gemm_kernel(
         x_first = tl.load(x_ptrs + 128 * step)
         x_second = tl.load(x_ptrs + 128 * step + 16)
         sx = tl.load(sx_ptrs + step)
-        if SWAP_AB:
-            new_part = tl.dot(w_second, tl.trans(x_second), tl.dot(w_first, tl.trans(x_first)))
-        else:
-            new_part = tl.dot(x_second, tl.trans(w_second), tl.dot(x_first, tl.trans(w_first)))
-        if PROMOTE_LATE:
-            acc = _promote(acc, part, sx_part, SWAP_AB)
-            part = new_part
-            sx_part = sx
-        else:
-            acc = _promote(acc, new_part, sx, SWAP_AB)
-    if PROMOTE_LATE:
-        acc = _promote(acc, part, sx_part, SWAP_AB)
+        part = tl.dot(w_second, tl.trans(x_second), tl.dot(w_first, tl.trans(x_first)))
+        acc += part * sx[None, :]
     column_scales = tl.load(column_scales_ptr + weight_rows)
     out_ok = row_ok[:, None] & (offs_n < N)[None, :]
     out_ptrs = d_ptr + token_group * stride_d_g + offs_m.to(tl.int64)[:, None] * stride_d + offs_n[None, :]
-    if SWAP_AB:
-        tl.store(tl.trans(out_ptrs), (acc * column_scales[:, None]).to(tl.bfloat16), mask=tl.trans(out_ok))
-    else:
-        tl.store(out_ptrs, (acc * column_scales[None, :]).to(tl.bfloat16), mask=out_ok)
+    tl.store(tl.trans(out_ptrs), (acc * column_scales[:, None]).to(tl.bfloat16), mask=tl.trans(out_ok))

@@ -79,22 +79,29 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def layout_tile(group_ptr, offs_m, first_row, M, LAYOUT: tl.constexpr):
-    """Where a row tile's operands live in the grouped layouts: (skip: the tile has no rows to compute, row_ok: its
-    rows that do, weight_group: the int64 group of its weights, token_group: the int64 group of its activations and
-    outputs). Dense: group 0, rows below M. Contiguous: one group per tile (segments start on multiples of the tile
-    height, so a tile holds one group plus, at its end, padding -1), activations not grouped; an all-padding tile is
-    skipped. Masked: the group is grid axis 1 for both, and group g uses rows [0, masked_m[g])."""
+def program_tile(group_ptr, M, N, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """The prologue of every grouped GEMM kernel in this package: this program's output tile and where its operands
+    live in the grouped layouts. Returns (offs_m [BLOCK_M], offs_n [BLOCK_N]: the tile's rows and columns, which may
+    run past M and N; skip: the tile has no rows to compute, and the kernel returns at once; row_ok: its rows that
+    do; weight_group: the int64 group of its weights; token_group: the int64 group of its activations and outputs).
+    Dense: group 0, rows below M. Contiguous: one group per tile (segments start on multiples of the tile height, so
+    a tile holds one group plus, at its end, padding -1), activations not grouped; an all-padding tile is skipped.
+    Masked: the group is grid axis 1 for both, and group g uses rows [0, masked_m[g])."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if LAYOUT == LAYOUT_CONTIGUOUS:
         ids = tl.load(group_ptr + offs_m, mask=offs_m < M, other=-1)
         group = tl.max(ids, axis=0)
-        return group < 0, ids == group, group.to(tl.int64), 0
+        return offs_m, offs_n, group < 0, ids == group, group.to(tl.int64), 0
     elif LAYOUT == LAYOUT_MASKED:
         group = tl.program_id(1)
         rows_in_group = tl.load(group_ptr + group)
-        return first_row >= rows_in_group, offs_m < rows_in_group, group.to(tl.int64), group.to(tl.int64)
+        skip = pid_m * BLOCK_M >= rows_in_group
+        return offs_m, offs_n, skip, offs_m < rows_in_group, group.to(tl.int64), group.to(tl.int64)
     else:
-        return False, offs_m < M, 0, 0
+        return offs_m, offs_n, False, offs_m < M, 0, 0
 
 
 @triton.jit
@@ -116,12 +123,8 @@ def scaled_gemm_nt_kernel(
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-
-    skip, row_ok, weight_group, token_group = layout_tile(group_ptr, offs_m, pid_m * BLOCK_M, M, LAYOUT)
+    offs_m, offs_n, skip, row_ok, weight_group, token_group = program_tile(group_ptr, M, N, LAYOUT, BLOCK_M, BLOCK_N,
+                                                                            GROUP_M)
     if skip:
         return
     a_base = a_ptr + token_group * stride_a_g

@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gemm_kernel import grouped_tile, layout_tile, ue8m0_to_fp32
+from .gemm_kernel import program_tile, ue8m0_to_fp32
 
 
 @triton.jit
@@ -178,10 +178,8 @@ def swapab_gemm_kernel(
     """d[m, n] = sum_k x[m, k] * dequant(w)[n, k]. x: bf16 [M, K] from dequant_act_kernel (FP4 weights: in its
     K order), or with X_FP8 the e4m3 activations [M, K] (masked: [G, M, K]) and their UE8M0 bytes [.., K / 32];
     both give the MMAs the same bf16 operands in the same K order."""
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    skip, row_ok, weight_group, token_group = layout_tile(group_ptr, offs_m, pid_m * BLOCK_M, M, LAYOUT)
+    offs_m, offs_n, skip, row_ok, weight_group, token_group = program_tile(group_ptr, M, N, LAYOUT, BLOCK_M, BLOCK_N,
+                                                                            GROUP_M)
     if skip:
         return
     x_base = x_ptr + token_group * stride_x_g
