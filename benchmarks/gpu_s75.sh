@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Session 75's second GPU call: the Triton route's FP8-MMA MoE kernel (gemm_fp4_e4m3_kernel.py) on the tiles run 1's
 # sweep chose (swap-AB form only; the D = X W^T form and late promotion removed), all with MINI_DEEPGEMM_GLUON=0:
-# its GPU tests, exp_moe_triton_fp8.py (the new tile list), bench_prefill before (base: .ab-base.tar.gz of a15b70f,
-# the bf16-MMA route) and after with the kernel's switch MINI_DEEPGEMM_TRITON_FP8_MOE=1, bench_decode on the tree with
-# the switch off and on, then the runtime's core GPU tests with the switch, as time allows (~420 s).
+# its GPU tests, bench_prefill before (base: .ab-base.tar.gz of a15b70f, the bf16-MMA route) and after with the
+# kernel's switch MINI_DEEPGEMM_TRITON_FP8_MOE=1, exp_moe_triton_fp8.py (the new tile list), bench_decode on the tree
+# with the switch off and on, then the runtime's core GPU tests with the switch, as time allows (~420 s; in that order
+# so that a short call still answers whether the prefill step gains).
 # carry [".devdeps", ".ab-base.tar.gz"]; source .devdeps/env.sh && DEADLINE=N bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s75
 export MINI_DEEPGEMM_GLUON=0
 run fp4_e4m3_tests 60 env MINI_DEEPGEMM_TRITON_FP8_MOE=1 $PYTEST -n 8 \
   packages/mini-deepgemm/tests/test_gemm_fp4_e4m3_triton.py -m gpu --junitxml="$OUT/junit_fp4_e4m3.xml"
-run exp_moe_triton_fp8 130 env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_triton_fp8.py"
 for side in base new; do
-  fits 100 && run "prefill_triton_$side" 100 env MINI_DEEPGEMM_TRITON_FP8_MOE=1 PYTHONPATH="$(side_path $side)" \
+  fits 70 && run "prefill_triton_$side" 90 env MINI_DEEPGEMM_TRITON_FP8_MOE=1 PYTHONPATH="$(side_path $side)" \
     python3 benchmarks/bench_prefill.py "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_triton_${side}_$CARD.json"
 done
+fits 60 && run exp_moe_triton_fp8 $(( ${DEADLINE:-540} - SECONDS - 15 < 130 ? ${DEADLINE:-540} - SECONDS - 15 : 130 )) env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_triton_fp8.py"
 for switch in 0 1; do
   fits 90 && decode_bench "decode_triton_fp8moe$switch" env MINI_DEEPGEMM_TRITON_FP8_MOE=$switch
 done
