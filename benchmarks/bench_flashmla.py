@@ -215,9 +215,10 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_splits"] = triton_splits
         result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, triton_splits))
-        result[f"decode_b{batch}_gluon_split_sweep_us"] = {  # the split rule's evidence: every count tried
-            count: 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink, count))
-            for count in DECODE_SPLIT_SWEEP}
+        for kernel, launch in (("gluon", api._launch_gluon), ("triton", api._launch_sparse_attn)):
+            result[f"decode_b{batch}_{kernel}_split_sweep_us"] = {  # the split rules' evidence: every count tried
+                count: 1e3 * bench_graph(lambda: launch(q, *sources, SCALE, sink, count))
+                for count in DECODE_SPLIT_SWEEP}
         if splits > 1:  # the merge's share of the split call: combine_splits_kernel alone on this call's partials
             part_out, part_lse = api._split_partials(q, splits)
             part_out.normal_(generator=g)
@@ -347,12 +348,13 @@ def print_table(result: dict) -> None:
                   f"{result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     for b in DECODE_BATCHES:
-        if f"decode_b{b}_gluon_split_sweep_us" in result:
-            sweep = result[f"decode_b{b}_gluon_split_sweep_us"]
-            combine = result.get(f"decode_b{b}_combine_us")
-            print(f"| decode batch {b}, Gluon by split count | "
-                  + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items())
-                  + (f"; the merge alone {combine:.1f} us" if combine else "") + " | |")
+        for kernel in ("Gluon", "Triton"):
+            if f"decode_b{b}_{kernel.lower()}_split_sweep_us" in result:
+                sweep = result[f"decode_b{b}_{kernel.lower()}_split_sweep_us"]
+                combine = result.get(f"decode_b{b}_combine_us")
+                print(f"| decode batch {b}, {kernel} by split count | "
+                      + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items())
+                      + (f"; the merge alone {combine:.1f} us" if combine else "") + " | |")
     for b in INDEXER_DECODE_BATCHES:
         if f"indexer_decode_b{b}_ms" in result:
             print(f"| indexer decode (per-query keys, 131k context), batch {b} (graph replay) | "
