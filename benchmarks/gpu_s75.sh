@@ -16,7 +16,7 @@ for side in base new; do
   fits 70 && run "prefill_triton_$side" 90 env MINI_DEEPGEMM_TRITON_FP8_MOE=1 PYTHONPATH="$(side_path $side)" \
     python3 benchmarks/bench_prefill.py "${PREFILL_LAYER_ARGS[@]}" --out "$OUT/prefill_triton_${side}_$CARD.json"
 done
-fits 80 && run flashmla_decode_triton 70 env BENCH_PARTS=decode OUT="$OUT" BENCH_JSON=flashmla_decode_triton.json \
+fits 130 && run flashmla_decode_triton 120 env BENCH_PARTS=decode OUT="$OUT" BENCH_JSON=flashmla_decode_triton.json \
   bash -c "cd benchmarks && python3 bench_flashmla.py"
 sweep_secs=$((${DEADLINE:-540} - SECONDS - 15)); [ "$sweep_secs" -gt 130 ] && sweep_secs=130
 fits 60 && run exp_moe_triton_fp8 "$sweep_secs" env OUT="$OUT" bash -c "cd benchmarks && python3 exp_moe_triton_fp8.py"

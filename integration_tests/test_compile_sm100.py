@@ -9,8 +9,9 @@ program may have (it takes 1 stage there now: mini_flashmla.api._attn_launch).
 How: the three sm_90 files' cases (test_compile_sm90_*.py: the same calls at V4.1 shapes) inside
 sm90_compile.compiling_for(B200). Each call must launch the kernels of the Triton route, and each kernel must fit:
 shared memory <= 232,448 B and registers x threads <= 65,536, as on sm_90. Local memory (spills) is printed, not
-bounded: nobody has timed these kernels on sm_100. The FP8-MMA cases of mini_deepgemm (folded weights) are left out,
-because they are the Gluon route's alone. A compile is all this shows: not speed, and not results.
+bounded: nobody has timed these kernels on sm_100. The FP8-MMA cases of mini_deepgemm (folded weights) compile
+gemm_fp4_e4m3_kernel, as MINI_DEEPGEMM_TRITON_FP8_MOE=1 routes them (off by default). A compile is all this shows:
+not speed, and not results.
 
     uv run pytest -s integration_tests/test_compile_sm100.py       # -s prints each kernel's resources
 """

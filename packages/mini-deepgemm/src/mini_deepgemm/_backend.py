@@ -42,9 +42,10 @@ def gluon_usable() -> bool:
 @functools.cache
 def triton_fp8_moe_enabled() -> bool:
     """Whether the FP8-MMA route's folded MoE calls take gemm_fp4_e4m3_kernel (plain Triton) where the Gluon kernels
-    do not run, and fold_fp4_weights folds there: MINI_DEEPGEMM_TRITON_FP8_MOE=1. Off by default: the kernel's first
-    form lost to the bf16-MMA route at prefill on an H200 (session 73, docs/reports/triton-route-on-hopper.md), and its
-    second form has not run on a GPU yet. Read once."""
+    do not run, and fold_fp4_weights folds there: MINI_DEEPGEMM_TRITON_FP8_MOE=1. Off by default: on its session 75
+    tiles it beats the bf16-MMA route (H100: the prefill step 1.046x, the masked GEMMs ~1.4x;
+    docs/reports/triton-route-on-hopper.md), but the decode step and the runtime's GPU tests have not run with it on
+    those tiles yet. Read once."""
     return os.environ.get("MINI_DEEPGEMM_TRITON_FP8_MOE", "0") == "1"
 
 
