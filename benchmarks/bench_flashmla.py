@@ -189,7 +189,8 @@ def bench_graph(fn) -> float:
 def bench_decode(dev, result: dict) -> None:
     """Device time of the public API (its routing: the Gluon kernel where _gluon_runs_on, else the Triton kernel,
     split where _default_num_splits says), of each kernel forced unsplit, of the Triton kernel split by its own rule
-    (the API's route at batch 8 and 32 before session 26), and the API's host-inclusive time."""
+    (the API's route at batch 8 and 32 before session 26), of each kernel at every count of DECODE_SPLIT_SWEEP (the
+    split rules' evidence; the Triton kernel's since session 75), and the API's host-inclusive time."""
     g = torch.Generator(device=dev).manual_seed(1)
     for batch in DECODE_BATCHES:
         q, window_cache, compressed_cache, wid, cid, sink = decode_case(dev, batch, g)

@@ -7,8 +7,9 @@ and every offset, against torch's e4m3; the routing rules. On CUDA, and on the C
 this file once that way, in a subprocess): the conversion in a kernel (the PTX on CUDA, the integer ops under the
 interpreter) bitwise against torch's e4m3 on random route-order rows, and both layouts through the public API against
 the pure-torch reference on random data (DeepGEMM's diff below 1e-5), padding and unused rows untouched, repeated
-calls bitwise equal; two tiles besides the shipped ones likewise. Shapes: ragged groups (empty, one row, a segment ending one row past a tile), groups of
-0, 1, 17 and all rows at each masked tile (16, 32, 64 tokens), K of one step and of several.
+calls bitwise equal; two tiles besides the shipped ones likewise. Shapes: ragged groups (empty, one row, a segment
+ending one row past a tile), groups of 0, 1, 17 and all rows at each masked tile (16, 32, 64 tokens), K of one step
+and of several.
 """
 
 import os

@@ -122,7 +122,7 @@ def fp4_e4m3_gemm_kernel(
     (contiguous -1) or past a group's count (masked) are not written. Weight tables are contiguous (gemm checks);
     stride_w = K / 2, passed so that Triton sees its 16-byte divisibility (16-byte copies of the weight rows).
     The tile is computed transposed (D^T = W X^T): the converted weights are the MMA's left operand, which Triton
-    takes from registers, and token tiles may be as small as wgmma's n = 8."""
+    takes from registers, and the tokens its N, so token tiles may be smaller than wgmma's 64 rows."""
     offs_m, offs_n, skip, row_ok, weight_group, token_group = program_tile(group_ptr, M, N, LAYOUT, BLOCK_M, BLOCK_N,
                                                                             GROUP_M)
     if skip:

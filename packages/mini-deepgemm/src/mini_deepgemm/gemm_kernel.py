@@ -81,7 +81,7 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 @triton.jit
 def program_tile(group_ptr, M, N, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP_M: tl.constexpr):
-    """The prologue of every grouped GEMM kernel in this package: this program's output tile and where its operands
+    """The prologue of this package's Triton GEMM kernels: this program's output tile and where its operands
     live in the grouped layouts. Returns (offs_m [BLOCK_M], offs_n [BLOCK_N]: the tile's rows and columns, which may
     run past M and N; skip: the tile has no rows to compute, and the kernel returns at once; row_ok: its rows that
     do; weight_group: the int64 group of its weights; token_group: the int64 group of its activations and outputs).
