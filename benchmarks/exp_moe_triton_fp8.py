@@ -32,8 +32,8 @@ from mini_deepgemm.reference import fold_ue8m0_to_128
 from mini_deepgemm.testing import calc_diff
 
 # (BLOCK_N, BLOCK_M, num_warps, num_stages) of gemm_fp4_e4m3_kernel's launches, the shipped tiles
-# (gemm.FP4_E4M3_TRITON_CONTIGUOUS, FP4_E4M3_TRITON_MASKED) first. Session 75 run 1 also timed the D = X W^T form and
-# late promotion, both removed since (docs/reports/triton-route-on-hopper.md).
+# (gemm.FP4_E4M3_TRITON_CONTIGUOUS, FP4_E4M3_TRITON_MASKED) among them. Session 75 run 1 also timed the D = X W^T form
+# and late promotion, both removed since (docs/reports/triton-route-on-hopper.md).
 TILE_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages")
 CONTIGUOUS_TILES = [dict(zip(TILE_KEYS, t)) for t in (
     (256, 64, 8, 3), (256, 64, 8, 4), (256, 32, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3))]
