@@ -349,10 +349,10 @@ def print_table(result: dict) -> None:
                   f"{result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     for b in DECODE_BATCHES:
+        combine = result.get(f"decode_b{b}_combine_us")
         for kernel in ("Gluon", "Triton"):
-            if f"decode_b{b}_{kernel.lower()}_split_sweep_us" in result:
-                sweep = result[f"decode_b{b}_{kernel.lower()}_split_sweep_us"]
-                combine = result.get(f"decode_b{b}_combine_us")
+            sweep = result.get(f"decode_b{b}_{kernel.lower()}_split_sweep_us")
+            if sweep:
                 print(f"| decode batch {b}, {kernel} by split count | "
                       + ", ".join(f"{s}: {t:.1f} us" for s, t in sweep.items())
                       + (f"; the merge alone {combine:.1f} us" if combine else "") + " | |")

@@ -103,9 +103,10 @@ CONTIGUOUS_CASES = {  # rows per group, N, K
 }
 
 
-def _contiguous_operands(case: str, seed: int, runner: str):
-    """A CONTIGUOUS_CASES case's operands: activations folded per 128 (q, s) and the layout on the runner, the
-    checkpoint-order weights bq (CPU, for the reference), their route form bq_route, scales sb and folded scales."""
+def _contiguous_checked(case: str, seed: int, runner: str):
+    """Runs a CONTIGUOUS_CASES case (random activations folded per 128, foldable FP4 weights) through the public API
+    into an output filled with 7.0, asserts it against the pure-torch reference (DeepGEMM's diff below 1e-5) with the
+    padding rows untouched, and returns (d, call): call(out) makes the same call into out."""
     rows, N, K = CONTIGUOUS_CASES[case]
     gen = torch.Generator().manual_seed(seed)
     layout = contiguous_layout(rows, gemm.get_m_alignment_for_contiguous_layout())
@@ -113,23 +114,27 @@ def _contiguous_operands(case: str, seed: int, runner: str):
     bq, sb = foldable_fp4_weights(len(rows), N, K, gen)
     bq_route, folded = gemm.fold_fp4_weights(bq, sb)
     q, s, bq_route, sb, layout = (t.to(runner) for t in (q, s, bq_route, sb, layout))
-    return q, s, bq, bq_route, sb, gemm.FoldedFP4Scales(*(t.to(runner) for t in folded)), layout
+    folded = gemm.FoldedFP4Scales(*(t.to(runner) for t in folded))
 
+    def call(out: torch.Tensor) -> None:
+        gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), out, layout, folded=folded)
 
-@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
-def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, runner, triton_route):
-    N = CONTIGUOUS_CASES[case][1]
-    q, s, bq, bq_route, sb, folded, layout = _contiguous_operands(case, 3, runner)
     d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device=runner)
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
-    assert triton_route == [gemm._CONTIGUOUS]
+    call(d)
     want = reference.m_grouped_gemm_nt_contiguous_ref(q.cpu(), reference.ue8m0_from_fold_128(s.cpu()), bq, sb.cpu(),
                                                       layout.cpu(), 1, 32)
     used = layout.cpu() >= 0
     assert calc_diff(d.cpu()[used].float(), want[used]) < 1e-5
     assert bool((d.cpu()[~used] == 7.0).all()), "padding rows must stay untouched"
+    return d, call
+
+
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_against_the_reference_padding_untouched_and_repeatable(case, runner, triton_route):
+    d, call = _contiguous_checked(case, 3, runner)
+    assert triton_route == [gemm._CONTIGUOUS]
     again = torch.full_like(d, 7.0)
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), again, layout, folded=folded)
+    call(again)
     assert torch.equal(again.view(torch.int16), d.view(torch.int16)), "repeated calls must give the same bits"
 
 
@@ -143,16 +148,8 @@ OTHER_TILES = {"128x64": dict(BLOCK_N=128, BLOCK_M=64, num_warps=4, num_stages=3
 def test_other_tiles_against_the_reference(tile, runner, triton_route, monkeypatch):
     """The contiguous ragged case on tiles other than the shipped one: within the reference's tolerance, padding
     untouched."""
-    N = CONTIGUOUS_CASES["ragged"][1]
-    q, s, bq, bq_route, sb, folded, layout = _contiguous_operands("ragged", 5, runner)
     monkeypatch.setattr(gemm, "FP4_E4M3_TRITON_CONTIGUOUS", OTHER_TILES[tile])
-    d = torch.full((layout.numel(), N), 7.0, dtype=torch.bfloat16, device=runner)
-    gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((q, s), (bq_route, sb), d, layout, folded=folded)
-    want = reference.m_grouped_gemm_nt_contiguous_ref(q.cpu(), reference.ue8m0_from_fold_128(s.cpu()), bq, sb.cpu(),
-                                                      layout.cpu(), 1, 32)
-    used = layout.cpu() >= 0
-    assert calc_diff(d.cpu()[used].float(), want[used]) < 1e-5
-    assert bool((d.cpu()[~used] == 7.0).all()), "padding rows must stay untouched"
+    _contiguous_checked("ragged", 5, runner)
 
 
 @pytest.mark.parametrize("expected_m", [2, 32, 64])  # the 16-, 32- and 64-token tiles
