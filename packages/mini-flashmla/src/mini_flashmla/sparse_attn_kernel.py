@@ -64,13 +64,23 @@ def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def _gather_block(ids_ptr, ids_len, num_rows, kv_ptr, blk, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr,
-                  D: tl.constexpr, FP4_ASM: tl.constexpr):
-    """Index block `blk` of one source: (its rows as bf16 [BLOCK_N, D], which of them are valid)."""
-    pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-    ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
-    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
-    return _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM), valid
+def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
+                   FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
+    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
+    for blk in range(blk_lo, blk_hi):
+        pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
+        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM)
+        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)  # P rounded to bf16 before P.V, as the reference
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -103,30 +113,15 @@ def sparse_mla_fwd_kernel(
 
     # Logical blocks: A's blocks first, then B's; this split owns [lo, hi).
     a_blocks = tl.cdiv(a_len, BLOCK_N)
-    b_blocks = tl.cdiv(b_len, BLOCK_N) if HAS_B else 0
     lo = split * blocks_per_split
     hi = lo + blocks_per_split
-    # One loop over both sources (A's blocks, then B's): one copy of the softmax and the MMAs, whose registers a
-    # second loop spilled (triton 3.6, sm_90: 768 B per thread against 40 B for one source).
-    for blk in range(lo, tl.minimum(hi, a_blocks + b_blocks)):
-        if HAS_B:
-            if blk < a_blocks:
-                kv, valid = _gather_block(a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows, a_kv_ptr, blk, A_FORMAT,
-                                          BLOCK_N, D, FP4_ASM)
-            else:
-                kv, valid = _gather_block(b_ids_ptr + sq * stride_b_ids, b_len, b_num_rows, b_kv_ptr, blk - a_blocks,
-                                          B_FORMAT, BLOCK_N, D, FP4_ASM)
-        else:  # no branch in the loop: the bf16 rows' gathers stay pipelined (num_stages 2)
-            kv, valid = _gather_block(a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows, a_kv_ptr, blk, A_FORMAT,
-                                      BLOCK_N, D, FP4_ASM)
-        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)  # P rounded to bf16 before P.V, as the reference
-        m_i = m_new
+    m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, a_ids_ptr + sq * stride_a_ids, a_len, a_num_rows,
+                                   a_kv_ptr, lo, tl.minimum(hi, a_blocks), A_FORMAT, BLOCK_N, D, FP4_ASM)
+    if HAS_B:
+        b_blocks = tl.cdiv(b_len, BLOCK_N)
+        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, qk_scale_log2, b_ids_ptr + sq * stride_b_ids, b_len,
+                                       b_num_rows, b_kv_ptr, tl.maximum(lo - a_blocks, 0),
+                                       tl.minimum(hi - a_blocks, b_blocks), B_FORMAT, BLOCK_N, D, FP4_ASM)
 
     has_mass = l_i > 0
     lse = tl.where(has_mass, (m_i + tl.log2(l_i)) * LN2, float("-inf"))
