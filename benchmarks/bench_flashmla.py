@@ -188,8 +188,8 @@ def bench_graph(fn) -> float:
 
 def bench_decode(dev, result: dict) -> None:
     """Device time of the public API (its routing: the Gluon kernel where _gluon_runs_on, else the Triton kernel,
-    split where _default_num_splits says), of each kernel forced unsplit, of the Triton kernel split by its own rule
-    (the API's route at batch 8 and 32 before session 26), of each kernel at every count of DECODE_SPLIT_SWEEP (the
+    split where _default_num_splits says), of each kernel forced unsplit, of the Triton kernel at the API's split count
+    (the API's call off the Gluon route), of each kernel at every count of DECODE_SPLIT_SWEEP (the
     split rules' evidence; the Triton kernel's since session 75), and the API's host-inclusive time."""
     g = torch.Generator(device=dev).manual_seed(1)
     for batch in DECODE_BATCHES:
@@ -206,16 +206,14 @@ def bench_decode(dev, result: dict) -> None:
         result[f"decode_b{batch}_triton_one_split_us"] = 1e3 * bench_graph(
             lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, 1))
         result[f"decode_b{batch}_gluon_us"] = 1e3 * bench_graph(lambda: api._launch_gluon(q, *sources, SCALE, sink))
-        # the API's route and split count (its route's rule, cut to whole blocks), and the Triton kernel's own rule
+        # the API's route and split count (one rule for both kernels, cut to whole blocks), and the Triton kernel at
+        # that count (the API's call off the Gluon route)
         gluon_route = api._gluon_runs_on(q, window_cache, compressed_cache)
-        splits, _ = api._split_blocks(api._walk_blocks(W, TOPK_C),
-                                      api._default_num_splits(q, W + TOPK_C, gluon=gluon_route))
-        triton_splits = api._default_num_splits(q, W + TOPK_C, gluon=False)
+        splits, _ = api._split_blocks(api._walk_blocks(W, TOPK_C), api._default_num_splits(q, W + TOPK_C))
         result[f"decode_b{batch}_route"] = "gluon" if gluon_route else "triton"
         result[f"decode_b{batch}_splits"] = splits
-        result[f"decode_b{batch}_triton_splits"] = triton_splits
-        result[f"decode_b{batch}_triton_own_split_us"] = 1e3 * bench_graph(
-            lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, triton_splits))
+        result[f"decode_b{batch}_triton_split_us"] = 1e3 * bench_graph(
+            lambda: api._launch_sparse_attn(q, *sources, SCALE, sink, splits))
         for kernel, launch in (("gluon", api._launch_gluon), ("triton", api._launch_sparse_attn)):
             result[f"decode_b{batch}_{kernel}_split_sweep_us"] = {  # the split rules' evidence: every count tried
                 count: 1e3 * bench_graph(lambda: launch(q, *sources, SCALE, sink, count))
@@ -343,9 +341,8 @@ def print_table(result: dict) -> None:
                   f"{result[f'decode_b{b}_gbs']:.0f} GB/s, {result[f'decode_b{b}_route']} kernel in "
                   f"{result[f'decode_b{b}_splits']} split(s) (kernels unsplit: "
                   f"Gluon {result[f'decode_b{b}_gluon_us']:.1f} us, Triton "
-                  f"{result[f'decode_b{b}_triton_one_split_us']:.1f} us; Triton in "
-                  f"{result[f'decode_b{b}_triton_splits']} split(s) "
-                  f"{result[f'decode_b{b}_triton_own_split_us']:.1f} us; API with host time "
+                  f"{result[f'decode_b{b}_triton_one_split_us']:.1f} us; Triton in as many splits "
+                  f"{result[f'decode_b{b}_triton_split_us']:.1f} us; API with host time "
                   f"{result[f'decode_b{b}_host_inclusive_us']:.1f} us) "
                   f"| {result[f'decode_b{b}_gbs'] / pc:.2f} of copy |")
     for b in DECODE_BATCHES:

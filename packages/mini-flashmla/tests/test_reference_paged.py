@@ -167,18 +167,15 @@ def test_indexer_topk_is_chunked_by_query(monkeypatch):
     assert torch.equal(mini_flashmla.indexer_topk(qi, w, cache, visible, rows, 32), whole)
 
 
-@pytest.mark.parametrize("programs,gluon,splits", [
-    (64, True, 2), (32, True, 4), (8, True, 10), (16, True, 8), (66, True, 2), (67, True, 1), (132, True, 1),
-    (4096, True, 1),
-    (64, False, 1), (34, False, 1), (33, False, 4), (8, False, 5),
+@pytest.mark.parametrize("programs,splits", [
+    (64, 2), (32, 4), (8, 10), (16, 8), (66, 2), (67, 1), (132, 1), (4096, 1), (33, 4), (1, 10),
 ])
-def test_default_decode_splits(monkeypatch, programs, gluon, splits):
-    """The split rule on a 132-SM GPU at V4.1's 640 slots (10 blocks): the Gluon kernel splits every grid below one
-    program per SM, to about one per SM, down to one block per split; the Triton kernel only below a quarter of the
-    SMs, with at least 2 blocks per split."""
+def test_default_decode_splits(monkeypatch, programs, splits):
+    """The split rule on a 132-SM GPU at V4.1's 640 slots (10 blocks), for either kernel: every grid below one program
+    per SM splits, to about one program per SM, down to one block per split."""
     monkeypatch.setattr(api, "_num_sms", lambda device: 132)
     q = torch.empty(programs, 64, 512)
-    assert api._default_num_splits(q, 640, gluon) == splits
+    assert api._default_num_splits(q, 640) == splits
 
 
 @pytest.mark.parametrize("n_blocks,asked,expected", [(10, 4, (4, 3)), (10, 3, (3, 4)), (10, 20, (10, 1)),

@@ -156,7 +156,7 @@ def sparse_mla_fwd_paged(
     source_a = (window_cache, window_ids, FORMAT_FP8_WINDOW.value)
     gluon = _gluon_runs_on(q, *(c for c in (window_cache, compressed_cache) if c is not None))
     if num_splits is None:
-        num_splits = _default_num_splits(q, total_slots, gluon)
+        num_splits = _default_num_splits(q, total_slots)
     if gluon:
         return _launch_gluon(q, source_a, source_b, sm_scale, attn_sink, num_splits)
     return _launch_sparse_attn(q, source_a, source_b, sm_scale, attn_sink, num_splits)
@@ -176,18 +176,15 @@ def _check_rows(cache: torch.Tensor, row_bytes: int, name: str) -> None:
                          f"{tuple(cache.shape)}")
 
 
-def _default_num_splits(q: torch.Tensor, total_slots: int, gluon: bool) -> int:
-    """Split a grid of fewer programs than SMs (decode) up to ~1 program per SM: the Gluon kernel down to one block
-    of 64 slots per split (at batch 8 on H200 1.10x two, docs/reports/flashmla-gluon.md, session 27), the
-    Triton kernel with at least 2 blocks per split and only below a quarter of the SMs (on H200 its partials, fp32
-    then, cost more than they save from batch 64 up, docs/reports/flashmla-sparse-attention.md)."""
+def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
+    """Split a grid of fewer programs than SMs (decode) up to ~1 program per SM, down to one block of 64 slots per
+    split, for either kernel. Evidence, V4.1's 640 slots: the Gluon kernel at batch 8 on H200, 1.10x two splits
+    (docs/reports/flashmla-gluon.md, session 27); the Triton kernel on an H100 (session 76, split sweep) at batch 64,
+    59.7 us in 2 splits against 82.9 unsplit, at batch 8 21.7 us in 10 against 24.8 in 5, and slower split from batch
+    128 (docs/reports/flashmla-sparse-attention.md)."""
     programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
-    num_sms = _num_sms(q.device)
-    if not gluon and 4 * programs > num_sms:
-        return 1
     blocks = math.ceil(total_slots / ATTN_BLOCK_N)
-    most = max(1, blocks if gluon else blocks // 2)
-    return max(1, min(num_sms // max(programs, 1), most))
+    return max(1, min(_num_sms(q.device) // max(programs, 1), blocks))
 
 
 def _split_blocks(n_blocks: int, num_splits: int) -> tuple[int, int]:
