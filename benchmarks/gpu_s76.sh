@@ -8,7 +8,9 @@
 #       kernel's switch MINI_DEEPGEMM_TRITON_FP8_MOE off and on.
 #   PART=tests (~540 s): mini-flashmla's GPU suite, the runtime's core GPU tests with the switch on, then (DECODE=1)
 #       bench_decode with the switch off and on, where PART=attn had no time left for it.
-# PART=attn: `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"]
+#   PART=split (~480 s): one decode split rule for both attention kernels, base = main before it (.ab-base.tar.gz):
+#       bench_flashmla's decode part and bench_decode with the switch on, on each side; mini-flashmla's GPU suite.
+# PART=attn and PART=split: `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"]
 # source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s76
@@ -33,6 +35,16 @@ tests)
     [ -n "${DECODE:-}" ] && fits 90 && decode_bench "decode_triton_fp8moe$switch" env MINI_DEEPGEMM_TRITON_FP8_MOE=$switch
   done
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
+  grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+split)
+  decode_parts 110 base new
+  for side in base new; do
+    fits 100 && decode_bench "decode_fp8moe1_$side" env MINI_DEEPGEMM_TRITON_FP8_MOE=1 PYTHONPATH="$(side_path $side)"
+  done
+  fits 120 && flashmla_tests 170
+  cat "$OUT/summary.txt"; test_summary flashmla_tests
+  for side in base new; do echo "== $side"; grep -hE "^\| decode" "$OUT/decode_part_$side.txt" | cut -c1-300; done
   grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
   ;;
 esac
