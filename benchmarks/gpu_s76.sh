@@ -10,6 +10,8 @@
 #       bench_decode with the switch off and on, where PART=attn had no time left for it.
 #   PART=split (~480 s): one decode split rule for both attention kernels, base = main before it (.ab-base.tar.gz):
 #       bench_flashmla's decode part and bench_decode with the switch on, on each side; mini-flashmla's GPU suite.
+#   PART=default (~300 s): the switch on by default (no MINI_DEEPGEMM_TRITON_FP8_MOE set): mini-deepgemm's GPU suite
+#       and the runtime's core GPU tests.
 # PART=attn and PART=split: `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"]
 # source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
@@ -46,6 +48,12 @@ split)
   cat "$OUT/summary.txt"; test_summary flashmla_tests
   for side in base new; do echo "== $side"; grep -hE "^\| decode" "$OUT/decode_part_$side.txt" | cut -c1-300; done
   grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+default)
+  unset MINI_DEEPGEMM_TRITON_FP8_MOE
+  run deepgemm_tests 150 $PYTEST -n 8 packages/mini-deepgemm/tests -m gpu --junitxml="$OUT/junit_deepgemm.xml"
+  fits 100 && runtime_core_tests 150
+  cat "$OUT/summary.txt"; test_summary deepgemm_tests runtime_tests
   ;;
 esac
 pack_out

@@ -1,6 +1,6 @@
 """The Triton kernel of the FP8-MMA route (gemm_fp4_e4m3_kernel.py, session 73): the route's folded operands on FP8
-MMAs where the Gluon kernels do not run (another triton, a GPU other than Hopper, MINI_DEEPGEMM_GLUON=0), taken once
-MINI_DEEPGEMM_TRITON_FP8_MOE=1 (off by default: _backend.triton_fp8_moe_enabled).
+MMAs where the Gluon kernels do not run (another triton, a GPU other than Hopper, MINI_DEEPGEMM_GLUON=0), taken
+unless MINI_DEEPGEMM_TRITON_FP8_MOE=0 (on by default since session 76: _backend.triton_fp8_moe_enabled).
 
 CPU: its inline PTX interpreted (testing.run_inline_ptx) for every e2m1 code at each position of a route-order word
 and every offset, against torch's e4m3; the routing rules. On CUDA, and on the CPU under TRITON_INTERPRET=1 (CI runs
@@ -193,7 +193,7 @@ def test_the_route_takes_folded_activations_on_fp8_mma_gpus_once_enabled(monkeyp
 def test_the_switch_is_read_from_the_environment(monkeypatch):
     from mini_deepgemm import _backend
 
-    for value, want in ((None, False), ("0", False), ("1", True)):
+    for value, want in ((None, True), ("0", False), ("1", True)):
         if value is None:
             monkeypatch.delenv("MINI_DEEPGEMM_TRITON_FP8_MOE", raising=False)
         else:
