@@ -325,6 +325,8 @@ def print_table(result: dict) -> None:
     print("\n| metric | value | ratio to peer |\n|---|---|---|")
     pb, pc = result["bf16_matmul_tflops"], result["device_copy_gbs"]
     print(f"| bf16 cuBLAS 8192^3 | {pb:.0f} TFLOP/s | |\n| device copy | {pc:.0f} GB/s | |")
+    for k in (k for k in result if k.endswith("_error")):  # a failed part: its rows are missing below
+        print(f"| {k} | {result[k]} | |")
     for k in ("prefill_bf16_tflops", "prefill_bf16_triton_tflops", "prefill_paged_tflops",
               "prefill_paged_triton_tflops", "prefill_bf16_triton_stages1_tflops"):
         if k in result:

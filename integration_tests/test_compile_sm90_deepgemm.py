@@ -190,8 +190,8 @@ class Case:
 
 def folded_case(name: str, call: Callable[[], None], gluon: list[str], scales: str,
                 local_bytes: dict[str, int] | None = None) -> Case:
-    """A call on folded FP4 weights (the FP8-MMA route). On the Triton route, with MINI_DEEPGEMM_TRITON_FP8_MOE=1
-    (triton_fp8_moe below), activations folded per 128 take gemm_fp4_e4m3_kernel (session 73; no spills at its
+    """A call on folded FP4 weights (the FP8-MMA route). On the Triton route (the switch on, triton_fp8_moe
+    below), activations folded per 128 take gemm_fp4_e4m3_kernel (session 73; no spills at its
     tiles); per-32 ones read the weights back and take the bf16 route's kernels, as unfolded weights do (contiguous:
     the activation pass, then swap-AB; masked: swap-AB)."""
     contiguous = "contiguous" in name
@@ -299,8 +299,8 @@ CASES: list[Case] = [
 
 @pytest.fixture(autouse=True)
 def triton_fp8_moe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Triton route's folded MoE calls as MINI_DEEPGEMM_TRITON_FP8_MOE=1 routes them (gemm_fp4_e4m3_kernel): off
-    by default, so the runtime folds nothing there without it, but the kernel must compile for whoever turns it on."""
+    """The Triton route's folded MoE calls as its default routes them (gemm_fp4_e4m3_kernel), whatever
+    MINI_DEEPGEMM_TRITON_FP8_MOE says in the environment that runs the tests."""
     monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True, raising=False)  # raising: older trees (sass_diff)
 
 
@@ -330,8 +330,8 @@ def test_compiles_for_sm90(case: Case) -> None:
 
 def test_fold_fp4_weights_takes_the_route() -> None:
     """fold_fp4_weights on an H200's tensors: the FP8-MMA route's weights and scales in the shapes folded_scales
-    builds, on either route (with MINI_DEEPGEMM_TRITON_FP8_MOE=1 the Triton route's FP8-MMA kernel takes them, session
-    73). Real scale bytes (120: a checkpoint's), since the function reads them; host work only, no kernel."""
+    builds, on either route (the Triton route's FP8-MMA kernel takes them unless MINI_DEEPGEMM_TRITON_FP8_MOE=0, session
+    76). Real scale bytes (120: a checkpoint's), since the function reads them; host work only, no kernel."""
     groups, n, k = 2, 256, 512
     bq = cuda_like(torch.zeros(groups, n, k // 2, dtype=torch.uint8))
     sb = cuda_like(torch.full((groups, n, k // 32), 120, dtype=torch.uint8)).view(UE8M0)

@@ -58,7 +58,7 @@ def test_a_row_spanning_more_than_11_is_refused():
 def test_no_fold_on_a_cuda_device_without_the_route_kernels(monkeypatch):
     """A CUDA device where no FP8-MMA route runs keeps the bf16 route: folding there would make every call read the
     weights back. CPU folds (the references read them back), and so does a device where the Gluon kernels run, or,
-    with MINI_DEEPGEMM_TRITON_FP8_MOE=1, one with FP8 MMAs (sm_89+: gemm_fp4_e4m3_kernel)."""
+    unless MINI_DEEPGEMM_TRITON_FP8_MOE=0, one with FP8 MMAs (sm_89+: gemm_fp4_e4m3_kernel)."""
     cuda_tensor = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(gemm, "gluon_runs_on", lambda t: False)
     monkeypatch.setattr(gemm, "_fp8_mma_on", lambda t: True)

@@ -87,7 +87,7 @@ def test_the_conversion_in_a_kernel_is_bitwise_torchs_e4m3(runner):
 @pytest.fixture
 def triton_route(monkeypatch):
     """The package's routing with the Gluon kernels off (as under another triton) and the Triton kernel enabled
-    (MINI_DEEPGEMM_TRITON_FP8_MOE=1), counting the Triton kernel's launches."""
+    (its default, whatever MINI_DEEPGEMM_TRITON_FP8_MOE says), counting the Triton kernel's launches."""
     launches = []
     monkeypatch.setattr(gemm, "_gluon_runs_on", lambda d: False)
     monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
@@ -173,15 +173,16 @@ def test_masked_against_the_reference_and_unused_rows_untouched(expected_m, runn
     assert bool((d.cpu()[~used] == 7.0).all()), "rows past masked_m must stay untouched"
 
 
-def test_the_route_takes_folded_activations_on_fp8_mma_gpus_once_enabled(monkeypatch):
-    """With MINI_DEEPGEMM_TRITON_FP8_MOE=1 the Triton kernel takes a folded call with activations folded per 128 and
-    a bf16 output, where Triton runs the call and the GPU has FP8 MMAs (sm_89+); per-32 activations read the weights
-    back instead (its loop has no per-32 form). Without the switch (the default) no call takes it."""
+def test_the_route_takes_folded_activations_on_fp8_mma_gpus_unless_switched_off(monkeypatch):
+    """The Triton kernel takes a folded call with activations folded per 128 and a bf16 output, where Triton runs the
+    call and the GPU has FP8 MMAs (sm_89+); per-32 activations read the weights back instead (its loop has no per-32
+    form). With the switch off (MINI_DEEPGEMM_TRITON_FP8_MOE=0) no call takes it."""
     q = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
     per_128, per_32 = (q, torch.ones(4, 2)), (q, torch.zeros(4, 8, dtype=torch.uint8).view(torch.float8_e8m0fnu))
     d = torch.empty(4, 8, dtype=torch.bfloat16)
     monkeypatch.setattr(gemm, "use_triton", lambda t: True)
-    assert not gemm._fp4_e4m3_triton_takes(per_128, d), "off by default"
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: False)
+    assert not gemm._fp4_e4m3_triton_takes(per_128, d), "switched off"
     monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True)
     assert gemm._fp4_e4m3_triton_takes(per_128, d)  # a CPU tensor here: the interpreter's case
     assert not gemm._fp4_e4m3_triton_takes(per_32, d)

@@ -37,19 +37,19 @@ reference: 2^-127).
 
 FP4 weights on FP8 MMAs (the grouped `fp8_fp4_*` functions' `folded`): `fold_fp4_weights(bq, sb)`, once per
 weight tensor at load, folds each weight row's per-32 scales into its e4m3 conversion and returns the packed weights
-reordered for the route's kernels (reference.fp4_to_fp8_mma_order: a thread's bytes of a K step contiguous, the
-sign bits where the e4m3 bytes want them; session 45). Given the reordered weights as b's data and the folded scales
-as `folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no activation pass, the conversion 7
-instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route:
-prefill 1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its
-rows differ from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a
-weight tensor in every call or in none. `fold_fp4_weights` returns None on a CUDA device where the Gluon kernels do
-not run (the bf16 route there). With MINI_DEEPGEMM_TRITON_FP8_MOE=1 (_backend.triton_fp8_moe_enabled; off by
-default, session 73, docs/reports/triton-route-on-hopper.md) it folds on any GPU with FP8 MMAs (sm_89+), and off the
-Gluon route the Triton kernel of gemm_fp4_e4m3_kernel.py takes the folded operands when the activations come folded
-per 128 (the engine's form). Elsewhere (the CPU references, per-32 activations off the Gluon route,
-backend="tilelang") a call with `folded` reads the weights back in the checkpoint's order (a copy per call), the
-same in every layout.
+reordered for the route's kernels (reference.fp4_to_fp8_mma_order: a thread's bytes of a K step contiguous, the sign
+bits where the e4m3 bytes want them; session 45). Given the reordered weights as b's data and the folded scales as
+`folded`, the Gluon kernels of gemm_gluon_fp4_e4m3_kernel.py run the call: no activation pass, the conversion 7
+instructions per 8 values (docs/reports/deepgemm-fp8-moe.md; H200, session 20 run 1, against the bf16 route: prefill
+1.03-1.05x, decode at ~8 rows per expert 1.28-1.36x and 0.61 of the copy rate, at ~32 rows 0.85-0.87x). Its rows differ
+from the bf16 route's by rounding and agree bitwise between the two layouts, so pass `folded` for a weight tensor in
+every call or in none. `fold_fp4_weights` returns None on a CUDA device where no FP8-MMA kernel runs (the bf16 route
+there): one without FP8 MMAs (before sm_89), or, off the Gluon route, with MINI_DEEPGEMM_TRITON_FP8_MOE=0
+(_backend.triton_fp8_moe_enabled; the switch is on by default since session 76, docs/reports/triton-route-on-hopper.md).
+Off the Gluon route the Triton kernel of gemm_fp4_e4m3_kernel.py takes the folded operands when the activations come
+folded per 128 (the engine's form). Elsewhere (the CPU references, per-32 activations off the Gluon route,
+backend="tilelang") a call with `folded` reads the weights back in the checkpoint's order (a copy per call), the same in
+every layout.
 With activations folded per 128 (sa float32 [..., K/128], powers of two: the values re-expressed under each 128
 columns' largest UE8M0 scale, reference.fold_ue8m0_to_128) the route's K step is one 128-deep MMA chain and one fp32
 FMA per element instead of four of each: 1.28-1.29x at prefill, 1.10-1.31x at decode (H200, session 21 run 2,

@@ -1,7 +1,7 @@
 """Triton kernel of the grouped FP8 x FP4 GEMMs on FP8 tensor cores, for wherever the Gluon kernels do not run: a
 triton other than 3.6 (the uv lock's), a GPU other than Hopper with FP8 MMAs (sm_89+, the B200 included), or
-MINI_DEEPGEMM_GLUON=0 (docs/reports/triton-route-on-hopper.md). Routed only with MINI_DEEPGEMM_TRITON_FP8_MOE=1
-(_backend.triton_fp8_moe_enabled, which says why it is off by default).
+MINI_DEEPGEMM_GLUON=0 (docs/reports/triton-route-on-hopper.md). Routed unless MINI_DEEPGEMM_TRITON_FP8_MOE=0
+(_backend.triton_fp8_moe_enabled, which gives the evidence for its default).
 
 Why: without it those installs ran the MoE GEMMs on the bf16-MMA route (gemm_swapab_kernel): every FP4 weight
 converted to bf16, the activations to bf16 by a pass in front, MMAs at half the FP8 rate. On an H200 under triton 3.6

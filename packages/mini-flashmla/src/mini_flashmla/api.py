@@ -181,7 +181,7 @@ def _default_num_splits(q: torch.Tensor, total_slots: int) -> int:
     split, for either kernel. Evidence, V4.1's 640 slots: the Gluon kernel at batch 8 on H200, 1.10x two splits
     (docs/reports/flashmla-gluon.md, session 27); the Triton kernel on an H100 (session 76, split sweep) at batch 64,
     59.7 us in 2 splits against 82.9 unsplit, at batch 8 21.7 us in 10 against 24.8 in 5, and slower split from batch
-    128 (docs/reports/flashmla-sparse-attention.md)."""
+    128 (docs/reports/triton-route-on-hopper.md, "Session 76")."""
     programs = q.shape[0] * math.ceil(q.shape[1] / MAX_ATTN_BLOCK_H)
     blocks = math.ceil(total_slots / ATTN_BLOCK_N)
     return max(1, min(_num_sms(q.device) // max(programs, 1), blocks))
