@@ -182,7 +182,10 @@ def per_release(bound_36: int, bound_39: int) -> int:
 TRITON_ATTN_BF16_SPILL = per_release(0, 176)
 TRITON_ATTN_PAGED_SPILL = per_release(768, 320)
 TRITON_ATTN_WINDOW_ONLY_SPILL = per_release(40, 368)
-TRITON_ATTN_SPLIT_SPILL = per_release(776, 328)
+# split (decode): 3.9 spills 432 B at batch 8's one block per split (blocks_per_split = 1 compiles its own variant),
+# 320 B at batch 64's five; 3.6 744 and 776 B (session 76)
+TRITON_ATTN_SPLIT_SPILL = per_release(776, 432)
+TRITON_ATTN_WINDOW_ONLY_SPLIT_SPILL = per_release(32, 328)
 # The top-k's rows held in registers: 16 warps at 128 registers per thread (the SM's 65,536 for one program), 64 of
 # them the row's bf16 pairs (api.TOPK_RESIDENT_MAX_PAIRS); ptxas spills part of the selection's state.
 SELECT_ROW_SPILL = per_release(168, 128)  # a 65,536-key row
@@ -210,15 +213,15 @@ CASES = [
          ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
     Case("paged prefill s_q 4096 window only", lambda: attn_paged(PREFILL_QUERIES, compressed=False),
          ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
-    # decode, one query per sequence. Gluon splits each query's 10 blocks up to ~1 program per SM (132 // 64 = 2
-    # parts at batch 64, none at 256); the Triton kernel splits only below a quarter of the SMs (batch <= 33), so
-    # batch 8 is where its split path and the combine kernel run
+    # decode, one query per sequence. Either kernel splits each query's 10 blocks up to ~1 program per SM (132 // 64
+    # = 2 parts at batch 64, none at 256; api._default_num_splits), so batches 8 and 64 run the split path and the
+    # combine kernel
     Case("paged decode batch 8", lambda: attn_paged(8),
          ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_SPLIT_SPILL), (COMBINE, 0))),
     Case("paged decode batch 64", lambda: attn_paged(64),
-         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
+         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_SPLIT_SPILL), (COMBINE, 0))),
     Case("paged decode batch 64 window only", lambda: attn_paged(64, compressed=False),
-         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPILL),)),
+         ((GLUON_ATTN, 0), (COMBINE, 0)), ((TRITON_ATTN, TRITON_ATTN_WINDOW_ONLY_SPLIT_SPILL), (COMBINE, 0))),
     Case("paged decode batch 256", lambda: attn_paged(256),
          ((GLUON_ATTN, 0),), ((TRITON_ATTN, TRITON_ATTN_PAGED_SPILL),)),
     Case("indexer_scores prefill 4096 x 65536", scores_prefill, ((SCORES, 0),), ((SCORES, 0),)),
