@@ -10,8 +10,8 @@ How: the three sm_90 files' cases (test_compile_sm90_*.py: the same calls at V4.
 sm90_compile.compiling_for(B200). Each call must launch the kernels of the Triton route, and each kernel must fit:
 shared memory <= 232,448 B and registers x threads <= 65,536, as on sm_90. Local memory (spills) is printed, not
 bounded: nobody has timed these kernels on sm_100. The FP8-MMA cases of mini_deepgemm (folded weights) compile
-gemm_fp4_e4m3_kernel, as the Triton route takes them by default (MINI_DEEPGEMM_TRITON_FP8_MOE). A compile is all this shows:
-not speed, and not results.
+gemm_fp4_e4m3_kernel, as the Triton route takes them by default (MINI_DEEPGEMM_TRITON_FP8_MOE). A compile is all
+this shows: not speed, and not results.
 
     uv run pytest -s integration_tests/test_compile_sm100.py       # -s prints each kernel's resources
 """
@@ -44,7 +44,7 @@ def cases() -> list:
 def test_compiles_for_sm100_and_fits(call: Callable[[pytest.MonkeyPatch], None], kernels: list[str],
                                      monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     monkeypatch.setattr(flashmla_api, "_num_sms", lambda device: B200.sms)  # it answers 8 for a CPU device
-    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True, raising=False)  # the folded MoE kernel, whatever the environment says
+    monkeypatch.setattr(gemm, "triton_fp8_moe_enabled", lambda: True, raising=False)  # whatever the env says
     with compiling_for(B200) as compiled:
         call(monkeypatch)
     for k in compiled:

@@ -45,8 +45,8 @@ def triton_fp8_moe_enabled() -> bool:
     do not run, and fold_fp4_weights folds there: on by default since session 76, MINI_DEEPGEMM_TRITON_FP8_MOE=0 turns
     it off (the bf16-MMA route). On an H100 it beats that route: the decode step 1.19 / 1.23x (medium model, batch
     32 / 64 at 131,072 tokens, session 76 run 1), the prefill step 1.046x (session 75 run 5), and the runtime's core
-    GPU tests pass with it (session 76 run 2; docs/reports/triton-route-on-hopper.md). Not run on an H200 or a B200
-    (where its 256 x 64 tile spills 416 B per thread, offline). Read once."""
+    GPU tests pass with it (session 76 run 2; docs/reports/triton-route-on-hopper.md). Its tiles have not run on an
+    H200, nor on a B200 (where the 256 x 64 tile spills 416 B per thread, offline). Read once."""
     return os.environ.get("MINI_DEEPGEMM_TRITON_FP8_MOE", "1") != "0"
 
 
