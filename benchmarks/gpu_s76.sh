@@ -6,13 +6,13 @@
 #       on each side (the decode part sweeps both kernels' split counts: the Triton split rule's evidence), then
 #       what session 75 owed: bench_decode (medium model, batch 32 / 64 at 131,072 tokens) with the FP8-MMA MoE
 #       kernel's switch MINI_DEEPGEMM_TRITON_FP8_MOE off and on.
-#   PART=tests (~540 s): mini-flashmla's GPU suite, the runtime's core GPU tests with the switch on, then (DECODE=1)
-#       bench_decode with the switch off and on, where PART=attn had no time left for it.
+#   PART=tests (~230 s): mini-flashmla's GPU suite and the runtime's core GPU tests with the switch on.
 #   PART=split (~480 s): one decode split rule for both attention kernels, base = main before it (.ab-base.tar.gz):
 #       bench_flashmla's decode part and bench_decode with the switch on, on each side; mini-flashmla's GPU suite.
 #   PART=default (~300 s): the switch on by default (no MINI_DEEPGEMM_TRITON_FP8_MOE set): mini-deepgemm's GPU suite
 #       and the runtime's core GPU tests.
-# PART=attn and PART=split: `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"]
+# PART=attn and PART=split: `git archive -o .ab-base.tar.gz REV packages/*/src runtime/src`;
+# carry [".devdeps", ".ab-base.tar.gz"]
 # source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s76
@@ -33,11 +33,7 @@ attn)
 tests)
   flashmla_tests 170
   fits 100 && (export MINI_DEEPGEMM_TRITON_FP8_MOE=1; runtime_core_tests 150)
-  for switch in 0 1; do  # when PART=attn had no time left for them
-    [ -n "${DECODE:-}" ] && fits 90 && decode_bench "decode_triton_fp8moe$switch" env MINI_DEEPGEMM_TRITON_FP8_MOE=$switch
-  done
   cat "$OUT/summary.txt"; test_summary flashmla_tests runtime_tests
-  grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
   ;;
 split)
   decode_parts 110 base new
