@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 77's GPU call: the Triton route (MINI_DEEPGEMM_GLUON=0) with session 76's defaults on an H200, whose figures
+# sessions 75-76 (H100 only) owed, and where its attention's paged block time goes.
+#   PART=h200 (~470 s; an H200 asked for, either card taken, the card recorded in env.txt): bench_flashmla's prefill
+#       and decode parts on the Triton route (the decode split rule of session 76), bench_fp4_e4m3_route on it (the
+#       FP8-MMA MoE kernel on by default, and its peers), bench_decode (medium model, batch 32 / 64 at 131,072 tokens)
+#       on the Triton route and then on the Gluon route in the same call (the same-card ratio), and one Nsight Compute
+#       report of the Triton paged prefill attention (profile_ncu.py sparse_prefill, NCU_TAG _triton).
+# carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=560 PART=h200 bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s77
+case "${PART:-h200}" in
+h200)
+  export MINI_DEEPGEMM_GLUON=0
+  flashmla_sides 150 triton
+  fits 100 && route_sides 100 triton
+  fits 100 && decode_bench decode_triton
+  unset MINI_DEEPGEMM_GLUON
+  fits 100 && decode_bench decode_gluon
+  fits 80 && (export MINI_DEEPGEMM_GLUON=0 NCU_TAG=_triton NCU_SECS=$((${DEADLINE:-540} - SECONDS - 15));
+              ncu_profile sparse_prefill)
+  cat "$OUT/summary.txt"
+  grep -hE "^\| (prefill_(paged|bf16)_tflops|decode)" "$OUT/flashmla_triton.txt" | cut -c1-300
+  grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt
+  grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+esac
+pack_out
