@@ -6,7 +6,11 @@
 #       FP8-MMA MoE kernel on by default, and its peers), bench_decode (medium model, batch 32 / 64 at 131,072 tokens)
 #       on the Triton route and then on the Gluon route in the same call (the same-card ratio), and one Nsight Compute
 #       report of the Triton paged prefill attention (profile_ncu.py sparse_prefill, NCU_TAG _triton).
-# carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=560 PART=h200 bash THIS
+#   PART=prefetch (~300 s, the Triton route): the attention's quantized rows gathered a block ahead (the tree) against
+#       main before it (.ab-base.tar.gz): attn_output_hash.py on each side (the same bits?), bench_flashmla's prefill
+#       part twice per side in turns, its decode part on each side, then exp_attn_one_source.py on the tree (each
+#       source in its own launch, now with the prefetch).
+# carry [".devdeps"] (PART=prefetch: and ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s77
 case "${PART:-h200}" in
@@ -23,6 +27,17 @@ h200)
   grep -hE "^\| (prefill_(paged|bf16)_tflops|decode)" "$OUT/flashmla_triton.txt" | cut -c1-300
   grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt
   grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+prefetch)
+  export MINI_DEEPGEMM_GLUON=0
+  hash_sides base new
+  prefill_part_rounds 2 base new
+  decode_parts 60 base new
+  fits 40 && script_sides 40 exp_attn_one_source.py one_source new
+  cat "$OUT/summary.txt"; cat "$OUT"/hash_*.txt
+  grep -hE "^\| prefill_(paged|bf16)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-200
+  grep -hE "^\| decode batch [0-9]+ \(graph" "$OUT"/decode_part_*.txt | cut -c1-120
+  grep -h "^| " "$OUT"/one_source_new.txt
   ;;
 esac
 pack_out
