@@ -37,46 +37,28 @@ NEG_INIT = tl.constexpr(-1e30)  # the reference's initial running max: an all-em
 
 
 @triton.jit
-def _gather_block(base_ptr, ids_ptr, ids_len, num_rows, blk, blk_hi, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr,
-                  D: tl.constexpr):
-    """Index block `blk` of one source, loaded but not decoded: (values, scales, valid). values: bf16 [BLOCK_N, D]
-    (FORMAT_BF16), the FP8 bytes [BLOCK_N, D] or the FP4 bytes [BLOCK_N, D / 2]; scales: the row's UE8M0 bytes
-    [BLOCK_N, D / 32], its e4m3 bytes [BLOCK_N, D / 16], or (bf16) valid again. A block at or past blk_hi, an index
-    past ids_len, -1 or a row outside the cache reads as an empty row (valid false, zero bytes).
+def _load_kv_rows(base_ptr, rows, valid, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
+    """Gather `rows` (int64 [BLOCK_N]) of a cache and return them as bf16 [BLOCK_N, D]; invalid rows read as 0.
 
-    Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes."""
-    pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-    ids = tl.load(ids_ptr + pos, mask=(pos < ids_len) & (blk < blk_hi), other=-1)
-    valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
-    rows = ids.to(tl.int64)
+    Every load is a contiguous run of a row (values, then the small scale vector) so it vectorizes; the scales are
+    broadcast over their group with a reshape instead of a per-element gather, which would need a 64-bit address
+    per element and spill."""
+    BLOCK_N: tl.constexpr = rows.shape[0]
     if FORMAT == FORMAT_BF16:
-        values = tl.load(base_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
-        scales = valid
+        d = tl.arange(0, D)
+        x = tl.load(base_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
     elif FORMAT == FORMAT_FP8_WINDOW:
         row = base_ptr + rows[:, None] * 528
-        values = tl.load(row + tl.arange(0, D)[None, :], mask=valid[:, None], other=0)
-        scales = tl.load(row + D + tl.arange(0, D // 32)[None, :], mask=valid[:, None], other=0)
+        q = tl.load(row + tl.arange(0, D)[None, :], mask=valid[:, None], other=0)
+        e = tl.load(row + D + tl.arange(0, D // 32)[None, :], mask=valid[:, None], other=0)
+        v = q.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        x = tl.reshape(tl.reshape(v, [BLOCK_N, D // 32, 32]) * ue8m0_to_bf16(e)[:, :, None], [BLOCK_N, D])
     else:  # FORMAT_FP4_COMPRESSED
         row = base_ptr + rows[:, None] * 288
-        values = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
-        scales = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
-    return values, scales, valid
-
-
-@triton.jit
-def _decode_block(values, scales, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
-    """_gather_block's (values, scales) -> the rows as bf16 [BLOCK_N, D], exactly cache_layout's unpack functions;
-    the scales are broadcast over their group with a reshape instead of a per-element gather, which would need a
-    64-bit address per element and spill."""
-    BLOCK_N: tl.constexpr = values.shape[0]
-    if FORMAT == FORMAT_BF16:
-        x = values
-    elif FORMAT == FORMAT_FP8_WINDOW:
-        v = values.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        x = tl.reshape(tl.reshape(v, [BLOCK_N, D // 32, 32]) * ue8m0_to_bf16(scales)[:, :, None], [BLOCK_N, D])
-    else:  # FORMAT_FP4_COMPRESSED
-        scale = scales.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
-        even, odd = e2m1_pairs_to_bf16(tl.reshape(values, [BLOCK_N, D // 16, 8]), scale, FP4_ASM)
+        byte = tl.load(row + tl.arange(0, D // 2)[None, :], mask=valid[:, None], other=0)
+        s = tl.load(row + D // 2 + tl.arange(0, D // 16)[None, :], mask=valid[:, None], other=0)
+        scale = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)[:, :, None]  # one per 16 dims = 8 bytes
+        even, odd = e2m1_pairs_to_bf16(tl.reshape(byte, [BLOCK_N, D // 16, 8]), scale, FP4_ASM)
         x = tl.interleave(tl.reshape(even, [BLOCK_N, D // 2]), tl.reshape(odd, [BLOCK_N, D // 2]))  # low nibble = even
     return x
 
@@ -84,21 +66,12 @@ def _decode_block(values, scales, FORMAT: tl.constexpr, D: tl.constexpr, FP4_ASM
 @triton.jit
 def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, kv_ptr, blk_lo, blk_hi,
                    FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP4_ASM: tl.constexpr):
-    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc).
-
-    Quantized rows: block blk + 1's ids and bytes are loaded before block blk is decoded and multiplied, so that their
-    latency runs under this block's work (one program per SM holds the 64 x 512 fp32 accumulator, so no other program
-    hides it). bf16 rows are pipelined by the compiler instead (num_stages 2, api.ATTN_LAUNCH_64_HEADS)."""
-    PREFETCH: tl.constexpr = FORMAT != FORMAT_BF16
-    if PREFETCH:
-        values, scales, valid = _gather_block(kv_ptr, ids_ptr, ids_len, num_rows, blk_lo, blk_hi, FORMAT, BLOCK_N, D)
+    """Online softmax over index blocks [blk_lo, blk_hi) of one source; returns the updated (m, l, acc)."""
     for blk in range(blk_lo, blk_hi):
-        if PREFETCH:
-            values_next, scales_next, valid_next = _gather_block(kv_ptr, ids_ptr, ids_len, num_rows, blk + 1, blk_hi,
-                                                                 FORMAT, BLOCK_N, D)
-        else:
-            values, scales, valid = _gather_block(kv_ptr, ids_ptr, ids_len, num_rows, blk, blk_hi, FORMAT, BLOCK_N, D)
-        kv = _decode_block(values, scales, FORMAT, D, FP4_ASM)
+        pos = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        ids = tl.load(ids_ptr + pos, mask=pos < ids_len, other=-1)
+        valid = (ids >= 0) & (ids < num_rows)  # anything outside the cache is treated as empty, like -1
+        kv = _load_kv_rows(kv_ptr, ids.to(tl.int64), valid, FORMAT, D, FP4_ASM)
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -107,8 +80,6 @@ def _attend_source(q, m_i, l_i, acc, qk_scale_log2, ids_ptr, ids_len, num_rows, 
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)  # P rounded to bf16 before P.V, as the reference
         m_i = m_new
-        if PREFETCH:
-            values, scales, valid = values_next, scales_next, valid_next
     return m_i, l_i, acc
 
 
