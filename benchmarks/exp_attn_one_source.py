@@ -4,8 +4,10 @@ Why: session 77's Nsight Compute report of the paged prefill (docs/reports/data/
 its spills: 768 B per thread x 256 threads do not fit the L1 left beside 131 KB of shared memory (hit rate 3%), so the
 local traffic reaches L2 (5.7x the sectors of the gathers) and long-scoreboard waits take half the stall samples.
 Compiled with one source, the kernel spills 48 B (FP8 window rows) or 400 B (FP4 compressed rows; session 73). So each
-source as its own launch, writing a partial (out, lse) that the split path's combine kernel merges, may beat the
-two-loop kernel even with the partials' round trip.
+source as its own launch, writing a partial (out, lse) that the split path's combine kernel merges, might beat the
+two-loop kernel even with the partials' round trip. Measured (H100, runs 2-4): 1.017x at prefill, 0.75x at decode batch
+64, and the nearly spill-free window launch no faster per block than the spilling kernel: the spills do not bind
+(docs/reports/triton-route-on-hopper.md, "Session 77"). Not shipped.
 
 What it times (CUDA-graph replay, bench_flashmla's prefill case and decode batches): the API as routed (both sources in
 one kernel), then `one_source`: the window-only launch, the compressed-only launch and the combine, the three as one
