@@ -10,6 +10,8 @@
 #       main before it (.ab-base.tar.gz): attn_output_hash.py on each side (the same bits?), bench_flashmla's prefill
 #       part twice per side in turns, its decode part on each side, then exp_attn_one_source.py on the tree (each
 #       source in its own launch, now with the prefetch).
+#   PART=rest (~450 s, the Triton route, nothing else set: the FP8-MMA MoE kernel on by default since session 76): the
+#       rest of the runtime's GPU suite (parts A and B), which had not run on that default.
 # carry [".devdeps"] (PART=prefetch: and ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s77
@@ -38,6 +40,11 @@ prefetch)
   grep -hE "^\| prefill_(paged|bf16)_tflops" "$OUT"/prefill_part_*.txt | cut -c1-200
   grep -hE "^\| decode batch [0-9]+ \(graph" "$OUT"/decode_part_*.txt | cut -c1-120
   grep -h "^| " "$OUT"/one_source_new.txt
+  ;;
+rest)
+  export MINI_DEEPGEMM_GLUON=0
+  rest_ab 150 $((${DEADLINE:-540} - 170))
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   ;;
 esac
 pack_out
