@@ -142,13 +142,18 @@ def moe_fp4_contiguous(n: int, k: int, scales: str = "ue8m0", folded: bool = Fal
 
 
 # MoE decode in the masked layout, (experts, rows reserved per expert, expected rows per expert): one GPU's 384
-# experts at a 64-token batch (~1 row each: 64 x 6 / 384), and EP4's 96 at ~8 and ~32 rows per expert
+# experts at a 64-token batch (~1 row each: 64 x 6 / 384), and EP4's 96 at ~8 and ~32 rows per expert. The FP4 cases
+# compile on MASKED_COMPILE_EXPERTS of them: the expert count only sizes the grid, so the same kernels compile (SASS
+# digests equal at 16 and at 384 / 96 experts, session 77), but not the same CPU work around them. Under the uv
+# lock's triton the folded per-32 cases reorder every expert's weights on the CPU (gemm._gemm), ~90 s a case at 384.
+MASKED_COMPILE_EXPERTS = 16
 MASKED_DECODE = {1: (ROUTED_EXPERTS, 64, 1), 8: (LOCAL_EXPERTS, 128, 8), 32: (LOCAL_EXPERTS, 256, 32)}
 
 
 def moe_fp4_masked(expected_m: int, n: int, k: int, scales: str = "ue8m0", folded: bool = False
                    ) -> Callable[[], None]:
-    groups, max_m, expected_m = MASKED_DECODE[expected_m]
+    _, max_m, expected_m = MASKED_DECODE[expected_m]
+    groups = MASKED_COMPILE_EXPERTS
 
     def call() -> None:
         dg.m_grouped_fp8_fp4_gemm_nt_masked(
