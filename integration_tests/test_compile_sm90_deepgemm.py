@@ -143,17 +143,18 @@ def moe_fp4_contiguous(n: int, k: int, scales: str = "ue8m0", folded: bool = Fal
 
 # MoE decode in the masked layout, (experts, rows reserved per expert, expected rows per expert): one GPU's 384
 # experts at a 64-token batch (~1 row each: 64 x 6 / 384), and EP4's 96 at ~8 and ~32 rows per expert. The FP4 cases
-# compile on MASKED_COMPILE_EXPERTS of them: the expert count only sizes the grid, so the same kernels compile (SASS
-# digests equal at 16 and at 384 / 96 experts, session 77), but not the same CPU work around them. Under the uv
-# lock's triton the folded per-32 cases reorder every expert's weights on the CPU (gemm._gemm), ~90 s a case at 384.
-MASKED_COMPILE_EXPERTS = 16
+# compile on COMPILE_EXPERTS of them (as do the contiguous layout's on folded weights and per-32 activations): the
+# expert count only sizes the grid, so the same kernels compile (SASS digests equal at 16 and at 384 / 96 experts,
+# session 77), but not the same CPU work around them. Under the uv lock's triton the folded per-32 cases reorder
+# every expert's weights on the CPU (gemm._gemm), ~90 s a case at 384 experts.
+COMPILE_EXPERTS = 16
 MASKED_DECODE = {1: (ROUTED_EXPERTS, 64, 1), 8: (LOCAL_EXPERTS, 128, 8), 32: (LOCAL_EXPERTS, 256, 32)}
 
 
 def moe_fp4_masked(expected_m: int, n: int, k: int, scales: str = "ue8m0", folded: bool = False
                    ) -> Callable[[], None]:
     _, max_m, expected_m = MASKED_DECODE[expected_m]
-    groups = MASKED_COMPILE_EXPERTS
+    groups = COMPILE_EXPERTS
 
     def call() -> None:
         dg.m_grouped_fp8_fp4_gemm_nt_masked(
@@ -252,9 +253,11 @@ CASES: list[Case] = [
     # from the device-built tile table on activations folded per 128 (the runtime's form) at >= 128 rows per expert.
     # The 256-row tiles spill 40 bytes (25 STL / LDL, in a tile's set-up and epilogue, none in the K loops), as
     # _fp4_e4m3_gemm's register split (216 per math warpgroup) says
-    folded_case("moe_fp4_contiguous_w13_folded", moe_fp4_contiguous(W13_N, HIDDEN, folded=True),
+    folded_case("moe_fp4_contiguous_w13_folded", moe_fp4_contiguous(W13_N, HIDDEN, folded=True,
+                                                                    experts=COMPILE_EXPERTS),
                 [FP4_E4M3_CONTIGUOUS], "ue8m0"),
-    folded_case("moe_fp4_contiguous_w2_folded", moe_fp4_contiguous(W2_N, MOE_INTER, folded=True),
+    folded_case("moe_fp4_contiguous_w2_folded", moe_fp4_contiguous(W2_N, MOE_INTER, folded=True,
+                                                                   experts=COMPILE_EXPERTS),
                 [FP4_E4M3_CONTIGUOUS], "ue8m0"),
     folded_case("moe_fp4_contiguous_w13_folded_fold128", moe_fp4_contiguous(W13_N, HIDDEN, "fold_128", True),
                 [TILE_TABLE, FP4_E4M3_CONTIGUOUS], "fold_128", {FP4_E4M3_CONTIGUOUS: 40}),
