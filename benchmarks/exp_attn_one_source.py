@@ -3,7 +3,7 @@
 Why: session 77's Nsight Compute report of the paged prefill (docs/reports/data/s77-run1/ncu) puts the kernel's time in
 its spills: 768 B per thread x 256 threads do not fit the L1 left beside 131 KB of shared memory (hit rate 3%), so the
 local traffic reaches L2 (5.7x the sectors of the gathers) and long-scoreboard waits take half the stall samples.
-Compiled with one source, the kernel spills 48 B (FP8 window rows) or 400 B (FP4 compressed rows; session 73). So each
+Compiled with one source, the kernel spills 40 B (FP8 window rows) or 376 B (FP4 compressed rows; triton 3.6). So each
 source as its own launch, writing a partial (out, lse) that the split path's combine kernel merges, might beat the
 two-loop kernel even with the partials' round trip. Measured (H100, runs 2-4): 1.017x at prefill, 0.75x at decode batch
 64, and the nearly spill-free window launch no faster per block than the spilling kernel: the spills do not bind
@@ -11,8 +11,10 @@ two-loop kernel even with the partials' round trip. Measured (H100, runs 2-4): 1
 
 What it times (CUDA-graph replay, bench_flashmla's prefill case and decode batches): the API as routed (both sources in
 one kernel), then `one_source`: the window-only launch, the compressed-only launch and the combine, the three as one
-call; it checks that call against the API (max abs difference of the outputs: the partials are rounded to bf16, as the
-split decode's are). Offline (`--compile`, no GPU): the three kernels' registers and spills for sm_90.
+call, and each launch alone; it checks the call against the API (max abs difference of the outputs: the partials are
+rounded to bf16, as the split decode's are). STAGES (environment, default 1) sets the one-source launches' pipelining
+depth. `profile_call` is profile_ncu.py's hook for one launch. Offline (`--compile`, no GPU): the three kernels'
+registers and spills for sm_90.
 
 Usage: MINI_DEEPGEMM_GLUON=0 python3 exp_attn_one_source.py   (GPU, from benchmarks/)
        MINI_DEEPGEMM_GLUON=0 PYTHONPATH=integration_tests:... python3 benchmarks/exp_attn_one_source.py --compile

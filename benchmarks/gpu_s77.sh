@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 77's GPU call: the Triton route (MINI_DEEPGEMM_GLUON=0) with session 76's defaults on an H200, whose figures
 # sessions 75-76 (H100 only) owed, and where its attention's paged block time goes.
-#   PART=h200 (~470 s; an H200 asked for, either card taken, the card recorded in env.txt): bench_flashmla's prefill
+#   PART=h200 (~250 s on an H100; an H200 asked for, either card taken, the card in env.txt): bench_flashmla's prefill
 #       and decode parts on the Triton route (the decode split rule of session 76), bench_fp4_e4m3_route on it (the
 #       FP8-MMA MoE kernel on by default, and its peers), bench_decode (medium model, batch 32 / 64 at 131,072 tokens)
 #       on the Triton route and then on the Gluon route in the same call (the same-card ratio), and one Nsight Compute

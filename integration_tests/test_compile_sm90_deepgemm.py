@@ -252,7 +252,8 @@ CASES: list[Case] = [
     # ... on FP8 MMAs (folded weights), no activation pass: 128-row tiles on per-32 activations, 256-row tiles
     # from the device-built tile table on activations folded per 128 (the runtime's form) at >= 128 rows per expert.
     # The 256-row tiles spill 40 bytes (25 STL / LDL, in a tile's set-up and epilogue, none in the K loops), as
-    # _fp4_e4m3_gemm's register split (216 per math warpgroup) says
+    # _fp4_e4m3_gemm's register split (216 per math warpgroup) says. The per-32 cases on COMPILE_EXPERTS experts
+    # (MASKED_DECODE's comment says why)
     folded_case("moe_fp4_contiguous_w13_folded", moe_fp4_contiguous(W13_N, HIDDEN, folded=True,
                                                                     experts=COMPILE_EXPERTS),
                 [FP4_E4M3_CONTIGUOUS], "ue8m0"),
