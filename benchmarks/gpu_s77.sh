@@ -6,12 +6,12 @@
 #       FP8-MMA MoE kernel on by default, and its peers), bench_decode (medium model, batch 32 / 64 at 131,072 tokens)
 #       on the Triton route and then on the Gluon route in the same call (the same-card ratio), and one Nsight Compute
 #       report of the Triton paged prefill attention (profile_ncu.py sparse_prefill, NCU_TAG _triton).
-#   PART=prefetch (~300 s, the Triton route): the attention's quantized rows gathered a block ahead (the tree) against
-#       main before it (.ab-base.tar.gz): attn_output_hash.py on each side (the same bits?), bench_flashmla's prefill
-#       part twice per side in turns, its decode part on each side, then exp_attn_one_source.py on the tree (each
-#       source in its own launch, now with the prefetch).
-#   PART=rest (~450 s, the Triton route, nothing else set: the FP8-MMA MoE kernel on by default since session 76): the
-#       rest of the runtime's GPU suite (parts A and B), which had not run on that default.
+#   PART=prefetch (~210 s on an H100, the Triton route): the attention's quantized rows gathered a block ahead (the
+#       tree) against main before it (.ab-base.tar.gz): attn_output_hash.py on each side (the same bits?),
+#       bench_flashmla's prefill part twice per side in turns, its decode part on each side, then
+#       exp_attn_one_source.py on the tree (each source in its own launch, now with the prefetch).
+#   PART=rest (~200 s on an H100, the Triton route, nothing else set: the FP8-MMA MoE kernel on by default since
+#       session 76): the rest of the runtime's GPU suite (parts A and B), which had not run on that default.
 # carry [".devdeps"] (PART=prefetch: and ".ab-base.tar.gz"); source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s77
