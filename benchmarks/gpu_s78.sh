@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 78's GPU calls (the Triton route, MINI_DEEPGEMM_GLUON=0).
+#   PART=blockh: exp_attn_block_h.py (the Triton attention with 32 or 16 heads per program, two or four programs per
+#       SM, against the API's 64-head launch: paged prefill and decode batch 8-256). On an H200 it then runs what
+#       sessions 76-77 owed there (gpu_s77.sh PART=h200's parts: bench_flashmla and bench_fp4_e4m3_route on the
+#       Triton route, bench_decode on both routes in one call).
+# carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
+set -u
+source benchmarks/gpu_session.sh /tmp/gpu_s78
+case "${PART:-blockh}" in
+blockh)
+  export MINI_DEEPGEMM_GLUON=0
+  script_sides 240 exp_attn_block_h.py block_h new
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    fits 150 && flashmla_sides 150 triton
+    fits 100 && route_sides 100 triton
+    fits 100 && decode_bench decode_triton
+    unset MINI_DEEPGEMM_GLUON
+    fits 100 && decode_bench decode_gluon
+  fi
+  cat "$OUT/summary.txt"
+  grep -h "^| " "$OUT"/block_h_new.txt | cut -c1-400
+  grep -hE "^\| (prefill_(paged|bf16)_tflops|decode)" "$OUT"/flashmla_triton.txt 2>/dev/null | cut -c1-300
+  grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt 2>/dev/null
+  grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+esac
+pack_out
