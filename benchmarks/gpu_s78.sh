@@ -4,6 +4,8 @@
 #       SM, against the API's 64-head launch: paged prefill and decode batch 8-256). On an H200 it then runs what
 #       sessions 76-77 owed there (gpu_s77.sh PART=h200's parts: bench_flashmla and bench_fp4_e4m3_route on the
 #       Triton route, bench_decode on both routes in one call).
+#   PART=v3ws: exp_gemm_v3_triton_ws.py at M = 4,096 and 16,384 (the dense V3-recipe GEMM on TMA loads, with and
+#       without triton's Hopper warp specialization, against the API's Triton launch and cuBLAS).
 # carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s78
@@ -23,6 +25,13 @@ blockh)
   grep -hE "^\| (prefill_(paged|bf16)_tflops|decode)" "$OUT"/flashmla_triton.txt 2>/dev/null | cut -c1-300
   grep -h "^| contiguous\|^| masked" "$OUT"/route_*.txt 2>/dev/null
   grep -hE "graphs=1" "$OUT"/decode_*.txt 2>/dev/null | cut -c1-200
+  ;;
+v3ws)
+  export MINI_DEEPGEMM_GLUON=0
+  script_sides 200 exp_gemm_v3_triton_ws.py v3ws_m4096 new
+  fits 150 && M=16384 script_sides 200 exp_gemm_v3_triton_ws.py v3ws_m16384 new
+  cat "$OUT/summary.txt"
+  grep -h "^| \|^M = " "$OUT"/v3ws_*.txt | cut -c1-400
   ;;
 esac
 pack_out
