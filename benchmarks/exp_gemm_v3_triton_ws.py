@@ -10,10 +10,10 @@ and consumer warpgroups (12 warps from 4). It asserts on pointer loads feeding t
 operand (the MoE kernel, the attention's gathers), and on an early return, but a dense FP8 loop whose operands come by
 TMA and whose scales come by pointer loads passes.
 
-What it runs: `v3_ws_kernel`, the same arithmetic as gemm_kernel.scaled_gemm_nt_kernel at BLOCK_K = 128 (one FP8 dot
-per 128 of K into a fresh tile, promoted by sa[m] * sb[n // 128]) with A and B through host tensor descriptors and the
-loop warp-specialized or not (WS), at the tiles in CONFIGS. It checks each variant bitwise against the API's Triton
-launch and times (CUDA-graph replay) the API's Triton route, each variant and cuBLAS per-tensor FP8 at the issue's
+What it runs: mini_deepgemm.gemm_v3_ws_kernel (the same arithmetic as gemm_kernel.scaled_gemm_nt_kernel at BLOCK_K =
+128: one FP8 dot per 128 of K into a fresh tile, promoted by sa[m] * sb[n // 128]) with A and B through host tensor
+descriptors and the loop warp-specialized or not, at the tiles in CONFIGS. It checks each variant bitwise against
+gemm_kernel's launch at the Triton route's tile before session 78 (64 x 128; an explicit config keeps the API on it) and times (CUDA-graph replay) the API's Triton route, each variant and cuBLAS per-tensor FP8 at the issue's
 dense shapes, M = 4,096 (env M for another). Offline (`--compile`, no GPU): each variant's warps after the pass,
 registers, spills and shared memory for sm_90.
 
@@ -28,9 +28,8 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 
-from mini_deepgemm.gemm_kernel import grouped_tile
+from mini_deepgemm.gemm_v3_ws_kernel import fp8_gemm_v3_ws_kernel
 
 # (BLOCK_M, BLOCK_N, num_warps before the pass, num_stages, warp-specialized)
 CONFIGS = [(64, 128, 4, 4, False), (128, 128, 8, 4, False), (64, 128, 4, 4, True), (128, 128, 4, 4, True),
@@ -41,27 +40,6 @@ DENSE_SHAPES = {  # name: (N, K), bench_deepgemm's
 }
 
 
-@triton.jit
-def v3_ws_kernel(a_desc, sa_ptr, b_desc, sb_ptr, d_ptr, M, N, K, stride_sa_m, stride_sb_n, stride_d_m,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
-                 WS: tl.constexpr):
-    """d = (a * sa) @ (b * sb)^T, bf16; a e4m3 [M, K], b e4m3 [N, K] (descriptors of [BLOCK_M | BLOCK_N, 128] boxes),
-    sa fp32 [M, K / 128], sb fp32 [N / 128, K / 128]."""
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    sa_ptrs = sa_ptr + (offs_m % M).to(tl.int64) * stride_sa_m
-    sb_ptrs = sb_ptr + ((offs_n % N) // 128).to(tl.int64) * stride_sb_n
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in tl.range(0, K // 128, num_stages=STAGES, warp_specialize=WS):
-        a = a_desc.load([pid_m * BLOCK_M, 128 * step])
-        b = b_desc.load([pid_n * BLOCK_N, 128 * step])
-        partial = tl.dot(a, tl.trans(b))
-        acc += partial * (tl.load(sa_ptrs + step)[:, None] * tl.load(sb_ptrs + step)[None, :])
-    out = d_ptr + offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
-    tl.store(out, acc.to(tl.bfloat16), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
-
-
 def launch(cfg, a, sa, b, sb, d):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -69,10 +47,10 @@ def launch(cfg, a, sa, b, sb, d):
     M, K = a.shape
     N = b.shape[0]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
-    return v3_ws_kernel[grid](
-        TensorDescriptor.from_tensor(a, [block_m, 128]), sa, TensorDescriptor.from_tensor(b, [block_n, 128]), sb, d,
-        M, N, K, sa.stride(0), sb.stride(0), d.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WS=ws, num_warps=num_warps,
+    return fp8_gemm_v3_ws_kernel[grid](
+        TensorDescriptor.from_tensor(a, [block_m, 128]), sa, TensorDescriptor.from_tensor(b, [block_n, 128]), sb, d, d,
+        M, N, K, sa.stride(0), sb.stride(0), d.stride(0), HAS_C=False,
+        BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=ws, num_warps=num_warps,
         enable_fp_fusion=True)
 
 
@@ -86,18 +64,18 @@ def compile_only() -> None:
     for cfg in CONFIGS:
         block_m, block_n, num_warps, stages, ws = cfg
         sig = {"a_desc": f"tensordesc<fp8e4nv[{block_m}, 128]>", "sa_ptr": "*fp32",
-               "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "sb_ptr": "*fp32", "d_ptr": "*bf16",
+               "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "sb_ptr": "*fp32", "d_ptr": "*bf16", "c_ptr": "*bf16",
                "M": "i32", "N": "i32", "K": "i32", "stride_sa_m": "i32", "stride_sb_n": "i32", "stride_d_m": "i32",
-               **{k: "constexpr" for k in ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "WS")}}
-        src = ASTSource(v3_ws_kernel, signature=sig, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8,
-                                                                    STAGES=stages, WS=ws))
+               **{k: "constexpr" for k in ("HAS_C", "BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "WARP_SPECIALIZE")}}
+        src = ASTSource(fp8_gemm_v3_ws_kernel, signature=sig, constexprs=dict(
+            HAS_C=False, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=ws))
         try:
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": num_warps, "enable_fp_fusion": True})
         except Exception as e:  # noqa: BLE001 - a config the pass rejects is a result of the experiment
             print(f"{cfg}: compile failed: {str(e).splitlines()[0][:120]}")
             continue
-        regs, local = _resources(k.asm["cubin"], "v3_ws_kernel")
+        regs, local = _resources(k.asm["cubin"], "fp8_gemm_v3_ws_kernel")
         print(f"{cfg}: warps {k.metadata.num_warps} regs {regs} local {local} B smem {k.metadata.shared} B, "
               f"partitioned {'ttg.warp_specialize' in k.asm['ttgir']}")
 
@@ -110,37 +88,41 @@ def main() -> None:
     torch.manual_seed(0)
     M = int(os.environ.get("M", "4096"))
     one = torch.ones((), device="cuda")
+    before = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
     names = " | ".join(f"{bm}x{bn} w{w} s{s}{' ws' if ws else ''}" for bm, bn, w, s, ws in CONFIGS)
-    print(f"M = {M}; TFLOP/s (ratio to cuBLAS per-tensor FP8); 'x' = bits differ from the API's Triton launch")
-    print(f"| shape | cuBLAS per-tensor | API Triton route | {names} |")
-    print("|---|---:|---:|" + "---:|" * len(CONFIGS))
-    ratios = {c: [] for c in ["api", *CONFIGS]}
+    print(f"M = {M}; TFLOP/s (ratio to cuBLAS per-tensor FP8); 'x' = bits differ from gemm_kernel's 64 x 128 launch")
+    print(f"| shape | cuBLAS per-tensor | gemm_kernel 64x128 (before) | API as routed | {names} |")
+    print("|---|---:|---:|---:|" + "---:|" * len(CONFIGS))
+    columns = ["before", "api", *CONFIGS]
+    ratios = {c: [] for c in columns}
     for name, (N, K) in DENSE_SHAPES.items():
         a = (torch.randn(M, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
         b = (torch.randn(N, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
         sa = torch.rand(M, K // 128, device="cuda") + 0.5
         sb = torch.rand(N // 128, K // 128, device="cuda") + 0.5
         ref = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-        G.fp8_gemm_nt((a, sa), (b, sb), ref, recipe=G.V3_RECIPE)
+        calls = {"before": lambda d: G._gemm(G._DENSE, (a, sa), (b, sb), d, None, None, G.V3_RECIPE, False,
+                                             config=before),
+                 "api": lambda d: G.fp8_gemm_nt((a, sa), (b, sb), d, recipe=G.V3_RECIPE)}
+        calls.update({cfg: lambda d, cfg=cfg: launch(cfg, a, sa, b, sb, d) for cfg in CONFIGS})
+        calls["before"](ref)
         flops = 2 * M * N * K
         t_cublas = do_bench_cudagraph(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
-        t_api = do_bench_cudagraph(lambda: G.fp8_gemm_nt((a, sa), (b, sb), ref, recipe=G.V3_RECIPE))
-        ratios["api"].append(t_cublas / t_api)
-        cells = [f"{flops / t_cublas / 1e9:.0f}", f"{flops / t_api / 1e9:.0f} ({t_cublas / t_api:.3f})"]
-        for cfg in CONFIGS:
+        cells = [f"{flops / t_cublas / 1e9:.0f}"]
+        for col in columns:
             d = torch.empty_like(ref)
             try:
-                launch(cfg, a, sa, b, sb, d)
+                calls[col](d)
                 same = torch.equal(d, ref)
-                t = do_bench_cudagraph(lambda: launch(cfg, a, sa, b, sb, d))
-            except Exception as e:  # noqa: BLE001
+                t = do_bench_cudagraph(lambda: calls[col](d))
+            except Exception as e:  # noqa: BLE001 - a variant that fails is a result of the experiment
                 cells.append(f"failed: {str(e).splitlines()[0][:60]}")
                 continue
-            ratios[cfg].append(t_cublas / t)
+            ratios[col].append(t_cublas / t)
             cells.append(f"{flops / t / 1e9:.0f} ({t_cublas / t:.3f}){'' if same else ' x'}")
         print(f"| {name} {M}x{N}x{K} | " + " | ".join(cells) + " |", flush=True)
     geo = {c: (torch.tensor(r).log().mean().exp().item() if r else float("nan")) for c, r in ratios.items()}
-    print("| geomean ratio | 1 | " + " | ".join(f"{geo[c]:.3f}" for c in ["api", *CONFIGS]) + " |")
+    print("| geomean ratio | 1 | " + " | ".join(f"{geo[c]:.3f}" for c in columns) + " |")
 
 
 if __name__ == "__main__":
