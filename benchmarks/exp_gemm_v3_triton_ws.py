@@ -1,21 +1,25 @@
-"""Session 78 experiment: the Triton route's dense V3-recipe GEMM with TMA loads and triton's Hopper warp specialization.
+"""Session 78 experiment: the Triton route's dense V3-recipe GEMM on TMA loads, warp-specialized by triton's Hopper pass.
 
 Why: on the Triton route (a uv-locked install, MINI_DEEPGEMM_GLUON=0, any GPU but Hopper under triton 3.6) the dense
 V3-recipe GEMM, which also runs every folded V4.1 projection of the engine's prefill, is gemm_kernel's 64 x 128 tile
 at 0.56x cuBLAS per-tensor FP8 against the Gluon kernel's 0.86x (H200, session 72: docs/reports/triton-route-on-
-hopper.md). The Gluon kernel's lead is its TMA producer warp beside the math warpgroups. Triton 3.6 has a Hopper pass
-for that (`tl.range(..., warp_specialize=True)`; its docstring says Blackwell only, but `make_ttgir` runs
-`add_hopper_warpspec` for sm_90): offline it partitions a loop of TMA tensor-descriptor loads and dots into a producer
-and consumer warpgroups (12 warps from 4). It asserts on pointer loads feeding the dot and on a register-converted
-operand (the MoE kernel, the attention's gathers), and on an early return, but a dense FP8 loop whose operands come by
-TMA and whose scales come by pointer loads passes.
+hopper.md). The Gluon kernel's lead is its TMA producer warp beside the math warpgroups. Triton 3.6 and 3.9 carry a
+Hopper pass for that (`tl.range(..., warp_specialize=True)`; its docstring says Blackwell only, but `make_ttgir` runs
+`add_hopper_warpspec` for sm_90): offline it turns a loop of TMA tensor-descriptor loads and dots into a producer
+warpgroup (setmaxnreg 40) and consumer warpgroups (232), 12 warps from 4. It asserts on pointer loads feeding the dot,
+on a register-converted operand (the MoE kernel, the attention's gathers) and on an early return; a dense FP8 loop
+whose operands come by TMA and whose scales come by pointer loads passes.
 
-What it runs: mini_deepgemm.gemm_v3_ws_kernel (the same arithmetic as gemm_kernel.scaled_gemm_nt_kernel at BLOCK_K =
-128: one FP8 dot per 128 of K into a fresh tile, promoted by sa[m] * sb[n // 128]) with A and B through host tensor
+What it runs: `fp8_gemm_v3_ws_kernel` below, the same arithmetic as gemm_kernel.scaled_gemm_nt_kernel at BLOCK_K = 128
+(one FP8 dot per 128 of K into a fresh tile, promoted by sa[m] * sb[n // 128]) with A and B through host tensor
 descriptors and the loop warp-specialized or not, at the tiles in CONFIGS. It checks each variant bitwise against
-gemm_kernel's launch at the Triton route's tile before session 78 (64 x 128; an explicit config keeps the API on it) and times (CUDA-graph replay) the API's Triton route, each variant and cuBLAS per-tensor FP8 at the issue's
-dense shapes, M = 4,096 (env M for another). Offline (`--compile`, no GPU): each variant's warps after the pass,
-registers, spills and shared memory for sm_90.
+gemm_kernel's 64 x 128 launch (the Triton route's tile) and times (CUDA-graph replay) that launch, the API as routed,
+each variant and cuBLAS per-tensor FP8 at the issue's dense shapes, M = 4,096 (env M for another). Offline
+(`--compile`, no GPU): each variant's warps after the pass, registers, spills and shared memory for sm_90.
+
+Found (H100, runs 2-4 of gpu-session-2026-12-07-s78.md): every 128-row tile (two consumer warpgroups) hangs at its
+first launch under triton 3.6 (exp_ws_hang.py; under 3.9 the pass rejects them offline); 64-row tiles finish, bitwise
+equal to gemm_kernel, at 0.31x cuBLAS where gemm_kernel runs 0.52x. Not shipped.
 
 Usage: MINI_DEEPGEMM_GLUON=0 python3 exp_gemm_v3_triton_ws.py   (GPU, from benchmarks/)
        PYTHONPATH=integration_tests:... python3 benchmarks/exp_gemm_v3_triton_ws.py --compile
@@ -28,16 +32,42 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 
-from mini_deepgemm.gemm_v3_ws_kernel import fp8_gemm_v3_ws_kernel
+from mini_deepgemm.gemm_kernel import grouped_tile
 
 # (BLOCK_M, BLOCK_N, num_warps before the pass, num_stages, warp-specialized)
-CONFIGS = [(64, 128, 4, 4, False), (128, 128, 8, 4, False), (64, 128, 4, 4, True), (128, 128, 4, 4, True),
-           (128, 128, 4, 3, True), (128, 256, 4, 3, True)]
+# (run 4; run 2 had (128, 128, 8, 4, False), (128, 128, 4, 4 / 3, True), (128, 256, 4, 3, True) and hung at them)
+CONFIGS = [(64, 128, 4, 4, False), (64, 128, 4, 4, True), (64, 128, 4, 3, True), (64, 128, 4, 6, True)]
 DENSE_SHAPES = {  # name: (N, K), bench_deepgemm's
     "wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192),
     "idx_wq_b": (4096, 1280), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "engram_wkv": (25600, 6144),
 }
+
+
+@triton.jit
+def fp8_gemm_v3_ws_kernel(a_desc, sa_ptr, b_desc, sb_ptr, d_ptr, c_ptr, M, N, K, stride_sa_m, stride_sb_n, stride_d_m,
+                          HAS_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                          STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """d[M, N] = (a * sa) @ (b * sb)^T (+ c). a: e4m3 [M, K] and b: e4m3 [N, K] as tensor descriptors of [BLOCK_M,
+    128] and [BLOCK_N, 128] boxes; sa fp32 [M, K / 128] and sb fp32 [cdiv(N, 128), K / 128], unit stride along K;
+    d bf16 or fp32 [M, N] (c: fp32, d's strides)."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    sa_ptrs = sa_ptr + (offs_m % M).to(tl.int64) * stride_sa_m  # wrapped rows: any valid scale, their output is masked
+    sb_ptrs = sb_ptr + ((offs_n % N) // 128).to(tl.int64) * stride_sb_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in tl.range(0, K // 128, num_stages=STAGES, warp_specialize=WARP_SPECIALIZE):
+        a = a_desc.load([pid_m * BLOCK_M, 128 * step])
+        b = b_desc.load([pid_n * BLOCK_N, 128 * step])
+        partial = tl.dot(a, tl.trans(b))
+        acc += partial * (tl.load(sa_ptrs + step)[:, None] * tl.load(sb_ptrs + step)[None, :])
+    out_offs = offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if HAS_C:
+        acc += tl.load(c_ptr + out_offs, mask=out_mask, other=0.0)
+    tl.store(d_ptr + out_offs, acc.to(d_ptr.dtype.element_ty), mask=out_mask)
 
 
 def launch(cfg, a, sa, b, sb, d):

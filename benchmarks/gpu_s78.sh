@@ -4,10 +4,12 @@
 #       SM, against the API's 64-head launch: paged prefill and decode batch 8-256). On an H200 it then runs what
 #       sessions 76-77 owed there (gpu_s77.sh PART=h200's parts: bench_flashmla and bench_fp4_e4m3_route on the
 #       Triton route, bench_decode on both routes in one call).
-#   PART=v3ws (the Triton route): exp_gemm_v3_triton_ws.py at M = 4,096 (the dense V3-recipe GEMM on TMA loads, with
-#       and without triton's Hopper warp specialization, against gemm_kernel's tile and cuBLAS), the new kernel's GPU
-#       tests, mini-deepgemm's test_gemm.py (the API's dense V3 calls now on it) and the runtime's core GPU tests (the
-#       engine's folded projections on it), then the experiment at M = 16,384.
+#   PART=v3ws (the Triton route; run 2, ~440 s on an H100, every step cut by its limit: the kernel hung):
+#       exp_gemm_v3_triton_ws.py at M = 4,096 (the dense V3-recipe GEMM on TMA loads, with and without triton's Hopper
+#       warp specialization, against gemm_kernel's tile and cuBLAS), mini-deepgemm's test_gemm.py (run 2 also ran
+#       the kernel's own tests, test_gemm_v3_ws.py, removed with the route) and the runtime's core GPU tests (the
+#       tree then sent dense V3 calls to the kernel), then the experiment at M = 16,384. Runs 3-4 were inline calls
+#       (exp_ws_hang.py; the experiment at 64-row tiles), their output kept in data/s78-run3, -run4.
 # carry [".devdeps"]; source .devdeps/env.sh && DEADLINE=N PART=... bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s78
@@ -31,8 +33,7 @@ blockh)
 v3ws)
   export MINI_DEEPGEMM_GLUON=0
   script_sides 150 exp_gemm_v3_triton_ws.py v3ws_m4096 new
-  run v3ws_tests 90 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm_v3_ws.py \
-    packages/mini-deepgemm/tests/test_gemm.py -m gpu --junitxml="$OUT/junit_v3ws.xml"
+  run v3ws_tests 90 $PYTEST -n 4 packages/mini-deepgemm/tests/test_gemm.py -m gpu --junitxml="$OUT/junit_v3ws.xml"
   fits 170 && runtime_core_tests 170
   fits 120 && M=16384 script_sides 120 exp_gemm_v3_triton_ws.py v3ws_m16384 new
   cat "$OUT/summary.txt"

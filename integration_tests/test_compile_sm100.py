@@ -32,7 +32,7 @@ from mini_flashmla import api as flashmla_api
 
 def cases() -> list:
     """(id, call(monkeypatch), the kernels the call launches on the Triton route, in order)."""
-    out = [pytest.param(lambda _mp, c=c: c.call(), c.triton_sm100 or c.triton, id=f"deepgemm/{c.name}")
+    out = [pytest.param(lambda _mp, c=c: c.call(), c.triton, id=f"deepgemm/{c.name}")
            for c in deepgemm_cases.CASES]
     out += [pytest.param(lambda _mp, c=c: c.call(), [name for name, _ in c.triton_launches], id=f"flashmla/{c.name}")
             for c in flashmla_cases.CASES]

@@ -54,7 +54,6 @@ CHECKPOINT_SCALE_MAX = 128  # the bound the runtime states for a checkpoint's FP
 ACT_QUANT_FP8, FP4_QUANT = "act_quant_fp8_kernel", "fp4_quant_kernel"  # quant_kernel
 ACT_PASS, SWAPAB = "dequant_act_kernel", "swapab_gemm_kernel"  # gemm_swapab_kernel
 TRITON_GEMM = "scaled_gemm_nt_kernel"  # gemm_kernel
-V3_WS = "fp8_gemm_v3_ws_kernel"  # gemm_v3_ws_kernel: the Triton route's dense V3 GEMM on Hopper (from 65 rows)
 V41_GEMM, V3_GEMM = "fp8_gemm_v41_kernel", "fp8_gemm_v3_kernel"  # gemm_gluon_fp8_kernel
 SCALES_TO_F32 = "ue8m0_to_f32_transposed_kernel"  # gemm_gluon_fp8_kernel: the V4.1 tiles' fp32 scale ring
 SPLITK, SPLITK_SUM = "fp8_gemm_v41_splitk_kernel", "splitk_sum_kernel"  # gemm_gluon_fp8_splitk_kernel
@@ -186,15 +185,13 @@ def moe_fp8_masked(expected_m: int, n: int, k: int, recipe: tuple[int, int, int]
 @dataclass(frozen=True)
 class Case:
     """One public call and the kernels it must compile, in launch order, on the Gluon route (triton 3.6) and on the
-    Triton route (other releases, or MINI_DEEPGEMM_GLUON=0); triton_sm100: the Triton route's on a B200 where it
-    differs from an H200's (test_compile_sm100.py)."""
+    Triton route (other releases, or MINI_DEEPGEMM_GLUON=0)."""
 
     name: str
     call: Callable[[], None]
     gluon: list[str]
     triton: list[str]
     local_bytes: dict[str, int] = field(default_factory=dict)  # kernel name -> its stack bytes today (else 0)
-    triton_sm100: list[str] | None = None
 
 
 def folded_case(name: str, call: Callable[[], None], gluon: list[str], scales: str,
@@ -241,12 +238,9 @@ CASES: list[Case] = [
     Case("fp8_v41_m1_n5120_k8192", dense_fp8(1, 5120, 8192), [SPLITK, SPLITK_SUM], [SWAPAB]),
     Case("fp8_v41_m16_n5120_k8192", dense_fp8(16, 5120, 8192), [SPLITK, SPLITK_SUM], [SWAPAB]),
     Case("fp8_v41_m64_n5120_k8192", dense_fp8(64, 5120, 8192), [SPLITK, SPLITK_SUM], [TRITON_GEMM]),
-    # dense FP8, V3 recipe (also V4.1's operands folded per 128: fold_fp8_weight_scales, quant's fold_128): Gluon's
-    # persistent kernel / the TMA-fed kernel that triton's Hopper pass warp-specializes (a B200: gemm_kernel's tiles)
-    Case("fp8_v3_m4096_n4608_k5120", dense_fp8(4096, 4608, 5120, dg.V3_RECIPE), [V3_GEMM], [V3_WS],
-         triton_sm100=[TRITON_GEMM]),
-    Case("fp8_v3_m4096_n5120_k8192", dense_fp8(4096, 5120, 8192, dg.V3_RECIPE), [V3_GEMM], [V3_WS],
-         triton_sm100=[TRITON_GEMM]),
+    # dense FP8, V3 recipe (also V4.1's operands folded per 128: fold_fp8_weight_scales, quant's fold_128)
+    Case("fp8_v3_m4096_n4608_k5120", dense_fp8(4096, 4608, 5120, dg.V3_RECIPE), [V3_GEMM], [TRITON_GEMM]),
+    Case("fp8_v3_m4096_n5120_k8192", dense_fp8(4096, 5120, 8192, dg.V3_RECIPE), [V3_GEMM], [TRITON_GEMM]),
     # dense FP8 x FP4: the swap-AB kernel on both routes (no Gluon kernel for dense FP4 weights)
     Case("fp4_m4096_n4608_k5120", dense_fp4(4096, 4608, 5120), [ACT_PASS, SWAPAB], [ACT_PASS, SWAPAB]),
     Case("fp4_m16_n4608_k5120", dense_fp4(16, 4608, 5120), [SWAPAB], [SWAPAB]),

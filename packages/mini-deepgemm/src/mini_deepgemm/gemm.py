@@ -835,49 +835,6 @@ def _use_gluon_v3(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, c: torch.
     return tma_ok and tiles >= sm_count(d.device)
 
 
-def _use_v3_ws(aq: torch.Tensor, bq: torch.Tensor, d: torch.Tensor, recipe: Recipe) -> bool:
-    """gemm_v3_ws_kernel takes the dense V3 recipe's calls of more than 64 rows (default_config's few-row tiles stay
-    below) that the Gluon kernel does not (_launch asks it first) on a CUDA Hopper GPU, where its tile was measured
-    (docs/reports/triton-route-on-hopper.md, "Session 78"): operands through TMA (16-byte aligned bases and row
-    strides, unit last stride)."""
-    if not (recipe == V3_RECIPE and aq.dtype == torch.float8_e4m3fn and bq.dtype == torch.float8_e4m3fn and d.is_cuda
-            and torch.cuda.get_device_capability(d.device) == (9, 0)):
-        return False
-    return all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (aq, bq))
-
-
-def _v3_ws_tile() -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, stages) of gemm_v3_ws_kernel. triton 3.9's Hopper pass fails on 128-row tiles (it splits
-    them between two consumer warpgroups and then checks a 64-row copy against the 128-row descriptor box; offline,
-    session 78), so that release takes 64-row tiles, one consumer warpgroup."""
-    import triton
-
-    return V3_WS_TILE_36 if triton.__version__.startswith("3.6.") else V3_WS_TILE_OTHER
-
-
-# gemm_v3_ws_kernel's tiles (H100, session 78 run 2: docs/reports/triton-route-on-hopper.md)
-V3_WS_TILE_36 = (128, 128, 4)
-V3_WS_TILE_OTHER = (64, 128, 4)
-
-
-def _v3_ws_gemm(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-                c: torch.Tensor | None) -> None:
-    """gemm_v3_ws_kernel: aq [M, K] and bq [N, K] e4m3 as TMA descriptors, sa fp32 [M, K/128] and sb fp32 [cdiv(N,
-    128), K/128] with unit stride along K (_launch makes them contiguous), d bf16 or fp32 (+ c)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from .gemm_v3_ws_kernel import fp8_gemm_v3_ws_kernel
-
-    M, K = aq.shape
-    N = bq.shape[0]
-    block_m, block_n, stages = _v3_ws_tile()
-    fp8_gemm_v3_ws_kernel[(cdiv(M, block_m) * cdiv(N, block_n),)](
-        TensorDescriptor.from_tensor(aq, [block_m, 128]), sa, TensorDescriptor.from_tensor(bq, [block_n, 128]), sb,
-        d, c if c is not None else d, M, N, K, sa.stride(0), sb.stride(0), d.stride(0),
-        HAS_C=c is not None, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=True,
-        num_warps=4, enable_fp_fusion=True)
-
-
 def _use_gluon_v41(aq: torch.Tensor, sa: torch.Tensor, bq: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
                    c: torch.Tensor | None, recipe: Recipe) -> bool:
     """gemm_gluon_fp8_kernel's V4.1 kernel covers dense FP8 x FP8 GEMMs of the V4.1 recipe (UE8M0 per 1 x 32 and
@@ -1270,9 +1227,6 @@ def _launch(layout: int, a: FP8Operand, b: FP8Operand, d: torch.Tensor, c: torch
         cfg = gemm_kernel_config(layout, rows_hint, gran_k, ue8m0)
     if cfg.get("GLUON") and layout == _DENSE and _use_gluon_v3(aq, bq, d, c, recipe):
         _gluon_fp8_v3_gemm(aq, sa, bq, sb, d, cfg)
-        return
-    if layout == _DENSE and config is None and rows > 64 and _use_v3_ws(aq, bq, d, recipe):
-        _v3_ws_gemm(aq, sa, bq, sb, d, c)
         return
     cfg = {k: v for k, v in cfg.items() if not k.startswith("GLUON")}  # gemm_kernel's parameters only
     if cfg["BF16_MMA"]:  # longest step (up to BLOCK_K) that divides K
