@@ -7,11 +7,14 @@ of 32 (or 16) heads holds half (a quarter) of that accumulator, so two (four) pr
 under another's gathers. The price: every head block gathers and dequantizes the same rows (twice or four times the
 decode work and L2 reads), and below 64 rows triton 3.6 gives the dot Ampere's mma.sync instead of wgmma.
 
-What it times (CUDA-graph replay, bench_flashmla's prefill case and decode batches): the API as routed (64-head
-programs), then the same kernel launched through the API with BLOCK_H heads per program and each num_warps of WARPS
-(VARIANTS below, or the environment's), the decode split rule counting the head blocks' programs. Each variant's output is
-compared with the 64-head call (max abs difference; the MMA instruction differs, so the fp32 sums may too).
-Offline (`--compile`, no GPU): each variant's registers, spills and shared memory for sm_90.
+What it times (CUDA-graph replay, bench_flashmla's prefill case and decode batches 8-256): the API's launch (64-head
+programs), then the same kernel through the API at each of VARIANTS (heads per program, warps, register cap, slots
+per block; the environment's VARIANTS adds its own), the decode split rule counting the head blocks' programs. Each
+variant's output is compared with the 64-head call (max abs difference; the MMA instruction differs, so the fp32 sums
+may too). Offline (`--compile`, no GPU): each variant's registers, spills and shared memory for sm_90.
+
+Found (H100, session 78 run 1): every variant is slower, the best (32 heads, 4 warps, 32-slot blocks) 1.52x the time
+at prefill and 1.37-1.62x at decode (docs/reports/triton-route-on-hopper.md, "Session 78").
 
 Usage: MINI_DEEPGEMM_GLUON=0 python3 exp_attn_block_h.py   (GPU, from benchmarks/)
        MINI_DEEPGEMM_GLUON=0 PYTHONPATH=integration_tests:... python3 benchmarks/exp_attn_block_h.py --compile
@@ -71,8 +74,8 @@ def compile_only() -> None:
             for k in kernels:
                 if k.name.startswith("sparse_mla_fwd"):
                     threads = 32 * k.num_warps
-                    print(f"s_q {s_q:5d} heads {block_h:2d} warps {k.num_warps} cap {maxnreg:3d} slots {block_n}: regs {k.registers} spills "
-                          f"{k.local_bytes} B smem {k.shared_bytes} B; programs per SM by registers "
+                    print(f"s_q {s_q:5d} heads {block_h:2d} warps {k.num_warps} cap {maxnreg:3d} slots {block_n}: "
+                          f"regs {k.registers} spills {k.local_bytes} B smem {k.shared_bytes} B; programs per SM by registers "
                           f"{65536 // (k.registers * threads)}, by smem {232448 // max(k.shared_bytes, 1)}")
 
 

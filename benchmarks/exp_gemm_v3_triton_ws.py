@@ -1,4 +1,4 @@
-"""Session 78 experiment: the Triton route's dense V3-recipe GEMM on TMA loads, warp-specialized by triton's Hopper pass.
+"""Session 78 experiment: the Triton route's dense V3 GEMM on TMA loads, warp-specialized by triton's Hopper pass.
 
 Why: on the Triton route (a uv-locked install, MINI_DEEPGEMM_GLUON=0, any GPU but Hopper under triton 3.6) the dense
 V3-recipe GEMM, which also runs every folded V4.1 projection of the engine's prefill, is gemm_kernel's 64 x 128 tile

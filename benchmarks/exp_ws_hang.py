@@ -1,9 +1,9 @@
 """Session 78 experiment: which warp-specialized (triton Hopper pass) loops finish on the GPU.
 
 Why: exp_gemm_v3_triton_ws.py's kernel compiled under triton 3.6's Hopper warp specialization (12 warps, a TMA
-producer and two consumer warpgroups, offline) but hung at its first launch on an H100 (session 78 run 2). This runs, each in its own
-process with a time limit, the loop in steps from a plain TMA matmul to the kernel: which step hangs says what of
-the kernel the pass mishandles.
+producer and two consumer warpgroups, offline) but hung at its first launch on an H100 (session 78 run 2). This runs,
+each in its own process with a time limit, the loop in steps from a plain TMA matmul to the kernel: which step hangs
+says what of the kernel the pass mishandles.
 
 Cases (bf16 output of e4m3 [M, K] x [N, K]^T, M = N = 512, K = 1,024, checked against torch):
 - dot: acc = dot(a, b^T, acc), operands by TMA;
