@@ -75,8 +75,8 @@ def compile_only() -> None:
                 if k.name.startswith("sparse_mla_fwd"):
                     threads = 32 * k.num_warps
                     print(f"s_q {s_q:5d} heads {block_h:2d} warps {k.num_warps} cap {maxnreg:3d} slots {block_n}: "
-                          f"regs {k.registers} spills {k.local_bytes} B smem {k.shared_bytes} B; programs per SM by registers "
-                          f"{65536 // (k.registers * threads)}, by smem {232448 // max(k.shared_bytes, 1)}")
+                          f"regs {k.registers} spills {k.local_bytes} B smem {k.shared_bytes} B; programs per SM by "
+                          f"registers {65536 // (k.registers * threads)}, by smem {232448 // max(k.shared_bytes, 1)}")
 
 
 def main() -> None:
