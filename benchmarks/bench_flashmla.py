@@ -178,6 +178,16 @@ def decode_case(dev, batch: int, g: torch.Generator):
     return q, window_cache, compressed_cache, wid, cid.to(torch.int32), sink
 
 
+def paged_cases(dev, batches: tuple[int, ...]) -> list[tuple]:
+    """[(name, q, window_cache, compressed_cache, wid, cid, sink)]: the prefill case's paged inputs, then a decode
+    case per batch (decode_case, generator seed 1): the experiments' list of sparse_mla_fwd_paged calls."""
+    c = prefill_case(dev)
+    cases = [("prefill s_q 4096", c["q"], c["window_cache"], c["compressed_cache"], c["wid"], c["cid"], c["sink"])]
+    for batch in batches:
+        cases.append((f"decode batch {batch}", *decode_case(dev, batch, torch.Generator(device=dev).manual_seed(1))))
+    return cases
+
+
 def bench_graph(fn) -> float:
     """Median milliseconds of CUDA-graph replays: device time only, as the engine's captured decode step runs it.
     A decode call's host work (argument checks, routing, descriptors: ~90-130 us per call on the GPU machine) is

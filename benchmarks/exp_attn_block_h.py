@@ -29,7 +29,6 @@ from contextlib import contextmanager
 import torch
 
 from mini_flashmla import api
-from mini_flashmla.cache_layout import COMPRESSED_KV_ROW_BYTES, WINDOW_ROW_BYTES
 
 # (heads per program, num_warps, register cap or 0 for the compiler's choice, slots per block); the first is the API's
 VARIANTS = [(64, 8, 0, 64), (32, 4, 0, 64), (32, 8, 128, 64), (16, 4, 0, 64), (16, 8, 128, 64),
@@ -59,18 +58,13 @@ def paged(q, window_cache, compressed_cache, wid, cid, sink, scale):
 
 def compile_only() -> None:
     sys.path.insert(0, "integration_tests")
-    from sm90_compile import compiling_for_sm90, cuda_like
+    from sm90_compile import compiling_for_sm90
+    from test_compile_sm90_flashmla import attn_paged
 
-    h, d = 64, 512
     for s_q in (4096, 64):
         for block_h, num_warps, maxnreg, block_n in VARIANTS:
             with compiling_for_sm90() as kernels, heads_per_program(block_h, num_warps, maxnreg, block_n):
-                paged(cuda_like(torch.empty(s_q, h, d, dtype=torch.bfloat16)),
-                      cuda_like(torch.empty(8192, WINDOW_ROW_BYTES, dtype=torch.uint8)),
-                      cuda_like(torch.empty(65536, COMPRESSED_KV_ROW_BYTES, dtype=torch.uint8)),
-                      cuda_like(torch.empty(s_q, 128, dtype=torch.int32)),
-                      cuda_like(torch.empty(s_q, 512, dtype=torch.int32)),
-                      cuda_like(torch.empty(h, dtype=torch.float32)), d ** -0.5)
+                attn_paged(s_q)
             for k in kernels:
                 if k.name.startswith("sparse_mla_fwd"):
                     threads = 32 * k.num_warps
@@ -83,13 +77,7 @@ def main() -> None:
     import bench_flashmla as bf
     from triton.testing import do_bench_cudagraph
 
-    dev = torch.device("cuda")
-    c = bf.prefill_case(dev)
-    cases = [("prefill s_q 4096", c["q"], c["window_cache"], c["compressed_cache"], c["wid"], c["cid"], c["sink"])]
-    for batch in (8, 64, 128, 256):
-        q, window_cache, compressed_cache, wid, cid, sink = bf.decode_case(dev, batch,
-                                                                           torch.Generator(device=dev).manual_seed(1))
-        cases.append((f"decode batch {batch}", q, window_cache, compressed_cache, wid, cid, sink))
+    cases = bf.paged_cases(torch.device("cuda"), (8, 64, 128, 256))
     names = " | ".join(f"{bh} heads, {w} warps, cap {r or '-'}, {n} slots" for bh, w, r, n in VARIANTS)
     print(f"| case | {names} |")
     print("|---|" + "---:|" * len(VARIANTS))

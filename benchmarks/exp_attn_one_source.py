@@ -98,13 +98,7 @@ def main() -> None:
 
     from mini_flashmla import sparse_mla_fwd_paged
 
-    dev = torch.device("cuda")
-    c = bf.prefill_case(dev)
-    cases = [("prefill s_q 4096", c["q"], c["window_cache"], c["compressed_cache"], c["wid"], c["cid"], c["sink"])]
-    for batch in (64, 128, 256):
-        q, window_cache, compressed_cache, wid, cid, sink = bf.decode_case(dev, batch,
-                                                                           torch.Generator(device=dev).manual_seed(1))
-        cases.append((f"decode batch {batch}", q, window_cache, compressed_cache, wid, cid, sink))
+    cases = bf.paged_cases(torch.device("cuda"), (64, 128, 256))
     print("| case | API (both sources, one kernel) us | one source per launch + combine us | ratio | max abs diff |")
     print("|---|---:|---:|---:|---:|")
     for name, q, window_cache, compressed_cache, wid, cid, sink in cases:

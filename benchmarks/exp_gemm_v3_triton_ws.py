@@ -13,8 +13,9 @@ whose operands come by TMA and whose scales come by pointer loads passes.
 What it runs: `fp8_gemm_v3_ws_kernel` below, the same arithmetic as gemm_kernel.scaled_gemm_nt_kernel at BLOCK_K = 128
 (one FP8 dot per 128 of K into a fresh tile, promoted by sa[m] * sb[n // 128]) with A and B through host tensor
 descriptors and the loop warp-specialized or not, at the tiles in CONFIGS. It checks each variant bitwise against
-gemm_kernel's 64 x 128 launch (the Triton route's tile) and times (CUDA-graph replay) that launch, the API as routed,
-each variant and cuBLAS per-tensor FP8 at the issue's dense shapes, M = 4,096 (env M for another). Offline
+gemm_kernel's 64 x 128 launch (the Triton route's tile) and times (CUDA-graph replay) that launch, each variant and
+cuBLAS per-tensor FP8 at bench_deepgemm's dense shapes and operands, M = 4,096 (env M for another). (Run 4 also
+timed the API as then routed: the route to this kernel, reverted since.) Offline
 (`--compile`, no GPU): each variant's warps after the pass, registers, spills and shared memory for sm_90.
 
 Found (H100, runs 2-4 of gpu-session-2026-12-07-s78.md): every 128-row tile (two consumer warpgroups) hangs at its
@@ -39,19 +40,17 @@ from mini_deepgemm.gemm_kernel import grouped_tile
 # (BLOCK_M, BLOCK_N, num_warps before the pass, num_stages, warp-specialized)
 # (run 4; run 2 had (128, 128, 8, 4, False), (128, 128, 4, 4 / 3, True), (128, 256, 4, 3, True) and hung at them)
 CONFIGS = [(64, 128, 4, 4, False), (64, 128, 4, 4, True), (64, 128, 4, 3, True), (64, 128, 4, 6, True)]
-DENSE_SHAPES = {  # name: (N, K), bench_deepgemm's
-    "wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192),
-    "idx_wq_b": (4096, 1280), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "engram_wkv": (25600, 6144),
-}
+# gemm_kernel's launch on the Triton route's dense V3 tile (gemm.default_config); an explicit config keeps the API on
+# gemm_kernel on either route
+GEMM_KERNEL_V3 = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
 
 
 @triton.jit
-def fp8_gemm_v3_ws_kernel(a_desc, sa_ptr, b_desc, sb_ptr, d_ptr, c_ptr, M, N, K, stride_sa_m, stride_sb_n, stride_d_m,
-                          HAS_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-                          STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """d[M, N] = (a * sa) @ (b * sb)^T (+ c). a: e4m3 [M, K] and b: e4m3 [N, K] as tensor descriptors of [BLOCK_M,
-    128] and [BLOCK_N, 128] boxes; sa fp32 [M, K / 128] and sb fp32 [cdiv(N, 128), K / 128], unit stride along K;
-    d bf16 or fp32 [M, N] (c: fp32, d's strides)."""
+def fp8_gemm_v3_ws_kernel(a_desc, sa_ptr, b_desc, sb_ptr, d_ptr, M, N, K, stride_sa_m, stride_sb_n, stride_d_m,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+                          WARP_SPECIALIZE: tl.constexpr):
+    """d[M, N] = (a * sa) @ (b * sb)^T. a: e4m3 [M, K] and b: e4m3 [N, K] as tensor descriptors of [BLOCK_M, 128] and
+    [BLOCK_N, 128] boxes; sa fp32 [M, K / 128] and sb fp32 [cdiv(N, 128), K / 128], unit stride along K; d bf16."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -63,11 +62,15 @@ def fp8_gemm_v3_ws_kernel(a_desc, sa_ptr, b_desc, sb_ptr, d_ptr, c_ptr, M, N, K,
         b = b_desc.load([pid_n * BLOCK_N, 128 * step])
         partial = tl.dot(a, tl.trans(b))
         acc += partial * (tl.load(sa_ptrs + step)[:, None] * tl.load(sb_ptrs + step)[None, :])
-    out_offs = offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
-    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if HAS_C:
-        acc += tl.load(c_ptr + out_offs, mask=out_mask, other=0.0)
-    tl.store(d_ptr + out_offs, acc.to(d_ptr.dtype.element_ty), mask=out_mask)
+    out = d_ptr + offs_m.to(tl.int64)[:, None] * stride_d_m + offs_n[None, :]
+    tl.store(out, acc.to(tl.bfloat16), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+def gemm_kernel_v3(a, sa, b, sb, d):
+    """The same GEMM on gemm_kernel.scaled_gemm_nt_kernel (GEMM_KERNEL_V3), the bits the variants must keep."""
+    from mini_deepgemm import gemm as G
+
+    G._gemm(G._DENSE, (a, sa), (b, sb), d, None, None, G.V3_RECIPE, False, config=GEMM_KERNEL_V3)
 
 
 def launch(cfg, a, sa, b, sb, d):
@@ -78,8 +81,8 @@ def launch(cfg, a, sa, b, sb, d):
     N = b.shape[0]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     return fp8_gemm_v3_ws_kernel[grid](
-        TensorDescriptor.from_tensor(a, [block_m, 128]), sa, TensorDescriptor.from_tensor(b, [block_n, 128]), sb, d, d,
-        M, N, K, sa.stride(0), sb.stride(0), d.stride(0), HAS_C=False,
+        TensorDescriptor.from_tensor(a, [block_m, 128]), sa, TensorDescriptor.from_tensor(b, [block_n, 128]), sb, d,
+        M, N, K, sa.stride(0), sb.stride(0), d.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=ws, num_warps=num_warps,
         enable_fp_fusion=True)
 
@@ -94,11 +97,11 @@ def compile_only() -> None:
     for cfg in CONFIGS:
         block_m, block_n, num_warps, stages, ws = cfg
         sig = {"a_desc": f"tensordesc<fp8e4nv[{block_m}, 128]>", "sa_ptr": "*fp32",
-               "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "sb_ptr": "*fp32", "d_ptr": "*bf16", "c_ptr": "*bf16",
+               "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "sb_ptr": "*fp32", "d_ptr": "*bf16",
                "M": "i32", "N": "i32", "K": "i32", "stride_sa_m": "i32", "stride_sb_n": "i32", "stride_d_m": "i32",
-               **{k: "constexpr" for k in ("HAS_C", "BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "WARP_SPECIALIZE")}}
+               **{k: "constexpr" for k in ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "WARP_SPECIALIZE")}}
         src = ASTSource(fp8_gemm_v3_ws_kernel, signature=sig, constexprs=dict(
-            HAS_C=False, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=ws))
+            BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages, WARP_SPECIALIZE=ws))
         try:
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": num_warps, "enable_fp_fusion": True})
@@ -111,31 +114,24 @@ def compile_only() -> None:
 
 
 def main() -> None:
+    from bench_deepgemm import DENSE_SHAPES, dense_operands
     from triton.testing import do_bench_cudagraph
 
-    from mini_deepgemm import gemm as G
-
-    torch.manual_seed(0)
     M = int(os.environ.get("M", "4096"))
     one = torch.ones((), device="cuda")
-    before = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, BF16_MMA=False)
     names = " | ".join(f"{bm}x{bn} w{w} s{s}{' ws' if ws else ''}" for bm, bn, w, s, ws in CONFIGS)
     print(f"M = {M}; TFLOP/s (ratio to cuBLAS per-tensor FP8); 'x' = bits differ from gemm_kernel's 64 x 128 launch")
-    print(f"| shape | cuBLAS per-tensor | gemm_kernel 64x128 (before) | API as routed | {names} |")
-    print("|---|---:|---:|---:|" + "---:|" * len(CONFIGS))
-    columns = ["before", "api", *CONFIGS]
+    print(f"| shape | cuBLAS per-tensor | gemm_kernel 64x128 | {names} |")
+    print("|---|---:|---:|" + "---:|" * len(CONFIGS))
+    columns = ["gemm_kernel", *CONFIGS]
     ratios = {c: [] for c in columns}
     for name, (N, K) in DENSE_SHAPES.items():
-        a = (torch.randn(M, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-        b = (torch.randn(N, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-        sa = torch.rand(M, K // 128, device="cuda") + 0.5
-        sb = torch.rand(N // 128, K // 128, device="cuda") + 0.5
-        ref = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-        calls = {"before": lambda d: G._gemm(G._DENSE, (a, sa), (b, sb), d, None, None, G.V3_RECIPE, False,
-                                             config=before),
-                 "api": lambda d: G.fp8_gemm_nt((a, sa), (b, sb), d, recipe=G.V3_RECIPE)}
+        op = dense_operands(M, N, K)
+        (a, sa), (b, sb) = op["v3"]
+        ref = op["d"]
+        calls = {"gemm_kernel": lambda d: gemm_kernel_v3(a, sa, b, sb, d)}
         calls.update({cfg: lambda d, cfg=cfg: launch(cfg, a, sa, b, sb, d) for cfg in CONFIGS})
-        calls["before"](ref)
+        calls["gemm_kernel"](ref)
         flops = 2 * M * N * K
         t_cublas = do_bench_cudagraph(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
         cells = [f"{flops / t_cublas / 1e9:.0f}"]

@@ -5,7 +5,8 @@ producer and two consumer warpgroups, offline) but hung at its first launch on a
 each in its own process with a time limit, the loop in steps from a plain TMA matmul to the kernel: which step hangs
 says what of the kernel the pass mishandles.
 
-Cases (bf16 output of e4m3 [M, K] x [N, K]^T, M = N = 512, K = 1,024, checked against torch):
+Cases (bf16 output of e4m3 [M, K] x [N, K]^T, M = N = 512, K = 1,024, bench_deepgemm.dense_operands' V3 operands (run 3
+used its own random ones), checked against torch):
 - dot: acc = dot(a, b^T, acc), operands by TMA;
 - promoted: acc += dot(a, b^T) * 0.5 (a fresh tile promoted each step, no loads besides the TMA);
 - scales_ptr: acc += dot(a, b^T) * (sa[m] * sb[n // 128]) with the scales by pointer loads (the kernel's loop);
@@ -65,22 +66,17 @@ def ws_loop_kernel(a_desc, b_desc, sa_ptr, sb_ptr, sat_desc, sbt_desc, d_ptr, M,
 def run_case(case: str, block_m: int) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from mini_deepgemm import gemm as G
+    from bench_deepgemm import dense_operands
 
-    torch.manual_seed(0)
-    a = (torch.randn(M, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-    b = (torch.randn(N, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-    sa = torch.rand(M, K // 128, device="cuda") + 0.5
-    sb = torch.rand(N // 128, K // 128, device="cuda") + 0.5
-    d = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    op = dense_operands(M, N, K)
+    (a, sa), (b, sb) = op["v3"]
+    d = op["d"]
     if case == "kernel":
-        from exp_gemm_v3_triton_ws import launch
+        from exp_gemm_v3_triton_ws import gemm_kernel_v3, launch
 
         launch((block_m, 128, 4, 3, True), a, sa, b, sb, d)
         ref = torch.empty_like(d)
-        G._gemm(G._DENSE, (a, sa), (b, sb), ref, None, None, G.V3_RECIPE, False,
-                config=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4,
-                            BF16_MMA=False))
+        gemm_kernel_v3(a, sa, b, sb, ref)
     else:
         sat = sa.t().contiguous()  # [K/128, M]
         sbt = sb.repeat_interleave(128, dim=0)[:N].t().contiguous()  # [K/128, N]
