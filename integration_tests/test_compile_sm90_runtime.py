@@ -42,6 +42,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels are interpreted fun
 triton = pytest.importorskip("triton")
 
 from mini_deepinfer.layers import (  # noqa: E402 (after the skips: imported only where triton is)
+    engram_gate,
     entry_rows,
     hyper_connections,
     linear_fp32,
@@ -121,6 +122,12 @@ def layout_rows(tokens: int) -> int:
 # --------------------------------------------------------------------------- the calls, one entry point each
 def call_rmsnorm(tokens: int, dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rmsnorm.rmsnorm_fused(bf16(tokens, dim), bf16(dim), CFG.rms_norm_eps)
+
+
+def call_engram_gate(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Engram gate after wkv (output [T, 5 x 5,120]: four keys, then the value)."""
+    engram_gate.engram_gate_fused(bf16(tokens, HC, HIDDEN), bf16(tokens, (HC + 1) * HIDDEN), bf16(HC, HIDDEN),
+                                  bf16(HC, HIDDEN), CFG.rms_norm_eps)
 
 
 def call_rope(tokens: int, heads: int, head_dim: int, inverse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,6 +275,7 @@ def cases() -> list[Case]:
             # the compressor's fp32 projections of ratio-2 layers (ops.compressor_project: wkv, wgate [512, 5120])
             Case(f"linear_fp32/compressor/{step}", bind(call_linear_fp32, tokens, CFG.head_dim), LINEAR),
             Case(f"combine/{step}", bind(call_combine, tokens), ("combine_kernel",)),
+            Case(f"engram_gate/{step}", bind(call_engram_gate, tokens), ("engram_gate_kernel",)),
         ]
         plan = call_masked_plan if tokens <= MASKED_MAX_TOKENS else call_contiguous_plan  # moe.moe_grouped's choice
         out.append(Case(f"{plan.__name__.removeprefix('call_')}/{step}", bind(plan, tokens), PLAN))

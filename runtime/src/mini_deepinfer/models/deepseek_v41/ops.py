@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from mini_deepgemm import (fold_fp4_weights, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
                            per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, per_token_group_quant_fp8)
 from mini_deepgemm.reference import (
+    fold_ue8m0_to_128,
     fp4_fakequant,
     fp4_from_fp8_mma_order,
     fp4_linear_ref,
@@ -25,6 +26,7 @@ from mini_deepgemm.reference import (
     weight_dequant_fp8,
 )
 
+from mini_deepinfer.layers import engram_gate as egf
 from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.layers import moe_route as routef
 from mini_deepinfer.layers import rmsnorm as rmsf
@@ -479,19 +481,44 @@ def moe(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
 # --------------------------------------------------------------------------- Engram
 def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
     """H bf16 [T, hc, D]; row_ids int64 [T, orders*heads] (engram.engram_row_ids). Adds the gated table value to
-    every stream (same value, per-stream gate)."""
+    every stream (same value, per-stream gate).
+    The engine model (KernelWeights) gives wkv the table rows as they are stored, e4m3 with UE8M0 per 32, which is the
+    GEMM's activation format: the reference's dequantization to bf16 and the GEMM's quantization of it give the same
+    values back (a row group's scale is the table's whenever its largest code is above 224, as the quantizers leave
+    it), so the round trip is skipped. Then the fused gate (layers/engram_gate.py) on CUDA."""
     T, hc, D = H.shape
     flat = row_ids.flatten()
-    rows = gather_rows(w[f"{p}.embed.weight"], flat).float()  # [T*n, head_dim]
-    s = ue8m0_to_float(gather_rows(w[f"{p}.embed.scale"], flat))
-    e = (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(T, -1).to(torch.bfloat16)
-    kv = linear(e, w, f"{p}.wkv")
+    table, scale = w[f"{p}.embed.weight"], w[f"{p}.embed.scale"]
+    if isinstance(w, KernelWeights):
+        name = f"{p}.wkv"
+        v3_form = dense_v3_form(T, w, name)
+        a = None
+        if T:
+            rows, exps = gather_rows(table, flat).view(T, -1), gather_rows(scale, flat).view(torch.uint8).view(T, -1)
+            a = fold_ue8m0_to_128(rows, exps, 1) if v3_form else (rows, exps)
+        kv = quantized_linear(a, T, w, name, v3_form)
+        if egf.available(H):
+            return egf.engram_gate_fused(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
+    else:
+        rows = gather_rows(table, flat).float()  # [T*n, head_dim]
+        s = ue8m0_to_float(gather_rows(scale, flat))
+        width = table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
+        e = (rows.view(-1, width // 32, 32) * s[..., None]).view(T, row_ids.shape[-1] * width).to(torch.bfloat16)
+        kv = linear(e, w, f"{p}.wkv")
+    return engram_gate(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
+
+
+def engram_gate(H: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+                ) -> torch.Tensor:
+    """The Engram gate and update: H bf16 [T, hc, D], kv bf16 [T, (hc + 1) * D] (wkv's output: hc keys, then the
+    value), q_weight / k_weight [hc, D] -> bf16 H + gate * value, one gate per stream from the RMS-normalised dot
+    product of H and its key (fp32 throughout)."""
+    T, hc, D = H.shape
     key = kv[:, : hc * D].view(T, hc, D).float()
     val = kv[:, hc * D:].float()
     Hf = H.float()
-    eps = cfg.rms_norm_eps
     rstd = torch.rsqrt(Hf.pow(2).mean(-1) + eps) * torch.rsqrt(key.pow(2).mean(-1) + eps)
-    qk = w[f"{p}.q_weight"].float() * w[f"{p}.k_weight"].float()
+    qk = q_weight.float() * k_weight.float()
     dot = (Hf * qk[None] * key).sum(-1) * rstd / math.sqrt(D)
     gate = torch.sigmoid(torch.sign(dot) * torch.sqrt(dot.abs().clamp_min(1e-6)))
     return (Hf + gate[..., None] * val[:, None, :]).to(H.dtype)

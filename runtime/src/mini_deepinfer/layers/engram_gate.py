@@ -1,0 +1,94 @@
+"""The Engram injection's gate and update (V41_MODEL.md 2.5, after wkv) in one Triton kernel: ops.engram_gate (the
+reference) without its fp32 intermediates.
+
+Why: the reference's gate is a dozen torch kernels over fp32 [T, hc, D] tensors (H and the keys cast to fp32, their
+squares, the products with q_weight * k_weight, the broadcast value, the sum, the cast back). At 4,096 tokens (hc 4,
+D 5,120) each such tensor is 335 MB, and the chain moves ~6.5 GB per Engram layer where one read of H, the keys and
+the value and one write of H (~0.6 GB) would do (docs/reports/runtime-engram-fused.md). Here one program takes one
+token: a first pass over D sums H^2, key^2 and H * qk * key per stream, the gates follow, and a second pass writes
+H + gate * val (the second read of H and the value hits L2).
+
+Numerics: the reference's formula in fp32, term by term (the products rounded in its order); only the order of the
+three sums differs (a tree per block here), so gates agree to a few fp32 ulp and outputs to one bf16 rounding
+(tests: runtime/tests/test_engram_gate.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: ops.engram_gate runs instead
+    triton = None
+
+BLOCK_D = 512  # columns per step: [hc, 512] fp32 tiles, three running sums in registers at 4 warps
+
+if triton is not None:
+
+    @triton.jit
+    def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, stride_h_t, stride_h_s, stride_kv,
+                           stride_out_t, stride_out_s, eps, sqrt_d, HC: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Token t = program 0: out[t, s] = bf16(H[t, s] + gate[s] * val) with key = kv[t, s * D : (s + 1) * D],
+        val = kv[t, HC * D : (HC + 1) * D] and gate[s] = sigmoid(sign(x) * sqrt(max(|x|, 1e-6))),
+        x = sum(H * (qw * kw) * key) * rsqrt(mean(H^2) + eps) * rsqrt(mean(key^2) + eps) / sqrt(D)."""
+        t = tl.program_id(0).to(tl.int64)
+        s = tl.arange(0, HC)[:, None]
+        h_row = h_ptr + t * stride_h_t + s * stride_h_s
+        kv_row = kv_ptr + t * stride_kv
+        hh = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
+        kk = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
+        hqk = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)[None, :]
+            m = (d < D) & (s < HC)
+            h = tl.load(h_row + d, mask=m, other=0.0).to(tl.float32)
+            key = tl.load(kv_row + s * D + d, mask=m, other=0.0).to(tl.float32)
+            qk = tl.load(qw_ptr + s * D + d, mask=m, other=0.0).to(tl.float32) * \
+                tl.load(kw_ptr + s * D + d, mask=m, other=0.0).to(tl.float32)
+            hh += h * h
+            kk += key * key
+            hqk += (h * qk) * key  # the reference's order: (H * qk) * key
+        rstd = tl.math.rsqrt(tl.sum(hh, 1) / D + eps) * tl.math.rsqrt(tl.sum(kk, 1) / D + eps)
+        x = tl.sum(hqk, 1) * rstd / sqrt_d
+        sign = tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0))
+        gate = (1.0 / (1.0 + tl.exp(-(sign * tl.sqrt(tl.maximum(tl.abs(x), 1e-6))))))[:, None]
+        out_row = out_ptr + t * stride_out_t + s * stride_out_s
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)[None, :]
+            m = (d < D) & (s < HC)
+            h = tl.load(h_row + d, mask=m, other=0.0).to(tl.float32)
+            val = tl.load(kv_row + HC * D + d, mask=d < D, other=0.0).to(tl.float32)
+            tl.store(out_row + d, (h + gate * val).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def available(H: torch.Tensor) -> bool:
+    """Whether engram_gate_fused applies: Triton importable, bf16 streams on CUDA, a power-of-two stream count."""
+    hc = H.shape[1] if H.dim() == 3 else 0
+    return triton is not None and H.is_cuda and H.dtype == torch.bfloat16 and hc > 0 and hc & (hc - 1) == 0
+
+
+def engram_gate_fused(H: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                      eps: float) -> torch.Tensor:
+    """ops.engram_gate, same arguments: H bf16 [T, hc, D] (on CUDA, hc a power of two), kv [T, (hc + 1) * D] (wkv's
+    bf16 output: hc keys, then the value), q_weight and k_weight [hc, D] -> new H, bf16 [T, hc, D]."""
+    T, hc, D = H.shape
+    if kv.shape != (T, (hc + 1) * D) or q_weight.shape != (hc, D) or k_weight.shape != (hc, D):
+        raise ValueError(f"engram_gate_fused: H {tuple(H.shape)} needs kv [{T}, {(hc + 1) * D}] and q/k weights "
+                         f"[{hc}, {D}], got {tuple(kv.shape)}, {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    if H.stride(-1) != 1:
+        H = H.contiguous()
+    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    out = torch.empty(T, hc, D, dtype=H.dtype, device=H.device)
+    if T == 0:
+        return out
+    # enable_fp_fusion=True at every launch: FMA contraction as the kernels were tested and timed, not left to
+    # triton's default, which turns it off from 3.10 (docs/reports/kernels-compile-sm90.md, "Session 49")
+    engram_gate_kernel[(T,)](
+        H, kv, q_weight.contiguous(), k_weight.contiguous(), out, D, H.stride(0), H.stride(1), kv.stride(0),
+        out.stride(0), out.stride(1), eps, math.sqrt(D), HC=hc, BLOCK_D=BLOCK_D, num_warps=4,
+        enable_fp_fusion=True)
+    return out
