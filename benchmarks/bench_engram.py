@@ -5,10 +5,11 @@ a table of 200,000 random rows in the checkpoint's format, e4m3 with UE8M0 per 3
 tokens (a prefill step) and 64 / 256 (decode batches). Per case:
 - before: what ops.engram_inject ran until session 79, composed of the same ops: the rows gathered and dequantized
   to bf16 by torch, wkv's quantizer and GEMM (ops.linear), the gate as torch ops (ops.engram_gate);
-- after: ops.engram_inject as it is (the stored rows straight into wkv, the fused gate of layers/engram_gate.py);
-- the parts: wkv's GEMM alone (its activations made beforehand, the floor of both paths), the front (rows to
-  wkv's operand) and the gate of each path, and a device copy of the bytes the gate must move (a read of H, the keys
-  and the value, a write of H) with the fused gate's ratio to it;
+- after: ops.engram_inject as it is (the stored rows straight into wkv, both steps as the kernels of
+  layers/engram_kernels.py);
+- the parts: wkv's GEMM alone (its activations made beforehand, the floor of both paths); the front (rows to wkv's
+  operand) before, by torch ops (ops.engram_operand) and by the kernel; the gate of each path; a device copy of the
+  bytes the gate must move (a read of H, the keys and the value, a write of H) with the fused gate's ratio to it;
 - the after path's largest difference from the before path's output (max abs, bf16).
 Times: triton.testing.do_bench medians (L2 cleared before each call, 5 ms warm-up, 25 ms of repetitions). Writes
 JSON to --out (default $OUT/bench_engram.json or ./bench_engram.json) and prints a table.
@@ -23,7 +24,7 @@ import os
 import sys
 
 import torch
-from mini_deepgemm.reference import fold_ue8m0_to_128, weight_quant_fp8
+from mini_deepgemm.reference import weight_quant_fp8
 
 from bench_hc import copy_ms, environment, median_ms, rate, write_and_print_table  # beside this file
 from mini_deepinfer.models.deepseek_v41 import ops
@@ -39,7 +40,8 @@ def layer_weights(cfg: V41Config, g: torch.Generator) -> ops.KernelWeights:
     D, hc, n, width = cfg.hidden_size, cfg.hc_mult, cfg.n_engram_orders * cfg.engram_n_heads, cfg.engram_head_dim
     table = torch.randn(TABLE_ROWS, width, generator=g, device="cuda")
     table_q, table_s = ops.per_token_group_quant_fp8(table, 32, "ue8m0")
-    wkv, wkv_s = weight_quant_fp8(torch.randn((hc + 1) * D, n * width, generator=g, device="cuda") * (n * width) ** -0.5)
+    wkv = torch.randn((hc + 1) * D, n * width, generator=g, device="cuda") * (n * width) ** -0.5
+    wkv, wkv_s = weight_quant_fp8(wkv)
     return ops.KernelWeights({
         "e.embed.weight": table_q, "e.embed.scale": table_s, "e.wkv.weight": wkv, "e.wkv.scale": wkv_s,
         "e.q_weight": (torch.rand(hc, D, generator=g, device="cuda") + 0.5).to(torch.bfloat16),
@@ -52,14 +54,6 @@ def front_before(w: ops.KernelWeights, row_ids: torch.Tensor) -> torch.Tensor:
     rows = ops.gather_rows(w["e.embed.weight"], flat).float()
     s = ops.ue8m0_to_float(ops.gather_rows(w["e.embed.scale"], flat))
     return (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(row_ids.shape[0], -1).to(torch.bfloat16)
-
-
-def front_after(w: ops.KernelWeights, row_ids: torch.Tensor, v3_form: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """wkv's operand from the stored rows, as ops.engram_inject makes it since session 79."""
-    flat, T = row_ids.flatten(), row_ids.shape[0]
-    rows = ops.gather_rows(w["e.embed.weight"], flat).view(T, -1)
-    exps = ops.gather_rows(w["e.embed.scale"], flat).view(torch.uint8).view(T, -1)
-    return fold_ue8m0_to_128(rows, exps, 1) if v3_form else (rows, exps)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
         row_ids = torch.randint(0, TABLE_ROWS, (T, cfg.n_engram_orders * cfg.engram_n_heads), generator=g,
                                 device="cuda")
         v3_form = ops.dense_v3_form(T, w, "e.wkv")
-        operand = front_after(w, row_ids, v3_form)
+        table, scale = w["e.embed.weight"], w["e.embed.scale"]
+        operand = ops.egk.engram_operand(table, scale, row_ids, v3_form)
         kv = ops.quantized_linear(operand, T, w, "e.wkv", v3_form)
 
         def before() -> torch.Tensor:
@@ -94,9 +89,10 @@ def main(argv: list[str] | None = None) -> dict:
                "front_before_ms": median_ms(
                    lambda: ops.per_token_group_quant_fp8(front_before(w, row_ids), 32, "ue8m0", fold_128=v3_form),
                    "cuda"),
-               "front_after_ms": median_ms(lambda: front_after(w, row_ids, v3_form), "cuda"),
+               "front_torch_ms": median_ms(lambda: ops.engram_operand(table, scale, row_ids, v3_form), "cuda"),
+               "front_kernel_ms": median_ms(lambda: ops.egk.engram_operand(table, scale, row_ids, v3_form), "cuda"),
                "gate_torch_ms": median_ms(lambda: ops.engram_gate(H, kv, qw, kw, eps), "cuda"),
-               "gate_fused_ms": median_ms(lambda: ops.egf.engram_gate_fused(H, kv, qw, kw, eps), "cuda"),
+               "gate_fused_ms": median_ms(lambda: ops.egk.engram_gate_fused(H, kv, qw, kw, eps), "cuda"),
                "gate_copy_ms": copy_ms(gate_bytes, "cuda")}
         row["speedup"] = row["before_ms"] / row["after_ms"]
         row["gate_fused_of_copy"] = row["gate_copy_ms"] / row["gate_fused_ms"]
@@ -107,9 +103,11 @@ def main(argv: list[str] | None = None) -> dict:
               "timing": "triton.testing.do_bench median, warm-up 5 ms, repetitions 25 ms", "rows": rows}
     write_and_print_table("bench_engram", result, args.out, [
         ("tokens", "r"), ("before ms", "r"), ("after ms", "r"), ("x", "r"), ("wkv GEMM ms", "r"),
-        ("front before / after", "r"), ("gate torch / fused", "r"), ("gate of copy", "r"), ("max abs diff", "r")],
+        ("front before / torch / kernel", "r"), ("gate torch / fused", "r"), ("gate of copy", "r"),
+        ("max abs diff", "r")],
         lambda r: [str(r["T"]), f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}", f"{r['speedup']:.2f}",
-                   f"{r['gemm_ms']:.4f}", f"{r['front_before_ms']:.4f} / {r['front_after_ms']:.4f}",
+                   f"{r['gemm_ms']:.4f}",
+                   f"{r['front_before_ms']:.4f} / {r['front_torch_ms']:.4f} / {r['front_kernel_ms']:.4f}",
                    f"{r['gate_torch_ms']:.4f} / {r['gate_fused_ms']:.4f}", f"{r['gate_fused_of_copy']:.2f}",
                    f"{r['max_abs_diff']:.1e}"])
     return result

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
-# Session 79's GPU call: the Engram injection with the stored table rows straight into wkv and the gate fused
-# (runtime/src/mini_deepinfer/layers/engram_gate.py), against main before it (.ab-base.tar.gz of 4a72572).
-#   PART=engram (~420 s on a fresh H100): the Engram tests (test_engram_gate.py, the gate's sm_90 compile cases under
-#       the machine's triton), bench_engram.py on the tree (before / after composed in one process), bench_prefill
-#       with the window and window+engram sample layers on each side (the 40-layer step's Engram term and its
-#       profiled stage), then the runtime's core GPU tests (the model and the engine against the reference: the
-#       tiny model has Engram layers 1 and 2; decode with CUDA graphs) in the time left.
+# Session 79's GPU calls: the Engram injection with the stored table rows straight into wkv and the gate fused
+# (runtime/src/mini_deepinfer/layers/engram_kernels.py), against main before it (.ab-base.tar.gz of 4a72572).
+#   PART=engram (~300 s on a fresh H100): the Engram tests (test_engram_kernels.py, the kernels' sm_90 compile cases
+#       under the machine's triton), bench_engram.py on the tree (before / after composed in one process),
+#       bench_prefill with the window and window+engram sample layers on each side (the 40-layer step's Engram term
+#       and its profiled stage), bench_decode (medium, the same two layers, batch 32 / 64 at 131,072 tokens, CUDA
+#       graphs) on each side, then the runtime's core GPU tests (the model and the engine against the reference: the
+#       tiny model has Engram layers 1 and 2; decode with CUDA graphs) in the time left. Run 1 ran it with the gate
+#       kernel only (the operand by torch ops; the test file then test_engram_gate.py) and without the decode sides.
 # `git archive -o .ab-base.tar.gz 4a72572 packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"];
 # source .devdeps/env.sh && DEADLINE=N PART=engram bash THIS
 set -u
 source benchmarks/gpu_session.sh /tmp/gpu_s79
 case "${PART:-engram}" in
 engram)
-  run engram_tests 120 $PYTEST runtime/tests/test_engram_gate.py integration_tests/test_compile_sm90_runtime.py \
+  run engram_tests 120 $PYTEST runtime/tests/test_engram_kernels.py integration_tests/test_compile_sm90_runtime.py \
     -k "engram" --junitxml="$OUT/junit_engram.xml"
   run bench_engram 120 python3 benchmarks/bench_engram.py --out "$OUT/bench_engram_$CARD.json"
   for side in base new; do
     fits 100 && run "prefill_$side" 150 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
       --tokens 4096 --layers window,window+engram --out "$OUT/prefill_${side}_$CARD.json"
   done
+  for side in base new; do
+    fits 100 && run "decode_$side" 120 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py \
+      --preset medium --layers window,window+engram --batches 32,64 --contexts 131072 --kv-cache-gb 8 \
+      --out "$OUT/decode_${side}_$CARD.json"
+  done
   fits 60 && runtime_core_tests $((${DEADLINE:-540} - SECONDS - 15))
   cat "$OUT/summary.txt"; test_summary engram_tests runtime_tests
   grep -h "^| \|^|--" "$OUT/bench_engram.txt"
-  grep -hE "40-layer|engram" "$OUT"/prefill_*.txt | cut -c1-200
+  grep -hE "window|engram" "$OUT"/prefill_*.txt | cut -c1-200
+  grep -hE "graphs=1|batch" "$OUT"/decode_*.txt | cut -c1-200
   ;;
 esac
 pack_out

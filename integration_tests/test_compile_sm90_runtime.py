@@ -42,7 +42,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels are interpreted fun
 triton = pytest.importorskip("triton")
 
 from mini_deepinfer.layers import (  # noqa: E402 (after the skips: imported only where triton is)
-    engram_gate,
+    engram_kernels,
     entry_rows,
     hyper_connections,
     linear_fp32,
@@ -124,10 +124,18 @@ def call_rmsnorm(tokens: int, dim: int, monkeypatch: pytest.MonkeyPatch) -> None
     rmsnorm.rmsnorm_fused(bf16(tokens, dim), bf16(dim), CFG.rms_norm_eps)
 
 
+def call_engram_operand(tokens: int, fold: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wkv's operand: 24 table rows of 256 per token (e4m3 with UE8M0 per 32), per 32 or folded per 128."""
+    rows = CFG.n_engram_orders * CFG.engram_n_heads
+    table = torch.empty(1000, CFG.engram_head_dim, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(1000, CFG.engram_head_dim // 32, dtype=torch.uint8)
+    engram_kernels.engram_operand(table, scale, torch.zeros(tokens, rows, dtype=torch.int64), fold)
+
+
 def call_engram_gate(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Engram gate after wkv (output [T, 5 x 5,120]: four keys, then the value)."""
-    engram_gate.engram_gate_fused(bf16(tokens, HC, HIDDEN), bf16(tokens, (HC + 1) * HIDDEN), bf16(HC, HIDDEN),
-                                  bf16(HC, HIDDEN), CFG.rms_norm_eps)
+    engram_kernels.engram_gate_fused(bf16(tokens, HC, HIDDEN), bf16(tokens, (HC + 1) * HIDDEN), bf16(HC, HIDDEN),
+                                     bf16(HC, HIDDEN), CFG.rms_norm_eps)
 
 
 def call_rope(tokens: int, heads: int, head_dim: int, inverse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,6 +285,8 @@ def cases() -> list[Case]:
             Case(f"combine/{step}", bind(call_combine, tokens), ("combine_kernel",)),
             Case(f"engram_gate/{step}", bind(call_engram_gate, tokens), ("engram_gate_kernel",)),
         ]
+        out += [Case(f"engram_operand/{step}{'/fold128' if fold else ''}", bind(call_engram_operand, tokens, fold),
+                     ("engram_operand_kernel",)) for fold in (False, True)]
         plan = call_masked_plan if tokens <= MASKED_MAX_TOKENS else call_contiguous_plan  # moe.moe_grouped's choice
         out.append(Case(f"{plan.__name__.removeprefix('call_')}/{step}", bind(plan, tokens), PLAN))
         for fold in (False, True):  # fold_128: the experts' GEMMs on the FP8-MMA route (moe.folds_activations)

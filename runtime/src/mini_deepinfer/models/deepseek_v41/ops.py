@@ -26,7 +26,7 @@ from mini_deepgemm.reference import (
     weight_dequant_fp8,
 )
 
-from mini_deepinfer.layers import engram_gate as egf
+from mini_deepinfer.layers import engram_kernels as egk
 from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.layers import moe_route as routef
 from mini_deepinfer.layers import rmsnorm as rmsf
@@ -482,30 +482,41 @@ def moe(x: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
 def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cfg: V41Config) -> torch.Tensor:
     """H bf16 [T, hc, D]; row_ids int64 [T, orders*heads] (engram.engram_row_ids). Adds the gated table value to
     every stream (same value, per-stream gate).
-    The engine model (KernelWeights) gives wkv the table rows as they are stored, e4m3 with UE8M0 per 32, which is the
-    GEMM's activation format: the reference's dequantization to bf16 and the GEMM's quantization of it give the same
-    values back (a row group's scale is the table's whenever its largest code is above 224, as the quantizers leave
-    it), so the round trip is skipped. Then the fused gate (layers/engram_gate.py) on CUDA."""
+    The engine model (KernelWeights) gives wkv the table rows as they are stored (engram_operand): the reference's
+    dequantization to bf16 and wkv's quantization of it would give the same values back. On CUDA both that and the
+    gate run as the kernels of layers/engram_kernels.py."""
     T, hc, D = H.shape
-    flat = row_ids.flatten()
     table, scale = w[f"{p}.embed.weight"], w[f"{p}.embed.scale"]
     if isinstance(w, KernelWeights):
         name = f"{p}.wkv"
         v3_form = dense_v3_form(T, w, name)
-        a = None
-        if T:
-            rows, exps = gather_rows(table, flat).view(T, -1), gather_rows(scale, flat).view(torch.uint8).view(T, -1)
-            a = fold_ue8m0_to_128(rows, exps, 1) if v3_form else (rows, exps)
+        kernels = egk.available(H, table)
+        a = (egk.engram_operand if kernels else engram_operand)(table, scale, row_ids, v3_form) if T else None
         kv = quantized_linear(a, T, w, name, v3_form)
-        if egf.available(H):
-            return egf.engram_gate_fused(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
+        if kernels:
+            return egk.engram_gate_fused(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
     else:
+        flat, width = row_ids.flatten(), table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
         rows = gather_rows(table, flat).float()  # [T*n, head_dim]
         s = ue8m0_to_float(gather_rows(scale, flat))
-        width = table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
         e = (rows.view(-1, width // 32, 32) * s[..., None]).view(T, row_ids.shape[-1] * width).to(torch.bfloat16)
         kv = linear(e, w, f"{p}.wkv")
     return engram_gate(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
+
+
+def engram_operand(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor, fold_128: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """wkv's activations straight from the table: rows e4m3 [rows, W] with UE8M0 scales [rows, W / 32], row_ids
+    int64 [T, n] -> (e4m3 [T, n * W], uint8 scales [T, n * W / 32]), or with fold_128 the V3-recipe operand
+    (fold_ue8m0_to_128 of those: fp32 scales per 128). The same values as the reference's bf16 dequantization quantized
+    again by wkv (UE8M0 per 32): a 32-group keeps its stored scale where its largest code is above 224 (the quantizers
+    leave it in (224, 448]), and goes one binade lower with every code doubled where it is 224. Folded, the two can
+    differ only where the fold rounds a value to e4m3's subnormals (within fold_ue8m0_to_128's bound)."""
+    T = row_ids.shape[0]
+    flat = row_ids.flatten()
+    rows = gather_rows(table, flat).view(T, -1)
+    exps = gather_rows(scale, flat).view(torch.uint8).view(T, -1)
+    return fold_ue8m0_to_128(rows, exps, 1) if fold_128 else (rows, exps)
 
 
 def engram_gate(H: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float

@@ -1,7 +1,9 @@
 """The Engram injection on the engine's path (ops.engram_inject with KernelWeights: the table rows straight into wkv,
-then the fused gate of layers/engram_gate.py) against the reference's (a plain weights dict).
+then the fused gate; on CUDA both as the kernels of layers/engram_kernels.py) against the reference's (a plain
+weights dict).
 
-Metrics. The fused gate against ops.engram_gate: outputs within one bf16 rounding, |fused - ref| <= 2^-7 |ref| +
+Metrics. The operand kernel against ops.engram_operand: bit for bit, both forms. The fused gate against
+ops.engram_gate: outputs within one bf16 rounding, |fused - ref| <= 2^-7 |ref| +
 1e-6, and equal for >= 95% of the elements on CUDA (the three fp32 sums run in another order, a few ulp in the gate;
 the interpreter rounds its bf16 casts toward zero, so there only the bound holds). The table rows as wkv's
 activations: dequantized to bf16 and quantized again (the reference's route) they give the same values, bit for
@@ -17,14 +19,14 @@ import torch
 from mini_deepgemm import per_token_group_quant_fp8
 from mini_deepgemm.reference import act_dequant, act_quant, fold_ue8m0_to_128, weight_quant_fp8
 
-from mini_deepinfer.layers import engram_gate as egf
+from mini_deepinfer.layers import engram_kernels as egk
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import tiny_config
 
 from kernel_devices import DEVICE, INTERPRET, interpreter_child, kernel_test, run_under_interpreter
 
 EPS = 1e-20  # V41Config.rms_norm_eps
-needs_triton = pytest.mark.skipif(egf.triton is None, reason="needs triton")
+needs_triton = pytest.mark.skipif(egk.triton is None, reason="needs triton")
 
 # (tokens, D): V4.1's widths at decode and prefill sizes, and ragged D (not a multiple of the kernel's 512 columns)
 SHAPES = [(1, 5120), (17, 5120), (4096, 5120), (5, 1001), (64, 200)] if DEVICE == "cuda" else [(3, 128), (2, 200)]
@@ -55,7 +57,7 @@ def _within_one_bf16_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("T,D", SHAPES)
 def test_fused_gate_matches_the_reference(T: int, D: int) -> None:
     H, kv, qw, kw = _gate_inputs(T, D, DEVICE, seed=T + D)
-    _within_one_bf16_rounding(egf.engram_gate_fused(H, kv, qw, kw, EPS), ops.engram_gate(H, kv, qw, kw, EPS))
+    _within_one_bf16_rounding(egk.engram_gate_fused(H, kv, qw, kw, EPS), ops.engram_gate(H, kv, qw, kw, EPS))
 
 
 @needs_triton
@@ -64,19 +66,42 @@ def test_fused_gate_strides_batch_invariance_and_bad_shapes() -> None:
     D = 128 if INTERPRET else 5120
     H, kv, qw, kw = _gate_inputs(6, D, DEVICE, seed=3)
     wide = torch.cat([kv, kv[:, :7]], 1)[:, : 5 * D]  # row stride 5 D + 7: a view, not a copy
-    got = egf.engram_gate_fused(H, wide, qw, kw, EPS)
-    assert torch.equal(got, egf.engram_gate_fused(H, kv, qw, kw, EPS))
+    got = egk.engram_gate_fused(H, wide, qw, kw, EPS)
+    assert torch.equal(got, egk.engram_gate_fused(H, kv, qw, kw, EPS))
     for i in (0, 5):  # a token alone: bit-identical to the same token in the batch
-        assert torch.equal(egf.engram_gate_fused(H[i:i + 1], kv[i:i + 1], qw, kw, EPS), got[i:i + 1])
-    assert egf.engram_gate_fused(H[:0], kv[:0], qw, kw, EPS).shape == (0, 4, D)
+        assert torch.equal(egk.engram_gate_fused(H[i:i + 1], kv[i:i + 1], qw, kw, EPS), got[i:i + 1])
+    assert egk.engram_gate_fused(H[:0], kv[:0], qw, kw, EPS).shape == (0, 4, D)
     with pytest.raises(ValueError, match="needs kv"):
-        egf.engram_gate_fused(H, kv[:, :-1], qw, kw, EPS)
+        egk.engram_gate_fused(H, kv[:, :-1], qw, kw, EPS)
+
+
+# (tokens, rows per token, row width): the model's 24 rows of 256, a count that leaves a program's rows partly unused,
+# 128-wide rows (one fold block each)
+OPERAND_SHAPES = [(4096, 24, 256), (3, 24, 256), (5, 5, 128), (1, 11, 256)] if DEVICE == "cuda" else \
+    [(3, 24, 256), (2, 5, 128)]
+
+
+@needs_triton
+@kernel_test
+@pytest.mark.parametrize("fold", [False, True], ids=["per32", "fold128"])
+@pytest.mark.parametrize("T,n,width", OPERAND_SHAPES)
+def test_operand_kernel_is_bit_exact(T: int, n: int, width: int, fold: bool) -> None:
+    g = torch.Generator().manual_seed(T * n + width)
+    rows = torch.randn(300, width, generator=g) * torch.rand(300, 1, generator=g).pow(4) * 16  # scales spread
+    table, scale = act_quant(rows)
+    row_ids = torch.randint(0, 300, (T, n), generator=g)
+    want = ops.engram_operand(table, scale, row_ids, fold)
+    got = egk.engram_operand(table.to(DEVICE), scale.to(DEVICE), row_ids.to(DEVICE), fold)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.cpu().view(torch.uint8) if a.element_size() == 1 else a.cpu(),
+                           b.view(torch.uint8) if b.element_size() == 1 else b)
 
 
 @interpreter_child
-def test_kernel_runs_under_the_triton_interpreter_on_cpu() -> None:
+def test_kernels_run_under_the_triton_interpreter_on_cpu() -> None:
     """CI has no GPU: run this file's kernel tests once under TRITON_INTERPRET=1."""
-    assert "3 passed" in run_under_interpreter(__file__, "-k", "fused_gate", timeout=300)
+    assert "7 passed" in run_under_interpreter(__file__, "-k", "fused_gate or operand_kernel", timeout=300)
 
 
 def test_table_rows_are_the_activations_the_reference_quantizes() -> None:
