@@ -7,7 +7,10 @@
 #       and its profiled stage), bench_decode (medium, the same two layers, batch 32 / 64 at 131,072 tokens, CUDA
 #       graphs) on each side, then the runtime's core GPU tests (the model and the engine against the reference: the
 #       tiny model has Engram layers 1 and 2; decode with CUDA graphs) in the time left. Run 1 ran it with the gate
-#       kernel only (the operand by torch ops; the test file then test_engram_gate.py) and without the decode sides.
+#       kernel only (the operand by torch ops; the test file then test_engram_gate.py).
+#   PART=decode (~480 s): bench_decode (medium; window, window+engram and ratio-2 FULL layers, batch 32 / 64 at
+#       131,072 tokens, CUDA graphs, --profile) on each side; the window-only model (window, window+engram), which
+#       the cache plan divided by zero on before this session; the rest of the runtime's GPU suite (parts A and B).
 # `git archive -o .ab-base.tar.gz 4a72572 packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"];
 # source .devdeps/env.sh && DEADLINE=N PART=engram bash THIS
 set -u
@@ -21,16 +24,22 @@ engram)
     fits 100 && run "prefill_$side" 150 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
       --tokens 4096 --layers window,window+engram --out "$OUT/prefill_${side}_$CARD.json"
   done
-  for side in base new; do
-    fits 100 && run "decode_$side" 120 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py \
-      --preset medium --layers window,window+engram --batches 32,64 --contexts 131072 --kv-cache-gb 8 \
-      --out "$OUT/decode_${side}_$CARD.json"
-  done
   fits 60 && runtime_core_tests $((${DEADLINE:-540} - SECONDS - 15))
   cat "$OUT/summary.txt"; test_summary engram_tests runtime_tests
   grep -h "^| \|^|--" "$OUT/bench_engram.txt"
   grep -hE "window|engram" "$OUT"/prefill_*.txt | cut -c1-200
-  grep -hE "graphs=1|batch" "$OUT"/decode_*.txt | cut -c1-200
+  ;;
+decode)
+  for side in base new; do
+    run "decode_$side" 150 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers window,window+engram,r2-full --batches 32,64 --contexts 131072 --kv-cache-gb 8 --profile \
+      --out "$OUT/decode_${side}_$CARD.json"
+  done
+  run decode_window_only 120 python3 benchmarks/bench_decode.py --preset medium --layers window,window+engram \
+    --batches 32,64 --contexts 131072 --kv-cache-gb 8 --out "$OUT/decode_window_only_$CARD.json"
+  fits 150 && rest_ab 90 $((${DEADLINE:-540} - SECONDS - 110))
+  cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
+  grep -hE "graphs|engram" "$OUT"/decode_*.txt | cut -c1-200
   ;;
 esac
 pack_out

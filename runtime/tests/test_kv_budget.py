@@ -4,6 +4,8 @@ CUDA memory queries are replaced by fixed numbers, so these run on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,6 +38,22 @@ def test_budget_blocks_fill_what_is_left_after_the_slots(monkeypatch):
                       kv_cache_memory_gb=budget / GIB, gpu_memory_utilization=None)
     assert (plan.num_slots, plan.num_blocks) == (5, 40)  # one 20-block sequence fits, four would not
     assert plan.bytes == 5 * slot + 40 * block <= budget
+
+
+def test_window_only_models_take_every_block_they_could_use():
+    """Blocks hold only the compressed layers' state, so a model of window-only layers has 0-byte blocks: the plan
+    takes the most blocks its sequences could use (it divided by zero before session 79)."""
+    window_only = dataclasses.replace(CFG, num_hidden_layers=2, kv_source_layer_ids=(), index_source_layer_ids=(),
+                                      candidate_source_layer_id=None)
+    window_only.validate()
+    assert V41Cache.bytes_per_block(window_only) == 0
+    slot = V41Cache.bytes_per_slot(window_only)
+    plan = plan_cache(window_only, V41Cache, max_num_seqs=4, max_model_len=1000, device=torch.device("cpu"),
+                      kv_cache_memory_gb=5 * slot / GIB, gpu_memory_utilization=None)
+    assert (plan.num_slots, plan.num_blocks, plan.bytes) == (5, 4 * blocks_for(1000) + 1, 5 * slot)
+    with pytest.raises(ValueError, match="is too small"):  # the slots alone do not fit
+        plan_cache(window_only, V41Cache, max_num_seqs=4, max_model_len=1000, device=torch.device("cpu"),
+                   kv_cache_memory_gb=4 * slot / GIB, gpu_memory_utilization=None)
 
 
 def test_too_small_for_one_sequence_names_the_numbers(monkeypatch):
