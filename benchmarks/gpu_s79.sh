@@ -6,11 +6,13 @@
 #       bench_prefill with the window and window+engram sample layers on each side (the 40-layer step's Engram term
 #       and its profiled stage), bench_decode (medium, the same two layers, batch 32 / 64 at 131,072 tokens, CUDA
 #       graphs) on each side, then the runtime's core GPU tests (the model and the engine against the reference: the
-#       tiny model has Engram layers 1 and 2; decode with CUDA graphs) in the time left. Run 1 ran it with the gate
+#       tiny model has Engram layers 1 and 3; decode with CUDA graphs) in the time left. Run 1 ran it with the gate
 #       kernel only (the operand by torch ops; the test file then test_engram_gate.py).
 #   PART=decode (~480 s): bench_decode (medium; window, window+engram and ratio-2 FULL layers, batch 32 / 64 at
 #       131,072 tokens, CUDA graphs, --profile) on each side; the window-only model (window, window+engram), which
 #       the cache plan divided by zero on before this session; the rest of the runtime's GPU suite (parts A and B).
+#   PART=step (~450 s, an H200 only: the seven sample layers do not fit an H100): bench_prefill's whole 40-layer step
+#       on each side, base first.
 # `git archive -o .ab-base.tar.gz 4a72572 packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"];
 # source .devdeps/env.sh && DEADLINE=N PART=engram bash THIS
 set -u
@@ -40,6 +42,12 @@ decode)
   fits 150 && rest_ab 90 $((${DEADLINE:-540} - SECONDS - 110))
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   grep -hE "graphs|engram" "$OUT"/decode_*.txt | cut -c1-200
+  ;;
+step)
+  [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): the whole step does not fit"; exit 3; }
+  prefill_sides 220 base new
+  cat "$OUT/summary.txt"
+  grep -hE "40-layer|window|engram" "$OUT"/prefill_*.txt | cut -c1-200
   ;;
 esac
 pack_out
