@@ -75,7 +75,7 @@ if triton is not None:
         hqk = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)[None, :]
-            m = (d < D) & (s < HC)
+            m = (d < D) & (s < HC)  # [HC, BLOCK_D]: s < HC always holds, it gives the mask its stream axis
             h = tl.load(h_row + d, mask=m, other=0.0).to(tl.float32)
             key = tl.load(kv_row + s * D + d, mask=m, other=0.0).to(tl.float32)
             qk = tl.load(qw_ptr + s * D + d, mask=m, other=0.0).to(tl.float32) * \
