@@ -11,6 +11,11 @@
 #   PART=decode (~480 s): bench_decode (medium; window, window+engram and ratio-2 FULL layers, batch 32 / 64 at
 #       131,072 tokens, CUDA graphs, --profile) on each side; the window-only model (window, window+engram), which
 #       the cache plan divided by zero on before this session; the rest of the runtime's GPU suite (parts A and B).
+#       Run 3 ran it: with no ratio-1 FULL layer the decode publisher depends on the position, so decode took the
+#       general path (no CUDA graphs, the Engram row ids hashed per sequence) on both sides, as does the window-only
+#       model (any model without a FULL layer).
+#   PART=decode2 (~200 s): bench_decode on each side with window, window+engram and ratio-1 FULL layers, whose
+#       decode runs decode_forward in CUDA graphs as the real model's does.
 #   PART=step (~450 s, an H200 only: the seven sample layers do not fit an H100): bench_prefill's whole 40-layer step
 #       on each side, base first.
 # `git archive -o .ab-base.tar.gz 4a72572 packages/*/src runtime/src`; carry [".devdeps", ".ab-base.tar.gz"];
@@ -42,6 +47,15 @@ decode)
   fits 150 && rest_ab 90 $((${DEADLINE:-540} - SECONDS - 110))
   cat "$OUT/summary.txt"; test_summary runtime_rest_a runtime_rest_b
   grep -hE "graphs|engram" "$OUT"/decode_*.txt | cut -c1-200
+  ;;
+decode2)
+  for side in base new; do
+    run "decode2_$side" 110 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
+      --layers window,window+engram,r1-full --batches 32,64 --contexts 131072 --kv-cache-gb 8 \
+      --out "$OUT/decode2_${side}_$CARD.json"
+  done
+  cat "$OUT/summary.txt"
+  grep -hE "graphs=1" "$OUT"/decode2_*.txt | cut -c1-200
   ;;
 step)
   [ "$CARD" = h200 ] || { echo "not an H200 ($CARD): the whole step does not fit"; exit 3; }
