@@ -4,7 +4,8 @@ One Engram layer at V4.1's widths (hc 4, D 5,120; 24 table rows of 256 per token
 a table of 200,000 random rows in the checkpoint's format, e4m3 with UE8M0 per 32) in KernelWeights, at 4,096
 tokens (a prefill step) and 64 / 256 (decode batches). Per case:
 - before: what ops.engram_inject ran until session 79, composed of the same ops: the rows gathered and dequantized
-  to bf16 by torch, wkv's quantizer and GEMM (ops.linear), the gate as torch ops (ops.engram_gate);
+  to bf16 by torch (ops.engram_rows, the reference's path), wkv's quantizer and GEMM (ops.linear), the gate as torch
+  ops (ops.engram_gate);
 - after: ops.engram_inject as it is (the stored rows straight into wkv, both steps as the kernels of
   layers/engram_kernels.py);
 - the parts: wkv's GEMM alone (its activations made beforehand, the floor of both paths); the front (rows to wkv's
@@ -48,14 +49,6 @@ def layer_weights(cfg: V41Config, g: torch.Generator) -> ops.KernelWeights:
         "e.k_weight": (torch.rand(hc, D, generator=g, device="cuda") + 0.5).to(torch.bfloat16)})
 
 
-def front_before(w: ops.KernelWeights, row_ids: torch.Tensor) -> torch.Tensor:
-    """The rows as bf16, as ops.engram_inject dequantized them before session 79."""
-    flat = row_ids.flatten()
-    rows = ops.gather_rows(w["e.embed.weight"], flat).float()
-    s = ops.ue8m0_to_float(ops.gather_rows(w["e.embed.scale"], flat))
-    return (rows.view(rows.shape[0], -1, 32) * s[..., None]).view(row_ids.shape[0], -1).to(torch.bfloat16)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_engram.json"))
@@ -76,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         kv = ops.quantized_linear(operand, T, w, "e.wkv", v3_form)
 
         def before() -> torch.Tensor:
-            return ops.engram_gate(H, ops.linear(front_before(w, row_ids), w, "e.wkv"), qw, kw, eps)
+            return ops.engram_gate(H, ops.linear(ops.engram_rows(table, scale, row_ids), w, "e.wkv"), qw, kw, eps)
 
         def after() -> torch.Tensor:
             return ops.engram_inject(H, row_ids, w, "e", cfg)
@@ -86,9 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
                "max_abs_diff": (after().float() - before().float()).abs().max().item(),
                "before_ms": median_ms(before, "cuda"), "after_ms": median_ms(after, "cuda"),
                "gemm_ms": median_ms(lambda: ops.quantized_linear(operand, T, w, "e.wkv", v3_form), "cuda"),
-               "front_before_ms": median_ms(
-                   lambda: ops.per_token_group_quant_fp8(front_before(w, row_ids), 32, "ue8m0", fold_128=v3_form),
-                   "cuda"),
+               "front_before_ms": median_ms(lambda: ops.per_token_group_quant_fp8(
+                   ops.engram_rows(table, scale, row_ids), 32, "ue8m0", fold_128=v3_form), "cuda"),
                "front_torch_ms": median_ms(lambda: ops.engram_operand(table, scale, row_ids, v3_form), "cuda"),
                "front_kernel_ms": median_ms(lambda: ops.egk.engram_operand(table, scale, row_ids, v3_form), "cuda"),
                "gate_torch_ms": median_ms(lambda: ops.engram_gate(H, kv, qw, kw, eps), "cuda"),

@@ -20,7 +20,7 @@ from mini_deepinfer.layers import hyper_connections as hcf
 from mini_deepinfer.models.deepseek_v41 import ops
 from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 
-from kernel_devices import INTERPRET, run_under_interpreter
+from kernel_devices import INTERPRET, assert_within_one_bf16_rounding, run_under_interpreter
 
 pytestmark = pytest.mark.skipif(hcf.triton is None, reason="needs triton")
 
@@ -50,15 +50,6 @@ def _inputs(T: int, D: int, device: str, seed: int):
     base = torch.randn(24, generator=g) * 0.5
     y = torch.randn(T, D, generator=g).to(torch.bfloat16)
     return [t.to(device) for t in (H, fn, scale, base, y)]
-
-
-def _within_one_bf16_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
-    got, want = got.float().cpu(), want.float().cpu()
-    assert bool(((got - want).abs() <= want.abs() * 2**-7 + 1e-6).all()), (got - want).abs().max()
-    differing = (got != want).float().mean().item()
-    print(f"bf16 outputs differing from the reference: {100 * differing:.3f}%")
-    if not INTERPRET:  # the interpreter casts fp32 -> bf16 toward zero (GPU Triton: to nearest even)
-        assert differing <= 0.05
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -98,13 +89,13 @@ def test_fused_collapse_and_expand_match_the_references(device: str, T: int, D: 
     cfg = V41Config() if D == 5120 else tiny_config()
     H, fn, scale, base, y = _inputs(T, D, device, seed=T + D)
     want = ops.hc_mixes(H, fn, scale, base, cfg)
-    _within_one_bf16_rounding(hcf.hc_collapse_fused(H, want[0]), ops.hc_collapse(H, want[0]))
+    assert_within_one_bf16_rounding(hcf.hc_collapse_fused(H, want[0]), ops.hc_collapse(H, want[0]))
     expanded = hcf.hc_expand_fused(y, H, want[1], want[2])
-    _within_one_bf16_rounding(expanded, ops.hc_expand(y, H, want[1], want[2]))
+    assert_within_one_bf16_rounding(expanded, ops.hc_expand(y, H, want[1], want[2]))
     # expand + collapse in one kernel: the same H', and the collapse of exactly those values
     both = hcf.hc_expand_collapse_fused(y, H, want[1], want[2], want[0])
     assert torch.equal(both[0], expanded)
-    _within_one_bf16_rounding(both[1], ops.hc_collapse(expanded, want[0]))
+    assert_within_one_bf16_rounding(both[1], ops.hc_collapse(expanded, want[0]))
 
 
 @pytest.mark.gpu

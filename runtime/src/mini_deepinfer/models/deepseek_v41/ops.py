@@ -496,12 +496,18 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
         if kernels:
             return egk.engram_gate_fused(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
     else:
-        flat, width = row_ids.flatten(), table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
-        rows = gather_rows(table, flat).float()  # [T*n, head_dim]
-        s = ue8m0_to_float(gather_rows(scale, flat))
-        e = (rows.view(-1, width // 32, 32) * s[..., None]).view(T, row_ids.shape[-1] * width).to(torch.bfloat16)
-        kv = linear(e, w, f"{p}.wkv")
+        kv = linear(engram_rows(table, scale, row_ids), w, f"{p}.wkv")
     return engram_gate(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
+
+
+def engram_rows(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
+    """The reference's wkv input: the table rows row_ids (int64 [T, n]) dequantized, bf16 [T, n * W] (table e4m3
+    [rows, W] with UE8M0 scales [rows, W / 32]; exact, e4m3 times a power of two)."""
+    (T, n), width = row_ids.shape, table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
+    flat = row_ids.flatten()
+    rows = gather_rows(table, flat).float()
+    s = ue8m0_to_float(gather_rows(scale, flat))
+    return (rows.view(T * n, width // 32, 32) * s[..., None]).view(T, n * width).to(torch.bfloat16)
 
 
 def engram_operand(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor, fold_128: bool
