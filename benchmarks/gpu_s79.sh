@@ -14,7 +14,8 @@
 #       Run 3 ran it: with no ratio-1 FULL layer the decode publisher depends on the position, so decode took the
 #       general path (no CUDA graphs, the Engram row ids hashed per sequence) on both sides, as does the window-only
 #       model (any model without a FULL layer).
-#   PART=decode2 (~200 s): bench_decode on each side with window, window+engram and ratio-1 FULL layers, whose
+#   PART=decode2 (~230 s): the Engram and hyper-connection GPU tests on the reviewed tree (their bf16 check moved to
+#       kernel_devices), then bench_decode on each side with window, window+engram and ratio-1 FULL layers, whose
 #       decode runs decode_forward in CUDA graphs as the real model's does.
 #   PART=step (~450 s, an H200 only: the seven sample layers do not fit an H100): bench_prefill's whole 40-layer step
 #       on each side, base first.
@@ -49,12 +50,14 @@ decode)
   grep -hE "graphs|engram" "$OUT"/decode_*.txt | cut -c1-200
   ;;
 decode2)
+  run kernel_tests 60 $PYTEST runtime/tests/test_engram_kernels.py runtime/tests/test_hyper_connections.py \
+    --junitxml="$OUT/junit_kernels.xml"
   for side in base new; do
     run "decode2_$side" 110 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_decode.py --preset medium \
       --layers window,window+engram,r1-full --batches 32,64 --contexts 131072 --kv-cache-gb 8 \
       --out "$OUT/decode2_${side}_$CARD.json"
   done
-  cat "$OUT/summary.txt"
+  cat "$OUT/summary.txt"; test_summary kernel_tests
   grep -hE "graphs=1" "$OUT"/decode2_*.txt | cut -c1-200
   ;;
 step)
