@@ -4,8 +4,8 @@ One Engram layer at V4.1's widths (hc 4, D 5,120; 24 table rows of 256 per token
 a table of 200,000 random rows in the checkpoint's format, e4m3 with UE8M0 per 32) in KernelWeights, at 4,096
 tokens (a prefill step) and 64 / 256 (decode batches). Per case:
 - before: what ops.engram_inject ran until session 79, composed of the same ops: the rows gathered and dequantized
-  to bf16 by torch (ops.engram_rows, the reference's path), wkv's quantizer and GEMM (ops.linear), the gate as torch
-  ops (ops.engram_gate);
+  to bf16 by torch (act_dequant of the stored rows, the reference's path), wkv's quantizer and GEMM (ops.linear),
+  the gate as torch ops (ops.engram_gate);
 - after: ops.engram_inject as it is (the stored rows straight into wkv, both steps as the kernels of
   layers/engram_kernels.py);
 - the parts: wkv's GEMM alone (its activations made beforehand, the floor of both paths); the front (rows to wkv's
@@ -25,7 +25,7 @@ import os
 import sys
 
 import torch
-from mini_deepgemm.reference import weight_quant_fp8
+from mini_deepgemm.reference import act_dequant, weight_quant_fp8
 
 from bench_hc import copy_ms, environment, median_ms, rate, write_and_print_table  # beside this file
 from mini_deepinfer.models.deepseek_v41 import ops
@@ -68,8 +68,11 @@ def main(argv: list[str] | None = None) -> dict:
         operand = ops.egk.engram_operand(table, scale, row_ids, v3_form)
         kv = ops.quantized_linear(operand, T, w, "e.wkv", v3_form)
 
+        def rows_bf16() -> torch.Tensor:  # the reference's wkv input
+            return act_dequant(*ops.engram_operand(table, scale, row_ids, False)).to(torch.bfloat16)
+
         def before() -> torch.Tensor:
-            return ops.engram_gate(H, ops.linear(ops.engram_rows(table, scale, row_ids), w, "e.wkv"), qw, kw, eps)
+            return ops.engram_gate(H, ops.linear(rows_bf16(), w, "e.wkv"), qw, kw, eps)
 
         def after() -> torch.Tensor:
             return ops.engram_inject(H, row_ids, w, "e", cfg)
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
                "before_ms": median_ms(before, "cuda"), "after_ms": median_ms(after, "cuda"),
                "gemm_ms": median_ms(lambda: ops.quantized_linear(operand, T, w, "e.wkv", v3_form), "cuda"),
                "front_before_ms": median_ms(lambda: ops.per_token_group_quant_fp8(
-                   ops.engram_rows(table, scale, row_ids), 32, "ue8m0", fold_128=v3_form), "cuda"),
+                   rows_bf16(), 32, "ue8m0", fold_128=v3_form), "cuda"),
                "front_torch_ms": median_ms(lambda: ops.engram_operand(table, scale, row_ids, v3_form), "cuda"),
                "front_kernel_ms": median_ms(lambda: ops.egk.engram_operand(table, scale, row_ids, v3_form), "cuda"),
                "gate_torch_ms": median_ms(lambda: ops.engram_gate(H, kv, qw, kw, eps), "cuda"),

@@ -82,10 +82,8 @@ def plan_cache(
     slot_bytes = cache_cls.bytes_per_slot(config) * num_slots
     blocks_per_seq = blocks_for(max_model_len)
     most = max_num_seqs * blocks_per_seq + 1
-    if block_bytes == 0:  # no layer keeps paged state (window-only layers): blocks are ids only, take the most
-        fit = most if budget >= slot_bytes else 0
-    else:
-        fit = (budget - slot_bytes) // block_bytes if budget > slot_bytes else 0
+    # 0-byte blocks (no layer keeps paged state: window-only layers) are ids only: take the most
+    fit = 0 if budget < slot_bytes else (budget - slot_bytes) // block_bytes if block_bytes else most
     num_blocks = int(min(fit, most))
     if num_blocks < blocks_per_seq + 1:
         need = slot_bytes + (blocks_per_seq + 1) * block_bytes

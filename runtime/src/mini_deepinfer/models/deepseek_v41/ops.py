@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from mini_deepgemm import (fold_fp4_weights, fold_fp8_weight_scales, fp8_fp4_gemm_nt,
                            per_token_group_fakequant_fp4, per_token_group_fakequant_fp8, per_token_group_quant_fp8)
 from mini_deepgemm.reference import (
+    act_dequant,
     fold_ue8m0_to_128,
     fp4_fakequant,
     fp4_from_fp8_mma_order,
@@ -22,7 +23,6 @@ from mini_deepgemm.reference import (
     fp8_fakequant,
     fp8_linear_ref,
     ue8m0_from_fold_128,
-    ue8m0_to_float,
     weight_dequant_fp8,
 )
 
@@ -491,23 +491,13 @@ def engram_inject(H: torch.Tensor, row_ids: torch.Tensor, w: Weights, p: str, cf
         name = f"{p}.wkv"
         v3_form = dense_v3_form(T, w, name)
         kernels = egk.available(H, table)
-        a = (egk.engram_operand if kernels else engram_operand)(table, scale, row_ids, v3_form) if T else None
+        a = (egk.engram_operand if kernels else engram_operand)(table, scale, row_ids, v3_form)
         kv = quantized_linear(a, T, w, name, v3_form)
         if kernels:
             return egk.engram_gate_fused(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
-    else:
-        kv = linear(engram_rows(table, scale, row_ids), w, f"{p}.wkv")
+    else:  # the reference: the rows dequantized to bf16 (exact: e4m3 times a power of two), wkv quantizes them
+        kv = linear(act_dequant(*engram_operand(table, scale, row_ids, False)).to(torch.bfloat16), w, f"{p}.wkv")
     return engram_gate(H, kv, w[f"{p}.q_weight"], w[f"{p}.k_weight"], cfg.rms_norm_eps)
-
-
-def engram_rows(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
-    """The reference's wkv input: the table rows row_ids (int64 [T, n]) dequantized, bf16 [T, n * W] (table e4m3
-    [rows, W] with UE8M0 scales [rows, W / 32]; exact, e4m3 times a power of two)."""
-    (T, n), width = row_ids.shape, table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
-    flat = row_ids.flatten()
-    rows = gather_rows(table, flat).float()
-    s = ue8m0_to_float(gather_rows(scale, flat))
-    return (rows.view(T * n, width // 32, 32) * s[..., None]).view(T, n * width).to(torch.bfloat16)
 
 
 def engram_operand(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor, fold_128: bool
@@ -518,10 +508,10 @@ def engram_operand(table: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tens
     again by wkv (UE8M0 per 32): a 32-group keeps its stored scale where its largest code is above 224 (the quantizers
     leave it in (224, 448]), and goes one binade lower with every code doubled where it is 224. Folded, the two can
     differ only where the fold rounds a value to e4m3's subnormals (within fold_ue8m0_to_128's bound)."""
-    T = row_ids.shape[0]
+    (T, n), width = row_ids.shape, table.shape[1]  # explicit shapes: a view of 0 rows cannot infer a -1
     flat = row_ids.flatten()
-    rows = gather_rows(table, flat).view(T, -1)
-    exps = gather_rows(scale, flat).view(torch.uint8).view(T, -1)
+    rows = gather_rows(table, flat).view(T, n * width)
+    exps = gather_rows(scale, flat).view(torch.uint8).view(T, n * width // 32)
     return fold_ue8m0_to_128(rows, exps, 1) if fold_128 else (rows, exps)
 
 
