@@ -74,9 +74,8 @@ def synthetic_prefill(model: V41Model, gen: torch.Generator) -> None:
     def forward(batch: ForwardBatch, cache: V41Cache) -> torch.Tensor:
         if batch.is_decode:
             return real_forward(batch, cache)
+        cache.reset_slots([s for s, c in zip(batch.slots, batch.context_lens) if c == 0], model.engram_pad)
         for q, c, table, slot in zip(batch.query_lens, batch.context_lens, batch.block_tables, batch.slots):
-            if c == 0:
-                cache.reset_slot(slot, model.engram_pad)
             fill_cached_context(cache, model, c + q, table, slot, gen)
         return torch.zeros(len(batch.sample_rows), model.config.vocab_size, device=model.device)
 

@@ -3,7 +3,9 @@ equivalent, a per-stage profile and the FP8 matmul rate of the same run.
 
 Workload (the seeds' official prefill setting, per rank): one sequence with a context of 131,072 tokens, of which
 context - tokens = 126,976 are already cached, and tokens = 4,096 uncached tokens computed per step. Metric:
-uncached input tokens/s per GPU and mean ms per step, over the measured steps after warm-up.
+uncached input tokens/s per GPU and mean ms per step, over the measured steps after warm-up. --seqs N splits the
+step's tokens over N sequences, each with tokens / N uncached tokens at the same context (N fresh prompts when
+context = tokens / N): what a step of many requests costs beside one of one request.
 
 - Model: V41Config() (real widths) trimmed to one layer of each layer mode, in this order: window-only,
   window-only with Engram (engram_vocab_size reduced so the table fits; the real table is ~98 GB), ratio-2 FULL,
@@ -444,8 +446,9 @@ def weighted_equivalent(per_layer: dict[str, float], outside: float, counts: Cou
 def print_table(res: dict) -> None:
     w, eq = res["workload"], res["forty_layer_equivalent"]
     hw = res["environment"]["hardware"]
-    print(f"\nprefill  {hw.get('gpu', hw.get('cpu'))}  preset {w['preset']}  tokens {w['tokens']}  context "
-          f"{w['context']} ({w['cached']} cached)  {w['steps']} steps after {w['warmup']} warm-up")
+    print(f"\nprefill  {hw.get('gpu', hw.get('cpu'))}  preset {w['preset']}  tokens {w['tokens']} in "
+          f"{w['sequences']} sequences  context {w['context']} ({w['cached']} cached)  {w['steps']} steps after "
+          f"{w['warmup']} warm-up")
     print(f"{'layer':>5} {'mode':<14} {'ms mean':>9} {'ms min':>9} {'host ms':>8} {'TFLOP':>8} {'TFLOP/s':>8} "
           f"{'x40':>4}")
     for lay in res["layers"]:
@@ -498,6 +501,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokens", type=int, help="uncached tokens per step (real 4096)")
     ap.add_argument("--context", type=int, help="context length including this step's tokens (real 131072)")
+    ap.add_argument("--seqs", type=int, default=1,
+                    help="sequences per step, tokens / seqs uncached tokens each, every one at --context")
     ap.add_argument("--warmup", type=int, help="steps run before timing (Triton compiles here)")
     ap.add_argument("--steps", type=int, help="timed steps")
     ap.add_argument("--layers", default=",".join(SAMPLE_LAYERS), help="comma list of: " + ", ".join(SAMPLE_LAYERS))
@@ -528,8 +533,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if key != "base" and getattr(args, key) is None:
             setattr(args, key, value)
-    if not 0 < args.tokens <= args.context:
-        ap.error("need 0 < tokens <= context")
+    if args.seqs < 1 or args.tokens % args.seqs:
+        ap.error("need seqs >= 1 dividing tokens")
+    if not 0 < args.tokens // args.seqs <= args.context:
+        ap.error("need 0 < tokens / seqs <= context")
     if args.steps < 1 or args.warmup < 0:
         ap.error("need steps >= 1 and warmup >= 0")
     return args
@@ -558,19 +565,27 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     return model, cache, batch, snapshot
 
 
+def cached_tokens(args: argparse.Namespace) -> int:
+    """Positions each sequence has cached before the step."""
+    return args.context - args.tokens // args.seqs
+
+
 def build_context(args: argparse.Namespace, model: V41Model, device: torch.device):
-    """A cache holding args.context - args.tokens cached positions of one sequence, and the step's batch."""
+    """A cache holding cached_tokens(args) positions of each of args.seqs sequences (slots 1 .., blocks 1 ..: slot
+    and block 0 are the model's sentinels), and the step's batch."""
     cfg = model.config
-    n_blocks = -(-args.context // BLOCK_SIZE)
-    cache = V41Cache(cfg, num_blocks=n_blocks + 1, num_slots=1, device=device)  # block 0 stays unused
-    block_table = list(range(1, n_blocks + 1))
+    n_blocks, n, q = -(-args.context // BLOCK_SIZE), args.seqs, args.tokens // args.seqs
+    cache = V41Cache(cfg, num_blocks=n * n_blocks + 1, num_slots=n + 1, device=device)
+    tables = [list(range(1 + i * n_blocks, 1 + (i + 1) * n_blocks)) for i in range(n)]
     gen = torch.Generator(device=device)
-    gen.manual_seed(args.seed + 1000 * args.rank)  # DP: each rank its own sequence
-    cached = args.context - args.tokens
-    fill_cached_context(cache, model, cached, block_table, 0, gen)
+    gen.manual_seed(args.seed + 1000 * args.rank)  # DP: each rank its own sequences
+    cached = cached_tokens(args)
+    for i, table in enumerate(tables):
+        fill_cached_context(cache, model, cached, table, 1 + i, gen)
     snapshot = SlotSnapshot(cache)
     ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen, device=device)
-    batch = ForwardBatch(ids, [args.tokens], [cached], [block_table], [0], [args.tokens - 1])
+    batch = ForwardBatch(ids, [q] * n, [cached] * n, tables, list(range(1, n + 1)),
+                         [q * (i + 1) - 1 for i in range(n)])
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cache, batch, snapshot
@@ -645,14 +660,15 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
     host_ms = [step.host_intervals_ms() for step in clocks]
     for i, (ms, host) in enumerate(zip(steps_ms, host_ms)):
         log(f"timed step {args.warmup + i}: {sum(ms):.1f} ms (host {sum(host):.1f} ms)")
-    cfg, roles, cached = model.config, list(model.roles), args.context - args.tokens
+    cfg, roles, cached = model.config, list(model.roles), cached_tokens(args)
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]
     per_step = torch.tensor(steps_ms)  # [steps, 1 + layers + 1]: outside before, layers, outside after
     mean = per_step.mean(0).tolist()
     host_mean = torch.tensor(host_ms).mean(0).tolist()
     outside = mean[0] + mean[-1]
-    by_part = [layer_flops(cfg, r, args.tokens, cached) for r in roles]
+    by_part = [{k: v * args.seqs for k, v in layer_flops(cfg, r, args.tokens // args.seqs, cached).items()}
+               for r in roles]
     flops = {n: sum(parts.values()) for n, parts in zip(names, by_part)}
     res["layers"] = [{
         "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
@@ -716,8 +732,8 @@ def main_ep(args: argparse.Namespace, ep_size: int) -> dict:
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     """One process's benchmark: the main run (per-layer times, 40-layer equivalent, profile), then the sweep."""
     res: dict = {"environment": environment(device), "workload": {
-        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": args.context - args.tokens,
-        "warmup": args.warmup, "steps": args.steps, "sequences": 1, "seed": args.seed, "ep_size": 1,
+        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": cached_tokens(args),
+        "warmup": args.warmup, "steps": args.steps, "sequences": args.seqs, "seed": args.seed, "ep_size": 1,
         "layers": args.layers.split(","), "moe_route": args.moe_route,
         "dense_route": args.dense_route,
     }}

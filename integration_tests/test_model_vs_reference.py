@@ -118,13 +118,13 @@ def _check_cuda_kernel_path(cfg, w, min_logits_cos: float = 0.93, mean_logits_co
     lens = [len(p) for p in prompts]
     rows = list(torch.tensor(lens).cumsum(0) - 1)
     model.capture = []
-    got = [model(ForwardBatch(torch.cat(prompts).cuda(), lens, [0, 0, 0], BLOCK_TABLES, [0, 1, 2],
+    got = [model(ForwardBatch(torch.cat(prompts).cuda(), lens, [0, 0, 0], BLOCK_TABLES, [1, 2, 3],
                               [int(r) for r in rows]), cache).cpu()]
     first_block = model.capture[0].cpu().split(lens)
     model.capture = None
     for d in range(4):
         toks = torch.stack([ref_logits[i][d].argmax() for i in range(3)]).cuda()  # teacher-forced on the reference
-        got.append(model(ForwardBatch(toks, [1, 1, 1], [n + d for n in lens], BLOCK_TABLES, [0, 1, 2], [0, 1, 2]),
+        got.append(model(ForwardBatch(toks, [1, 1, 1], [n + d for n in lens], BLOCK_TABLES, [1, 2, 3], [0, 1, 2]),
                          cache).cpu())
     got = torch.stack(got, 1)  # [3, 5, vocab]
     cos = torch.nn.functional.cosine_similarity
@@ -150,12 +150,12 @@ def test_indexer_query_slices_change_nothing(tiny, monkeypatch):
     cfg, w = tiny
     model = V41Model(cfg, w)
     prompts = _prompts()
-    batch = ForwardBatch(torch.cat(prompts), list(PROMPT_LENS), [0, 0, 0], BLOCK_TABLES, [0, 1, 2],
+    batch = ForwardBatch(torch.cat(prompts), list(PROMPT_LENS), [0, 0, 0], BLOCK_TABLES, [1, 2, 3],
                          list(torch.tensor(PROMPT_LENS).cumsum(0) - 1))
     outs = []
     for rows in (4096, 7):
         monkeypatch.setattr(model_module, "INDEXER_QUERY_SLICE", rows)
-        cache = V41Cache(cfg, num_blocks=10, num_slots=3)
+        cache = V41Cache(cfg, num_blocks=10, num_slots=4)
         outs.append((model(batch, cache), cache))
     (a, ca), (b, cb) = outs
     assert torch.equal(a, b)

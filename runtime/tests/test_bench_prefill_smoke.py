@@ -194,6 +194,25 @@ def test_tiny_preset_end_to_end(tmp_path):
         sum(profile["by_layer_and_path_ms"].values()))
 
 
+def test_many_sequences_per_step(tmp_path):
+    """--seqs: the step's tokens split over fresh sequences (context = tokens / seqs), each in its own slot and
+    blocks; FLOPs counted per sequence."""
+    out = tmp_path / "seqs.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--preset", "tiny", "--out", str(out),
+                           "--seqs", "4", "--tokens", "32", "--context", "8", "--warmup", "0", "--steps", "2",
+                           "--no-profile"], check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert (res["workload"]["sequences"], res["workload"]["cached"]) == (4, 0)
+    assert res["checks"]["max_abs_logit_diff_first_vs_last_step"] == 0.0
+    cfg = bp.trimmed_config(bp.PRESETS["tiny"]["base"](), bp.SAMPLE_LAYERS, None)
+    window = next(lay for lay in res["layers"] if lay["name"] == "window")
+    assert window["flops"] == {k: 4 * v for k, v in bp.layer_flops(cfg, cfg.layer_roles[0], 8, 0).items()}
+    with pytest.raises(SystemExit):  # 5 does not divide the preset's 32 tokens
+        bp.parse_args(["--out", str(out), "--preset", "tiny", "--seqs", "5"])
+
+
 def test_sweep_and_ep_two_ranks_on_cpu(tmp_path):
     """--sweep alone (no main run) and EP2 x DP2 under torchrun on gloo: the per-count rows, one JSON per rank,
     each rank's own sequence (different logits) through the same layers."""

@@ -145,6 +145,8 @@ def test_step_tensors_pad_tables_with_the_sentinel_block():
     assert t.positions.tolist() == [0, 1, 9]
     assert t.block_tables.tolist() == [[3, 0, 0, 0], [4, 8, 0, 0]]
     assert t.slots.tolist() == [2, 1] and t.sample_rows.tolist() == [1, 2]
+    assert t.row_seq.tolist() == [0, 0, 1] and t.context_lens.tolist() == [0, 9]
+    assert t.query_starts.tolist() == [0, 2, 3]
     with pytest.raises(ValueError, match="width"):
         StepTensors.build(batch, CPU, width=1)
     assert batch.is_decode is False

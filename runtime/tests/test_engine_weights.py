@@ -66,8 +66,8 @@ def test_every_engine_weight_storage_is_read_by_a_forward(use_kernels):
     cache = V41Cache(cfg, num_blocks=8, num_slots=2)
     n = 150  # past the window (128) and several compressed entries of every ratio
     prompt = torch.randint(3, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
-    model(ForwardBatch(prompt, [n], [0], [[1, 2]], [0], [n - 1]), cache)
-    model(ForwardBatch(prompt[:1], [1], [n], [[1, 2]], [0], [0]), cache)  # one decode step
+    model(ForwardBatch(prompt, [n], [0], [[1, 2]], [1], [n - 1]), cache)
+    model(ForwardBatch(prompt[:1], [1], [n], [[1, 2]], [1], [0]), cache)  # one decode step
     read = {weights[name].untyped_storage().data_ptr() for name in weights.read if name in weights}
     exempt = NOT_READ + (NOT_READ_BY_SMALL_CALLS if use_kernels else ())
     unread = [name for name, t in dict.items(weights) if t.untyped_storage().data_ptr() not in read

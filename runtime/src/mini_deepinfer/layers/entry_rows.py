@@ -55,6 +55,15 @@ def table_rows(block_tables: torch.Tensor, entries: torch.Tensor, entries_per_bl
     return block_tables.gather(1, entries // epb) * epb + entries % epb
 
 
+def seq_table_rows(block_tables: torch.Tensor, seq: torch.Tensor, entries: torch.Tensor, entries_per_block: int
+                   ) -> torch.Tensor:
+    """table_rows of the tables block_tables[seq] (block_tables int64 [B, width], contiguous; seq int64 broadcast
+    against entries), without a copy of those tables: the general forward's rows of its selected entries and of the
+    entries its compressor closes, each row in its own sequence's table."""
+    epb = entries_per_block
+    return block_tables.view(-1)[seq * block_tables.shape[1] + entries // epb] * epb + entries % epb
+
+
 def visible_entry_rows_torch(block_tables: torch.Tensor, n_k: torch.Tensor, entries_per_block: int, n_cap: int
                              ) -> torch.Tensor:
     """visible_entry_rows as torch operations."""

@@ -94,8 +94,11 @@ class DecodeGraphs:
     def _capture(self, size: int) -> CapturedDecode:
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.int64, device=self.device)  # noqa: E731
         input_ids = zeros(size)
-        tensors = StepTensors(zeros(size), zeros(size, self.width), zeros(size),
-                              torch.arange(size, dtype=torch.int64, device=self.device))
+        rows = torch.arange(size + 1, dtype=torch.int64, device=self.device)
+        # decode_forward reads positions, block tables, slots and sampled rows (replay refills the first three); a
+        # decode step's row_seq and query_starts are these aranges whatever its inputs, its context_lens unread
+        tensors = StepTensors(zeros(size), zeros(size, self.width), zeros(size), rows[:size], rows[:size],
+                              zeros(size), rows)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):

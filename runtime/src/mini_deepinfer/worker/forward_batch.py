@@ -4,7 +4,8 @@ Sequences appear in step order; their query tokens are concatenated. Everything 
 known at scheduling time (no device read needed to build it); only `input_ids` lives on the device, so that with
 zero-overhead scheduling an in-flight token can be gathered there from the previous step's output buffer.
 
-The model also needs some of that host data as device tensors (positions, block tables, slots, sampled rows).
+The model also needs some of that host data as device tensors (positions, block tables, slots, sampled rows, and
+which sequence each row belongs to).
 `StepTensors.build` makes them from one pinned host tensor with one non-blocking copy; the runner calls it before
 the forward, so the forward itself never copies between host and device (tested under CUDA's sync debug mode).
 """
@@ -35,6 +36,9 @@ class StepTensors:
     block_tables: torch.Tensor  # [B, width], each table padded with block 0 (the sentinel no sequence owns)
     slots: torch.Tensor  # [B]
     sample_rows: torch.Tensor  # [R]
+    row_seq: torch.Tensor  # [T] the sequence (0 .. B-1) of every query token
+    context_lens: torch.Tensor  # [B] tokens each sequence had cached before the step
+    query_starts: torch.Tensor  # [B + 1] the row of each sequence's first query token, then T
 
     @staticmethod
     def build(batch: "ForwardBatch", device: torch.device, width: int | None = None) -> "StepTensors":
@@ -48,17 +52,22 @@ class StepTensors:
         # one int64 host array, filled row by row by numpy: at 131k context a decode step's tables are ~1,000
         # blocks per sequence, and building them as one Python list for torch.tensor took 12 ms per step at batch
         # 64 (session 15, docs/reports/runtime-decode.md)
-        host = np.zeros(T + B * width + B + R, dtype=np.int64)
-        if T:
-            host[:T] = np.concatenate([np.arange(c, c + q) for c, q in zip(batch.context_lens, batch.query_lens)])
-        tables = host[T: T + B * width].reshape(B, width)
+        q_lens = np.asarray(batch.query_lens, dtype=np.int64)
+        host = np.zeros(T + B * width + B + R + T + B + B + 1, dtype=np.int64)
+        parts = np.cumsum([T, B * width, B, R, T, B, B + 1])[:-1]
+        positions, tables, slots, sample_rows, row_seq, context_lens, query_starts = np.split(host, parts)
+        row_seq[:] = np.repeat(np.arange(B), q_lens)
+        query_starts[1:] = np.cumsum(q_lens)
+        context_lens[:] = batch.context_lens
+        positions[:] = np.arange(T) + (context_lens - query_starts[:-1])[row_seq]
+        tables = tables.reshape(B, width)
         for row, t in zip(tables, batch.block_tables):
             row[: len(t)] = t
-        host[T + B * width: T + B * width + B] = batch.slots
-        host[T + B * width + B:] = batch.sample_rows
+        slots[:] = batch.slots
+        sample_rows[:] = batch.sample_rows
         dev = host_to_device(host, torch.int64, device)
-        return StepTensors(dev[:T], dev[T: T + B * width].view(B, width), dev[T + B * width: T + B * width + B],
-                           dev[T + B * width + B:])
+        views = torch.split(dev, [T, B * width, B, R, T, B, B + 1])
+        return StepTensors(views[0], views[1].view(B, width), *views[2:])
 
 
 @dataclass
@@ -89,6 +98,9 @@ class ForwardBatch:
         n = len(self.query_lens)
         if not (len(self.context_lens) == len(self.block_tables) == len(self.slots) == n):
             raise ValueError("ForwardBatch: per-sequence lists differ in length")
+        if 0 in self.slots:
+            # the model's sentinel: rows that write nothing useful write there (model.py), so no sequence may hold it
+            raise ValueError(f"ForwardBatch: sequence {self.slots.index(0)} holds state slot 0, the sentinel")
         if self.input_ids.shape != (self.num_tokens,):
             raise ValueError(f"ForwardBatch: input_ids {tuple(self.input_ids.shape)} != ({self.num_tokens},)")
         for i in range(n):

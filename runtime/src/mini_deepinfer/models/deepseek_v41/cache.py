@@ -69,15 +69,20 @@ class V41Cache:
                 total += 2 * role.ratio * config.head_dim * 4
         return total + (config.engram_max_ngram_size - 1) * 8 + 8
 
-    def reset_slot(self, slot: int, engram_pad: int) -> None:
-        """Fresh state for a sequence starting at position 0 (window rows need no clearing: positions before the
-        start are never read)."""
+    def reset_slots(self, host_slots: list[int], engram_pad: int, slots: torch.Tensor | None = None) -> None:
+        """Fresh state for the sequences in host_slots, starting at position 0 (window rows need no clearing:
+        positions before the start are never read). slots: the same slots as an int64 tensor on the cache's device,
+        where other entries may be 0, the sentinel slot (so a step resets its new sequences in a few writes, whatever
+        their number, with no copy from the host); None makes it from host_slots."""
+        if slots is None:
+            slots = torch.tensor(host_slots, dtype=torch.int64, device=self.device)
         for t in self.comp_kv_state.values():
-            t[slot] = 0
+            t[slots] = 0
         for t in self.comp_score_state.values():
-            t[slot] = float("-inf")
-        self.engram_history[slot] = engram_pad
-        self.index_k_publisher[slot] = -1
+            t[slots] = float("-inf")
+        self.engram_history[slots] = engram_pad
+        for s in host_slots:
+            self.index_k_publisher[s] = -1
 
     @staticmethod
     def entry_rows(block_table: list[int] | torch.Tensor, entries: torch.Tensor, ratio: int) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 One forward runs any mix of prefill chunks (starting at any position) and decode tokens, reading and writing the
 paged, quantized cache (cache.py) of exactly the blocks and slots the ForwardBatch names. Token-wise work
-(projections, hyper-connections, MoE) runs on all T tokens at once; work that depends on a sequence's own history
-(compressor groups, indexer keys, Engram look-back) runs per sequence. It composes the same ops as the sequential
+(projections, hyper-connections, MoE) runs on all T tokens at once; so does the work that depends on a sequence's
+own history (window rows, compressor groups, Engram look-back), through each row's sequence metadata (StepRows), but
+the indexer, whose keys differ per sequence, scores each sequence apart. It composes the same ops as the sequential
 reference (reference.py), so any difference between the two is in state handling, which is what the engine tests
 check.
 
@@ -32,7 +33,7 @@ from mini_flashmla import (
 )
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 
-from mini_deepinfer.layers.entry_rows import table_rows, visible_entry_rows
+from mini_deepinfer.layers.entry_rows import seq_table_rows, table_rows, visible_entry_rows
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
@@ -40,7 +41,6 @@ from mini_deepinfer.models.deepseek_v41.engram import (
     compressed_token_map,
     engram_hash,
     engram_multipliers,
-    engram_row_ids,
 )
 from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 
@@ -102,6 +102,37 @@ class SeqSpan:
     @property
     def end(self) -> int:  # sequence length after this step
         return self.ctx + self.dropped + self.qlen
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """Per-row device metadata of a general step (prefill chunks, or decode rows on the general path), int64 [rows]:
+    what each row needs of its sequence, so that the window, the compressed rows, the compressor and the Engram
+    look-back run as a few operations per layer for the whole step, not per sequence (session 80: a per-sequence
+    loop cost ~1,000 launches per sequence and 40-layer step). Built once per step; past a bounded-replay boundary,
+    the kept rows' (`kept`)."""
+
+    row: torch.Tensor  # [rows] 0 .. rows-1
+    seq: torch.Tensor  # [rows] the row's sequence in the step
+    pos: torch.Tensor  # [rows] its position
+    slot: torch.Tensor  # [rows] its sequence's state slot
+    ctx: torch.Tensor  # [rows] tokens its sequence had cached before the step
+    first_pos: torch.Tensor  # [rows] its sequence's first position with a row here (ctx unless rows were dropped)
+    end: torch.Tensor  # [rows] its sequence's length after the step
+
+    @classmethod
+    def of_step(cls, t: StepTensors) -> StepRows:
+        seq = t.row_seq
+        ctx = t.context_lens[seq]
+        end = ctx + (t.query_starts[1:] - t.query_starts[:-1])[seq]
+        return cls(torch.arange(seq.shape[0], device=seq.device), seq, t.positions, t.slots[seq], ctx, ctx, end)
+
+    def kept(self, rows: torch.Tensor, keep: int) -> StepRows:
+        """The rows a bounded replay keeps (int64 index, each sequence's last `keep`)."""
+        ctx, end = self.ctx[rows], self.end[rows]
+        return StepRows(torch.arange(rows.shape[0], device=rows.device), self.seq[rows], self.pos[rows],
+                        self.slot[rows], ctx, torch.maximum(ctx, end - keep), end)
+
 
 
 # Query rows scored at once by the prefill indexer (see _indexer).
@@ -180,42 +211,41 @@ class V41Model(torch.nn.Module):
         for i, (q, c, s) in enumerate(zip(batch.query_lens, batch.context_lens, batch.slots)):
             spans.append(SeqSpan(i, start, q, c, s, t.block_tables[i]))
             start += q
-        for sp in spans:
-            if sp.ctx == 0:
-                cache.reset_slot(sp.slot, self.engram_pad)
+        fresh = [sp.slot for sp in spans if sp.ctx == 0]
+        if fresh:  # slot 0, the sentinel, stands for the sequences that go on
+            cache.reset_slots(fresh, self.engram_pad, torch.where(t.context_lens == 0, t.slots, 0))
         ids = batch.input_ids
-        positions = t.positions
         compressed = self.token_map[ids]
+        history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
         H, pre = ops.initial_streams(self.w["embed.weight"][ids], cfg)
         shared: dict = {"topk": None, "candidates": {}}
         # the rows the layers compute (H's rows): all of the step's, or past a bounded-replay boundary the kept ones
-        live, live_pos, sample_rows = spans, positions, t.sample_rows
+        live, live_rows, sample_rows = spans, StepRows.of_step(t), t.sample_rows
         kept = None if self._prefill_keep_tokens is None else self._bounded_replay_rows(spans, batch.sample_rows)
         collapsed = None  # hc_collapse(H, pre), from the block that produced H
         for role in self.roles:
             p = f"layers.{role.layer_id}"
-            if role.has_engram:
-                H = self._engram(H, compressed, spans, role, cache)  # never past the boundary (check_keep_tokens)
+            if role.has_engram:  # never past the boundary (check_keep_tokens)
+                H = self._engram(H, compressed, history, live_rows, role)
                 collapsed = None
             H, pre, collapsed = ops.decoder_block(
                 H, pre, self.w, role.layer_id, cfg,
-                attention=lambda u, role=role: self._attention(u, live_pos, live, t.slots, role, cache, shared),
+                attention=lambda u, role=role: self._attention(u, live_rows, live, t, role, cache, shared),
                 ffn=lambda v, p=p: self._moe(v, f"{p}.ffn"), collapsed=collapsed)
             if self.capture is not None:
                 self.capture.append(collapsed.float())  # hc_collapse(H, pre), the next block's attention input
             if kept is not None and role.layer_id == self._replay_boundary:
                 live, rows = kept
-                H, pre, collapsed, live_pos = H[rows], pre[rows], collapsed[rows], positions[rows]
-                new_row = torch.full_like(positions, -1)
+                H, pre, collapsed = H[rows], pre[rows], collapsed[rows]
+                live_rows = live_rows.kept(rows, self._prefill_keep_tokens)
+                new_row = torch.full_like(t.positions, -1)
                 new_row[rows] = torch.arange(rows.shape[0], device=self.device)
                 sample_rows = new_row[sample_rows]
                 # the step's per-row shared state the consumer layers read: the top-k a REUSE layer takes over
                 # and the candidate blocks a REINDEX layer restricts to (int32 [rows, kb] per sequence)
                 shared["topk"] = shared["topk"][rows]
                 shared["candidates"] = {i: c[live[i].dropped:] for i, c in shared["candidates"].items()}
-        n_hist = cfg.engram_max_ngram_size - 1
-        for sp in spans:
-            cache.engram_history[sp.slot] = torch.cat([cache.engram_history[sp.slot], compressed[sp.rows]])[-n_hist:]
+        cache.engram_history[t.slots] = engram_history_after(history, compressed, t.query_starts)
         return ops.final_logits(H[sample_rows], pre[sample_rows], self.w, cfg)
 
     def _bounded_replay_rows(self, spans: list[SeqSpan], sample_rows: list[int]
@@ -372,13 +402,22 @@ class V41Model(torch.nn.Module):
         return topk
 
     # ------------------------------------------------------------------ Engram
-    def _engram(self, H, compressed, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> torch.Tensor:
-        cfg = self.config
-        li = cfg.engram_layer_ids.index(role.layer_id)
-        ids = torch.cat([engram_row_ids(cfg, li, compressed[sp.rows], self.engram_pad,
-                                        history=cache.engram_history[sp.slot], multipliers=self.engram_mult[li])
-                         for sp in spans])
-        return self._engram_inject(H, ids, f"layers.{role.layer_id}.engram")
+    def _engram(self, H, compressed, history, rows: StepRows, role: LayerRole) -> torch.Tensor:
+        li = self.config.engram_layer_ids.index(role.layer_id)
+        return self._engram_inject(H, self._engram_row_ids(compressed, history, rows, li),
+                                   f"layers.{role.layer_id}.engram")
+
+    def _engram_row_ids(self, compressed, history, rows: StepRows, layer_index: int) -> torch.Tensor:
+        """engram.engram_row_ids of every sequence of the step at once: int64 [rows, orders * heads].
+        compressed: int64 [rows] the step's compressed ids; history: int64 [B, max_ngram - 1] each sequence's before
+        the step (oldest first). The look-back k of a row j tokens into its sequence's step is the step's row k back
+        where j >= k, else its history."""
+        n_hist = history.shape[1]
+        j = rows.pos - rows.ctx
+        shifted = [compressed] + [torch.where(j >= k, compressed[(rows.row - k).clamp_min(0)],
+                                              history[rows.seq, (j + n_hist - k).clamp(0, n_hist - 1)])
+                                  for k in range(1, n_hist + 1)]
+        return engram_hash(self.config, layer_index, shifted, self.engram_mult[layer_index])
 
     # ------------------------------------------------------------------ the layers EP x DP shards (parallel.py)
     def _moe(self, v: torch.Tensor, p: str) -> torch.Tensor:
@@ -392,107 +431,111 @@ class V41Model(torch.nn.Module):
         return ops.engram_inject(H, row_ids, self.w, p, self.config)
 
     # ------------------------------------------------------------------ attention
-    def _attention(self, u, positions, spans: list[SeqSpan], slots: torch.Tensor, role: LayerRole, cache: V41Cache,
+    def _attention(self, u, rows: StepRows, spans: list[SeqSpan], t: StepTensors, role: LayerRole, cache: V41Cache,
                    shared: dict):
         cfg, w, lid = self.config, self.w, role.layer_id
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
-        qr, q, kv = ops.attention_qkv(u, positions, w, p, cfg, freqs)
+        qr, q, kv = ops.attention_qkv(u, rows.pos, w, p, cfg, freqs)
         packed = pack_window_fp8(kv)
-        win_table, win_ids, ring_written = self._window(packed, positions, spans, slots, cache.window[lid])
+        decode_only = all(sp.qlen == 1 for sp in spans)
+        win_table, win_ids = self._window(packed, rows, t.slots, cache.window[lid], decode_only)
 
         comp_table = comp_ids = None
         if role.ratio > 0:
-            r = role.ratio
             if role.mode == LayerMode.FULL:
-                self._compress(u, spans, role, cache)
+                self._compress(u, rows, spans, t.block_tables, role, cache)
             if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
-                shared["topk"] = self._indexer(qr, u, positions, spans, role, cache, shared)
+                shared["topk"] = self._indexer(qr, u, rows.pos, spans, role, cache, shared)
             topk = shared["topk"]
             if topk is not None:
                 comp_table = cache.compressed_kv[role.kv_source]
-                comp_ids = torch.full_like(topk, -1)
-                for sp in spans:
-                    t = topk[sp.rows]
-                    rows = V41Cache.entry_rows(sp.block_table, t.clamp_min(0), r)
-                    comp_ids[sp.rows] = torch.where(t >= 0, rows, t)
+                entries = seq_table_rows(t.block_tables, rows.seq[:, None], topk.clamp_min(0), BLOCK_SIZE // role.ratio)
+                comp_ids = torch.where(topk >= 0, entries, topk)
         o, _ = sparse_mla_fwd_paged(q, win_table, comp_table, win_ids.to(torch.int32),
                                     None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
-        if not ring_written:
-            self._write_window(packed, positions, spans, cache.window[lid])
-        return ops.attention_output(o, positions, w, p, cfg, freqs)
+        if not decode_only:
+            self._write_window(packed, rows, cache.window[lid])
+        return ops.attention_output(o, rows.pos, w, p, cfg, freqs)
 
-    def _window(self, packed, positions, spans: list[SeqSpan], slots: torch.Tensor, ring: torch.Tensor):
+    def _window(self, packed, rows: StepRows, slots: torch.Tensor, ring: torch.Tensor, decode_only: bool):
         """The rows the window part reads and their ids, window positions p-W+1..p in ascending order.
-        packed: this step's window rows, uint8 [T, 528]; slots: int64 [B] (StepTensors.slots).
-        Returns (table, ids, whether the ring is already written).
+        packed: this step's window rows, uint8 [rows, 528]; slots: int64 [B] (StepTensors.slots). Returns (table,
+        ids int64 [rows, W], -1 where none).
 
         Decode-only steps write the new row into the ring first and read the ring directly. A prefill chunk
         cannot (its later tokens would overwrite ring rows its earlier tokens still read), so its table is the
         ring rows of this batch's slots followed by the step's own packed rows; the ring is written after attention.
         """
         W = self.config.sliding_window
-        wpos = ops.window_positions(positions, W)
-        if all(sp.qlen == 1 for sp in spans):
-            self._write_window(packed, positions, spans, ring)
-            return ring, _ring_ids(slots, wpos, W), True
+        wpos = ops.window_positions(rows.pos, W)
+        if decode_only:
+            self._write_window(packed, rows, ring)
+            return ring, _ring_ids(rows.slot, wpos, W)
         table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
-        ids = torch.full_like(wpos, -1)
-        for b, sp in enumerate(spans):
-            wp = wpos[sp.rows]
-            in_step = wp >= sp.first_pos
-            step_row = len(spans) * W + sp.start + (wp - sp.first_pos)
-            ring_row = b * W + wp % W
-            # positions a bounded replay dropped (ctx <= wp < first_pos) have no row and their ring rows hold
-            # older positions: masked, like positions before the sequence start
-            in_ring = (wp >= 0) & (wp < sp.ctx)
-            ids[sp.rows] = torch.where(in_step, step_row, torch.where(in_ring, ring_row, -1))
-        return table, ids, False
+        # a row's sequence's rows are consecutive positions: position wp is row (row - pos + wp) of the step
+        step_row = slots.shape[0] * W + rows.row[:, None] + (wpos - rows.pos[:, None])
+        ring_row = rows.seq[:, None] * W + wpos % W
+        # positions a bounded replay dropped (ctx <= wp < first_pos) have no row and their ring rows hold older
+        # positions: masked, like positions before the sequence start
+        in_ring = (wpos >= 0) & (wpos < rows.ctx[:, None])
+        ids = torch.where(wpos >= rows.first_pos[:, None], step_row, torch.where(in_ring, ring_row, -1))
+        return table, ids
 
-    def _write_window(self, packed, positions, spans: list[SeqSpan], ring: torch.Tensor) -> None:
-        """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W)."""
+    def _write_window(self, packed, rows: StepRows, ring: torch.Tensor) -> None:
+        """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W); the step's earlier
+        rows write to slot 0, the sentinel (its rows are read only by decode padding rows)."""
         W = self.config.sliding_window
-        for sp in spans:
-            keep = slice(sp.start + max(0, sp.qlen - W), sp.start + sp.qlen)
-            ring[sp.slot * W + positions[keep] % W] = packed[keep]
+        slot = torch.where(rows.pos >= rows.end - W, rows.slot, 0)
+        ring[slot * W + rows.pos % W] = packed
 
-    def _compress(self, u, spans: list[SeqSpan], role: LayerRole, cache: V41Cache) -> None:
+    def _compress(self, u, rows: StepRows, spans: list[SeqSpan], block_tables: torch.Tensor, role: LayerRole,
+                  cache: V41Cache) -> None:
         """Pool every group closed by this step's tokens (carrying a partial group in the slot), then write the
-        compressed KV and index-key rows of the new entries. Publishes the index keys (spec 2.4)."""
+        compressed KV and index-key rows of the new entries. Publishes the index keys (spec 2.4).
+
+        A group closes at the row of its last position, (pos + 1) % r == 0; the host knows how many close, so
+        their rows come out of a fixed-size selection. FULL layers precede any bounded-replay boundary, so every
+        sequence has all its step rows here."""
         cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
         a, b = ops.compressor_project(u, w, p, cfg, r)
-        for sp in spans:
-            first_g, end_g = sp.ctx // r, sp.end // r
-            if r == 1:
-                latent = a[sp.rows]
-            elif end_g > first_g:
-                kst, sst = cache.comp_kv_state[lid][sp.slot], cache.comp_score_state[lid][sp.slot]
-                pos = torch.arange(first_g * r, end_g * r, device=self.device)
-                from_step = pos >= sp.ctx
-                step_rows = (sp.start + pos - sp.ctx).clamp_min(0)
-                kv_g = torch.where(from_step[:, None], a[step_rows], kst[pos % r]).view(-1, r, a.shape[1])
-                sc_g = torch.where(from_step[:, None], b[step_rows], sst[pos % r]).view(-1, r, b.shape[1])
-                latent = ops.compressor_pool(kv_g, sc_g, w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps)
-            else:
-                latent = None
-            if r > 1:
-                tail = torch.arange(max(sp.ctx, end_g * r), sp.end, device=self.device)
-                cache.comp_kv_state[lid][sp.slot, tail % r] = a[sp.start + tail - sp.ctx]
-                cache.comp_score_state[lid][sp.slot, tail % r] = b[sp.start + tail - sp.ctx]
-            if not cfg.index_k_reference_quirk:
+        closing = [sp.end // r > sp.ctx // r for sp in spans]
+        n_close = sum(sp.end // r - sp.ctx // r for sp in spans)
+        for sp, closes in zip(spans, closing):
+            if closes or not cfg.index_k_reference_quirk:
                 cache.index_k_publisher[sp.slot] = lid
-            if latent is None:
-                continue
-            groups = torch.arange(first_g, end_g, device=self.device)
-            rows = V41Cache.entry_rows(sp.block_table, groups, r)
-            gpos = groups * r
-            # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
-            cache.compressed_kv[lid][rows] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
-            cache.index_k[lid][rows] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
-            cache.index_k_publisher[sp.slot] = lid
+        if r == 1:
+            latent, at = a, rows.row
+        else:
+            kst, sst = cache.comp_kv_state[lid], cache.comp_score_state[lid]
+            if n_close:
+                closes = (rows.pos + 1) % r == 0
+                # the closing rows in order: each scatters itself to its rank among them, the others to a spare
+                rank = torch.where(closes, torch.cumsum(closes, 0) - 1, n_close)
+                at = torch.empty(n_close + 1, dtype=torch.int64, device=self.device).scatter_(0, rank, rows.row)
+                at = at[:n_close]
+                # member m = pos - r + 1 + i of the group: the step's row for it, or the slot's tail before ctx
+                m = rows.pos[at, None] - (r - 1) + torch.arange(r, device=self.device)
+                from_step = (m >= rows.ctx[at, None])[:, :, None]
+                step_row = (at[:, None] - rows.pos[at, None] + m).clamp_min(0)
+                tail = (rows.slot[at, None], m % r)
+                kv_g = torch.where(from_step, a[step_row], kst[tail])
+                sc_g = torch.where(from_step, b[step_row], sst[tail])
+                latent = ops.compressor_pool(kv_g, sc_g, w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps)
+            # the open group's rows (pos // r == end // r) are the slot's new tail; the others write slot 0's
+            tail_slot = torch.where(rows.pos // r == rows.end // r, rows.slot, 0)
+            kst[tail_slot, rows.pos % r] = a
+            sst[tail_slot, rows.pos % r] = b
+        if not n_close:
+            return
+        gpos = rows.pos[at] - (r - 1)  # the group's first position
+        entries = seq_table_rows(block_tables, rows.seq[at], rows.pos[at] // r, BLOCK_SIZE // r)
+        # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
+        cache.compressed_kv[lid][entries] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
+        cache.index_k[lid][entries] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
 
     def _indexer(self, qr, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
         """Top-k compressed entries per query token: int64 [T, index_topk], -1 where none (or no entries yet)."""
@@ -529,6 +572,17 @@ class V41Model(torch.nn.Module):
                     sel = candidate_positions(sel, blocks, block)
                 topk[rows, : sel.shape[1]] = sel.to(torch.int64)
         return topk
+
+
+def engram_history_after(history: torch.Tensor, compressed: torch.Tensor, query_starts: torch.Tensor
+                         ) -> torch.Tensor:
+    """Each sequence's Engram history after a step: the last max_ngram - 1 of (its history int64 [B, n], its step
+    tokens compressed[query_starts[b]:query_starts[b + 1]]), as one gather."""
+    n_hist = history.shape[1]
+    q_lens, ends = query_starts[1:] - query_starts[:-1], query_starts[1:]
+    c = q_lens[:, None] + torch.arange(n_hist, device=history.device)  # index into the concatenation
+    from_step = compressed[(ends[:, None] - q_lens[:, None] + c - n_hist).clamp_min(0)]
+    return torch.where(c < n_hist, history.gather(1, c.clamp(max=n_hist - 1)), from_step)
 
 
 def _decode_publisher_plan(cfg: V41Config) -> tuple[dict[int, list[tuple[int, int | None]]], int | None]:
