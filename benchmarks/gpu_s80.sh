@@ -32,10 +32,10 @@ owed)
   grep -hE "graphs=1|engram " "$OUT"/decode2_*.txt | cut -c1-200
   ;;
 seqs)
-  run kernel_tests 120 $PYTEST runtime/tests/test_step_rows.py runtime/tests/test_engram_kernels.py \
+  run kernel_tests 100 $PYTEST runtime/tests/test_step_rows.py runtime/tests/test_engram_kernels.py \
     runtime/tests/test_hyper_connections.py runtime/tests/test_rmsnorm.py --junitxml="$OUT/junit_kernels.xml"
   runtime_core_tests 150
-  layers=(--layers window,window+engram,r2-full,r2-reuse --tokens 4096 --steps 5 --fp8-size 4096)
+  layers=(--layers window,window+engram,r2-full,r2-reuse --tokens 4096 --steps 4 --fp8-size 2048)
   for case in "64 64" "16 8192" "1 131072"; do
     set -- $case
     for side in mid new; do
