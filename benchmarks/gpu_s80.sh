@@ -5,12 +5,12 @@
 #       act_dequant), then session 79's decode A/B in CUDA graphs (bench_decode, medium, window, window+engram and
 #       ratio-1 FULL layers, batch 32 / 64 at 131,072 tokens; base 4a72572 from .ab-base.tar.gz), then the runtime's
 #       core GPU tests in the time left.
-#   PART=seqs (~500 s): the general forward's per-sequence loops as whole-step operations (model.StepRows). The GPU
-#       tests it touches (test_step_rows.py, the runtime's core GPU tests: the model and the engine against the
-#       reference, CUDA-graph decode), session 79's kernel tests, then bench_prefill on main before it (mid,
-#       .ab-mid.tar.gz of cd8398e) and the tree, four real-width layers (window, window+engram, ratio-2 FULL and
-#       REUSE), 4,096 tokens per step: 64 fresh prompts of 64 tokens, 16 sequences of 256 at 8,192 tokens of
-#       context, and one sequence at 131,072 (the official workload, for regressions).
+#   PART=seqs (~500 s): the general forward's per-sequence loops as whole-step operations (model.StepRows). The
+#       runtime's core GPU tests (the model and the engine against the reference, CUDA-graph decode, the forward
+#       under CUDA's sync debug mode), then bench_prefill on main before it (mid, .ab-mid.tar.gz of cd8398e) and the
+#       tree, four real-width layers (window, window+engram, ratio-2 FULL and REUSE), 4,096 tokens per step: 64 fresh
+#       prompts of 64 tokens, one sequence at 131,072 (the official workload, for regressions), session 79's kernel
+#       tests, and 16 sequences of 256 at 8,192 tokens of context, as the deadline allows.
 # `git archive -o .ab-base.tar.gz 4a72572 packages/*/src runtime/src benchmarks` (its own bench_decode: the tree's
 # calls V41Cache.reset_slots, which 4a72572 lacks); `git archive -o .ab-mid.tar.gz cd8398e packages/*/src
 # runtime/src`; carry [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz"];
@@ -32,18 +32,20 @@ owed)
   grep -hE "graphs=1|engram " "$OUT"/decode2_*.txt | cut -c1-200
   ;;
 seqs)
-  run kernel_tests 100 $PYTEST runtime/tests/test_step_rows.py runtime/tests/test_engram_kernels.py \
-    runtime/tests/test_hyper_connections.py runtime/tests/test_rmsnorm.py --junitxml="$OUT/junit_kernels.xml"
   runtime_core_tests 150
   layers=(--layers window,window+engram,r2-full,r2-reuse --tokens 4096 --steps 4 --fp8-size 2048)
-  for case in "64 64" "16 8192" "1 131072"; do
-    set -- $case
+  prefill_pair() {  # SEQS CONTEXT [ARGS...]: bench_prefill on mid and new
+    local n=$1 ctx=$2 side; shift 2
     for side in mid new; do
-      fits 60 && run "prefill_s$1_$side" 100 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
-        "${layers[@]}" --seqs $1 --context $2 $([ $1 = 64 ] || echo --no-profile) \
-        --out "$OUT/prefill_s$1_${side}_$CARD.json"
+      fits 50 && run "prefill_s${n}_$side" 100 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+        "${layers[@]}" --seqs $n --context $ctx "$@" --out "$OUT/prefill_s${n}_${side}_$CARD.json"
     done
-  done
+  }
+  prefill_pair 64 64
+  prefill_pair 1 131072 --no-profile
+  fits 120 && run kernel_tests 100 $PYTEST runtime/tests/test_engram_kernels.py runtime/tests/test_hyper_connections.py \
+    runtime/tests/test_rmsnorm.py --junitxml="$OUT/junit_kernels.xml"
+  prefill_pair 16 8192 --no-profile
   cat "$OUT/summary.txt"; test_summary kernel_tests runtime_tests
   grep -hE "^ +[0-9]+ (window|r2)|step as run|tokens .* in " "$OUT"/prefill_*.txt | cut -c1-160
   ;;
