@@ -43,8 +43,8 @@ seqs)
   }
   prefill_pair 64 64
   prefill_pair 1 131072 --no-profile
-  fits 120 && run kernel_tests 100 $PYTEST runtime/tests/test_engram_kernels.py runtime/tests/test_hyper_connections.py \
-    runtime/tests/test_rmsnorm.py --junitxml="$OUT/junit_kernels.xml"
+  fits 120 && run kernel_tests 100 $PYTEST runtime/tests/test_engram_kernels.py \
+    runtime/tests/test_hyper_connections.py runtime/tests/test_rmsnorm.py --junitxml="$OUT/junit_kernels.xml"
   prefill_pair 16 8192 --no-profile
   cat "$OUT/summary.txt"; test_summary kernel_tests runtime_tests
   grep -hE "^ +[0-9]+ (window|r2)|step as run|tokens .* in " "$OUT"/prefill_*.txt | cut -c1-160

@@ -108,9 +108,9 @@ class SeqSpan:
 class StepRows:
     """Per-row device metadata of a general step (prefill chunks, or decode rows on the general path), int64 [rows]:
     what each row needs of its sequence, so that the window, the compressed rows, the compressor and the Engram
-    look-back run as a few operations per layer for the whole step, not per sequence (session 80: a per-sequence
-    loop cost ~1,000 launches per sequence and 40-layer step). Built once per step; past a bounded-replay boundary,
-    the kept rows' (`kept`)."""
+    look-back run as a few operations per layer for the whole step, not per sequence (session 80: the loops had cost
+    ~740 torch ops per sequence of the tiny model's step, docs/reports/runtime-step-rows.md). Built once per step;
+    past a bounded-replay boundary, the kept rows' (`kept`)."""
 
     row: torch.Tensor  # [rows] 0 .. rows-1
     seq: torch.Tensor  # [rows] the row's sequence in the step
@@ -132,7 +132,6 @@ class StepRows:
         ctx, end = self.ctx[rows], self.end[rows]
         return StepRows(torch.arange(rows.shape[0], device=rows.device), self.seq[rows], self.pos[rows],
                         self.slot[rows], ctx, torch.maximum(ctx, end - keep), end)
-
 
 
 # Query rows scored at once by the prefill indexer (see _indexer).
@@ -450,8 +449,9 @@ class V41Model(torch.nn.Module):
             topk = shared["topk"]
             if topk is not None:
                 comp_table = cache.compressed_kv[role.kv_source]
-                entries = seq_table_rows(t.block_tables, rows.seq[:, None], topk.clamp_min(0), BLOCK_SIZE // role.ratio)
-                comp_ids = torch.where(topk >= 0, entries, topk)
+                epb = BLOCK_SIZE // role.ratio
+                comp_ids = torch.where(topk >= 0, seq_table_rows(t.block_tables, rows.seq[:, None], topk.clamp_min(0),
+                                                                 epb), topk)
         o, _ = sparse_mla_fwd_paged(q, win_table, comp_table, win_ids.to(torch.int32),
                                     None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
@@ -579,9 +579,9 @@ def engram_history_after(history: torch.Tensor, compressed: torch.Tensor, query_
     """Each sequence's Engram history after a step: the last max_ngram - 1 of (its history int64 [B, n], its step
     tokens compressed[query_starts[b]:query_starts[b + 1]]), as one gather."""
     n_hist = history.shape[1]
-    q_lens, ends = query_starts[1:] - query_starts[:-1], query_starts[1:]
-    c = q_lens[:, None] + torch.arange(n_hist, device=history.device)  # index into the concatenation
-    from_step = compressed[(ends[:, None] - q_lens[:, None] + c - n_hist).clamp_min(0)]
+    starts, q_lens = query_starts[:-1, None], query_starts[1:, None] - query_starts[:-1, None]
+    c = q_lens + torch.arange(n_hist, device=history.device)  # index into the concatenation
+    from_step = compressed[(starts + c - n_hist).clamp_min(0)]
     return torch.where(c < n_hist, history.gather(1, c.clamp(max=n_hist - 1)), from_step)
 
 
