@@ -3,7 +3,8 @@ real guard: torch.cuda.set_sync_debug_mode("error")).
 
 On CUDA every op below waits for the GPU: reading a value (.item(), int(), bool(), .tolist(), .cpu()), an output
 whose size depends on values (nonzero, unique, masked_select, boolean-mask indexing, repeat_interleave with tensor
-repeats), or a tensor built from host data (torch.tensor(list), a blocking copy). A dispatch mode records every such
+repeats), a tensor built from host data (torch.tensor(list), a blocking copy), or a Python scalar stored through a
+tensor index (its 0-d host tensor is copied over first). A dispatch mode records every such
 op the forward runs on CPU, with where it was called from. Allowed: mini-flashmla's CPU reference of the paged
 attention (on CUDA its Triton kernel runs instead) and 0-d host constants (a CPU scalar operand needs no copy).
 """
@@ -67,6 +68,18 @@ def host_reads(monkeypatch):
             return _original(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, method, reading)
+    setitem = torch.Tensor.__setitem__
+
+    def storing(self, index, value):
+        # t[index_tensor] = python_number: on CUDA, index_put_ copies the number over as a 0-d host tensor first, a
+        # blocking copy (on CPU the same line dispatches index_fill_, so only this wrapper sees it; session 80's
+        # reset_slots did it and its GPU run caught it under the sync debug mode)
+        indices = index if isinstance(index, tuple) else (index,)
+        if isinstance(value, (int, float, bool)) and any(isinstance(i, torch.Tensor) for i in indices):
+            mode._record("a Python number stored through a tensor index")
+        return setitem(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", storing)
     return mode
 
 

@@ -4,8 +4,8 @@ Since session 80 the window rows, the compressed rows of a selection, the compre
 of a prefill (or mixed) step are computed for all rows at once from each row's sequence metadata, not in a loop over
 the step's sequences. Each test here builds a step of several sequences (fresh ones, ones continuing mid-group, one
 decode row), computes the batched result and compares it with the per-sequence definition, written out in the test.
-Metric: exact equality (integer indices; cache bytes and the compressor's pooled rows bit for bit, on CPU), except
-slot 0, the sentinel the batched writes may scribble on.
+Metric: exact equality (integer indices; cache bytes and the compressor's pooled rows bit for bit, on CPU). The
+batched writes touch exactly the rows the loops wrote: no sentinel row either.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mini_deepinfer.models.deepseek_v41 import load_model, ops
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode
 from mini_deepinfer.models.deepseek_v41.engram import engram_row_ids
-from mini_deepinfer.models.deepseek_v41.model import SeqSpan, StepRows, engram_history_after
+from mini_deepinfer.models.deepseek_v41.model import SeqSpan, StepRows, engram_history_after, true_rows
 from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 
 # (context, query) per sequence: fresh, continuing mid-group (odd context at ratio 2), a decode row, a long chunk
@@ -112,12 +112,12 @@ def test_window_writes_keep_each_sequences_last_positions(model):
     _, _, rows, spans = step(model)
     ring = torch.zeros(7 * W, 528, dtype=torch.uint8)
     packed = torch.randint(0, 256, (rows.pos.shape[0], 528), dtype=torch.uint8)
-    model._write_window(packed, rows, ring)
+    model._write_window(packed, rows, spans, ring)
     want = torch.zeros_like(ring)
     for sp in spans:
         keep = slice(sp.start + max(0, sp.qlen - W), sp.start + sp.qlen)
         want[sp.slot * W + rows.pos[keep] % W] = packed[keep]
-    assert torch.equal(ring[W:], want[W:])  # slot 0 is the sentinel
+    assert torch.equal(ring, want)
 
 
 def compress_per_sequence(model, a, b, spans, role, cache):
@@ -175,9 +175,37 @@ def test_compressor_writes_equal_the_per_sequence_ones(model):
         assert torch.equal(cache.compressed_kv[lid], want.compressed_kv[lid])
         assert torch.equal(cache.index_k[lid], want.index_k[lid])
         if role.ratio > 1:
-            assert torch.equal(cache.comp_kv_state[lid][1:], want.comp_kv_state[lid][1:])
-            assert torch.equal(cache.comp_score_state[lid][1:], want.comp_score_state[lid][1:])
+            assert torch.equal(cache.comp_kv_state[lid], want.comp_kv_state[lid])
+            assert torch.equal(cache.comp_score_state[lid], want.comp_score_state[lid])
         assert cache.index_k_publisher == want.index_k_publisher
+
+
+def test_true_rows_is_nonzero_of_a_known_count():
+    mask = torch.tensor([False, True, True, False, True, False])
+    assert true_rows(mask, 3).tolist() == [1, 2, 4]
+    assert true_rows(torch.zeros(4, dtype=torch.bool), 0).shape == (0,)
+
+
+def test_fresh_slots_are_reset_and_only_they(model):
+    """A step's fresh sequences (context 0) get the reset state; the others keep theirs."""
+    _, t, _, spans = step(model)
+    cache = V41Cache(model.config, num_blocks=4 * len(spans) + 1, num_slots=7)
+    g = torch.Generator().manual_seed(4)
+    for st in list(cache.comp_kv_state.values()) + list(cache.comp_score_state.values()):
+        st.copy_(torch.randn(st.shape, generator=g))
+    cache.engram_history.copy_(torch.randint(5, 100, cache.engram_history.shape, generator=g))
+    cache.index_k_publisher = [2] * 7
+    before = copy.deepcopy(cache)
+    fresh = [sp.slot for sp in spans if sp.ctx == 0]
+    cache.reset_slots(fresh, 9, t.slots[true_rows(t.context_lens == 0, len(fresh))])
+    for s in range(7):
+        if s in fresh:
+            assert (cache.engram_history[s] == 9).all() and cache.index_k_publisher[s] == -1
+            assert all((st[s] == 0).all() for st in cache.comp_kv_state.values())
+            assert all((st[s] == float("-inf")).all() for st in cache.comp_score_state.values())
+        else:
+            assert torch.equal(cache.engram_history[s], before.engram_history[s]) and cache.index_k_publisher[s] == 2
+            assert all(torch.equal(st[s], before.comp_kv_state[k][s]) for k, st in cache.comp_kv_state.items())
 
 
 def test_slot_0_is_refused_by_a_forward(model):

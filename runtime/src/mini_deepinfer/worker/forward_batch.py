@@ -99,7 +99,8 @@ class ForwardBatch:
         if not (len(self.context_lens) == len(self.block_tables) == len(self.slots) == n):
             raise ValueError("ForwardBatch: per-sequence lists differ in length")
         if 0 in self.slots:
-            # the model's sentinel: rows that write nothing useful write there (model.py), so no sequence may hold it
+            # the model's sentinel: decode rows that write nothing useful write there (model.py), and so do CUDA-graph
+            # padding rows, so no sequence may hold it
             raise ValueError(f"ForwardBatch: sequence {self.slots.index(0)} holds state slot 0, the sentinel")
         if self.input_ids.shape != (self.num_tokens,):
             raise ValueError(f"ForwardBatch: input_ids {tuple(self.input_ids.shape)} != ({self.num_tokens},)")

@@ -71,16 +71,17 @@ class V41Cache:
 
     def reset_slots(self, host_slots: list[int], engram_pad: int, slots: torch.Tensor | None = None) -> None:
         """Fresh state for the sequences in host_slots, starting at position 0 (window rows need no clearing:
-        positions before the start are never read). slots: the same slots as an int64 tensor on the cache's device,
-        where other entries may be 0, the sentinel slot (so a step resets its new sequences in a few writes, whatever
-        their number, with no copy from the host); None makes it from host_slots."""
+        positions before the start are never read). slots: the same slots as an int64 tensor on the cache's device
+        (so a step resets its new sequences in a few writes, whatever their number, with no copy from the host); None
+        makes it from host_slots."""
         if slots is None:
             slots = torch.tensor(host_slots, dtype=torch.int64, device=self.device)
+        # index_fill_, not t[slots] = value: that copies the value to the device first, a blocking copy on CUDA
         for t in self.comp_kv_state.values():
-            t[slots] = 0
+            t.index_fill_(0, slots, 0)
         for t in self.comp_score_state.values():
-            t[slots] = float("-inf")
-        self.engram_history[slots] = engram_pad
+            t.index_fill_(0, slots, float("-inf"))
+        self.engram_history.index_fill_(0, slots, engram_pad)
         for s in host_slots:
             self.index_k_publisher[s] = -1
 

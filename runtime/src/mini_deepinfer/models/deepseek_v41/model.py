@@ -134,6 +134,15 @@ class StepRows:
                         self.slot[rows], ctx, torch.maximum(ctx, end - keep), end)
 
 
+def true_rows(mask: torch.Tensor, n: int) -> torch.Tensor:
+    """The indices of mask's True entries (bool [rows]) in order, int64 [n], where n = mask.sum() is known on the
+    host: unlike nonzero, nothing waits for the device. Each True entry scatters its index to its rank among them,
+    the others to a spare slot past the end."""
+    rank = torch.where(mask, torch.cumsum(mask, 0) - 1, n)
+    out = torch.empty(n + 1, dtype=torch.int64, device=mask.device)
+    return out.scatter_(0, rank, torch.arange(mask.shape[0], device=mask.device))[:n]
+
+
 # Query rows scored at once by the prefill indexer (see _indexer).
 INDEXER_QUERY_SLICE = 4096
 
@@ -211,8 +220,8 @@ class V41Model(torch.nn.Module):
             spans.append(SeqSpan(i, start, q, c, s, t.block_tables[i]))
             start += q
         fresh = [sp.slot for sp in spans if sp.ctx == 0]
-        if fresh:  # slot 0, the sentinel, stands for the sequences that go on
-            cache.reset_slots(fresh, self.engram_pad, torch.where(t.context_lens == 0, t.slots, 0))
+        if fresh:
+            cache.reset_slots(fresh, self.engram_pad, t.slots[true_rows(t.context_lens == 0, len(fresh))])
         ids = batch.input_ids
         compressed = self.token_map[ids]
         history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
@@ -456,7 +465,7 @@ class V41Model(torch.nn.Module):
                                     None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
         if not decode_only:
-            self._write_window(packed, rows, cache.window[lid])
+            self._write_window(packed, rows, spans, cache.window[lid])
         return ops.attention_output(o, rows.pos, w, p, cfg, freqs)
 
     def _window(self, packed, rows: StepRows, slots: torch.Tensor, ring: torch.Tensor, decode_only: bool):
@@ -471,7 +480,7 @@ class V41Model(torch.nn.Module):
         W = self.config.sliding_window
         wpos = ops.window_positions(rows.pos, W)
         if decode_only:
-            self._write_window(packed, rows, ring)
+            ring[rows.slot * W + rows.pos % W] = packed
             return ring, _ring_ids(rows.slot, wpos, W)
         table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
         # a row's sequence's rows are consecutive positions: position wp is row (row - pos + wp) of the step
@@ -483,21 +492,20 @@ class V41Model(torch.nn.Module):
         ids = torch.where(wpos >= rows.first_pos[:, None], step_row, torch.where(in_ring, ring_row, -1))
         return table, ids
 
-    def _write_window(self, packed, rows: StepRows, ring: torch.Tensor) -> None:
-        """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W); the step's earlier
-        rows write to slot 0, the sentinel (its rows are read only by decode padding rows)."""
+    def _write_window(self, packed, rows: StepRows, spans: list[SeqSpan], ring: torch.Tensor) -> None:
+        """Keep the last W positions of each sequence in its ring (row = slot * W + pos % W)."""
         W = self.config.sliding_window
-        slot = torch.where(rows.pos >= rows.end - W, rows.slot, 0)
-        ring[slot * W + rows.pos % W] = packed
+        last = true_rows(rows.pos >= rows.end - W, sum(min(sp.qlen, W) for sp in spans))
+        ring[rows.slot[last] * W + rows.pos[last] % W] = packed[last]
 
     def _compress(self, u, rows: StepRows, spans: list[SeqSpan], block_tables: torch.Tensor, role: LayerRole,
                   cache: V41Cache) -> None:
         """Pool every group closed by this step's tokens (carrying a partial group in the slot), then write the
         compressed KV and index-key rows of the new entries. Publishes the index keys (spec 2.4).
 
-        A group closes at the row of its last position, (pos + 1) % r == 0; the host knows how many close, so
-        their rows come out of a fixed-size selection. FULL layers precede any bounded-replay boundary, so every
-        sequence has all its step rows here."""
+        A group closes at the row of its last position, (pos + 1) % r == 0; the host knows how many close (and
+        how many rows the open groups keep), so their rows come out of fixed-size selections (true_rows). FULL
+        layers precede any bounded-replay boundary, so every sequence has all its step rows here."""
         cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
         p = f"layers.{lid}.attn"
         freqs = self.freqs[lid]
@@ -512,11 +520,7 @@ class V41Model(torch.nn.Module):
         else:
             kst, sst = cache.comp_kv_state[lid], cache.comp_score_state[lid]
             if n_close:
-                closes = (rows.pos + 1) % r == 0
-                # the closing rows in order: each scatters itself to its rank among them, the others to a spare
-                rank = torch.where(closes, torch.cumsum(closes, 0) - 1, n_close)
-                at = torch.empty(n_close + 1, dtype=torch.int64, device=self.device).scatter_(0, rank, rows.row)
-                at = at[:n_close]
+                at = true_rows((rows.pos + 1) % r == 0, n_close)
                 # member m = pos - r + 1 + i of the group: the step's row for it, or the slot's tail before ctx
                 m = rows.pos[at, None] - (r - 1) + torch.arange(r, device=self.device)
                 from_step = (m >= rows.ctx[at, None])[:, :, None]
@@ -525,10 +529,12 @@ class V41Model(torch.nn.Module):
                 kv_g = torch.where(from_step, a[step_row], kst[tail])
                 sc_g = torch.where(from_step, b[step_row], sst[tail])
                 latent = ops.compressor_pool(kv_g, sc_g, w[f"{p}.compressor.norm.weight"], cfg.rms_norm_eps)
-            # the open group's rows (pos // r == end // r) are the slot's new tail; the others write slot 0's
-            tail_slot = torch.where(rows.pos // r == rows.end // r, rows.slot, 0)
-            kst[tail_slot, rows.pos % r] = a
-            sst[tail_slot, rows.pos % r] = b
+            # the open group's rows (pos // r == end // r) are the slot's new tail
+            n_tail = sum(sp.end - max(sp.ctx, sp.end // r * r) for sp in spans)
+            if n_tail:
+                tail = true_rows(rows.pos // r == rows.end // r, n_tail)
+                kst[rows.slot[tail], rows.pos[tail] % r] = a[tail]
+                sst[rows.slot[tail], rows.pos[tail] % r] = b[tail]
         if not n_close:
             return
         gpos = rows.pos[at] - (r - 1)  # the group's first position
