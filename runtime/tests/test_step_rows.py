@@ -96,7 +96,7 @@ def test_window_ids_equal_the_per_sequence_ones(model, keep):
         spans, rows = kept_spans, rows.kept(index, keep)
     ring = torch.zeros(7 * W, 528, dtype=torch.uint8)
     packed = torch.zeros(rows.pos.shape[0], 528, dtype=torch.uint8)
-    _, ids = model._window(packed, rows, t.slots, ring, decode_only=False)
+    _, ids = model._window(packed, rows, spans, t.slots, ring, decode_only=False)
     wpos = ops.window_positions(rows.pos, W)
     want = torch.full_like(wpos, -1)
     for b, sp in enumerate(spans):

@@ -47,21 +47,19 @@ def visible_entry_rows(block_tables: torch.Tensor, n_k: torch.Tensor, entries_pe
     return visible_entry_rows_kernel_call(block_tables, n_k, entries_per_block, n_cap)
 
 
-def table_rows(block_tables: torch.Tensor, entries: torch.Tensor, entries_per_block: int) -> torch.Tensor:
+def table_rows(block_tables: torch.Tensor, entries: torch.Tensor, entries_per_block: int,
+               seq: torch.Tensor | None = None) -> torch.Tensor:
     """The flat cache rows of compressed entries int64 [B, n] of each row b's block table (entry g: block
     block_tables[b, g // entries_per_block], row g % entries_per_block in it), as torch operations: the decode
-    step's rows of its selected entries (model.DecodeRows) and this module's reference."""
+    step's rows of its selected entries (model.DecodeRows) and this module's reference. seq (int64, broadcast against
+    entries): each row's table is block_tables[seq] instead (block_tables contiguous), read by flat index without a
+    copy of those tables: the general forward's rows, each in its own sequence's table (model.StepRows)."""
     epb = entries_per_block
-    return block_tables.gather(1, entries // epb) * epb + entries % epb
-
-
-def seq_table_rows(block_tables: torch.Tensor, seq: torch.Tensor, entries: torch.Tensor, entries_per_block: int
-                   ) -> torch.Tensor:
-    """table_rows of the tables block_tables[seq] (block_tables int64 [B, width], contiguous; seq int64 broadcast
-    against entries), without a copy of those tables: the general forward's rows of its selected entries and of the
-    entries its compressor closes, each row in its own sequence's table."""
-    epb = entries_per_block
-    return block_tables.view(-1)[seq * block_tables.shape[1] + entries // epb] * epb + entries % epb
+    if seq is None:
+        blocks = block_tables.gather(1, entries // epb)
+    else:
+        blocks = block_tables.view(-1)[seq * block_tables.shape[1] + entries // epb]
+    return blocks * epb + entries % epb
 
 
 def visible_entry_rows_torch(block_tables: torch.Tensor, n_k: torch.Tensor, entries_per_block: int, n_cap: int

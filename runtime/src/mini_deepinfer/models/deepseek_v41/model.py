@@ -33,7 +33,7 @@ from mini_flashmla import (
 )
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4, pack_window_fp8
 
-from mini_deepinfer.layers.entry_rows import seq_table_rows, table_rows, visible_entry_rows
+from mini_deepinfer.layers.entry_rows import table_rows, visible_entry_rows
 from mini_deepinfer.models.deepseek_v41 import bounded_replay, moe, ops
 from mini_deepinfer.models.deepseek_v41.cache import BLOCK_SIZE, V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode, LayerRole, V41Config
@@ -447,7 +447,7 @@ class V41Model(torch.nn.Module):
         qr, q, kv = ops.attention_qkv(u, rows.pos, w, p, cfg, freqs)
         packed = pack_window_fp8(kv)
         decode_only = all(sp.qlen == 1 for sp in spans)
-        win_table, win_ids = self._window(packed, rows, t.slots, cache.window[lid], decode_only)
+        win_table, win_ids = self._window(packed, rows, spans, t.slots, cache.window[lid], decode_only)
 
         comp_table = comp_ids = None
         if role.ratio > 0:
@@ -459,8 +459,8 @@ class V41Model(torch.nn.Module):
             if topk is not None:
                 comp_table = cache.compressed_kv[role.kv_source]
                 epb = BLOCK_SIZE // role.ratio
-                comp_ids = torch.where(topk >= 0, seq_table_rows(t.block_tables, rows.seq[:, None], topk.clamp_min(0),
-                                                                 epb), topk)
+                comp_ids = torch.where(topk >= 0, table_rows(t.block_tables, topk.clamp_min(0), epb, rows.seq[:, None]),
+                                       topk)
         o, _ = sparse_mla_fwd_paged(q, win_table, comp_table, win_ids.to(torch.int32),
                                     None if comp_ids is None else comp_ids.to(torch.int32), cfg.head_dim ** -0.5,
                                     w[f"{p}.attn_sink"])
@@ -468,7 +468,8 @@ class V41Model(torch.nn.Module):
             self._write_window(packed, rows, spans, cache.window[lid])
         return ops.attention_output(o, rows.pos, w, p, cfg, freqs)
 
-    def _window(self, packed, rows: StepRows, slots: torch.Tensor, ring: torch.Tensor, decode_only: bool):
+    def _window(self, packed, rows: StepRows, spans: list[SeqSpan], slots: torch.Tensor, ring: torch.Tensor,
+                decode_only: bool):
         """The rows the window part reads and their ids, window positions p-W+1..p in ascending order.
         packed: this step's window rows, uint8 [rows, 528]; slots: int64 [B] (StepTensors.slots). Returns (table,
         ids int64 [rows, W], -1 where none).
@@ -480,7 +481,7 @@ class V41Model(torch.nn.Module):
         W = self.config.sliding_window
         wpos = ops.window_positions(rows.pos, W)
         if decode_only:
-            ring[rows.slot * W + rows.pos % W] = packed
+            self._write_window(packed, rows, spans, ring)
             return ring, _ring_ids(rows.slot, wpos, W)
         table = torch.cat([ring.view(-1, W, ring.shape[1])[slots].flatten(0, 1), packed])
         # a row's sequence's rows are consecutive positions: position wp is row (row - pos + wp) of the step
@@ -538,7 +539,7 @@ class V41Model(torch.nn.Module):
         if not n_close:
             return
         gpos = rows.pos[at] - (r - 1)  # the group's first position
-        entries = seq_table_rows(block_tables, rows.seq[at], rows.pos[at] // r, BLOCK_SIZE // r)
+        entries = table_rows(block_tables, rows.pos[at] // r, BLOCK_SIZE // r, rows.seq[at])
         # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
         cache.compressed_kv[lid][entries] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
         cache.index_k[lid][entries] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
