@@ -133,6 +133,16 @@ def scores_decode(batch: int, n_keys: int) -> None:
     mini_flashmla.indexer_scores(q, weights, cache, visible, _per_query_key_rows(batch, n_keys))
 
 
+def scores_ragged_prefill(reindex: bool = False) -> None:
+    """A general step's batch of 64 sequences (the runtime's _indexer), each its own keys: key_rows [64, 65,536]
+    with query_starts; reindex: through candidate blocks (the per-query kernel)."""
+    q, weights, cache, visible = _indexer_operands(PREFILL_QUERIES, KEYS_RATIO_2)
+    starts = torch.arange(0, PREFILL_QUERIES + 1, PREFILL_QUERIES // 64, dtype=torch.int64)
+    blocks = _candidates(PREFILL_QUERIES) if reindex else None
+    mini_flashmla.indexer_scores(q, weights, cache, visible, _per_query_key_rows(64, KEYS_RATIO_2), blocks,
+                                 CANDIDATE_BLOCK, query_starts=starts)
+
+
 def scores_reindex_prefill() -> None:
     q, weights, cache, visible = _indexer_operands(PREFILL_QUERIES, KEYS_RATIO_2)
     mini_flashmla.indexer_scores(q, weights, cache, visible, _shared_key_rows(KEYS_RATIO_2),
@@ -230,6 +240,10 @@ CASES = [
     Case("indexer_scores decode batch 64 x 131072", lambda: scores_decode(64, KEYS_RATIO_1),
          ((SCORES_PER_QUERY, 0),), ((SCORES_PER_QUERY, 0),)),
     Case("indexer_scores REINDEX prefill 4096 x 2048 blocks", scores_reindex_prefill,
+         ((SCORES_PER_QUERY, 0),), ((SCORES_PER_QUERY, 0),)),
+    Case("indexer_scores ragged prefill 64 sequences x 65536", scores_ragged_prefill, ((SCORES, 0),),
+         ((SCORES, 0),)),
+    Case("indexer_scores ragged REINDEX prefill 64 sequences", lambda: scores_ragged_prefill(reindex=True),
          ((SCORES_PER_QUERY, 0),), ((SCORES_PER_QUERY, 0),)),
     # indexer_topk and candidate_blocks score 1,024 queries at a time (256 MiB of fp32 scores), then select
     Case("indexer_topk prefill 4096 x 65536", indexer_topk_prefill,

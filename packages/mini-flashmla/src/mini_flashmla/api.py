@@ -230,6 +230,7 @@ def _combine_splits(part_out, part_lse, sink, has_sink: bool, out, lse):
 
 
 _INT32_MAX = 2**31 - 1  # the largest offset the kernels' 32-bit address terms hold (_q_for_kernels, _rows_per_launch)
+_MAX_GRID_Y = 65535  # CUDA's limit on a launch grid's y (and z) axis
 
 
 def _q_for_kernels(q: torch.Tensor) -> torch.Tensor:
@@ -391,6 +392,7 @@ def indexer_scores(
     key_rows: torch.Tensor,
     candidate_blocks: torch.Tensor | None = None,
     block: int = 8,
+    query_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Indexer scores against keys read from the packed index-key cache (reference.indexer_scores_ref semantics).
 
@@ -399,33 +401,42 @@ def indexer_scores(
         weights: bf16 [s_q, H], already scaled by 128^-0.5 * H^-0.5.
         index_k_cache: uint8 [num_rows_k, 68] (cache_layout.pack_index_k_fp4 rows).
         visible: int64 [s_q]; query i sees logical keys t < visible[i].
-        key_rows: int32 flat rows of index_k_cache in logical key order, either [n_keys] shared by all queries
-            (one sequence; see `key_range_rows` for a contiguous range) or [s_q, n_keys] per query (a ragged batch,
-            -1 padded). -1 (or outside the cache) = no key: scored -inf.
+        key_rows: int32 flat rows of index_k_cache in logical key order: [n_keys] shared by all queries (one
+            sequence; see `key_range_rows` for a contiguous range), [s_q, n_keys] per query, or with query_starts
+            [B, n_keys] per sequence; -1 padded. -1 (or outside the cache) = no key: scored -inf.
         candidate_blocks: None (score every key), or a REINDEX layer's candidate blocks, int32 [s_q, kb]
             (`candidate_blocks_of_scores`: ascending block ids, -1 = none): only their keys are scored.
         block: keys per candidate block (V4.1 8).
+        query_starts: None, or int64 [B + 1] on q's device, 0 .. s_q ascending: a ragged batch of B sequences,
+            sequence b's queries rows query_starts[b] .. query_starts[b + 1] - 1, scored against its own key list
+            key_rows[b]. A query's scores are, bit for bit, those of a call with its sequence alone (the same
+            kernel: each sequence gets its own query tiles, and a score's products and sums do not depend on which
+            tile holds the query). No host synchronisation; at most 65,535 - B query tiles of 4 (H = 32) queries
+            without candidate_blocks.
     Returns:
         fp32 [s_q, n_keys] (values exactly bf16; -inf where not visible); with candidate_blocks fp32
         [s_q, kb * block], column c holding key candidate_blocks[i, c // block] * block + c % block
         (reference.candidate_entries; -inf for a -1 block). Kernel results equal the reference bit for bit except,
         rarely, one bf16 ulp from the order of the 32-head fp32 sum.
     """
+    if query_starts is not None:
+        _check_sequences(q, key_rows, query_starts)
     if candidate_blocks is not None:
-        return _indexer_scores_of_candidates(q, weights, index_k_cache, visible, key_rows, candidate_blocks, block)
+        return _indexer_scores_of_candidates(q, weights, index_k_cache, visible, key_rows, candidate_blocks, block,
+                                             query_starts)
     if not _use_kernel(q, weights, index_k_cache, key_rows):
-        return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, key_rows)
+        rows = key_rows if query_starts is None else _rows_of_queries(key_rows, query_starts, q.shape[0])
+        return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, rows)
     from mini_flashmla.indexer_kernel import indexer_scores_kernel
 
     q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
     s_q, n_heads, d = q.shape
-    per_query = key_rows.dim() == 2
     n_keys = key_rows.shape[-1]
     out = torch.empty((s_q, n_keys), dtype=torch.float32, device=q.device)
     if s_q == 0 or n_keys == 0:
         return out
     sms = _num_sms(q.device)
-    if per_query:
+    if key_rows.dim() == 2 and query_starts is None:
         _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows, None, 0, out)
         return out
     block_q = max(1, 128 // n_heads)  # N side = block_q * H = 128 columns
@@ -435,19 +446,48 @@ def indexer_scores(
     # within 0.3%)
     block_k = 128
     key_tiles = math.ceil(n_keys / block_k)
-    for c_q, c_weights, c_visible, c_out in _launch_views(_rows_per_launch(q.stride(0), weights.stride(0)), q,
-                                                          weights, visible, out):
+    if query_starts is None:
+        views = _launch_views(_rows_per_launch(q.stride(0), weights.stride(0)), q, weights, visible, out)
+        n_seqs, starts, key_stride = 1, visible, 0  # starts: unread when SEQS is 0
+    else:  # one launch: a sequence's programs must all see its rows
+        if s_q > _rows_per_launch(q.stride(0), weights.stride(0)):
+            raise ValueError(f"indexer_scores: {s_q} queries with query_starts pass one launch's 32-bit offsets")
+        views = [(q, weights, visible, out)]
+        n_seqs, starts, key_stride = key_rows.shape[0], query_starts.contiguous(), key_rows.stride(0)
+    for c_q, c_weights, c_visible, c_out in views:
         c_s_q = c_q.shape[0]
         # enough query tiles per program to amortise its key dequantization, yet >= ~4 programs per SM
         query_tiles = math.ceil(c_s_q / block_q)
         queries_per_program = block_q * max(1, min(64, key_tiles * query_tiles // (4 * sms)))
-        indexer_scores_kernel[(key_tiles, math.ceil(c_s_q / queries_per_program))](
+        # a ragged batch: each sequence's last run of tiles may be short, so at most one more program per sequence
+        programs = math.ceil(c_s_q / queries_per_program) + (n_seqs if query_starts is not None else 0)
+        if programs > _MAX_GRID_Y:
+            raise ValueError(f"indexer_scores: {programs} query programs pass CUDA's {_MAX_GRID_Y} on a grid's y axis")
+        indexer_scores_kernel[(key_tiles, programs)](
             c_q, q.stride(0), q.stride(1), c_weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
-            key_rows, 0, c_visible, c_out, out.stride(0), c_s_q, n_keys, queries_per_program, H=n_heads, D=d,
-            BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(), num_warps=4, num_stages=1,
-            enable_fp_fusion=True,
+            key_rows, key_stride, c_visible, c_out, out.stride(0), c_s_q, n_keys, queries_per_program, starts, n_seqs,
+            H=n_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k, ASM=not _interpreting(),
+            SEQS=0 if query_starts is None else _next_pow2(n_seqs), num_warps=4, num_stages=1, enable_fp_fusion=True,
         )
     return out
+
+
+def _check_sequences(q: torch.Tensor, key_rows: torch.Tensor, query_starts: torch.Tensor) -> None:
+    """A ragged batch's operands: key_rows [B, n_keys] and query_starts int64 [B + 1] on q's device (their values
+    are the caller's contract: reading them would synchronise)."""
+    if key_rows.dim() != 2 or query_starts.shape != (key_rows.shape[0] + 1,):
+        raise ValueError(f"query_starts must be [B + 1] for key_rows [B, n_keys], got {tuple(query_starts.shape)} "
+                         f"and {tuple(key_rows.shape)}")
+    if query_starts.dtype != torch.int64 or query_starts.device != q.device:
+        raise ValueError(f"query_starts must be int64 on {q.device}, got {query_starts.dtype} on "
+                         f"{query_starts.device}")
+
+
+def _rows_of_queries(key_rows: torch.Tensor, query_starts: torch.Tensor, s_q: int) -> torch.Tensor:
+    """A ragged batch's key lists per query, int [s_q, n_keys] (the references' form)."""
+    q_lens = query_starts[1:] - query_starts[:-1]
+    seq = torch.repeat_interleave(torch.arange(key_rows.shape[0], device=key_rows.device), q_lens, output_size=s_q)
+    return key_rows[seq]
 
 
 def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
@@ -471,9 +511,10 @@ def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: tor
 
 def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
                              visible: torch.Tensor, key_rows: torch.Tensor, blocks: torch.Tensor | None, block: int,
-                             out: torch.Tensor) -> None:
-    """indexer_scores_per_query_kernel over out's [s_q, n_columns]: key_rows int32 [n_keys] (shared) or
-    [s_q, n_keys]; blocks None (column = key) or int32 [s_q, n_columns / block] candidate blocks."""
+                             out: torch.Tensor, query_starts: torch.Tensor | None = None) -> None:
+    """indexer_scores_per_query_kernel over out's [s_q, n_columns]: key_rows int32 [n_keys] (shared),
+    [s_q, n_keys], or [B, n_keys] with query_starts (a ragged batch); blocks None (column = key) or int32
+    [s_q, n_columns / block] candidate blocks."""
     from mini_flashmla.indexer_kernel import indexer_scores_per_query_kernel
 
     s_q, n_columns = out.shape
@@ -485,14 +526,16 @@ def _launch_per_query_scores(q: torch.Tensor, weights: torch.Tensor, index_k_cac
     indexer_scores_per_query_kernel[(s_q, math.ceil(n_columns / keys_per_program))](
         q, q.stride(0), q.stride(1), weights, weights.stride(0), index_k_cache, index_k_cache.shape[0],
         key_rows, key_rows.stride(0) if key_rows.dim() == 2 else 0, blocks_arg, blocks_arg.stride(0), visible,
-        out, out.stride(0), n_columns, key_rows.shape[-1], keys_per_program, H=q.shape[1], D=q.shape[2],
-        BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(), GROUP=block,
+        out, out.stride(0), n_columns, key_rows.shape[-1], keys_per_program,
+        visible if query_starts is None else query_starts.contiguous(), key_rows.shape[0], H=q.shape[1],
+        D=q.shape[2], BLOCK_K=INDEXER_PER_QUERY_BLOCK_K, STAGES=INDEXER_PER_QUERY_STAGES, ASM=not _interpreting(),
+        GROUP=block, SEQS=0 if query_starts is None else _next_pow2(key_rows.shape[0]),
         num_warps=INDEXER_PER_QUERY_WARPS, enable_fp_fusion=True)
 
 
 def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
                                   visible: torch.Tensor, key_rows: torch.Tensor, candidate_blocks: torch.Tensor,
-                                  block: int) -> torch.Tensor:
+                                  block: int, query_starts: torch.Tensor | None) -> torch.Tensor:
     """indexer_scores with candidate_blocks: the per-query kernel reads each candidate key's row id through
     key_rows, so neither the entries nor their rows are materialised."""
     s_q, kb = candidate_blocks.shape
@@ -500,8 +543,9 @@ def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_
         raise ValueError(f"candidate_blocks must be [s_q={q.shape[0]}, kb] with block >= 1, got "
                          f"{tuple(candidate_blocks.shape)} and block {block}")
     if not _use_kernel(q, weights, index_k_cache, key_rows, candidate_blocks):
-        return reference.indexer_scores_candidates_ref(q, weights, index_k_cache, visible, key_rows,
-                                                       candidate_blocks, block)
+        rows = key_rows if query_starts is None else _rows_of_queries(key_rows, query_starts, s_q)
+        return reference.indexer_scores_candidates_ref(q, weights, index_k_cache, visible, rows, candidate_blocks,
+                                                       block)
     q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
     out = torch.empty((s_q, kb * block), dtype=torch.float32, device=q.device)
     if s_q == 0 or kb == 0:
@@ -509,7 +553,7 @@ def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_
     if key_rows.shape[-1] == 0:
         return out.fill_(float("-inf"))
     _launch_per_query_scores(q, weights, index_k_cache, visible, key_rows,
-                             candidate_blocks.to(torch.int32).contiguous(), block, out)
+                             candidate_blocks.to(torch.int32).contiguous(), block, out, query_starts)
     return out
 
 

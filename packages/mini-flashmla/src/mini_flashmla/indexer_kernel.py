@@ -71,6 +71,35 @@ def _score_tile(k, q, w, BLOCK_Q: tl.constexpr, H: tl.constexpr, ASM: tl.constex
 
 
 @triton.jit
+def _sequence_program(pid, query_starts_ptr, n_seqs, queries_per_program, SEQS: tl.constexpr):
+    """A ragged batch's program pid, when each of its n_seqs sequences (queries query_starts[b] ..
+    query_starts[b + 1] - 1, int64 [n_seqs + 1]) has cdiv(its queries, queries_per_program) programs, in sequence
+    order: (its sequence b, first query, end query). SEQS: a power of two >= n_seqs. A program past the last
+    sequence's gets b >= n_seqs and an empty range."""
+    b_ids = tl.arange(0, SEQS)
+    live = b_ids < n_seqs
+    lo = tl.load(query_starts_ptr + b_ids, mask=live, other=0).to(tl.int32)
+    hi = tl.load(query_starts_ptr + b_ids + 1, mask=live, other=0).to(tl.int32)
+    programs = (hi - lo + queries_per_program - 1) // queries_per_program
+    ends = tl.cumsum(programs, 0)
+    b = tl.sum((ends <= pid).to(tl.int32), 0)
+    this = b_ids == b
+    first = tl.sum(tl.where(this, ends - programs, 0), 0)
+    q_begin = tl.sum(tl.where(this, lo, 0), 0) + (pid - first) * queries_per_program
+    return b, q_begin, tl.minimum(q_begin + queries_per_program, tl.sum(tl.where(this, hi, 0), 0))
+
+
+@triton.jit
+def _sequence_of_query(i, query_starts_ptr, n_seqs, SEQS: tl.constexpr):
+    """The sequence b of query i in a ragged batch (query_starts as in _sequence_program): the number of sequences
+    that end at or before i."""
+    b_ids = tl.arange(0, SEQS)
+    live = b_ids < n_seqs
+    hi = tl.load(query_starts_ptr + b_ids + 1, mask=live, other=0)
+    return tl.sum(((hi <= i) & live).to(tl.int32), 0)
+
+
+@triton.jit
 def indexer_scores_kernel(
     q_ptr, stride_q_s, stride_q_h,
     w_ptr, stride_w_s,
@@ -79,7 +108,9 @@ def indexer_scores_kernel(
     visible_ptr,
     out_ptr, stride_out_s,
     s_q, n_keys, queries_per_program,
+    query_starts_ptr, n_seqs,
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+    SEQS: tl.constexpr,
 ):
     """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program)). Each program dequantizes its BLOCK_K keys once
     and scores them against queries_per_program queries, BLOCK_Q per MMA (dequantizing is the expensive part, the
@@ -87,19 +118,30 @@ def indexer_scores_kernel(
     key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1; the API
     launches indexer_scores_per_query_kernel for that). A key scores -inf when its row id is -1 / outside the cache
     or t >= visible[i]. One warpgroup must hold whole key rows for the head-sum MMA, and Triton lays an M = 64 MMA
-    on 8 warps as two N halves, so the API launches 4 warps (128 keys: two m64 MMAs on the one warpgroup)."""
+    on 8 warps as two N halves, so the API launches 4 warps (128 keys: two m64 MMAs on the one warpgroup).
+    SEQS > 0: a ragged batch of n_seqs sequences (a power of two >= n_seqs), sequence b's queries query_starts[b] ..
+    query_starts[b + 1] - 1 scored against its own key list, row b of key_rows (row stride stride_key_rows_s); each
+    sequence gets its own runs of query tiles (_sequence_program), so a program's keys serve only its sequence, and
+    a query's scores are those of a launch with its sequence alone: the same tiles' products and sums per key."""
     t = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
-    q_begin = tl.program_id(1) * queries_per_program
-    t_ok = t < n_keys
+    if SEQS > 0:
+        b, q_begin, q_end = _sequence_program(tl.program_id(1), query_starts_ptr, n_seqs, queries_per_program, SEQS)
+        t_ok = t < tl.where(b < n_seqs, n_keys, 0)  # a program past the last sequence's reads no key
+        key_list = b.to(tl.int64) * stride_key_rows_s
+    else:
+        q_begin = tl.program_id(1) * queries_per_program
+        t_ok = t < n_keys
+        key_list = q_begin * stride_key_rows_s
 
-    rows = tl.load(key_rows_ptr + q_begin * stride_key_rows_s + t, mask=t_ok, other=-1)
+    rows = tl.load(key_rows_ptr + key_list + t, mask=t_ok, other=-1)
     # Integer decode (ASM False): each key is decoded once for a run of queries, so its cost is not the kernel's.
     k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, False)
 
     # Columns of the N side: (query, head) pairs.
     col = tl.arange(0, BLOCK_Q * H)
     d = tl.arange(0, D)
-    q_end = tl.minimum(q_begin + queries_per_program, s_q)
+    if SEQS == 0:
+        q_end = tl.minimum(q_begin + queries_per_program, s_q)
     for q0 in range(q_begin, q_end, BLOCK_Q):
         col_q = q0 + col // H
         col_ok = col_q < q_end
@@ -121,8 +163,9 @@ def indexer_scores_kernel(
 def indexer_scores_per_query_kernel(
     q_ptr, stride_q_s, stride_q_h, w_ptr, stride_w_s, cache_ptr, num_rows, key_rows_ptr, stride_key_rows_s,
     blocks_ptr, stride_blocks_s, visible_ptr, out_ptr, stride_out_s, n_columns, n_keys, keys_per_program,
+    query_starts_ptr, n_seqs,
     H: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
-    GROUP: tl.constexpr,
+    GROUP: tl.constexpr, SEQS: tl.constexpr,
 ):
     """The per-query case of indexer_scores_kernel (decode: each query its own key list, key_rows int32
     [s_q, n_keys] with row stride stride_key_rows_s; 0 shares one list). Grid (s_q, cdiv(n_columns,
@@ -142,6 +185,8 @@ def indexer_scores_per_query_kernel(
     benchmarks/exp_indexer_tiles.py --per-query; the integer decode alone in this kernel: 0.32-0.43 TB/s).
     """
     i = tl.program_id(0).to(tl.int64)
+    # SEQS > 0: a ragged batch (see indexer_scores_kernel), query i reads its sequence's key list
+    key_list = _sequence_of_query(i, query_starts_ptr, n_seqs, SEQS).to(tl.int64) if SEQS > 0 else i
     first = tl.program_id(1) * keys_per_program
     h = tl.arange(0, H)
     q = tl.load(q_ptr + i * stride_q_s + h[:, None] * stride_q_h + tl.arange(0, D)[None, :])
@@ -156,7 +201,7 @@ def indexer_scores_per_query_kernel(
         else:
             blk = tl.load(blocks_ptr + i * stride_blocks_s + c // GROUP, mask=c_ok, other=-1)
             t = tl.where(blk >= 0, blk * GROUP + c % GROUP, visible)  # a -1 block: a key nobody sees
-        rows = tl.load(key_rows_ptr + i * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
+        rows = tl.load(key_rows_ptr + key_list * stride_key_rows_s + t, mask=c_ok & (t < visible), other=-1)
         k, row_ok = _dequant_keys(cache_ptr, num_rows, rows, D, ASM)
         score = tl.reshape(_score_tile(k, q, w, 1, H, ASM), [BLOCK_K])
         tl.store(out_ptr + i * stride_out_s + c, tl.where(row_ok, score, float("-inf")), mask=c_ok)
