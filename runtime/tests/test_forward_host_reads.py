@@ -3,7 +3,7 @@ real guard: torch.cuda.set_sync_debug_mode("error")).
 
 On CUDA every op below waits for the GPU: reading a value (.item(), int(), bool(), .tolist(), .cpu()), an output
 whose size depends on values (nonzero, unique, masked_select, boolean-mask indexing, repeat_interleave with tensor
-repeats), a tensor built from host data (torch.tensor(list), a blocking copy), or a Python scalar stored through a
+repeats and no output_size), a tensor built from host data (torch.tensor(list), a blocking copy), or a Python scalar stored through a
 tensor index (its 0-d host tensor is copied over first). A dispatch mode records every such
 op the forward runs on CPU, with where it was called from. Allowed: mini-flashmla's CPU reference of the paged
 attention (on CUDA its Triton kernel runs instead) and 0-d host constants (a CPU scalar operand needs no copy).
@@ -48,7 +48,8 @@ class HostReads(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func._overloadpacket.__name__
         flagged = name in VALUE_DEPENDENT and not (name == "lift_fresh" and out.dim() == 0)
-        flagged |= name == "repeat_interleave" and func._overload_name == "Tensor"
+        flagged |= (name == "repeat_interleave" and func._overloadname == "Tensor"
+                    and (kwargs or {}).get("output_size") is None)
         if name in ("index", "index_put", "index_put_"):
             flagged |= any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
         if flagged:

@@ -2,9 +2,11 @@
 
 Since session 80 the window rows, the compressed rows of a selection, the compressor's groups and the Engram look-back
 of a prefill (or mixed) step are computed for all rows at once from each row's sequence metadata, not in a loop over
-the step's sequences. Each test here builds a step of several sequences (fresh ones, ones continuing mid-group, one
+the step's sequences; since session 81 the indexer too (its scores, top-k and candidate blocks, by groups of
+sequences). Each test here builds a step of several sequences (fresh ones, ones continuing mid-group, one
 decode row), computes the batched result and compares it with the per-sequence definition, written out in the test.
-Metric: exact equality (integer indices; cache bytes and the compressor's pooled rows bit for bit, on CPU). The
+Metric: exact equality (integer indices; cache bytes, the compressor's pooled rows and the selections bit for bit,
+on CPU). The
 batched writes touch exactly the rows the loops wrote: no sentinel row either.
 """
 
@@ -14,9 +16,10 @@ import copy
 
 import pytest
 import torch
+from mini_flashmla import candidate_blocks_of_scores, candidate_positions, indexer_scores, topk_of_scores
 from mini_flashmla.cache_layout import pack_compressed_kv_fp4, pack_index_k_fp4
 
-from mini_deepinfer.models.deepseek_v41 import load_model, ops
+from mini_deepinfer.models.deepseek_v41 import load_model, model as model_module, ops
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.config import LayerMode
 from mini_deepinfer.models.deepseek_v41.engram import engram_row_ids
@@ -40,7 +43,7 @@ def step(model, plan=STEP):
     tables = [[1 + 4 * i + j for j in range(4)] for i in range(len(plan))]
     batch = ForwardBatch(torch.randint(3, model.config.vocab_size, (T,), generator=g), [q for _, q in plan],
                          [c for c, _ in plan], tables, SLOTS[: len(plan)], [T - 1])
-    t = StepTensors.build(batch, torch.device("cpu"))
+    t = StepTensors.build(batch, model.device)
     spans, start = [], 0
     for i, (c, q) in enumerate(plan):
         spans.append(SeqSpan(i, start, q, c, SLOTS[i], t.block_tables[i]))
@@ -170,7 +173,7 @@ def test_compressor_writes_equal_the_per_sequence_ones(model):
         a, b = ops.compressor_project(u, model.w, f"layers.{role.layer_id}.attn", cfg, role.ratio)
         want = copy.deepcopy(cache)
         compress_per_sequence(model, a, b, spans, role, want)
-        model._compress(u, rows, spans, t.block_tables, role, cache)
+        model._compress(u, rows, spans, t, role, cache)
         lid = role.layer_id
         assert torch.equal(cache.compressed_kv[lid], want.compressed_kv[lid])
         assert torch.equal(cache.index_k[lid], want.index_k[lid])
@@ -178,6 +181,92 @@ def test_compressor_writes_equal_the_per_sequence_ones(model):
             assert torch.equal(cache.comp_kv_state[lid], want.comp_kv_state[lid])
             assert torch.equal(cache.comp_score_state[lid], want.comp_score_state[lid])
         assert cache.index_k_publisher == want.index_k_publisher
+        assert cache.index_k_publisher_device.tolist() == cache.index_k_publisher
+
+
+def indexer_per_sequence(model, qr, u, spans, role, cache, candidates: dict) -> tuple[torch.Tensor, dict]:
+    """The indexer's per-sequence loop of sessions <= 80 (model._indexer; one query slice): (topk int64 [rows,
+    index_topk], the candidate source's blocks {sequence: int32 [its rows, kb]})."""
+    cfg, r, block = model.config, role.ratio, model.config.candidate_block_size
+    positions = torch.cat([torch.arange(sp.first_pos, sp.end) for sp in spans]).to(model.device)
+    qi, wts = ops.indexer_queries(qr, u, positions, model.w, f"layers.{role.layer_id}.attn", cfg,
+                                  model.freqs[role.layer_id])
+    topk = torch.full((positions.shape[0], cfg.index_topk), -1, dtype=torch.int64)
+    made = {}
+    for sp in spans:
+        n_k = sp.end // r
+        if n_k == 0:
+            continue
+        pub = cache.index_k_publisher[sp.slot]
+        key_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=model.device),
+                                       model.roles[pub].ratio).to(torch.int32)
+        blocks = candidates.get(sp.index) if role.uses_candidates else None
+        score = indexer_scores(qi[sp.rows], wts[sp.rows], cache.index_k[pub], (positions[sp.rows] + 1) // r,
+                               key_rows, blocks, block)
+        if role.is_candidate_source:
+            made[sp.index] = candidate_blocks_of_scores(score, n_k, block, cfg.candidate_topk_blocks)
+        sel = topk_of_scores(score, cfg.index_topk)
+        if blocks is not None:
+            sel = candidate_positions(sel, blocks, block)
+        topk[sp.rows, : sel.shape[1]] = sel.long()
+    return topk, made
+
+
+@pytest.fixture(scope="module")
+def cuda_model():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return load_model("tiny-random/deepseek-v4.1-flash-1017", "cuda")
+
+
+@pytest.mark.parametrize("publishers,min_bucket", [("same", 4096), ("mixed", 4096), ("mixed", 1), ("same", 1)])
+def test_indexer_equals_the_per_sequence_one(model, publishers, min_bucket, monkeypatch):
+    """Every indexer layer of the tiny model in order (ratio-2 FULL, the ratio-1 candidate source, a REINDEX layer
+    restricted to its candidates) over a step with a sequence that has no entries yet. Its sequences read one
+    publisher's keys or several (the quirk's mix); min_bucket 1 splits them into one group per power of two of their
+    entry counts (the default puts these short ones in one). Top-k and candidate blocks bit for bit; the random index
+    keys are packed rows."""
+    check_indexer_equals_the_per_sequence_one(model, publishers, min_bucket, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("publishers,min_bucket", [("same", 4096), ("mixed", 1)])
+def test_indexer_equals_the_per_sequence_one_on_cuda(cuda_model, publishers, min_bucket, monkeypatch):
+    """The same on CUDA: the indexer kernels' ragged calls (mini_flashmla's query_starts) against the loop's calls of
+    one sequence each, bit for bit (promise 3: a sequence's selection does not depend on what it is batched with)."""
+    check_indexer_equals_the_per_sequence_one(cuda_model, publishers, min_bucket, monkeypatch)
+
+
+def check_indexer_equals_the_per_sequence_one(model, publishers, min_bucket, monkeypatch):
+    monkeypatch.setattr(model_module, "INDEXER_MIN_BUCKET_ENTRIES", min_bucket)
+    cfg, device = model.config, model.device
+    _, t, rows, spans = step(model)
+    g = torch.Generator().manual_seed(5)
+    T = rows.pos.shape[0]
+    qr = torch.randn(T, cfg.q_lora_rank, generator=g).to(torch.bfloat16).to(device)
+    u = torch.randn(T, cfg.hidden_size, generator=g).to(torch.bfloat16).to(device)
+    cache = V41Cache(cfg, num_blocks=4 * len(spans) + 1, num_slots=7, device=device)
+    for keys in cache.index_k.values():
+        keys.copy_(pack_index_k_fp4(torch.randn(keys.shape[0], 128, generator=g)))
+    full = [role.layer_id for role in model.roles if role.mode == LayerMode.FULL]
+    indexers = [role for role in model.roles if role.mode in (LayerMode.FULL, LayerMode.REINDEX)]
+    assert any(role.is_candidate_source for role in indexers) and any(role.uses_candidates for role in indexers)
+    shared, candidates = {"topk": None, "candidates": None}, {}
+    for role in indexers:
+        for i, sp in enumerate(spans):
+            lid = full[i % len(full)] if publishers == "mixed" and role.ratio > 1 else role.kv_source
+            cache.index_k_publisher[sp.slot] = lid
+            cache.index_k_publisher_device[sp.slot] = lid
+        want, made = indexer_per_sequence(model, qr, u, spans, role, cache, candidates)
+        got = model._indexer(qr, u, rows, spans, t, role, cache, shared)
+        assert torch.equal(got, want), role.layer_id
+        if role.is_candidate_source:
+            candidates = made
+            for sp in spans:
+                kb = made[sp.index].shape[1] if sp.index in made else 0
+                assert torch.equal(shared["candidates"][sp.rows, :kb].cpu(),
+                                   made.get(sp.index, torch.empty(sp.qlen, 0, dtype=torch.int32)).cpu())
+                assert (shared["candidates"][sp.rows, kb:] == -1).all()
 
 
 def test_true_rows_is_nonzero_of_a_known_count():
@@ -195,16 +284,19 @@ def test_fresh_slots_are_reset_and_only_they(model):
         st.copy_(torch.randn(st.shape, generator=g))
     cache.engram_history.copy_(torch.randint(5, 100, cache.engram_history.shape, generator=g))
     cache.index_k_publisher = [2] * 7
+    cache.index_k_publisher_device.fill_(2)
     before = copy.deepcopy(cache)
     fresh = [sp.slot for sp in spans if sp.ctx == 0]
     cache.reset_slots(fresh, 9, t.slots[true_rows(t.context_lens == 0, len(fresh))])
     for s in range(7):
         if s in fresh:
             assert (cache.engram_history[s] == 9).all() and cache.index_k_publisher[s] == -1
+            assert cache.index_k_publisher_device[s] == -1
             assert all((st[s] == 0).all() for st in cache.comp_kv_state.values())
             assert all((st[s] == float("-inf")).all() for st in cache.comp_score_state.values())
         else:
             assert torch.equal(cache.engram_history[s], before.engram_history[s]) and cache.index_k_publisher[s] == 2
+            assert cache.index_k_publisher_device[s] == 2
             assert all(torch.equal(st[s], before.comp_kv_state[k][s]) for k, st in cache.comp_kv_state.items())
 
 

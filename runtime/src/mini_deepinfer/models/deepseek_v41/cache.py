@@ -7,7 +7,7 @@
 | window ring (every layer) | state slot | uint8 [num_slots * 128, 528], row = slot * 128 + pos % 128 | 528 / token |
 | compressor tail (ratio > 1 sources) | state slot | fp32 [num_slots, ratio, 512] kv and score (score -inf when empty) | 8 KiB |
 | Engram history | state slot | int64 [num_slots, max_ngram - 1] compressed ids | |
-| index-key publisher (spec 2.4 quirk) | state slot | host list [num_slots], layer id or -1 | |
+| index-key publisher (spec 2.4 quirk) | state slot | host list [num_slots], layer id or -1, and its device copy | |
 
 A block covers BLOCK_SIZE = 128 token positions: compressed entry g of a ratio-r layer lives in the sequence's
 block g // epb at row g % epb. Rows are stored packed (mini_flashmla.cache_layout), which is bit-identical to the
@@ -50,8 +50,11 @@ class V41Cache:
                                                             device=self.device)
         self.engram_history = torch.zeros(num_slots, config.engram_max_ngram_size - 1, dtype=torch.int64,
                                           device=self.device)
-        # host-side: which layer's index keys a ratio-2 source scores against follows from the schedule alone
+        # which layer's index keys a ratio-2 source scores against follows from the schedule alone: the host list
+        # decides (decode_ready, the indexer's groups); the device copy, written beside it in every forward, lets the
+        # general forward's indexer pick each group's sequences without a copy from the host (model._indexer)
         self.index_k_publisher: list[int] = [-1] * num_slots
+        self.index_k_publisher_device = torch.full((num_slots,), -1, dtype=torch.int64, device=self.device)
 
     @staticmethod
     def bytes_per_block(config: V41Config) -> int:
@@ -82,6 +85,7 @@ class V41Cache:
         for t in self.comp_score_state.values():
             t.index_fill_(0, slots, float("-inf"))
         self.engram_history.index_fill_(0, slots, engram_pad)
+        self.index_k_publisher_device.index_fill_(0, slots, -1)
         for s in host_slots:
             self.index_k_publisher[s] = -1
 

@@ -119,19 +119,23 @@ class StepRows:
     ctx: torch.Tensor  # [rows] tokens its sequence had cached before the step
     first_pos: torch.Tensor  # [rows] its sequence's first position with a row here (ctx unless rows were dropped)
     end: torch.Tensor  # [rows] its sequence's length after the step
+    seq_end: torch.Tensor  # [B] per sequence: its length after the step
+    seq_starts: torch.Tensor  # [B + 1] per sequence: its first row here, then rows
 
     @classmethod
     def of_step(cls, t: StepTensors) -> StepRows:
         seq = t.row_seq
+        seq_end = t.context_lens + (t.query_starts[1:] - t.query_starts[:-1])
         ctx = t.context_lens[seq]
-        end = ctx + (t.query_starts[1:] - t.query_starts[:-1])[seq]
-        return cls(torch.arange(seq.shape[0], device=seq.device), seq, t.positions, t.slots[seq], ctx, ctx, end)
+        return cls(torch.arange(seq.shape[0], device=seq.device), seq, t.positions, t.slots[seq], ctx, ctx,
+                   seq_end[seq], seq_end, t.query_starts)
 
     def kept(self, rows: torch.Tensor, keep: int) -> StepRows:
         """The rows a bounded replay keeps (int64 index, each sequence's last `keep`)."""
-        ctx, end = self.ctx[rows], self.end[rows]
-        return StepRows(torch.arange(rows.shape[0], device=rows.device), self.seq[rows], self.pos[rows],
-                        self.slot[rows], ctx, torch.maximum(ctx, end - keep), end)
+        ctx, end, seq = self.ctx[rows], self.end[rows], self.seq[rows]
+        starts = torch.searchsorted(seq, torch.arange(self.seq_starts.shape[0], device=rows.device))
+        return StepRows(torch.arange(rows.shape[0], device=rows.device), seq, self.pos[rows], self.slot[rows], ctx,
+                        torch.maximum(ctx, end - keep), end, self.seq_end, starts)
 
 
 def true_rows(mask: torch.Tensor, n: int) -> torch.Tensor:
@@ -145,6 +149,10 @@ def true_rows(mask: torch.Tensor, n: int) -> torch.Tensor:
 
 # Query rows scored at once by the prefill indexer (see _indexer).
 INDEXER_QUERY_SLICE = 4096
+# The general forward's indexer scores sequences together when they read the same layer's keys and their entry counts
+# n_k share a power-of-two bucket, so no row is scored against more than twice its own entries; counts up to this
+# many share the first bucket (a row's scores of up to 4,096 entries are cheap whatever the width).
+INDEXER_MIN_BUCKET_ENTRIES = 4096
 
 
 def engine_weights(weights: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -226,7 +234,7 @@ class V41Model(torch.nn.Module):
         compressed = self.token_map[ids]
         history = cache.engram_history[t.slots]  # [B, max_ngram - 1], oldest first
         H, pre = ops.initial_streams(self.w["embed.weight"][ids], cfg)
-        shared: dict = {"topk": None, "candidates": {}}
+        shared: dict = {"topk": None, "candidates": None}
         # the rows the layers compute (H's rows): all of the step's, or past a bounded-replay boundary the kept ones
         live, live_rows, sample_rows = spans, StepRows.of_step(t), t.sample_rows
         kept = None if self._prefill_keep_tokens is None else self._bounded_replay_rows(spans, batch.sample_rows)
@@ -250,9 +258,10 @@ class V41Model(torch.nn.Module):
                 new_row[rows] = torch.arange(rows.shape[0], device=self.device)
                 sample_rows = new_row[sample_rows]
                 # the step's per-row shared state the consumer layers read: the top-k a REUSE layer takes over
-                # and the candidate blocks a REINDEX layer restricts to (int32 [rows, kb] per sequence)
+                # and the candidate blocks a REINDEX layer restricts to (int32 [rows, kb])
                 shared["topk"] = shared["topk"][rows]
-                shared["candidates"] = {i: c[live[i].dropped:] for i, c in shared["candidates"].items()}
+                if shared["candidates"] is not None:
+                    shared["candidates"] = shared["candidates"][rows]
         cache.engram_history[t.slots] = engram_history_after(history, compressed, t.query_starts)
         return ops.final_logits(H[sample_rows], pre[sample_rows], self.w, cfg)
 
@@ -452,9 +461,9 @@ class V41Model(torch.nn.Module):
         comp_table = comp_ids = None
         if role.ratio > 0:
             if role.mode == LayerMode.FULL:
-                self._compress(u, rows, spans, t.block_tables, role, cache)
+                self._compress(u, rows, spans, t, role, cache)
             if role.mode in (LayerMode.FULL, LayerMode.REINDEX):
-                shared["topk"] = self._indexer(qr, u, rows.pos, spans, role, cache, shared)
+                shared["topk"] = self._indexer(qr, u, rows, spans, t, role, cache, shared)
             topk = shared["topk"]
             if topk is not None:
                 comp_table = cache.compressed_kv[role.kv_source]
@@ -499,7 +508,7 @@ class V41Model(torch.nn.Module):
         last = true_rows(rows.pos >= rows.end - W, sum(min(sp.qlen, W) for sp in spans))
         ring[rows.slot[last] * W + rows.pos[last] % W] = packed[last]
 
-    def _compress(self, u, rows: StepRows, spans: list[SeqSpan], block_tables: torch.Tensor, role: LayerRole,
+    def _compress(self, u, rows: StepRows, spans: list[SeqSpan], t: StepTensors, role: LayerRole,
                   cache: V41Cache) -> None:
         """Pool every group closed by this step's tokens (carrying a partial group in the slot), then write the
         compressed KV and index-key rows of the new entries. Publishes the index keys (spec 2.4).
@@ -516,6 +525,12 @@ class V41Model(torch.nn.Module):
         for sp, closes in zip(spans, closing):
             if closes or not cfg.index_k_reference_quirk:
                 cache.index_k_publisher[sp.slot] = lid
+        publisher = cache.index_k_publisher_device  # the same writes on the device copy
+        if all(closing) or not cfg.index_k_reference_quirk:
+            publisher.index_fill_(0, t.slots, lid)
+        elif any(closing):
+            closes = rows.seq_end // r > t.context_lens // r
+            publisher[t.slots] = torch.where(closes, lid, publisher[t.slots])
         if r == 1:
             latent, at = a, rows.row
         else:
@@ -539,46 +554,105 @@ class V41Model(torch.nn.Module):
         if not n_close:
             return
         gpos = rows.pos[at] - (r - 1)  # the group's first position
-        entries = table_rows(block_tables, rows.pos[at] // r, BLOCK_SIZE // r, rows.seq[at])
+        entries = table_rows(t.block_tables, rows.pos[at] // r, BLOCK_SIZE // r, rows.seq[at])
         # packed before the round trips (ops.compressed_kv_rotated): one quantization, the reference's values
         cache.compressed_kv[lid][entries] = pack_compressed_kv_fp4(ops.compressed_kv_rotated(latent, gpos, w, freqs))
         cache.index_k[lid][entries] = pack_index_k_fp4(ops.index_key_rotated(latent, gpos, w, p, cfg, freqs))
 
-    def _indexer(self, qr, u, positions, spans: list[SeqSpan], role: LayerRole, cache: V41Cache, shared: dict):
-        """Top-k compressed entries per query token: int64 [T, index_topk], -1 where none (or no entries yet)."""
+    def _indexer(self, qr, u, rows: StepRows, spans: list[SeqSpan], t: StepTensors, role: LayerRole, cache: V41Cache,
+                 shared: dict) -> torch.Tensor:
+        """Top-k compressed entries per query row: int64 [rows, index_topk], -1 where none (or no entries yet).
+
+        The step's sequences are scored together, one group per (publisher, entry bucket) (_indexer_groups): each
+        group's rows in one ragged indexer_scores call per query slice, every sequence against its own entries
+        (mini_flashmla's query_starts: its scores bit for bit those of the sequence scored alone), then one top-k.
+        A row's score row is wider than its sequence's entries, by -inf columns past them, which the top-k and the
+        candidate blocks rank below every entry of its own (the lowest position wins ties), so the selection is the
+        sequence's own. The groups' rows come from the device copy of the publishers (no host copy); the host knows
+        how many."""
         cfg, w, lid, r = self.config, self.w, role.layer_id, role.ratio
         p = f"layers.{lid}.attn"
-        qi, wts = ops.indexer_queries(qr, u, positions, w, p, cfg, self.freqs[lid])
-        topk = torch.full((positions.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=self.device)
-        for sp in spans:
-            n_k = sp.end // r
-            if n_k == 0:
-                continue
-            pub = cache.index_k_publisher[sp.slot]
-            key_rows = V41Cache.entry_rows(sp.block_table, torch.arange(n_k, device=self.device),
-                                           self.roles[pub].ratio).to(torch.int32)
-            block = cfg.candidate_block_size
-            if role.is_candidate_source:
-                kb = min(cfg.candidate_topk_blocks, -(-n_k // block))
-                shared["candidates"][sp.index] = torch.empty(sp.qlen, kb, dtype=torch.int32, device=self.device)
-            cand = shared["candidates"].get(sp.index) if role.uses_candidates else None
-            # queries in slices: a [queries, entries] fp32 score (and top-k's keys) per slice, so a long chunk
-            # over a long context fits (32k x 131k scores would be 17 GB at once)
-            for q0 in range(0, sp.qlen, INDEXER_QUERY_SLICE):
-                rows = slice(sp.start + q0, sp.start + min(sp.qlen, q0 + INDEXER_QUERY_SLICE))
-                local = slice(q0, q0 + rows.stop - rows.start)
-                # a REINDEX layer scores only its candidate blocks' entries (V4.1: 16,384 of 131,072 at 131k)
-                blocks = None if cand is None else cand[local]
-                score = indexer_scores(qi[rows].contiguous(), wts[rows].contiguous(), cache.index_k[pub],
-                                       (positions[rows] + 1) // r, key_rows, blocks, block)
-                if role.is_candidate_source:
-                    shared["candidates"][sp.index][local] = candidate_blocks_of_scores(
-                        score, n_k, block, cfg.candidate_topk_blocks)
-                sel = topk_of_scores(score, cfg.index_topk)
-                if blocks is not None:
-                    sel = candidate_positions(sel, blocks, block)
-                topk[rows, : sel.shape[1]] = sel.to(torch.int64)
+        block = cfg.candidate_block_size
+        qi, wts = ops.indexer_queries(qr, u, rows.pos, w, p, cfg, self.freqs[lid])
+        n_rows = rows.pos.shape[0]
+        topk = torch.full((n_rows, cfg.index_topk), -1, dtype=torch.int64, device=self.device)
+        groups = _indexer_groups(spans, r, cache.index_k_publisher)
+        if role.is_candidate_source:
+            most = max((sp.end // r for sp in spans), default=0)
+            shared["candidates"] = torch.full((n_rows, min(cfg.candidate_topk_blocks, -(-most // block))), -1,
+                                              dtype=torch.int32, device=self.device)
+        if not groups:
+            return topk
+        n_k = rows.seq_end // r  # per sequence
+        keys = None
+        if len(groups) > 1 or len(next(iter(groups.values()))) < len(spans):
+            bucket = torch.frexp(n_k.clamp_min(INDEXER_MIN_BUCKET_ENTRIES).to(torch.float64)).exponent
+            keys = torch.where(n_k > 0, cache.index_k_publisher_device[t.slots] * 64 + bucket, -1)
+        for (pub, bucket), members in groups.items():
+            n_cap = max(sp.end // r for sp in members)
+            if keys is None:  # every sequence, in step order
+                seqs, at, starts = None, None, rows.seq_starts
+            else:
+                in_group = keys == pub * 64 + bucket
+                # the members' sequence ids, then B (so the search below also gives the group's row count)
+                seqs = true_rows(torch.cat([in_group, in_group.new_ones(1)]), len(members) + 1)
+                at = true_rows(in_group[rows.seq], sum(sp.qlen for sp in members))
+                starts = torch.searchsorted(rows.seq[at], seqs)
+                seqs = seqs[:-1]
+            key_rows = visible_entry_rows(t.block_tables if seqs is None else t.block_tables[seqs],
+                                          n_k if seqs is None else n_k[seqs], BLOCK_SIZE // self.roles[pub].ratio,
+                                          n_cap)
+            self._score_group(qi, wts, rows, at, starts, key_rows, n_cap, cache.index_k[pub], role, topk, shared)
         return topk
+
+    def _score_group(self, qi, wts, rows: StepRows, at: torch.Tensor | None, starts: torch.Tensor,
+                     key_rows: torch.Tensor, n_cap: int, index_k: torch.Tensor, role: LayerRole, topk: torch.Tensor,
+                     shared: dict) -> None:
+        """_indexer for one group: its rows `at` (int64, None = every row) with their sequences' first rows
+        `starts` (int64 [B_g + 1]) and key lists key_rows (int32 [B_g, n_cap]); writes topk's rows, and the
+        candidate source's blocks (shared["candidates"]) or a REINDEX layer's restriction to them."""
+        cfg, r = self.config, role.ratio
+        block = cfg.candidate_block_size
+        pick = (lambda x: x) if at is None else (lambda x: x[at])
+        q, weights, end = pick(qi), pick(wts), pick(rows.end)
+        visible = (pick(rows.pos) + 1) // r
+        kb = min(cfg.candidate_topk_blocks, -(-n_cap // block))
+        cand = pick(shared["candidates"])[:, :kb] if role.uses_candidates else None
+        n = q.shape[0]
+        # queries in slices: a [queries, entries] fp32 score (and top-k's keys) per slice, so a long chunk over a long
+        # context fits (32k x 131k scores would be 17 GB at once)
+        for q0 in range(0, n, INDEXER_QUERY_SLICE):
+            q1 = min(n, q0 + INDEXER_QUERY_SLICE)
+            sl = slice(q0, q1)
+            blocks = None if cand is None else cand[sl]
+            # a REINDEX layer scores only its candidate blocks' entries (V4.1: 16,384 of 131,072 at 131k)
+            score = indexer_scores(q[sl], weights[sl], index_k, visible[sl], key_rows, blocks, block,
+                                   query_starts=starts if q1 - q0 == n else starts.clamp(q0, q1) - q0)
+            sel = topk_of_scores(score, cfg.index_topk)
+            out_rows = sl if at is None else at[sl]
+            if role.is_candidate_source:
+                # the block of the sequence's newest entry is always a candidate (candidate_blocks_of_scores'
+                # compress_len, per sequence here): +inf on that entry; the top-k above has read the score
+                score.scatter_(1, (end[sl] // r - 1)[:, None], float("inf"))
+                shared["candidates"][out_rows, :kb] = candidate_blocks_of_scores(score, 0, block,
+                                                                                 cfg.candidate_topk_blocks)
+            if blocks is not None:
+                sel = candidate_positions(sel, blocks, block)
+            topk[out_rows, : sel.shape[1]] = sel.to(torch.int64)
+
+
+def _indexer_groups(spans: list[SeqSpan], ratio: int, publishers: list[int]
+                    ) -> dict[tuple[int, int], list[SeqSpan]]:
+    """The general forward's indexer groups, in step order: {(publisher, bucket): spans}, a sequence with entries
+    (n_k = end // ratio > 0) in the group of the layer whose keys it reads and of n_k's bucket, the bit length of
+    max(n_k, INDEXER_MIN_BUCKET_ENTRIES) (the device's torch.frexp exponent of the same)."""
+    groups: dict[tuple[int, int], list[SeqSpan]] = {}
+    for sp in spans:
+        n_k = sp.end // ratio
+        if n_k:
+            key = (publishers[sp.slot], max(n_k, INDEXER_MIN_BUCKET_ENTRIES).bit_length())
+            groups.setdefault(key, []).append(sp)
+    return groups
 
 
 def engram_history_after(history: torch.Tensor, compressed: torch.Tensor, query_starts: torch.Tensor
