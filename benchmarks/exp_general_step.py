@@ -5,6 +5,12 @@
       16 and 64 fresh sequences; the ops added per extra sequence, by the model function that issued them. On CUDA
       most of these ops are kernel launches (the CPU path runs references where CUDA runs one kernel, so the
       counts are an upper bound of the launches, not a measurement of them).
+  PYTHONPATH=<tree's src folders> python3 benchmarks/exp_general_step.py launches
+      The same steps on the CUDA route, on a CPU (session 81): inside integration_tests/sm90_compile.py's
+      compiling_for_sm90() the APIs take their H200 routes and every Triton launch compiles instead of running (no
+      value is read on the host, so the forward runs through on zeroed buffers). Counted per step: Triton launches and
+      the torch ops a CUDA run would launch as kernels (views, allocations and the harness's own zeroing left out);
+      no GPU measures their time.
   PYTHONPATH=<tree's src folders> python3 benchmarks/exp_general_step.py save OUT.pt
       Five general steps on the tiny model (several sequences each: fresh and continuing prefill chunks at odd
       contexts, decode rows on the general path, a bounded-replay step); the logits and every cache tensor.
@@ -65,6 +71,52 @@ def count() -> None:
             print(f"  {v:7.1f}  {k}")
 
 
+class KernelOps(TorchDispatchMode):
+    """Counts the torch ops that launch a kernel on CUDA: not views, allocations, or sm90_compile's zeroing of the
+    int buffers it hands out."""
+
+    NO_KERNEL = {"empty", "empty_strided", "_local_scalar_dense", "lift_fresh", "_to_copy_cpu"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket.__name__
+        harness = name == "zero_" and sys._getframe(1).f_code.co_filename.endswith("sm90_compile.py")
+        self.ops += not (func.is_view or name in self.NO_KERNEL or harness)
+        return func(*args, **(kwargs or {}))
+
+
+def launches() -> None:
+    sys.path.insert(0, "integration_tests")
+    import sm90_compile
+    from mini_deepinfer.models.deepseek_v41 import ops
+
+    sm90_compile._resources = lambda cubin, name: (0, 0)  # registers and spills are not asked here (a cuobjdump each)
+    model = load_model(MODEL, "cpu")
+    cfg, total = model.config, 256
+    like = sm90_compile.cuda_like
+    with sm90_compile.compiling_for_sm90() as kernels:
+        model.w = ops.KernelWeights({k: like(v) for k, v in model.w.items()})
+        model.freqs = [like(f) for f in model.freqs]
+        model.token_map, model.engram_mult = like(model.token_map), [like(m) for m in model.engram_mult]
+        for B in (1, 4, 16, 64):
+            q = total // B
+            ids = torch.randint(3, cfg.vocab_size, (total,), generator=torch.Generator().manual_seed(0))
+            nblk = -(-q // 128)
+            tables = [[1 + nblk * i + j for j in range(nblk)] for i in range(B)]
+            batch = ForwardBatch(ids, [q] * B, [0] * B, tables, list(range(1, B + 1)),
+                                 [q * (i + 1) - 1 for i in range(B)])
+            cache = V41Cache(cfg, B * nblk + 1, B + 1, "cpu")
+            before, mode = len(kernels), KernelOps()
+            with mode:
+                model(batch, cache)
+            triton_launches = len(kernels) - before
+            print(f"{B:3d} sequences of {q:3d} tokens: {triton_launches:6,d} Triton launches, {mode.ops:6,d} torch "
+                  f"kernel ops, {triton_launches + mode.ops:6,d} in all")
+
+
 def save(out: str) -> None:
     model = load_model(MODEL, "cpu")
     cfg = model.config
@@ -113,4 +165,4 @@ def compare(a_path: str, b_path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"count": count, "save": save, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    {"count": count, "launches": launches, "save": save, "compare": compare}[sys.argv[1]](*sys.argv[2:])

@@ -5,8 +5,9 @@ On CUDA every op below waits for the GPU: reading a value (.item(), int(), bool(
 whose size depends on values (nonzero, unique, masked_select, boolean-mask indexing, repeat_interleave with tensor
 repeats and no output_size), a tensor built from host data (torch.tensor(list), a blocking copy), or a Python scalar stored through a
 tensor index (its 0-d host tensor is copied over first). A dispatch mode records every such
-op the forward runs on CPU, with where it was called from. Allowed: mini-flashmla's CPU reference of the paged
-attention (on CUDA its Triton kernel runs instead) and 0-d host constants (a CPU scalar operand needs no copy).
+op the forward runs on CPU, with where it was called from. Allowed: mini-flashmla's CPU references of the paged
+attention and of the indexer's ragged batch (on CUDA their Triton kernels run instead) and 0-d host constants (a CPU
+scalar operand needs no copy).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from mini_deepinfer.worker.forward_batch import ForwardBatch, StepTensors
 CPU = torch.device("cpu")
 VALUE_DEPENDENT = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
                    "lift_fresh"}
-CPU_ONLY_FALLBACKS = ("sparse_attn_paged_ref", "_reference")  # mini-flashmla, mini-deepgemm: Triton kernels on CUDA
+# mini-flashmla's, mini-deepgemm's: their kernels run on CUDA instead
+CPU_ONLY_FALLBACKS = ("sparse_attn_paged_ref", "_ragged_scores_reference", "_reference")
 
 
 def _caller(stack) -> str:

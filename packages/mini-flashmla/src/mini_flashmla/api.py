@@ -425,8 +425,9 @@ def indexer_scores(
         return _indexer_scores_of_candidates(q, weights, index_k_cache, visible, key_rows, candidate_blocks, block,
                                              query_starts)
     if not _use_kernel(q, weights, index_k_cache, key_rows):
-        rows = key_rows if query_starts is None else _rows_of_queries(key_rows, query_starts, q.shape[0])
-        return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, rows)
+        if query_starts is not None:
+            return _ragged_scores_reference(q, weights, index_k_cache, visible, key_rows, query_starts, None, block)
+        return reference.indexer_scores_paged_ref(q, weights, index_k_cache, visible, key_rows)
     from mini_flashmla.indexer_kernel import indexer_scores_kernel
 
     q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
@@ -483,11 +484,24 @@ def _check_sequences(q: torch.Tensor, key_rows: torch.Tensor, query_starts: torc
                          f"{query_starts.device}")
 
 
-def _rows_of_queries(key_rows: torch.Tensor, query_starts: torch.Tensor, s_q: int) -> torch.Tensor:
-    """A ragged batch's key lists per query, int [s_q, n_keys] (the references' form)."""
-    q_lens = query_starts[1:] - query_starts[:-1]
-    seq = torch.repeat_interleave(torch.arange(key_rows.shape[0], device=key_rows.device), q_lens, output_size=s_q)
-    return key_rows[seq]
+def _ragged_scores_reference(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor,
+                             visible: torch.Tensor, key_rows: torch.Tensor, query_starts: torch.Tensor,
+                             candidate_blocks: torch.Tensor | None, block: int) -> torch.Tensor:
+    """A ragged batch off the kernels (CPU): the shared-key references, one sequence at a time (the per-query
+    reference loops over queries in Python: ~75 ops per query row of a prefill on CPU)."""
+    starts = query_starts.tolist()
+    n_columns = key_rows.shape[1] if candidate_blocks is None else candidate_blocks.shape[1] * block
+    out = torch.full((q.shape[0], n_columns), float("-inf"), dtype=torch.float32, device=q.device)
+    for b in range(key_rows.shape[0]):
+        r = slice(starts[b], starts[b + 1])
+        if r.start == r.stop:
+            continue
+        if candidate_blocks is None:
+            out[r] = reference.indexer_scores_paged_ref(q[r], weights[r], index_k_cache, visible[r], key_rows[b])
+        else:
+            out[r] = reference.indexer_scores_candidates_ref(q[r], weights[r], index_k_cache, visible[r], key_rows[b],
+                                                             candidate_blocks[r], block)
+    return out
 
 
 def _indexer_operands(q: torch.Tensor, weights: torch.Tensor, index_k_cache: torch.Tensor, key_rows: torch.Tensor,
@@ -543,8 +557,10 @@ def _indexer_scores_of_candidates(q: torch.Tensor, weights: torch.Tensor, index_
         raise ValueError(f"candidate_blocks must be [s_q={q.shape[0]}, kb] with block >= 1, got "
                          f"{tuple(candidate_blocks.shape)} and block {block}")
     if not _use_kernel(q, weights, index_k_cache, key_rows, candidate_blocks):
-        rows = key_rows if query_starts is None else _rows_of_queries(key_rows, query_starts, s_q)
-        return reference.indexer_scores_candidates_ref(q, weights, index_k_cache, visible, rows, candidate_blocks,
+        if query_starts is not None:
+            return _ragged_scores_reference(q, weights, index_k_cache, visible, key_rows, query_starts,
+                                            candidate_blocks, block)
+        return reference.indexer_scores_candidates_ref(q, weights, index_k_cache, visible, key_rows, candidate_blocks,
                                                        block)
     q, weights, key_rows, visible = _indexer_operands(q, weights, index_k_cache, key_rows, visible)
     out = torch.empty((s_q, kb * block), dtype=torch.float32, device=q.device)
