@@ -5,11 +5,10 @@ child process (`run_under_interpreter`): the interpreter is chosen when triton i
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from mini_deepgemm.testing import run_interpreted
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if torch.cuda.is_available():
@@ -33,9 +32,7 @@ def kernel_test(fn):
 def run_under_interpreter(test_file: str, *pytest_args: str, timeout: float = 600) -> str:
     """pytest on test_file (pytest_args, e.g. "-k", "name") in a child process with TRITON_INTERPRET=1; asserts that
     it passed and returns its output."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args],
-                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    proc = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args], timeout)
     assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
         proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc.stdout

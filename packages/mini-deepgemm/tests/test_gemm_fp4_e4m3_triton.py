@@ -13,15 +13,13 @@ and of several.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from mini_deepgemm import gemm, reference
 from mini_deepgemm.testing import (calc_diff, contiguous_layout, foldable_fp4_weights, fp8_activations, random_bf16,
-                                   route_word_cases, run_inline_ptx)
+                                   route_word_cases, run_inline_ptx, run_interpreted)
 
 pytest.importorskip("triton")
 import triton  # noqa: E402  (after the importorskip)
@@ -207,8 +205,6 @@ def test_the_switch_is_read_from_the_environment(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
 def test_the_kernel_runs_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's kernel tests once under TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "in_a_kernel or against_the_reference"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                            "in_a_kernel or against_the_reference"], timeout=600)
     assert proc.returncode == 0 and "9 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

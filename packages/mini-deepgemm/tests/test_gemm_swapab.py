@@ -10,15 +10,13 @@ the subprocess test at the end.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from mini_deepgemm import reference
 from mini_deepgemm.testing import (bf16_bits, bf16_halves, contiguous_layout, random_bf16, random_fp4_weights,
-                                   random_fp8_weights, run_inline_ptx)
+                                   random_fp8_weights, run_inline_ptx, run_interpreted)
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402  (after the importorskip)
@@ -242,7 +240,5 @@ def test_v41_scales_to_fp32_transposed(R, C):
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRET, reason="CUDA runs the kernels directly")
 def test_conversions_run_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's conversion tests once under TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], timeout=600)
     assert proc.returncode == 0 and "16 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

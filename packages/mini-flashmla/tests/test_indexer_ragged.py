@@ -9,12 +9,11 @@ differs is where a program reads and writes); on CUDA for the kernels' values. W
 kernel, a REINDEX layer) and without (the shared-key kernel)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
+from mini_deepgemm.testing import run_interpreted
 
 import mini_flashmla
 from mini_flashmla.cache_layout import pack_index_k_fp4
@@ -103,8 +102,7 @@ def test_ragged_batch_equals_each_sequence_under_the_interpreter():
     """Both kernels' sequence search and key lists, interpreted (a subprocess: the interpreter is chosen when the
     kernels are defined)."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=900)
+    proc = run_interpreted(["-c", _INTERPRETED], timeout=900)
     assert proc.returncode == 0 and "ragged ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

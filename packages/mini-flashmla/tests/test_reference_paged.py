@@ -2,15 +2,12 @@
 split merge under Triton's interpreter, and the Gluon kernel's dequantization PTX interpreted."""
 
 import math
-import os
-import subprocess
-import sys
 import types
 
 import pytest
 import torch
 from mini_deepgemm.reference import fp4_fakequant
-from mini_deepgemm.testing import bf16_bits, bf16_halves, finite_e4m3_codes, run_inline_ptx
+from mini_deepgemm.testing import bf16_bits, bf16_halves, finite_e4m3_codes, run_inline_ptx, run_interpreted
 
 import mini_flashmla
 from mini_flashmla import api, reference
@@ -240,8 +237,7 @@ def test_split_merge_under_the_interpreter():
     subprocess (the interpreter is chosen when the kernels are defined): several head blocks and both head-dim halves
     of the grid, heads with no mass or with mass in one split, +inf and -inf sinks."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _MERGE_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    proc = run_interpreted(["-c", _MERGE_CHECK], timeout=600)
     assert proc.returncode == 0 and "merge ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

@@ -7,11 +7,10 @@ and the GPU-only case runs the prefill's row length with the default steps and n
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from mini_deepgemm.testing import run_interpreted
 
 from mini_flashmla import api, reference
 
@@ -219,7 +218,5 @@ def test_kernel_tests_run_under_the_triton_interpreter_on_cpu():
     """CI has no GPU: run this file's selection tests once under TRITON_INTERPRET=1, in a subprocess (the
     interpreter is chosen when the kernels are defined)."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], timeout=900)
     assert proc.returncode == 0 and " failed" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

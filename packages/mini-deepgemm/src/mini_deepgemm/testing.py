@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import torch
 
 from . import reference
+
+
+def run_interpreted(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh process under Triton's interpreter (TRITON_INTERPRET=1 is read when the kernels are
+    defined, so a test that wants it for a few kernels runs them in a child), one OpenMP thread; output captured."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_finishes(code: str, seconds: float, what: str) -> None:
