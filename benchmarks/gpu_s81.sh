@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 81's GPU calls, written without a device (none was lent in session 81): what the next session owes first.
+# Session 81's GPU calls (written while no device was lent; run 1 = PART=indexer, run 2 = PART=owed, on one H100;
+# runs 3-5, the GPU suites, are commands in docs/reports/gpu-session-2026-12-07-s81.md).
 #   PART=indexer (~500 s on a fresh H100 or H200): the general forward's indexer over groups of sequences
 #       (model._indexer, mini_flashmla's ragged indexer_scores). The ragged kernels against each sequence alone, bit
 #       for bit (test_indexer_ragged.py, and the indexer kernel tests), the runtime's indexer against the per-sequence
@@ -9,8 +10,9 @@
 #       4,096 tokens per step: 64 fresh prompts of 64 tokens, 16 sequences of 256 at 8,192 of context, and one
 #       sequence at 131,072 (the official workload) on cd8398e (mid, before session 80) too, then the ratio-1 FULL
 #       and REINDEX layers (the candidate path) at 64 x 64 as the deadline allows.
-#   PART=owed (~300 s): session 79's decode A/B in CUDA graphs (bench_decode, medium, window, window+engram and
-#       ratio-1 FULL layers, batch 32 / 64 at 131,072 tokens; alt = 4a72572 with its own bench_decode).
+#   PART=owed (~400 s): session 79's decode A/B in CUDA graphs (bench_decode, medium, window, window+engram and
+#       ratio-1 FULL layers, batch 32 / 64 at 131,072 tokens; alt = 4a72572 with its own bench_decode), then the
+#       one-sequence prefill step twice more on base and new, alternating.
 # `git archive -o .ab-base.tar.gz 917e97f packages/*/src runtime/src`; `git archive -o .ab-mid.tar.gz cd8398e
 # packages/*/src runtime/src`; `git archive -o .ab-alt.tar.gz 4a72572 packages/*/src runtime/src benchmarks`; carry
 # [".devdeps", ".ab-base.tar.gz", ".ab-mid.tar.gz", ".ab-alt.tar.gz"];
@@ -45,8 +47,17 @@ owed)
       --layers window,window+engram,r1-full --batches 32,64 --contexts 131072 --kv-cache-gb 8 --profile \
       --out "$OUT/decode2_${side}_$CARD.json"
   done
+  # run 1 had the one-sequence step at 39.5 (base) against 40.3 ms (new): twice more each, alternating
+  for i in 1 2; do
+    for side in base new; do
+      fits 40 && run "prefill_s1_${side}_$i" 60 env PYTHONPATH="$(side_path $side)" python3 benchmarks/bench_prefill.py \
+        --tokens 4096 --steps 4 --fp8-size 2048 --layers window,window+engram,r2-full,r2-reuse --seqs 1 \
+        --context 131072 --no-profile --out "$OUT/prefill_s1_${side}_${i}_$CARD.json"
+    done
+  done
   cat "$OUT/summary.txt"
   grep -hE "graphs=1|engram " "$OUT"/decode2_*.txt | cut -c1-200
+  grep -hE "step as run" "$OUT"/prefill_s1_*.txt
   ;;
 esac
 pack_out

@@ -191,7 +191,7 @@ def indexer_per_sequence(model, qr, u, spans, role, cache, candidates: dict) -> 
     positions = torch.cat([torch.arange(sp.first_pos, sp.end) for sp in spans]).to(model.device)
     qi, wts = ops.indexer_queries(qr, u, positions, model.w, f"layers.{role.layer_id}.attn", cfg,
                                   model.freqs[role.layer_id])
-    topk = torch.full((positions.shape[0], cfg.index_topk), -1, dtype=torch.int64)
+    topk = torch.full((positions.shape[0], cfg.index_topk), -1, dtype=torch.int64, device=model.device)
     made = {}
     for sp in spans:
         n_k = sp.end // r
