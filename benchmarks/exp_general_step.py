@@ -75,7 +75,7 @@ class KernelOps(TorchDispatchMode):
     """Counts the torch ops that launch a kernel on CUDA: not views, allocations, or sm90_compile's zeroing of the
     int buffers it hands out."""
 
-    NO_KERNEL = {"empty", "empty_strided", "_local_scalar_dense", "lift_fresh", "_to_copy_cpu"}
+    NO_KERNEL = {"empty", "empty_strided", "_local_scalar_dense", "lift_fresh"}
 
     def __init__(self) -> None:
         super().__init__()

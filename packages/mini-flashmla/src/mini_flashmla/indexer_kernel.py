@@ -112,7 +112,7 @@ def indexer_scores_kernel(
     H: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
     SEQS: tl.constexpr,
 ):
-    """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program)). Each program dequantizes its BLOCK_K keys once
+    """Grid (cdiv(n_keys, BLOCK_K), cdiv(s_q, queries_per_program) (+ n_seqs for SEQS > 0)). Each program dequantizes its BLOCK_K keys once
     and scores them against queries_per_program queries, BLOCK_Q per MMA (dequantizing is the expensive part, the
     queries are cheap bf16 loads). key_rows int32 [*, n_keys]: stride_key_rows_s is 0 when all queries share one
     key list and the row stride when each query has its own (then queries_per_program = BLOCK_Q = 1; the API

@@ -91,8 +91,9 @@ class V41Cache:
 
     @staticmethod
     def entry_rows(block_table: list[int] | torch.Tensor, entries: torch.Tensor, ratio: int) -> torch.Tensor:
-        """Flat cache rows of compressed entries (int64 tensor of entry numbers) of one sequence. The model passes
-        the block table as an int64 tensor on the cache's device (made once per step), so nothing is copied here."""
+        """Flat cache rows of compressed entries (int64 tensor of entry numbers) of one sequence: the one-sequence
+        definition that bench_prefill's cache fill and the tests read (the model computes a step's rows with
+        entry_rows.table_rows / visible_entry_rows). A tensor block_table on entries' device is not copied."""
         epb = BLOCK_SIZE // ratio
         bt = torch.as_tensor(block_table, dtype=torch.int64, device=entries.device)
         return bt[entries // epb] * epb + entries % epb
