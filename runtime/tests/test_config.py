@@ -96,6 +96,9 @@ def test_invalid_configs_are_rejected():
         dataclasses.replace(V41Config(), hidden_size=5100).validate()
     with pytest.raises(ValueError, match="compress_ratios"):
         dataclasses.replace(V41Config(), compress_ratios=(0,) * 10).validate()
+    with pytest.raises(ValueError, match=r"compress_ratios\[5\] = 4: V4.1 defines ratios 0"):
+        ratios = (0, 0, 2, 2, 2, 4) + (2,) * 14 + (1,) * 20 + (0,) * 3
+        dataclasses.replace(V41Config(), compress_ratios=ratios).validate()
 
 
 def test_real_layer_roles():

@@ -170,6 +170,11 @@ class V41Config:
         L = self.num_hidden_layers
         if len(self.compress_ratios) < L:
             raise ValueError(f"compress_ratios has {len(self.compress_ratios)} entries, need >= {L}")
+        for lid, r in enumerate(self.compress_ratios):
+            # the model defines 0 (window only), 1 and 2; the checkpoint's compressor has wgate only for ratio 2
+            # (V41_MODEL.md 2.3), so another ratio would fail later with a missing weight
+            if r not in (0, 1, 2):
+                raise ValueError(f"compress_ratios[{lid}] = {r}: V4.1 defines ratios 0 (window only), 1 and 2")
         if self.num_attention_heads * self.head_dim % self.o_groups:
             raise ValueError("num_attention_heads * head_dim must divide into o_groups")
         for s in self.kv_source_layer_ids:
