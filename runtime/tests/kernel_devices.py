@@ -32,10 +32,10 @@ def kernel_test(fn):
 def run_under_interpreter(test_file: str, *pytest_args: str, timeout: float = 600) -> str:
     """pytest on test_file (pytest_args, e.g. "-k", "name") in a child process with TRITON_INTERPRET=1; asserts that
     it passed and returns its output."""
-    proc = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args], timeout)
-    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, \
-        proc.stdout[-3000:] + proc.stderr[-2000:]
-    return proc.stdout
+    out = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args], timeout,
+                          expect=" passed")
+    assert "failed" not in out, out[-3000:]
+    return out
 
 
 def sum_in_order(planes: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,14 @@ import torch
 from . import reference
 
 
-def run_interpreted(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+def run_interpreted(args: list[str], timeout: float, expect: str) -> str:
     """`python ARGS` in a fresh process under Triton's interpreter (TRITON_INTERPRET=1 is read when the kernels are
-    defined, so a test that wants it for a few kernels runs them in a child), one OpenMP thread; output captured."""
+    defined, so a test that wants it for a few kernels runs them in a child), one OpenMP thread. Asserts that it
+    exited 0 and printed `expect` (the output's tails in the message otherwise); returns its stdout."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and expect in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 def run_finishes(code: str, seconds: float, what: str) -> None:
