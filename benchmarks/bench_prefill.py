@@ -5,7 +5,9 @@ Workload (the seeds' official prefill setting, per rank): one sequence with a co
 context - tokens = 126,976 are already cached, and tokens = 4,096 uncached tokens computed per step. Metric:
 uncached input tokens/s per GPU and mean ms per step, over the measured steps after warm-up. --seqs N splits the
 step's tokens over N sequences, each with tokens / N uncached tokens at the same context (N fresh prompts when
-context = tokens / N): what a step of many requests costs beside one of one request.
+context = tokens / N): what a step of many requests costs beside one of one request. --mix gives each group of
+sequences its own length and context (e.g. one long sequence beside many fresh prompts: a mixed step, where the
+indexer's groups by entry count matter).
 
 - Model: V41Config() (real widths) trimmed to one layer of each layer mode, in this order: window-only,
   window-only with Engram (engram_vocab_size reduced so the table fits; the real table is ~98 GB), ratio-2 FULL,
@@ -433,6 +435,15 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def step_flops(cfg: V41Config, role: LayerRole, seqs: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """layer_flops summed over a step's sequences, each given as (uncached tokens, context)."""
+    total: dict[str, int] = {}
+    for q, context in seqs:
+        for part, f in layer_flops(cfg, role, q, context - q).items():
+            total[part] = total.get(part, 0) + f
+    return total
+
+
 def weighted_equivalent(per_layer: dict[str, float], outside: float, counts: Counter, n_engram: int
                         ) -> float | None:
     """The 40-layer combination (see the module docstring) of per-sample-layer values; None if a layer mode is
@@ -447,7 +458,9 @@ def print_table(res: dict) -> None:
     w, eq = res["workload"], res["forty_layer_equivalent"]
     hw = res["environment"]["hardware"]
     print(f"\nprefill  {hw.get('gpu', hw.get('cpu'))}  preset {w['preset']}  tokens {w['tokens']} in "
-          f"{w['sequences']} sequences  context {w['context']} ({w['cached']} cached)  {w['steps']} steps after "
+          f"{w['sequences']} sequences  " + (f"mix {w['mix']}" if w.get("mix") else
+                                              f"context {w['context']} ({w['cached']} cached)")
+          + f"  {w['steps']} steps after "
           f"{w['warmup']} warm-up")
     print(f"{'layer':>5} {'mode':<14} {'ms mean':>9} {'ms min':>9} {'host ms':>8} {'TFLOP':>8} {'TFLOP/s':>8} "
           f"{'x40':>4}")
@@ -503,6 +516,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--context", type=int, help="context length including this step's tokens (real 131072)")
     ap.add_argument("--seqs", type=int, default=1,
                     help="sequences per step, tokens / seqs uncached tokens each, every one at --context")
+    ap.add_argument("--mix", metavar="NxT@C,...",
+                    help="a mixed step instead of --tokens / --context / --seqs: N sequences of T uncached tokens at a "
+                         "context of C tokens each, per comma-separated group (e.g. 1x2048@131072,32x64@64)")
     ap.add_argument("--warmup", type=int, help="steps run before timing (Triton compiles here)")
     ap.add_argument("--steps", type=int, help="timed steps")
     ap.add_argument("--layers", default=",".join(SAMPLE_LAYERS), help="comma list of: " + ", ".join(SAMPLE_LAYERS))
@@ -533,6 +549,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if key != "base" and getattr(args, key) is None:
             setattr(args, key, value)
+    args.mix_seqs = None
+    if args.mix is not None:
+        if args.seqs != 1 or args.sweep:
+            ap.error("--mix sets the step's sequences: no --seqs or --sweep with it")
+        try:
+            args.mix_seqs = parse_mix(args.mix)
+        except ValueError as e:
+            ap.error(str(e))
+        args.tokens, args.context = sum(q for q, _ in args.mix_seqs), max(c for _, c in args.mix_seqs)
     if args.seqs < 1 or args.tokens % args.seqs:
         ap.error("need seqs >= 1 dividing tokens")
     if not 0 < args.tokens // args.seqs <= args.context:
@@ -565,27 +590,51 @@ def build(args: argparse.Namespace, device: torch.device, res: dict):
     return model, cache, batch, snapshot
 
 
-def cached_tokens(args: argparse.Namespace) -> int:
+def parse_mix(spec: str) -> list[tuple[int, int]]:
+    """--mix "NxT@C,...": (uncached tokens, context) of each sequence, N of each group in order."""
+    seqs = []
+    for group in spec.split(","):
+        try:
+            count, rest = group.split("x")
+            tokens, context = rest.split("@")
+            n, q, c = int(count), int(tokens), int(context)
+        except ValueError:
+            raise ValueError(f"mix group {group!r} is not NxT@C (N sequences of T tokens at C)") from None
+        if n < 1 or not 0 < q <= c:
+            raise ValueError(f"mix group {group!r}: need N >= 1 and 0 < T <= C")
+        seqs += [(q, c)] * n
+    return seqs
+
+
+def step_sequences(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(uncached tokens, context) of each of the step's sequences: --mix's, or args.seqs equal ones."""
+    return args.mix_seqs or [(args.tokens // args.seqs, args.context)] * args.seqs
+
+
+def cached_tokens(args: argparse.Namespace) -> list[int]:
     """Positions each sequence has cached before the step."""
-    return args.context - args.tokens // args.seqs
+    return [context - q for q, context in step_sequences(args)]
 
 
 def build_context(args: argparse.Namespace, model: V41Model, device: torch.device):
-    """A cache holding cached_tokens(args) positions of each of args.seqs sequences (slots 1 .., blocks 1 ..: slot
-    and block 0 are the model's sentinels), and the step's batch."""
+    """A cache holding each sequence's cached positions (cached_tokens(args); slots 1 .., blocks 1 ..: slot and
+    block 0 are the model's sentinels), and the step's batch."""
     cfg = model.config
-    n_blocks, n, q = -(-args.context // BLOCK_SIZE), args.seqs, args.tokens // args.seqs
-    cache = V41Cache(cfg, num_blocks=n * n_blocks + 1, num_slots=n + 1, device=device)
-    tables = [list(range(1 + i * n_blocks, 1 + (i + 1) * n_blocks)) for i in range(n)]
+    seqs = step_sequences(args)
+    n_blocks = [-(-context // BLOCK_SIZE) for _, context in seqs]
+    cache = V41Cache(cfg, num_blocks=sum(n_blocks) + 1, num_slots=len(seqs) + 1, device=device)
+    starts = list(itertools.accumulate(n_blocks, initial=1))
+    tables = [list(range(a, b)) for a, b in zip(starts, starts[1:])]
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed + 1000 * args.rank)  # DP: each rank its own sequences
     cached = cached_tokens(args)
     for i, table in enumerate(tables):
-        fill_cached_context(cache, model, cached, table, 1 + i, gen)
+        fill_cached_context(cache, model, cached[i], table, 1 + i, gen)
     snapshot = SlotSnapshot(cache)
     ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen, device=device)
-    batch = ForwardBatch(ids, [q] * n, [cached] * n, tables, list(range(1, n + 1)),
-                         [q * (i + 1) - 1 for i in range(n)])
+    query_lens = [q for q, _ in seqs]
+    batch = ForwardBatch(ids, query_lens, cached, tables, list(range(1, len(seqs) + 1)),
+                         [end - 1 for end in itertools.accumulate(query_lens)])
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cache, batch, snapshot
@@ -660,15 +709,14 @@ def time_steps(args: argparse.Namespace, model: V41Model, cache: V41Cache, batch
     host_ms = [step.host_intervals_ms() for step in clocks]
     for i, (ms, host) in enumerate(zip(steps_ms, host_ms)):
         log(f"timed step {args.warmup + i}: {sum(ms):.1f} ms (host {sum(host):.1f} ms)")
-    cfg, roles, cached = model.config, list(model.roles), cached_tokens(args)
+    cfg, roles = model.config, list(model.roles)
     counts, n_engram = real_layer_counts()
     names = [sample_name(r) for r in roles]
     per_step = torch.tensor(steps_ms)  # [steps, 1 + layers + 1]: outside before, layers, outside after
     mean = per_step.mean(0).tolist()
     host_mean = torch.tensor(host_ms).mean(0).tolist()
     outside = mean[0] + mean[-1]
-    by_part = [{k: v * args.seqs for k, v in layer_flops(cfg, r, args.tokens // args.seqs, cached).items()}
-               for r in roles]
+    by_part = [step_flops(cfg, r, step_sequences(args)) for r in roles]
     flops = {n: sum(parts.values()) for n, parts in zip(names, by_part)}
     res["layers"] = [{
         "layer_id": r.layer_id, "name": n, "ms_mean": mean[1 + i], "ms_min": per_step[:, 1 + i].min().item(),
@@ -732,8 +780,9 @@ def main_ep(args: argparse.Namespace, ep_size: int) -> dict:
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     """One process's benchmark: the main run (per-layer times, 40-layer equivalent, profile), then the sweep."""
     res: dict = {"environment": environment(device), "workload": {
-        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": cached_tokens(args),
-        "warmup": args.warmup, "steps": args.steps, "sequences": args.seqs, "seed": args.seed, "ep_size": 1,
+        "preset": args.preset, "tokens": args.tokens, "context": args.context, "cached": max(cached_tokens(args)),
+        "warmup": args.warmup, "steps": args.steps, "sequences": len(step_sequences(args)), "mix": args.mix,
+        "seed": args.seed, "ep_size": 1,
         "layers": args.layers.split(","), "moe_route": args.moe_route,
         "dense_route": args.dense_route,
     }}

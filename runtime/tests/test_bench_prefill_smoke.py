@@ -213,6 +213,27 @@ def test_many_sequences_per_step(tmp_path):
         bp.parse_args(["--out", str(out), "--preset", "tiny", "--seqs", "5"])
 
 
+def test_mixed_step(tmp_path):
+    """--mix: one long sequence beside fresh short prompts, each with its own context, slot and blocks; FLOPs counted
+    per sequence; a malformed group is refused with its text named."""
+    out = tmp_path / "mix.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--preset", "tiny", "--out", str(out),
+                           "--mix", "1x16@300,3x4@4", "--layers", "window,r2-full", "--warmup", "0", "--steps", "2",
+                           "--no-profile"], check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    w = res["workload"]
+    assert (w["sequences"], w["tokens"], w["context"], w["cached"], w["mix"]) == (4, 28, 300, 284, "1x16@300,3x4@4")
+    assert res["checks"]["max_abs_logit_diff_first_vs_last_step"] == 0.0
+    cfg = bp.trimmed_config(bp.PRESETS["tiny"]["base"](), ["window", "r2-full"], None)
+    full = next(lay for lay in res["layers"] if lay["name"] == "r2-full")
+    one = [bp.layer_flops(cfg, cfg.layer_roles[1], 16, 284), bp.layer_flops(cfg, cfg.layer_roles[1], 4, 0)]
+    assert full["flops"] == {k: one[0][k] + 3 * one[1][k] for k in one[0]}
+    for bad in ("2x8", "1x0@8", "1x9@8"):
+        with pytest.raises(SystemExit):
+            bp.parse_args(["--out", str(out), "--preset", "tiny", "--mix", bad])
+
 def test_sweep_and_ep_two_ranks_on_cpu(tmp_path):
     """--sweep alone (no main run) and EP2 x DP2 under torchrun on gloo: the per-count rows, one JSON per rank,
     each rank's own sequence (different logits) through the same layers."""
