@@ -558,9 +558,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         except ValueError as e:
             ap.error(str(e))
         args.tokens, args.context = sum(q for q, _ in args.mix_seqs), max(c for _, c in args.mix_seqs)
-    if args.seqs < 1 or args.tokens % args.seqs:
+    elif args.seqs < 1 or args.tokens % args.seqs:
         ap.error("need seqs >= 1 dividing tokens")
-    if not 0 < args.tokens // args.seqs <= args.context:
+    elif not 0 < args.tokens // args.seqs <= args.context:
         ap.error("need 0 < tokens / seqs <= context")
     if args.steps < 1 or args.warmup < 0:
         ap.error("need steps >= 1 and warmup >= 0")

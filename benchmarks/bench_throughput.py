@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
            "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"},
            "dtype": "weights in the checkpoint formats (FP8 e4m3 blocks, packed FP4 experts), bf16 activations, "
                     "cache FP8 window / FP4 compressed KV and index keys, fp32 logits",
-           "engine": {k: v for k, v in dataclasses.asdict(engine_cfg).items()},
+           "engine": dataclasses.asdict(engine_cfg),
            "workload": {k: getattr(args, k) for k in ("preset", "requests", "input_min", "input_max", "output_min",
                                                        "output_max", "passes", "seed", "moe_route", "dense_route")}
            | {"layers": list(args.layers) if args.preset == "medium" else None,

@@ -233,6 +233,8 @@ def test_mixed_step(tmp_path):
     for bad in ("2x8", "1x0@8", "1x9@8"):
         with pytest.raises(SystemExit):
             bp.parse_args(["--out", str(out), "--preset", "tiny", "--mix", bad])
+    fresh = bp.parse_args(["--out", str(out), "--preset", "tiny", "--mix", "3x64@64"])  # more tokens than any context
+    assert (fresh.tokens, fresh.context, bp.cached_tokens(fresh)) == (192, 64, [0, 0, 0])
 
 def test_sweep_and_ep_two_ranks_on_cpu(tmp_path):
     """--sweep alone (no main run) and EP2 x DP2 under torchrun on gloo: the per-count rows, one JSON per rank,
