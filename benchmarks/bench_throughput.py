@@ -17,6 +17,12 @@ the wall time from the first add_request to the last finished request, GPU synch
 - Per step: the scheduler's decision (prefill or decode, sequences, tokens) and the span the step's execute
   occupies on the stream (CUDA events around ModelRunner.execute; host clock on CPU), summed by kind: where a
   pass's time goes between prefill and decode steps.
+- Floors (since session 82): per kind, the sum over its steps of step_floors.py's per-stage floors (each stage's
+  FLOPs / matmul rate or its least bytes / copy rate, whichever is larger; weights, touched experts, cache rows and
+  activations), each step taken as its sequences at their mean end position, at rates measured in the same run:
+  torch._scaled_mm's FP8 rate at --fp8-size^3 and the device copy of --copy-mib MiB (bf16: step_floors' constant).
+  fraction_of_floor = floor / measured; stages step_floors does not estimate (top-k, window cache, norms, ...) are
+  left out, so the floor is a lower bound.
 - Latency: per request, time to first token and total latency from the pass's start (all requests arrive then).
 
 Usage:
@@ -37,20 +43,22 @@ from pathlib import Path
 
 import torch
 from bench_decode import MEDIUM_LAYERS
-from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, environment, log, select_moe_route,
-                           trimmed_config, write_json)
+from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, Clock, environment, fp8_matmul_rate, log,
+                           select_moe_route, trimmed_config, write_json)
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
 from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
 from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
 from mini_deepinfer.models.deepseek_v41.model import V41Model
+from step_floors import BF16_TFLOPS, floors_ms, step_work
 
 PRESETS = {
     "medium": {"config": lambda layers: trimmed_config(V41Config(), layers, 100_000), "requests": 256,
-               "input_min": 100, "input_max": 1024, "output_min": 100, "output_max": 1024},
+               "input_min": 100, "input_max": 1024, "output_min": 100, "output_max": 1024, "fp8_size": 8192,
+               "copy_mib": 2048},
     "tiny": {"config": lambda layers: tiny_config(), "requests": 64, "input_min": 16, "input_max": 256,
-             "output_min": 16, "output_max": 128},
+             "output_min": 16, "output_max": 128, "fp8_size": 256, "copy_mib": 16},
 }
 
 
@@ -63,12 +71,12 @@ def draw_requests(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[
 
 
 class StepLog:
-    """Each step's scheduled kind, sequences and tokens, and its execute's span on the stream (or host clock)."""
+    """Each step's scheduled kind, sequences, tokens and mean end position (context + query), and the span of its
+    execute on the stream (CUDA events; host clock on CPU)."""
 
-    def __init__(self, engine: LLMEngine, cuda: bool):
-        self.engine, self.cuda = engine, cuda
-        self.steps: list[tuple[bool, int, int]] = []
-        self.spans: list = []
+    def __init__(self, engine: LLMEngine, device: torch.device):
+        self.engine, self.clock = engine, Clock(device)
+        self.steps: list[tuple[bool, int, int, float]] = []
 
     def __enter__(self) -> StepLog:
         eng = self.engine
@@ -77,20 +85,14 @@ class StepLog:
         def schedule():
             step = self._schedule()
             if not step.is_empty:
-                self.steps.append((step.is_prefill, len(step.sequences), step.num_batched_tokens))
+                ends = [s.context_len + s.query_len for s in step.sequences]
+                self.steps.append((step.is_prefill, len(ends), step.num_batched_tokens, sum(ends) / len(ends)))
             return step
 
         def execute(step, prev):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                handle = self._execute(step, prev)
-                end.record()
-                self.spans.append((start, end))
-            else:
-                t0 = time.perf_counter()
-                handle = self._execute(step, prev)
-                self.spans.append(time.perf_counter() - t0)
+            self.clock.mark()
+            handle = self._execute(step, prev)
+            self.clock.mark()
             return handle
 
         eng.scheduler.schedule, eng.runner.execute = schedule, execute
@@ -99,23 +101,32 @@ class StepLog:
     def __exit__(self, *exc) -> None:
         self.engine.scheduler.schedule, self.engine.runner.execute = self._schedule, self._execute
 
-    def by_kind(self) -> dict:
-        ms = [a.elapsed_time(b) for a, b in self.spans] if self.cuda else [1e3 * s for s in self.spans]
+    def by_kind(self, cfg: V41Config, rates: dict) -> dict:
+        """Per kind: steps, sequences, tokens, ms (the execute spans), and the floor: the sum over its steps of
+        step_floors' per-stage floors (FLOPs / rate or bytes / copy rate, whichever is larger, for the stages it
+        estimates) at the rates measured in this run, each step taken as its sequences at their mean end position."""
+        ms = self.clock.intervals_ms()[::2]  # execute spans; the odd intervals are the gaps between them
+        floors: dict[tuple[int, int, int], float] = {}
         out = {}
         for kind, is_prefill in (("prefill", True), ("decode", False)):
-            rows = [(n, t, m) for (p, n, t), m in zip(self.steps, ms) if p == is_prefill]
+            rows = [(n, t, round(end), m) for (p, n, t, end), m in zip(self.steps, ms) if p == is_prefill]
+            for n, t, end, _ in rows:
+                if (t, end, n) not in floors:
+                    stages = floors_ms(step_work(cfg, t, end, n), rates["fp8_tflops"], rates["bf16_tflops"],
+                                       rates["copy_gbs"])
+                    floors[t, end, n] = sum(v["floor_ms"] for v in stages.values())
+            total = sum(r[3] for r in rows)
+            floor = sum(floors[t, end, n] for n, t, end, _ in rows)
             out[kind] = {"steps": len(rows), "sequences": sum(r[0] for r in rows), "tokens": sum(r[1] for r in rows),
-                         "ms": sum(r[2] for r in rows),
-                         "ms_per_step": sum(r[2] for r in rows) / len(rows) if rows else None}
+                         "ms": total, "ms_per_step": total / len(rows) if rows else None, "floor_ms": floor,
+                         "fraction_of_floor": floor / total if total else None}
         return out
-
-
-def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: torch.device) -> dict:
-    """All requests queued at once and run to completion; wall time, per-kind steps, latencies, the tokens."""
+def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: torch.device, rates: dict) -> dict:
+    """All requests queued at once and run to completion; wall time, per-kind steps and floors, latencies, tokens."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     preemptions = engine.scheduler.num_preemptions
-    with StepLog(engine, device.type == "cuda") as steps:
+    with StepLog(engine, device) as steps:
         t0 = time.perf_counter()
         ids = [engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True))
                for prompt, n_out in requests]
@@ -135,11 +146,26 @@ def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: t
     latency = sorted(o.metrics.finish_time - t0 for o in outs)
     tokens = [o.token_ids for o in outs]
     return {"wall_s": wall, "input_tokens": n_in, "output_tokens": n_out, "output_tok_s": n_out / wall,
-            "total_tok_s": (n_in + n_out) / wall, "engine_steps": len(steps.steps), "by_kind": steps.by_kind(),
+            "total_tok_s": (n_in + n_out) / wall, "engine_steps": len(steps.steps),
+            "by_kind": steps.by_kind(engine.model_config, rates),
             "preemptions": engine.scheduler.num_preemptions - preemptions,
             "ttft_s": {"p50": statistics.median(ttft), "p90": ttft[int(0.9 * (len(ttft) - 1))], "max": ttft[-1]},
             "latency_s": {"p50": statistics.median(latency), "max": latency[-1]},
             "tokens_sha256": hashlib.sha256(repr(tokens).encode()).hexdigest()[:16], "_tokens": tokens}
+
+
+def copy_rate_gbs(device: torch.device, nbytes: int) -> float:
+    """The device's copy rate, y.copy_(x) of nbytes (read + write), median of 5 after a warm-up: the bytes peer."""
+    x = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    times = []
+    for i in range(6):
+        clock = Clock(device)
+        clock.mark()
+        y.copy_(x)
+        clock.mark()
+        times.append(clock.intervals_ms()[0])
+    return 2 * nbytes / statistics.median(times[1:]) / 1e6
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -157,6 +183,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="the engine's KV budget")
     ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8")
     ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold")
+    ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (medium 8192)")
+    ap.add_argument("--copy-mib", type=int, help="MiB of the device copy rate measurement (medium 2048)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
@@ -185,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
            | {"layers": list(args.layers) if args.preset == "medium" else None,
               "sampling": "greedy, ignore_eos", "warmup_passes": 1},
            "passes": []}
+    res["rates"] = {"fp8_tflops": fp8_matmul_rate(args.fp8_size, device, iters=10)["tflops"], "fp8_n": args.fp8_size,
+                    "copy_gbs": copy_rate_gbs(device, args.copy_mib << 20), "copy_mib": args.copy_mib,
+                    "bf16_tflops": BF16_TFLOPS}  # step_floors' bf16 rate: the highest measured here (H200)
+    log(f"FP8 matmul {res['rates']['fp8_tflops']:.0f} TFLOP/s, copy {res['rates']['copy_gbs']:.0f} GB/s")
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
     model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
@@ -196,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     requests = draw_requests(args, cfg.vocab_size)
     first_tokens = None
     for i in range(args.passes):
-        r = run_pass(engine, requests, device)
+        r = run_pass(engine, requests, device, res["rates"])
         tokens = r.pop("_tokens")
         first_tokens = first_tokens or tokens
         r["warmup"], r["tokens_equal_first_pass"] = i == 0, tokens == first_tokens
@@ -204,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         write_json(args.out, res)
         p, d = r["by_kind"]["prefill"], r["by_kind"]["decode"]
         log(f"pass {i}{' (warm-up)' if i == 0 else ''}: {r['wall_s']:.2f} s, {r['output_tok_s']:,.0f} output tok/s, "
-            f"{r['total_tok_s']:,.0f} total tok/s; prefill {p['steps']} steps {p['ms']:.0f} ms, decode "
-            f"{d['steps']} steps {d['ms']:.0f} ms (mean {d['ms_per_step'] or 0:.2f}); {r['preemptions']} preemptions; "
+            f"{r['total_tok_s']:,.0f} total tok/s; prefill {p['steps']} steps {p['ms']:.0f} ms (floor "
+            f"{p['floor_ms']:.0f}), decode {d['steps']} steps {d['ms']:.0f} ms (mean {d['ms_per_step'] or 0:.2f}, floor "
+            f"{d['floor_ms']:.0f}); {r['preemptions']} preemptions; "
             f"TTFT p50 {r['ttft_s']['p50']:.2f} s; tokens {r['tokens_sha256']} "
             f"{'(= pass 0)' if r['tokens_equal_first_pass'] else '(DIFFER from pass 0)'}")
     timed = res["passes"][1:]

@@ -29,6 +29,9 @@ def test_throughput_benchmark_smoke_run(tmp_path):
         assert prefill["steps"] + decode["steps"] == p["engine_steps"]
         assert decode["tokens"] == decode["sequences"]  # one query token per sequence and decode step
         assert 0 < p["ttft_s"]["p50"] <= p["latency_s"]["max"] <= p["wall_s"]
+        for kind in (prefill, decode):  # a floor below the measured time, at the rates measured in the run
+            assert 0 < kind["floor_ms"] and 0 < kind["fraction_of_floor"] < 1
+    assert saved["rates"]["fp8_tflops"] > 0 and saved["rates"]["copy_gbs"] > 0
     assert saved["summary"]["all_passes_same_tokens"]
     assert saved["summary"]["output_tok_s_median"] == saved["passes"][1]["output_tok_s"]
 
