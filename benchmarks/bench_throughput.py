@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -101,25 +102,32 @@ class StepLog:
     def __exit__(self, *exc) -> None:
         self.engine.scheduler.schedule, self.engine.runner.execute = self._schedule, self._execute
 
-    def by_kind(self, cfg: V41Config, rates: dict) -> dict:
-        """Per kind: steps, sequences, tokens, ms (the execute spans), and the floor: the sum over its steps of
-        step_floors' per-stage floors (FLOPs / rate or bytes / copy rate, whichever is larger, for the stages it
-        estimates) at the rates measured in this run, each step taken as its sequences at their mean end position."""
+    def by_kind(self, cfg: V41Config, rates: dict, buckets: Sequence[int]) -> dict:
+        """Per kind, and for decode per batch range (up to each of `buckets`, the CUDA-graph sizes): steps, sequences,
+        tokens, ms (the execute spans), and the floor: the sum over the steps of step_floors' per-stage floors
+        (FLOPs / rate or bytes / copy rate, whichever is larger, for the stages it estimates) at the rates measured
+        in this run, each step taken as its sequences at their mean end position."""
         ms = self.clock.intervals_ms()[::2]  # execute spans; the odd intervals are the gaps between them
-        floors: dict[tuple[int, int, int], float] = {}
-        out = {}
-        for kind, is_prefill in (("prefill", True), ("decode", False)):
-            rows = [(n, t, round(end), m) for (p, n, t, end), m in zip(self.steps, ms) if p == is_prefill]
-            for n, t, end, _ in rows:
-                if (t, end, n) not in floors:
-                    stages = floors_ms(step_work(cfg, t, end, n), rates["fp8_tflops"], rates["bf16_tflops"],
-                                       rates["copy_gbs"])
-                    floors[t, end, n] = sum(v["floor_ms"] for v in stages.values())
-            total = sum(r[3] for r in rows)
-            floor = sum(floors[t, end, n] for n, t, end, _ in rows)
-            out[kind] = {"steps": len(rows), "sequences": sum(r[0] for r in rows), "tokens": sum(r[1] for r in rows),
-                         "ms": total, "ms_per_step": total / len(rows) if rows else None, "floor_ms": floor,
-                         "fraction_of_floor": floor / total if total else None}
+        floor_of: dict[tuple[int, int, int], float] = {}
+        rows = []  # (is_prefill, sequences, tokens, ms, floor ms) per step
+        for (is_prefill, n, t, end), m in zip(self.steps, ms):
+            key = (t, round(end), n)
+            if key not in floor_of:
+                stages = floors_ms(step_work(cfg, *key), rates["fp8_tflops"], rates["bf16_tflops"], rates["copy_gbs"])
+                floor_of[key] = sum(v["floor_ms"] for v in stages.values())
+            rows.append((is_prefill, n, t, m, floor_of[key]))
+
+        def summary(part: list) -> dict:
+            total, floor = sum(r[3] for r in part), sum(r[4] for r in part)
+            return {"steps": len(part), "sequences": sum(r[1] for r in part), "tokens": sum(r[2] for r in part),
+                    "ms": total, "ms_per_step": total / len(part) if part else None, "floor_ms": floor,
+                    "fraction_of_floor": floor / total if total else None}
+
+        out = {kind: summary([r for r in rows if r[0] == (kind == "prefill")]) for kind in ("prefill", "decode")}
+        edges = [0, *sorted({*buckets, max((r[1] for r in rows if not r[0]), default=1)})]
+        out["decode"]["by_batch"] = {
+            f"{lo + 1}-{hi}": summary([r for r in rows if not r[0] and lo < r[1] <= hi])
+            for lo, hi in itertools.pairwise(edges) if any(not r[0] and lo < r[1] <= hi for r in rows)}
         return out
 def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: torch.device, rates: dict) -> dict:
     """All requests queued at once and run to completion; wall time, per-kind steps and floors, latencies, tokens."""
@@ -147,7 +155,7 @@ def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: t
     tokens = [o.token_ids for o in outs]
     return {"wall_s": wall, "input_tokens": n_in, "output_tokens": n_out, "output_tok_s": n_out / wall,
             "total_tok_s": (n_in + n_out) / wall, "engine_steps": len(steps.steps),
-            "by_kind": steps.by_kind(engine.model_config, rates),
+            "by_kind": steps.by_kind(engine.model_config, rates, engine.config.cuda_graph_batch_sizes),
             "preemptions": engine.scheduler.num_preemptions - preemptions,
             "ttft_s": {"p50": statistics.median(ttft), "p90": ttft[int(0.9 * (len(ttft) - 1))], "max": ttft[-1]},
             "latency_s": {"p50": statistics.median(latency), "max": latency[-1]},
@@ -241,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{d['floor_ms']:.0f}); {r['preemptions']} preemptions; "
             f"TTFT p50 {r['ttft_s']['p50']:.2f} s; tokens {r['tokens_sha256']} "
             f"{'(= pass 0)' if r['tokens_equal_first_pass'] else '(DIFFER from pass 0)'}")
+        log("  decode by batch (steps, ms per step, floor / measured): " + ", ".join(
+            f"{b} {v['steps']} {v['ms_per_step']:.2f} {v['fraction_of_floor']:.2f}" for b, v in d["by_batch"].items()))
     timed = res["passes"][1:]
     res["summary"] = {"output_tok_s_median": statistics.median(r["output_tok_s"] for r in timed),
                       "total_tok_s_median": statistics.median(r["total_tok_s"] for r in timed),

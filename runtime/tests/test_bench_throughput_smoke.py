@@ -31,6 +31,9 @@ def test_throughput_benchmark_smoke_run(tmp_path):
         assert 0 < p["ttft_s"]["p50"] <= p["latency_s"]["max"] <= p["wall_s"]
         for kind in (prefill, decode):  # a floor below the measured time, at the rates measured in the run
             assert 0 < kind["floor_ms"] and 0 < kind["fraction_of_floor"] < 1
+        by_batch = decode["by_batch"].values()  # the decode steps by batch range, each once
+        assert sum(b["steps"] for b in by_batch) == decode["steps"]
+        assert sum(b["ms"] for b in by_batch) == pytest.approx(decode["ms"])
     assert saved["rates"]["fp8_tflops"] > 0 and saved["rates"]["copy_gbs"] > 0
     assert saved["summary"]["all_passes_same_tokens"]
     assert saved["summary"]["output_tok_s_median"] == saved["passes"][1]["output_tok_s"]
