@@ -23,7 +23,9 @@ the wall time from the first add_request to the last finished request, GPU synch
   torch._scaled_mm's FP8 rate at --fp8-size^3 and the device copy of --copy-mib MiB (bf16: step_floors' constant).
   fraction_of_floor = floor / measured; stages step_floors does not estimate (top-k, window cache, norms, ...) are
   left out, so the floor is a lower bound.
-- Latency: per request, time to first token and total latency from the pass's start (all requests arrive then).
+- Latency: per request, time to first token (TTFT) and total latency from the pass's start (all requests arrive
+  then), and the time per output token after the first (TPOT: (finish - first token) / (outputs - 1)), the figures
+  serving benchmarks quote.
 
 Usage:
   python3 benchmarks/bench_throughput.py --preset medium --out $OUT/throughput_medium.json   # GPU
@@ -152,6 +154,8 @@ def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: t
     n_in, n_out = sum(len(p) for p, _ in requests), sum(n for _, n in requests)
     ttft = sorted(o.metrics.first_token_time - t0 for o in outs)
     latency = sorted(o.metrics.finish_time - t0 for o in outs)
+    tpot = sorted((o.metrics.finish_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
+                  for o in outs if len(o.token_ids) > 1)
     tokens = [o.token_ids for o in outs]
     return {"wall_s": wall, "input_tokens": n_in, "output_tokens": n_out, "output_tok_s": n_out / wall,
             "total_tok_s": (n_in + n_out) / wall, "engine_steps": len(steps.steps),
@@ -159,6 +163,7 @@ def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: t
             "preemptions": engine.scheduler.num_preemptions - preemptions,
             "ttft_s": {"p50": statistics.median(ttft), "p90": ttft[int(0.9 * (len(ttft) - 1))], "max": ttft[-1]},
             "latency_s": {"p50": statistics.median(latency), "max": latency[-1]},
+            "tpot_ms": {"p50": 1e3 * statistics.median(tpot), "max": 1e3 * tpot[-1]} if tpot else None,
             "tokens_sha256": hashlib.sha256(repr(tokens).encode()).hexdigest()[:16], "_tokens": tokens}
 
 
@@ -247,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{r['total_tok_s']:,.0f} total tok/s; prefill {p['steps']} steps {p['ms']:.0f} ms (floor "
             f"{p['floor_ms']:.0f}), decode {d['steps']} steps {d['ms']:.0f} ms (mean {d['ms_per_step'] or 0:.2f}, floor "
             f"{d['floor_ms']:.0f}); {r['preemptions']} preemptions; "
-            f"TTFT p50 {r['ttft_s']['p50']:.2f} s; tokens {r['tokens_sha256']} "
+            f"TTFT p50 {r['ttft_s']['p50']:.2f} s, TPOT p50 {(r['tpot_ms'] or {}).get('p50', 0):.2f} ms; tokens "
+            f"{r['tokens_sha256']} "
             f"{'(= pass 0)' if r['tokens_equal_first_pass'] else '(DIFFER from pass 0)'}")
         log("  decode by batch (steps, ms per step, floor / measured): " + ", ".join(
             f"{b} {v['steps']} {v['ms_per_step']:.2f} {v['fraction_of_floor']:.2f}" for b, v in d["by_batch"].items()))

@@ -29,6 +29,7 @@ def test_throughput_benchmark_smoke_run(tmp_path):
         assert prefill["steps"] + decode["steps"] == p["engine_steps"]
         assert decode["tokens"] == decode["sequences"]  # one query token per sequence and decode step
         assert 0 < p["ttft_s"]["p50"] <= p["latency_s"]["max"] <= p["wall_s"]
+        assert 0 < p["tpot_ms"]["p50"] <= p["tpot_ms"]["max"] <= 1e3 * p["wall_s"]
         for kind in (prefill, decode):  # a floor below the measured time, at the rates measured in the run
             assert 0 < kind["floor_ms"] and 0 < kind["fraction_of_floor"] < 1
         by_batch = decode["by_batch"].values()  # the decode steps by batch range, each once
