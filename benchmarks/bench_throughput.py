@@ -23,6 +23,10 @@ the wall time from the first add_request to the last finished request, GPU synch
   torch._scaled_mm's FP8 rate at --fp8-size^3 and the device copy of --copy-mib MiB (bf16: step_floors' constant).
   fraction_of_floor = floor / measured; stages step_floors does not estimate (top-k, window cache, norms, ...) are
   left out, so the floor is a lower bound.
+- --dry-run RATES (CPU, no weights): the same engine and scheduler on a stand-in model that returns zero logits
+  and a cache that is sized like V41Cache but holds nothing. The steps are the engine's own (the greedy tokens do
+  not change them: EOS is ignored), so their floors at the given rates ("FP8_TFLOPS,COPY_GBS", e.g. a card's
+  measured figures) are this workload's floors on that card; the times are not. One pass.
 - Latency: per request, time to first token (TTFT) and total latency from the pass's start (all requests arrive
   then), and the time per output token after the first (TPOT: (finish - first token) / (outputs - 1)), the figures
   serving benchmarks quote.
@@ -31,6 +35,8 @@ Usage:
   python3 benchmarks/bench_throughput.py --preset medium --out $OUT/throughput_medium.json   # GPU
   OMP_NUM_THREADS=1 uv run benchmarks/bench_throughput.py --preset tiny --device cpu --requests 6 \\
       --input-min 4 --input-max 40 --output-min 2 --output-max 6 --out /tmp/throughput.json     # CPU smoke run
+  uv run benchmarks/bench_throughput.py --preset medium --device cpu --dry-run 1396,3024 --out /tmp/floors.json
+      # the medium workload's steps and their floors at an H100's FP8 and copy rates (CPU, ~20 s)
 """
 
 from __future__ import annotations
@@ -63,6 +69,28 @@ PRESETS = {
     "tiny": {"config": lambda layers: tiny_config(), "requests": 64, "input_min": 16, "input_max": 256,
              "output_min": 16, "output_max": 128, "fp8_size": 256, "copy_mib": 16},
 }
+
+
+class ScheduleOnlyModel(torch.nn.Module):
+    """--dry-run's model: the config, and one zero logit per sampled row (greedy then picks token 0; a row as wide as
+    the vocabulary would make the sampler the run's cost)."""
+
+    def __init__(self, config: V41Config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, batch, cache) -> torch.Tensor:
+        return torch.zeros(len(batch.sample_rows), 1)
+
+
+class PlannedCache:
+    """--dry-run's cache: the block and slot plan of V41Cache (same bytes per block and slot), no tensors."""
+
+    bytes_per_block = staticmethod(V41Cache.bytes_per_block)
+    bytes_per_slot = staticmethod(V41Cache.bytes_per_slot)
+
+    def __init__(self, config: V41Config, num_blocks: int, num_slots: int, device: torch.device):
+        self.num_blocks, self.num_slots = num_blocks, num_slots
 
 
 def draw_requests(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[int], int]]:
@@ -198,6 +226,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold")
     ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (medium 8192)")
     ap.add_argument("--copy-mib", type=int, help="MiB of the device copy rate measurement (medium 2048)")
+    ap.add_argument("--dry-run", metavar="FP8_TFLOPS,COPY_GBS", type=lambda v: [float(x) for x in v.split(",")],
+                    help="CPU: the engine's steps without a model, and their floors at these rates (see above)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
@@ -205,8 +235,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if not (0 < args.input_min <= args.input_max and 0 < args.output_min <= args.output_max):
         ap.error("need 0 < input-min <= input-max and 0 < output-min <= output-max")
-    if args.requests < 1 or args.passes < 2:
-        ap.error("need requests >= 1 and passes >= 2 (a warm-up and a timed pass)")
+    if args.dry_run is not None:
+        if len(args.dry_run) != 2 or args.device != "cpu":
+            ap.error("--dry-run takes FP8_TFLOPS,COPY_GBS and runs on --device cpu")
+        args.passes = 1
+    elif args.passes < 2:
+        ap.error("need passes >= 2 (a warm-up and a timed pass)")
+    if args.requests < 1:
+        ap.error("need requests >= 1")
     return args
 
 
@@ -226,16 +262,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
            | {"layers": list(args.layers) if args.preset == "medium" else None,
               "sampling": "greedy, ignore_eos", "warmup_passes": 1},
            "passes": []}
-    res["rates"] = {"fp8_tflops": fp8_matmul_rate(args.fp8_size, device, iters=10)["tflops"], "fp8_n": args.fp8_size,
-                    "copy_gbs": copy_rate_gbs(device, args.copy_mib << 20), "copy_mib": args.copy_mib,
-                    "bf16_tflops": BF16_TFLOPS}  # step_floors' bf16 rate: the highest measured here (H200)
+    if args.dry_run:
+        res["rates"] = {"fp8_tflops": args.dry_run[0], "copy_gbs": args.dry_run[1], "given": True}
+        res["dry_run"] = True
+    else:
+        res["rates"] = {"fp8_tflops": fp8_matmul_rate(args.fp8_size, device, iters=10)["tflops"],
+                        "fp8_n": args.fp8_size, "copy_gbs": copy_rate_gbs(device, args.copy_mib << 20),
+                        "copy_mib": args.copy_mib}
+    res["rates"]["bf16_tflops"] = BF16_TFLOPS  # step_floors' bf16 rate: the highest measured here (H200)
     log(f"FP8 matmul {res['rates']['fp8_tflops']:.0f} TFLOP/s, copy {res['rates']['copy_gbs']:.0f} GB/s")
-    log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
-    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
-                     fold_dense_fp8=args.dense_route == "fold")
-    select_moe_route(model, args.moe_route)
-    engine = LLMEngine(model, V41Cache, engine_cfg, device)
+    if args.dry_run:
+        engine = LLMEngine(ScheduleOnlyModel(cfg), PlannedCache, engine_cfg, device)
+    else:
+        log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
+        model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
+                         fold_dense_fp8=args.dense_route == "fold")
+        select_moe_route(model, args.moe_route)
+        engine = LLMEngine(model, V41Cache, engine_cfg, device)
     res["setup_s"] = time.perf_counter() - t0
     res["engine"]["kv_blocks"], res["engine"]["state_slots"] = engine.cache_plan.num_blocks, engine.cache_plan.num_slots
     requests = draw_requests(args, cfg.vocab_size)
@@ -248,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         res["passes"].append(r)
         write_json(args.out, res)
         p, d = r["by_kind"]["prefill"], r["by_kind"]["decode"]
-        log(f"pass {i}{' (warm-up)' if i == 0 else ''}: {r['wall_s']:.2f} s, {r['output_tok_s']:,.0f} output tok/s, "
+        label = " (dry run: steps and floors only)" if args.dry_run else " (warm-up)" if i == 0 else ""
+        log(f"pass {i}{label}: {r['wall_s']:.2f} s, {r['output_tok_s']:,.0f} output tok/s, "
             f"{r['total_tok_s']:,.0f} total tok/s; prefill {p['steps']} steps {p['ms']:.0f} ms (floor "
             f"{p['floor_ms']:.0f}), decode {d['steps']} steps {d['ms']:.0f} ms (mean {d['ms_per_step'] or 0:.2f}, floor "
             f"{d['floor_ms']:.0f}); {r['preemptions']} preemptions; "
@@ -257,10 +302,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{'(= pass 0)' if r['tokens_equal_first_pass'] else '(DIFFER from pass 0)'}")
         log("  decode by batch (steps, ms per step, floor / measured): " + ", ".join(
             f"{b} {v['steps']} {v['ms_per_step']:.2f} {v['fraction_of_floor']:.2f}" for b, v in d["by_batch"].items()))
-    timed = res["passes"][1:]
-    res["summary"] = {"output_tok_s_median": statistics.median(r["output_tok_s"] for r in timed),
-                      "total_tok_s_median": statistics.median(r["total_tok_s"] for r in timed),
-                      "all_passes_same_tokens": all(r["tokens_equal_first_pass"] for r in res["passes"])}
+    if args.dry_run:  # the floors are the result; the pass's times are the stand-in model's
+        (r,) = res["passes"]
+        floor = sum(r["by_kind"][k]["floor_ms"] for k in ("prefill", "decode"))
+        res["summary"] = {"floor_ms_per_pass": floor, "output_tok_s_at_floor": r["output_tokens"] / floor * 1e3}
+    else:
+        timed = res["passes"][1:]
+        res["summary"] = {"output_tok_s_median": statistics.median(r["output_tok_s"] for r in timed),
+                          "total_tok_s_median": statistics.median(r["total_tok_s"] for r in timed),
+                          "all_passes_same_tokens": all(r["tokens_equal_first_pass"] for r in res["passes"])}
     write_json(args.out, res)
     return res
 

@@ -1,5 +1,6 @@
 """benchmarks/bench_throughput.py on CPU at a smoke size: requests of random lengths run end to end through the
-engine, each pass reports its wall time, its steps by kind and the tokens, and a timed pass equals the warm-up's."""
+engine, each pass reports its wall time, its steps by kind and their floors, and the tokens, and a timed pass equals
+the warm-up's; the dry run (no model) schedules the same steps."""
 
 from __future__ import annotations
 
@@ -36,11 +37,20 @@ def test_throughput_benchmark_smoke_run(tmp_path):
         assert sum(b["steps"] for b in by_batch) == decode["steps"]
         assert sum(b["ms"] for b in by_batch) == pytest.approx(decode["ms"])
     assert saved["rates"]["fp8_tflops"] > 0 and saved["rates"]["copy_gbs"] > 0
+    # --dry-run: the engine's steps without the model, the same as the real run's, and their floors at given rates
+    dry = bench.main([*args, "--dry-run", "2,30", "--out", str(tmp_path / "dry.json")])
+    (dry_pass,) = dry["passes"]
+    for kind in ("prefill", "decode"):
+        real_kind, dry_kind = saved["passes"][1]["by_kind"][kind], dry_pass["by_kind"][kind]
+        assert [real_kind[k] for k in ("steps", "sequences", "tokens")] == [dry_kind[k] for k in
+                                                                          ("steps", "sequences", "tokens")]
+    assert dry["summary"]["floor_ms_per_pass"] > 0 and dry["rates"]["given"]
     assert saved["summary"]["all_passes_same_tokens"]
     assert saved["summary"]["output_tok_s_median"] == saved["passes"][1]["output_tok_s"]
 
 
-@pytest.mark.parametrize("bad", [["--input-min", "0"], ["--output-min", "9", "--output-max", "8"], ["--passes", "1"]])
+@pytest.mark.parametrize("bad", [["--input-min", "0"], ["--output-min", "9", "--output-max", "8"], ["--passes", "1"],
+                                 ["--dry-run", "1,2,3", "--device", "cpu"], ["--dry-run", "1,2"]])
 def test_bad_workloads_are_refused(tmp_path, bad):
     with pytest.raises(SystemExit):
         bench.parse_args(["--preset", "tiny", "--out", str(tmp_path / "t.json"), *bad])
