@@ -135,8 +135,8 @@ class StepLog:
     def by_kind(self, cfg: V41Config, rates: dict, buckets: Sequence[int]) -> dict:
         """Per kind, and for decode per batch range (up to each of `buckets`, the CUDA-graph sizes): steps, sequences,
         tokens, ms (the execute spans), and the floor: the sum over the steps of step_floors' per-stage floors
-        (FLOPs / rate or bytes / copy rate, whichever is larger, for the stages it estimates) at the rates measured
-        in this run, each step taken as its sequences at their mean end position."""
+        (FLOPs / rate or bytes / copy rate, whichever is larger, for the stages it estimates) at `rates` (measured in
+        this run, or --dry-run's), each step taken as its sequences at their mean end position."""
         ms = self.clock.intervals_ms()[::2]  # execute spans; the odd intervals are the gaps between them
         floor_of: dict[tuple[int, int, int], float] = {}
         rows = []  # (is_prefill, sequences, tokens, ms, floor ms) per step
@@ -159,6 +159,8 @@ class StepLog:
             f"{lo + 1}-{hi}": summary([r for r in rows if not r[0] and lo < r[1] <= hi])
             for lo, hi in itertools.pairwise(edges) if any(not r[0] and lo < r[1] <= hi for r in rows)}
         return out
+
+
 def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: torch.device, rates: dict) -> dict:
     """All requests queued at once and run to completion; wall time, per-kind steps and floors, latencies, tokens."""
     if device.type == "cuda":
@@ -200,7 +202,7 @@ def copy_rate_gbs(device: torch.device, nbytes: int) -> float:
     x = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     times = []
-    for i in range(6):
+    for _ in range(6):
         clock = Clock(device)
         clock.mark()
         y.copy_(x)
