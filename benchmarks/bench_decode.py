@@ -268,6 +268,26 @@ def log_stages(profile: dict) -> None:
 
 
 # --------------------------------------------------------------------------- main
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The model options this script and bench_throughput share: --layers, --moe-route, --dense-route, --seed."""
+    ap.add_argument("--layers", type=lambda s: tuple(s.split(",")), default=MEDIUM_LAYERS,
+                    help=f"the medium preset's sample layers, comma-separated, of {','.join(SAMPLE_LAYERS)} (all of "
+                         "them give bench_decode's --profile a 40-layer breakdown)")
+    ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
+                    help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
+    ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold",
+                    help="the dense FP8 linears: fold (the engine's, V3-recipe GEMMs) or v41 (before session 20)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def random_model(cfg: V41Config, args: argparse.Namespace, device: torch.device) -> V41Model:
+    """V41Model of cfg with random checkpoint-format weights from args.seed, on the routes add_model_args chose."""
+    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
+                     fold_dense_fp8=args.dense_route == "fold")
+    select_moe_route(model, args.moe_route)
+    return model
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,15 +299,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--profile", action="store_true", help="profile eager steps of the largest batch and context")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8",
-                    help="the FP4 experts' GEMM route: fp8 (the engine's) or bf16 (before session 20)")
-    ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold",
-                    help="the dense FP8 linears: fold (the engine's, V3-recipe GEMMs) or v41 (before session 20)")
     ap.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB, help="the engine's KV budget")
-    ap.add_argument("--layers", type=lambda s: tuple(s.split(",")), default=MEDIUM_LAYERS,
-                    help=f"the medium preset's sample layers, comma-separated, of {','.join(SAMPLE_LAYERS)} (all of "
-                         "them give --profile a 40-layer breakdown)")
+    add_model_args(ap)
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if key != "config" and getattr(args, key) is None:
@@ -311,9 +324,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
            "results": []}
     log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
     t0 = time.perf_counter()
-    model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
-                     fold_dense_fp8=args.dense_route == "fold")
-    select_moe_route(model, args.moe_route)
+    model = random_model(cfg, args, device)
     synthetic_prefill(model, torch.Generator(device=device).manual_seed(args.seed))
     res["setup_s"] = {"weights_and_model": time.perf_counter() - t0}
     log(f"model ready in {res['setup_s']['weights_and_model']:.1f} s")

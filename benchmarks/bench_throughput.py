@@ -19,23 +19,24 @@ the wall time from the first add_request to the last finished request, GPU synch
   pass's time goes between prefill and decode steps.
 - Floors (since session 82): per kind, the sum over its steps of step_floors.py's per-stage floors (each stage's
   FLOPs / matmul rate or its least bytes / copy rate, whichever is larger; weights, touched experts, cache rows and
-  activations), each step taken as its sequences at their mean end position, at rates measured in the same run:
-  torch._scaled_mm's FP8 rate at --fp8-size^3 and the device copy of --copy-mib MiB (bf16: step_floors' constant).
+  activations), each step taken as its sequences at their mean end position, at rates measured in the same run on
+  CUDA: torch._scaled_mm's FP8 rate at --fp8-size^3 and the device copy the kernel benchmarks compare with
+  (bench_deepgemm.copy_bandwidth_gbs); bf16: step_floors' constant. On CPU, or to use a card's figures, --rates.
   fraction_of_floor = floor / measured; stages step_floors does not estimate (top-k, window cache, norms, ...) are
   left out, so the floor is a lower bound.
-- --dry-run RATES (CPU, no weights): the same engine and scheduler on a stand-in model that returns zero logits
-  and a cache that is sized like V41Cache but holds nothing. The steps are the engine's own (the greedy tokens do
-  not change them: EOS is ignored), so their floors at the given rates ("FP8_TFLOPS,COPY_GBS", e.g. a card's
-  measured figures) are this workload's floors on that card; the times are not. One pass.
+- --dry-run (CPU, no weights): the same engine and scheduler on a stand-in model that returns zero logits and a
+  cache that is sized like V41Cache but holds nothing. The steps are the engine's own (the greedy tokens do not
+  change them: EOS is ignored), so their floors at --rates (e.g. a card's measured figures) are this workload's
+  floors on that card; the times are not. One pass.
 - Latency: per request, time to first token (TTFT) and total latency from the pass's start (all requests arrive
   then), and the time per output token after the first (TPOT: (finish - first token) / (outputs - 1)), the figures
   serving benchmarks quote.
 
 Usage:
   python3 benchmarks/bench_throughput.py --preset medium --out $OUT/throughput_medium.json   # GPU
-  OMP_NUM_THREADS=1 uv run benchmarks/bench_throughput.py --preset tiny --device cpu --requests 6 \\
+  OMP_NUM_THREADS=1 uv run benchmarks/bench_throughput.py --preset tiny --device cpu --rates 2,30 --requests 6 \\
       --input-min 4 --input-max 40 --output-min 2 --output-max 6 --out /tmp/throughput.json     # CPU smoke run
-  uv run benchmarks/bench_throughput.py --preset medium --device cpu --dry-run 1396,3024 --out /tmp/floors.json
+  uv run benchmarks/bench_throughput.py --preset medium --device cpu --dry-run --rates 1396,3024 --out /tmp/f.json
       # the medium workload's steps and their floors at an H100's FP8 and copy rates (CPU, ~20 s)
 """
 
@@ -51,23 +52,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from bench_decode import MEDIUM_LAYERS
-from bench_prefill import (DENSE_ROUTES, MOE_ROUTES, SAMPLE_LAYERS, Clock, environment, fp8_matmul_rate, log,
-                           select_moe_route, trimmed_config, write_json)
+from bench_decode import PRESETS as DECODE_PRESETS
+from bench_decode import add_model_args, random_model
+from bench_deepgemm import copy_bandwidth_gbs
+from bench_prefill import Clock, environment, fp8_matmul_rate, log, write_json
 from mini_deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from mini_deepinfer.engine.sampling_params import SamplingParams
 from mini_deepinfer.models.deepseek_v41.cache import V41Cache
-from mini_deepinfer.models.deepseek_v41.checkpoint import build_random_weights
-from mini_deepinfer.models.deepseek_v41.config import V41Config, tiny_config
-from mini_deepinfer.models.deepseek_v41.model import V41Model
+from mini_deepinfer.models.deepseek_v41.config import V41Config
 from step_floors import BF16_TFLOPS, floors_ms, step_work
 
 PRESETS = {
-    "medium": {"config": lambda layers: trimmed_config(V41Config(), layers, 100_000), "requests": 256,
-               "input_min": 100, "input_max": 1024, "output_min": 100, "output_max": 1024, "fp8_size": 8192,
-               "copy_mib": 2048},
-    "tiny": {"config": lambda layers: tiny_config(), "requests": 64, "input_min": 16, "input_max": 256,
-             "output_min": 16, "output_max": 128, "fp8_size": 256, "copy_mib": 16},
+    "medium": {"config": DECODE_PRESETS["medium"]["config"], "requests": 256, "input_min": 100, "input_max": 1024,
+               "output_min": 100, "output_max": 1024},
+    "tiny": {"config": DECODE_PRESETS["tiny"]["config"], "requests": 64, "input_min": 16, "input_max": 256,
+             "output_min": 16, "output_max": 128},
 }
 
 
@@ -197,49 +196,36 @@ def run_pass(engine: LLMEngine, requests: list[tuple[list[int], int]], device: t
             "tokens_sha256": hashlib.sha256(repr(tokens).encode()).hexdigest()[:16], "_tokens": tokens}
 
 
-def copy_rate_gbs(device: torch.device, nbytes: int) -> float:
-    """The device's copy rate, y.copy_(x) of nbytes (read + write), median of 5 after a warm-up: the bytes peer."""
-    x = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    times = []
-    for _ in range(6):
-        clock = Clock(device)
-        clock.mark()
-        y.copy_(x)
-        clock.mark()
-        times.append(clock.intervals_ms()[0])
-    return 2 * nbytes / statistics.median(times[1:]) / 1e6
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="result JSON (rewritten after each pass)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="medium")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--layers", type=lambda s: tuple(s.split(",")), default=MEDIUM_LAYERS,
-                    help=f"the medium preset's sample layers, comma-separated, of {','.join(SAMPLE_LAYERS)}")
     for name in ("requests", "input_min", "input_max", "output_min", "output_max"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     ap.add_argument("--passes", type=int, default=3, help="passes over the same requests; the first is the warm-up")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="the engine's KV budget")
-    ap.add_argument("--moe-route", choices=MOE_ROUTES, default="fp8")
-    ap.add_argument("--dense-route", choices=DENSE_ROUTES, default="fold")
-    ap.add_argument("--fp8-size", type=int, help="n of the n^3 _scaled_mm rate measurement (medium 8192)")
-    ap.add_argument("--copy-mib", type=int, help="MiB of the device copy rate measurement (medium 2048)")
-    ap.add_argument("--dry-run", metavar="FP8_TFLOPS,COPY_GBS", type=lambda v: [float(x) for x in v.split(",")],
-                    help="CPU: the engine's steps without a model, and their floors at these rates (see above)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp8-size", type=int, default=8192, help="n of the n^3 _scaled_mm rate measurement (CUDA)")
+    ap.add_argument("--rates", metavar="FP8_TFLOPS,COPY_GBS", type=lambda v: [float(x) for x in v.split(",")],
+                    help="the floors' rates instead of measuring them (required on CPU, where nothing is measured)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU: the engine's steps without a model, and their floors at --rates (see above)")
+    add_model_args(ap)
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if key != "config" and getattr(args, key) is None:
             setattr(args, key, value)
     if not (0 < args.input_min <= args.input_max and 0 < args.output_min <= args.output_max):
         ap.error("need 0 < input-min <= input-max and 0 < output-min <= output-max")
-    if args.dry_run is not None:
-        if len(args.dry_run) != 2 or args.device != "cpu":
-            ap.error("--dry-run takes FP8_TFLOPS,COPY_GBS and runs on --device cpu")
+    if args.rates is not None and len(args.rates) != 2:
+        ap.error("--rates takes FP8_TFLOPS,COPY_GBS")
+    if args.device == "cpu" and args.rates is None:
+        ap.error("on CPU give --rates (the floors' FP8 and copy rates are measured on CUDA only)")
+    if args.dry_run:
+        if args.device != "cpu":
+            ap.error("--dry-run runs on --device cpu")
         args.passes = 1
     elif args.passes < 2:
         ap.error("need passes >= 2 (a warm-up and a timed pass)")
@@ -264,24 +250,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
            | {"layers": list(args.layers) if args.preset == "medium" else None,
               "sampling": "greedy, ignore_eos", "warmup_passes": 1},
            "passes": []}
-    if args.dry_run:
-        res["rates"] = {"fp8_tflops": args.dry_run[0], "copy_gbs": args.dry_run[1], "given": True}
-        res["dry_run"] = True
+    if args.rates is not None:
+        res["rates"] = {"fp8_tflops": args.rates[0], "copy_gbs": args.rates[1], "given": True}
     else:
         res["rates"] = {"fp8_tflops": fp8_matmul_rate(args.fp8_size, device, iters=10)["tflops"],
-                        "fp8_n": args.fp8_size, "copy_gbs": copy_rate_gbs(device, args.copy_mib << 20),
-                        "copy_mib": args.copy_mib}
+                        "fp8_n": args.fp8_size, "copy_gbs": copy_bandwidth_gbs()}
     res["rates"]["bf16_tflops"] = BF16_TFLOPS  # step_floors' bf16 rate: the highest measured here (H200)
+    res["dry_run"] = args.dry_run
     log(f"FP8 matmul {res['rates']['fp8_tflops']:.0f} TFLOP/s, copy {res['rates']['copy_gbs']:.0f} GB/s")
     t0 = time.perf_counter()
     if args.dry_run:
         engine = LLMEngine(ScheduleOnlyModel(cfg), PlannedCache, engine_cfg, device)
     else:
         log(f"building random weights of {cfg.num_hidden_layers} layers on {device}")
-        model = V41Model(cfg, build_random_weights(cfg, seed=args.seed, device=device), device,
-                         fold_dense_fp8=args.dense_route == "fold")
-        select_moe_route(model, args.moe_route)
-        engine = LLMEngine(model, V41Cache, engine_cfg, device)
+        engine = LLMEngine(random_model(cfg, args, device), V41Cache, engine_cfg, device)
     res["setup_s"] = time.perf_counter() - t0
     res["engine"]["kv_blocks"], res["engine"]["state_slots"] = engine.cache_plan.num_blocks, engine.cache_plan.num_slots
     requests = draw_requests(args, cfg.vocab_size)

@@ -13,7 +13,8 @@ import pytest
 def test_throughput_benchmark_smoke_run(tmp_path):
     out = tmp_path / "throughput.json"
     args = ["--preset", "tiny", "--device", "cpu", "--out", str(out), "--requests", "5", "--input-min", "3",
-            "--input-max", "30", "--output-min", "1", "--output-max", "4", "--passes", "2", "--max-num-seqs", "4", "--kv-cache-gb", "0.25"]
+            "--input-max", "30", "--output-min", "1", "--output-max", "4", "--passes", "2", "--max-num-seqs", "4", "--kv-cache-gb", "0.25",
+            "--rates", "2,30"]
     res = bench.main(args)
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(res))
@@ -31,14 +32,14 @@ def test_throughput_benchmark_smoke_run(tmp_path):
         assert decode["tokens"] == decode["sequences"]  # one query token per sequence and decode step
         assert 0 < p["ttft_s"]["p50"] <= p["latency_s"]["max"] <= p["wall_s"]
         assert 0 < p["tpot_ms"]["p50"] <= p["tpot_ms"]["max"] <= 1e3 * p["wall_s"]
-        for kind in (prefill, decode):  # a floor below the measured time, at the rates measured in the run
+        for kind in (prefill, decode):  # a floor below the measured time, at the run's rates
             assert 0 < kind["floor_ms"] and 0 < kind["fraction_of_floor"] < 1
         by_batch = decode["by_batch"].values()  # the decode steps by batch range, each once
         assert sum(b["steps"] for b in by_batch) == decode["steps"]
         assert sum(b["ms"] for b in by_batch) == pytest.approx(decode["ms"])
     assert saved["rates"]["fp8_tflops"] > 0 and saved["rates"]["copy_gbs"] > 0
     # --dry-run: the engine's steps without the model, the same as the real run's, and their floors at given rates
-    dry = bench.main([*args, "--dry-run", "2,30", "--out", str(tmp_path / "dry.json")])
+    dry = bench.main([*args, "--dry-run", "--out", str(tmp_path / "dry.json")])
     (dry_pass,) = dry["passes"]
     for kind in ("prefill", "decode"):
         real_kind, dry_kind = saved["passes"][1]["by_kind"][kind], dry_pass["by_kind"][kind]
@@ -50,7 +51,8 @@ def test_throughput_benchmark_smoke_run(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [["--input-min", "0"], ["--output-min", "9", "--output-max", "8"], ["--passes", "1"],
-                                 ["--dry-run", "1,2,3", "--device", "cpu"], ["--dry-run", "1,2"]])
+                                 ["--rates", "1,2,3", "--device", "cpu"], ["--dry-run", "--rates", "1,2"],
+                                 ["--device", "cpu"]])
 def test_bad_workloads_are_refused(tmp_path, bad):
     with pytest.raises(SystemExit):
         bench.parse_args(["--preset", "tiny", "--out", str(tmp_path / "t.json"), *bad])
